@@ -1,0 +1,118 @@
+//! The real runner: tokio processes with a timeout that kills the child.
+
+use super::{Command, CommandRunner, ExecError, Output};
+use std::process::Stdio;
+use tokio::io::AsyncWriteExt;
+
+/// Runs commands as child processes of the driver.
+#[derive(Debug, Default, Clone)]
+pub struct SystemRunner;
+
+#[async_trait::async_trait]
+impl CommandRunner for SystemRunner {
+    async fn run(&self, command: Command) -> Result<Output, ExecError> {
+        let shown = command.to_string();
+        let mut cmd = tokio::process::Command::new(&command.program);
+        cmd.args(&command.args)
+            .stdin(if command.stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // A child outliving its timeout (or a cancelled RPC) is killed.
+            .kill_on_drop(true)
+            .env("LC_ALL", "C");
+        let mut child = cmd.spawn().map_err(|e| ExecError::Spawn {
+            command: shown.clone(),
+            reason: command.redact(&e.to_string()),
+        })?;
+        if let (Some(data), Some(mut stdin)) = (command.stdin.clone(), child.stdin.take()) {
+            // Errors here surface as the child's own failure.
+            let _ = stdin.write_all(&data).await;
+            drop(stdin);
+        }
+        let waited = tokio::time::timeout(command.timeout, child.wait_with_output()).await;
+        let out = match waited {
+            Err(_) => {
+                // wait_with_output was dropped with the child: kill_on_drop
+                // sends SIGKILL, and tokio reaps it in the background.
+                return Err(ExecError::Timeout { command: shown, after: command.timeout });
+            }
+            Ok(Err(e)) => {
+                return Err(ExecError::Spawn { command: shown, reason: command.redact(&e.to_string()) })
+            }
+            Ok(Ok(out)) => out,
+        };
+        let output = Output {
+            code: out.status.code(),
+            stdout: command.redact(&String::from_utf8_lossy(&out.stdout)),
+            stderr: command.redact(&String::from_utf8_lossy(&out.stderr)),
+        };
+        if output.success() {
+            Ok(output)
+        } else {
+            Err(ExecError::Failed { command: shown, output })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    #[tokio::test]
+    async fn runs_and_captures_output() {
+        let out = SystemRunner.run(Command::new("sh").args(["-c", "echo out; echo err >&2"])).await.unwrap();
+        assert_eq!(out.stdout, "out\n");
+        assert_eq!(out.stderr, "err\n");
+    }
+
+    #[tokio::test]
+    async fn nonzero_exit_is_an_error_with_redacted_stderr() {
+        let err = SystemRunner
+            .run(Command::new("sh").args(["-c", "echo 'bad key s3cr3t' >&2; exit 3"]).secret("s3cr3t"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.exit_code(), Some(3));
+        let text = err.to_string();
+        assert!(text.contains("bad key ***"), "{text}");
+        assert!(!text.contains("s3cr3t"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn stdin_is_fed() {
+        let out = SystemRunner.run(Command::new("cat").stdin("hello")).await.unwrap();
+        assert_eq!(out.stdout, "hello");
+    }
+
+    #[tokio::test]
+    async fn hung_child_is_killed_at_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("pid");
+        let script = format!("echo $$ > {}; exec sleep 30", pidfile.display());
+        let start = Instant::now();
+        let err = SystemRunner
+            .run(Command::new("sh").args(["-c", &script]).timeout(Duration::from_millis(300)))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ExecError::Timeout { .. }), "{err}");
+        assert!(start.elapsed() < Duration::from_secs(5));
+        let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+        // The killed child must be gone (reaped, or at worst a zombie being reaped).
+        let mut gone = false;
+        for _ in 0..100 {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if status.is_empty() || status.split_whitespace().nth(2) == Some("Z") {
+                gone = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(gone, "child {pid} still running after its timeout");
+    }
+
+    #[tokio::test]
+    async fn missing_program_is_a_spawn_error() {
+        let err = SystemRunner.run(Command::new("/nonexistent/ferrovol-tool")).await.unwrap_err();
+        assert!(matches!(err, ExecError::Spawn { .. }));
+    }
+}

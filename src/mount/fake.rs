@@ -1,0 +1,136 @@
+//! An in-memory mounter for unit tests, with error injection.
+
+use super::{MountInfo, MountOptions, Mounter};
+use crate::error::{Error, Result};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// An operation the fake can be told to fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MountOp {
+    MountFs,
+    Bind,
+    Unmount,
+}
+
+/// A mount held by the fake.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeMount {
+    pub source: PathBuf,
+    pub fstype: String,
+    pub readonly: bool,
+    pub bind: bool,
+    pub options: MountOptions,
+}
+
+/// Keeps a mount table in memory. Mount points must exist on disk (tests use
+/// temporary directories) so path checks behave as on a real node.
+#[derive(Default)]
+pub struct FakeMounter {
+    table: Mutex<BTreeMap<PathBuf, Vec<FakeMount>>>,
+    failures: Mutex<Vec<(MountOp, usize)>>,
+    calls: Mutex<Vec<(MountOp, PathBuf)>>,
+}
+
+impl FakeMounter {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Makes the next `times` calls of `op` fail with EIO.
+    pub fn fail_next(&self, op: MountOp, times: usize) {
+        self.failures.lock().unwrap().push((op, times));
+    }
+
+    /// The mount on top at `target`, if any.
+    pub fn get(&self, target: &Path) -> Option<FakeMount> {
+        self.table.lock().unwrap().get(target).and_then(|v| v.last().cloned())
+    }
+
+    /// How many mounts the fake holds.
+    pub fn count(&self) -> usize {
+        self.table.lock().unwrap().values().map(Vec::len).sum()
+    }
+
+    pub fn calls(&self) -> Vec<(MountOp, PathBuf)> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    fn check(&self, op: MountOp, target: &Path) -> Result<()> {
+        self.calls.lock().unwrap().push((op, target.to_path_buf()));
+        let mut failures = self.failures.lock().unwrap();
+        if let Some(entry) = failures.iter_mut().find(|(o, n)| *o == op && *n > 0) {
+            entry.1 -= 1;
+            return Err(Error::io(format!("{op:?} {}", target.display()), std::io::Error::from_raw_os_error(libc::EIO)));
+        }
+        if op != MountOp::Unmount && !target.exists() {
+            return Err(Error::io(format!("{op:?} {}", target.display()), std::io::ErrorKind::NotFound.into()));
+        }
+        Ok(())
+    }
+
+    fn push(&self, target: &Path, mount: FakeMount) {
+        self.table.lock().unwrap().entry(target.to_path_buf()).or_default().push(mount);
+    }
+}
+
+impl Mounter for FakeMounter {
+    fn mount_fs(&self, device: &Path, target: &Path, fstype: &str, options: &MountOptions) -> Result<()> {
+        self.check(MountOp::MountFs, target)?;
+        self.push(
+            target,
+            FakeMount {
+                source: device.into(),
+                fstype: fstype.into(),
+                readonly: options.readonly,
+                bind: false,
+                options: options.clone(),
+            },
+        );
+        Ok(())
+    }
+
+    fn bind(&self, source: &Path, target: &Path, readonly: bool, options: &MountOptions) -> Result<()> {
+        self.check(MountOp::Bind, target)?;
+        let fstype = self.get(source).map(|m| m.fstype).unwrap_or_else(|| "none".into());
+        self.push(target, FakeMount { source: source.into(), fstype, readonly, bind: true, options: options.clone() });
+        Ok(())
+    }
+
+    fn unmount(&self, target: &Path) -> Result<bool> {
+        self.check(MountOp::Unmount, target)?;
+        let mut table = self.table.lock().unwrap();
+        let Some(stack) = table.get_mut(target) else { return Ok(false) };
+        stack.pop();
+        if stack.is_empty() {
+            table.remove(target);
+        }
+        Ok(true)
+    }
+
+    fn is_mount_point(&self, path: &Path) -> Result<bool> {
+        Ok(self.table.lock().unwrap().contains_key(path))
+    }
+
+    fn mounts(&self) -> Result<Vec<MountInfo>> {
+        let table = self.table.lock().unwrap();
+        let mut out = Vec::new();
+        for (i, (target, stack)) in table.iter().enumerate() {
+            for m in stack {
+                out.push(MountInfo {
+                    id: 100 + i as u32,
+                    parent: 1,
+                    dev: "0:0".into(),
+                    root: "/".into(),
+                    mount_point: target.clone(),
+                    options: vec![if m.readonly { "ro".into() } else { "rw".into() }],
+                    fstype: m.fstype.clone(),
+                    source: m.source.display().to_string(),
+                    super_options: vec![],
+                });
+            }
+        }
+        Ok(out)
+    }
+}

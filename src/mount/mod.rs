@@ -1,0 +1,114 @@
+//! The mount seam: a [`Mounter`] trait with a real implementation over
+//! mount(2)/umount2(2) and `/proc/self/mountinfo`, and an in-memory fake with
+//! error injection for unit tests. Bind mounts and read-only remounts are
+//! syscalls here, never an exec of `mount(8)`.
+
+mod fake;
+mod info;
+mod system;
+
+pub use fake::{FakeMount, FakeMounter, MountOp};
+pub use info::{parse_mountinfo, MountInfo};
+pub use system::SystemMounter;
+
+use crate::error::{Error, Result};
+use std::path::Path;
+
+/// Flags and filesystem data parsed from a volume capability's `mount_flags`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MountOptions {
+    pub readonly: bool,
+    /// Generic per-mount flags by name (`noatime`, `nodev`, ...), applied as
+    /// MS_* bits by the system mounter.
+    pub flags: Vec<&'static str>,
+    /// Filesystem-specific options passed as mount(2) data (`discard`, ...).
+    pub data: Vec<String>,
+}
+
+const GENERIC_FLAGS: &[&str] = &[
+    "ro", "rw", "noatime", "nodiratime", "relatime", "strictatime", "nodev", "nosuid", "noexec", "sync",
+    "dirsync", "defaults", "bind",
+];
+
+impl MountOptions {
+    /// Parses CSI `mount_flags`. Each entry may hold several comma-separated
+    /// options. Only plain option text is accepted: nothing that could smuggle
+    /// another mount option or a path.
+    pub fn parse(mount_flags: &[String], readonly: bool) -> Result<Self> {
+        let mut opts = MountOptions { readonly, ..Default::default() };
+        let total: usize = mount_flags.iter().map(String::len).sum();
+        if total > 4096 {
+            return Err(Error::invalid("mount_flags exceed 4 KiB"));
+        }
+        for entry in mount_flags {
+            for opt in entry.split(',').map(str::trim).filter(|o| !o.is_empty()) {
+                let ok = opt.len() <= 256
+                    && opt.chars().all(|c| c.is_ascii_alphanumeric() || "_-=.:+/@".contains(c))
+                    && opt.chars().next().is_some_and(|c| c.is_ascii_alphanumeric());
+                if !ok {
+                    return Err(Error::invalid("mount_flags contain an option with characters that are not allowed"));
+                }
+                match GENERIC_FLAGS.iter().find(|f| **f == opt) {
+                    Some(&"ro") => opts.readonly = true,
+                    Some(&"rw") | Some(&"defaults") => {}
+                    Some(&"bind") => return Err(Error::invalid("mount flag `bind` is not allowed")),
+                    Some(flag) => {
+                        if !opts.flags.contains(flag) {
+                            opts.flags.push(flag)
+                        }
+                    }
+                    None => {
+                        if !opts.data.iter().any(|d| d == opt) {
+                            opts.data.push(opt.to_string())
+                        }
+                    }
+                }
+            }
+        }
+        Ok(opts)
+    }
+}
+
+/// Mount operations on the node.
+pub trait Mounter: Send + Sync {
+    /// Mounts a filesystem of `fstype` from `device` on the directory `target`.
+    fn mount_fs(&self, device: &Path, target: &Path, fstype: &str, options: &MountOptions) -> Result<()>;
+    /// Bind-mounts `source` (a directory or a device/file) on `target`,
+    /// read-only if asked (a bind followed by a read-only remount).
+    fn bind(&self, source: &Path, target: &Path, readonly: bool, options: &MountOptions) -> Result<()>;
+    /// Unmounts `target` without following a symlink there. Returns false if
+    /// nothing was mounted at `target`.
+    fn unmount(&self, target: &Path) -> Result<bool>;
+    /// Whether `path` is the root of a mount (cheap: no mount table scan).
+    fn is_mount_point(&self, path: &Path) -> Result<bool>;
+    /// The mount table of this process's namespace.
+    fn mounts(&self) -> Result<Vec<MountInfo>>;
+    /// The entry for the mount rooted at `target`, if any.
+    fn mount_at(&self, target: &Path) -> Result<Option<MountInfo>> {
+        if !self.is_mount_point(target)? {
+            return Ok(None);
+        }
+        Ok(self.mounts()?.into_iter().rev().find(|m| m.mount_point == target))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_generic_flags_and_data() {
+        let o = MountOptions::parse(&["noatime,discard".into(), "nodev".into(), "ro".into()], false).unwrap();
+        assert!(o.readonly);
+        assert_eq!(o.flags, vec!["noatime", "nodev"]);
+        assert_eq!(o.data, vec!["discard".to_string()]);
+    }
+
+    #[test]
+    fn refuses_injection_and_bind() {
+        for bad in ["a b", "x;rm", "bind", "/etc", "$(x)", "x\ny"] {
+            assert!(MountOptions::parse(&[bad.into()], false).is_err(), "{bad}");
+        }
+        assert!(MountOptions::parse(&["x".repeat(5000)], false).is_err());
+    }
+}

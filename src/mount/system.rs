@@ -1,0 +1,158 @@
+//! The real mounter: mount(2), umount2(2), statx(2) and mountinfo.
+
+use super::{parse_mountinfo, MountInfo, MountOptions, Mounter};
+use crate::error::{Error, Result};
+use nix::errno::Errno;
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use std::path::Path;
+use sys_mount::{FilesystemType, Mount, MountFlags};
+
+/// Mounts for real in the driver's mount namespace.
+#[derive(Debug, Default, Clone)]
+pub struct SystemMounter;
+
+fn ms_flags(options: &MountOptions) -> MsFlags {
+    let mut f = MsFlags::empty();
+    for name in &options.flags {
+        f |= match *name {
+            "noatime" => MsFlags::MS_NOATIME,
+            "nodiratime" => MsFlags::MS_NODIRATIME,
+            "relatime" => MsFlags::MS_RELATIME,
+            "strictatime" => MsFlags::MS_STRICTATIME,
+            "nodev" => MsFlags::MS_NODEV,
+            "nosuid" => MsFlags::MS_NOSUID,
+            "noexec" => MsFlags::MS_NOEXEC,
+            "sync" => MsFlags::MS_SYNCHRONOUS,
+            "dirsync" => MsFlags::MS_DIRSYNC,
+            _ => MsFlags::empty(),
+        };
+    }
+    if options.readonly {
+        f |= MsFlags::MS_RDONLY;
+    }
+    f
+}
+
+fn errno_error(what: String, errno: Errno) -> Error {
+    let err = std::io::Error::from_raw_os_error(errno as i32);
+    Error::io(what, err)
+}
+
+impl Mounter for SystemMounter {
+    fn mount_fs(&self, device: &Path, target: &Path, fstype: &str, options: &MountOptions) -> Result<()> {
+        let flags = MountFlags::from_bits_truncate(ms_flags(options).bits() as _);
+        let data = options.data.join(",");
+        Mount::builder()
+            .fstype(FilesystemType::Manual(fstype))
+            .flags(flags)
+            .data(&data)
+            .mount(device, target)
+            .map(|_| ())
+            .map_err(|e| Error::io(format!("mount {fstype} {} on {}", device.display(), target.display()), e))
+    }
+
+    fn bind(&self, source: &Path, target: &Path, readonly: bool, options: &MountOptions) -> Result<()> {
+        mount(Some(source), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+            .map_err(|e| errno_error(format!("bind {} on {}", source.display(), target.display()), e))?;
+        // Per-mount flags (read-only, nodev, ...) on a bind take a remount.
+        let extra = ms_flags(&MountOptions { readonly, ..options.clone() });
+        if !extra.is_empty() {
+            let flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | extra;
+            if let Err(e) = mount(None::<&str>, target, None::<&str>, flags, None::<&str>) {
+                // Never leave a writable bind behind when read-only was asked.
+                let _ = umount2(target, MntFlags::UMOUNT_NOFOLLOW);
+                return Err(errno_error(format!("remount {} with flags", target.display()), e));
+            }
+        }
+        Ok(())
+    }
+
+    fn unmount(&self, target: &Path) -> Result<bool> {
+        match umount2(target, MntFlags::UMOUNT_NOFOLLOW) {
+            Ok(()) => Ok(true),
+            Err(Errno::EINVAL) | Err(Errno::ENOENT) => Ok(false),
+            Err(e) => Err(errno_error(format!("unmount {}", target.display()), e)),
+        }
+    }
+
+    fn is_mount_point(&self, path: &Path) -> Result<bool> {
+        statx_mount_root(path)
+    }
+
+    fn mounts(&self) -> Result<Vec<MountInfo>> {
+        let text = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| Error::io("read mountinfo", e))?;
+        Ok(parse_mountinfo(&text))
+    }
+}
+
+/// Whether `path` is a mount root, from statx's STATX_ATTR_MOUNT_ROOT: one
+/// syscall whatever the number of mounts on the node. A missing path is not a
+/// mount point.
+fn statx_mount_root(path: &Path) -> Result<bool> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| Error::invalid("path contains NUL"))?;
+    let mut buf = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: `c` is a valid NUL-terminated string and `buf` is a properly
+    // sized, writable statx buffer that outlives the call.
+    let rc = unsafe {
+        libc::statx(libc::AT_FDCWD, c.as_ptr(), libc::AT_SYMLINK_NOFOLLOW, libc::STATX_BASIC_STATS, buf.as_mut_ptr())
+    };
+    if rc != 0 {
+        let err = std::io::Error::last_os_error();
+        return match err.kind() {
+            std::io::ErrorKind::NotFound => Ok(false),
+            _ => Err(Error::io(format!("statx {}", path.display()), err)),
+        };
+    }
+    // SAFETY: statx returned 0, so it filled the buffer.
+    let st = unsafe { buf.assume_init() };
+    let attr = libc::STATX_ATTR_MOUNT_ROOT as u64;
+    if st.stx_attributes_mask & attr != 0 {
+        return Ok(st.stx_attributes & attr != 0);
+    }
+    // Kernels before 5.8 lack the attribute: fall back to the mount table.
+    let text = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| Error::io("read mountinfo", e))?;
+    Ok(parse_mountinfo(&text).iter().any(|m| m.mount_point == path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn root_is_a_mount_point_and_a_plain_dir_is_not() {
+        assert!(SystemMounter.is_mount_point(Path::new("/")).unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!SystemMounter.is_mount_point(dir.path()).unwrap());
+        assert!(!SystemMounter.is_mount_point(&dir.path().join("missing")).unwrap());
+    }
+
+    #[test]
+    fn unmount_of_a_plain_dir_reports_nothing_mounted() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!SystemMounter.unmount(dir.path()).unwrap());
+    }
+
+    /// Needs root (CAP_SYS_ADMIN): CI runs the suite as root.
+    #[test]
+    fn bind_readonly_and_unmount() {
+        assert!(nix::unistd::geteuid().is_root(), "this test needs root: run the suite as root");
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        let dst = dir.path().join("dst");
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::create_dir_all(&dst).unwrap();
+        std::fs::write(src.join("f"), b"x").unwrap();
+        SystemMounter.bind(&src, &dst, true, &MountOptions::default()).unwrap();
+        let result = (|| {
+            assert!(SystemMounter.is_mount_point(&dst).unwrap());
+            let info = SystemMounter.mount_at(&dst).unwrap().expect("bind listed in mountinfo");
+            assert!(info.readonly());
+            assert!(std::fs::write(dst.join("g"), b"y").is_err(), "read-only bind accepted a write");
+            assert_eq!(std::fs::read(dst.join("f")).unwrap(), b"x");
+        })();
+        assert!(SystemMounter.unmount(&dst).unwrap());
+        assert!(!SystemMounter.is_mount_point(&dst).unwrap());
+        result
+    }
+}
