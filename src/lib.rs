@@ -1,12 +1,22 @@
 //! ferrovol: a Kubernetes CSI driver for NFS, Ceph RBD, iSCSI, LVM and
 //! loop-mounted image files.
 
+pub mod app;
+pub mod backend;
+pub mod config;
 pub mod error;
 pub mod exec;
+pub mod locks;
 pub mod mount;
+pub mod node;
+pub mod plugin;
+pub mod state;
+
+pub mod server;
+pub mod service;
 
 /// Code generated from `proto/csi.proto`.
-pub mod csi {
+pub mod proto {
     #![allow(clippy::all, missing_docs)]
     tonic::include_proto!("csi.v1");
 }

@@ -1,1 +1,95 @@
-fn main(){}
+//! `ferrovol`: read settings, build the driver, serve until SIGTERM/SIGINT.
+
+use clap::{Parser, Subcommand, ValueEnum};
+use ferrovol::app::{self, Settings};
+use ferrovol::server::{self, Endpoint};
+use ferrovol::service::Mode;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(name = "ferrovol", version = env!("CARGO_PKG_VERSION"), about = "A Kubernetes CSI driver")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Human,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the CSI services.
+    Serve {
+        /// unix:///path/csi.sock or tcp://host:port
+        #[arg(long, env = "CSI_ENDPOINT", default_value = "unix:///run/ferrovol/csi.sock")]
+        endpoint: String,
+        /// This node's id (default: the hostname).
+        #[arg(long, env = "FERROVOL_NODE_ID")]
+        node_id: Option<String>,
+        #[arg(long, env = "FERROVOL_DRIVER_NAME", default_value = "csi.ferrovol.io")]
+        driver_name: String,
+        #[arg(long, env = "FERROVOL_MODE", value_enum, default_value = "all")]
+        mode: Mode,
+        /// Where node state (and the default file pool) lives.
+        #[arg(long, env = "FERROVOL_STATE_DIR", default_value = "/var/lib/ferrovol")]
+        state_dir: PathBuf,
+        /// TOML config file; without one the `file` backend is enabled.
+        #[arg(long, env = "FERROVOL_CONFIG")]
+        config: Option<PathBuf>,
+        #[arg(long, env = "FERROVOL_LOG_FORMAT", value_enum, default_value = "human")]
+        log_format: LogFormat,
+        /// Seconds in-flight calls get to finish at shutdown.
+        #[arg(long, env = "FERROVOL_SHUTDOWN_GRACE", default_value_t = 30)]
+        shutdown_grace: u64,
+    },
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Human => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM"),
+        _ = int.recv() => tracing::info!("SIGINT"),
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let Command::Serve { endpoint, node_id, driver_name, mode, state_dir, config, log_format, shutdown_grace } = cli.command;
+    init_logging(log_format);
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime");
+    let result = runtime.block_on(async move {
+        let endpoint = Endpoint::parse(&endpoint)?;
+        let node_id = match node_id {
+            Some(n) => n,
+            None => nix::unistd::gethostname()
+                .map(|h| h.to_string_lossy().into_owned())
+                .map_err(|e| ferrovol::error::Error::internal(format!("hostname: {e}")))?,
+        };
+        let settings = Settings { driver_name, node_id, mode, state_dir, config };
+        let driver = app::build(&settings)?;
+        server::serve(driver, endpoint, shutdown_signal(), Duration::from_secs(shutdown_grace)).await
+    });
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e.message, "ferrovol stopped");
+            eprintln!("ferrovol: {}", e.message);
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

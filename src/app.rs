@@ -1,0 +1,83 @@
+//! Building the driver from settings: config, registry, node state.
+
+use crate::backend::build_registry;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::exec::{CommandRunner, SystemRunner};
+use crate::locks::OpLocks;
+use crate::mount::{Mounter, SystemMounter};
+use crate::node::NodeOps;
+use crate::service::{Driver, Mode};
+use crate::state::NodeState;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// What `ferrovol serve` needs besides the endpoint.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub driver_name: String,
+    pub node_id: String,
+    pub mode: Mode,
+    pub state_dir: PathBuf,
+    pub config: Option<PathBuf>,
+}
+
+/// Checks a driver name: DNS-style, at most 63 characters.
+pub fn validate_driver_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if !ok {
+        return Err(Error::invalid(format!("driver name {name:?} must be DNS-style and at most 63 characters")));
+    }
+    Ok(())
+}
+
+/// Builds the driver on the real system seams and reconciles node state.
+pub fn build(settings: &Settings) -> Result<Arc<Driver>> {
+    build_with(settings, Arc::new(SystemRunner), Arc::new(SystemMounter))
+}
+
+/// Builds the driver on the given seams.
+pub fn build_with(settings: &Settings, runner: Arc<dyn CommandRunner>, mounter: Arc<dyn Mounter>) -> Result<Arc<Driver>> {
+    validate_driver_name(&settings.driver_name)?;
+    if settings.node_id.is_empty() || settings.node_id.len() > 128 {
+        return Err(Error::invalid("node id must be 1 to 128 bytes"));
+    }
+    let state_dir = absolute(&settings.state_dir)?;
+    std::fs::create_dir_all(&state_dir).map_err(|e| Error::io(format!("create state dir {}", state_dir.display()), e))?;
+    let config = Config::load(settings.config.as_deref(), &state_dir)?;
+    let registry = Arc::new(build_registry(&config, runner.clone())?);
+    let state = NodeState::open(&state_dir)?;
+    let node = Arc::new(NodeOps::new(registry.clone(), mounter, runner, state));
+    if settings.mode.node() {
+        let (dropped, unmounted) = node.reconcile()?;
+        tracing::info!(
+            staged = node.state().stages().len(),
+            published = node.state().publishes().len(),
+            stale_publishes_dropped = dropped,
+            staged_without_mount = unmounted,
+            "node state reconciled with the mount table"
+        );
+    }
+    Ok(Arc::new(Driver {
+        name: settings.driver_name.clone(),
+        version: crate::service::version(),
+        node_id: settings.node_id.clone(),
+        mode: settings.mode,
+        settings: config.node.clone(),
+        registry,
+        node,
+        controller_locks: OpLocks::new(),
+    }))
+}
+
+fn absolute(p: &Path) -> Result<PathBuf> {
+    if p.is_absolute() {
+        Ok(p.to_path_buf())
+    } else {
+        std::env::current_dir().map(|d| d.join(p)).map_err(|e| Error::io("current dir", e))
+    }
+}

@@ -1,0 +1,533 @@
+//! The `file` backend: volumes are sparse image files in a pool directory,
+//! attached as loop devices on the node. The embedded default: it needs
+//! nothing but a Linux kernel with loop devices.
+//!
+//! Layout: `<pool>/volumes/<locator>.img` with `<locator>.json` beside it
+//! (the CSI name, size and source), and the same under `<pool>/snapshots`.
+//! A volume exists when both files do; an image is written under a temporary
+//! name and renamed into place after its metadata, so a crash never leaves a
+//! half-made volume that looks whole.
+
+use super::loopdev::{path_arg, LoopDevices};
+use crate::config::Size;
+use crate::error::{Error, Result};
+use crate::exec::{Command, CommandRunner};
+use crate::plugin::{
+    locator_for_name, AccessMode, Attachment, AttachContext, Backend, Capabilities, Capacity, ContentSource,
+    CreateVolume, SnapshotId, SnapshotInfo, VolumeId, VolumeInfo,
+};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::Mutex;
+
+const MIB: u64 = 1 << 20;
+const COPY_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// `[[backend]] type = "file"` settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSettings {
+    /// The pool directory (absolute).
+    pub pool: PathBuf,
+    /// Size of a volume whose request names none.
+    #[serde(default = "default_size")]
+    pub default_volume_size: Size,
+    /// The largest volume this pool creates.
+    #[serde(default = "max_size")]
+    pub max_volume_size: Size,
+}
+
+fn default_size() -> Size {
+    Size(1 << 30)
+}
+fn max_size() -> Size {
+    Size(1 << 40)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct VolumeMeta {
+    name: String,
+    capacity_bytes: u64,
+    source: Option<ContentSource>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct SnapshotMeta {
+    name: String,
+    source_volume: VolumeId,
+    size_bytes: u64,
+    created_unix_nanos: u128,
+}
+
+/// The backend.
+pub struct FileBackend {
+    name: String,
+    settings: FileSettings,
+    volumes: PathBuf,
+    snapshots: PathBuf,
+    runner: Arc<dyn CommandRunner>,
+    loops: LoopDevices,
+    /// Serializes metadata changes in the pool (create, delete, expand).
+    pool_lock: Mutex<()>,
+}
+
+fn round_up(bytes: u64, to: u64) -> u64 {
+    bytes.div_ceil(to).saturating_mul(to)
+}
+
+fn io(context: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> Error {
+    move |e| Error::io(context, e)
+}
+
+fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| Error::internal(format!("corrupt metadata {}: {e}", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io(format!("read {}", path.display()), e)),
+    }
+}
+
+fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let bytes = serde_json::to_vec_pretty(value).map_err(|e| Error::internal(e.to_string()))?;
+    crate::state::write_atomic(path, &bytes).map_err(io(format!("write {}", path.display())))
+}
+
+fn remove_if_exists(path: &Path) -> Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(format!("remove {}", path.display()), e)),
+        _ => Ok(()),
+    }
+}
+
+impl FileBackend {
+    pub fn new(name: &str, settings: FileSettings, runner: Arc<dyn CommandRunner>) -> Result<Self> {
+        crate::config::absolute(&settings.pool, "file pool")?;
+        let volumes = settings.pool.join("volumes");
+        let snapshots = settings.pool.join("snapshots");
+        for d in [&volumes, &snapshots] {
+            std::fs::create_dir_all(d).map_err(io(format!("create {}", d.display())))?;
+            // Leftovers of an interrupted create or copy.
+            for entry in std::fs::read_dir(d).map_err(io(format!("read {}", d.display())))?.flatten() {
+                if entry.file_name().to_string_lossy().ends_with(".tmp") {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+        }
+        let loops = LoopDevices::new(runner.clone());
+        Ok(Self { name: name.to_string(), settings, volumes, snapshots, runner, loops, pool_lock: Mutex::new(()) })
+    }
+
+    /// Same, with loop devices read from a fixture sysfs (tests).
+    pub fn with_loops(mut self, loops: LoopDevices) -> Self {
+        self.loops = loops;
+        self
+    }
+
+    fn image(&self, locator: &str) -> PathBuf {
+        self.volumes.join(format!("{locator}.img"))
+    }
+    fn meta(&self, locator: &str) -> PathBuf {
+        self.volumes.join(format!("{locator}.json"))
+    }
+    fn snap_image(&self, locator: &str) -> PathBuf {
+        self.snapshots.join(format!("{locator}.img"))
+    }
+    fn snap_meta(&self, locator: &str) -> PathBuf {
+        self.snapshots.join(format!("{locator}.json"))
+    }
+
+    fn own(&self, backend: &str) -> Result<()> {
+        if backend != self.name {
+            return Err(Error::internal(format!("id of backend {backend} sent to backend {}", self.name)));
+        }
+        Ok(())
+    }
+
+    fn load_volume(&self, locator: &str) -> Result<Option<(VolumeMeta, u64)>> {
+        let Some(meta) = read_json::<VolumeMeta>(&self.meta(locator))? else { return Ok(None) };
+        match std::fs::metadata(self.image(locator)) {
+            Ok(m) => Ok(Some((meta, m.len()))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::io("stat image", e)),
+        }
+    }
+
+    fn volume_info(&self, locator: &str, meta: VolumeMeta, size: u64) -> Result<VolumeInfo> {
+        Ok(VolumeInfo {
+            id: VolumeId::new(&self.name, locator)?,
+            capacity_bytes: size,
+            context: BTreeMap::new(),
+            source: meta.source,
+        })
+    }
+
+    fn load_snapshot(&self, locator: &str) -> Result<Option<SnapshotMeta>> {
+        let Some(meta) = read_json::<SnapshotMeta>(&self.snap_meta(locator))? else { return Ok(None) };
+        Ok(self.snap_image(locator).exists().then_some(meta))
+    }
+
+    fn snapshot_info(&self, locator: &str, meta: SnapshotMeta) -> Result<SnapshotInfo> {
+        Ok(SnapshotInfo {
+            id: SnapshotId::new(&self.name, locator)?,
+            source_volume: meta.source_volume,
+            size_bytes: meta.size_bytes,
+            created: UNIX_EPOCH + Duration::from_nanos(meta.created_unix_nanos as u64),
+            ready: true,
+        })
+    }
+
+    fn free_bytes(&self) -> Result<u64> {
+        let st = nix::sys::statvfs::statvfs(&self.settings.pool)
+            .map_err(|e| Error::io("statvfs pool", std::io::Error::from_raw_os_error(e as i32)))?;
+        Ok(st.blocks_available() as u64 * st.fragment_size() as u64)
+    }
+
+    fn ensure_space(&self, bytes: u64) -> Result<()> {
+        let free = self.free_bytes()?;
+        if bytes > free {
+            return Err(Error::exhausted(format!(
+                "pool {} has {free} bytes free, {bytes} needed",
+                self.settings.pool.display()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Copies an image, sharing blocks (reflink) where the filesystem can and
+    /// keeping holes either way.
+    async fn copy_image(&self, from: &Path, to: &Path) -> Result<()> {
+        self.runner
+            .run(
+                Command::new("cp")
+                    .args(["--reflink=auto", "--sparse=always", "--"])
+                    .arg(path_arg(from)?)
+                    .arg(path_arg(to)?)
+                    .timeout(COPY_TIMEOUT),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// The size to create for a request, given the source's size if any.
+    fn size_for(&self, req: &CreateVolume, source_size: u64) -> Result<u64> {
+        let max = self.settings.max_volume_size.0;
+        let wanted = if req.required_bytes > 0 {
+            round_up(req.required_bytes, MIB)
+        } else if source_size > 0 {
+            source_size
+        } else if req.limit_bytes > 0 {
+            round_up(self.settings.default_volume_size.0.min(req.limit_bytes), MIB).min(req.limit_bytes / MIB * MIB)
+        } else {
+            self.settings.default_volume_size.0
+        };
+        let size = wanted.max(source_size);
+        if size == 0 || (req.limit_bytes > 0 && size > req.limit_bytes) {
+            return Err(Error::out_of_range(format!(
+                "no size in 1 MiB steps fits required {} and limit {} bytes (source {source_size})",
+                req.required_bytes, req.limit_bytes
+            )));
+        }
+        if size > max {
+            return Err(Error::out_of_range(format!("{size} bytes exceeds this pool's maximum volume size {max}")));
+        }
+        Ok(size)
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for FileBackend {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            provision: true,
+            attach: false,
+            device_mount: true,
+            expand: true,
+            snapshot: true,
+            clone: true,
+            block: true,
+            node_local: true,
+            access_modes: vec![
+                AccessMode::SingleNodeWriter,
+                AccessMode::SingleNodeReaderOnly,
+                AccessMode::SingleNodeSingleWriter,
+                AccessMode::SingleNodeMultiWriter,
+            ],
+        }
+    }
+
+    async fn health(&self) -> Result<()> {
+        for d in [&self.volumes, &self.snapshots] {
+            let md = std::fs::metadata(d).map_err(io(format!("pool folder {}", d.display())))?;
+            if !md.is_dir() {
+                return Err(Error::precondition(format!("{} is not a directory", d.display())));
+            }
+        }
+        nix::unistd::access(&self.volumes, nix::unistd::AccessFlags::W_OK)
+            .map_err(|e| Error::precondition(format!("pool {} is not writable: {e}", self.volumes.display())))?;
+        Ok(())
+    }
+
+    async fn create_volume(&self, req: &CreateVolume) -> Result<VolumeInfo> {
+        let locator = locator_for_name(&req.name);
+        let _pool = self.pool_lock.lock().await;
+
+        // The source, if any: it must exist, and it sets the minimum size.
+        let (source_image, source_size) = match &req.source {
+            None => (None, 0),
+            Some(ContentSource::Snapshot(id)) => {
+                let meta = (id.backend() == self.name)
+                    .then(|| self.load_snapshot(id.locator()))
+                    .transpose()?
+                    .flatten()
+                    .ok_or_else(|| Error::not_found(format!("source snapshot {id} does not exist")))?;
+                (Some(self.snap_image(id.locator())), meta.size_bytes)
+            }
+            Some(ContentSource::Volume(id)) => {
+                let (_, size) = (id.backend() == self.name)
+                    .then(|| self.load_volume(id.locator()))
+                    .transpose()?
+                    .flatten()
+                    .ok_or_else(|| Error::not_found(format!("source volume {id} does not exist")))?;
+                (Some(self.image(id.locator())), size)
+            }
+        };
+
+        if let Some((meta, size)) = self.load_volume(&locator)? {
+            if meta.name != req.name {
+                return Err(Error::already_exists(format!(
+                    "volume {locator} belongs to another name; choose a different name"
+                )));
+            }
+            let fits = size >= req.required_bytes && (req.limit_bytes == 0 || size <= req.limit_bytes);
+            if !fits || meta.source != req.source {
+                return Err(Error::already_exists(format!(
+                    "volume {:?} exists with {size} bytes and source {:?}, incompatible with this request",
+                    req.name, meta.source
+                )));
+            }
+            return self.volume_info(&locator, meta, size);
+        }
+
+        let size = self.size_for(req, source_size)?;
+        // Images are sparse, but a volume the pool could never hold is refused
+        // now rather than failing writes later.
+        self.ensure_space(size)?;
+        let image = self.image(&locator);
+        let tmp = self.volumes.join(format!(".{locator}.img.tmp"));
+        let made = async {
+            match &source_image {
+                Some(src) => self.copy_image(src, &tmp).await?,
+                None => {
+                    std::fs::File::create(&tmp).map_err(io(format!("create {}", tmp.display())))?;
+                }
+            }
+            let f = std::fs::OpenOptions::new().write(true).open(&tmp).map_err(io("open new image"))?;
+            if f.metadata().map_err(io("stat new image"))?.len() < size {
+                f.set_len(size).map_err(io("size new image"))?;
+            }
+            f.sync_all().map_err(io("sync new image"))?;
+            let meta = VolumeMeta { name: req.name.clone(), capacity_bytes: size, source: req.source.clone() };
+            write_json(&self.meta(&locator), &meta)?;
+            std::fs::rename(&tmp, &image).map_err(io("move new image into place"))?;
+            Ok::<_, Error>(meta)
+        }
+        .await;
+        match made {
+            Ok(meta) => self.volume_info(&locator, meta, size),
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                let _ = std::fs::remove_file(self.meta(&locator));
+                Err(e)
+            }
+        }
+    }
+
+    async fn delete_volume(&self, id: &VolumeId) -> Result<()> {
+        self.own(id.backend())?;
+        let _pool = self.pool_lock.lock().await;
+        let image = self.image(id.locator());
+        if let Some(dev) = self.loops.find(&image) {
+            return Err(Error::precondition(format!(
+                "volume {id} is in use on this node ({}); unstage it first",
+                dev.display()
+            )));
+        }
+        remove_if_exists(&image)?;
+        remove_if_exists(&self.meta(id.locator()))
+    }
+
+    async fn get_volume(&self, id: &VolumeId) -> Result<Option<VolumeInfo>> {
+        self.own(id.backend())?;
+        match self.load_volume(id.locator())? {
+            Some((meta, size)) => Ok(Some(self.volume_info(id.locator(), meta, size)?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn list_volumes(&self) -> Result<Vec<VolumeInfo>> {
+        let mut out = Vec::new();
+        let entries = std::fs::read_dir(&self.volumes).map_err(io("read pool"))?;
+        let mut locators: Vec<String> = entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_suffix(".json")).map(str::to_string))
+            .filter(|l| crate::plugin::is_locator(l))
+            .collect();
+        locators.sort();
+        for l in locators {
+            if let Some((meta, size)) = self.load_volume(&l)? {
+                out.push(self.volume_info(&l, meta, size)?);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn capacity(&self, _parameters: &BTreeMap<String, String>) -> Result<Capacity> {
+        let free = self.free_bytes()?;
+        Ok(Capacity {
+            available_bytes: free,
+            maximum_volume_bytes: Some(self.settings.max_volume_size.0.min(free / MIB * MIB)),
+            minimum_volume_bytes: Some(MIB),
+        })
+    }
+
+    async fn expand_volume(&self, id: &VolumeId, required: u64, limit: u64) -> Result<u64> {
+        self.own(id.backend())?;
+        let _pool = self.pool_lock.lock().await;
+        let (mut meta, size) =
+            self.load_volume(id.locator())?.ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
+        let wanted = round_up(required, MIB);
+        if limit > 0 && wanted > limit {
+            return Err(Error::out_of_range(format!("{required} bytes rounded to 1 MiB exceeds the limit {limit}")));
+        }
+        if wanted <= size {
+            return Ok(size);
+        }
+        if wanted > self.settings.max_volume_size.0 {
+            return Err(Error::out_of_range(format!("{wanted} bytes exceeds the maximum volume size")));
+        }
+        self.ensure_space(wanted - size)?;
+        let image = self.image(id.locator());
+        let f = std::fs::OpenOptions::new().write(true).open(&image).map_err(io("open image"))?;
+        f.set_len(wanted).map_err(io("grow image"))?;
+        f.sync_all().map_err(io("sync image"))?;
+        meta.capacity_bytes = wanted;
+        write_json(&self.meta(id.locator()), &meta)?;
+        Ok(wanted)
+    }
+
+    async fn create_snapshot(&self, source: &VolumeId, name: &str) -> Result<SnapshotInfo> {
+        let locator = locator_for_name(name);
+        let _pool = self.pool_lock.lock().await;
+        if let Some(meta) = self.load_snapshot(&locator)? {
+            if meta.name != name || &meta.source_volume != source {
+                return Err(Error::already_exists(format!(
+                    "snapshot {name:?} exists for another source volume ({})",
+                    meta.source_volume
+                )));
+            }
+            return self.snapshot_info(&locator, meta);
+        }
+        let (_, size) = (source.backend() == self.name)
+            .then(|| self.load_volume(source.locator()))
+            .transpose()?
+            .flatten()
+            .ok_or_else(|| Error::not_found(format!("source volume {source} does not exist")))?;
+        let tmp = self.snapshots.join(format!(".{locator}.img.tmp"));
+        let made = async {
+            self.copy_image(&self.image(source.locator()), &tmp).await?;
+            let created = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos();
+            let meta = SnapshotMeta { name: name.to_string(), source_volume: source.clone(), size_bytes: size, created_unix_nanos: created };
+            write_json(&self.snap_meta(&locator), &meta)?;
+            std::fs::rename(&tmp, self.snap_image(&locator)).map_err(io("move snapshot into place"))?;
+            Ok::<_, Error>(meta)
+        }
+        .await;
+        match made {
+            Ok(meta) => self.snapshot_info(&locator, meta),
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                let _ = std::fs::remove_file(self.snap_meta(&locator));
+                if e.message.contains("No space left") {
+                    return Err(Error::exhausted(e.message));
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn delete_snapshot(&self, id: &SnapshotId) -> Result<()> {
+        self.own(id.backend())?;
+        let _pool = self.pool_lock.lock().await;
+        remove_if_exists(&self.snap_image(id.locator()))?;
+        remove_if_exists(&self.snap_meta(id.locator()))
+    }
+
+    async fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>> {
+        let entries = std::fs::read_dir(&self.snapshots).map_err(io("read pool"))?;
+        let mut locators: Vec<String> = entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_suffix(".json")).map(str::to_string))
+            .filter(|l| crate::plugin::is_locator(l))
+            .collect();
+        locators.sort();
+        let mut out = Vec::new();
+        for l in locators {
+            if let Some(meta) = self.load_snapshot(&l)? {
+                out.push(self.snapshot_info(&l, meta)?);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn node_attach(&self, id: &VolumeId, _ctx: &AttachContext) -> Result<Attachment> {
+        self.own(id.backend())?;
+        let image = self.image(id.locator());
+        if self.load_volume(id.locator())?.is_none() {
+            return Err(Error::not_found(format!("volume {id} does not exist")));
+        }
+        let path = self.loops.attach(&image).await?;
+        Ok(Attachment::Device { path })
+    }
+
+    async fn node_detach(&self, id: &VolumeId, attachment: Option<&Attachment>) -> Result<()> {
+        self.own(id.backend())?;
+        let image = self.image(id.locator());
+        match attachment {
+            Some(Attachment::Device { path }) => self.loops.detach(path, &image).await,
+            None => match self.loops.find(&image) {
+                Some(dev) => self.loops.detach(&dev, &image).await,
+                None => Ok(()),
+            },
+            Some(Attachment::Remote { .. }) => Err(Error::internal("file volumes are never remote")),
+        }
+    }
+
+    async fn node_refresh_size(&self, id: &VolumeId, attachment: &Attachment) -> Result<u64> {
+        self.own(id.backend())?;
+        match attachment {
+            Attachment::Device { path } => self.loops.refresh(path).await,
+            Attachment::Remote { .. } => Err(Error::internal("file volumes are never remote")),
+        }
+    }
+
+    async fn node_condition(&self, id: &VolumeId, attachment: &Attachment) -> Result<Option<String>> {
+        let image = self.image(id.locator());
+        let Attachment::Device { path } = attachment else { return Ok(Some("unexpected attachment".into())) };
+        if !image.exists() {
+            return Ok(Some(format!("image {} is missing", image.display())));
+        }
+        if !self.loops.backs(path, &image) {
+            return Ok(Some(format!("{} no longer backs this volume", path.display())));
+        }
+        Ok(None)
+    }
+}

@@ -1,0 +1,31 @@
+//! Backends: one module per kind of storage, each a [`crate::plugin::Backend`].
+
+pub mod file;
+pub mod loopdev;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::exec::CommandRunner;
+use crate::plugin::Registry;
+use std::sync::Arc;
+
+/// Builds the registry from the config: each `[[backend]]` by its type.
+pub fn build_registry(config: &Config, runner: Arc<dyn CommandRunner>) -> Result<Registry> {
+    let mut registry = Registry::new();
+    for bc in &config.backends {
+        let backend: Arc<dyn crate::plugin::Backend> = match bc.kind.as_str() {
+            "file" => Arc::new(file::FileBackend::new(bc.name(), bc.settings()?, runner.clone())?),
+            other => {
+                return Err(Error::invalid(format!(
+                    "backend {:?}: unknown type {other:?} (available: file)",
+                    bc.name()
+                )))
+            }
+        };
+        registry.register(backend).map_err(|e| e.context("config"))?;
+    }
+    if let Some(name) = &config.default_backend {
+        registry.set_default(name)?;
+    }
+    Ok(registry)
+}

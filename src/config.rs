@@ -1,0 +1,185 @@
+//! The TOML config file: node settings and the backends to enable. With no
+//! file, the `file` backend is enabled with its pool under the state dir.
+
+use crate::error::{Error, Result};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+/// The whole config file.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub node: NodeSettings,
+    /// The backend used when a StorageClass names none.
+    pub default_backend: Option<String>,
+    /// `[[backend]]` tables.
+    #[serde(default, rename = "backend")]
+    pub backends: Vec<BackendConfig>,
+}
+
+/// Settings of the node service.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodeSettings {
+    /// Reported in NodeGetInfo; 0 means no limit.
+    pub max_volumes_per_node: i64,
+    /// The topology key whose value is this node's id.
+    pub topology_key: String,
+}
+
+impl Default for NodeSettings {
+    fn default() -> Self {
+        Self { max_volumes_per_node: 256, topology_key: "topology.ferrovol.io/node".into() }
+    }
+}
+
+/// One `[[backend]]` table: its type, an optional name (default: the type)
+/// and the backend's own settings, which the backend parses.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct BackendConfig {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub name: Option<String>,
+    #[serde(flatten)]
+    pub settings: toml::Table,
+}
+
+impl BackendConfig {
+    pub fn name(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.kind)
+    }
+
+    /// Parses this backend's settings into its typed form.
+    pub fn settings<T: for<'de> Deserialize<'de>>(&self) -> Result<T> {
+        toml::Value::Table(self.settings.clone())
+            .try_into()
+            .map_err(|e| Error::invalid(format!("backend {:?}: {}", self.name(), e.to_string().trim())))
+    }
+}
+
+impl Config {
+    /// Parses config text.
+    pub fn parse(text: &str) -> Result<Self> {
+        toml::from_str(text).map_err(|e| Error::invalid(format!("config: {}", e.to_string().trim())))
+    }
+
+    /// Reads the config file, or builds the default when there is none.
+    pub fn load(path: Option<&Path>, state_dir: &Path) -> Result<Self> {
+        let mut config = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|e| Error::io(format!("read config {}", p.display()), e))?;
+                Self::parse(&text).map_err(|e| e.context(p.display()))?
+            }
+            None => Config { node: NodeSettings::default(), default_backend: None, backends: Vec::new() },
+        };
+        if config.backends.is_empty() {
+            config.backends.push(Self::default_file_backend(state_dir));
+        }
+        Ok(config)
+    }
+
+    fn default_file_backend(state_dir: &Path) -> BackendConfig {
+        let mut settings = toml::Table::new();
+        settings.insert("pool".into(), toml::Value::String(state_dir.join("pool").display().to_string()));
+        BackendConfig { kind: "file".into(), name: None, settings }
+    }
+}
+
+/// Parses a size: a byte count, or a number with a K/M/G/T suffix (powers of
+/// 1024; `Ki`, `KiB` and `K` alike).
+pub fn parse_size(text: &str) -> Result<u64> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| Error::invalid(format!("size {text:?} is not a number")))?;
+    let shift = match unit.trim().to_ascii_lowercase().trim_end_matches('b').trim_end_matches('i') {
+        "" => 0,
+        "k" => 10,
+        "m" => 20,
+        "g" => 30,
+        "t" => 40,
+        "p" => 50,
+        _ => return Err(Error::invalid(format!("size {text:?} has an unknown unit"))),
+    };
+    n.checked_mul(1u64 << shift).ok_or_else(|| Error::invalid(format!("size {text:?} is too large")))
+}
+
+/// A size in config: a number of bytes or a string with a unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Size(pub u64);
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Ok(Size(n)),
+            Raw::S(s) => parse_size(&s).map(Size).map_err(|e| serde::de::Error::custom(e.message)),
+        }
+    }
+}
+
+/// Absolute path check for paths named in config.
+pub fn absolute(path: &Path, what: &str) -> Result<PathBuf> {
+    if !path.is_absolute() {
+        return Err(Error::invalid(format!("{what} {} must be an absolute path", path.display())));
+    }
+    Ok(path.to_path_buf())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_config_enables_file_under_state_dir() {
+        let c = Config::load(None, Path::new("/var/lib/ferrovol")).unwrap();
+        assert_eq!(c.backends.len(), 1);
+        assert_eq!(c.backends[0].name(), "file");
+        assert_eq!(c.backends[0].settings["pool"].as_str(), Some("/var/lib/ferrovol/pool"));
+        assert_eq!(c.node.max_volumes_per_node, 256);
+    }
+
+    #[test]
+    fn parses_backends_and_node_settings() {
+        let c = Config::parse(
+            r#"
+            default_backend = "fast"
+            [node]
+            max_volumes_per_node = 10
+            [[backend]]
+            type = "file"
+            name = "fast"
+            pool = "/srv/pool"
+            max_volume_size = "2Gi"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.default_backend.as_deref(), Some("fast"));
+        assert_eq!(c.node.max_volumes_per_node, 10);
+        assert_eq!(c.backends[0].kind, "file");
+        assert_eq!(c.backends[0].name(), "fast");
+    }
+
+    #[test]
+    fn unknown_keys_are_errors() {
+        assert!(Config::parse("bogus = 1").is_err());
+        assert!(Config::parse("[node]\nmax_volume = 1").is_err());
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1048576").unwrap(), 1 << 20);
+        assert_eq!(parse_size("1Mi").unwrap(), 1 << 20);
+        assert_eq!(parse_size("2GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_size("3g").unwrap(), 3 << 30);
+        assert!(parse_size("1Xi").is_err());
+        assert!(parse_size("-1").is_err());
+        assert!(parse_size("99999999999P").is_err());
+    }
+}

@@ -1,0 +1,411 @@
+//! Stage and publish orchestration shared by every backend: the backend
+//! attaches a device (or names a remote filesystem); this module formats,
+//! mounts once at the staging path, bind-mounts into each target, and keeps
+//! the node state that lets every step be undone after a restart.
+
+pub mod fs;
+pub mod paths;
+
+use crate::error::{Error, Kind, Result};
+use crate::exec::CommandRunner;
+use crate::locks::{OpGuard, OpLocks};
+use crate::mount::{MountOptions, Mounter};
+use crate::plugin::{AccessType, AttachContext, Attachment, Backend, Registry, VolumeCapability, VolumeId};
+use crate::state::{NodeState, PublishRecord, StageRecord};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// How often unmount is retried on stacked mounts before giving up.
+const MAX_STACKED_MOUNTS: usize = 16;
+
+/// A NodeStageVolume request, validated.
+#[derive(Debug, Clone)]
+pub struct StageRequest {
+    pub volume_id: VolumeId,
+    pub staging_path: PathBuf,
+    pub capability: VolumeCapability,
+    pub ctx: AttachContext,
+}
+
+/// A NodePublishVolume request, validated.
+#[derive(Debug, Clone)]
+pub struct PublishRequest {
+    pub volume_id: VolumeId,
+    pub staging_path: PathBuf,
+    pub target_path: PathBuf,
+    pub capability: VolumeCapability,
+    pub readonly: bool,
+}
+
+/// Usage figures for NodeGetVolumeStats.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VolumeStats {
+    pub total_bytes: u64,
+    pub available_bytes: Option<u64>,
+    pub used_bytes: Option<u64>,
+    pub total_inodes: Option<u64>,
+    pub free_inodes: Option<u64>,
+    /// Why the volume is abnormal, if it is.
+    pub abnormal: Option<String>,
+}
+
+/// The node side of the driver.
+pub struct NodeOps {
+    registry: Arc<Registry>,
+    mounter: Arc<dyn Mounter>,
+    runner: Arc<dyn CommandRunner>,
+    state: NodeState,
+    locks: OpLocks,
+}
+
+fn vol_key(id: &VolumeId) -> String {
+    format!("volume {id}")
+}
+
+fn target_key(path: &Path) -> String {
+    format!("target {}", path.display())
+}
+
+impl NodeOps {
+    pub fn new(registry: Arc<Registry>, mounter: Arc<dyn Mounter>, runner: Arc<dyn CommandRunner>, state: NodeState) -> Self {
+        Self { registry, mounter, runner, state, locks: OpLocks::new() }
+    }
+
+    pub fn state(&self) -> &NodeState {
+        &self.state
+    }
+
+    fn backend(&self, id: &VolumeId) -> Result<&Arc<dyn Backend>> {
+        self.registry.for_volume(id)
+    }
+
+    fn lock_volume(&self, id: &VolumeId) -> Result<OpGuard> {
+        self.locks.try_exclusive(&[vol_key(id)])
+    }
+
+    fn lock_target(&self, id: &VolumeId, target: &Path) -> Result<OpGuard> {
+        self.locks.try_lock(&[target_key(target)], &[vol_key(id)])
+    }
+
+    /// Brings the state in line with the mount table after a start: publish
+    /// records whose mount is gone are dropped. Stage records are kept (an
+    /// unstage still needs them to release the device).
+    pub fn reconcile(&self) -> Result<(usize, usize)> {
+        let mut dropped = 0;
+        for p in self.state.publishes() {
+            if !self.mounter.is_mount_point(&p.target_path)? {
+                self.state.remove_publish(&p.target_path)?;
+                dropped += 1;
+            }
+        }
+        let mut unmounted = 0;
+        for s in self.state.stages() {
+            if matches!(s.capability.access, AccessType::Mount { .. }) && !self.mounter.is_mount_point(&s.staging_path)? {
+                unmounted += 1;
+            }
+        }
+        Ok((dropped, unmounted))
+    }
+
+    /// NodeStageVolume.
+    pub async fn stage(&self, req: StageRequest) -> Result<()> {
+        let _guard = self.lock_volume(&req.volume_id)?;
+        let backend = self.backend(&req.volume_id)?.clone();
+        backend.supports(&req.capability).map_err(|e| Error::precondition(e.message))?;
+        paths::require_dir(&req.staging_path, "staging_target_path")?;
+
+        if let Some(existing) = self.state.stage(&req.volume_id) {
+            if existing.staging_path != req.staging_path {
+                return Err(Error::precondition(format!(
+                    "volume {} is already staged at {}",
+                    req.volume_id,
+                    existing.staging_path.display()
+                )));
+            }
+            if existing.capability != req.capability {
+                return Err(Error::already_exists(format!(
+                    "volume {} is staged at {} with a different capability",
+                    req.volume_id,
+                    req.staging_path.display()
+                )));
+            }
+            if existing.attachment.is_some() && self.stage_complete(&existing)? {
+                return Ok(());
+            }
+            // An interrupted stage: carry on from where it stopped.
+        }
+
+        let mut record = StageRecord {
+            volume_id: req.volume_id.clone(),
+            staging_path: req.staging_path.clone(),
+            capability: req.capability.clone(),
+            attachment: None,
+            fs_type: None,
+        };
+        if let AccessType::Mount { fs_type, mount_flags } = &req.capability.access {
+            record.fs_type = Some(fs::fs_type(fs_type)?);
+            MountOptions::parse(mount_flags, false)?;
+        }
+        // Intent first, so a crash during attach leaves something to undo.
+        self.state.put_stage(record.clone())?;
+        let result = self.finish_stage(backend.as_ref(), &mut record, &req.ctx).await;
+        if let Err(e) = result {
+            // Undo what this attempt did; the CO will retry or unstage.
+            let _ = self.undo_stage(backend.as_ref(), &record).await;
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn stage_complete(&self, record: &StageRecord) -> Result<bool> {
+        match record.capability.access {
+            AccessType::Mount { .. } => self.mounter.is_mount_point(&record.staging_path),
+            AccessType::Block => Ok(true),
+        }
+    }
+
+    async fn finish_stage(&self, backend: &dyn Backend, record: &mut StageRecord, ctx: &AttachContext) -> Result<()> {
+        let attachment = backend.node_attach(&record.volume_id, ctx).await?;
+        record.attachment = Some(attachment.clone());
+        self.state.put_stage(record.clone())?;
+        let AccessType::Mount { mount_flags, .. } = &record.capability.access else { return Ok(()) };
+        let fs = record.fs_type.clone().unwrap_or_else(|| fs::DEFAULT_FS.into());
+        let readonly = record.capability.mode.is_readonly();
+        let options = MountOptions::parse(mount_flags, readonly)?;
+        if self.mounter.is_mount_point(&record.staging_path)? {
+            return Ok(());
+        }
+        match &attachment {
+            Attachment::Device { path } => {
+                if !readonly {
+                    fs::format_if_unformatted(self.runner.as_ref(), path, &fs).await?;
+                }
+                self.mounter.mount_fs(path, &record.staging_path, &fs, &options)
+            }
+            Attachment::Remote { source, fs_type, options: remote } => {
+                let mut opts = options.clone();
+                opts.data.extend(remote.iter().cloned());
+                self.mounter.mount_fs(Path::new(source), &record.staging_path, fs_type, &opts)
+            }
+        }
+    }
+
+    async fn undo_stage(&self, backend: &dyn Backend, record: &StageRecord) -> Result<()> {
+        self.unmount_all(&record.staging_path)?;
+        backend.node_detach(&record.volume_id, record.attachment.as_ref()).await?;
+        self.state.remove_stage(&record.volume_id)
+    }
+
+    fn unmount_all(&self, path: &Path) -> Result<()> {
+        for _ in 0..MAX_STACKED_MOUNTS {
+            if !self.mounter.is_mount_point(path)? {
+                return Ok(());
+            }
+            self.mounter.unmount(path)?;
+        }
+        Err(Error::internal(format!("{} still mounted after {MAX_STACKED_MOUNTS} unmounts", path.display())))
+    }
+
+    /// NodeUnstageVolume.
+    pub async fn unstage(&self, id: &VolumeId, staging_path: &Path) -> Result<()> {
+        let _guard = self.lock_volume(id)?;
+        let backend = self.backend(id)?.clone();
+        let Some(record) = self.state.stage(id) else {
+            // Not staged as far as we know. Still release anything a stage
+            // interrupted before its first record may have left.
+            self.unmount_all(staging_path)?;
+            return backend.node_detach(id, None).await;
+        };
+        if record.staging_path != staging_path {
+            // Not staged at this path: nothing to undo here.
+            return Ok(());
+        }
+        let live: Vec<_> = self
+            .state
+            .publishes_of(id)
+            .into_iter()
+            .filter(|p| self.mounter.is_mount_point(&p.target_path).unwrap_or(true))
+            .collect();
+        if let Some(p) = live.first() {
+            return Err(Error::precondition(format!(
+                "volume {id} is still published at {}; unpublish it first",
+                p.target_path.display()
+            )));
+        }
+        for p in self.state.publishes_of(id) {
+            self.state.remove_publish(&p.target_path)?;
+        }
+        self.undo_stage(backend.as_ref(), &record).await
+    }
+
+    /// NodePublishVolume.
+    pub async fn publish(&self, req: PublishRequest) -> Result<()> {
+        let _guard = self.lock_target(&req.volume_id, &req.target_path)?;
+        let backend = self.backend(&req.volume_id)?.clone();
+        backend.supports(&req.capability).map_err(|e| Error::precondition(e.message))?;
+        let Some(stage) = self.state.stage(&req.volume_id) else {
+            if let Ok(None) = backend.get_volume(&req.volume_id).await {
+                return Err(Error::not_found(format!("volume {} does not exist", req.volume_id)));
+            }
+            return Err(Error::precondition(format!("volume {} is not staged on this node", req.volume_id)));
+        };
+        if stage.staging_path != req.staging_path {
+            return Err(Error::precondition(format!(
+                "volume {} is staged at {}, not {}",
+                req.volume_id,
+                stage.staging_path.display(),
+                req.staging_path.display()
+            )));
+        }
+        let is_block = matches!(req.capability.access, AccessType::Block);
+        if is_block != matches!(stage.capability.access, AccessType::Block) {
+            return Err(Error::precondition(format!(
+                "volume {} was staged for {} access",
+                req.volume_id,
+                if is_block { "mount" } else { "block" }
+            )));
+        }
+
+        let record = PublishRecord {
+            volume_id: req.volume_id.clone(),
+            target_path: req.target_path.clone(),
+            staging_path: req.staging_path.clone(),
+            capability: req.capability.clone(),
+            readonly: req.readonly,
+        };
+        if let Some(existing) = self.state.publish(&req.target_path) {
+            if existing != record {
+                return Err(Error::already_exists(format!(
+                    "{} is already published with other arguments",
+                    req.target_path.display()
+                )));
+            }
+            if self.mounter.is_mount_point(&req.target_path)? {
+                return Ok(());
+            }
+        } else {
+            let others = self.state.publishes_of(&req.volume_id);
+            if !others.is_empty() && !req.capability.mode.allows_multiple_publish() {
+                return Err(Error::precondition(format!(
+                    "volume {} is already published at {} and its access mode allows one publish",
+                    req.volume_id,
+                    others[0].target_path.display()
+                )));
+            }
+        }
+
+        let readonly = req.readonly || req.capability.mode.is_readonly();
+        let (source, flags) = match (&stage.capability.access, &stage.attachment) {
+            (AccessType::Block, Some(Attachment::Device { path })) => (path.clone(), Vec::new()),
+            (AccessType::Mount { .. }, _) => {
+                let AccessType::Mount { mount_flags, .. } = &req.capability.access else { unreachable!() };
+                (stage.staging_path.clone(), mount_flags.clone())
+            }
+            _ => return Err(Error::precondition(format!("volume {} has no device attached", req.volume_id))),
+        };
+        let options = MountOptions::parse(&flags, readonly)?;
+        paths::make_target(&req.target_path, is_block)?;
+        self.state.put_publish(record)?;
+        if let Err(e) = self.mounter.bind(&source, &req.target_path, readonly, &options) {
+            let _ = self.state.remove_publish(&req.target_path);
+            let _ = paths::remove_target(&req.target_path);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// NodeUnpublishVolume.
+    pub async fn unpublish(&self, id: &VolumeId, target: &Path) -> Result<()> {
+        let _guard = self.lock_target(id, target)?;
+        let backend = self.backend(id)?.clone();
+        let record = self.state.publish(target);
+        if let Some(r) = &record {
+            if &r.volume_id != id {
+                return Err(Error::not_found(format!("{} publishes volume {}, not {id}", target.display(), r.volume_id)));
+            }
+        }
+        let mounted = self.mounter.is_mount_point(target)?;
+        if record.is_none() && !mounted {
+            if !target.exists() {
+                if let Ok(None) = backend.get_volume(id).await {
+                    return Err(Error::not_found(format!("volume {id} does not exist")));
+                }
+            }
+            paths::remove_target(target)?;
+            return Ok(());
+        }
+        self.unmount_all(target)?;
+        paths::remove_target(target)?;
+        self.state.remove_publish(target)
+    }
+
+    /// NodeGetVolumeStats.
+    pub async fn stats(&self, id: &VolumeId, volume_path: &Path) -> Result<VolumeStats> {
+        let backend = self.backend(id)?.clone();
+        let stage = self
+            .state
+            .stage(id)
+            .ok_or_else(|| Error::not_found(format!("volume {id} is not staged on this node")))?;
+        let known_path = volume_path == stage.staging_path || self.state.publish(volume_path).is_some_and(|p| &p.volume_id == id);
+        if !known_path {
+            return Err(Error::not_found(format!("volume {id} is not at {}", volume_path.display())));
+        }
+        if std::fs::symlink_metadata(volume_path).is_err() {
+            return Err(Error::not_found(format!("{} does not exist", volume_path.display())));
+        }
+        let mut stats = VolumeStats::default();
+        if let Some(att) = &stage.attachment {
+            stats.abnormal = backend.node_condition(id, att).await?;
+        } else {
+            stats.abnormal = Some("the volume's device was never attached".into());
+        }
+        match stage.capability.access {
+            AccessType::Mount { .. } => {
+                if !self.mounter.is_mount_point(&stage.staging_path)? {
+                    stats.abnormal.get_or_insert_with(|| format!("staging mount {} is gone", stage.staging_path.display()));
+                }
+                let st = nix::sys::statvfs::statvfs(volume_path)
+                    .map_err(|e| Error::io("statvfs", std::io::Error::from_raw_os_error(e as i32)))?;
+                let frsize = st.fragment_size() as u64;
+                stats.total_bytes = st.blocks() as u64 * frsize;
+                stats.available_bytes = Some(st.blocks_available() as u64 * frsize);
+                stats.used_bytes = Some((st.blocks() as u64 - st.blocks_free() as u64) * frsize);
+                stats.total_inodes = Some(st.files() as u64);
+                stats.free_inodes = Some(st.files_free() as u64);
+            }
+            AccessType::Block => {
+                stats.total_bytes = paths::device_size(volume_path)?;
+            }
+        }
+        Ok(stats)
+    }
+
+    /// NodeExpandVolume: the device learns its new size, then the filesystem
+    /// grows online. Returns the volume's size.
+    pub async fn expand(&self, id: &VolumeId, volume_path: &Path, required: u64) -> Result<u64> {
+        let _guard = self.lock_volume(id)?;
+        let backend = self.backend(id)?.clone();
+        let stage = self
+            .state
+            .stage(id)
+            .ok_or_else(|| Error::not_found(format!("volume {id} is not staged on this node")))?;
+        if std::fs::symlink_metadata(volume_path).is_err() {
+            return Err(Error::not_found(format!("{} does not exist", volume_path.display())));
+        }
+        let attachment =
+            stage.attachment.clone().ok_or_else(|| Error::precondition(format!("volume {id} has no attached device")))?;
+        let size = backend.node_refresh_size(id, &attachment).await?;
+        if required > 0 && size < required {
+            return Err(Error::out_of_range(format!(
+                "the device has {size} bytes, fewer than the {required} asked; expand the volume first"
+            )));
+        }
+        if let (AccessType::Mount { .. }, Attachment::Device { path }) = (&stage.capability.access, &attachment) {
+            let fs = stage.fs_type.clone().unwrap_or_else(|| fs::DEFAULT_FS.into());
+            fs::grow(self.runner.as_ref(), &fs, path, &stage.staging_path)
+                .await
+                .map_err(|e| if e.kind == Kind::Internal { e.context("grow filesystem") } else { e })?;
+        }
+        Ok(size)
+    }
+}

@@ -1,0 +1,144 @@
+//! The plain types backends and services exchange.
+
+use super::{SnapshotId, VolumeId};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::SystemTime;
+
+/// What a backend declares it can do; the services derive the CSI
+/// capabilities they advertise from the union over all backends.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    /// CreateVolume / DeleteVolume / ListVolumes / GetCapacity.
+    pub provision: bool,
+    /// ControllerPublish / ControllerUnpublish.
+    pub attach: bool,
+    /// NodeStage gives a block device, formatted and mounted once.
+    pub device_mount: bool,
+    /// ControllerExpand (and node filesystem growth).
+    pub expand: bool,
+    /// CreateSnapshot / DeleteSnapshot / ListSnapshots, and volumes from them.
+    pub snapshot: bool,
+    /// Volumes cloned from volumes.
+    pub clone: bool,
+    /// Raw block access.
+    pub block: bool,
+    /// Volumes live on one node: they carry its topology segment.
+    pub node_local: bool,
+    /// The access modes this backend serves.
+    pub access_modes: Vec<AccessMode>,
+}
+
+/// How the volume is consumed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AccessType {
+    Mount { fs_type: String, mount_flags: Vec<String> },
+    Block,
+}
+
+/// CSI access modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AccessMode {
+    SingleNodeWriter,
+    SingleNodeReaderOnly,
+    MultiNodeReaderOnly,
+    MultiNodeSingleWriter,
+    MultiNodeMultiWriter,
+    SingleNodeSingleWriter,
+    SingleNodeMultiWriter,
+}
+
+impl AccessMode {
+    /// Modes that forbid writes.
+    pub fn is_readonly(self) -> bool {
+        matches!(self, AccessMode::SingleNodeReaderOnly | AccessMode::MultiNodeReaderOnly)
+    }
+    /// Modes that allow more than one publish of the volume on a node.
+    pub fn allows_multiple_publish(self) -> bool {
+        matches!(
+            self,
+            AccessMode::MultiNodeReaderOnly
+                | AccessMode::MultiNodeSingleWriter
+                | AccessMode::MultiNodeMultiWriter
+                | AccessMode::SingleNodeMultiWriter
+        )
+    }
+}
+
+/// A validated volume capability.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeCapability {
+    pub access: AccessType,
+    pub mode: AccessMode,
+}
+
+/// Where a new volume's content comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ContentSource {
+    Snapshot(SnapshotId),
+    Volume(VolumeId),
+}
+
+/// A CreateVolume request as a backend sees it.
+#[derive(Debug, Clone)]
+pub struct CreateVolume {
+    pub name: String,
+    /// Minimum size in bytes (0: backend default).
+    pub required_bytes: u64,
+    /// Maximum size in bytes (0: no limit).
+    pub limit_bytes: u64,
+    pub capabilities: Vec<VolumeCapability>,
+    pub parameters: BTreeMap<String, String>,
+    pub source: Option<ContentSource>,
+}
+
+/// A provisioned volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeInfo {
+    pub id: VolumeId,
+    pub capacity_bytes: u64,
+    pub context: BTreeMap<String, String>,
+    pub source: Option<ContentSource>,
+}
+
+/// A snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    pub id: SnapshotId,
+    pub source_volume: VolumeId,
+    pub size_bytes: u64,
+    pub created: SystemTime,
+    pub ready: bool,
+}
+
+/// Free space as a backend reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacity {
+    pub available_bytes: u64,
+    pub maximum_volume_bytes: Option<u64>,
+    pub minimum_volume_bytes: Option<u64>,
+}
+
+/// What node attach gets from the request.
+#[derive(Debug, Clone, Default)]
+pub struct AttachContext {
+    pub publish_context: BTreeMap<String, String>,
+    pub volume_context: BTreeMap<String, String>,
+    pub secrets: BTreeMap<String, String>,
+    pub readonly: bool,
+}
+
+/// What node attach set up, persisted in the node state so it can be undone
+/// after a restart.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Attachment {
+    /// A local block device (a loop device, an LV, an iSCSI LUN, an rbd map).
+    Device { path: PathBuf },
+    /// A filesystem mounted from elsewhere (NFS).
+    Remote { source: String, fs_type: String, options: Vec<String> },
+}

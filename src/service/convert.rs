@@ -1,0 +1,249 @@
+//! Conversions between the wire types and the plugin layer's types, with
+//! the checks the spec asks for on the way in.
+
+use crate::error::{Error, Result};
+use crate::plugin::{AccessMode, AccessType, ContentSource, SnapshotId, SnapshotInfo, VolumeCapability, VolumeId, VolumeInfo};
+use crate::proto as pb;
+use std::collections::{BTreeMap, HashMap};
+
+/// A required volume id: empty is INVALID_ARGUMENT, ill-formed NOT_FOUND.
+pub fn volume_id(raw: &str) -> Result<VolumeId> {
+    VolumeId::parse(raw)
+}
+
+pub fn snapshot_id(raw: &str) -> Result<SnapshotId> {
+    SnapshotId::parse(raw)
+}
+
+pub fn access_mode(mode: i32) -> Result<AccessMode> {
+    use pb::volume_capability::access_mode::Mode as M;
+    Ok(match M::try_from(mode).map_err(|_| Error::invalid(format!("unknown access mode {mode}")))? {
+        M::Unknown => return Err(Error::invalid("volume capability access mode is required")),
+        M::SingleNodeWriter => AccessMode::SingleNodeWriter,
+        M::SingleNodeReaderOnly => AccessMode::SingleNodeReaderOnly,
+        M::MultiNodeReaderOnly => AccessMode::MultiNodeReaderOnly,
+        M::MultiNodeSingleWriter => AccessMode::MultiNodeSingleWriter,
+        M::MultiNodeMultiWriter => AccessMode::MultiNodeMultiWriter,
+        M::SingleNodeSingleWriter => AccessMode::SingleNodeSingleWriter,
+        M::SingleNodeMultiWriter => AccessMode::SingleNodeMultiWriter,
+    })
+}
+
+fn access_mode_to_pb(mode: AccessMode) -> i32 {
+    use pb::volume_capability::access_mode::Mode as M;
+    (match mode {
+        AccessMode::SingleNodeWriter => M::SingleNodeWriter,
+        AccessMode::SingleNodeReaderOnly => M::SingleNodeReaderOnly,
+        AccessMode::MultiNodeReaderOnly => M::MultiNodeReaderOnly,
+        AccessMode::MultiNodeSingleWriter => M::MultiNodeSingleWriter,
+        AccessMode::MultiNodeMultiWriter => M::MultiNodeMultiWriter,
+        AccessMode::SingleNodeSingleWriter => M::SingleNodeSingleWriter,
+        AccessMode::SingleNodeMultiWriter => M::SingleNodeMultiWriter,
+    }) as i32
+}
+
+/// A capability from the wire: access type and mode are both required.
+pub fn capability(cap: &pb::VolumeCapability) -> Result<VolumeCapability> {
+    use pb::volume_capability::AccessType as A;
+    let access = match &cap.access_type {
+        Some(A::Block(_)) => AccessType::Block,
+        Some(A::Mount(m)) => {
+            if m.volume_mount_group.is_empty() {
+                AccessType::Mount { fs_type: m.fs_type.clone(), mount_flags: m.mount_flags.clone() }
+            } else {
+                return Err(Error::invalid("volume_mount_group is not supported"));
+            }
+        }
+        None => return Err(Error::invalid("volume capability access type (mount or block) is required")),
+    };
+    let mode = access_mode(cap.access_mode.as_ref().map(|m| m.mode).unwrap_or(0))?;
+    Ok(VolumeCapability { access, mode })
+}
+
+/// A required capability field.
+pub fn required_capability(cap: Option<&pb::VolumeCapability>) -> Result<VolumeCapability> {
+    capability(cap.ok_or_else(|| Error::invalid("volume_capability is required"))?)
+}
+
+/// A required, non-empty list of capabilities.
+pub fn capabilities(caps: &[pb::VolumeCapability]) -> Result<Vec<VolumeCapability>> {
+    if caps.is_empty() {
+        return Err(Error::invalid("volume_capabilities are required"));
+    }
+    caps.iter().map(capability).collect()
+}
+
+pub fn capability_to_pb(cap: &VolumeCapability) -> pb::VolumeCapability {
+    use pb::volume_capability as vc;
+    let access_type = match &cap.access {
+        AccessType::Block => vc::AccessType::Block(vc::BlockVolume {}),
+        AccessType::Mount { fs_type, mount_flags } => vc::AccessType::Mount(vc::MountVolume {
+            fs_type: fs_type.clone(),
+            mount_flags: mount_flags.clone(),
+            volume_mount_group: String::new(),
+        }),
+    };
+    pb::VolumeCapability {
+        access_type: Some(access_type),
+        access_mode: Some(vc::AccessMode { mode: access_mode_to_pb(cap.mode) }),
+    }
+}
+
+/// A content source from the wire. An id that cannot be ours is a source
+/// that does not exist: NOT_FOUND.
+pub fn content_source(src: Option<&pb::VolumeContentSource>) -> Result<Option<ContentSource>> {
+    use pb::volume_content_source::Type;
+    let Some(src) = src else { return Ok(None) };
+    match &src.r#type {
+        Some(Type::Snapshot(s)) => {
+            let id = SnapshotId::parse(&s.snapshot_id).map_err(|e| Error::not_found(e.message))?;
+            Ok(Some(ContentSource::Snapshot(id)))
+        }
+        Some(Type::Volume(v)) => {
+            let id = VolumeId::parse(&v.volume_id).map_err(|e| Error::not_found(e.message))?;
+            Ok(Some(ContentSource::Volume(id)))
+        }
+        None => Err(Error::invalid("volume_content_source names neither a snapshot nor a volume")),
+    }
+}
+
+pub fn content_source_to_pb(src: &ContentSource) -> pb::VolumeContentSource {
+    use pb::volume_content_source as vcs;
+    let r#type = match src {
+        ContentSource::Snapshot(id) => vcs::Type::Snapshot(vcs::SnapshotSource { snapshot_id: id.to_string() }),
+        ContentSource::Volume(id) => vcs::Type::Volume(vcs::VolumeSource { volume_id: id.to_string() }),
+    };
+    pb::VolumeContentSource { r#type: Some(r#type) }
+}
+
+pub fn volume_to_pb(v: &VolumeInfo, topology: Option<&HashMap<String, String>>) -> pb::Volume {
+    pb::Volume {
+        capacity_bytes: v.capacity_bytes as i64,
+        volume_id: v.id.to_string(),
+        volume_context: v.context.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        content_source: v.source.as_ref().map(content_source_to_pb),
+        accessible_topology: topology.map(|t| vec![pb::Topology { segments: t.clone() }]).unwrap_or_default(),
+    }
+}
+
+pub fn snapshot_to_pb(s: &SnapshotInfo) -> pb::Snapshot {
+    let since = s.created.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    pb::Snapshot {
+        size_bytes: s.size_bytes as i64,
+        snapshot_id: s.id.to_string(),
+        source_volume_id: s.source_volume.to_string(),
+        creation_time: Some(prost_types::Timestamp { seconds: since.as_secs() as i64, nanos: since.subsec_nanos() as i32 }),
+        ready_to_use: s.ready,
+        group_snapshot_id: String::new(),
+    }
+}
+
+/// A capacity range: (required, limit), zero meaning unset. Negative values
+/// are INVALID_ARGUMENT; a limit below the requirement is OUT_OF_RANGE.
+pub fn capacity_range(range: Option<&pb::CapacityRange>) -> Result<(u64, u64)> {
+    let Some(r) = range else { return Ok((0, 0)) };
+    if r.required_bytes < 0 || r.limit_bytes < 0 {
+        return Err(Error::invalid("capacity_range values must not be negative"));
+    }
+    let (req, lim) = (r.required_bytes as u64, r.limit_bytes as u64);
+    if lim > 0 && req > lim {
+        return Err(Error::out_of_range(format!("required_bytes {req} exceeds limit_bytes {lim}")));
+    }
+    Ok((req, lim))
+}
+
+/// Plugin parameters into an ordered map.
+pub fn params(map: &HashMap<String, String>) -> BTreeMap<String, String> {
+    map.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+/// Pagination over a sorted list: entries after `starting_token` (the last
+/// id of the previous page), at most `max_entries` (0: all). Returns the page
+/// and the next token.
+pub fn paginate<T>(items: Vec<T>, id: impl Fn(&T) -> String, max_entries: i32, starting_token: &str) -> Result<(Vec<T>, String)> {
+    if max_entries < 0 {
+        return Err(Error::invalid("max_entries must not be negative"));
+    }
+    let mut items: Vec<(String, T)> = items.into_iter().map(|t| (id(&t), t)).collect();
+    items.sort_by(|a, b| a.0.cmp(&b.0));
+    let start = if starting_token.is_empty() {
+        0
+    } else {
+        let valid = starting_token.len() <= 256 && starting_token.contains(':');
+        if !valid {
+            return Err(Error::aborted(format!("starting_token {starting_token:?} is not valid")));
+        }
+        items.partition_point(|(k, _)| k.as_str() <= starting_token)
+    };
+    let rest: Vec<(String, T)> = items.into_iter().skip(start).collect();
+    let take = if max_entries == 0 { rest.len() } else { max_entries as usize };
+    let more = rest.len() > take;
+    let page: Vec<(String, T)> = rest.into_iter().take(take).collect();
+    let next = if more { page.last().map(|(k, _)| k.clone()).unwrap_or_default() } else { String::new() };
+    Ok((page.into_iter().map(|(_, t)| t).collect(), next))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Kind;
+
+    #[test]
+    fn capabilities_require_type_and_mode() {
+        assert_eq!(capabilities(&[]).unwrap_err().kind, Kind::InvalidArgument);
+        let no_type = pb::VolumeCapability {
+            access_type: None,
+            access_mode: Some(pb::volume_capability::AccessMode { mode: 1 }),
+        };
+        assert_eq!(capability(&no_type).unwrap_err().kind, Kind::InvalidArgument);
+        let cap = VolumeCapability { access: AccessType::Block, mode: AccessMode::SingleNodeMultiWriter };
+        let mut wire = capability_to_pb(&cap);
+        assert_eq!(capability(&wire).unwrap(), cap);
+        wire.access_mode = None;
+        assert_eq!(capability(&wire).unwrap_err().kind, Kind::InvalidArgument);
+        wire.access_mode = Some(pb::volume_capability::AccessMode { mode: 99 });
+        assert_eq!(capability(&wire).unwrap_err().kind, Kind::InvalidArgument);
+    }
+
+    #[test]
+    fn capacity_ranges() {
+        assert_eq!(capacity_range(None).unwrap(), (0, 0));
+        let r = |a, b| pb::CapacityRange { required_bytes: a, limit_bytes: b };
+        assert_eq!(capacity_range(Some(&r(10, 20))).unwrap(), (10, 20));
+        assert_eq!(capacity_range(Some(&r(-1, 0))).unwrap_err().kind, Kind::InvalidArgument);
+        assert_eq!(capacity_range(Some(&r(30, 20))).unwrap_err().kind, Kind::OutOfRange);
+    }
+
+    #[test]
+    fn pagination_walks_every_entry_once() {
+        let ids: Vec<String> = (0..7).map(|i| format!("file:v{i}")).collect();
+        let mut token = String::new();
+        let mut seen = Vec::new();
+        loop {
+            let (page, next) = paginate(ids.clone(), |s| s.clone(), 3, &token).unwrap();
+            assert!(page.len() <= 3);
+            seen.extend(page);
+            if next.is_empty() {
+                break;
+            }
+            token = next;
+        }
+        assert_eq!(seen, ids);
+        // The token survives deletion of the entry it names.
+        let fewer: Vec<String> = ids.iter().filter(|s| *s != "file:v2").cloned().collect();
+        let (page, _) = paginate(fewer, |s| s.clone(), 2, "file:v2").unwrap();
+        assert_eq!(page, vec!["file:v3".to_string(), "file:v4".to_string()]);
+        assert_eq!(paginate(ids.clone(), |s| s.clone(), 0, "garbage").unwrap_err().kind, Kind::Aborted);
+        assert_eq!(paginate(ids, |s| s.clone(), -1, "").unwrap_err().kind, Kind::InvalidArgument);
+    }
+
+    #[test]
+    fn bad_source_ids_are_not_found() {
+        let src = pb::VolumeContentSource {
+            r#type: Some(pb::volume_content_source::Type::Snapshot(pb::volume_content_source::SnapshotSource {
+                snapshot_id: "file:../x".into(),
+            })),
+        };
+        assert_eq!(content_source(Some(&src)).unwrap_err().kind, Kind::NotFound);
+    }
+}

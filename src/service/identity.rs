@@ -1,0 +1,56 @@
+//! The Identity service.
+
+use super::{traced, Driver};
+use crate::error::Error;
+use crate::proto::{self as pb, identity_server::Identity, plugin_capability as pc};
+use std::sync::Arc;
+use tonic::{Request, Response, Status};
+
+pub struct IdentityService(pub Arc<Driver>);
+
+fn service(t: pc::service::Type) -> pb::PluginCapability {
+    pb::PluginCapability { r#type: Some(pc::Type::Service(pc::Service { r#type: t as i32 })) }
+}
+
+#[tonic::async_trait]
+impl Identity for IdentityService {
+    async fn get_plugin_info(&self, _: Request<pb::GetPluginInfoRequest>) -> Result<Response<pb::GetPluginInfoResponse>, Status> {
+        let d = &self.0;
+        traced("GetPluginInfo", "", async {
+            Ok(pb::GetPluginInfoResponse { name: d.name.clone(), vendor_version: d.version.clone(), manifest: Default::default() })
+        })
+        .await
+    }
+
+    async fn get_plugin_capabilities(
+        &self,
+        _: Request<pb::GetPluginCapabilitiesRequest>,
+    ) -> Result<Response<pb::GetPluginCapabilitiesResponse>, Status> {
+        let caps = self.0.registry.capabilities();
+        traced("GetPluginCapabilities", "", async {
+            // The same set from every instance, whatever its mode.
+            let mut out = vec![service(pc::service::Type::ControllerService)];
+            if caps.node_local {
+                out.push(service(pc::service::Type::VolumeAccessibilityConstraints));
+            }
+            if caps.expand {
+                out.push(pb::PluginCapability {
+                    r#type: Some(pc::Type::VolumeExpansion(pc::VolumeExpansion { r#type: pc::volume_expansion::Type::Online as i32 })),
+                });
+            }
+            Ok(pb::GetPluginCapabilitiesResponse { capabilities: out })
+        })
+        .await
+    }
+
+    async fn probe(&self, _: Request<pb::ProbeRequest>) -> Result<Response<pb::ProbeResponse>, Status> {
+        let registry = self.0.registry.clone();
+        traced("Probe", "", async move {
+            for b in registry.all() {
+                b.health().await.map_err(|e| Error::precondition(format!("backend {} is not healthy: {}", b.name(), e.message)))?;
+            }
+            Ok(pb::ProbeResponse { ready: Some(true) })
+        })
+        .await
+    }
+}

@@ -1,0 +1,192 @@
+//! The Node service.
+
+use super::convert;
+use super::{traced, Driver};
+use crate::error::Error;
+use crate::node::{paths, PublishRequest, StageRequest};
+use crate::plugin::AttachContext;
+use crate::proto::{self as pb, node_server::Node, node_service_capability as nsc};
+use std::sync::Arc;
+use tonic::{Request, Response, Status};
+
+pub struct NodeService(pub Arc<Driver>);
+
+fn ordered(map: &std::collections::HashMap<String, String>) -> std::collections::BTreeMap<String, String> {
+    convert::params(map)
+}
+
+#[tonic::async_trait]
+impl Node for NodeService {
+    async fn node_stage_volume(&self, request: Request<pb::NodeStageVolumeRequest>) -> Result<Response<pb::NodeStageVolumeResponse>, Status> {
+        let r = request.into_inner();
+        traced("NodeStageVolume", &r.volume_id, async {
+            if r.volume_id.is_empty() {
+                return Err(Error::invalid("volume_id is required"));
+            }
+            let staging_path = paths::validate(&r.staging_target_path, "staging_target_path")?;
+            let capability = convert::required_capability(r.volume_capability.as_ref())?;
+            let volume_id = convert::volume_id(&r.volume_id)?;
+            let ctx = AttachContext {
+                publish_context: ordered(&r.publish_context),
+                volume_context: ordered(&r.volume_context),
+                secrets: ordered(&r.secrets),
+                readonly: capability.mode.is_readonly(),
+            };
+            self.0.node.stage(StageRequest { volume_id, staging_path, capability, ctx }).await?;
+            Ok(pb::NodeStageVolumeResponse {})
+        })
+        .await
+    }
+
+    async fn node_unstage_volume(
+        &self,
+        request: Request<pb::NodeUnstageVolumeRequest>,
+    ) -> Result<Response<pb::NodeUnstageVolumeResponse>, Status> {
+        let r = request.into_inner();
+        traced("NodeUnstageVolume", &r.volume_id, async {
+            if r.volume_id.is_empty() {
+                return Err(Error::invalid("volume_id is required"));
+            }
+            let staging_path = paths::validate(&r.staging_target_path, "staging_target_path")?;
+            let volume_id = convert::volume_id(&r.volume_id)?;
+            self.0.node.unstage(&volume_id, &staging_path).await?;
+            Ok(pb::NodeUnstageVolumeResponse {})
+        })
+        .await
+    }
+
+    async fn node_publish_volume(
+        &self,
+        request: Request<pb::NodePublishVolumeRequest>,
+    ) -> Result<Response<pb::NodePublishVolumeResponse>, Status> {
+        let r = request.into_inner();
+        traced("NodePublishVolume", &r.volume_id, async {
+            if r.volume_id.is_empty() {
+                return Err(Error::invalid("volume_id is required"));
+            }
+            let target_path = paths::validate(&r.target_path, "target_path")?;
+            let capability = convert::required_capability(r.volume_capability.as_ref())?;
+            if r.staging_target_path.is_empty() {
+                return Err(Error::precondition("staging_target_path is required: stage the volume first"));
+            }
+            let staging_path = paths::validate(&r.staging_target_path, "staging_target_path")?;
+            let volume_id = convert::volume_id(&r.volume_id)?;
+            self.0
+                .node
+                .publish(PublishRequest { volume_id, staging_path, target_path, capability, readonly: r.readonly })
+                .await?;
+            Ok(pb::NodePublishVolumeResponse {})
+        })
+        .await
+    }
+
+    async fn node_unpublish_volume(
+        &self,
+        request: Request<pb::NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<pb::NodeUnpublishVolumeResponse>, Status> {
+        let r = request.into_inner();
+        traced("NodeUnpublishVolume", &r.volume_id, async {
+            if r.volume_id.is_empty() {
+                return Err(Error::invalid("volume_id is required"));
+            }
+            let target = paths::validate(&r.target_path, "target_path")?;
+            let volume_id = convert::volume_id(&r.volume_id)?;
+            self.0.node.unpublish(&volume_id, &target).await?;
+            Ok(pb::NodeUnpublishVolumeResponse {})
+        })
+        .await
+    }
+
+    async fn node_get_volume_stats(
+        &self,
+        request: Request<pb::NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<pb::NodeGetVolumeStatsResponse>, Status> {
+        let r = request.into_inner();
+        traced("NodeGetVolumeStats", &r.volume_id, async {
+            if r.volume_id.is_empty() {
+                return Err(Error::invalid("volume_id is required"));
+            }
+            let path = paths::validate(&r.volume_path, "volume_path")?;
+            let volume_id = convert::volume_id(&r.volume_id)?;
+            let s = self.0.node.stats(&volume_id, &path).await?;
+            use pb::volume_usage::Unit;
+            let mut usage = vec![pb::VolumeUsage {
+                available: s.available_bytes.unwrap_or(0) as i64,
+                total: s.total_bytes as i64,
+                used: s.used_bytes.unwrap_or(0) as i64,
+                unit: Unit::Bytes as i32,
+            }];
+            if let (Some(total), Some(free)) = (s.total_inodes, s.free_inodes) {
+                usage.push(pb::VolumeUsage {
+                    available: free as i64,
+                    total: total as i64,
+                    used: total.saturating_sub(free) as i64,
+                    unit: Unit::Inodes as i32,
+                });
+            }
+            let condition = pb::VolumeCondition {
+                abnormal: s.abnormal.is_some(),
+                message: s.abnormal.unwrap_or_else(|| "volume is healthy".into()),
+            };
+            Ok(pb::NodeGetVolumeStatsResponse { usage, volume_condition: Some(condition) })
+        })
+        .await
+    }
+
+    async fn node_expand_volume(
+        &self,
+        request: Request<pb::NodeExpandVolumeRequest>,
+    ) -> Result<Response<pb::NodeExpandVolumeResponse>, Status> {
+        let r = request.into_inner();
+        traced("NodeExpandVolume", &r.volume_id, async {
+            if r.volume_id.is_empty() {
+                return Err(Error::invalid("volume_id is required"));
+            }
+            let path = paths::validate(&r.volume_path, "volume_path")?;
+            let (required, _limit) = convert::capacity_range(r.capacity_range.as_ref())?;
+            if let Some(cap) = &r.volume_capability {
+                convert::capability(cap)?;
+            }
+            let volume_id = convert::volume_id(&r.volume_id)?;
+            let size = self.0.node.expand(&volume_id, &path, required).await?;
+            Ok(pb::NodeExpandVolumeResponse { capacity_bytes: size as i64 })
+        })
+        .await
+    }
+
+    async fn node_get_capabilities(
+        &self,
+        _: Request<pb::NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<pb::NodeGetCapabilitiesResponse>, Status> {
+        let c = self.0.registry.capabilities();
+        traced("NodeGetCapabilities", "", async {
+            use nsc::rpc::Type as T;
+            let mut types = vec![T::StageUnstageVolume, T::GetVolumeStats, T::VolumeCondition];
+            if c.expand {
+                types.push(T::ExpandVolume);
+            }
+            if c.access_modes.contains(&crate::plugin::AccessMode::SingleNodeMultiWriter) {
+                types.push(T::SingleNodeMultiWriter);
+            }
+            let capabilities = types
+                .into_iter()
+                .map(|t| pb::NodeServiceCapability { r#type: Some(nsc::Type::Rpc(nsc::Rpc { r#type: t as i32 })) })
+                .collect();
+            Ok(pb::NodeGetCapabilitiesResponse { capabilities })
+        })
+        .await
+    }
+
+    async fn node_get_info(&self, _: Request<pb::NodeGetInfoRequest>) -> Result<Response<pb::NodeGetInfoResponse>, Status> {
+        let d = &self.0;
+        traced("NodeGetInfo", "", async {
+            let topology = d.registry.capabilities().node_local.then(|| pb::Topology { segments: d.topology() });
+            Ok(pb::NodeGetInfoResponse {
+                node_id: d.node_id.clone(),
+                max_volumes_per_node: d.settings.max_volumes_per_node,
+                accessible_topology: topology,
+            })
+        })
+        .await
+    }
+}

@@ -1,0 +1,233 @@
+//! Persisted node state: which volume is staged where on which device, and
+//! which targets it is published to. Each record is its own small JSON file
+//! written atomically (temporary file, fsync, rename, fsync of the folder), so
+//! a crash leaves either the old record or the new one, never half of one.
+
+use crate::error::{Error, Result};
+use crate::plugin::{Attachment, VolumeCapability, VolumeId};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// Writes `bytes` to `path` atomically and durably.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().ok_or_else(|| std::io::Error::other("path has no parent"))?;
+    let name = path.file_name().ok_or_else(|| std::io::Error::other("path has no file name"))?;
+    let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
+    let mut f = fs::OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    drop(f);
+    fs::rename(&tmp, path)?;
+    fs::File::open(dir)?.sync_all()
+}
+
+/// A staged volume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageRecord {
+    pub volume_id: VolumeId,
+    pub staging_path: PathBuf,
+    pub capability: VolumeCapability,
+    /// What the backend set up; `None` while the attach is under way.
+    pub attachment: Option<Attachment>,
+    /// The filesystem mounted at the staging path (mount access only).
+    pub fs_type: Option<String>,
+}
+
+/// A published target.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublishRecord {
+    pub volume_id: VolumeId,
+    pub target_path: PathBuf,
+    pub staging_path: PathBuf,
+    pub capability: VolumeCapability,
+    pub readonly: bool,
+}
+
+/// The records, in memory and on disk under `<state-dir>/node`.
+pub struct NodeState {
+    stage_dir: PathBuf,
+    publish_dir: PathBuf,
+    stages: Mutex<HashMap<VolumeId, StageRecord>>,
+    publishes: Mutex<HashMap<PathBuf, PublishRecord>>,
+}
+
+fn digest_name(key: &str) -> String {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(key.as_bytes());
+    let hex: String = d.iter().take(16).map(|b| format!("{b:02x}")).collect();
+    format!("{hex}.json")
+}
+
+fn load_dir<T: for<'de> Deserialize<'de>>(dir: &Path) -> Result<Vec<T>> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir).map_err(|e| Error::io(format!("read {}", dir.display()), e))? {
+        let entry = entry.map_err(|e| Error::io(format!("read {}", dir.display()), e))?;
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') && name.ends_with(".tmp") {
+            // An interrupted write: the record it was replacing is intact.
+            let _ = fs::remove_file(&path);
+            continue;
+        }
+        if !name.ends_with(".json") {
+            continue;
+        }
+        let parsed = fs::read(&path).ok().and_then(|b| serde_json::from_slice::<T>(&b).ok());
+        match parsed {
+            Some(r) => out.push(r),
+            None => {
+                tracing::warn!(path = %path.display(), "unreadable node state record set aside");
+                let _ = fs::rename(&path, path.with_extension("bad"));
+            }
+        }
+    }
+    Ok(out)
+}
+
+impl NodeState {
+    /// Opens (creating if needed) the state under `dir` and loads it.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let stage_dir = dir.join("node").join("staged");
+        let publish_dir = dir.join("node").join("published");
+        for d in [&stage_dir, &publish_dir] {
+            fs::create_dir_all(d).map_err(|e| Error::io(format!("create {}", d.display()), e))?;
+        }
+        let stages = load_dir::<StageRecord>(&stage_dir)?.into_iter().map(|r| (r.volume_id.clone(), r)).collect();
+        let publishes = load_dir::<PublishRecord>(&publish_dir)?.into_iter().map(|r| (r.target_path.clone(), r)).collect();
+        Ok(Self { stage_dir, publish_dir, stages: Mutex::new(stages), publishes: Mutex::new(publishes) })
+    }
+
+    fn save<T: Serialize>(dir: &Path, key: &str, record: &T) -> Result<()> {
+        let path = dir.join(digest_name(key));
+        let bytes = serde_json::to_vec_pretty(record).map_err(|e| Error::internal(format!("encode state: {e}")))?;
+        write_atomic(&path, &bytes).map_err(|e| Error::io(format!("write {}", path.display()), e))
+    }
+
+    fn delete(dir: &Path, key: &str) -> Result<()> {
+        let path = dir.join(digest_name(key));
+        match fs::remove_file(&path) {
+            Ok(()) => fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io("sync state dir", e)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::io(format!("remove {}", path.display()), e)),
+        }
+    }
+
+    pub fn stage(&self, id: &VolumeId) -> Option<StageRecord> {
+        self.stages.lock().unwrap().get(id).cloned()
+    }
+
+    pub fn stages(&self) -> Vec<StageRecord> {
+        self.stages.lock().unwrap().values().cloned().collect()
+    }
+
+    /// Records a stage, on disk first.
+    pub fn put_stage(&self, record: StageRecord) -> Result<()> {
+        Self::save(&self.stage_dir, &record.volume_id.to_string(), &record)?;
+        self.stages.lock().unwrap().insert(record.volume_id.clone(), record);
+        Ok(())
+    }
+
+    pub fn remove_stage(&self, id: &VolumeId) -> Result<()> {
+        Self::delete(&self.stage_dir, &id.to_string())?;
+        self.stages.lock().unwrap().remove(id);
+        Ok(())
+    }
+
+    pub fn publish(&self, target: &Path) -> Option<PublishRecord> {
+        self.publishes.lock().unwrap().get(target).cloned()
+    }
+
+    /// Every target a volume is published to.
+    pub fn publishes_of(&self, id: &VolumeId) -> Vec<PublishRecord> {
+        self.publishes.lock().unwrap().values().filter(|p| &p.volume_id == id).cloned().collect()
+    }
+
+    pub fn publishes(&self) -> Vec<PublishRecord> {
+        self.publishes.lock().unwrap().values().cloned().collect()
+    }
+
+    pub fn put_publish(&self, record: PublishRecord) -> Result<()> {
+        Self::save(&self.publish_dir, &record.target_path.to_string_lossy(), &record)?;
+        self.publishes.lock().unwrap().insert(record.target_path.clone(), record);
+        Ok(())
+    }
+
+    pub fn remove_publish(&self, target: &Path) -> Result<()> {
+        Self::delete(&self.publish_dir, &target.to_string_lossy())?;
+        self.publishes.lock().unwrap().remove(target);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugin::{AccessMode, AccessType};
+
+    fn stage_record(id: &str) -> StageRecord {
+        StageRecord {
+            volume_id: VolumeId::parse(id).unwrap(),
+            staging_path: "/staging/x".into(),
+            capability: VolumeCapability {
+                access: AccessType::Mount { fs_type: "ext4".into(), mount_flags: vec![] },
+                mode: AccessMode::SingleNodeWriter,
+            },
+            attachment: Some(Attachment::Device { path: "/dev/loop3".into() }),
+            fs_type: Some("ext4".into()),
+        }
+    }
+
+    #[test]
+    fn records_survive_reopen_and_removal_is_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = NodeState::open(dir.path()).unwrap();
+        state.put_stage(stage_record("file:a")).unwrap();
+        state.put_stage(stage_record("file:b")).unwrap();
+        let p = PublishRecord {
+            volume_id: VolumeId::parse("file:a").unwrap(),
+            target_path: "/pods/1/mount".into(),
+            staging_path: "/staging/x".into(),
+            capability: stage_record("file:a").capability,
+            readonly: true,
+        };
+        state.put_publish(p.clone()).unwrap();
+        state.remove_stage(&VolumeId::parse("file:b").unwrap()).unwrap();
+        drop(state);
+
+        let again = NodeState::open(dir.path()).unwrap();
+        assert_eq!(again.stage(&VolumeId::parse("file:a").unwrap()), Some(stage_record("file:a")));
+        assert_eq!(again.stage(&VolumeId::parse("file:b").unwrap()), None);
+        assert_eq!(again.publishes_of(&VolumeId::parse("file:a").unwrap()), vec![p]);
+        again.remove_publish(Path::new("/pods/1/mount")).unwrap();
+        again.remove_publish(Path::new("/pods/1/mount")).unwrap();
+        assert!(NodeState::open(dir.path()).unwrap().publishes().is_empty());
+    }
+
+    #[test]
+    fn interrupted_writes_and_corrupt_records_do_not_break_loading() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = NodeState::open(dir.path()).unwrap();
+        state.put_stage(stage_record("file:a")).unwrap();
+        let staged = dir.path().join("node/staged");
+        fs::write(staged.join(".deadbeef.json.tmp"), b"{\"half").unwrap();
+        fs::write(staged.join("0000.json"), b"not json").unwrap();
+        let again = NodeState::open(dir.path()).unwrap();
+        assert_eq!(again.stages().len(), 1);
+        assert!(!staged.join(".deadbeef.json.tmp").exists());
+        assert!(staged.join("0000.bad").exists());
+    }
+
+    #[test]
+    fn write_atomic_replaces_whole_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("r.json");
+        write_atomic(&p, b"first version, long").unwrap();
+        write_atomic(&p, b"second").unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"second");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+}
