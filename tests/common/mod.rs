@@ -1,0 +1,267 @@
+//! Test support: start the real `ferrovol` binary on a temporary state dir
+//! and socket, talk to it over the socket, and clean up every mount, loop
+//! device and file afterwards, even when the test fails.
+#![allow(dead_code)]
+
+use ferrovol::proto::controller_client::ControllerClient;
+use ferrovol::proto::identity_client::IdentityClient;
+use ferrovol::proto::node_client::NodeClient;
+use ferrovol::proto::{self as pb};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tonic::transport::{Channel, Endpoint, Uri};
+
+pub const MIB: i64 = 1 << 20;
+
+/// Fails loudly when not root: these tests need real mounts and loop devices.
+pub fn require_root() {
+    assert!(nix::unistd::geteuid().is_root(), "this test needs root (real mounts and loop devices): run the suite as root");
+}
+
+/// A running driver and everything it may leave behind.
+pub struct Harness {
+    pub dir: tempfile::TempDir,
+    pub child: Option<Child>,
+    pub channel: Option<Channel>,
+    pub config: Option<PathBuf>,
+}
+
+impl Harness {
+    /// Starts a driver in `all` mode with the default config.
+    pub async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    pub async fn start_with(config: Option<&str>) -> Self {
+        require_root();
+        let dir = tempfile::Builder::new().prefix("ferrovol-test-").tempdir().unwrap();
+        for sub in ["state", "kubelet/staging", "kubelet/pods"] {
+            std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+        }
+        let config = config.map(|text| {
+            let p = dir.path().join("config.toml");
+            std::fs::write(&p, text.replace("@DIR@", &dir.path().display().to_string())).unwrap();
+            p
+        });
+        let mut h = Harness { dir, child: None, channel: None, config };
+        h.spawn().await;
+        h
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("csi.sock")
+    }
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("driver.log")).unwrap_or_default()
+    }
+
+    pub fn command(&self) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferrovol"));
+        cmd.arg("serve")
+            .arg("--endpoint")
+            .arg(format!("unix://{}", self.socket().display()))
+            .arg("--node-id")
+            .arg("test-node")
+            .arg("--state-dir")
+            .arg(self.state_dir())
+            .arg("--shutdown-grace")
+            .arg("5")
+            .env("RUST_LOG", "debug");
+        if let Some(c) = &self.config {
+            cmd.arg("--config").arg(c);
+        }
+        cmd
+    }
+
+    /// Starts the driver and waits until Probe answers.
+    pub async fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join("driver.log")).unwrap();
+        let child = self.command().stdout(Stdio::null()).stderr(log).spawn().expect("start ferrovol");
+        self.child = Some(child);
+        self.channel = Some(self.wait_ready().await);
+    }
+
+    async fn wait_ready(&mut self) -> Channel {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("driver exited early with {status}:\n{}", self.log());
+            }
+            if let Ok(channel) = connect(&self.socket()).await {
+                let mut id = IdentityClient::new(channel.clone());
+                if let Ok(r) = id.probe(pb::ProbeRequest {}).await {
+                    if r.into_inner().ready == Some(true) {
+                        return channel;
+                    }
+                }
+            }
+            assert!(Instant::now() < deadline, "driver not ready in 30s:\n{}", self.log());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// SIGKILLs the driver (a crash).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.channel = None;
+    }
+
+    /// SIGTERMs the driver and returns its exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("driver running");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(s) = c.try_wait().unwrap() {
+                self.channel = None;
+                return s;
+            }
+            assert!(Instant::now() < deadline, "driver did not exit after SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn identity(&self) -> IdentityClient<Channel> {
+        IdentityClient::new(self.channel.clone().expect("driver running"))
+    }
+    pub fn controller(&self) -> ControllerClient<Channel> {
+        ControllerClient::new(self.channel.clone().expect("driver running"))
+    }
+    pub fn node(&self) -> NodeClient<Channel> {
+        NodeClient::new(self.channel.clone().expect("driver running"))
+    }
+
+    /// Loop devices whose image lives under this test's folder.
+    pub fn loop_devices(&self) -> Vec<String> {
+        loops_under(self.dir.path())
+    }
+
+    /// Mounts under this test's folder.
+    pub fn mounts(&self) -> Vec<PathBuf> {
+        mounts_under(self.dir.path())
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.kill();
+        cleanup(self.dir.path());
+    }
+}
+
+/// Unmounts everything under `dir` (deepest first) and detaches every loop
+/// device backed by a file under it.
+pub fn cleanup(dir: &Path) {
+    for _ in 0..4 {
+        let mut mounts = mounts_under(dir);
+        if mounts.is_empty() {
+            break;
+        }
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.as_os_str().len()));
+        for m in mounts {
+            let _ = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+    for dev in loops_under(dir) {
+        let _ = Command::new("losetup").arg("-d").arg(&dev).status();
+    }
+}
+
+pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    ferrovol::mount::parse_mountinfo(&text)
+        .into_iter()
+        .map(|m| m.mount_point)
+        .filter(|p| p.starts_with(dir))
+        .collect()
+}
+
+pub fn loops_under(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/sys/block").unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if let Ok(b) = std::fs::read_to_string(e.path().join("loop/backing_file")) {
+            if Path::new(b.trim_end()).starts_with(dir) {
+                out.push(format!("/dev/{name}"));
+            }
+        }
+    }
+    out
+}
+
+/// A gRPC channel over a unix socket.
+pub async fn connect(socket: &Path) -> Result<Channel, tonic::transport::Error> {
+    let socket = socket.to_path_buf();
+    Endpoint::try_from("http://[::]:50051")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let socket = socket.clone();
+            async move { Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(socket).await?)) }
+        }))
+        .await
+}
+
+pub fn mount_cap(fs: &str, mode: i32) -> pb::VolumeCapability {
+    use pb::volume_capability as vc;
+    pb::VolumeCapability {
+        access_type: Some(vc::AccessType::Mount(vc::MountVolume { fs_type: fs.into(), mount_flags: vec![], volume_mount_group: String::new() })),
+        access_mode: Some(vc::AccessMode { mode }),
+    }
+}
+
+pub fn block_cap(mode: i32) -> pb::VolumeCapability {
+    use pb::volume_capability as vc;
+    pb::VolumeCapability { access_type: Some(vc::AccessType::Block(vc::BlockVolume {})), access_mode: Some(vc::AccessMode { mode }) }
+}
+
+pub const SNW: i32 = 1;
+pub const SNRO: i32 = 2;
+pub const MNMW: i32 = 5;
+pub const SNMW: i32 = 7;
+
+pub fn create_req(name: &str, size: i64, cap: pb::VolumeCapability) -> pb::CreateVolumeRequest {
+    pb::CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(pb::CapacityRange { required_bytes: size, limit_bytes: 0 }),
+        volume_capabilities: vec![cap],
+        ..Default::default()
+    }
+}
+
+pub fn stage_req(id: &str, staging: &Path, cap: pb::VolumeCapability) -> pb::NodeStageVolumeRequest {
+    pb::NodeStageVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(cap),
+        ..Default::default()
+    }
+}
+
+pub fn publish_req(id: &str, staging: &Path, target: &Path, cap: pb::VolumeCapability, readonly: bool) -> pb::NodePublishVolumeRequest {
+    pb::NodePublishVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: staging.display().to_string(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(cap),
+        readonly,
+        ..Default::default()
+    }
+}
+
+/// The gRPC code of a call's result.
+pub fn code<T>(r: &Result<tonic::Response<T>, tonic::Status>) -> tonic::Code {
+    match r {
+        Ok(_) => tonic::Code::Ok,
+        Err(s) => s.code(),
+    }
+}
