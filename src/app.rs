@@ -26,11 +26,15 @@ pub struct Settings {
 pub fn validate_driver_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 63
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
         && name.starts_with(|c: char| c.is_ascii_alphanumeric())
         && name.ends_with(|c: char| c.is_ascii_alphanumeric());
     if !ok {
-        return Err(Error::invalid(format!("driver name {name:?} must be DNS-style and at most 63 characters")));
+        return Err(Error::invalid(format!(
+            "driver name {name:?} must be DNS-style and at most 63 characters"
+        )));
     }
     Ok(())
 }
@@ -41,13 +45,18 @@ pub fn build(settings: &Settings) -> Result<Arc<Driver>> {
 }
 
 /// Builds the driver on the given seams.
-pub fn build_with(settings: &Settings, runner: Arc<dyn CommandRunner>, mounter: Arc<dyn Mounter>) -> Result<Arc<Driver>> {
+pub fn build_with(
+    settings: &Settings,
+    runner: Arc<dyn CommandRunner>,
+    mounter: Arc<dyn Mounter>,
+) -> Result<Arc<Driver>> {
     validate_driver_name(&settings.driver_name)?;
     if settings.node_id.is_empty() || settings.node_id.len() > 128 {
         return Err(Error::invalid("node id must be 1 to 128 bytes"));
     }
     let state_dir = absolute(&settings.state_dir)?;
-    std::fs::create_dir_all(&state_dir).map_err(|e| Error::io(format!("create state dir {}", state_dir.display()), e))?;
+    std::fs::create_dir_all(&state_dir)
+        .map_err(|e| Error::io(format!("create state dir {}", state_dir.display()), e))?;
     let config = Config::load(settings.config.as_deref(), &state_dir)?;
     let registry = Arc::new(build_registry(&config, runner.clone())?);
     let state = NodeState::open(&state_dir)?;
@@ -78,6 +87,8 @@ fn absolute(p: &Path) -> Result<PathBuf> {
     if p.is_absolute() {
         Ok(p.to_path_buf())
     } else {
-        std::env::current_dir().map(|d| d.join(p)).map_err(|e| Error::io("current dir", e))
+        std::env::current_dir()
+            .map(|d| d.join(p))
+            .map_err(|e| Error::io("current dir", e))
     }
 }

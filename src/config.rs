@@ -30,7 +30,10 @@ pub struct NodeSettings {
 
 impl Default for NodeSettings {
     fn default() -> Self {
-        Self { max_volumes_per_node: 256, topology_key: "topology.ferrovol.io/node".into() }
+        Self {
+            max_volumes_per_node: 256,
+            topology_key: "topology.ferrovol.io/node".into(),
+        }
     }
 }
 
@@ -54,24 +57,36 @@ impl BackendConfig {
     pub fn settings<T: for<'de> Deserialize<'de>>(&self) -> Result<T> {
         toml::Value::Table(self.settings.clone())
             .try_into()
-            .map_err(|e| Error::invalid(format!("backend {:?}: {}", self.name(), e.to_string().trim())))
+            .map_err(|e| {
+                Error::invalid(format!(
+                    "backend {:?}: {}",
+                    self.name(),
+                    e.to_string().trim()
+                ))
+            })
     }
 }
 
 impl Config {
     /// Parses config text.
     pub fn parse(text: &str) -> Result<Self> {
-        toml::from_str(text).map_err(|e| Error::invalid(format!("config: {}", e.to_string().trim())))
+        toml::from_str(text)
+            .map_err(|e| Error::invalid(format!("config: {}", e.to_string().trim())))
     }
 
     /// Reads the config file, or builds the default when there is none.
     pub fn load(path: Option<&Path>, state_dir: &Path) -> Result<Self> {
         let mut config = match path {
             Some(p) => {
-                let text = std::fs::read_to_string(p).map_err(|e| Error::io(format!("read config {}", p.display()), e))?;
+                let text = std::fs::read_to_string(p)
+                    .map_err(|e| Error::io(format!("read config {}", p.display()), e))?;
                 Self::parse(&text).map_err(|e| e.context(p.display()))?
             }
-            None => Config { node: NodeSettings::default(), default_backend: None, backends: Vec::new() },
+            None => Config {
+                node: NodeSettings::default(),
+                default_backend: None,
+                backends: Vec::new(),
+            },
         };
         if config.backends.is_empty() {
             config.backends.push(Self::default_file_backend(state_dir));
@@ -81,8 +96,15 @@ impl Config {
 
     fn default_file_backend(state_dir: &Path) -> BackendConfig {
         let mut settings = toml::Table::new();
-        settings.insert("pool".into(), toml::Value::String(state_dir.join("pool").display().to_string()));
-        BackendConfig { kind: "file".into(), name: None, settings }
+        settings.insert(
+            "pool".into(),
+            toml::Value::String(state_dir.join("pool").display().to_string()),
+        );
+        BackendConfig {
+            kind: "file".into(),
+            name: None,
+            settings,
+        }
     }
 }
 
@@ -92,8 +114,15 @@ pub fn parse_size(text: &str) -> Result<u64> {
     let t = text.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: u64 = num.parse().map_err(|_| Error::invalid(format!("size {text:?} is not a number")))?;
-    let shift = match unit.trim().to_ascii_lowercase().trim_end_matches('b').trim_end_matches('i') {
+    let n: u64 = num
+        .parse()
+        .map_err(|_| Error::invalid(format!("size {text:?} is not a number")))?;
+    let shift = match unit
+        .trim()
+        .to_ascii_lowercase()
+        .trim_end_matches('b')
+        .trim_end_matches('i')
+    {
         "" => 0,
         "k" => 10,
         "m" => 20,
@@ -102,7 +131,8 @@ pub fn parse_size(text: &str) -> Result<u64> {
         "p" => 50,
         _ => return Err(Error::invalid(format!("size {text:?} has an unknown unit"))),
     };
-    n.checked_mul(1u64 << shift).ok_or_else(|| Error::invalid(format!("size {text:?} is too large")))
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| Error::invalid(format!("size {text:?} is too large")))
 }
 
 /// A size in config: a number of bytes or a string with a unit.
@@ -119,7 +149,9 @@ impl<'de> Deserialize<'de> for Size {
         }
         match Raw::deserialize(d)? {
             Raw::N(n) => Ok(Size(n)),
-            Raw::S(s) => parse_size(&s).map(Size).map_err(|e| serde::de::Error::custom(e.message)),
+            Raw::S(s) => parse_size(&s)
+                .map(Size)
+                .map_err(|e| serde::de::Error::custom(e.message)),
         }
     }
 }
@@ -127,7 +159,10 @@ impl<'de> Deserialize<'de> for Size {
 /// Absolute path check for paths named in config.
 pub fn absolute(path: &Path, what: &str) -> Result<PathBuf> {
     if !path.is_absolute() {
-        return Err(Error::invalid(format!("{what} {} must be an absolute path", path.display())));
+        return Err(Error::invalid(format!(
+            "{what} {} must be an absolute path",
+            path.display()
+        )));
     }
     Ok(path.to_path_buf())
 }
@@ -141,7 +176,10 @@ mod tests {
         let c = Config::load(None, Path::new("/var/lib/ferrovol")).unwrap();
         assert_eq!(c.backends.len(), 1);
         assert_eq!(c.backends[0].name(), "file");
-        assert_eq!(c.backends[0].settings["pool"].as_str(), Some("/var/lib/ferrovol/pool"));
+        assert_eq!(
+            c.backends[0].settings["pool"].as_str(),
+            Some("/var/lib/ferrovol/pool")
+        );
         assert_eq!(c.node.max_volumes_per_node, 256);
     }
 

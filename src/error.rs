@@ -30,7 +30,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     pub fn new(kind: Kind, message: impl Into<String>) -> Self {
-        Self { kind, message: message.into() }
+        Self {
+            kind,
+            message: message.into(),
+        }
     }
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(Kind::InvalidArgument, message)
@@ -72,7 +75,10 @@ impl Error {
 
     /// Prefixes the message with context, keeping the kind.
     pub fn context(self, context: impl fmt::Display) -> Self {
-        Self { kind: self.kind, message: format!("{context}: {}", self.message) }
+        Self {
+            kind: self.kind,
+            message: format!("{context}: {}", self.message),
+        }
     }
 
     /// The gRPC status for this error: the only place codes are chosen.
@@ -132,7 +138,10 @@ mod tests {
 
     #[test]
     fn io_errors_keep_context_and_classify() {
-        let e = Error::io("open /x", std::io::Error::from(std::io::ErrorKind::NotFound));
+        let e = Error::io(
+            "open /x",
+            std::io::Error::from(std::io::ErrorKind::NotFound),
+        );
         assert_eq!(e.kind, Kind::NotFound);
         assert!(e.message.starts_with("open /x: "));
         let e = e.context("stage");

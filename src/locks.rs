@@ -38,12 +38,16 @@ impl OpLocks {
         let mut table = self.table.lock().expect("lock table poisoned");
         for key in exclusive {
             if table.contains_key(key) {
-                return Err(Error::aborted(format!("an operation on {key} is already in progress")));
+                return Err(Error::aborted(format!(
+                    "an operation on {key} is already in progress"
+                )));
             }
         }
         for key in shared {
             if table.get(key) == Some(&Held::Exclusive) || exclusive.contains(key) {
-                return Err(Error::aborted(format!("an operation on {key} is already in progress")));
+                return Err(Error::aborted(format!(
+                    "an operation on {key} is already in progress"
+                )));
             }
         }
         for key in exclusive {
@@ -55,7 +59,11 @@ impl OpLocks {
                 *n += 1;
             }
         }
-        Ok(OpGuard { table: self.table.clone(), exclusive: exclusive.to_vec(), shared: shared.to_vec() })
+        Ok(OpGuard {
+            table: self.table.clone(),
+            exclusive: exclusive.to_vec(),
+            shared: shared.to_vec(),
+        })
     }
 
     /// Takes `keys` exclusively.
@@ -116,8 +124,14 @@ mod tests {
         let locks = OpLocks::new();
         let p1 = locks.try_lock(&[k("t:1")], &[k("vol:a")]).unwrap();
         let p2 = locks.try_lock(&[k("t:2")], &[k("vol:a")]).unwrap();
-        assert_eq!(locks.try_lock(&[k("t:1")], &[k("vol:a")]).unwrap_err().kind, Kind::Aborted);
-        assert_eq!(locks.try_exclusive(&[k("vol:a")]).unwrap_err().kind, Kind::Aborted);
+        assert_eq!(
+            locks.try_lock(&[k("t:1")], &[k("vol:a")]).unwrap_err().kind,
+            Kind::Aborted
+        );
+        assert_eq!(
+            locks.try_exclusive(&[k("vol:a")]).unwrap_err().kind,
+            Kind::Aborted
+        );
         drop(p1);
         assert!(locks.try_exclusive(&[k("vol:a")]).is_err());
         drop(p2);
@@ -153,7 +167,11 @@ mod tests {
                 })
             })
             .collect();
-        let ok = handles.into_iter().map(|h| h.join().unwrap()).filter(Result::is_ok).count();
+        let ok = handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .filter(Result::is_ok)
+            .count();
         assert_eq!(ok, 1);
     }
 }

@@ -25,7 +25,11 @@ enum Command {
     /// Serve the CSI services.
     Serve {
         /// unix:///path/csi.sock or tcp://host:port
-        #[arg(long, env = "CSI_ENDPOINT", default_value = "unix:///run/ferrovol/csi.sock")]
+        #[arg(
+            long,
+            env = "CSI_ENDPOINT",
+            default_value = "unix:///run/ferrovol/csi.sock"
+        )]
         endpoint: String,
         /// This node's id (default: the hostname).
         #[arg(long, env = "FERROVOL_NODE_ID")]
@@ -49,8 +53,11 @@ enum Command {
 }
 
 fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Human => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -69,9 +76,22 @@ async fn shutdown_signal() {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let Command::Serve { endpoint, node_id, driver_name, mode, state_dir, config, log_format, shutdown_grace } = cli.command;
+    let Command::Serve {
+        endpoint,
+        node_id,
+        driver_name,
+        mode,
+        state_dir,
+        config,
+        log_format,
+        shutdown_grace,
+    } = cli.command;
     init_logging(log_format);
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
     let result = runtime.block_on(async move {
         let endpoint = Endpoint::parse(&endpoint)?;
         let node_id = match node_id {
@@ -80,9 +100,21 @@ fn main() -> std::process::ExitCode {
                 .map(|h| h.to_string_lossy().into_owned())
                 .map_err(|e| ferrovol::error::Error::internal(format!("hostname: {e}")))?,
         };
-        let settings = Settings { driver_name, node_id, mode, state_dir, config };
+        let settings = Settings {
+            driver_name,
+            node_id,
+            mode,
+            state_dir,
+            config,
+        };
         let driver = app::build(&settings)?;
-        server::serve(driver, endpoint, shutdown_signal(), Duration::from_secs(shutdown_grace)).await
+        server::serve(
+            driver,
+            endpoint,
+            shutdown_signal(),
+            Duration::from_secs(shutdown_grace),
+        )
+        .await
     });
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -2,8 +2,12 @@
 //! the mode asks for, and graceful shutdown.
 
 use crate::error::{Error, Result};
-use crate::proto::{controller_server::ControllerServer, identity_server::IdentityServer, node_server::NodeServer};
-use crate::service::{controller::ControllerService, identity::IdentityService, node::NodeService, Driver};
+use crate::proto::{
+    controller_server::ControllerServer, identity_server::IdentityServer, node_server::NodeServer,
+};
+use crate::service::{
+    controller::ControllerService, identity::IdentityService, node::NodeService, Driver,
+};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -21,10 +25,15 @@ pub enum Endpoint {
 impl Endpoint {
     /// Parses `unix:///path/csi.sock` (or `unix:/path`) and `tcp://host:port`.
     pub fn parse(raw: &str) -> Result<Self> {
-        if let Some(rest) = raw.strip_prefix("unix://").or_else(|| raw.strip_prefix("unix:")) {
+        if let Some(rest) = raw
+            .strip_prefix("unix://")
+            .or_else(|| raw.strip_prefix("unix:"))
+        {
             let path = PathBuf::from(rest);
             if !path.is_absolute() {
-                return Err(Error::invalid(format!("endpoint {raw:?}: the socket path must be absolute")));
+                return Err(Error::invalid(format!(
+                    "endpoint {raw:?}: the socket path must be absolute"
+                )));
             }
             return Ok(Endpoint::Unix(path));
         }
@@ -37,7 +46,9 @@ impl Endpoint {
                 .ok_or_else(|| Error::invalid(format!("endpoint {raw:?}: not a host:port")))?;
             return Ok(Endpoint::Tcp(addr));
         }
-        Err(Error::invalid(format!("endpoint {raw:?} must start with unix:// or tcp://")))
+        Err(Error::invalid(format!(
+            "endpoint {raw:?} must start with unix:// or tcp://"
+        )))
     }
 }
 
@@ -49,32 +60,51 @@ pub fn prepare_socket(path: &Path) -> Result<()> {
         Ok(md) => md,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             if let Some(parent) = path.parent() {
-                std::fs::create_dir_all(parent).map_err(|e| Error::io(format!("create {}", parent.display()), e))?;
+                std::fs::create_dir_all(parent)
+                    .map_err(|e| Error::io(format!("create {}", parent.display()), e))?;
             }
             return Ok(());
         }
         Err(e) => return Err(Error::io(format!("socket path {}", path.display()), e)),
     };
     if !md.file_type().is_socket() {
-        return Err(Error::precondition(format!("{} exists and is not a socket; refusing to replace it", path.display())));
+        return Err(Error::precondition(format!(
+            "{} exists and is not a socket; refusing to replace it",
+            path.display()
+        )));
     }
     if std::os::unix::net::UnixStream::connect(path).is_ok() {
-        return Err(Error::precondition(format!("another process is serving {}; refusing to start", path.display())));
+        return Err(Error::precondition(format!(
+            "another process is serving {}; refusing to start",
+            path.display()
+        )));
     }
-    std::fs::remove_file(path).map_err(|e| Error::io(format!("remove stale socket {}", path.display()), e))?;
+    std::fs::remove_file(path)
+        .map_err(|e| Error::io(format!("remove stale socket {}", path.display()), e))?;
     tracing::info!(socket = %path.display(), "removed stale socket");
     Ok(())
 }
 
 /// Serves until `shutdown` resolves; then stops accepting, gives in-flight
 /// RPCs up to `grace` to finish, and removes the socket.
-pub async fn serve(driver: Arc<Driver>, endpoint: Endpoint, shutdown: impl Future<Output = ()>, grace: Duration) -> Result<()> {
+pub async fn serve(
+    driver: Arc<Driver>,
+    endpoint: Endpoint,
+    shutdown: impl Future<Output = ()>,
+    grace: Duration,
+) -> Result<()> {
     let mode = driver.mode;
     let mut builder = tonic::transport::Server::builder();
     let router = builder.add_service(IdentityServer::new(IdentityService(driver.clone())));
     let router = router
-        .add_optional_service(mode.controller().then(|| ControllerServer::new(ControllerService(driver.clone()))))
-        .add_optional_service(mode.node().then(|| NodeServer::new(NodeService(driver.clone()))));
+        .add_optional_service(
+            mode.controller()
+                .then(|| ControllerServer::new(ControllerService(driver.clone()))),
+        )
+        .add_optional_service(
+            mode.node()
+                .then(|| NodeServer::new(NodeService(driver.clone()))),
+        );
 
     let stop = Arc::new(tokio::sync::Notify::new());
     let stopped = {
@@ -98,7 +128,8 @@ pub async fn serve(driver: Arc<Driver>, endpoint: Endpoint, shutdown: impl Futur
     let served = match endpoint {
         Endpoint::Unix(path) => {
             prepare_socket(&path)?;
-            let listener = tokio::net::UnixListener::bind(&path).map_err(|e| Error::io(format!("bind {}", path.display()), e))?;
+            let listener = tokio::net::UnixListener::bind(&path)
+                .map_err(|e| Error::io(format!("bind {}", path.display()), e))?;
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o660))
                 .map_err(|e| Error::io(format!("chmod {}", path.display()), e))?;
             tracing::info!(endpoint = %format!("unix://{}", path.display()), driver = %driver.name, node = %driver.node_id, ?mode, "serving");
@@ -130,9 +161,18 @@ mod tests {
 
     #[test]
     fn parses_endpoints() {
-        assert_eq!(Endpoint::parse("unix:///run/csi.sock").unwrap(), Endpoint::Unix("/run/csi.sock".into()));
-        assert_eq!(Endpoint::parse("unix:/run/csi.sock").unwrap(), Endpoint::Unix("/run/csi.sock".into()));
-        assert_eq!(Endpoint::parse("tcp://127.0.0.1:10000").unwrap(), Endpoint::Tcp("127.0.0.1:10000".parse().unwrap()));
+        assert_eq!(
+            Endpoint::parse("unix:///run/csi.sock").unwrap(),
+            Endpoint::Unix("/run/csi.sock".into())
+        );
+        assert_eq!(
+            Endpoint::parse("unix:/run/csi.sock").unwrap(),
+            Endpoint::Unix("/run/csi.sock".into())
+        );
+        assert_eq!(
+            Endpoint::parse("tcp://127.0.0.1:10000").unwrap(),
+            Endpoint::Tcp("127.0.0.1:10000".parse().unwrap())
+        );
         assert!(Endpoint::parse("unix://relative.sock").is_err());
         assert!(Endpoint::parse("http://x").is_err());
     }
@@ -142,7 +182,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let sock = dir.path().join("csi.sock");
         let live = std::os::unix::net::UnixListener::bind(&sock).unwrap();
-        assert!(prepare_socket(&sock).unwrap_err().message.contains("another process"));
+        assert!(prepare_socket(&sock)
+            .unwrap_err()
+            .message
+            .contains("another process"));
         drop(live);
         prepare_socket(&sock).unwrap();
         assert!(!sock.exists());

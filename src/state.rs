@@ -14,10 +14,18 @@ use std::sync::Mutex;
 
 /// Writes `bytes` to `path` atomically and durably.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().ok_or_else(|| std::io::Error::other("path has no parent"))?;
-    let name = path.file_name().ok_or_else(|| std::io::Error::other("path has no file name"))?;
+    let dir = path
+        .parent()
+        .ok_or_else(|| std::io::Error::other("path has no parent"))?;
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other("path has no file name"))?;
     let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
-    let mut f = fs::OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)?;
     f.write_all(bytes)?;
     f.sync_all()?;
     drop(f);
@@ -76,7 +84,9 @@ fn load_dir<T: for<'de> Deserialize<'de>>(dir: &Path) -> Result<Vec<T>> {
         if !name.ends_with(".json") {
             continue;
         }
-        let parsed = fs::read(&path).ok().and_then(|b| serde_json::from_slice::<T>(&b).ok());
+        let parsed = fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<T>(&b).ok());
         match parsed {
             Some(r) => out.push(r),
             None => {
@@ -96,21 +106,35 @@ impl NodeState {
         for d in [&stage_dir, &publish_dir] {
             fs::create_dir_all(d).map_err(|e| Error::io(format!("create {}", d.display()), e))?;
         }
-        let stages = load_dir::<StageRecord>(&stage_dir)?.into_iter().map(|r| (r.volume_id.clone(), r)).collect();
-        let publishes = load_dir::<PublishRecord>(&publish_dir)?.into_iter().map(|r| (r.target_path.clone(), r)).collect();
-        Ok(Self { stage_dir, publish_dir, stages: Mutex::new(stages), publishes: Mutex::new(publishes) })
+        let stages = load_dir::<StageRecord>(&stage_dir)?
+            .into_iter()
+            .map(|r| (r.volume_id.clone(), r))
+            .collect();
+        let publishes = load_dir::<PublishRecord>(&publish_dir)?
+            .into_iter()
+            .map(|r| (r.target_path.clone(), r))
+            .collect();
+        Ok(Self {
+            stage_dir,
+            publish_dir,
+            stages: Mutex::new(stages),
+            publishes: Mutex::new(publishes),
+        })
     }
 
     fn save<T: Serialize>(dir: &Path, key: &str, record: &T) -> Result<()> {
         let path = dir.join(digest_name(key));
-        let bytes = serde_json::to_vec_pretty(record).map_err(|e| Error::internal(format!("encode state: {e}")))?;
+        let bytes = serde_json::to_vec_pretty(record)
+            .map_err(|e| Error::internal(format!("encode state: {e}")))?;
         write_atomic(&path, &bytes).map_err(|e| Error::io(format!("write {}", path.display()), e))
     }
 
     fn delete(dir: &Path, key: &str) -> Result<()> {
         let path = dir.join(digest_name(key));
         match fs::remove_file(&path) {
-            Ok(()) => fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io("sync state dir", e)),
+            Ok(()) => fs::File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| Error::io("sync state dir", e)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(Error::io(format!("remove {}", path.display()), e)),
         }
@@ -127,7 +151,10 @@ impl NodeState {
     /// Records a stage, on disk first.
     pub fn put_stage(&self, record: StageRecord) -> Result<()> {
         Self::save(&self.stage_dir, &record.volume_id.to_string(), &record)?;
-        self.stages.lock().unwrap().insert(record.volume_id.clone(), record);
+        self.stages
+            .lock()
+            .unwrap()
+            .insert(record.volume_id.clone(), record);
         Ok(())
     }
 
@@ -143,7 +170,13 @@ impl NodeState {
 
     /// Every target a volume is published to.
     pub fn publishes_of(&self, id: &VolumeId) -> Vec<PublishRecord> {
-        self.publishes.lock().unwrap().values().filter(|p| &p.volume_id == id).cloned().collect()
+        self.publishes
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|p| &p.volume_id == id)
+            .cloned()
+            .collect()
     }
 
     pub fn publishes(&self) -> Vec<PublishRecord> {
@@ -151,8 +184,15 @@ impl NodeState {
     }
 
     pub fn put_publish(&self, record: PublishRecord) -> Result<()> {
-        Self::save(&self.publish_dir, &record.target_path.to_string_lossy(), &record)?;
-        self.publishes.lock().unwrap().insert(record.target_path.clone(), record);
+        Self::save(
+            &self.publish_dir,
+            &record.target_path.to_string_lossy(),
+            &record,
+        )?;
+        self.publishes
+            .lock()
+            .unwrap()
+            .insert(record.target_path.clone(), record);
         Ok(())
     }
 
@@ -173,10 +213,15 @@ mod tests {
             volume_id: VolumeId::parse(id).unwrap(),
             staging_path: "/staging/x".into(),
             capability: VolumeCapability {
-                access: AccessType::Mount { fs_type: "ext4".into(), mount_flags: vec![] },
+                access: AccessType::Mount {
+                    fs_type: "ext4".into(),
+                    mount_flags: vec![],
+                },
                 mode: AccessMode::SingleNodeWriter,
             },
-            attachment: Some(Attachment::Device { path: "/dev/loop3".into() }),
+            attachment: Some(Attachment::Device {
+                path: "/dev/loop3".into(),
+            }),
             fs_type: Some("ext4".into()),
         }
     }
@@ -195,13 +240,21 @@ mod tests {
             readonly: true,
         };
         state.put_publish(p.clone()).unwrap();
-        state.remove_stage(&VolumeId::parse("file:b").unwrap()).unwrap();
+        state
+            .remove_stage(&VolumeId::parse("file:b").unwrap())
+            .unwrap();
         drop(state);
 
         let again = NodeState::open(dir.path()).unwrap();
-        assert_eq!(again.stage(&VolumeId::parse("file:a").unwrap()), Some(stage_record("file:a")));
+        assert_eq!(
+            again.stage(&VolumeId::parse("file:a").unwrap()),
+            Some(stage_record("file:a"))
+        );
         assert_eq!(again.stage(&VolumeId::parse("file:b").unwrap()), None);
-        assert_eq!(again.publishes_of(&VolumeId::parse("file:a").unwrap()), vec![p]);
+        assert_eq!(
+            again.publishes_of(&VolumeId::parse("file:a").unwrap()),
+            vec![p]
+        );
         again.remove_publish(Path::new("/pods/1/mount")).unwrap();
         again.remove_publish(Path::new("/pods/1/mount")).unwrap();
         assert!(NodeState::open(dir.path()).unwrap().publishes().is_empty());

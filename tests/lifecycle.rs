@@ -10,21 +10,47 @@ use tonic::Code;
 #[tokio::test]
 async fn identity_and_node_info() {
     let h = Harness::start().await;
-    let info = h.identity().get_plugin_info(pb::GetPluginInfoRequest {}).await.unwrap().into_inner();
+    let info = h
+        .identity()
+        .get_plugin_info(pb::GetPluginInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(info.name, "csi.ferrovol.io");
     assert!(info.vendor_version.starts_with(env!("CARGO_PKG_VERSION")));
-    let caps = h.identity().get_plugin_capabilities(pb::GetPluginCapabilitiesRequest {}).await.unwrap().into_inner();
+    let caps = h
+        .identity()
+        .get_plugin_capabilities(pb::GetPluginCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(caps.capabilities.len(), 3, "{caps:?}");
-    let node = h.node().node_get_info(pb::NodeGetInfoRequest {}).await.unwrap().into_inner();
+    let node = h
+        .node()
+        .node_get_info(pb::NodeGetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(node.node_id, "test-node");
     assert_eq!(node.max_volumes_per_node, 256);
-    assert_eq!(node.accessible_topology.unwrap().segments["topology.ferrovol.io/node"], "test-node");
-    let ctrl = h.controller().controller_get_capabilities(pb::ControllerGetCapabilitiesRequest {}).await.unwrap().into_inner();
+    assert_eq!(
+        node.accessible_topology.unwrap().segments["topology.ferrovol.io/node"],
+        "test-node"
+    );
+    let ctrl = h
+        .controller()
+        .controller_get_capabilities(pb::ControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
     assert!(ctrl.capabilities.len() >= 8);
     // ControllerPublish is not offered by the file backend.
     let r = h
         .controller()
-        .controller_publish_volume(pb::ControllerPublishVolumeRequest { volume_id: "file:x".into(), ..Default::default() })
+        .controller_publish_volume(pb::ControllerPublishVolumeRequest {
+            volume_id: "file:x".into(),
+            ..Default::default()
+        })
         .await;
     assert_eq!(code(&r), Code::Unimplemented);
 }
@@ -36,33 +62,88 @@ async fn mount_lifecycle_with_snapshot_clone_and_readonly() {
     let mut n = h.node();
     let cap = mount_cap("ext4", SNW);
 
-    let vol = c.create_volume(create_req("pvc-life", 40 * MIB + 5, cap.clone())).await.unwrap().into_inner().volume.unwrap();
+    let vol = c
+        .create_volume(create_req("pvc-life", 40 * MIB + 5, cap.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
     assert_eq!(vol.volume_id, "file:pvc-life");
     assert_eq!(vol.capacity_bytes, 41 * MIB, "rounded up to 1 MiB");
-    assert_eq!(vol.accessible_topology[0].segments["topology.ferrovol.io/node"], "test-node");
+    assert_eq!(
+        vol.accessible_topology[0].segments["topology.ferrovol.io/node"],
+        "test-node"
+    );
     // Idempotent create; incompatible size is ALREADY_EXISTS.
-    let again = c.create_volume(create_req("pvc-life", 40 * MIB, cap.clone())).await.unwrap().into_inner().volume.unwrap();
+    let again = c
+        .create_volume(create_req("pvc-life", 40 * MIB, cap.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
     assert_eq!(again.volume_id, vol.volume_id);
-    let r = c.create_volume(create_req("pvc-life", 80 * MIB, cap.clone())).await;
+    let r = c
+        .create_volume(create_req("pvc-life", 80 * MIB, cap.clone()))
+        .await;
     assert_eq!(code(&r), Code::AlreadyExists);
 
     let staging = h.path("kubelet/staging/life");
     std::fs::create_dir_all(&staging).unwrap();
-    n.node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone())).await.unwrap();
-    n.node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone())).await.unwrap();
+    n.node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
+        .await
+        .unwrap();
+    n.node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
+        .await
+        .unwrap();
     assert_eq!(h.loop_devices().len(), 1);
-    let r = n.node_stage_volume(stage_req(&vol.volume_id, &staging, mount_cap("xfs", SNW))).await;
+    let r = n
+        .node_stage_volume(stage_req(&vol.volume_id, &staging, mount_cap("xfs", SNW)))
+        .await;
     assert_eq!(code(&r), Code::AlreadyExists);
 
     let target = h.path("kubelet/pods/p1");
-    n.node_publish_volume(publish_req(&vol.volume_id, &staging, &target, cap.clone(), false)).await.unwrap();
-    n.node_publish_volume(publish_req(&vol.volume_id, &staging, &target, cap.clone(), false)).await.unwrap();
+    n.node_publish_volume(publish_req(
+        &vol.volume_id,
+        &staging,
+        &target,
+        cap.clone(),
+        false,
+    ))
+    .await
+    .unwrap();
+    n.node_publish_volume(publish_req(
+        &vol.volume_id,
+        &staging,
+        &target,
+        cap.clone(),
+        false,
+    ))
+    .await
+    .unwrap();
     std::fs::write(target.join("hello.txt"), b"data from pod 1").unwrap();
     // Same target, other arguments: ALREADY_EXISTS. Second target of a
     // single-writer volume: FAILED_PRECONDITION.
-    let r = n.node_publish_volume(publish_req(&vol.volume_id, &staging, &target, cap.clone(), true)).await;
+    let r = n
+        .node_publish_volume(publish_req(
+            &vol.volume_id,
+            &staging,
+            &target,
+            cap.clone(),
+            true,
+        ))
+        .await;
     assert_eq!(code(&r), Code::AlreadyExists);
-    let r = n.node_publish_volume(publish_req(&vol.volume_id, &staging, &h.path("kubelet/pods/p2"), cap.clone(), false)).await;
+    let r = n
+        .node_publish_volume(publish_req(
+            &vol.volume_id,
+            &staging,
+            &h.path("kubelet/pods/p2"),
+            cap.clone(),
+            false,
+        ))
+        .await;
     assert_eq!(code(&r), Code::FailedPrecondition);
 
     let stats = n
@@ -75,7 +156,10 @@ async fn mount_lifecycle_with_snapshot_clone_and_readonly() {
         .unwrap()
         .into_inner();
     let bytes = &stats.usage[0];
-    assert!(bytes.total > 30 * MIB && bytes.total <= 41 * MIB, "{stats:?}");
+    assert!(
+        bytes.total > 30 * MIB && bytes.total <= 41 * MIB,
+        "{stats:?}"
+    );
     assert!(bytes.used > 0 && bytes.available > 0);
     assert_eq!(stats.usage[1].unit, pb::volume_usage::Unit::Inodes as i32);
     assert!(!stats.volume_condition.unwrap().abnormal);
@@ -83,7 +167,11 @@ async fn mount_lifecycle_with_snapshot_clone_and_readonly() {
     // Snapshot (of the live volume) and a volume restored from it.
     std::process::Command::new("sync").status().unwrap();
     let snap = c
-        .create_snapshot(pb::CreateSnapshotRequest { source_volume_id: vol.volume_id.clone(), name: "snap-1".into(), ..Default::default() })
+        .create_snapshot(pb::CreateSnapshotRequest {
+            source_volume_id: vol.volume_id.clone(),
+            name: "snap-1".into(),
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner()
@@ -91,72 +179,185 @@ async fn mount_lifecycle_with_snapshot_clone_and_readonly() {
         .unwrap();
     assert!(snap.ready_to_use);
     assert_eq!(snap.size_bytes, 41 * MIB);
-    let r = c.create_snapshot(pb::CreateSnapshotRequest { source_volume_id: "file:other".into(), name: "snap-1".into(), ..Default::default() }).await;
+    let r = c
+        .create_snapshot(pb::CreateSnapshotRequest {
+            source_volume_id: "file:other".into(),
+            name: "snap-1".into(),
+            ..Default::default()
+        })
+        .await;
     assert_eq!(code(&r), Code::AlreadyExists);
-    let listed = c.list_snapshots(pb::ListSnapshotsRequest { source_volume_id: vol.volume_id.clone(), ..Default::default() }).await.unwrap().into_inner();
+    let listed = c
+        .list_snapshots(pb::ListSnapshotsRequest {
+            source_volume_id: vol.volume_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(listed.entries.len(), 1);
 
     let mut from_snap = create_req("pvc-restored", 0, cap.clone());
     from_snap.volume_content_source = Some(pb::VolumeContentSource {
-        r#type: Some(pb::volume_content_source::Type::Snapshot(pb::volume_content_source::SnapshotSource { snapshot_id: snap.snapshot_id.clone() })),
+        r#type: Some(pb::volume_content_source::Type::Snapshot(
+            pb::volume_content_source::SnapshotSource {
+                snapshot_id: snap.snapshot_id.clone(),
+            },
+        )),
     });
-    let restored = c.create_volume(from_snap).await.unwrap().into_inner().volume.unwrap();
+    let restored = c
+        .create_volume(from_snap)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
     assert_eq!(restored.capacity_bytes, 41 * MIB);
     assert!(restored.content_source.is_some());
 
     // Restored volume published read-only shows the data and refuses writes.
     let staging2 = h.path("kubelet/staging/restored");
     std::fs::create_dir_all(&staging2).unwrap();
-    n.node_stage_volume(stage_req(&restored.volume_id, &staging2, cap.clone())).await.unwrap();
+    n.node_stage_volume(stage_req(&restored.volume_id, &staging2, cap.clone()))
+        .await
+        .unwrap();
     let target2 = h.path("kubelet/pods/p3");
-    n.node_publish_volume(publish_req(&restored.volume_id, &staging2, &target2, cap.clone(), true)).await.unwrap();
-    assert_eq!(std::fs::read(target2.join("hello.txt")).unwrap(), b"data from pod 1");
-    assert!(std::fs::write(target2.join("new.txt"), b"x").is_err(), "read-only publish accepted a write");
+    n.node_publish_volume(publish_req(
+        &restored.volume_id,
+        &staging2,
+        &target2,
+        cap.clone(),
+        true,
+    ))
+    .await
+    .unwrap();
+    assert_eq!(
+        std::fs::read(target2.join("hello.txt")).unwrap(),
+        b"data from pod 1"
+    );
+    assert!(
+        std::fs::write(target2.join("new.txt"), b"x").is_err(),
+        "read-only publish accepted a write"
+    );
 
     // Clone of the original.
     let mut clone = create_req("pvc-clone", 64 * MIB, cap.clone());
     clone.volume_content_source = Some(pb::VolumeContentSource {
-        r#type: Some(pb::volume_content_source::Type::Volume(pb::volume_content_source::VolumeSource { volume_id: vol.volume_id.clone() })),
+        r#type: Some(pb::volume_content_source::Type::Volume(
+            pb::volume_content_source::VolumeSource {
+                volume_id: vol.volume_id.clone(),
+            },
+        )),
     });
-    let cloned = c.create_volume(clone).await.unwrap().into_inner().volume.unwrap();
+    let cloned = c
+        .create_volume(clone)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
     assert_eq!(cloned.capacity_bytes, 64 * MIB);
 
     // Deleting a staged volume is refused; tear everything down in order.
-    let r = c.delete_volume(pb::DeleteVolumeRequest { volume_id: vol.volume_id.clone(), ..Default::default() }).await;
+    let r = c
+        .delete_volume(pb::DeleteVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            ..Default::default()
+        })
+        .await;
     assert_eq!(code(&r), Code::FailedPrecondition);
-    let r = n.node_unstage_volume(pb::NodeUnstageVolumeRequest { volume_id: vol.volume_id.clone(), staging_target_path: staging.display().to_string() }).await;
-    assert_eq!(code(&r), Code::FailedPrecondition, "unstage while published");
+    let r = n
+        .node_unstage_volume(pb::NodeUnstageVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            staging_target_path: staging.display().to_string(),
+        })
+        .await;
+    assert_eq!(
+        code(&r),
+        Code::FailedPrecondition,
+        "unstage while published"
+    );
     for (id, t) in [(&vol.volume_id, &target), (&restored.volume_id, &target2)] {
-        let req = pb::NodeUnpublishVolumeRequest { volume_id: id.clone(), target_path: t.display().to_string() };
+        let req = pb::NodeUnpublishVolumeRequest {
+            volume_id: id.clone(),
+            target_path: t.display().to_string(),
+        };
         n.node_unpublish_volume(req.clone()).await.unwrap();
         n.node_unpublish_volume(req).await.unwrap();
         assert!(!t.exists(), "target left behind");
     }
     for (id, s) in [(&vol.volume_id, &staging), (&restored.volume_id, &staging2)] {
-        let req = pb::NodeUnstageVolumeRequest { volume_id: id.clone(), staging_target_path: s.display().to_string() };
+        let req = pb::NodeUnstageVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: s.display().to_string(),
+        };
         n.node_unstage_volume(req.clone()).await.unwrap();
         n.node_unstage_volume(req).await.unwrap();
     }
     assert!(h.mounts().is_empty(), "mounts left: {:?}", h.mounts());
-    assert!(h.loop_devices().is_empty(), "loop devices left: {:?}", h.loop_devices());
+    assert!(
+        h.loop_devices().is_empty(),
+        "loop devices left: {:?}",
+        h.loop_devices()
+    );
 
     // Pagination over three volumes, two at a time.
-    let page1 = c.list_volumes(pb::ListVolumesRequest { max_entries: 2, starting_token: String::new() }).await.unwrap().into_inner();
+    let page1 = c
+        .list_volumes(pb::ListVolumesRequest {
+            max_entries: 2,
+            starting_token: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(page1.entries.len(), 2);
     assert!(!page1.next_token.is_empty());
-    let page2 = c.list_volumes(pb::ListVolumesRequest { max_entries: 2, starting_token: page1.next_token }).await.unwrap().into_inner();
+    let page2 = c
+        .list_volumes(pb::ListVolumesRequest {
+            max_entries: 2,
+            starting_token: page1.next_token,
+        })
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(page2.entries.len(), 1);
     assert!(page2.next_token.is_empty());
 
     for id in [&vol.volume_id, &restored.volume_id, &cloned.volume_id] {
-        c.delete_volume(pb::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() }).await.unwrap();
-        c.delete_volume(pb::DeleteVolumeRequest { volume_id: id.clone(), ..Default::default() }).await.unwrap();
+        c.delete_volume(pb::DeleteVolumeRequest {
+            volume_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        c.delete_volume(pb::DeleteVolumeRequest {
+            volume_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     }
-    c.delete_snapshot(pb::DeleteSnapshotRequest { snapshot_id: snap.snapshot_id.clone(), ..Default::default() }).await.unwrap();
-    c.delete_snapshot(pb::DeleteSnapshotRequest { snapshot_id: snap.snapshot_id.clone(), ..Default::default() }).await.unwrap();
-    let left = c.list_volumes(pb::ListVolumesRequest::default()).await.unwrap().into_inner();
+    c.delete_snapshot(pb::DeleteSnapshotRequest {
+        snapshot_id: snap.snapshot_id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    c.delete_snapshot(pb::DeleteSnapshotRequest {
+        snapshot_id: snap.snapshot_id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let left = c
+        .list_volumes(pb::ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
     assert!(left.entries.is_empty());
-    let pool: Vec<_> = std::fs::read_dir(h.state_dir().join("pool/volumes")).unwrap().collect();
+    let pool: Vec<_> = std::fs::read_dir(h.state_dir().join("pool/volumes"))
+        .unwrap()
+        .collect();
     assert!(pool.is_empty(), "pool not empty: {pool:?}");
 }
 
@@ -165,18 +366,46 @@ async fn block_volume_lifecycle() {
     let h = Harness::start().await;
     let (mut c, mut n) = (h.controller(), h.node());
     let cap = block_cap(SNMW);
-    let vol = c.create_volume(create_req("pvc-block", 8 * MIB, cap.clone())).await.unwrap().into_inner().volume.unwrap();
+    let vol = c
+        .create_volume(create_req("pvc-block", 8 * MIB, cap.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
     let staging = h.path("kubelet/staging/blk");
     std::fs::create_dir_all(&staging).unwrap();
-    n.node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone())).await.unwrap();
+    n.node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
+        .await
+        .unwrap();
     let t1 = h.path("kubelet/pods/b1");
     let t2 = h.path("kubelet/pods/b2");
-    n.node_publish_volume(publish_req(&vol.volume_id, &staging, &t1, cap.clone(), false)).await.unwrap();
+    n.node_publish_volume(publish_req(
+        &vol.volume_id,
+        &staging,
+        &t1,
+        cap.clone(),
+        false,
+    ))
+    .await
+    .unwrap();
     // A multi-writer volume may be published twice on the node.
-    n.node_publish_volume(publish_req(&vol.volume_id, &staging, &t2, cap.clone(), false)).await.unwrap();
+    n.node_publish_volume(publish_req(
+        &vol.volume_id,
+        &staging,
+        &t2,
+        cap.clone(),
+        false,
+    ))
+    .await
+    .unwrap();
     {
         use std::io::{Read, Seek, SeekFrom, Write};
-        let mut dev = std::fs::OpenOptions::new().read(true).write(true).open(&t1).unwrap();
+        let mut dev = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&t1)
+            .unwrap();
         dev.seek(SeekFrom::Start(MIB as u64)).unwrap();
         dev.write_all(b"raw block bytes").unwrap();
         dev.sync_all().unwrap();
@@ -187,7 +416,11 @@ async fn block_volume_lifecycle() {
         assert_eq!(&buf, b"raw block bytes");
     }
     let stats = n
-        .node_get_volume_stats(pb::NodeGetVolumeStatsRequest { volume_id: vol.volume_id.clone(), volume_path: t1.display().to_string(), staging_target_path: String::new() })
+        .node_get_volume_stats(pb::NodeGetVolumeStatsRequest {
+            volume_id: vol.volume_id.clone(),
+            volume_path: t1.display().to_string(),
+            staging_target_path: String::new(),
+        })
         .await
         .unwrap()
         .into_inner();
@@ -197,7 +430,10 @@ async fn block_volume_lifecycle() {
     let e = c
         .controller_expand_volume(pb::ControllerExpandVolumeRequest {
             volume_id: vol.volume_id.clone(),
-            capacity_range: Some(pb::CapacityRange { required_bytes: 16 * MIB, limit_bytes: 0 }),
+            capacity_range: Some(pb::CapacityRange {
+                required_bytes: 16 * MIB,
+                limit_bytes: 0,
+            }),
             ..Default::default()
         })
         .await
@@ -209,7 +445,10 @@ async fn block_volume_lifecycle() {
         .node_expand_volume(pb::NodeExpandVolumeRequest {
             volume_id: vol.volume_id.clone(),
             volume_path: t1.display().to_string(),
-            capacity_range: Some(pb::CapacityRange { required_bytes: 16 * MIB, limit_bytes: 0 }),
+            capacity_range: Some(pb::CapacityRange {
+                required_bytes: 16 * MIB,
+                limit_bytes: 0,
+            }),
             volume_capability: Some(cap.clone()),
             ..Default::default()
         })
@@ -219,48 +458,119 @@ async fn block_volume_lifecycle() {
     assert_eq!(ne.capacity_bytes, 16 * MIB);
 
     for t in [&t1, &t2] {
-        n.node_unpublish_volume(pb::NodeUnpublishVolumeRequest { volume_id: vol.volume_id.clone(), target_path: t.display().to_string() }).await.unwrap();
+        n.node_unpublish_volume(pb::NodeUnpublishVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            target_path: t.display().to_string(),
+        })
+        .await
+        .unwrap();
         assert!(!t.exists());
     }
-    n.node_unstage_volume(pb::NodeUnstageVolumeRequest { volume_id: vol.volume_id.clone(), staging_target_path: staging.display().to_string() }).await.unwrap();
+    n.node_unstage_volume(pb::NodeUnstageVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        staging_target_path: staging.display().to_string(),
+    })
+    .await
+    .unwrap();
     assert!(h.loop_devices().is_empty());
     assert!(h.mounts().is_empty());
-    c.delete_volume(pb::DeleteVolumeRequest { volume_id: vol.volume_id.clone(), ..Default::default() }).await.unwrap();
+    c.delete_volume(pb::DeleteVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
 }
 
 #[tokio::test]
 async fn restart_between_stage_and_unstage() {
     let mut h = Harness::start().await;
     let cap = mount_cap("", SNW);
-    let vol = h.controller().create_volume(create_req("pvc-restart", 16 * MIB, cap.clone())).await.unwrap().into_inner().volume.unwrap();
+    let vol = h
+        .controller()
+        .create_volume(create_req("pvc-restart", 16 * MIB, cap.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
     let staging = h.path("kubelet/staging/r");
     std::fs::create_dir_all(&staging).unwrap();
     let target = h.path("kubelet/pods/r1");
-    h.node().node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone())).await.unwrap();
-    h.node().node_publish_volume(publish_req(&vol.volume_id, &staging, &target, cap.clone(), false)).await.unwrap();
+    h.node()
+        .node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
+        .await
+        .unwrap();
+    h.node()
+        .node_publish_volume(publish_req(
+            &vol.volume_id,
+            &staging,
+            &target,
+            cap.clone(),
+            false,
+        ))
+        .await
+        .unwrap();
     std::fs::write(target.join("kept"), b"survives a crash").unwrap();
 
     h.kill();
     h.spawn().await;
 
     // The restarted driver knows the volume is staged and published.
-    h.node().node_publish_volume(publish_req(&vol.volume_id, &staging, &target, cap.clone(), false)).await.unwrap();
+    h.node()
+        .node_publish_volume(publish_req(
+            &vol.volume_id,
+            &staging,
+            &target,
+            cap.clone(),
+            false,
+        ))
+        .await
+        .unwrap();
     let stats = h
         .node()
-        .node_get_volume_stats(pb::NodeGetVolumeStatsRequest { volume_id: vol.volume_id.clone(), volume_path: staging.display().to_string(), staging_target_path: String::new() })
+        .node_get_volume_stats(pb::NodeGetVolumeStatsRequest {
+            volume_id: vol.volume_id.clone(),
+            volume_path: staging.display().to_string(),
+            staging_target_path: String::new(),
+        })
         .await
         .unwrap()
         .into_inner();
     assert!(!stats.volume_condition.unwrap().abnormal);
-    h.node().node_unpublish_volume(pb::NodeUnpublishVolumeRequest { volume_id: vol.volume_id.clone(), target_path: target.display().to_string() }).await.unwrap();
-    h.node().node_unstage_volume(pb::NodeUnstageVolumeRequest { volume_id: vol.volume_id.clone(), staging_target_path: staging.display().to_string() }).await.unwrap();
+    h.node()
+        .node_unpublish_volume(pb::NodeUnpublishVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            target_path: target.display().to_string(),
+        })
+        .await
+        .unwrap();
+    h.node()
+        .node_unstage_volume(pb::NodeUnstageVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            staging_target_path: staging.display().to_string(),
+        })
+        .await
+        .unwrap();
     assert!(h.mounts().is_empty(), "{:?}", h.mounts());
     assert!(h.loop_devices().is_empty());
 
     // The data is still there when staged again (default fs is ext4).
-    h.node().node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone())).await.unwrap();
-    assert_eq!(std::fs::read(staging.join("kept")).unwrap(), b"survives a crash");
-    h.node().node_unstage_volume(pb::NodeUnstageVolumeRequest { volume_id: vol.volume_id.clone(), staging_target_path: staging.display().to_string() }).await.unwrap();
+    h.node()
+        .node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
+        .await
+        .unwrap();
+    assert_eq!(
+        std::fs::read(staging.join("kept")).unwrap(),
+        b"survives a crash"
+    );
+    h.node()
+        .node_unstage_volume(pb::NodeUnstageVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            staging_target_path: staging.display().to_string(),
+        })
+        .await
+        .unwrap();
     assert!(h.loop_devices().is_empty());
 }
 
@@ -268,7 +578,14 @@ async fn restart_between_stage_and_unstage() {
 async fn concurrent_rpcs_on_one_volume_one_wins_others_aborted() {
     let h = Harness::start().await;
     let cap = mount_cap("ext4", SNW);
-    let vol = h.controller().create_volume(create_req("pvc-race", 64 * MIB, cap.clone())).await.unwrap().into_inner().volume.unwrap();
+    let vol = h
+        .controller()
+        .create_volume(create_req("pvc-race", 64 * MIB, cap.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
     let staging = h.path("kubelet/staging/race");
     std::fs::create_dir_all(&staging).unwrap();
     let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(8));
@@ -289,10 +606,19 @@ async fn concurrent_rpcs_on_one_volume_one_wins_others_aborted() {
     let ok = codes.iter().filter(|c| **c == Code::Ok).count();
     let aborted = codes.iter().filter(|c| **c == Code::Aborted).count();
     assert!(ok >= 1, "{codes:?}");
-    assert!(aborted >= 1, "a stage that formats takes long enough that some calls must overlap: {codes:?}");
+    assert!(
+        aborted >= 1,
+        "a stage that formats takes long enough that some calls must overlap: {codes:?}"
+    );
     assert_eq!(ok + aborted, 8, "{codes:?}");
     assert_eq!(h.loop_devices().len(), 1);
-    h.node().node_unstage_volume(pb::NodeUnstageVolumeRequest { volume_id: vol.volume_id.clone(), staging_target_path: staging.display().to_string() }).await.unwrap();
+    h.node()
+        .node_unstage_volume(pb::NodeUnstageVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            staging_target_path: staging.display().to_string(),
+        })
+        .await
+        .unwrap();
     assert!(h.loop_devices().is_empty());
 }
 
@@ -301,21 +627,51 @@ async fn xfs_grows_online() {
     let h = Harness::start().await;
     let (mut c, mut n) = (h.controller(), h.node());
     let cap = mount_cap("xfs", SNW);
-    let vol = c.create_volume(create_req("pvc-xfs", 320 * MIB, cap.clone())).await.unwrap().into_inner().volume.unwrap();
+    let vol = c
+        .create_volume(create_req("pvc-xfs", 320 * MIB, cap.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
     let staging = h.path("kubelet/staging/xfs");
     std::fs::create_dir_all(&staging).unwrap();
-    n.node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone())).await.unwrap();
+    n.node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
+        .await
+        .unwrap();
     let target = h.path("kubelet/pods/x1");
-    n.node_publish_volume(publish_req(&vol.volume_id, &staging, &target, cap.clone(), false)).await.unwrap();
+    n.node_publish_volume(publish_req(
+        &vol.volume_id,
+        &staging,
+        &target,
+        cap.clone(),
+        false,
+    ))
+    .await
+    .unwrap();
     let total = |n: &mut ferrovol::proto::node_client::NodeClient<_>| {
-        let req = pb::NodeGetVolumeStatsRequest { volume_id: vol.volume_id.clone(), volume_path: target.display().to_string(), staging_target_path: String::new() };
+        let req = pb::NodeGetVolumeStatsRequest {
+            volume_id: vol.volume_id.clone(),
+            volume_path: target.display().to_string(),
+            staging_target_path: String::new(),
+        };
         let mut n = n.clone();
-        async move { n.node_get_volume_stats(req).await.unwrap().into_inner().usage[0].total }
+        async move {
+            n.node_get_volume_stats(req)
+                .await
+                .unwrap()
+                .into_inner()
+                .usage[0]
+                .total
+        }
     };
     let before = total(&mut n).await;
     c.controller_expand_volume(pb::ControllerExpandVolumeRequest {
         volume_id: vol.volume_id.clone(),
-        capacity_range: Some(pb::CapacityRange { required_bytes: 512 * MIB, limit_bytes: 0 }),
+        capacity_range: Some(pb::CapacityRange {
+            required_bytes: 512 * MIB,
+            limit_bytes: 0,
+        }),
         ..Default::default()
     })
     .await
@@ -323,16 +679,37 @@ async fn xfs_grows_online() {
     n.node_expand_volume(pb::NodeExpandVolumeRequest {
         volume_id: vol.volume_id.clone(),
         volume_path: target.display().to_string(),
-        capacity_range: Some(pb::CapacityRange { required_bytes: 512 * MIB, limit_bytes: 0 }),
+        capacity_range: Some(pb::CapacityRange {
+            required_bytes: 512 * MIB,
+            limit_bytes: 0,
+        }),
         ..Default::default()
     })
     .await
     .unwrap();
     let after = total(&mut n).await;
-    assert!(after > before + 150 * MIB, "filesystem did not grow online: {before} -> {after}");
-    n.node_unpublish_volume(pb::NodeUnpublishVolumeRequest { volume_id: vol.volume_id.clone(), target_path: target.display().to_string() }).await.unwrap();
-    n.node_unstage_volume(pb::NodeUnstageVolumeRequest { volume_id: vol.volume_id.clone(), staging_target_path: staging.display().to_string() }).await.unwrap();
-    c.delete_volume(pb::DeleteVolumeRequest { volume_id: vol.volume_id.clone(), ..Default::default() }).await.unwrap();
+    assert!(
+        after > before + 150 * MIB,
+        "filesystem did not grow online: {before} -> {after}"
+    );
+    n.node_unpublish_volume(pb::NodeUnpublishVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        target_path: target.display().to_string(),
+    })
+    .await
+    .unwrap();
+    n.node_unstage_volume(pb::NodeUnstageVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        staging_target_path: staging.display().to_string(),
+    })
+    .await
+    .unwrap();
+    c.delete_volume(pb::DeleteVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
     assert!(h.loop_devices().is_empty());
 }
 

@@ -10,8 +10,12 @@ use std::collections::HashMap;
 use tonic::Code;
 
 fn pool_entries(h: &Harness) -> usize {
-    std::fs::read_dir(h.state_dir().join("pool/volumes")).unwrap().count()
-        + std::fs::read_dir(h.state_dir().join("pool/snapshots")).unwrap().count()
+    std::fs::read_dir(h.state_dir().join("pool/volumes"))
+        .unwrap()
+        .count()
+        + std::fs::read_dir(h.state_dir().join("pool/snapshots"))
+            .unwrap()
+            .count()
 }
 
 #[tokio::test]
@@ -21,23 +25,67 @@ async fn controller_codes() {
     let cap = mount_cap("ext4", SNW);
 
     // Missing fields.
-    let r = c.create_volume(pb::CreateVolumeRequest { name: String::new(), volume_capabilities: vec![cap.clone()], ..Default::default() }).await;
+    let r = c
+        .create_volume(pb::CreateVolumeRequest {
+            name: String::new(),
+            volume_capabilities: vec![cap.clone()],
+            ..Default::default()
+        })
+        .await;
     assert_eq!(code(&r), Code::InvalidArgument);
-    let r = c.create_volume(pb::CreateVolumeRequest { name: "v".into(), ..Default::default() }).await;
+    let r = c
+        .create_volume(pb::CreateVolumeRequest {
+            name: "v".into(),
+            ..Default::default()
+        })
+        .await;
     assert_eq!(code(&r), Code::InvalidArgument);
     let mut no_mode = cap.clone();
     no_mode.access_mode = None;
-    assert_eq!(code(&c.create_volume(create_req("v", MIB, no_mode)).await), Code::InvalidArgument);
+    assert_eq!(
+        code(&c.create_volume(create_req("v", MIB, no_mode)).await),
+        Code::InvalidArgument
+    );
     // Names: too long, control characters; traversal-looking names are fine
     // (they become digests) but never paths.
-    assert_eq!(code(&c.create_volume(create_req(&"n".repeat(129), MIB, cap.clone())).await), Code::InvalidArgument);
-    assert_eq!(code(&c.create_volume(create_req("bad\u{1}name", MIB, cap.clone())).await), Code::InvalidArgument);
-    let odd = c.create_volume(create_req("../../etc/passwd", MIB, cap.clone())).await.unwrap().into_inner().volume.unwrap();
+    assert_eq!(
+        code(
+            &c.create_volume(create_req(&"n".repeat(129), MIB, cap.clone()))
+                .await
+        ),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(
+            &c.create_volume(create_req("bad\u{1}name", MIB, cap.clone()))
+                .await
+        ),
+        Code::InvalidArgument
+    );
+    let odd = c
+        .create_volume(create_req("../../etc/passwd", MIB, cap.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
     assert!(odd.volume_id.starts_with("file:h-"), "{}", odd.volume_id);
-    let max_name = c.create_volume(create_req(&"m".repeat(128), MIB, cap.clone())).await.unwrap().into_inner().volume.unwrap();
+    let max_name = c
+        .create_volume(create_req(&"m".repeat(128), MIB, cap.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
     assert!(max_name.volume_id.len() <= 128);
     // Unsupported access mode, unknown parameter, unknown backend.
-    assert_eq!(code(&c.create_volume(create_req("v", MIB, mount_cap("ext4", MNMW))).await), Code::InvalidArgument);
+    assert_eq!(
+        code(
+            &c.create_volume(create_req("v", MIB, mount_cap("ext4", MNMW)))
+                .await
+        ),
+        Code::InvalidArgument
+    );
     let mut p = create_req("v", MIB, cap.clone());
     p.parameters = HashMap::from([("bogus".into(), "1".into())]);
     assert_eq!(code(&c.create_volume(p).await), Code::InvalidArgument);
@@ -45,89 +93,266 @@ async fn controller_codes() {
     p.parameters = HashMap::from([("backend".into(), "nfs".into())]);
     assert_eq!(code(&c.create_volume(p).await), Code::InvalidArgument);
     // Capacity out of range; limit below required.
-    assert_eq!(code(&c.create_volume(create_req("huge", 1 << 50, cap.clone())).await), Code::OutOfRange);
+    assert_eq!(
+        code(
+            &c.create_volume(create_req("huge", 1 << 50, cap.clone()))
+                .await
+        ),
+        Code::OutOfRange
+    );
     let mut r = create_req("v", 10 * MIB, cap.clone());
-    r.capacity_range = Some(pb::CapacityRange { required_bytes: 10 * MIB, limit_bytes: 5 * MIB });
+    r.capacity_range = Some(pb::CapacityRange {
+        required_bytes: 10 * MIB,
+        limit_bytes: 5 * MIB,
+    });
     assert_eq!(code(&c.create_volume(r).await), Code::OutOfRange);
     let mut r = create_req("v", 0, cap.clone());
-    r.capacity_range = Some(pb::CapacityRange { required_bytes: -1, limit_bytes: 0 });
+    r.capacity_range = Some(pb::CapacityRange {
+        required_bytes: -1,
+        limit_bytes: 0,
+    });
     assert_eq!(code(&c.create_volume(r).await), Code::InvalidArgument);
     // Topology that is not this node.
     let mut r = create_req("v", MIB, cap.clone());
     r.accessibility_requirements = Some(pb::TopologyRequirement {
-        requisite: vec![pb::Topology { segments: HashMap::from([("topology.ferrovol.io/node".into(), "elsewhere".into())]) }],
+        requisite: vec![pb::Topology {
+            segments: HashMap::from([("topology.ferrovol.io/node".into(), "elsewhere".into())]),
+        }],
         preferred: vec![],
     });
     assert_eq!(code(&c.create_volume(r).await), Code::ResourceExhausted);
     // Sources that do not exist.
     let mut r = create_req("v", MIB, cap.clone());
     r.volume_content_source = Some(pb::VolumeContentSource {
-        r#type: Some(pb::volume_content_source::Type::Snapshot(pb::volume_content_source::SnapshotSource { snapshot_id: "file:nope".into() })),
+        r#type: Some(pb::volume_content_source::Type::Snapshot(
+            pb::volume_content_source::SnapshotSource {
+                snapshot_id: "file:nope".into(),
+            },
+        )),
     });
     assert_eq!(code(&c.create_volume(r).await), Code::NotFound);
     let mut r = create_req("v", MIB, cap.clone());
     r.volume_content_source = Some(pb::VolumeContentSource {
-        r#type: Some(pb::volume_content_source::Type::Volume(pb::volume_content_source::VolumeSource { volume_id: "file:../../x".into() })),
+        r#type: Some(pb::volume_content_source::Type::Volume(
+            pb::volume_content_source::VolumeSource {
+                volume_id: "file:../../x".into(),
+            },
+        )),
     });
     assert_eq!(code(&c.create_volume(r).await), Code::NotFound);
     assert_eq!(pool_entries(&h), 4, "only the two good volumes exist");
 
     // Delete: missing id is INVALID_ARGUMENT; unknown or malformed ids are done.
-    assert_eq!(code(&c.delete_volume(pb::DeleteVolumeRequest::default()).await), Code::InvalidArgument);
+    assert_eq!(
+        code(&c.delete_volume(pb::DeleteVolumeRequest::default()).await),
+        Code::InvalidArgument
+    );
     for id in ["file:never-made", "file:../../etc", "nfs:x", "garbage"] {
-        assert_eq!(code(&c.delete_volume(pb::DeleteVolumeRequest { volume_id: id.into(), ..Default::default() }).await), Code::Ok, "{id}");
+        assert_eq!(
+            code(
+                &c.delete_volume(pb::DeleteVolumeRequest {
+                    volume_id: id.into(),
+                    ..Default::default()
+                })
+                .await
+            ),
+            Code::Ok,
+            "{id}"
+        );
     }
-    assert_eq!(code(&c.delete_snapshot(pb::DeleteSnapshotRequest::default()).await), Code::InvalidArgument);
-    assert_eq!(code(&c.delete_snapshot(pb::DeleteSnapshotRequest { snapshot_id: "file:none".into(), ..Default::default() }).await), Code::Ok);
+    assert_eq!(
+        code(
+            &c.delete_snapshot(pb::DeleteSnapshotRequest::default())
+                .await
+        ),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(
+            &c.delete_snapshot(pb::DeleteSnapshotRequest {
+                snapshot_id: "file:none".into(),
+                ..Default::default()
+            })
+            .await
+        ),
+        Code::Ok
+    );
 
     // Validate: NOT_FOUND for unknown volumes; unconfirmed for bad modes.
-    let v = |id: &str, caps: Vec<pb::VolumeCapability>| pb::ValidateVolumeCapabilitiesRequest { volume_id: id.into(), volume_capabilities: caps, ..Default::default() };
-    assert_eq!(code(&c.validate_volume_capabilities(v("", vec![cap.clone()])).await), Code::InvalidArgument);
-    assert_eq!(code(&c.validate_volume_capabilities(v(&odd.volume_id, vec![])).await), Code::InvalidArgument);
-    assert_eq!(code(&c.validate_volume_capabilities(v("file:missing", vec![cap.clone()])).await), Code::NotFound);
-    let ok = c.validate_volume_capabilities(v(&odd.volume_id, vec![cap.clone()])).await.unwrap().into_inner();
+    let v = |id: &str, caps: Vec<pb::VolumeCapability>| pb::ValidateVolumeCapabilitiesRequest {
+        volume_id: id.into(),
+        volume_capabilities: caps,
+        ..Default::default()
+    };
+    assert_eq!(
+        code(
+            &c.validate_volume_capabilities(v("", vec![cap.clone()]))
+                .await
+        ),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(
+            &c.validate_volume_capabilities(v(&odd.volume_id, vec![]))
+                .await
+        ),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(
+            &c.validate_volume_capabilities(v("file:missing", vec![cap.clone()]))
+                .await
+        ),
+        Code::NotFound
+    );
+    let ok = c
+        .validate_volume_capabilities(v(&odd.volume_id, vec![cap.clone()]))
+        .await
+        .unwrap()
+        .into_inner();
     assert!(ok.confirmed.is_some());
-    let no = c.validate_volume_capabilities(v(&odd.volume_id, vec![mount_cap("ext4", MNMW)])).await.unwrap().into_inner();
+    let no = c
+        .validate_volume_capabilities(v(&odd.volume_id, vec![mount_cap("ext4", MNMW)]))
+        .await
+        .unwrap()
+        .into_inner();
     assert!(no.confirmed.is_none() && !no.message.is_empty());
 
     // Expand: missing range, unknown volume, over the limit.
-    let e = |id: &str, range: Option<pb::CapacityRange>| pb::ControllerExpandVolumeRequest { volume_id: id.into(), capacity_range: range, ..Default::default() };
-    assert_eq!(code(&c.controller_expand_volume(e(&odd.volume_id, None)).await), Code::InvalidArgument);
-    let range = Some(pb::CapacityRange { required_bytes: 2 * MIB, limit_bytes: 0 });
-    assert_eq!(code(&c.controller_expand_volume(e("file:missing", range)).await), Code::NotFound);
-    assert_eq!(code(&c.controller_expand_volume(e(&odd.volume_id, Some(pb::CapacityRange { required_bytes: 1 << 50, limit_bytes: 0 }))).await), Code::OutOfRange);
+    let e = |id: &str, range: Option<pb::CapacityRange>| pb::ControllerExpandVolumeRequest {
+        volume_id: id.into(),
+        capacity_range: range,
+        ..Default::default()
+    };
+    assert_eq!(
+        code(&c.controller_expand_volume(e(&odd.volume_id, None)).await),
+        Code::InvalidArgument
+    );
+    let range = Some(pb::CapacityRange {
+        required_bytes: 2 * MIB,
+        limit_bytes: 0,
+    });
+    assert_eq!(
+        code(&c.controller_expand_volume(e("file:missing", range)).await),
+        Code::NotFound
+    );
+    assert_eq!(
+        code(
+            &c.controller_expand_volume(e(
+                &odd.volume_id,
+                Some(pb::CapacityRange {
+                    required_bytes: 1 << 50,
+                    limit_bytes: 0
+                })
+            ))
+            .await
+        ),
+        Code::OutOfRange
+    );
     // Shrinking is a no-op success reporting the current size.
-    let same = c.controller_expand_volume(e(&odd.volume_id, Some(pb::CapacityRange { required_bytes: 1, limit_bytes: 0 }))).await.unwrap().into_inner();
+    let same = c
+        .controller_expand_volume(e(
+            &odd.volume_id,
+            Some(pb::CapacityRange {
+                required_bytes: 1,
+                limit_bytes: 0,
+            }),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(same.capacity_bytes, MIB);
 
     // Snapshots.
-    let s = |src: &str, name: &str| pb::CreateSnapshotRequest { source_volume_id: src.into(), name: name.into(), ..Default::default() };
-    assert_eq!(code(&c.create_snapshot(s("", "n")).await), Code::InvalidArgument);
-    assert_eq!(code(&c.create_snapshot(s(&odd.volume_id, "")).await), Code::InvalidArgument);
-    assert_eq!(code(&c.create_snapshot(s("file:missing", "n")).await), Code::NotFound);
-    let gs = c.get_snapshot(pb::GetSnapshotRequest { snapshot_id: "file:nope".into(), ..Default::default() }).await;
+    let s = |src: &str, name: &str| pb::CreateSnapshotRequest {
+        source_volume_id: src.into(),
+        name: name.into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        code(&c.create_snapshot(s("", "n")).await),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(&c.create_snapshot(s(&odd.volume_id, "")).await),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(&c.create_snapshot(s("file:missing", "n")).await),
+        Code::NotFound
+    );
+    let gs = c
+        .get_snapshot(pb::GetSnapshotRequest {
+            snapshot_id: "file:nope".into(),
+            ..Default::default()
+        })
+        .await;
     assert_eq!(code(&gs), Code::NotFound);
-    let none = c.list_snapshots(pb::ListSnapshotsRequest { snapshot_id: "garbage".into(), ..Default::default() }).await.unwrap().into_inner();
+    let none = c
+        .list_snapshots(pb::ListSnapshotsRequest {
+            snapshot_id: "garbage".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
     assert!(none.entries.is_empty());
 
     // Listing: bad token is ABORTED; negative max is INVALID_ARGUMENT.
-    assert_eq!(code(&c.list_volumes(pb::ListVolumesRequest { max_entries: 0, starting_token: "bogus".into() }).await), Code::Aborted);
-    assert_eq!(code(&c.list_volumes(pb::ListVolumesRequest { max_entries: -1, starting_token: String::new() }).await), Code::InvalidArgument);
+    assert_eq!(
+        code(
+            &c.list_volumes(pb::ListVolumesRequest {
+                max_entries: 0,
+                starting_token: "bogus".into()
+            })
+            .await
+        ),
+        Code::Aborted
+    );
+    assert_eq!(
+        code(
+            &c.list_volumes(pb::ListVolumesRequest {
+                max_entries: -1,
+                starting_token: String::new()
+            })
+            .await
+        ),
+        Code::InvalidArgument
+    );
 
     // GetVolume / capacity.
-    assert_eq!(code(&c.controller_get_volume(pb::ControllerGetVolumeRequest { volume_id: "file:missing".into() }).await), Code::NotFound);
-    let cap_resp = c.get_capacity(pb::GetCapacityRequest::default()).await.unwrap().into_inner();
+    assert_eq!(
+        code(
+            &c.controller_get_volume(pb::ControllerGetVolumeRequest {
+                volume_id: "file:missing".into()
+            })
+            .await
+        ),
+        Code::NotFound
+    );
+    let cap_resp = c
+        .get_capacity(pb::GetCapacityRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
     assert!(cap_resp.available_capacity > 0);
     let far = c
         .get_capacity(pb::GetCapacityRequest {
-            accessible_topology: Some(pb::Topology { segments: HashMap::from([("topology.ferrovol.io/node".into(), "elsewhere".into())]) }),
+            accessible_topology: Some(pb::Topology {
+                segments: HashMap::from([("topology.ferrovol.io/node".into(), "elsewhere".into())]),
+            }),
             ..Default::default()
         })
         .await
         .unwrap()
         .into_inner();
     assert_eq!(far.available_capacity, 0);
-    let r = c.controller_modify_volume(pb::ControllerModifyVolumeRequest { volume_id: odd.volume_id.clone(), ..Default::default() }).await;
+    let r = c
+        .controller_modify_volume(pb::ControllerModifyVolumeRequest {
+            volume_id: odd.volume_id.clone(),
+            ..Default::default()
+        })
+        .await;
     assert_eq!(code(&r), Code::Unimplemented);
 }
 
@@ -136,12 +361,25 @@ async fn node_codes_and_bad_paths() {
     let h = Harness::start().await;
     let mut n = h.node();
     let cap = mount_cap("ext4", SNW);
-    let vol = h.controller().create_volume(create_req("pvc-n", 16 * MIB, cap.clone())).await.unwrap().into_inner().volume.unwrap();
+    let vol = h
+        .controller()
+        .create_volume(create_req("pvc-n", 16 * MIB, cap.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
     let staging = h.path("kubelet/staging/n");
     std::fs::create_dir_all(&staging).unwrap();
 
     // Stage: missing fields, malformed ids, bad staging paths.
-    assert_eq!(code(&n.node_stage_volume(stage_req("", &staging, cap.clone())).await), Code::InvalidArgument);
+    assert_eq!(
+        code(
+            &n.node_stage_volume(stage_req("", &staging, cap.clone()))
+                .await
+        ),
+        Code::InvalidArgument
+    );
     let mut r = stage_req(&vol.volume_id, &staging, cap.clone());
     r.volume_capability = None;
     assert_eq!(code(&n.node_stage_volume(r).await), Code::InvalidArgument);
@@ -149,7 +387,14 @@ async fn node_codes_and_bad_paths() {
     r.staging_target_path = String::new();
     assert_eq!(code(&n.node_stage_volume(r).await), Code::InvalidArgument);
     for id in ["file:../../etc/passwd", "file:missing", "zzz:x"] {
-        assert_eq!(code(&n.node_stage_volume(stage_req(id, &staging, cap.clone())).await), Code::NotFound, "{id}");
+        assert_eq!(
+            code(
+                &n.node_stage_volume(stage_req(id, &staging, cap.clone()))
+                    .await
+            ),
+            Code::NotFound,
+            "{id}"
+        );
     }
     let traversal = format!("{}/../../etc", staging.display());
     let mut r = stage_req(&vol.volume_id, &staging, cap.clone());
@@ -160,69 +405,228 @@ async fn node_codes_and_bad_paths() {
     assert_eq!(code(&n.node_stage_volume(r).await), Code::InvalidArgument);
     let file = h.path("kubelet/not-a-dir");
     std::fs::write(&file, b"").unwrap();
-    assert_eq!(code(&n.node_stage_volume(stage_req(&vol.volume_id, &file, cap.clone())).await), Code::InvalidArgument);
-    assert_eq!(code(&n.node_stage_volume(stage_req(&vol.volume_id, &h.path("kubelet/absent"), cap.clone())).await), Code::InvalidArgument);
+    assert_eq!(
+        code(
+            &n.node_stage_volume(stage_req(&vol.volume_id, &file, cap.clone()))
+                .await
+        ),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(
+            &n.node_stage_volume(stage_req(
+                &vol.volume_id,
+                &h.path("kubelet/absent"),
+                cap.clone()
+            ))
+            .await
+        ),
+        Code::InvalidArgument
+    );
     let link = h.path("kubelet/link");
     std::os::unix::fs::symlink("/etc", &link).unwrap();
-    assert_eq!(code(&n.node_stage_volume(stage_req(&vol.volume_id, &link, cap.clone())).await), Code::InvalidArgument);
+    assert_eq!(
+        code(
+            &n.node_stage_volume(stage_req(&vol.volume_id, &link, cap.clone()))
+                .await
+        ),
+        Code::InvalidArgument
+    );
     let mut bad_flags = cap.clone();
     if let Some(pb::volume_capability::AccessType::Mount(m)) = &mut bad_flags.access_type {
         m.mount_flags = vec!["x;reboot".into()];
     }
-    assert_eq!(code(&n.node_stage_volume(stage_req(&vol.volume_id, &staging, bad_flags)).await), Code::InvalidArgument);
-    assert_eq!(code(&n.node_stage_volume(stage_req(&vol.volume_id, &staging, mount_cap("ntfs", SNW))).await), Code::InvalidArgument);
-    assert!(h.loop_devices().is_empty(), "a refused stage attached a device");
+    assert_eq!(
+        code(
+            &n.node_stage_volume(stage_req(&vol.volume_id, &staging, bad_flags))
+                .await
+        ),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(
+            &n.node_stage_volume(stage_req(&vol.volume_id, &staging, mount_cap("ntfs", SNW)))
+                .await
+        ),
+        Code::InvalidArgument
+    );
+    assert!(
+        h.loop_devices().is_empty(),
+        "a refused stage attached a device"
+    );
     assert!(h.mounts().is_empty());
 
     // Publish before stage: FAILED_PRECONDITION; no staging path: the same.
     let target = h.path("kubelet/pods/t");
-    assert_eq!(code(&n.node_publish_volume(publish_req(&vol.volume_id, &staging, &target, cap.clone(), false)).await), Code::FailedPrecondition);
+    assert_eq!(
+        code(
+            &n.node_publish_volume(publish_req(
+                &vol.volume_id,
+                &staging,
+                &target,
+                cap.clone(),
+                false
+            ))
+            .await
+        ),
+        Code::FailedPrecondition
+    );
     let mut r = publish_req(&vol.volume_id, &staging, &target, cap.clone(), false);
     r.staging_target_path = String::new();
-    assert_eq!(code(&n.node_publish_volume(r).await), Code::FailedPrecondition);
-    assert_eq!(code(&n.node_publish_volume(publish_req("file:missing", &staging, &target, cap.clone(), false)).await), Code::NotFound);
+    assert_eq!(
+        code(&n.node_publish_volume(r).await),
+        Code::FailedPrecondition
+    );
+    assert_eq!(
+        code(
+            &n.node_publish_volume(publish_req(
+                "file:missing",
+                &staging,
+                &target,
+                cap.clone(),
+                false
+            ))
+            .await
+        ),
+        Code::NotFound
+    );
     let mut r = publish_req(&vol.volume_id, &staging, &target, cap.clone(), false);
     r.target_path = String::new();
     assert_eq!(code(&n.node_publish_volume(r).await), Code::InvalidArgument);
     assert!(!target.exists(), "a refused publish created its target");
 
     // Stage, then publish into a target whose parent is missing or which is a symlink.
-    n.node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone())).await.unwrap();
-    let r = n.node_publish_volume(publish_req(&vol.volume_id, &staging, &h.path("kubelet/nowhere/t"), cap.clone(), false)).await;
+    n.node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
+        .await
+        .unwrap();
+    let r = n
+        .node_publish_volume(publish_req(
+            &vol.volume_id,
+            &staging,
+            &h.path("kubelet/nowhere/t"),
+            cap.clone(),
+            false,
+        ))
+        .await;
     assert_eq!(code(&r), Code::InvalidArgument);
     let evil = h.path("kubelet/pods/evil");
     std::os::unix::fs::symlink(h.path("kubelet"), &evil).unwrap();
-    let r = n.node_publish_volume(publish_req(&vol.volume_id, &staging, &evil, cap.clone(), false)).await;
+    let r = n
+        .node_publish_volume(publish_req(
+            &vol.volume_id,
+            &staging,
+            &evil,
+            cap.clone(),
+            false,
+        ))
+        .await;
     assert_eq!(code(&r), Code::InvalidArgument);
-    assert_eq!(h.mounts().len(), 1, "only the staging mount: {:?}", h.mounts());
+    assert_eq!(
+        h.mounts().len(),
+        1,
+        "only the staging mount: {:?}",
+        h.mounts()
+    );
     // Staged for mount, published as block: refused.
-    let r = n.node_publish_volume(publish_req(&vol.volume_id, &staging, &target, block_cap(SNW), false)).await;
+    let r = n
+        .node_publish_volume(publish_req(
+            &vol.volume_id,
+            &staging,
+            &target,
+            block_cap(SNW),
+            false,
+        ))
+        .await;
     assert_eq!(code(&r), Code::FailedPrecondition);
     // Staging again elsewhere: refused.
     let other = h.path("kubelet/staging/other");
     std::fs::create_dir_all(&other).unwrap();
-    assert_eq!(code(&n.node_stage_volume(stage_req(&vol.volume_id, &other, cap.clone())).await), Code::FailedPrecondition);
+    assert_eq!(
+        code(
+            &n.node_stage_volume(stage_req(&vol.volume_id, &other, cap.clone()))
+                .await
+        ),
+        Code::FailedPrecondition
+    );
 
     // Stats: unknown volume, unknown path, missing fields.
-    let st = |id: &str, p: &str| pb::NodeGetVolumeStatsRequest { volume_id: id.into(), volume_path: p.into(), staging_target_path: String::new() };
-    assert_eq!(code(&n.node_get_volume_stats(st("", "/x")).await), Code::InvalidArgument);
-    assert_eq!(code(&n.node_get_volume_stats(st(&vol.volume_id, "")).await), Code::InvalidArgument);
-    assert_eq!(code(&n.node_get_volume_stats(st("file:missing", &staging.display().to_string())).await), Code::NotFound);
-    assert_eq!(code(&n.node_get_volume_stats(st(&vol.volume_id, "/not/here")).await), Code::NotFound);
+    let st = |id: &str, p: &str| pb::NodeGetVolumeStatsRequest {
+        volume_id: id.into(),
+        volume_path: p.into(),
+        staging_target_path: String::new(),
+    };
+    assert_eq!(
+        code(&n.node_get_volume_stats(st("", "/x")).await),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(&n.node_get_volume_stats(st(&vol.volume_id, "")).await),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(
+            &n.node_get_volume_stats(st("file:missing", &staging.display().to_string()))
+                .await
+        ),
+        Code::NotFound
+    );
+    assert_eq!(
+        code(
+            &n.node_get_volume_stats(st(&vol.volume_id, "/not/here"))
+                .await
+        ),
+        Code::NotFound
+    );
     // Expand: unknown volume.
-    let ex = pb::NodeExpandVolumeRequest { volume_id: "file:missing".into(), volume_path: staging.display().to_string(), ..Default::default() };
+    let ex = pb::NodeExpandVolumeRequest {
+        volume_id: "file:missing".into(),
+        volume_path: staging.display().to_string(),
+        ..Default::default()
+    };
     assert_eq!(code(&n.node_expand_volume(ex).await), Code::NotFound);
 
     // Unpublish/unstage: missing fields; absent targets are fine.
-    let up = |id: &str, t: &str| pb::NodeUnpublishVolumeRequest { volume_id: id.into(), target_path: t.into() };
-    assert_eq!(code(&n.node_unpublish_volume(up("", "/x")).await), Code::InvalidArgument);
-    assert_eq!(code(&n.node_unpublish_volume(up(&vol.volume_id, "")).await), Code::InvalidArgument);
-    assert_eq!(code(&n.node_unpublish_volume(up(&vol.volume_id, &target.display().to_string())).await), Code::Ok);
-    assert_eq!(code(&n.node_unpublish_volume(up("file:missing", &target.display().to_string())).await), Code::NotFound);
-    let us = |id: &str, p: &str| pb::NodeUnstageVolumeRequest { volume_id: id.into(), staging_target_path: p.into() };
-    assert_eq!(code(&n.node_unstage_volume(us("", "/x")).await), Code::InvalidArgument);
-    assert_eq!(code(&n.node_unstage_volume(us(&vol.volume_id, "")).await), Code::InvalidArgument);
-    n.node_unstage_volume(us(&vol.volume_id, &staging.display().to_string())).await.unwrap();
+    let up = |id: &str, t: &str| pb::NodeUnpublishVolumeRequest {
+        volume_id: id.into(),
+        target_path: t.into(),
+    };
+    assert_eq!(
+        code(&n.node_unpublish_volume(up("", "/x")).await),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(&n.node_unpublish_volume(up(&vol.volume_id, "")).await),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(
+            &n.node_unpublish_volume(up(&vol.volume_id, &target.display().to_string()))
+                .await
+        ),
+        Code::Ok
+    );
+    assert_eq!(
+        code(
+            &n.node_unpublish_volume(up("file:missing", &target.display().to_string()))
+                .await
+        ),
+        Code::NotFound
+    );
+    let us = |id: &str, p: &str| pb::NodeUnstageVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: p.into(),
+    };
+    assert_eq!(
+        code(&n.node_unstage_volume(us("", "/x")).await),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(&n.node_unstage_volume(us(&vol.volume_id, "")).await),
+        Code::InvalidArgument
+    );
+    n.node_unstage_volume(us(&vol.volume_id, &staging.display().to_string()))
+        .await
+        .unwrap();
     assert!(h.loop_devices().is_empty());
     assert!(h.mounts().is_empty());
 }
@@ -238,12 +642,21 @@ async fn secrets_never_reach_logs_or_errors() {
     r.secrets = secrets.clone();
     let e = c.create_volume(r).await.unwrap_err();
     assert!(!e.message().contains(secret));
-    let mut r = stage_req("file:missing", &h.path("kubelet/staging"), mount_cap("ext4", SNW));
+    let mut r = stage_req(
+        "file:missing",
+        &h.path("kubelet/staging"),
+        mount_cap("ext4", SNW),
+    );
     r.secrets = secrets.clone();
     let e = n.node_stage_volume(r).await.unwrap_err();
     assert!(!e.message().contains(secret));
     let e = c
-        .create_snapshot(pb::CreateSnapshotRequest { source_volume_id: "file:missing".into(), name: "s".into(), secrets: secrets.clone(), ..Default::default() })
+        .create_snapshot(pb::CreateSnapshotRequest {
+            source_volume_id: "file:missing".into(),
+            name: "s".into(),
+            secrets: secrets.clone(),
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     assert!(!e.message().contains(secret));

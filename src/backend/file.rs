@@ -13,8 +13,8 @@ use crate::config::Size;
 use crate::error::{Error, Result};
 use crate::exec::{Command, CommandRunner};
 use crate::plugin::{
-    locator_for_name, AccessMode, Attachment, AttachContext, Backend, Capabilities, Capacity, ContentSource,
-    CreateVolume, SnapshotId, SnapshotInfo, VolumeId, VolumeInfo,
+    locator_for_name, AccessMode, AttachContext, Attachment, Backend, Capabilities, Capacity,
+    ContentSource, CreateVolume, SnapshotId, SnapshotInfo, VolumeId, VolumeInfo,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -99,7 +99,9 @@ fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
 
 fn remove_if_exists(path: &Path) -> Result<()> {
     match std::fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(format!("remove {}", path.display()), e)),
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(Error::io(format!("remove {}", path.display()), e))
+        }
         _ => Ok(()),
     }
 }
@@ -112,14 +114,25 @@ impl FileBackend {
         for d in [&volumes, &snapshots] {
             std::fs::create_dir_all(d).map_err(io(format!("create {}", d.display())))?;
             // Leftovers of an interrupted create or copy.
-            for entry in std::fs::read_dir(d).map_err(io(format!("read {}", d.display())))?.flatten() {
+            for entry in std::fs::read_dir(d)
+                .map_err(io(format!("read {}", d.display())))?
+                .flatten()
+            {
                 if entry.file_name().to_string_lossy().ends_with(".tmp") {
                     let _ = std::fs::remove_file(entry.path());
                 }
             }
         }
         let loops = LoopDevices::new(runner.clone());
-        Ok(Self { name: name.to_string(), settings, volumes, snapshots, runner, loops, pool_lock: Mutex::new(()) })
+        Ok(Self {
+            name: name.to_string(),
+            settings,
+            volumes,
+            snapshots,
+            runner,
+            loops,
+            pool_lock: Mutex::new(()),
+        })
     }
 
     /// Same, with loop devices read from a fixture sysfs (tests).
@@ -143,13 +156,18 @@ impl FileBackend {
 
     fn own(&self, backend: &str) -> Result<()> {
         if backend != self.name {
-            return Err(Error::internal(format!("id of backend {backend} sent to backend {}", self.name)));
+            return Err(Error::internal(format!(
+                "id of backend {backend} sent to backend {}",
+                self.name
+            )));
         }
         Ok(())
     }
 
     fn load_volume(&self, locator: &str) -> Result<Option<(VolumeMeta, u64)>> {
-        let Some(meta) = read_json::<VolumeMeta>(&self.meta(locator))? else { return Ok(None) };
+        let Some(meta) = read_json::<VolumeMeta>(&self.meta(locator))? else {
+            return Ok(None);
+        };
         match std::fs::metadata(self.image(locator)) {
             Ok(m) => Ok(Some((meta, m.len()))),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -167,7 +185,9 @@ impl FileBackend {
     }
 
     fn load_snapshot(&self, locator: &str) -> Result<Option<SnapshotMeta>> {
-        let Some(meta) = read_json::<SnapshotMeta>(&self.snap_meta(locator))? else { return Ok(None) };
+        let Some(meta) = read_json::<SnapshotMeta>(&self.snap_meta(locator))? else {
+            return Ok(None);
+        };
         Ok(self.snap_image(locator).exists().then_some(meta))
     }
 
@@ -221,7 +241,11 @@ impl FileBackend {
         } else if source_size > 0 {
             source_size
         } else if req.limit_bytes > 0 {
-            round_up(self.settings.default_volume_size.0.min(req.limit_bytes), MIB).min(req.limit_bytes / MIB * MIB)
+            round_up(
+                self.settings.default_volume_size.0.min(req.limit_bytes),
+                MIB,
+            )
+            .min(req.limit_bytes / MIB * MIB)
         } else {
             self.settings.default_volume_size.0
         };
@@ -233,7 +257,9 @@ impl FileBackend {
             )));
         }
         if size > max {
-            return Err(Error::out_of_range(format!("{size} bytes exceeds this pool's maximum volume size {max}")));
+            return Err(Error::out_of_range(format!(
+                "{size} bytes exceeds this pool's maximum volume size {max}"
+            )));
         }
         Ok(size)
     }
@@ -268,11 +294,18 @@ impl Backend for FileBackend {
         for d in [&self.volumes, &self.snapshots] {
             let md = std::fs::metadata(d).map_err(io(format!("pool folder {}", d.display())))?;
             if !md.is_dir() {
-                return Err(Error::precondition(format!("{} is not a directory", d.display())));
+                return Err(Error::precondition(format!(
+                    "{} is not a directory",
+                    d.display()
+                )));
             }
         }
-        nix::unistd::access(&self.volumes, nix::unistd::AccessFlags::W_OK)
-            .map_err(|e| Error::precondition(format!("pool {} is not writable: {e}", self.volumes.display())))?;
+        nix::unistd::access(&self.volumes, nix::unistd::AccessFlags::W_OK).map_err(|e| {
+            Error::precondition(format!(
+                "pool {} is not writable: {e}",
+                self.volumes.display()
+            ))
+        })?;
         Ok(())
     }
 
@@ -288,7 +321,9 @@ impl Backend for FileBackend {
                     .then(|| self.load_snapshot(id.locator()))
                     .transpose()?
                     .flatten()
-                    .ok_or_else(|| Error::not_found(format!("source snapshot {id} does not exist")))?;
+                    .ok_or_else(|| {
+                        Error::not_found(format!("source snapshot {id} does not exist"))
+                    })?;
                 (Some(self.snap_image(id.locator())), meta.size_bytes)
             }
             Some(ContentSource::Volume(id)) => {
@@ -296,7 +331,9 @@ impl Backend for FileBackend {
                     .then(|| self.load_volume(id.locator()))
                     .transpose()?
                     .flatten()
-                    .ok_or_else(|| Error::not_found(format!("source volume {id} does not exist")))?;
+                    .ok_or_else(|| {
+                        Error::not_found(format!("source volume {id} does not exist"))
+                    })?;
                 (Some(self.image(id.locator())), size)
             }
         };
@@ -307,7 +344,8 @@ impl Backend for FileBackend {
                     "volume {locator} belongs to another name; choose a different name"
                 )));
             }
-            let fits = size >= req.required_bytes && (req.limit_bytes == 0 || size <= req.limit_bytes);
+            let fits =
+                size >= req.required_bytes && (req.limit_bytes == 0 || size <= req.limit_bytes);
             if !fits || meta.source != req.source {
                 return Err(Error::already_exists(format!(
                     "volume {:?} exists with {size} bytes and source {:?}, incompatible with this request",
@@ -330,12 +368,19 @@ impl Backend for FileBackend {
                     std::fs::File::create(&tmp).map_err(io(format!("create {}", tmp.display())))?;
                 }
             }
-            let f = std::fs::OpenOptions::new().write(true).open(&tmp).map_err(io("open new image"))?;
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&tmp)
+                .map_err(io("open new image"))?;
             if f.metadata().map_err(io("stat new image"))?.len() < size {
                 f.set_len(size).map_err(io("size new image"))?;
             }
             f.sync_all().map_err(io("sync new image"))?;
-            let meta = VolumeMeta { name: req.name.clone(), capacity_bytes: size, source: req.source.clone() };
+            let meta = VolumeMeta {
+                name: req.name.clone(),
+                capacity_bytes: size,
+                source: req.source.clone(),
+            };
             write_json(&self.meta(&locator), &meta)?;
             std::fs::rename(&tmp, &image).map_err(io("move new image into place"))?;
             Ok::<_, Error>(meta)
@@ -378,7 +423,12 @@ impl Backend for FileBackend {
         let entries = std::fs::read_dir(&self.volumes).map_err(io("read pool"))?;
         let mut locators: Vec<String> = entries
             .flatten()
-            .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_suffix(".json")).map(str::to_string))
+            .filter_map(|e| {
+                e.file_name()
+                    .to_str()
+                    .and_then(|n| n.strip_suffix(".json"))
+                    .map(str::to_string)
+            })
             .filter(|l| crate::plugin::is_locator(l))
             .collect();
         locators.sort();
@@ -402,21 +452,29 @@ impl Backend for FileBackend {
     async fn expand_volume(&self, id: &VolumeId, required: u64, limit: u64) -> Result<u64> {
         self.own(id.backend())?;
         let _pool = self.pool_lock.lock().await;
-        let (mut meta, size) =
-            self.load_volume(id.locator())?.ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
+        let (mut meta, size) = self
+            .load_volume(id.locator())?
+            .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
         let wanted = round_up(required, MIB);
         if limit > 0 && wanted > limit {
-            return Err(Error::out_of_range(format!("{required} bytes rounded to 1 MiB exceeds the limit {limit}")));
+            return Err(Error::out_of_range(format!(
+                "{required} bytes rounded to 1 MiB exceeds the limit {limit}"
+            )));
         }
         if wanted <= size {
             return Ok(size);
         }
         if wanted > self.settings.max_volume_size.0 {
-            return Err(Error::out_of_range(format!("{wanted} bytes exceeds the maximum volume size")));
+            return Err(Error::out_of_range(format!(
+                "{wanted} bytes exceeds the maximum volume size"
+            )));
         }
         self.ensure_space(wanted - size)?;
         let image = self.image(id.locator());
-        let f = std::fs::OpenOptions::new().write(true).open(&image).map_err(io("open image"))?;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&image)
+            .map_err(io("open image"))?;
         f.set_len(wanted).map_err(io("grow image"))?;
         f.sync_all().map_err(io("sync image"))?;
         meta.capacity_bytes = wanted;
@@ -444,10 +502,19 @@ impl Backend for FileBackend {
         let tmp = self.snapshots.join(format!(".{locator}.img.tmp"));
         let made = async {
             self.copy_image(&self.image(source.locator()), &tmp).await?;
-            let created = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos();
-            let meta = SnapshotMeta { name: name.to_string(), source_volume: source.clone(), size_bytes: size, created_unix_nanos: created };
+            let created = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos();
+            let meta = SnapshotMeta {
+                name: name.to_string(),
+                source_volume: source.clone(),
+                size_bytes: size,
+                created_unix_nanos: created,
+            };
             write_json(&self.snap_meta(&locator), &meta)?;
-            std::fs::rename(&tmp, self.snap_image(&locator)).map_err(io("move snapshot into place"))?;
+            std::fs::rename(&tmp, self.snap_image(&locator))
+                .map_err(io("move snapshot into place"))?;
             Ok::<_, Error>(meta)
         }
         .await;
@@ -475,7 +542,12 @@ impl Backend for FileBackend {
         let entries = std::fs::read_dir(&self.snapshots).map_err(io("read pool"))?;
         let mut locators: Vec<String> = entries
             .flatten()
-            .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_suffix(".json")).map(str::to_string))
+            .filter_map(|e| {
+                e.file_name()
+                    .to_str()
+                    .and_then(|n| n.strip_suffix(".json"))
+                    .map(str::to_string)
+            })
             .filter(|l| crate::plugin::is_locator(l))
             .collect();
         locators.sort();
@@ -507,7 +579,9 @@ impl Backend for FileBackend {
                 Some(dev) => self.loops.detach(&dev, &image).await,
                 None => Ok(()),
             },
-            Some(Attachment::Remote { .. }) => Err(Error::internal("file volumes are never remote")),
+            Some(Attachment::Remote { .. }) => {
+                Err(Error::internal("file volumes are never remote"))
+            }
         }
     }
 
@@ -519,14 +593,23 @@ impl Backend for FileBackend {
         }
     }
 
-    async fn node_condition(&self, id: &VolumeId, attachment: &Attachment) -> Result<Option<String>> {
+    async fn node_condition(
+        &self,
+        id: &VolumeId,
+        attachment: &Attachment,
+    ) -> Result<Option<String>> {
         let image = self.image(id.locator());
-        let Attachment::Device { path } = attachment else { return Ok(Some("unexpected attachment".into())) };
+        let Attachment::Device { path } = attachment else {
+            return Ok(Some("unexpected attachment".into()));
+        };
         if !image.exists() {
             return Ok(Some(format!("image {} is missing", image.display())));
         }
         if !self.loops.backs(path, &image) {
-            return Ok(Some(format!("{} no longer backs this volume", path.display())));
+            return Ok(Some(format!(
+                "{} no longer backs this volume",
+                path.display()
+            )));
         }
         Ok(None)
     }

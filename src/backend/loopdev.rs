@@ -22,7 +22,10 @@ impl LoopDevices {
     }
 
     pub fn with_sysfs(runner: Arc<dyn CommandRunner>, sysfs_block: impl Into<PathBuf>) -> Self {
-        Self { runner, sysfs_block: sysfs_block.into() }
+        Self {
+            runner,
+            sysfs_block: sysfs_block.into(),
+        }
     }
 
     /// The loop device currently backed by `image`, if any.
@@ -33,7 +36,10 @@ impl LoopDevices {
             if !name.starts_with("loop") {
                 continue;
             }
-            let Ok(backing) = std::fs::read_to_string(entry.path().join("loop/backing_file")) else { continue };
+            let Ok(backing) = std::fs::read_to_string(entry.path().join("loop/backing_file"))
+            else {
+                continue;
+            };
             if Path::new(backing.trim_end_matches('\n')) == image {
                 return Some(PathBuf::from("/dev").join(name));
             }
@@ -43,7 +49,9 @@ impl LoopDevices {
 
     /// Whether `device` is a loop device backed by `image`.
     pub fn backs(&self, device: &Path, image: &Path) -> bool {
-        let Some(name) = device.file_name() else { return false };
+        let Some(name) = device.file_name() else {
+            return false;
+        };
         std::fs::read_to_string(self.sysfs_block.join(name).join("loop/backing_file"))
             .map(|b| Path::new(b.trim_end_matches('\n')) == image)
             .unwrap_or(false)
@@ -56,11 +64,19 @@ impl LoopDevices {
         }
         let out = self
             .runner
-            .run(Command::new("losetup").args(["--find", "--show", "--nooverlap"]).arg(path_arg(image)?).timeout(LOSETUP_TIMEOUT))
+            .run(
+                Command::new("losetup")
+                    .args(["--find", "--show", "--nooverlap"])
+                    .arg(path_arg(image)?)
+                    .timeout(LOSETUP_TIMEOUT),
+            )
             .await?;
         let dev = PathBuf::from(out.stdout.trim());
         if !dev.starts_with("/dev") {
-            return Err(Error::internal(format!("losetup printed an unexpected device {:?}", out.stdout.trim())));
+            return Err(Error::internal(format!(
+                "losetup printed an unexpected device {:?}",
+                out.stdout.trim()
+            )));
         }
         Ok(dev)
     }
@@ -74,19 +90,35 @@ impl LoopDevices {
                 None => return Ok(()),
             }
         }
-        self.runner.run(Command::new("losetup").arg("--detach").arg(path_arg(device)?).timeout(LOSETUP_TIMEOUT)).await?;
+        self.runner
+            .run(
+                Command::new("losetup")
+                    .arg("--detach")
+                    .arg(path_arg(device)?)
+                    .timeout(LOSETUP_TIMEOUT),
+            )
+            .await?;
         Ok(())
     }
 
     /// Makes the device see its image's new size; returns the size in bytes.
     pub async fn refresh(&self, device: &Path) -> Result<u64> {
-        self.runner.run(Command::new("losetup").arg("--set-capacity").arg(path_arg(device)?).timeout(LOSETUP_TIMEOUT)).await?;
+        self.runner
+            .run(
+                Command::new("losetup")
+                    .arg("--set-capacity")
+                    .arg(path_arg(device)?)
+                    .timeout(LOSETUP_TIMEOUT),
+            )
+            .await?;
         self.size(device)
     }
 
     /// The device's size in bytes, from sysfs.
     pub fn size(&self, device: &Path) -> Result<u64> {
-        let name = device.file_name().ok_or_else(|| Error::internal("device path has no name"))?;
+        let name = device
+            .file_name()
+            .ok_or_else(|| Error::internal("device path has no name"))?;
         let path = self.sysfs_block.join(name).join("size");
         let sectors: u64 = std::fs::read_to_string(&path)
             .map_err(|e| Error::io(format!("read {}", path.display()), e))?
@@ -100,9 +132,13 @@ impl LoopDevices {
 /// A path as a command argument; refuses what a command could take for an
 /// option.
 pub fn path_arg(path: &Path) -> Result<String> {
-    let s = path.to_str().ok_or_else(|| Error::invalid("path is not UTF-8"))?;
+    let s = path
+        .to_str()
+        .ok_or_else(|| Error::invalid("path is not UTF-8"))?;
     if !s.starts_with('/') {
-        return Err(Error::internal(format!("refusing relative path {s:?} as an argument")));
+        return Err(Error::internal(format!(
+            "refusing relative path {s:?} as an argument"
+        )));
     }
     Ok(s.to_string())
 }
@@ -115,7 +151,11 @@ mod tests {
     fn fixture() -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let block = dir.path().join("block");
-        for (name, backing, size) in [("loop0", "/pool/a.img\n", "2048"), ("loop1", "/pool/b.img\n", "4096"), ("sda", "", "1")] {
+        for (name, backing, size) in [
+            ("loop0", "/pool/a.img\n", "2048"),
+            ("loop1", "/pool/b.img\n", "4096"),
+            ("sda", "", "1"),
+        ] {
             let d = block.join(name);
             std::fs::create_dir_all(d.join("loop")).unwrap();
             std::fs::write(d.join("size"), size).unwrap();
@@ -131,7 +171,10 @@ mod tests {
         let (_d, block) = fixture();
         let runner = Arc::new(FakeRunner::new());
         let loops = LoopDevices::with_sysfs(runner.clone(), &block);
-        assert_eq!(loops.attach(Path::new("/pool/b.img")).await.unwrap(), PathBuf::from("/dev/loop1"));
+        assert_eq!(
+            loops.attach(Path::new("/pool/b.img")).await.unwrap(),
+            PathBuf::from("/dev/loop1")
+        );
         assert!(runner.calls().is_empty());
         assert_eq!(loops.size(Path::new("/dev/loop1")).unwrap(), 4096 * 512);
     }
@@ -142,8 +185,14 @@ mod tests {
         let runner = Arc::new(FakeRunner::new());
         runner.expect("losetup", Reply::Ok("/dev/loop7\n".into()));
         let loops = LoopDevices::with_sysfs(runner.clone(), &block);
-        assert_eq!(loops.attach(Path::new("/pool/c.img")).await.unwrap(), PathBuf::from("/dev/loop7"));
-        assert_eq!(runner.lines(), vec!["losetup --find --show --nooverlap /pool/c.img"]);
+        assert_eq!(
+            loops.attach(Path::new("/pool/c.img")).await.unwrap(),
+            PathBuf::from("/dev/loop7")
+        );
+        assert_eq!(
+            runner.lines(),
+            vec!["losetup --find --show --nooverlap /pool/c.img"]
+        );
     }
 
     #[tokio::test]
@@ -152,10 +201,16 @@ mod tests {
         let runner = Arc::new(FakeRunner::new());
         let loops = LoopDevices::with_sysfs(runner.clone(), &block);
         // loop0 backs a.img, not c.img: nothing to detach.
-        loops.detach(Path::new("/dev/loop0"), Path::new("/pool/c.img")).await.unwrap();
+        loops
+            .detach(Path::new("/dev/loop0"), Path::new("/pool/c.img"))
+            .await
+            .unwrap();
         assert!(runner.calls().is_empty());
         // The recorded device moved: the one really backing b.img is detached.
-        loops.detach(Path::new("/dev/loop0"), Path::new("/pool/b.img")).await.unwrap();
+        loops
+            .detach(Path::new("/dev/loop0"), Path::new("/pool/b.img"))
+            .await
+            .unwrap();
         assert_eq!(runner.lines(), vec!["losetup --detach /dev/loop1"]);
     }
 
@@ -163,9 +218,16 @@ mod tests {
     async fn losetup_failure_is_reported_with_stderr() {
         let (_d, block) = fixture();
         let runner = Arc::new(FakeRunner::new());
-        runner.expect("losetup", Reply::Fail(1, "losetup: cannot find an unused loop device".into()));
+        runner.expect(
+            "losetup",
+            Reply::Fail(1, "losetup: cannot find an unused loop device".into()),
+        );
         let loops = LoopDevices::with_sysfs(runner, &block);
         let err = loops.attach(Path::new("/pool/z.img")).await.unwrap_err();
-        assert!(err.message.contains("cannot find an unused loop device"), "{}", err.message);
+        assert!(
+            err.message.contains("cannot find an unused loop device"),
+            "{}",
+            err.message
+        );
     }
 }

@@ -14,7 +14,11 @@ pub fn build_registry(config: &Config, runner: Arc<dyn CommandRunner>) -> Result
     let mut registry = Registry::new();
     for bc in &config.backends {
         let backend: Arc<dyn crate::plugin::Backend> = match bc.kind.as_str() {
-            "file" => Arc::new(file::FileBackend::new(bc.name(), bc.settings()?, runner.clone())?),
+            "file" => Arc::new(file::FileBackend::new(
+                bc.name(),
+                bc.settings()?,
+                runner.clone(),
+            )?),
             other => {
                 return Err(Error::invalid(format!(
                     "backend {:?}: unknown type {other:?} (available: file)",
@@ -22,7 +26,9 @@ pub fn build_registry(config: &Config, runner: Arc<dyn CommandRunner>) -> Result
                 )))
             }
         };
-        registry.register(backend).map_err(|e| e.context("config"))?;
+        registry
+            .register(backend)
+            .map_err(|e| e.context("config"))?;
     }
     if let Some(name) = &config.default_backend {
         registry.set_default(name)?;

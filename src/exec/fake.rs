@@ -31,7 +31,10 @@ impl FakeRunner {
 
     /// Queues a reply for the next call of `program` (matched in order).
     pub fn expect(&self, program: &str, reply: Reply) -> &Self {
-        self.script.lock().unwrap().push_back((program.to_string(), reply));
+        self.script
+            .lock()
+            .unwrap()
+            .push_back((program.to_string(), reply));
         self
     }
 
@@ -57,12 +60,23 @@ impl CommandRunner for FakeRunner {
         };
         let shown = command.to_string();
         match reply.unwrap_or(Reply::Ok(String::new())) {
-            Reply::Ok(stdout) => Ok(Output { code: Some(0), stdout: command.redact(&stdout), stderr: String::new() }),
+            Reply::Ok(stdout) => Ok(Output {
+                code: Some(0),
+                stdout: command.redact(&stdout),
+                stderr: String::new(),
+            }),
             Reply::Fail(code, stderr) => Err(ExecError::Failed {
                 command: shown,
-                output: Output { code: Some(code), stdout: String::new(), stderr: command.redact(&stderr) },
+                output: Output {
+                    code: Some(code),
+                    stdout: String::new(),
+                    stderr: command.redact(&stderr),
+                },
             }),
-            Reply::Timeout => Err(ExecError::Timeout { command: shown, after: command.timeout }),
+            Reply::Timeout => Err(ExecError::Timeout {
+                command: shown,
+                after: command.timeout,
+            }),
         }
     }
 }

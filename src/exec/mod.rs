@@ -139,12 +139,20 @@ impl ExecError {
 impl fmt::Display for ExecError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ExecError::Spawn { command, reason } => write!(f, "could not run `{command}`: {reason}"),
+            ExecError::Spawn { command, reason } => {
+                write!(f, "could not run `{command}`: {reason}")
+            }
             ExecError::Timeout { command, after } => {
-                write!(f, "`{command}` timed out after {:.1}s and was killed", after.as_secs_f64())
+                write!(
+                    f,
+                    "`{command}` timed out after {:.1}s and was killed",
+                    after.as_secs_f64()
+                )
             }
             ExecError::Failed { command, output } => {
-                let code = output.code.map_or("a signal".to_string(), |c| format!("status {c}"));
+                let code = output
+                    .code
+                    .map_or("a signal".to_string(), |c| format!("status {c}"));
                 let stderr = output.stderr.trim();
                 if stderr.is_empty() {
                     write!(f, "`{command}` failed with {code}")
@@ -183,7 +191,9 @@ mod tests {
 
     #[test]
     fn display_redacts_secret_arguments() {
-        let cmd = Command::new("iscsiadm").args(["--value", "hunter2", "-p", "x"]).secret("hunter2");
+        let cmd = Command::new("iscsiadm")
+            .args(["--value", "hunter2", "-p", "x"])
+            .secret("hunter2");
         assert_eq!(cmd.to_string(), "iscsiadm --value *** -p x");
         assert!(!format!("{cmd:?}").contains("hunter2"));
     }
@@ -198,9 +208,16 @@ mod tests {
     fn failed_error_includes_stderr_and_code() {
         let err = ExecError::Failed {
             command: "mkfs.ext4 /dev/loop0".into(),
-            output: Output { code: Some(1), stdout: String::new(), stderr: "bad superblock\n".into() },
+            output: Output {
+                code: Some(1),
+                stdout: String::new(),
+                stderr: "bad superblock\n".into(),
+            },
         };
-        assert_eq!(err.to_string(), "`mkfs.ext4 /dev/loop0` failed with status 1: bad superblock");
+        assert_eq!(
+            err.to_string(),
+            "`mkfs.ext4 /dev/loop0` failed with status 1: bad superblock"
+        );
         assert_eq!(Error::from(err).kind, Kind::Internal);
     }
 }

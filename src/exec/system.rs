@@ -14,7 +14,11 @@ impl CommandRunner for SystemRunner {
         let shown = command.to_string();
         let mut cmd = tokio::process::Command::new(&command.program);
         cmd.args(&command.args)
-            .stdin(if command.stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdin(if command.stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             // A child outliving its timeout (or a cancelled RPC) is killed.
@@ -34,10 +38,16 @@ impl CommandRunner for SystemRunner {
             Err(_) => {
                 // wait_with_output was dropped with the child: kill_on_drop
                 // sends SIGKILL, and tokio reaps it in the background.
-                return Err(ExecError::Timeout { command: shown, after: command.timeout });
+                return Err(ExecError::Timeout {
+                    command: shown,
+                    after: command.timeout,
+                });
             }
             Ok(Err(e)) => {
-                return Err(ExecError::Spawn { command: shown, reason: command.redact(&e.to_string()) })
+                return Err(ExecError::Spawn {
+                    command: shown,
+                    reason: command.redact(&e.to_string()),
+                })
             }
             Ok(Ok(out)) => out,
         };
@@ -49,7 +59,10 @@ impl CommandRunner for SystemRunner {
         if output.success() {
             Ok(output)
         } else {
-            Err(ExecError::Failed { command: shown, output })
+            Err(ExecError::Failed {
+                command: shown,
+                output,
+            })
         }
     }
 }
@@ -61,7 +74,10 @@ mod tests {
 
     #[tokio::test]
     async fn runs_and_captures_output() {
-        let out = SystemRunner.run(Command::new("sh").args(["-c", "echo out; echo err >&2"])).await.unwrap();
+        let out = SystemRunner
+            .run(Command::new("sh").args(["-c", "echo out; echo err >&2"]))
+            .await
+            .unwrap();
         assert_eq!(out.stdout, "out\n");
         assert_eq!(out.stderr, "err\n");
     }
@@ -69,7 +85,11 @@ mod tests {
     #[tokio::test]
     async fn nonzero_exit_is_an_error_with_redacted_stderr() {
         let err = SystemRunner
-            .run(Command::new("sh").args(["-c", "echo 'bad key s3cr3t' >&2; exit 3"]).secret("s3cr3t"))
+            .run(
+                Command::new("sh")
+                    .args(["-c", "echo 'bad key s3cr3t' >&2; exit 3"])
+                    .secret("s3cr3t"),
+            )
             .await
             .unwrap_err();
         assert_eq!(err.exit_code(), Some(3));
@@ -80,7 +100,10 @@ mod tests {
 
     #[tokio::test]
     async fn stdin_is_fed() {
-        let out = SystemRunner.run(Command::new("cat").stdin("hello")).await.unwrap();
+        let out = SystemRunner
+            .run(Command::new("cat").stdin("hello"))
+            .await
+            .unwrap();
         assert_eq!(out.stdout, "hello");
     }
 
@@ -91,12 +114,20 @@ mod tests {
         let script = format!("echo $$ > {}; exec sleep 30", pidfile.display());
         let start = Instant::now();
         let err = SystemRunner
-            .run(Command::new("sh").args(["-c", &script]).timeout(Duration::from_millis(300)))
+            .run(
+                Command::new("sh")
+                    .args(["-c", &script])
+                    .timeout(Duration::from_millis(300)),
+            )
             .await
             .unwrap_err();
         assert!(matches!(err, ExecError::Timeout { .. }), "{err}");
         assert!(start.elapsed() < Duration::from_secs(5));
-        let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+        let pid: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
         // The killed child must be gone (reaped, or at worst a zombie being reaped).
         let mut gone = false;
         for _ in 0..100 {
@@ -112,7 +143,10 @@ mod tests {
 
     #[tokio::test]
     async fn missing_program_is_a_spawn_error() {
-        let err = SystemRunner.run(Command::new("/nonexistent/ferrovol-tool")).await.unwrap_err();
+        let err = SystemRunner
+            .run(Command::new("/nonexistent/ferrovol-tool"))
+            .await
+            .unwrap_err();
         assert!(matches!(err, ExecError::Spawn { .. }));
     }
 }

@@ -45,7 +45,11 @@ impl FakeMounter {
 
     /// The mount on top at `target`, if any.
     pub fn get(&self, target: &Path) -> Option<FakeMount> {
-        self.table.lock().unwrap().get(target).and_then(|v| v.last().cloned())
+        self.table
+            .lock()
+            .unwrap()
+            .get(target)
+            .and_then(|v| v.last().cloned())
     }
 
     /// How many mounts the fake holds.
@@ -62,21 +66,38 @@ impl FakeMounter {
         let mut failures = self.failures.lock().unwrap();
         if let Some(entry) = failures.iter_mut().find(|(o, n)| *o == op && *n > 0) {
             entry.1 -= 1;
-            return Err(Error::io(format!("{op:?} {}", target.display()), std::io::Error::from_raw_os_error(libc::EIO)));
+            return Err(Error::io(
+                format!("{op:?} {}", target.display()),
+                std::io::Error::from_raw_os_error(libc::EIO),
+            ));
         }
         if op != MountOp::Unmount && !target.exists() {
-            return Err(Error::io(format!("{op:?} {}", target.display()), std::io::ErrorKind::NotFound.into()));
+            return Err(Error::io(
+                format!("{op:?} {}", target.display()),
+                std::io::ErrorKind::NotFound.into(),
+            ));
         }
         Ok(())
     }
 
     fn push(&self, target: &Path, mount: FakeMount) {
-        self.table.lock().unwrap().entry(target.to_path_buf()).or_default().push(mount);
+        self.table
+            .lock()
+            .unwrap()
+            .entry(target.to_path_buf())
+            .or_default()
+            .push(mount);
     }
 }
 
 impl Mounter for FakeMounter {
-    fn mount_fs(&self, device: &Path, target: &Path, fstype: &str, options: &MountOptions) -> Result<()> {
+    fn mount_fs(
+        &self,
+        device: &Path,
+        target: &Path,
+        fstype: &str,
+        options: &MountOptions,
+    ) -> Result<()> {
         self.check(MountOp::MountFs, target)?;
         self.push(
             target,
@@ -91,17 +112,37 @@ impl Mounter for FakeMounter {
         Ok(())
     }
 
-    fn bind(&self, source: &Path, target: &Path, readonly: bool, options: &MountOptions) -> Result<()> {
+    fn bind(
+        &self,
+        source: &Path,
+        target: &Path,
+        readonly: bool,
+        options: &MountOptions,
+    ) -> Result<()> {
         self.check(MountOp::Bind, target)?;
-        let fstype = self.get(source).map(|m| m.fstype).unwrap_or_else(|| "none".into());
-        self.push(target, FakeMount { source: source.into(), fstype, readonly, bind: true, options: options.clone() });
+        let fstype = self
+            .get(source)
+            .map(|m| m.fstype)
+            .unwrap_or_else(|| "none".into());
+        self.push(
+            target,
+            FakeMount {
+                source: source.into(),
+                fstype,
+                readonly,
+                bind: true,
+                options: options.clone(),
+            },
+        );
         Ok(())
     }
 
     fn unmount(&self, target: &Path) -> Result<bool> {
         self.check(MountOp::Unmount, target)?;
         let mut table = self.table.lock().unwrap();
-        let Some(stack) = table.get_mut(target) else { return Ok(false) };
+        let Some(stack) = table.get_mut(target) else {
+            return Ok(false);
+        };
         stack.pop();
         if stack.is_empty() {
             table.remove(target);

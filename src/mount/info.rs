@@ -30,8 +30,15 @@ fn unescape(field: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 3 < bytes.len() && bytes[i + 1..i + 4].iter().all(|b| (b'0'..=b'7').contains(b)) {
-            let v = (bytes[i + 1] - b'0') as u32 * 64 + (bytes[i + 2] - b'0') as u32 * 8 + (bytes[i + 3] - b'0') as u32;
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && bytes[i + 1..i + 4]
+                .iter()
+                .all(|b| (b'0'..=b'7').contains(b))
+        {
+            let v = (bytes[i + 1] - b'0') as u32 * 64
+                + (bytes[i + 2] - b'0') as u32 * 8
+                + (bytes[i + 3] - b'0') as u32;
             if v <= 255 {
                 out.push(v as u8);
                 i += 4;
@@ -61,8 +68,23 @@ fn parse_line(line: &str) -> Option<MountInfo> {
     let mut r = right.split(' ');
     let fstype = r.next()?.to_string();
     let source = unescape(r.next()?);
-    let super_options = r.next().unwrap_or("").split(',').map(str::to_string).collect();
-    Some(MountInfo { id, parent, dev, root, mount_point, options, fstype, source, super_options })
+    let super_options = r
+        .next()
+        .unwrap_or("")
+        .split(',')
+        .map(str::to_string)
+        .collect();
+    Some(MountInfo {
+        id,
+        parent,
+        dev,
+        root,
+        mount_point,
+        options,
+        fstype,
+        source,
+        super_options,
+    })
 }
 
 #[cfg(test)]
@@ -84,7 +106,10 @@ garbage line
         assert_eq!(m[1].source, "/dev/loop0");
         assert_eq!(m[1].fstype, "ext4");
         assert!(!m[1].readonly());
-        assert_eq!(m[2].mount_point, PathBuf::from("/var/lib/kubelet/pods/p1/volumes/kubernetes.io~csi/pvc 1/mount"));
+        assert_eq!(
+            m[2].mount_point,
+            PathBuf::from("/var/lib/kubelet/pods/p1/volumes/kubernetes.io~csi/pvc 1/mount")
+        );
         assert!(m[2].readonly());
         assert_eq!(m[3].root, PathBuf::from("/loop1"));
         assert_eq!(m[3].super_options, vec!["rw", "size=1k"]);
@@ -92,7 +117,15 @@ garbage line
 
     #[test]
     fn never_panics_on_junk() {
-        for junk in ["", " - ", "1 2 3 - x", "a b c d e f - g h i", "1 2 3 \\777 /x rw - a b", "\\", "1 2 3 / \\0 rw - x y"] {
+        for junk in [
+            "",
+            " - ",
+            "1 2 3 - x",
+            "a b c d e f - g h i",
+            "1 2 3 \\777 /x rw - a b",
+            "\\",
+            "1 2 3 / \\0 rw - x y",
+        ] {
             let _ = parse_mountinfo(junk);
         }
     }

@@ -26,8 +26,19 @@ pub struct MountOptions {
 }
 
 const GENERIC_FLAGS: &[&str] = &[
-    "ro", "rw", "noatime", "nodiratime", "relatime", "strictatime", "nodev", "nosuid", "noexec", "sync",
-    "dirsync", "defaults", "bind",
+    "ro",
+    "rw",
+    "noatime",
+    "nodiratime",
+    "relatime",
+    "strictatime",
+    "nodev",
+    "nosuid",
+    "noexec",
+    "sync",
+    "dirsync",
+    "defaults",
+    "bind",
 ];
 
 impl MountOptions {
@@ -35,7 +46,10 @@ impl MountOptions {
     /// options. Only plain option text is accepted: nothing that could smuggle
     /// another mount option or a path.
     pub fn parse(mount_flags: &[String], readonly: bool) -> Result<Self> {
-        let mut opts = MountOptions { readonly, ..Default::default() };
+        let mut opts = MountOptions {
+            readonly,
+            ..Default::default()
+        };
         let total: usize = mount_flags.iter().map(String::len).sum();
         if total > 4096 {
             return Err(Error::invalid("mount_flags exceed 4 KiB"));
@@ -43,15 +57,24 @@ impl MountOptions {
         for entry in mount_flags {
             for opt in entry.split(',').map(str::trim).filter(|o| !o.is_empty()) {
                 let ok = opt.len() <= 256
-                    && opt.chars().all(|c| c.is_ascii_alphanumeric() || "_-=.:+/@".contains(c))
-                    && opt.chars().next().is_some_and(|c| c.is_ascii_alphanumeric());
+                    && opt
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "_-=.:+/@".contains(c))
+                    && opt
+                        .chars()
+                        .next()
+                        .is_some_and(|c| c.is_ascii_alphanumeric());
                 if !ok {
-                    return Err(Error::invalid("mount_flags contain an option with characters that are not allowed"));
+                    return Err(Error::invalid(
+                        "mount_flags contain an option with characters that are not allowed",
+                    ));
                 }
                 match GENERIC_FLAGS.iter().find(|f| **f == opt) {
                     Some(&"ro") => opts.readonly = true,
                     Some(&"rw") | Some(&"defaults") => {}
-                    Some(&"bind") => return Err(Error::invalid("mount flag `bind` is not allowed")),
+                    Some(&"bind") => {
+                        return Err(Error::invalid("mount flag `bind` is not allowed"))
+                    }
                     Some(flag) => {
                         if !opts.flags.contains(flag) {
                             opts.flags.push(flag)
@@ -72,10 +95,22 @@ impl MountOptions {
 /// Mount operations on the node.
 pub trait Mounter: Send + Sync {
     /// Mounts a filesystem of `fstype` from `device` on the directory `target`.
-    fn mount_fs(&self, device: &Path, target: &Path, fstype: &str, options: &MountOptions) -> Result<()>;
+    fn mount_fs(
+        &self,
+        device: &Path,
+        target: &Path,
+        fstype: &str,
+        options: &MountOptions,
+    ) -> Result<()>;
     /// Bind-mounts `source` (a directory or a device/file) on `target`,
     /// read-only if asked (a bind followed by a read-only remount).
-    fn bind(&self, source: &Path, target: &Path, readonly: bool, options: &MountOptions) -> Result<()>;
+    fn bind(
+        &self,
+        source: &Path,
+        target: &Path,
+        readonly: bool,
+        options: &MountOptions,
+    ) -> Result<()>;
     /// Unmounts `target` without following a symlink there. Returns false if
     /// nothing was mounted at `target`.
     fn unmount(&self, target: &Path) -> Result<bool>;
@@ -88,7 +123,11 @@ pub trait Mounter: Send + Sync {
         if !self.is_mount_point(target)? {
             return Ok(None);
         }
-        Ok(self.mounts()?.into_iter().rev().find(|m| m.mount_point == target))
+        Ok(self
+            .mounts()?
+            .into_iter()
+            .rev()
+            .find(|m| m.mount_point == target))
     }
 }
 
@@ -98,7 +137,11 @@ mod tests {
 
     #[test]
     fn parses_generic_flags_and_data() {
-        let o = MountOptions::parse(&["noatime,discard".into(), "nodev".into(), "ro".into()], false).unwrap();
+        let o = MountOptions::parse(
+            &["noatime,discard".into(), "nodev".into(), "ro".into()],
+            false,
+        )
+        .unwrap();
         assert!(o.readonly);
         assert_eq!(o.flags, vec!["noatime", "nodev"]);
         assert_eq!(o.data, vec!["discard".to_string()]);

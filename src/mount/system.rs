@@ -39,7 +39,13 @@ fn errno_error(what: String, errno: Errno) -> Error {
 }
 
 impl Mounter for SystemMounter {
-    fn mount_fs(&self, device: &Path, target: &Path, fstype: &str, options: &MountOptions) -> Result<()> {
+    fn mount_fs(
+        &self,
+        device: &Path,
+        target: &Path,
+        fstype: &str,
+        options: &MountOptions,
+    ) -> Result<()> {
         let flags = MountFlags::from_bits_truncate(ms_flags(options).bits() as _);
         let data = options.data.join(",");
         Mount::builder()
@@ -48,20 +54,52 @@ impl Mounter for SystemMounter {
             .data(&data)
             .mount(device, target)
             .map(|_| ())
-            .map_err(|e| Error::io(format!("mount {fstype} {} on {}", device.display(), target.display()), e))
+            .map_err(|e| {
+                Error::io(
+                    format!(
+                        "mount {fstype} {} on {}",
+                        device.display(),
+                        target.display()
+                    ),
+                    e,
+                )
+            })
     }
 
-    fn bind(&self, source: &Path, target: &Path, readonly: bool, options: &MountOptions) -> Result<()> {
-        mount(Some(source), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-            .map_err(|e| errno_error(format!("bind {} on {}", source.display(), target.display()), e))?;
+    fn bind(
+        &self,
+        source: &Path,
+        target: &Path,
+        readonly: bool,
+        options: &MountOptions,
+    ) -> Result<()> {
+        mount(
+            Some(source),
+            target,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(|e| {
+            errno_error(
+                format!("bind {} on {}", source.display(), target.display()),
+                e,
+            )
+        })?;
         // Per-mount flags (read-only, nodev, ...) on a bind take a remount.
-        let extra = ms_flags(&MountOptions { readonly, ..options.clone() });
+        let extra = ms_flags(&MountOptions {
+            readonly,
+            ..options.clone()
+        });
         if !extra.is_empty() {
             let flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | extra;
             if let Err(e) = mount(None::<&str>, target, None::<&str>, flags, None::<&str>) {
                 // Never leave a writable bind behind when read-only was asked.
                 let _ = umount2(target, MntFlags::UMOUNT_NOFOLLOW);
-                return Err(errno_error(format!("remount {} with flags", target.display()), e));
+                return Err(errno_error(
+                    format!("remount {} with flags", target.display()),
+                    e,
+                ));
             }
         }
         Ok(())
@@ -80,7 +118,8 @@ impl Mounter for SystemMounter {
     }
 
     fn mounts(&self) -> Result<Vec<MountInfo>> {
-        let text = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| Error::io("read mountinfo", e))?;
+        let text = std::fs::read_to_string("/proc/self/mountinfo")
+            .map_err(|e| Error::io("read mountinfo", e))?;
         Ok(parse_mountinfo(&text))
     }
 }
@@ -90,12 +129,19 @@ impl Mounter for SystemMounter {
 /// mount point.
 fn statx_mount_root(path: &Path) -> Result<bool> {
     use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| Error::invalid("path contains NUL"))?;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| Error::invalid("path contains NUL"))?;
     let mut buf = std::mem::MaybeUninit::<libc::statx>::zeroed();
     // SAFETY: `c` is a valid NUL-terminated string and `buf` is a properly
     // sized, writable statx buffer that outlives the call.
     let rc = unsafe {
-        libc::statx(libc::AT_FDCWD, c.as_ptr(), libc::AT_SYMLINK_NOFOLLOW, libc::STATX_BASIC_STATS, buf.as_mut_ptr())
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_BASIC_STATS,
+            buf.as_mut_ptr(),
+        )
     };
     if rc != 0 {
         let err = std::io::Error::last_os_error();
@@ -111,7 +157,8 @@ fn statx_mount_root(path: &Path) -> Result<bool> {
         return Ok(st.stx_attributes & attr != 0);
     }
     // Kernels before 5.8 lack the attribute: fall back to the mount table.
-    let text = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| Error::io("read mountinfo", e))?;
+    let text = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| Error::io("read mountinfo", e))?;
     Ok(parse_mountinfo(&text).iter().any(|m| m.mount_point == path))
 }
 
@@ -124,7 +171,9 @@ mod tests {
         assert!(SystemMounter.is_mount_point(Path::new("/")).unwrap());
         let dir = tempfile::tempdir().unwrap();
         assert!(!SystemMounter.is_mount_point(dir.path()).unwrap());
-        assert!(!SystemMounter.is_mount_point(&dir.path().join("missing")).unwrap());
+        assert!(!SystemMounter
+            .is_mount_point(&dir.path().join("missing"))
+            .unwrap());
     }
 
     #[test]
@@ -136,23 +185,37 @@ mod tests {
     /// Needs root (CAP_SYS_ADMIN): CI runs the suite as root.
     #[test]
     fn bind_readonly_and_unmount() {
-        assert!(nix::unistd::geteuid().is_root(), "this test needs root: run the suite as root");
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "this test needs root: run the suite as root"
+        );
         let dir = tempfile::tempdir().unwrap();
         let src = dir.path().join("src");
         let dst = dir.path().join("dst");
         std::fs::create_dir_all(&src).unwrap();
         std::fs::create_dir_all(&dst).unwrap();
         std::fs::write(src.join("f"), b"x").unwrap();
-        SystemMounter.bind(&src, &dst, true, &MountOptions::default()).unwrap();
-        let result = (|| {
+        SystemMounter
+            .bind(&src, &dst, true, &MountOptions::default())
+            .unwrap();
+        // Assert inside catch_unwind so a failure still unmounts.
+        let result = std::panic::catch_unwind(|| {
             assert!(SystemMounter.is_mount_point(&dst).unwrap());
-            let info = SystemMounter.mount_at(&dst).unwrap().expect("bind listed in mountinfo");
+            let info = SystemMounter
+                .mount_at(&dst)
+                .unwrap()
+                .expect("bind listed in mountinfo");
             assert!(info.readonly());
-            assert!(std::fs::write(dst.join("g"), b"y").is_err(), "read-only bind accepted a write");
+            assert!(
+                std::fs::write(dst.join("g"), b"y").is_err(),
+                "read-only bind accepted a write"
+            );
             assert_eq!(std::fs::read(dst.join("f")).unwrap(), b"x");
-        })();
+        });
         assert!(SystemMounter.unmount(&dst).unwrap());
         assert!(!SystemMounter.is_mount_point(&dst).unwrap());
-        result
+        if let Err(panic) = result {
+            std::panic::resume_unwind(panic);
+        }
     }
 }

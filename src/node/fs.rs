@@ -17,9 +17,16 @@ const GROW_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Checks a requested filesystem type; empty means the default.
 pub fn fs_type(requested: &str) -> Result<String> {
-    let fs = if requested.is_empty() { DEFAULT_FS } else { requested };
+    let fs = if requested.is_empty() {
+        DEFAULT_FS
+    } else {
+        requested
+    };
     if !SUPPORTED.contains(&fs) {
-        return Err(Error::invalid(format!("fs_type {fs:?} is not supported (supported: {})", SUPPORTED.join(", "))));
+        return Err(Error::invalid(format!(
+            "fs_type {fs:?} is not supported (supported: {})",
+            SUPPORTED.join(", ")
+        )));
     }
     Ok(fs.to_string())
 }
@@ -27,15 +34,23 @@ pub fn fs_type(requested: &str) -> Result<String> {
 /// What is on the device: a filesystem (or other signature) type, or `None`
 /// when blkid finds nothing at all.
 pub async fn probe(runner: &dyn CommandRunner, device: &Path) -> Result<Option<String>> {
-    let cmd = Command::new("blkid").args(["-p", "-o", "export"]).arg(path_arg(device)?).timeout(PROBE_TIMEOUT);
+    let cmd = Command::new("blkid")
+        .args(["-p", "-o", "export"])
+        .arg(path_arg(device)?)
+        .timeout(PROBE_TIMEOUT);
     match runner.run(cmd).await {
         Ok(out) => {
             let value = |key: &str| {
-                out.stdout.lines().find_map(|l| l.strip_prefix(key).map(str::to_string)).filter(|v| !v.is_empty())
+                out.stdout
+                    .lines()
+                    .find_map(|l| l.strip_prefix(key).map(str::to_string))
+                    .filter(|v| !v.is_empty())
             };
             // A partition table or other non-filesystem signature still
             // counts as "not empty": we never format over it.
-            Ok(value("TYPE=").or_else(|| value("PTTYPE=").map(|p| format!("partition table {p}"))).or(Some("unknown data".into())))
+            Ok(value("TYPE=")
+                .or_else(|| value("PTTYPE=").map(|p| format!("partition table {p}")))
+                .or(Some("unknown data".into())))
         }
         // blkid exits 2 when it finds no signature: an empty device.
         Err(e) if e.exit_code() == Some(2) => Ok(None),
@@ -45,7 +60,11 @@ pub async fn probe(runner: &dyn CommandRunner, device: &Path) -> Result<Option<S
 
 /// Formats the device with `fs` unless it already holds something. A device
 /// holding another filesystem is an error, never formatted over.
-pub async fn format_if_unformatted(runner: &dyn CommandRunner, device: &Path, fs: &str) -> Result<bool> {
+pub async fn format_if_unformatted(
+    runner: &dyn CommandRunner,
+    device: &Path,
+    fs: &str,
+) -> Result<bool> {
     match probe(runner, device).await? {
         Some(found) if found == fs => Ok(false),
         Some(found) => Err(Error::precondition(format!(
@@ -55,7 +74,9 @@ pub async fn format_if_unformatted(runner: &dyn CommandRunner, device: &Path, fs
         None => {
             let dev = path_arg(device)?;
             let cmd = match fs {
-                "ext4" | "ext3" => Command::new(format!("mkfs.{fs}")).args(["-F", "-q", "-m", "0"]).arg(dev),
+                "ext4" | "ext3" => Command::new(format!("mkfs.{fs}"))
+                    .args(["-F", "-q", "-m", "0"])
+                    .arg(dev),
                 "xfs" => Command::new("mkfs.xfs").args(["-q"]).arg(dev),
                 "btrfs" => Command::new("mkfs.btrfs").args(["-q"]).arg(dev),
                 other => return Err(Error::invalid(format!("cannot format {other}"))),
@@ -67,11 +88,18 @@ pub async fn format_if_unformatted(runner: &dyn CommandRunner, device: &Path, fs
 }
 
 /// Grows the filesystem on `device`, mounted at `mount_point`, to fill it.
-pub async fn grow(runner: &dyn CommandRunner, fs: &str, device: &Path, mount_point: &Path) -> Result<()> {
+pub async fn grow(
+    runner: &dyn CommandRunner,
+    fs: &str,
+    device: &Path,
+    mount_point: &Path,
+) -> Result<()> {
     let cmd = match fs {
         "ext4" | "ext3" => Command::new("resize2fs").arg(path_arg(device)?),
         "xfs" => Command::new("xfs_growfs").arg(path_arg(mount_point)?),
-        "btrfs" => Command::new("btrfs").args(["filesystem", "resize", "max"]).arg(path_arg(mount_point)?),
+        "btrfs" => Command::new("btrfs")
+            .args(["filesystem", "resize", "max"])
+            .arg(path_arg(mount_point)?),
         other => return Err(Error::invalid(format!("cannot grow {other}"))),
     };
     runner.run(cmd.timeout(GROW_TIMEOUT)).await?;
@@ -87,12 +115,22 @@ mod tests {
     async fn formats_only_empty_devices() {
         let r = FakeRunner::new();
         r.expect("blkid", Reply::Fail(2, String::new()));
-        assert!(format_if_unformatted(&r, Path::new("/dev/loop1"), "ext4").await.unwrap());
-        assert_eq!(r.lines(), vec!["blkid -p -o export /dev/loop1", "mkfs.ext4 -F -q -m 0 /dev/loop1"]);
+        assert!(format_if_unformatted(&r, Path::new("/dev/loop1"), "ext4")
+            .await
+            .unwrap());
+        assert_eq!(
+            r.lines(),
+            vec![
+                "blkid -p -o export /dev/loop1",
+                "mkfs.ext4 -F -q -m 0 /dev/loop1"
+            ]
+        );
 
         let r = FakeRunner::new();
         r.expect("blkid", Reply::Ok("DEVNAME=/dev/loop1\nTYPE=ext4\n".into()));
-        assert!(!format_if_unformatted(&r, Path::new("/dev/loop1"), "ext4").await.unwrap());
+        assert!(!format_if_unformatted(&r, Path::new("/dev/loop1"), "ext4")
+            .await
+            .unwrap());
         assert_eq!(r.calls().len(), 1);
     }
 
@@ -101,7 +139,9 @@ mod tests {
         for out in ["TYPE=xfs\n", "PTTYPE=gpt\n", "DEVNAME=/dev/x\n"] {
             let r = FakeRunner::new();
             r.expect("blkid", Reply::Ok(out.into()));
-            let err = format_if_unformatted(&r, Path::new("/dev/loop1"), "ext4").await.unwrap_err();
+            let err = format_if_unformatted(&r, Path::new("/dev/loop1"), "ext4")
+                .await
+                .unwrap_err();
             assert_eq!(err.kind, crate::error::Kind::FailedPrecondition, "{out}");
             assert_eq!(r.calls().len(), 1, "ran mkfs over {out}");
         }
@@ -111,15 +151,21 @@ mod tests {
     async fn probe_errors_other_than_empty_are_errors() {
         let r = FakeRunner::new();
         r.expect("blkid", Reply::Fail(4, "blkid: cannot open".into()));
-        assert!(format_if_unformatted(&r, Path::new("/dev/loop1"), "ext4").await.is_err());
+        assert!(format_if_unformatted(&r, Path::new("/dev/loop1"), "ext4")
+            .await
+            .is_err());
         assert_eq!(r.calls().len(), 1);
     }
 
     #[tokio::test]
     async fn grow_uses_the_right_tool() {
         let r = FakeRunner::new();
-        grow(&r, "ext4", Path::new("/dev/loop2"), Path::new("/s")).await.unwrap();
-        grow(&r, "xfs", Path::new("/dev/loop2"), Path::new("/s")).await.unwrap();
+        grow(&r, "ext4", Path::new("/dev/loop2"), Path::new("/s"))
+            .await
+            .unwrap();
+        grow(&r, "xfs", Path::new("/dev/loop2"), Path::new("/s"))
+            .await
+            .unwrap();
         assert_eq!(r.lines(), vec!["resize2fs /dev/loop2", "xfs_growfs /s"]);
     }
 

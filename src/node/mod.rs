@@ -10,7 +10,9 @@ use crate::error::{Error, Kind, Result};
 use crate::exec::CommandRunner;
 use crate::locks::{OpGuard, OpLocks};
 use crate::mount::{MountOptions, Mounter};
-use crate::plugin::{AccessType, AttachContext, Attachment, Backend, Registry, VolumeCapability, VolumeId};
+use crate::plugin::{
+    AccessType, AttachContext, Attachment, Backend, Registry, VolumeCapability, VolumeId,
+};
 use crate::state::{NodeState, PublishRecord, StageRecord};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -67,8 +69,19 @@ fn target_key(path: &Path) -> String {
 }
 
 impl NodeOps {
-    pub fn new(registry: Arc<Registry>, mounter: Arc<dyn Mounter>, runner: Arc<dyn CommandRunner>, state: NodeState) -> Self {
-        Self { registry, mounter, runner, state, locks: OpLocks::new() }
+    pub fn new(
+        registry: Arc<Registry>,
+        mounter: Arc<dyn Mounter>,
+        runner: Arc<dyn CommandRunner>,
+        state: NodeState,
+    ) -> Self {
+        Self {
+            registry,
+            mounter,
+            runner,
+            state,
+            locks: OpLocks::new(),
+        }
     }
 
     pub fn state(&self) -> &NodeState {
@@ -100,7 +113,9 @@ impl NodeOps {
         }
         let mut unmounted = 0;
         for s in self.state.stages() {
-            if matches!(s.capability.access, AccessType::Mount { .. }) && !self.mounter.is_mount_point(&s.staging_path)? {
+            if matches!(s.capability.access, AccessType::Mount { .. })
+                && !self.mounter.is_mount_point(&s.staging_path)?
+            {
                 unmounted += 1;
             }
         }
@@ -111,7 +126,9 @@ impl NodeOps {
     pub async fn stage(&self, req: StageRequest) -> Result<()> {
         let _guard = self.lock_volume(&req.volume_id)?;
         let backend = self.backend(&req.volume_id)?.clone();
-        backend.supports(&req.capability).map_err(|e| Error::precondition(e.message))?;
+        backend
+            .supports(&req.capability)
+            .map_err(|e| Error::precondition(e.message))?;
         paths::require_dir(&req.staging_path, "staging_target_path")?;
 
         if let Some(existing) = self.state.stage(&req.volume_id) {
@@ -142,13 +159,19 @@ impl NodeOps {
             attachment: None,
             fs_type: None,
         };
-        if let AccessType::Mount { fs_type, mount_flags } = &req.capability.access {
+        if let AccessType::Mount {
+            fs_type,
+            mount_flags,
+        } = &req.capability.access
+        {
             record.fs_type = Some(fs::fs_type(fs_type)?);
             MountOptions::parse(mount_flags, false)?;
         }
         // Intent first, so a crash during attach leaves something to undo.
         self.state.put_stage(record.clone())?;
-        let result = self.finish_stage(backend.as_ref(), &mut record, &req.ctx).await;
+        let result = self
+            .finish_stage(backend.as_ref(), &mut record, &req.ctx)
+            .await;
         if let Err(e) = result {
             // Undo what this attempt did; the CO will retry or unstage.
             let _ = self.undo_stage(backend.as_ref(), &record).await;
@@ -164,12 +187,22 @@ impl NodeOps {
         }
     }
 
-    async fn finish_stage(&self, backend: &dyn Backend, record: &mut StageRecord, ctx: &AttachContext) -> Result<()> {
+    async fn finish_stage(
+        &self,
+        backend: &dyn Backend,
+        record: &mut StageRecord,
+        ctx: &AttachContext,
+    ) -> Result<()> {
         let attachment = backend.node_attach(&record.volume_id, ctx).await?;
         record.attachment = Some(attachment.clone());
         self.state.put_stage(record.clone())?;
-        let AccessType::Mount { mount_flags, .. } = &record.capability.access else { return Ok(()) };
-        let fs = record.fs_type.clone().unwrap_or_else(|| fs::DEFAULT_FS.into());
+        let AccessType::Mount { mount_flags, .. } = &record.capability.access else {
+            return Ok(());
+        };
+        let fs = record
+            .fs_type
+            .clone()
+            .unwrap_or_else(|| fs::DEFAULT_FS.into());
         let readonly = record.capability.mode.is_readonly();
         let options = MountOptions::parse(mount_flags, readonly)?;
         if self.mounter.is_mount_point(&record.staging_path)? {
@@ -180,19 +213,27 @@ impl NodeOps {
                 if !readonly {
                     fs::format_if_unformatted(self.runner.as_ref(), path, &fs).await?;
                 }
-                self.mounter.mount_fs(path, &record.staging_path, &fs, &options)
+                self.mounter
+                    .mount_fs(path, &record.staging_path, &fs, &options)
             }
-            Attachment::Remote { source, fs_type, options: remote } => {
+            Attachment::Remote {
+                source,
+                fs_type,
+                options: remote,
+            } => {
                 let mut opts = options.clone();
                 opts.data.extend(remote.iter().cloned());
-                self.mounter.mount_fs(Path::new(source), &record.staging_path, fs_type, &opts)
+                self.mounter
+                    .mount_fs(Path::new(source), &record.staging_path, fs_type, &opts)
             }
         }
     }
 
     async fn undo_stage(&self, backend: &dyn Backend, record: &StageRecord) -> Result<()> {
         self.unmount_all(&record.staging_path)?;
-        backend.node_detach(&record.volume_id, record.attachment.as_ref()).await?;
+        backend
+            .node_detach(&record.volume_id, record.attachment.as_ref())
+            .await?;
         self.state.remove_stage(&record.volume_id)
     }
 
@@ -203,7 +244,10 @@ impl NodeOps {
             }
             self.mounter.unmount(path)?;
         }
-        Err(Error::internal(format!("{} still mounted after {MAX_STACKED_MOUNTS} unmounts", path.display())))
+        Err(Error::internal(format!(
+            "{} still mounted after {MAX_STACKED_MOUNTS} unmounts",
+            path.display()
+        )))
     }
 
     /// NodeUnstageVolume.
@@ -242,12 +286,20 @@ impl NodeOps {
     pub async fn publish(&self, req: PublishRequest) -> Result<()> {
         let _guard = self.lock_target(&req.volume_id, &req.target_path)?;
         let backend = self.backend(&req.volume_id)?.clone();
-        backend.supports(&req.capability).map_err(|e| Error::precondition(e.message))?;
+        backend
+            .supports(&req.capability)
+            .map_err(|e| Error::precondition(e.message))?;
         let Some(stage) = self.state.stage(&req.volume_id) else {
             if let Ok(None) = backend.get_volume(&req.volume_id).await {
-                return Err(Error::not_found(format!("volume {} does not exist", req.volume_id)));
+                return Err(Error::not_found(format!(
+                    "volume {} does not exist",
+                    req.volume_id
+                )));
             }
-            return Err(Error::precondition(format!("volume {} is not staged on this node", req.volume_id)));
+            return Err(Error::precondition(format!(
+                "volume {} is not staged on this node",
+                req.volume_id
+            )));
         };
         if stage.staging_path != req.staging_path {
             return Err(Error::precondition(format!(
@@ -298,15 +350,25 @@ impl NodeOps {
         let (source, flags) = match (&stage.capability.access, &stage.attachment) {
             (AccessType::Block, Some(Attachment::Device { path })) => (path.clone(), Vec::new()),
             (AccessType::Mount { .. }, _) => {
-                let AccessType::Mount { mount_flags, .. } = &req.capability.access else { unreachable!() };
+                let AccessType::Mount { mount_flags, .. } = &req.capability.access else {
+                    unreachable!()
+                };
                 (stage.staging_path.clone(), mount_flags.clone())
             }
-            _ => return Err(Error::precondition(format!("volume {} has no device attached", req.volume_id))),
+            _ => {
+                return Err(Error::precondition(format!(
+                    "volume {} has no device attached",
+                    req.volume_id
+                )))
+            }
         };
         let options = MountOptions::parse(&flags, readonly)?;
         paths::make_target(&req.target_path, is_block)?;
         self.state.put_publish(record)?;
-        if let Err(e) = self.mounter.bind(&source, &req.target_path, readonly, &options) {
+        if let Err(e) = self
+            .mounter
+            .bind(&source, &req.target_path, readonly, &options)
+        {
             let _ = self.state.remove_publish(&req.target_path);
             let _ = paths::remove_target(&req.target_path);
             return Err(e);
@@ -321,7 +383,11 @@ impl NodeOps {
         let record = self.state.publish(target);
         if let Some(r) = &record {
             if &r.volume_id != id {
-                return Err(Error::not_found(format!("{} publishes volume {}, not {id}", target.display(), r.volume_id)));
+                return Err(Error::not_found(format!(
+                    "{} publishes volume {}, not {id}",
+                    target.display(),
+                    r.volume_id
+                )));
             }
         }
         let mounted = self.mounter.is_mount_point(target)?;
@@ -346,12 +412,22 @@ impl NodeOps {
             .state
             .stage(id)
             .ok_or_else(|| Error::not_found(format!("volume {id} is not staged on this node")))?;
-        let known_path = volume_path == stage.staging_path || self.state.publish(volume_path).is_some_and(|p| &p.volume_id == id);
+        let known_path = volume_path == stage.staging_path
+            || self
+                .state
+                .publish(volume_path)
+                .is_some_and(|p| &p.volume_id == id);
         if !known_path {
-            return Err(Error::not_found(format!("volume {id} is not at {}", volume_path.display())));
+            return Err(Error::not_found(format!(
+                "volume {id} is not at {}",
+                volume_path.display()
+            )));
         }
         if std::fs::symlink_metadata(volume_path).is_err() {
-            return Err(Error::not_found(format!("{} does not exist", volume_path.display())));
+            return Err(Error::not_found(format!(
+                "{} does not exist",
+                volume_path.display()
+            )));
         }
         let mut stats = VolumeStats::default();
         if let Some(att) = &stage.attachment {
@@ -362,10 +438,13 @@ impl NodeOps {
         match stage.capability.access {
             AccessType::Mount { .. } => {
                 if !self.mounter.is_mount_point(&stage.staging_path)? {
-                    stats.abnormal.get_or_insert_with(|| format!("staging mount {} is gone", stage.staging_path.display()));
+                    stats.abnormal.get_or_insert_with(|| {
+                        format!("staging mount {} is gone", stage.staging_path.display())
+                    });
                 }
-                let st = nix::sys::statvfs::statvfs(volume_path)
-                    .map_err(|e| Error::io("statvfs", std::io::Error::from_raw_os_error(e as i32)))?;
+                let st = nix::sys::statvfs::statvfs(volume_path).map_err(|e| {
+                    Error::io("statvfs", std::io::Error::from_raw_os_error(e as i32))
+                })?;
                 let frsize = st.fragment_size() as u64;
                 stats.total_bytes = st.blocks() as u64 * frsize;
                 stats.available_bytes = Some(st.blocks_available() as u64 * frsize);
@@ -390,21 +469,37 @@ impl NodeOps {
             .stage(id)
             .ok_or_else(|| Error::not_found(format!("volume {id} is not staged on this node")))?;
         if std::fs::symlink_metadata(volume_path).is_err() {
-            return Err(Error::not_found(format!("{} does not exist", volume_path.display())));
+            return Err(Error::not_found(format!(
+                "{} does not exist",
+                volume_path.display()
+            )));
         }
-        let attachment =
-            stage.attachment.clone().ok_or_else(|| Error::precondition(format!("volume {id} has no attached device")))?;
+        let attachment = stage
+            .attachment
+            .clone()
+            .ok_or_else(|| Error::precondition(format!("volume {id} has no attached device")))?;
         let size = backend.node_refresh_size(id, &attachment).await?;
         if required > 0 && size < required {
             return Err(Error::out_of_range(format!(
                 "the device has {size} bytes, fewer than the {required} asked; expand the volume first"
             )));
         }
-        if let (AccessType::Mount { .. }, Attachment::Device { path }) = (&stage.capability.access, &attachment) {
-            let fs = stage.fs_type.clone().unwrap_or_else(|| fs::DEFAULT_FS.into());
+        if let (AccessType::Mount { .. }, Attachment::Device { path }) =
+            (&stage.capability.access, &attachment)
+        {
+            let fs = stage
+                .fs_type
+                .clone()
+                .unwrap_or_else(|| fs::DEFAULT_FS.into());
             fs::grow(self.runner.as_ref(), &fs, path, &stage.staging_path)
                 .await
-                .map_err(|e| if e.kind == Kind::Internal { e.context("grow filesystem") } else { e })?;
+                .map_err(|e| {
+                    if e.kind == Kind::Internal {
+                        e.context("grow filesystem")
+                    } else {
+                        e
+                    }
+                })?;
         }
         Ok(size)
     }

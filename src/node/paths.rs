@@ -15,7 +15,9 @@ pub fn validate(raw: &str, field: &str) -> Result<PathBuf> {
         return Err(Error::invalid(format!("{field} is required")));
     }
     if raw.len() > MAX_PATH {
-        return Err(Error::invalid(format!("{field} is longer than {MAX_PATH} bytes")));
+        return Err(Error::invalid(format!(
+            "{field} is longer than {MAX_PATH} bytes"
+        )));
     }
     if raw.contains('\0') {
         return Err(Error::invalid(format!("{field} contains NUL")));
@@ -25,9 +27,15 @@ pub fn validate(raw: &str, field: &str) -> Result<PathBuf> {
         return Err(Error::invalid(format!("{field} must be an absolute path")));
     }
     if raw.split('/').any(|c| c == "." || c == "..") || raw.contains("//") {
-        return Err(Error::invalid(format!("{field} must be a normal path (no '.', '..' or '//')")));
+        return Err(Error::invalid(format!(
+            "{field} must be a normal path (no '.', '..' or '//')"
+        )));
     }
-    let trimmed = if raw.len() > 1 { raw.trim_end_matches('/') } else { raw };
+    let trimmed = if raw.len() > 1 {
+        raw.trim_end_matches('/')
+    } else {
+        raw
+    };
     Ok(PathBuf::from(trimmed))
 }
 
@@ -36,11 +44,18 @@ pub fn validate(raw: &str, field: &str) -> Result<PathBuf> {
 pub fn require_dir(path: &Path, field: &str) -> Result<()> {
     match std::fs::symlink_metadata(path) {
         Ok(md) if md.is_dir() => Ok(()),
-        Ok(md) if md.file_type().is_symlink() => Err(Error::invalid(format!("{field} {} is a symlink", path.display()))),
-        Ok(_) => Err(Error::invalid(format!("{field} {} is not a directory", path.display()))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            Err(Error::invalid(format!("{field} {} does not exist", path.display())))
-        }
+        Ok(md) if md.file_type().is_symlink() => Err(Error::invalid(format!(
+            "{field} {} is a symlink",
+            path.display()
+        ))),
+        Ok(_) => Err(Error::invalid(format!(
+            "{field} {} is not a directory",
+            path.display()
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::invalid(format!(
+            "{field} {} does not exist",
+            path.display()
+        ))),
         Err(e) => Err(Error::io(format!("{field} {}", path.display()), e)),
     }
 }
@@ -49,15 +64,23 @@ pub fn require_dir(path: &Path, field: &str) -> Result<()> {
 /// for block access. Its parent must exist; a symlink at the target is
 /// refused so a bind can never be redirected elsewhere.
 pub fn make_target(target: &Path, block: bool) -> Result<()> {
-    let parent = target.parent().ok_or_else(|| Error::invalid("target_path has no parent"))?;
+    let parent = target
+        .parent()
+        .ok_or_else(|| Error::invalid("target_path has no parent"))?;
     match std::fs::symlink_metadata(parent) {
         Ok(md) if md.is_dir() => {}
-        _ => return Err(Error::invalid(format!("the parent of target_path {} is not a directory", target.display()))),
+        _ => {
+            return Err(Error::invalid(format!(
+                "the parent of target_path {} is not a directory",
+                target.display()
+            )))
+        }
     }
     match std::fs::symlink_metadata(target) {
-        Ok(md) if md.file_type().is_symlink() => {
-            Err(Error::invalid(format!("target_path {} is a symlink", target.display())))
-        }
+        Ok(md) if md.file_type().is_symlink() => Err(Error::invalid(format!(
+            "target_path {} is a symlink",
+            target.display()
+        ))),
         Ok(md) if block && md.is_file() => Ok(()),
         Ok(md) if !block && md.is_dir() => Ok(()),
         Ok(_) => Err(Error::invalid(format!(
@@ -67,7 +90,11 @@ pub fn make_target(target: &Path, block: bool) -> Result<()> {
         ))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let made = if block {
-                std::fs::OpenOptions::new().write(true).create_new(true).open(target).map(|_| ())
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(target)
+                    .map(|_| ())
             } else {
                 std::fs::create_dir(target)
             };
@@ -85,7 +112,11 @@ pub fn remove_target(target: &Path) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(Error::io(format!("target {}", target.display()), e)),
     };
-    let removed = if md.is_dir() { std::fs::remove_dir(target) } else { std::fs::remove_file(target) };
+    let removed = if md.is_dir() {
+        std::fs::remove_dir(target)
+    } else {
+        std::fs::remove_file(target)
+    };
     match removed {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -100,8 +131,10 @@ pub fn remove_target(target: &Path) -> Result<()> {
 /// The size of a block device (or file) in bytes.
 pub fn device_size(path: &Path) -> Result<u64> {
     use std::io::{Seek, SeekFrom};
-    let mut f = std::fs::File::open(path).map_err(|e| Error::io(format!("open {}", path.display()), e))?;
-    f.seek(SeekFrom::End(0)).map_err(|e| Error::io(format!("size of {}", path.display()), e))
+    let mut f =
+        std::fs::File::open(path).map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+    f.seek(SeekFrom::End(0))
+        .map_err(|e| Error::io(format!("size of {}", path.display()), e))
 }
 
 #[cfg(test)]
@@ -111,9 +144,16 @@ mod tests {
 
     #[test]
     fn validates_paths() {
-        assert_eq!(validate("/var/lib/kubelet/x/", "p").unwrap(), PathBuf::from("/var/lib/kubelet/x"));
+        assert_eq!(
+            validate("/var/lib/kubelet/x/", "p").unwrap(),
+            PathBuf::from("/var/lib/kubelet/x")
+        );
         for bad in ["", "relative/x", "/a/../etc", "/a/./b", "/a//b", "/a\0b"] {
-            assert_eq!(validate(bad, "p").unwrap_err().kind, Kind::InvalidArgument, "{bad:?}");
+            assert_eq!(
+                validate(bad, "p").unwrap_err().kind,
+                Kind::InvalidArgument,
+                "{bad:?}"
+            );
         }
         assert!(validate(&format!("/{}", "a".repeat(5000)), "p").is_err());
     }
@@ -133,8 +173,14 @@ mod tests {
         std::fs::create_dir(&outside).unwrap();
         let link = dir.path().join("link");
         std::os::unix::fs::symlink(&outside, &link).unwrap();
-        assert!(make_target(&link, false).unwrap_err().message.contains("symlink"));
-        assert!(require_dir(&link, "staging").unwrap_err().message.contains("symlink"));
+        assert!(make_target(&link, false)
+            .unwrap_err()
+            .message
+            .contains("symlink"));
+        assert!(require_dir(&link, "staging")
+            .unwrap_err()
+            .message
+            .contains("symlink"));
         assert!(make_target(&dir.path().join("missing/t"), false).is_err());
 
         let f = dir.path().join("blk");

@@ -15,7 +15,9 @@ pub const MAX_LOCATOR_LEN: usize = 100;
 pub fn is_dns_label(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 63
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !name.starts_with('-')
         && !name.ends_with('-')
 }
@@ -26,7 +28,9 @@ pub fn is_dns_label(name: &str) -> bool {
 pub fn is_locator(locator: &str) -> bool {
     !locator.is_empty()
         && locator.len() <= MAX_LOCATOR_LEN
-        && locator.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+        && locator
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
         && locator.as_bytes()[0].is_ascii_alphanumeric()
         && !locator.contains("..")
 }
@@ -36,13 +40,20 @@ fn parse(kind: &str, raw: &str) -> Result<(String, String)> {
         return Err(Error::invalid(format!("{kind} id is required")));
     }
     if raw.len() > MAX_ID_LEN {
-        return Err(Error::invalid(format!("{kind} id is longer than {MAX_ID_LEN} bytes")));
+        return Err(Error::invalid(format!(
+            "{kind} id is longer than {MAX_ID_LEN} bytes"
+        )));
     }
-    let (backend, locator) = raw.split_once(':').ok_or_else(|| Error::not_found(format!("{kind} id {raw:?} is not a ferrovol id")))?;
+    let (backend, locator) = raw
+        .split_once(':')
+        .ok_or_else(|| Error::not_found(format!("{kind} id {raw:?} is not a ferrovol id")))?;
     if !is_dns_label(backend) || !is_locator(locator) {
         // Ill-formed ids cannot name anything we created: the spec's answer
         // for an id it does not know is NOT_FOUND.
-        return Err(Error::not_found(format!("{kind} id {:?} is not a ferrovol id", raw.escape_debug().to_string())));
+        return Err(Error::not_found(format!(
+            "{kind} id {:?} is not a ferrovol id",
+            raw.escape_debug().to_string()
+        )));
     }
     Ok((backend.to_string(), locator.to_string()))
 }
@@ -124,14 +135,22 @@ pub fn validate_name(kind: &str, name: &str) -> Result<()> {
         return Err(Error::invalid(format!("{kind} name is required")));
     }
     if name.len() > MAX_ID_LEN {
-        return Err(Error::invalid(format!("{kind} name is longer than {MAX_ID_LEN} bytes")));
+        return Err(Error::invalid(format!(
+            "{kind} name is longer than {MAX_ID_LEN} bytes"
+        )));
     }
     let banned = |c: char| {
         let u = c as u32;
-        (u <= 0x08) || u == 0x0b || u == 0x0c || (0x0e..=0x1f).contains(&u) || (0x7f..=0x9f).contains(&u)
+        (u <= 0x08)
+            || u == 0x0b
+            || u == 0x0c
+            || (0x0e..=0x1f).contains(&u)
+            || (0x7f..=0x9f).contains(&u)
     };
     if name.chars().any(banned) {
-        return Err(Error::invalid(format!("{kind} name contains a control character")));
+        return Err(Error::invalid(format!(
+            "{kind} name contains a control character"
+        )));
     }
     Ok(())
 }
@@ -174,7 +193,12 @@ mod tests {
             assert_eq!(err.kind, Kind::NotFound, "{raw}");
         }
         assert_eq!(VolumeId::parse("").unwrap_err().kind, Kind::InvalidArgument);
-        assert_eq!(VolumeId::parse(&format!("file:{}", "a".repeat(200))).unwrap_err().kind, Kind::InvalidArgument);
+        assert_eq!(
+            VolumeId::parse(&format!("file:{}", "a".repeat(200)))
+                .unwrap_err()
+                .kind,
+            Kind::InvalidArgument
+        );
         assert!(serde_json::from_str::<SnapshotId>("\"file:../x\"").is_err());
     }
 

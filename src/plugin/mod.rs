@@ -7,7 +7,9 @@ mod id;
 mod registry;
 mod types;
 
-pub use id::{is_dns_label, is_locator, locator_for_name, validate_name, SnapshotId, VolumeId, MAX_ID_LEN};
+pub use id::{
+    is_dns_label, is_locator, locator_for_name, validate_name, SnapshotId, VolumeId, MAX_ID_LEN,
+};
 pub use registry::Registry;
 pub use types::*;
 
@@ -30,7 +32,10 @@ pub trait Backend: Send + Sync {
     fn supports(&self, capability: &VolumeCapability) -> Result<()> {
         let caps = self.capabilities();
         if matches!(capability.access, AccessType::Block) && !caps.block {
-            return Err(Error::invalid(format!("backend {} does not serve raw block volumes", self.name())));
+            return Err(Error::invalid(format!(
+                "backend {} does not serve raw block volumes",
+                self.name()
+            )));
         }
         if !caps.access_modes.contains(&capability.mode) {
             return Err(Error::invalid(format!(
@@ -83,7 +88,12 @@ pub trait Backend: Send + Sync {
         Err(self.unimplemented("list snapshots"))
     }
     /// Makes a volume reachable from a node (ControllerPublish).
-    async fn controller_attach(&self, _id: &VolumeId, _node_id: &str, _readonly: bool) -> Result<BTreeMap<String, String>> {
+    async fn controller_attach(
+        &self,
+        _id: &VolumeId,
+        _node_id: &str,
+        _readonly: bool,
+    ) -> Result<BTreeMap<String, String>> {
         Err(self.unimplemented("attach volumes to nodes"))
     }
     /// Reverses [`Backend::controller_attach`]; idempotent.
@@ -110,7 +120,11 @@ pub trait Backend: Send + Sync {
         Err(self.unimplemented("expand volumes on the node"))
     }
     /// Whether what [`Backend::node_attach`] set up is still healthy.
-    async fn node_condition(&self, _id: &VolumeId, _attachment: &Attachment) -> Result<Option<String>> {
+    async fn node_condition(
+        &self,
+        _id: &VolumeId,
+        _attachment: &Attachment,
+    ) -> Result<Option<String>> {
         Ok(None)
     }
 

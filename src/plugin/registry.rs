@@ -30,7 +30,9 @@ impl Registry {
             )));
         }
         if self.backends.contains_key(&name) {
-            return Err(Error::invalid(format!("backend name {name:?} is registered twice")));
+            return Err(Error::invalid(format!(
+                "backend name {name:?} is registered twice"
+            )));
         }
         self.backends.insert(name, backend);
         Ok(())
@@ -39,7 +41,9 @@ impl Registry {
     /// Sets the backend used when a StorageClass names none.
     pub fn set_default(&mut self, name: &str) -> Result<()> {
         if !self.backends.contains_key(name) {
-            return Err(Error::invalid(format!("default backend {name:?} is not configured")));
+            return Err(Error::invalid(format!(
+                "default backend {name:?} is not configured"
+            )));
         }
         self.default = Some(name.to_string());
         Ok(())
@@ -64,11 +68,16 @@ impl Registry {
 
     /// The backend a StorageClass's parameters select: its `backend`
     /// parameter, else the default, else the only backend.
-    pub fn for_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<&Arc<dyn Backend>> {
+    pub fn for_parameters(
+        &self,
+        parameters: &BTreeMap<String, String>,
+    ) -> Result<&Arc<dyn Backend>> {
         if let Some(name) = parameters.get(BACKEND_PARAMETER) {
-            return self
-                .get(name)
-                .ok_or_else(|| Error::invalid(format!("parameter backend={name:?} names no configured backend")));
+            return self.get(name).ok_or_else(|| {
+                Error::invalid(format!(
+                    "parameter backend={name:?} names no configured backend"
+                ))
+            });
         }
         if let Some(name) = &self.default {
             return Ok(&self.backends[name]);
@@ -76,21 +85,31 @@ impl Registry {
         match self.backends.len() {
             1 => Ok(self.backends.values().next().expect("one backend")),
             0 => Err(Error::precondition("no backend is configured")),
-            _ => Err(Error::invalid("several backends are configured: set the `backend` parameter")),
+            _ => Err(Error::invalid(
+                "several backends are configured: set the `backend` parameter",
+            )),
         }
     }
 
     /// The backend that owns a volume. An id naming no backend is a volume
     /// that does not exist: NOT_FOUND.
     pub fn for_volume(&self, id: &VolumeId) -> Result<&Arc<dyn Backend>> {
-        self.get(id.backend())
-            .ok_or_else(|| Error::not_found(format!("volume {id} does not exist (no backend {:?})", id.backend())))
+        self.get(id.backend()).ok_or_else(|| {
+            Error::not_found(format!(
+                "volume {id} does not exist (no backend {:?})",
+                id.backend()
+            ))
+        })
     }
 
     /// The backend that owns a snapshot.
     pub fn for_snapshot(&self, id: &SnapshotId) -> Result<&Arc<dyn Backend>> {
-        self.get(id.backend())
-            .ok_or_else(|| Error::not_found(format!("snapshot {id} does not exist (no backend {:?})", id.backend())))
+        self.get(id.backend()).ok_or_else(|| {
+            Error::not_found(format!(
+                "snapshot {id} does not exist (no backend {:?})",
+                id.backend()
+            ))
+        })
     }
 
     /// The union of every backend's capabilities.
@@ -144,9 +163,17 @@ mod tests {
     fn refuses_bad_and_duplicate_names() {
         let mut r = Registry::new();
         r.register(named("file")).unwrap();
-        assert!(r.register(named("file")).unwrap_err().message.contains("twice"));
+        assert!(r
+            .register(named("file"))
+            .unwrap_err()
+            .message
+            .contains("twice"));
         for bad in ["File", "a_b", "", "-x", "example.com/x"] {
-            assert_eq!(r.register(named(bad)).unwrap_err().kind, Kind::InvalidArgument, "{bad}");
+            assert_eq!(
+                r.register(named(bad)).unwrap_err().kind,
+                Kind::InvalidArgument,
+                "{bad}"
+            );
         }
     }
 
@@ -157,23 +184,47 @@ mod tests {
         let only = r.for_parameters(&BTreeMap::new()).unwrap();
         assert_eq!(only.name(), "file");
         r.register(named("lvm")).unwrap();
-        assert_eq!(r.for_parameters(&BTreeMap::new()).unwrap_err().kind, Kind::InvalidArgument);
+        assert_eq!(
+            r.for_parameters(&BTreeMap::new()).unwrap_err().kind,
+            Kind::InvalidArgument
+        );
         r.set_default("lvm").unwrap();
         assert_eq!(r.for_parameters(&BTreeMap::new()).unwrap().name(), "lvm");
         let p = BTreeMap::from([("backend".to_string(), "file".to_string())]);
         assert_eq!(r.for_parameters(&p).unwrap().name(), "file");
         let p = BTreeMap::from([("backend".to_string(), "nfs".to_string())]);
-        assert_eq!(r.for_parameters(&p).unwrap_err().kind, Kind::InvalidArgument);
-        assert_eq!(r.for_volume(&VolumeId::parse("lvm:v1").unwrap()).unwrap().name(), "lvm");
-        assert_eq!(r.for_volume(&VolumeId::parse("rbd:v1").unwrap()).unwrap_err().kind, Kind::NotFound);
+        assert_eq!(
+            r.for_parameters(&p).unwrap_err().kind,
+            Kind::InvalidArgument
+        );
+        assert_eq!(
+            r.for_volume(&VolumeId::parse("lvm:v1").unwrap())
+                .unwrap()
+                .name(),
+            "lvm"
+        );
+        assert_eq!(
+            r.for_volume(&VolumeId::parse("rbd:v1").unwrap())
+                .unwrap_err()
+                .kind,
+            Kind::NotFound
+        );
         assert!(r.set_default("nope").is_err());
     }
 
     #[test]
     fn capabilities_are_the_union() {
         let mut r = Registry::new();
-        let a = Capabilities { provision: true, access_modes: vec![super::super::AccessMode::SingleNodeWriter], ..Default::default() };
-        let b = Capabilities { attach: true, block: true, ..Default::default() };
+        let a = Capabilities {
+            provision: true,
+            access_modes: vec![super::super::AccessMode::SingleNodeWriter],
+            ..Default::default()
+        };
+        let b = Capabilities {
+            attach: true,
+            block: true,
+            ..Default::default()
+        };
         r.register(Arc::new(Named("a", a))).unwrap();
         r.register(Arc::new(Named("b", b))).unwrap();
         let c = r.capabilities();

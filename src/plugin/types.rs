@@ -34,7 +34,10 @@ pub struct Capabilities {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AccessType {
-    Mount { fs_type: String, mount_flags: Vec<String> },
+    Mount {
+        fs_type: String,
+        mount_flags: Vec<String>,
+    },
     Block,
 }
 
@@ -54,7 +57,10 @@ pub enum AccessMode {
 impl AccessMode {
     /// Modes that forbid writes.
     pub fn is_readonly(self) -> bool {
-        matches!(self, AccessMode::SingleNodeReaderOnly | AccessMode::MultiNodeReaderOnly)
+        matches!(
+            self,
+            AccessMode::SingleNodeReaderOnly | AccessMode::MultiNodeReaderOnly
+        )
     }
     /// Modes that allow more than one publish of the volume on a node.
     pub fn allows_multiple_publish(self) -> bool {
@@ -140,5 +146,9 @@ pub enum Attachment {
     /// A local block device (a loop device, an LV, an iSCSI LUN, an rbd map).
     Device { path: PathBuf },
     /// A filesystem mounted from elsewhere (NFS).
-    Remote { source: String, fs_type: String, options: Vec<String> },
+    Remote {
+        source: String,
+        fs_type: String,
+        options: Vec<String>,
+    },
 }

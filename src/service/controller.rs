@@ -4,7 +4,9 @@ use super::convert::{self, params};
 use super::{traced, Driver};
 use crate::error::{Error, Kind, Result};
 use crate::plugin::{CreateVolume, SnapshotInfo, VolumeId};
-use crate::proto::{self as pb, controller_server::Controller, controller_service_capability as csc};
+use crate::proto::{
+    self as pb, controller_server::Controller, controller_service_capability as csc,
+};
 use std::collections::HashMap;
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
@@ -23,7 +25,10 @@ fn check_parameters(p: &std::collections::BTreeMap<String, String>) -> Result<()
     Ok(())
 }
 
-fn topology_matches(requirement: Option<&pb::TopologyRequirement>, ours: &HashMap<String, String>) -> bool {
+fn topology_matches(
+    requirement: Option<&pb::TopologyRequirement>,
+    ours: &HashMap<String, String>,
+) -> bool {
     let Some(req) = requirement else { return true };
     let fits = |t: &pb::Topology| t.segments.iter().all(|(k, v)| ours.get(k) == Some(v));
     if !req.requisite.is_empty() {
@@ -38,14 +43,23 @@ impl ControllerService {
     }
 
     async fn find_snapshot(&self, id: &crate::plugin::SnapshotId) -> Result<Option<SnapshotInfo>> {
-        let Some(backend) = self.0.registry.get(id.backend()) else { return Ok(None) };
-        Ok(backend.list_snapshots().await?.into_iter().find(|s| &s.id == id))
+        let Some(backend) = self.0.registry.get(id.backend()) else {
+            return Ok(None);
+        };
+        Ok(backend
+            .list_snapshots()
+            .await?
+            .into_iter()
+            .find(|s| &s.id == id))
     }
 }
 
 #[tonic::async_trait]
 impl Controller for ControllerService {
-    async fn create_volume(&self, request: Request<pb::CreateVolumeRequest>) -> Result<Response<pb::CreateVolumeResponse>, Status> {
+    async fn create_volume(
+        &self,
+        request: Request<pb::CreateVolumeRequest>,
+    ) -> Result<Response<pb::CreateVolumeResponse>, Status> {
         let r = request.into_inner();
         traced("CreateVolume", &r.name, async {
             crate::plugin::validate_name("volume", &r.name)?;
@@ -67,10 +81,16 @@ impl Controller for ControllerService {
             }
             match &source {
                 Some(crate::plugin::ContentSource::Snapshot(_)) if !bc.snapshot => {
-                    return Err(Error::invalid(format!("backend {} cannot create volumes from snapshots", backend.name())))
+                    return Err(Error::invalid(format!(
+                        "backend {} cannot create volumes from snapshots",
+                        backend.name()
+                    )))
                 }
                 Some(crate::plugin::ContentSource::Volume(_)) if !bc.clone => {
-                    return Err(Error::invalid(format!("backend {} cannot clone volumes", backend.name())))
+                    return Err(Error::invalid(format!(
+                        "backend {} cannot clone volumes",
+                        backend.name()
+                    )))
                 }
                 _ => {}
             }
@@ -84,7 +104,10 @@ impl Controller for ControllerService {
                     )));
                 }
             }
-            let _guard = self.0.controller_locks.try_exclusive(&[format!("volume name {}", r.name)])?;
+            let _guard = self
+                .0
+                .controller_locks
+                .try_exclusive(&[format!("volume name {}", r.name)])?;
             let info = backend
                 .create_volume(&CreateVolume {
                     name: r.name.clone(),
@@ -95,12 +118,17 @@ impl Controller for ControllerService {
                     source,
                 })
                 .await?;
-            Ok(pb::CreateVolumeResponse { volume: Some(convert::volume_to_pb(&info, topology.as_ref())) })
+            Ok(pb::CreateVolumeResponse {
+                volume: Some(convert::volume_to_pb(&info, topology.as_ref())),
+            })
         })
         .await
     }
 
-    async fn delete_volume(&self, request: Request<pb::DeleteVolumeRequest>) -> Result<Response<pb::DeleteVolumeResponse>, Status> {
+    async fn delete_volume(
+        &self,
+        request: Request<pb::DeleteVolumeRequest>,
+    ) -> Result<Response<pb::DeleteVolumeResponse>, Status> {
         let r = request.into_inner();
         traced("DeleteVolume", &r.volume_id, async {
             let id = match convert::volume_id(&r.volume_id) {
@@ -109,8 +137,13 @@ impl Controller for ControllerService {
                 Err(e) if e.kind == Kind::NotFound => return Ok(pb::DeleteVolumeResponse {}),
                 Err(e) => return Err(e),
             };
-            let Some(backend) = self.0.registry.get(id.backend()).cloned() else { return Ok(pb::DeleteVolumeResponse {}) };
-            let _guard = self.0.controller_locks.try_exclusive(&[format!("volume {id}")])?;
+            let Some(backend) = self.0.registry.get(id.backend()).cloned() else {
+                return Ok(pb::DeleteVolumeResponse {});
+            };
+            let _guard = self
+                .0
+                .controller_locks
+                .try_exclusive(&[format!("volume {id}")])?;
             backend.delete_volume(&id).await?;
             Ok(pb::DeleteVolumeResponse {})
         })
@@ -124,7 +157,9 @@ impl Controller for ControllerService {
         let r = request.into_inner();
         traced("ControllerPublishVolume", &r.volume_id, async {
             if !self.0.registry.capabilities().attach {
-                return Err(Error::unimplemented("no configured backend attaches volumes to nodes"));
+                return Err(Error::unimplemented(
+                    "no configured backend attaches volumes to nodes",
+                ));
             }
             let id = convert::volume_id(&r.volume_id)?;
             if r.node_id.is_empty() {
@@ -133,12 +168,19 @@ impl Controller for ControllerService {
             let cap = convert::required_capability(r.volume_capability.as_ref())?;
             let backend = self.0.registry.for_volume(&id)?.clone();
             backend.supports(&cap)?;
-            let _guard = self.0.controller_locks.try_exclusive(&[format!("volume {id}")])?;
+            let _guard = self
+                .0
+                .controller_locks
+                .try_exclusive(&[format!("volume {id}")])?;
             if backend.get_volume(&id).await?.is_none() {
                 return Err(Error::not_found(format!("volume {id} does not exist")));
             }
-            let ctx = backend.controller_attach(&id, &r.node_id, r.readonly).await?;
-            Ok(pb::ControllerPublishVolumeResponse { publish_context: ctx.into_iter().collect() })
+            let ctx = backend
+                .controller_attach(&id, &r.node_id, r.readonly)
+                .await?;
+            Ok(pb::ControllerPublishVolumeResponse {
+                publish_context: ctx.into_iter().collect(),
+            })
         })
         .await
     }
@@ -150,11 +192,16 @@ impl Controller for ControllerService {
         let r = request.into_inner();
         traced("ControllerUnpublishVolume", &r.volume_id, async {
             if !self.0.registry.capabilities().attach {
-                return Err(Error::unimplemented("no configured backend attaches volumes to nodes"));
+                return Err(Error::unimplemented(
+                    "no configured backend attaches volumes to nodes",
+                ));
             }
             let id = convert::volume_id(&r.volume_id)?;
             let backend = self.0.registry.for_volume(&id)?.clone();
-            let _guard = self.0.controller_locks.try_exclusive(&[format!("volume {id}")])?;
+            let _guard = self
+                .0
+                .controller_locks
+                .try_exclusive(&[format!("volume {id}")])?;
             let node = (!r.node_id.is_empty()).then_some(r.node_id.as_str());
             backend.controller_detach(&id, node).await?;
             Ok(pb::ControllerUnpublishVolumeResponse {})
@@ -181,7 +228,10 @@ impl Controller for ControllerService {
                 .chain(std::iter::once(check_parameters(&parameters)))
                 .find_map(Result::err);
             Ok(match unsupported {
-                Some(e) => pb::ValidateVolumeCapabilitiesResponse { confirmed: None, message: e.message },
+                Some(e) => pb::ValidateVolumeCapabilitiesResponse {
+                    confirmed: None,
+                    message: e.message,
+                },
                 None => pb::ValidateVolumeCapabilitiesResponse {
                     confirmed: Some(pb::validate_volume_capabilities_response::Confirmed {
                         volume_context: r.volume_context.clone(),
@@ -196,7 +246,10 @@ impl Controller for ControllerService {
         .await
     }
 
-    async fn list_volumes(&self, request: Request<pb::ListVolumesRequest>) -> Result<Response<pb::ListVolumesResponse>, Status> {
+    async fn list_volumes(
+        &self,
+        request: Request<pb::ListVolumesRequest>,
+    ) -> Result<Response<pb::ListVolumesResponse>, Status> {
         let r = request.into_inner();
         traced("ListVolumes", "", async {
             let mut all = Vec::new();
@@ -206,7 +259,12 @@ impl Controller for ControllerService {
                     all.extend(b.list_volumes().await?.into_iter().map(|v| (v, node_local)));
                 }
             }
-            let (page, next) = convert::paginate(all, |(v, _)| v.id.to_string(), r.max_entries, &r.starting_token)?;
+            let (page, next) = convert::paginate(
+                all,
+                |(v, _)| v.id.to_string(),
+                r.max_entries,
+                &r.starting_token,
+            )?;
             let entries = page
                 .iter()
                 .map(|(v, local)| pb::list_volumes_response::Entry {
@@ -214,18 +272,28 @@ impl Controller for ControllerService {
                     status: None,
                 })
                 .collect();
-            Ok(pb::ListVolumesResponse { entries, next_token: next })
+            Ok(pb::ListVolumesResponse {
+                entries,
+                next_token: next,
+            })
         })
         .await
     }
 
-    async fn get_capacity(&self, request: Request<pb::GetCapacityRequest>) -> Result<Response<pb::GetCapacityResponse>, Status> {
+    async fn get_capacity(
+        &self,
+        request: Request<pb::GetCapacityRequest>,
+    ) -> Result<Response<pb::GetCapacityResponse>, Status> {
         let r = request.into_inner();
         traced("GetCapacity", "", async {
             let parameters = params(&r.parameters);
             check_parameters(&parameters)?;
             let backend = self.0.registry.for_parameters(&parameters)?.clone();
-            let caps: Vec<_> = r.volume_capabilities.iter().map(convert::capability).collect::<Result<_>>()?;
+            let caps: Vec<_> = r
+                .volume_capabilities
+                .iter()
+                .map(convert::capability)
+                .collect::<Result<_>>()?;
             let served = caps.iter().all(|c| backend.supports(c).is_ok());
             let here = match (&r.accessible_topology, backend.capabilities().node_local) {
                 (Some(t), true) => {
@@ -235,7 +303,11 @@ impl Controller for ControllerService {
                 _ => true,
             };
             if !served || !here {
-                return Ok(pb::GetCapacityResponse { available_capacity: 0, maximum_volume_size: Some(0), minimum_volume_size: None });
+                return Ok(pb::GetCapacityResponse {
+                    available_capacity: 0,
+                    maximum_volume_size: Some(0),
+                    minimum_volume_size: None,
+                });
             }
             let c = backend.capacity(&parameters).await?;
             Ok(pb::GetCapacityResponse {
@@ -256,7 +328,12 @@ impl Controller for ControllerService {
             use csc::rpc::Type as T;
             let mut types = Vec::new();
             if c.provision {
-                types.extend([T::CreateDeleteVolume, T::ListVolumes, T::GetCapacity, T::GetVolume]);
+                types.extend([
+                    T::CreateDeleteVolume,
+                    T::ListVolumes,
+                    T::GetCapacity,
+                    T::GetVolume,
+                ]);
             }
             if c.attach {
                 types.extend([T::PublishUnpublishVolume, T::PublishReadonly]);
@@ -270,19 +347,26 @@ impl Controller for ControllerService {
             if c.expand {
                 types.push(T::ExpandVolume);
             }
-            if c.access_modes.contains(&crate::plugin::AccessMode::SingleNodeMultiWriter) {
+            if c.access_modes
+                .contains(&crate::plugin::AccessMode::SingleNodeMultiWriter)
+            {
                 types.push(T::SingleNodeMultiWriter);
             }
             let capabilities = types
                 .into_iter()
-                .map(|t| pb::ControllerServiceCapability { r#type: Some(csc::Type::Rpc(csc::Rpc { r#type: t as i32 })) })
+                .map(|t| pb::ControllerServiceCapability {
+                    r#type: Some(csc::Type::Rpc(csc::Rpc { r#type: t as i32 })),
+                })
                 .collect();
             Ok(pb::ControllerGetCapabilitiesResponse { capabilities })
         })
         .await
     }
 
-    async fn create_snapshot(&self, request: Request<pb::CreateSnapshotRequest>) -> Result<Response<pb::CreateSnapshotResponse>, Status> {
+    async fn create_snapshot(
+        &self,
+        request: Request<pb::CreateSnapshotRequest>,
+    ) -> Result<Response<pb::CreateSnapshotResponse>, Status> {
         let r = request.into_inner();
         traced("CreateSnapshot", &r.source_volume_id, async {
             if r.source_volume_id.is_empty() {
@@ -297,14 +381,22 @@ impl Controller for ControllerService {
             if !backend.capabilities().snapshot {
                 return Err(backend.unimplemented("take snapshots"));
             }
-            let _guard = self.0.controller_locks.try_exclusive(&[format!("snapshot name {}", r.name)])?;
+            let _guard = self
+                .0
+                .controller_locks
+                .try_exclusive(&[format!("snapshot name {}", r.name)])?;
             let snap = backend.create_snapshot(&source, &r.name).await?;
-            Ok(pb::CreateSnapshotResponse { snapshot: Some(convert::snapshot_to_pb(&snap)) })
+            Ok(pb::CreateSnapshotResponse {
+                snapshot: Some(convert::snapshot_to_pb(&snap)),
+            })
         })
         .await
     }
 
-    async fn delete_snapshot(&self, request: Request<pb::DeleteSnapshotRequest>) -> Result<Response<pb::DeleteSnapshotResponse>, Status> {
+    async fn delete_snapshot(
+        &self,
+        request: Request<pb::DeleteSnapshotRequest>,
+    ) -> Result<Response<pb::DeleteSnapshotResponse>, Status> {
         let r = request.into_inner();
         traced("DeleteSnapshot", &r.snapshot_id, async {
             let id = match convert::snapshot_id(&r.snapshot_id) {
@@ -312,15 +404,23 @@ impl Controller for ControllerService {
                 Err(e) if e.kind == Kind::NotFound => return Ok(pb::DeleteSnapshotResponse {}),
                 Err(e) => return Err(e),
             };
-            let Some(backend) = self.0.registry.get(id.backend()).cloned() else { return Ok(pb::DeleteSnapshotResponse {}) };
-            let _guard = self.0.controller_locks.try_exclusive(&[format!("snapshot {id}")])?;
+            let Some(backend) = self.0.registry.get(id.backend()).cloned() else {
+                return Ok(pb::DeleteSnapshotResponse {});
+            };
+            let _guard = self
+                .0
+                .controller_locks
+                .try_exclusive(&[format!("snapshot {id}")])?;
             backend.delete_snapshot(&id).await?;
             Ok(pb::DeleteSnapshotResponse {})
         })
         .await
     }
 
-    async fn list_snapshots(&self, request: Request<pb::ListSnapshotsRequest>) -> Result<Response<pb::ListSnapshotsResponse>, Status> {
+    async fn list_snapshots(
+        &self,
+        request: Request<pb::ListSnapshotsRequest>,
+    ) -> Result<Response<pb::ListSnapshotsResponse>, Status> {
         let r = request.into_inner();
         traced("ListSnapshots", &r.source_volume_id, async {
             let mut all = Vec::new();
@@ -340,22 +440,36 @@ impl Controller for ControllerService {
                 let source = VolumeId::parse(&r.source_volume_id).ok();
                 all.retain(|s| Some(&s.source_volume) == source.as_ref());
             }
-            let (page, next) = convert::paginate(all, |s| s.id.to_string(), r.max_entries, &r.starting_token)?;
+            let (page, next) =
+                convert::paginate(all, |s| s.id.to_string(), r.max_entries, &r.starting_token)?;
             let entries = page
                 .iter()
-                .map(|s| pb::list_snapshots_response::Entry { snapshot: Some(convert::snapshot_to_pb(s)) })
+                .map(|s| pb::list_snapshots_response::Entry {
+                    snapshot: Some(convert::snapshot_to_pb(s)),
+                })
                 .collect();
-            Ok(pb::ListSnapshotsResponse { entries, next_token: next })
+            Ok(pb::ListSnapshotsResponse {
+                entries,
+                next_token: next,
+            })
         })
         .await
     }
 
-    async fn get_snapshot(&self, request: Request<pb::GetSnapshotRequest>) -> Result<Response<pb::GetSnapshotResponse>, Status> {
+    async fn get_snapshot(
+        &self,
+        request: Request<pb::GetSnapshotRequest>,
+    ) -> Result<Response<pb::GetSnapshotResponse>, Status> {
         let r = request.into_inner();
         traced("GetSnapshot", &r.snapshot_id, async {
             let id = convert::snapshot_id(&r.snapshot_id)?;
-            let snap = self.find_snapshot(&id).await?.ok_or_else(|| Error::not_found(format!("snapshot {id} does not exist")))?;
-            Ok(pb::GetSnapshotResponse { snapshot: Some(convert::snapshot_to_pb(&snap)) })
+            let snap = self
+                .find_snapshot(&id)
+                .await?
+                .ok_or_else(|| Error::not_found(format!("snapshot {id} does not exist")))?;
+            Ok(pb::GetSnapshotResponse {
+                snapshot: Some(convert::snapshot_to_pb(&snap)),
+            })
         })
         .await
     }
@@ -367,7 +481,10 @@ impl Controller for ControllerService {
         let r = request.into_inner();
         traced("ControllerExpandVolume", &r.volume_id, async {
             let id = convert::volume_id(&r.volume_id)?;
-            let range = r.capacity_range.as_ref().ok_or_else(|| Error::invalid("capacity_range is required"))?;
+            let range = r
+                .capacity_range
+                .as_ref()
+                .ok_or_else(|| Error::invalid("capacity_range is required"))?;
             let (required, limit) = convert::capacity_range(Some(range))?;
             let backend = self.0.registry.for_volume(&id)?.clone();
             if !backend.capabilities().expand {
@@ -376,7 +493,10 @@ impl Controller for ControllerService {
             if let Some(cap) = &r.volume_capability {
                 backend.supports(&convert::capability(cap)?)?;
             }
-            let _guard = self.0.controller_locks.try_exclusive(&[format!("volume {id}")])?;
+            let _guard = self
+                .0
+                .controller_locks
+                .try_exclusive(&[format!("volume {id}")])?;
             let size = backend.expand_volume(&id, required, limit).await?;
             // Devices on the node must learn the new size (and filesystems
             // grow), so the node step is always wanted.
@@ -396,7 +516,10 @@ impl Controller for ControllerService {
         traced("ControllerGetVolume", &r.volume_id, async {
             let id = convert::volume_id(&r.volume_id)?;
             let backend = self.0.registry.for_volume(&id)?.clone();
-            let info = backend.get_volume(&id).await?.ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
+            let info = backend
+                .get_volume(&id)
+                .await?
+                .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
             let topology = self.topology_for(backend.capabilities().node_local);
             Ok(pb::ControllerGetVolumeResponse {
                 volume: Some(convert::volume_to_pb(&info, topology.as_ref())),
@@ -412,7 +535,9 @@ impl Controller for ControllerService {
     ) -> Result<Response<pb::ControllerModifyVolumeResponse>, Status> {
         let r = request.into_inner();
         traced("ControllerModifyVolume", &r.volume_id, async {
-            Err::<pb::ControllerModifyVolumeResponse, _>(Error::unimplemented("no backend has mutable parameters"))
+            Err::<pb::ControllerModifyVolumeResponse, _>(Error::unimplemented(
+                "no backend has mutable parameters",
+            ))
         })
         .await
     }

@@ -2,7 +2,10 @@
 //! the checks the spec asks for on the way in.
 
 use crate::error::{Error, Result};
-use crate::plugin::{AccessMode, AccessType, ContentSource, SnapshotId, SnapshotInfo, VolumeCapability, VolumeId, VolumeInfo};
+use crate::plugin::{
+    AccessMode, AccessType, ContentSource, SnapshotId, SnapshotInfo, VolumeCapability, VolumeId,
+    VolumeInfo,
+};
 use crate::proto as pb;
 use std::collections::{BTreeMap, HashMap};
 
@@ -17,16 +20,20 @@ pub fn snapshot_id(raw: &str) -> Result<SnapshotId> {
 
 pub fn access_mode(mode: i32) -> Result<AccessMode> {
     use pb::volume_capability::access_mode::Mode as M;
-    Ok(match M::try_from(mode).map_err(|_| Error::invalid(format!("unknown access mode {mode}")))? {
-        M::Unknown => return Err(Error::invalid("volume capability access mode is required")),
-        M::SingleNodeWriter => AccessMode::SingleNodeWriter,
-        M::SingleNodeReaderOnly => AccessMode::SingleNodeReaderOnly,
-        M::MultiNodeReaderOnly => AccessMode::MultiNodeReaderOnly,
-        M::MultiNodeSingleWriter => AccessMode::MultiNodeSingleWriter,
-        M::MultiNodeMultiWriter => AccessMode::MultiNodeMultiWriter,
-        M::SingleNodeSingleWriter => AccessMode::SingleNodeSingleWriter,
-        M::SingleNodeMultiWriter => AccessMode::SingleNodeMultiWriter,
-    })
+    Ok(
+        match M::try_from(mode)
+            .map_err(|_| Error::invalid(format!("unknown access mode {mode}")))?
+        {
+            M::Unknown => return Err(Error::invalid("volume capability access mode is required")),
+            M::SingleNodeWriter => AccessMode::SingleNodeWriter,
+            M::SingleNodeReaderOnly => AccessMode::SingleNodeReaderOnly,
+            M::MultiNodeReaderOnly => AccessMode::MultiNodeReaderOnly,
+            M::MultiNodeSingleWriter => AccessMode::MultiNodeSingleWriter,
+            M::MultiNodeMultiWriter => AccessMode::MultiNodeMultiWriter,
+            M::SingleNodeSingleWriter => AccessMode::SingleNodeSingleWriter,
+            M::SingleNodeMultiWriter => AccessMode::SingleNodeMultiWriter,
+        },
+    )
 }
 
 fn access_mode_to_pb(mode: AccessMode) -> i32 {
@@ -49,12 +56,19 @@ pub fn capability(cap: &pb::VolumeCapability) -> Result<VolumeCapability> {
         Some(A::Block(_)) => AccessType::Block,
         Some(A::Mount(m)) => {
             if m.volume_mount_group.is_empty() {
-                AccessType::Mount { fs_type: m.fs_type.clone(), mount_flags: m.mount_flags.clone() }
+                AccessType::Mount {
+                    fs_type: m.fs_type.clone(),
+                    mount_flags: m.mount_flags.clone(),
+                }
             } else {
                 return Err(Error::invalid("volume_mount_group is not supported"));
             }
         }
-        None => return Err(Error::invalid("volume capability access type (mount or block) is required")),
+        None => {
+            return Err(Error::invalid(
+                "volume capability access type (mount or block) is required",
+            ))
+        }
     };
     let mode = access_mode(cap.access_mode.as_ref().map(|m| m.mode).unwrap_or(0))?;
     Ok(VolumeCapability { access, mode })
@@ -77,7 +91,10 @@ pub fn capability_to_pb(cap: &VolumeCapability) -> pb::VolumeCapability {
     use pb::volume_capability as vc;
     let access_type = match &cap.access {
         AccessType::Block => vc::AccessType::Block(vc::BlockVolume {}),
-        AccessType::Mount { fs_type, mount_flags } => vc::AccessType::Mount(vc::MountVolume {
+        AccessType::Mount {
+            fs_type,
+            mount_flags,
+        } => vc::AccessType::Mount(vc::MountVolume {
             fs_type: fs_type.clone(),
             mount_flags: mount_flags.clone(),
             volume_mount_group: String::new(),
@@ -85,7 +102,9 @@ pub fn capability_to_pb(cap: &VolumeCapability) -> pb::VolumeCapability {
     };
     pb::VolumeCapability {
         access_type: Some(access_type),
-        access_mode: Some(vc::AccessMode { mode: access_mode_to_pb(cap.mode) }),
+        access_mode: Some(vc::AccessMode {
+            mode: access_mode_to_pb(cap.mode),
+        }),
     }
 }
 
@@ -103,36 +122,60 @@ pub fn content_source(src: Option<&pb::VolumeContentSource>) -> Result<Option<Co
             let id = VolumeId::parse(&v.volume_id).map_err(|e| Error::not_found(e.message))?;
             Ok(Some(ContentSource::Volume(id)))
         }
-        None => Err(Error::invalid("volume_content_source names neither a snapshot nor a volume")),
+        None => Err(Error::invalid(
+            "volume_content_source names neither a snapshot nor a volume",
+        )),
     }
 }
 
 pub fn content_source_to_pb(src: &ContentSource) -> pb::VolumeContentSource {
     use pb::volume_content_source as vcs;
     let r#type = match src {
-        ContentSource::Snapshot(id) => vcs::Type::Snapshot(vcs::SnapshotSource { snapshot_id: id.to_string() }),
-        ContentSource::Volume(id) => vcs::Type::Volume(vcs::VolumeSource { volume_id: id.to_string() }),
+        ContentSource::Snapshot(id) => vcs::Type::Snapshot(vcs::SnapshotSource {
+            snapshot_id: id.to_string(),
+        }),
+        ContentSource::Volume(id) => vcs::Type::Volume(vcs::VolumeSource {
+            volume_id: id.to_string(),
+        }),
     };
-    pb::VolumeContentSource { r#type: Some(r#type) }
+    pb::VolumeContentSource {
+        r#type: Some(r#type),
+    }
 }
 
 pub fn volume_to_pb(v: &VolumeInfo, topology: Option<&HashMap<String, String>>) -> pb::Volume {
     pb::Volume {
         capacity_bytes: v.capacity_bytes as i64,
         volume_id: v.id.to_string(),
-        volume_context: v.context.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        volume_context: v
+            .context
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
         content_source: v.source.as_ref().map(content_source_to_pb),
-        accessible_topology: topology.map(|t| vec![pb::Topology { segments: t.clone() }]).unwrap_or_default(),
+        accessible_topology: topology
+            .map(|t| {
+                vec![pb::Topology {
+                    segments: t.clone(),
+                }]
+            })
+            .unwrap_or_default(),
     }
 }
 
 pub fn snapshot_to_pb(s: &SnapshotInfo) -> pb::Snapshot {
-    let since = s.created.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let since = s
+        .created
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
     pb::Snapshot {
         size_bytes: s.size_bytes as i64,
         snapshot_id: s.id.to_string(),
         source_volume_id: s.source_volume.to_string(),
-        creation_time: Some(prost_types::Timestamp { seconds: since.as_secs() as i64, nanos: since.subsec_nanos() as i32 }),
+        creation_time: Some(prost_types::Timestamp {
+            seconds: since.as_secs() as i64,
+            nanos: since.subsec_nanos() as i32,
+        }),
         ready_to_use: s.ready,
         group_snapshot_id: String::new(),
     }
@@ -147,7 +190,9 @@ pub fn capacity_range(range: Option<&pb::CapacityRange>) -> Result<(u64, u64)> {
     }
     let (req, lim) = (r.required_bytes as u64, r.limit_bytes as u64);
     if lim > 0 && req > lim {
-        return Err(Error::out_of_range(format!("required_bytes {req} exceeds limit_bytes {lim}")));
+        return Err(Error::out_of_range(format!(
+            "required_bytes {req} exceeds limit_bytes {lim}"
+        )));
     }
     Ok((req, lim))
 }
@@ -160,7 +205,12 @@ pub fn params(map: &HashMap<String, String>) -> BTreeMap<String, String> {
 /// Pagination over a sorted list: entries after `starting_token` (the last
 /// id of the previous page), at most `max_entries` (0: all). Returns the page
 /// and the next token.
-pub fn paginate<T>(items: Vec<T>, id: impl Fn(&T) -> String, max_entries: i32, starting_token: &str) -> Result<(Vec<T>, String)> {
+pub fn paginate<T>(
+    items: Vec<T>,
+    id: impl Fn(&T) -> String,
+    max_entries: i32,
+    starting_token: &str,
+) -> Result<(Vec<T>, String)> {
     if max_entries < 0 {
         return Err(Error::invalid("max_entries must not be negative"));
     }
@@ -171,15 +221,25 @@ pub fn paginate<T>(items: Vec<T>, id: impl Fn(&T) -> String, max_entries: i32, s
     } else {
         let valid = starting_token.len() <= 256 && starting_token.contains(':');
         if !valid {
-            return Err(Error::aborted(format!("starting_token {starting_token:?} is not valid")));
+            return Err(Error::aborted(format!(
+                "starting_token {starting_token:?} is not valid"
+            )));
         }
         items.partition_point(|(k, _)| k.as_str() <= starting_token)
     };
     let rest: Vec<(String, T)> = items.into_iter().skip(start).collect();
-    let take = if max_entries == 0 { rest.len() } else { max_entries as usize };
+    let take = if max_entries == 0 {
+        rest.len()
+    } else {
+        max_entries as usize
+    };
     let more = rest.len() > take;
     let page: Vec<(String, T)> = rest.into_iter().take(take).collect();
-    let next = if more { page.last().map(|(k, _)| k.clone()).unwrap_or_default() } else { String::new() };
+    let next = if more {
+        page.last().map(|(k, _)| k.clone()).unwrap_or_default()
+    } else {
+        String::new()
+    };
     Ok((page.into_iter().map(|(_, t)| t).collect(), next))
 }
 
@@ -195,8 +255,14 @@ mod tests {
             access_type: None,
             access_mode: Some(pb::volume_capability::AccessMode { mode: 1 }),
         };
-        assert_eq!(capability(&no_type).unwrap_err().kind, Kind::InvalidArgument);
-        let cap = VolumeCapability { access: AccessType::Block, mode: AccessMode::SingleNodeMultiWriter };
+        assert_eq!(
+            capability(&no_type).unwrap_err().kind,
+            Kind::InvalidArgument
+        );
+        let cap = VolumeCapability {
+            access: AccessType::Block,
+            mode: AccessMode::SingleNodeMultiWriter,
+        };
         let mut wire = capability_to_pb(&cap);
         assert_eq!(capability(&wire).unwrap(), cap);
         wire.access_mode = None;
@@ -208,10 +274,19 @@ mod tests {
     #[test]
     fn capacity_ranges() {
         assert_eq!(capacity_range(None).unwrap(), (0, 0));
-        let r = |a, b| pb::CapacityRange { required_bytes: a, limit_bytes: b };
+        let r = |a, b| pb::CapacityRange {
+            required_bytes: a,
+            limit_bytes: b,
+        };
         assert_eq!(capacity_range(Some(&r(10, 20))).unwrap(), (10, 20));
-        assert_eq!(capacity_range(Some(&r(-1, 0))).unwrap_err().kind, Kind::InvalidArgument);
-        assert_eq!(capacity_range(Some(&r(30, 20))).unwrap_err().kind, Kind::OutOfRange);
+        assert_eq!(
+            capacity_range(Some(&r(-1, 0))).unwrap_err().kind,
+            Kind::InvalidArgument
+        );
+        assert_eq!(
+            capacity_range(Some(&r(30, 20))).unwrap_err().kind,
+            Kind::OutOfRange
+        );
     }
 
     #[test]
@@ -233,16 +308,26 @@ mod tests {
         let fewer: Vec<String> = ids.iter().filter(|s| *s != "file:v2").cloned().collect();
         let (page, _) = paginate(fewer, |s| s.clone(), 2, "file:v2").unwrap();
         assert_eq!(page, vec!["file:v3".to_string(), "file:v4".to_string()]);
-        assert_eq!(paginate(ids.clone(), |s| s.clone(), 0, "garbage").unwrap_err().kind, Kind::Aborted);
-        assert_eq!(paginate(ids, |s| s.clone(), -1, "").unwrap_err().kind, Kind::InvalidArgument);
+        assert_eq!(
+            paginate(ids.clone(), |s| s.clone(), 0, "garbage")
+                .unwrap_err()
+                .kind,
+            Kind::Aborted
+        );
+        assert_eq!(
+            paginate(ids, |s| s.clone(), -1, "").unwrap_err().kind,
+            Kind::InvalidArgument
+        );
     }
 
     #[test]
     fn bad_source_ids_are_not_found() {
         let src = pb::VolumeContentSource {
-            r#type: Some(pb::volume_content_source::Type::Snapshot(pb::volume_content_source::SnapshotSource {
-                snapshot_id: "file:../x".into(),
-            })),
+            r#type: Some(pb::volume_content_source::Type::Snapshot(
+                pb::volume_content_source::SnapshotSource {
+                    snapshot_id: "file:../x".into(),
+                },
+            )),
         };
         assert_eq!(content_source(Some(&src)).unwrap_err().kind, Kind::NotFound);
     }

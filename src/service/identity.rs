@@ -9,15 +9,24 @@ use tonic::{Request, Response, Status};
 pub struct IdentityService(pub Arc<Driver>);
 
 fn service(t: pc::service::Type) -> pb::PluginCapability {
-    pb::PluginCapability { r#type: Some(pc::Type::Service(pc::Service { r#type: t as i32 })) }
+    pb::PluginCapability {
+        r#type: Some(pc::Type::Service(pc::Service { r#type: t as i32 })),
+    }
 }
 
 #[tonic::async_trait]
 impl Identity for IdentityService {
-    async fn get_plugin_info(&self, _: Request<pb::GetPluginInfoRequest>) -> Result<Response<pb::GetPluginInfoResponse>, Status> {
+    async fn get_plugin_info(
+        &self,
+        _: Request<pb::GetPluginInfoRequest>,
+    ) -> Result<Response<pb::GetPluginInfoResponse>, Status> {
         let d = &self.0;
         traced("GetPluginInfo", "", async {
-            Ok(pb::GetPluginInfoResponse { name: d.name.clone(), vendor_version: d.version.clone(), manifest: Default::default() })
+            Ok(pb::GetPluginInfoResponse {
+                name: d.name.clone(),
+                vendor_version: d.version.clone(),
+                manifest: Default::default(),
+            })
         })
         .await
     }
@@ -35,7 +44,9 @@ impl Identity for IdentityService {
             }
             if caps.expand {
                 out.push(pb::PluginCapability {
-                    r#type: Some(pc::Type::VolumeExpansion(pc::VolumeExpansion { r#type: pc::volume_expansion::Type::Online as i32 })),
+                    r#type: Some(pc::Type::VolumeExpansion(pc::VolumeExpansion {
+                        r#type: pc::volume_expansion::Type::Online as i32,
+                    })),
                 });
             }
             Ok(pb::GetPluginCapabilitiesResponse { capabilities: out })
@@ -43,11 +54,20 @@ impl Identity for IdentityService {
         .await
     }
 
-    async fn probe(&self, _: Request<pb::ProbeRequest>) -> Result<Response<pb::ProbeResponse>, Status> {
+    async fn probe(
+        &self,
+        _: Request<pb::ProbeRequest>,
+    ) -> Result<Response<pb::ProbeResponse>, Status> {
         let registry = self.0.registry.clone();
         traced("Probe", "", async move {
             for b in registry.all() {
-                b.health().await.map_err(|e| Error::precondition(format!("backend {} is not healthy: {}", b.name(), e.message)))?;
+                b.health().await.map_err(|e| {
+                    Error::precondition(format!(
+                        "backend {} is not healthy: {}",
+                        b.name(),
+                        e.message
+                    ))
+                })?;
             }
             Ok(pb::ProbeResponse { ready: Some(true) })
         })

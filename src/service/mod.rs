@@ -67,7 +67,11 @@ pub fn version() -> String {
 /// Runs one RPC inside a span with its method and volume id, logs how it
 /// ended and how long it took, and turns its error into a gRPC status.
 /// Request bodies are never logged: they may carry secrets.
-pub async fn traced<T, F>(method: &'static str, volume: &str, fut: F) -> Result<tonic::Response<T>, tonic::Status>
+pub async fn traced<T, F>(
+    method: &'static str,
+    volume: &str,
+    fut: F,
+) -> Result<tonic::Response<T>, tonic::Status>
 where
     F: Future<Output = Result<T>>,
 {

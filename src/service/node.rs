@@ -11,13 +11,18 @@ use tonic::{Request, Response, Status};
 
 pub struct NodeService(pub Arc<Driver>);
 
-fn ordered(map: &std::collections::HashMap<String, String>) -> std::collections::BTreeMap<String, String> {
+fn ordered(
+    map: &std::collections::HashMap<String, String>,
+) -> std::collections::BTreeMap<String, String> {
     convert::params(map)
 }
 
 #[tonic::async_trait]
 impl Node for NodeService {
-    async fn node_stage_volume(&self, request: Request<pb::NodeStageVolumeRequest>) -> Result<Response<pb::NodeStageVolumeResponse>, Status> {
+    async fn node_stage_volume(
+        &self,
+        request: Request<pb::NodeStageVolumeRequest>,
+    ) -> Result<Response<pb::NodeStageVolumeResponse>, Status> {
         let r = request.into_inner();
         traced("NodeStageVolume", &r.volume_id, async {
             if r.volume_id.is_empty() {
@@ -32,7 +37,15 @@ impl Node for NodeService {
                 secrets: ordered(&r.secrets),
                 readonly: capability.mode.is_readonly(),
             };
-            self.0.node.stage(StageRequest { volume_id, staging_path, capability, ctx }).await?;
+            self.0
+                .node
+                .stage(StageRequest {
+                    volume_id,
+                    staging_path,
+                    capability,
+                    ctx,
+                })
+                .await?;
             Ok(pb::NodeStageVolumeResponse {})
         })
         .await
@@ -67,13 +80,21 @@ impl Node for NodeService {
             let target_path = paths::validate(&r.target_path, "target_path")?;
             let capability = convert::required_capability(r.volume_capability.as_ref())?;
             if r.staging_target_path.is_empty() {
-                return Err(Error::precondition("staging_target_path is required: stage the volume first"));
+                return Err(Error::precondition(
+                    "staging_target_path is required: stage the volume first",
+                ));
             }
             let staging_path = paths::validate(&r.staging_target_path, "staging_target_path")?;
             let volume_id = convert::volume_id(&r.volume_id)?;
             self.0
                 .node
-                .publish(PublishRequest { volume_id, staging_path, target_path, capability, readonly: r.readonly })
+                .publish(PublishRequest {
+                    volume_id,
+                    staging_path,
+                    target_path,
+                    capability,
+                    readonly: r.readonly,
+                })
                 .await?;
             Ok(pb::NodePublishVolumeResponse {})
         })
@@ -128,7 +149,10 @@ impl Node for NodeService {
                 abnormal: s.abnormal.is_some(),
                 message: s.abnormal.unwrap_or_else(|| "volume is healthy".into()),
             };
-            Ok(pb::NodeGetVolumeStatsResponse { usage, volume_condition: Some(condition) })
+            Ok(pb::NodeGetVolumeStatsResponse {
+                usage,
+                volume_condition: Some(condition),
+            })
         })
         .await
     }
@@ -149,7 +173,9 @@ impl Node for NodeService {
             }
             let volume_id = convert::volume_id(&r.volume_id)?;
             let size = self.0.node.expand(&volume_id, &path, required).await?;
-            Ok(pb::NodeExpandVolumeResponse { capacity_bytes: size as i64 })
+            Ok(pb::NodeExpandVolumeResponse {
+                capacity_bytes: size as i64,
+            })
         })
         .await
     }
@@ -165,22 +191,31 @@ impl Node for NodeService {
             if c.expand {
                 types.push(T::ExpandVolume);
             }
-            if c.access_modes.contains(&crate::plugin::AccessMode::SingleNodeMultiWriter) {
+            if c.access_modes
+                .contains(&crate::plugin::AccessMode::SingleNodeMultiWriter)
+            {
                 types.push(T::SingleNodeMultiWriter);
             }
             let capabilities = types
                 .into_iter()
-                .map(|t| pb::NodeServiceCapability { r#type: Some(nsc::Type::Rpc(nsc::Rpc { r#type: t as i32 })) })
+                .map(|t| pb::NodeServiceCapability {
+                    r#type: Some(nsc::Type::Rpc(nsc::Rpc { r#type: t as i32 })),
+                })
                 .collect();
             Ok(pb::NodeGetCapabilitiesResponse { capabilities })
         })
         .await
     }
 
-    async fn node_get_info(&self, _: Request<pb::NodeGetInfoRequest>) -> Result<Response<pb::NodeGetInfoResponse>, Status> {
+    async fn node_get_info(
+        &self,
+        _: Request<pb::NodeGetInfoRequest>,
+    ) -> Result<Response<pb::NodeGetInfoResponse>, Status> {
         let d = &self.0;
         traced("NodeGetInfo", "", async {
-            let topology = d.registry.capabilities().node_local.then(|| pb::Topology { segments: d.topology() });
+            let topology = d.registry.capabilities().node_local.then(|| pb::Topology {
+                segments: d.topology(),
+            });
             Ok(pb::NodeGetInfoResponse {
                 node_id: d.node_id.clone(),
                 max_volumes_per_node: d.settings.max_volumes_per_node,

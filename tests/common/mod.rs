@@ -16,7 +16,10 @@ pub const MIB: i64 = 1 << 20;
 
 /// Fails loudly when not root: these tests need real mounts and loop devices.
 pub fn require_root() {
-    assert!(nix::unistd::geteuid().is_root(), "this test needs root (real mounts and loop devices): run the suite as root");
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root (real mounts and loop devices): run the suite as root"
+    );
 }
 
 /// A running driver and everything it may leave behind.
@@ -35,7 +38,10 @@ impl Harness {
 
     pub async fn start_with(config: Option<&str>) -> Self {
         require_root();
-        let dir = tempfile::Builder::new().prefix("ferrovol-test-").tempdir().unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("ferrovol-test-")
+            .tempdir()
+            .unwrap();
         for sub in ["state", "kubelet/staging", "kubelet/pods"] {
             std::fs::create_dir_all(dir.path().join(sub)).unwrap();
         }
@@ -44,7 +50,12 @@ impl Harness {
             std::fs::write(&p, text.replace("@DIR@", &dir.path().display().to_string())).unwrap();
             p
         });
-        let mut h = Harness { dir, child: None, channel: None, config };
+        let mut h = Harness {
+            dir,
+            child: None,
+            channel: None,
+            config,
+        };
         h.spawn().await;
         h
     }
@@ -82,8 +93,17 @@ impl Harness {
 
     /// Starts the driver and waits until Probe answers.
     pub async fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join("driver.log")).unwrap();
-        let child = self.command().stdout(Stdio::null()).stderr(log).spawn().expect("start ferrovol");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("driver.log"))
+            .unwrap();
+        let child = self
+            .command()
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start ferrovol");
         self.child = Some(child);
         self.channel = Some(self.wait_ready().await);
     }
@@ -102,7 +122,11 @@ impl Harness {
                     }
                 }
             }
-            assert!(Instant::now() < deadline, "driver not ready in 30s:\n{}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "driver not ready in 30s:\n{}",
+                self.log()
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -119,14 +143,21 @@ impl Harness {
     /// SIGTERMs the driver and returns its exit status.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         let mut c = self.child.take().expect("driver running");
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(c.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Some(s) = c.try_wait().unwrap() {
                 self.channel = None;
                 return s;
             }
-            assert!(Instant::now() < deadline, "driver did not exit after SIGTERM");
+            assert!(
+                Instant::now() < deadline,
+                "driver did not exit after SIGTERM"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -206,7 +237,11 @@ pub async fn connect(socket: &Path) -> Result<Channel, tonic::transport::Error> 
         .unwrap()
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let socket = socket.clone();
-            async move { Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(socket).await?)) }
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(socket).await?,
+                ))
+            }
         }))
         .await
 }
@@ -214,14 +249,21 @@ pub async fn connect(socket: &Path) -> Result<Channel, tonic::transport::Error> 
 pub fn mount_cap(fs: &str, mode: i32) -> pb::VolumeCapability {
     use pb::volume_capability as vc;
     pb::VolumeCapability {
-        access_type: Some(vc::AccessType::Mount(vc::MountVolume { fs_type: fs.into(), mount_flags: vec![], volume_mount_group: String::new() })),
+        access_type: Some(vc::AccessType::Mount(vc::MountVolume {
+            fs_type: fs.into(),
+            mount_flags: vec![],
+            volume_mount_group: String::new(),
+        })),
         access_mode: Some(vc::AccessMode { mode }),
     }
 }
 
 pub fn block_cap(mode: i32) -> pb::VolumeCapability {
     use pb::volume_capability as vc;
-    pb::VolumeCapability { access_type: Some(vc::AccessType::Block(vc::BlockVolume {})), access_mode: Some(vc::AccessMode { mode }) }
+    pb::VolumeCapability {
+        access_type: Some(vc::AccessType::Block(vc::BlockVolume {})),
+        access_mode: Some(vc::AccessMode { mode }),
+    }
 }
 
 pub const SNW: i32 = 1;
@@ -232,13 +274,20 @@ pub const SNMW: i32 = 7;
 pub fn create_req(name: &str, size: i64, cap: pb::VolumeCapability) -> pb::CreateVolumeRequest {
     pb::CreateVolumeRequest {
         name: name.into(),
-        capacity_range: Some(pb::CapacityRange { required_bytes: size, limit_bytes: 0 }),
+        capacity_range: Some(pb::CapacityRange {
+            required_bytes: size,
+            limit_bytes: 0,
+        }),
         volume_capabilities: vec![cap],
         ..Default::default()
     }
 }
 
-pub fn stage_req(id: &str, staging: &Path, cap: pb::VolumeCapability) -> pb::NodeStageVolumeRequest {
+pub fn stage_req(
+    id: &str,
+    staging: &Path,
+    cap: pb::VolumeCapability,
+) -> pb::NodeStageVolumeRequest {
     pb::NodeStageVolumeRequest {
         volume_id: id.into(),
         staging_target_path: staging.display().to_string(),
@@ -247,7 +296,13 @@ pub fn stage_req(id: &str, staging: &Path, cap: pb::VolumeCapability) -> pb::Nod
     }
 }
 
-pub fn publish_req(id: &str, staging: &Path, target: &Path, cap: pb::VolumeCapability, readonly: bool) -> pb::NodePublishVolumeRequest {
+pub fn publish_req(
+    id: &str,
+    staging: &Path,
+    target: &Path,
+    cap: pb::VolumeCapability,
+    readonly: bool,
+) -> pb::NodePublishVolumeRequest {
     pb::NodePublishVolumeRequest {
         volume_id: id.into(),
         staging_target_path: staging.display().to_string(),
