@@ -504,3 +504,6 @@ impl NodeOps {
         Ok(size)
     }
 }
+
+#[cfg(test)]
+mod tests;
