@@ -728,3 +728,83 @@ async fn sigterm_exits_cleanly_and_removes_socket() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("another process"));
 }
+
+#[tokio::test]
+async fn mount_flags_are_honoured_and_json_logs_parse() {
+    let mut h = Harness::start().await;
+    // Restart with JSON logs.
+    h.kill();
+    std::fs::write(h.path("driver.log"), b"").unwrap();
+    h.env.push(("FERROVOL_LOG_FORMAT".into(), "json".into()));
+    h.spawn().await;
+
+    let mut cap = mount_cap("ext4", SNW);
+    if let Some(pb::volume_capability::AccessType::Mount(m)) = &mut cap.access_type {
+        m.mount_flags = vec!["noatime".into(), "nodev,nosuid".into()];
+    }
+    let vol = h
+        .controller()
+        .create_volume(create_req("pvc-flags", 16 * MIB, cap.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let staging = h.path("kubelet/staging/f");
+    std::fs::create_dir_all(&staging).unwrap();
+    h.node()
+        .node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
+        .await
+        .unwrap();
+    let target = h.path("kubelet/pods/f1");
+    h.node()
+        .node_publish_volume(publish_req(
+            &vol.volume_id,
+            &staging,
+            &target,
+            cap.clone(),
+            false,
+        ))
+        .await
+        .unwrap();
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let table = ferrovol::mount::parse_mountinfo(&text);
+    for path in [&staging, &target] {
+        let m = table
+            .iter()
+            .rev()
+            .find(|m| &m.mount_point == path)
+            .expect("mounted");
+        for flag in ["noatime", "nodev", "nosuid"] {
+            assert!(
+                m.options.iter().any(|o| o == flag),
+                "{flag} missing on {}: {:?}",
+                path.display(),
+                m.options
+            );
+        }
+    }
+    h.node()
+        .node_unpublish_volume(pb::NodeUnpublishVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            target_path: target.display().to_string(),
+        })
+        .await
+        .unwrap();
+    h.node()
+        .node_unstage_volume(pb::NodeUnstageVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            staging_target_path: staging.display().to_string(),
+        })
+        .await
+        .unwrap();
+    let log = h.log();
+    let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(lines.len() > 3);
+    for line in lines {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(v.get("level").is_some());
+    }
+    assert!(log.contains("NodeStageVolume"));
+}

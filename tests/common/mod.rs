@@ -28,6 +28,8 @@ pub struct Harness {
     pub child: Option<Child>,
     pub channel: Option<Channel>,
     pub config: Option<PathBuf>,
+    /// Extra environment for the driver process.
+    pub env: Vec<(String, String)>,
 }
 
 impl Harness {
@@ -55,6 +57,7 @@ impl Harness {
             child: None,
             channel: None,
             config,
+            env: Vec::new(),
         };
         h.spawn().await;
         h
@@ -88,6 +91,7 @@ impl Harness {
         if let Some(c) = &self.config {
             cmd.arg("--config").arg(c);
         }
+        cmd.envs(self.env.iter().cloned());
         cmd
     }
 
