@@ -4,7 +4,14 @@
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto/csi.proto");
-    println!("cargo:rerun-if-changed=.git/HEAD");
+    // Rebuild the version string when HEAD moves: HEAD itself, and the
+    // branch ref it points to (which is what a commit changes).
+    if let Ok(head) = std::fs::read_to_string(".git/HEAD") {
+        println!("cargo:rerun-if-changed=.git/HEAD");
+        if let Some(r) = head.trim().strip_prefix("ref: ") {
+            println!("cargo:rerun-if-changed=.git/{r}");
+        }
+    }
     let descriptors = protox::compile(["proto/csi.proto"], ["proto"])?;
     tonic_prost_build::configure()
         .build_client(true)
