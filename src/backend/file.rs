@@ -97,6 +97,23 @@ fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     crate::state::write_atomic(path, &bytes).map_err(io(format!("write {}", path.display())))
 }
 
+/// The locators with a metadata file in a pool folder, sorted.
+fn locators_in(dir: &Path) -> Result<Vec<String>> {
+    let entries = std::fs::read_dir(dir).map_err(io(format!("read {}", dir.display())))?;
+    let mut locators: Vec<String> = entries
+        .flatten()
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(|n| n.strip_suffix(".json"))
+                .map(str::to_string)
+        })
+        .filter(|l| crate::plugin::is_locator(l))
+        .collect();
+    locators.sort();
+    Ok(locators)
+}
+
 fn remove_if_exists(path: &Path) -> Result<()> {
     match std::fs::remove_file(path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -420,18 +437,7 @@ impl Backend for FileBackend {
 
     async fn list_volumes(&self) -> Result<Vec<VolumeInfo>> {
         let mut out = Vec::new();
-        let entries = std::fs::read_dir(&self.volumes).map_err(io("read pool"))?;
-        let mut locators: Vec<String> = entries
-            .flatten()
-            .filter_map(|e| {
-                e.file_name()
-                    .to_str()
-                    .and_then(|n| n.strip_suffix(".json"))
-                    .map(str::to_string)
-            })
-            .filter(|l| crate::plugin::is_locator(l))
-            .collect();
-        locators.sort();
+        let locators = locators_in(&self.volumes)?;
         for l in locators {
             if let Some((meta, size)) = self.load_volume(&l)? {
                 out.push(self.volume_info(&l, meta, size)?);
@@ -539,18 +545,7 @@ impl Backend for FileBackend {
     }
 
     async fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>> {
-        let entries = std::fs::read_dir(&self.snapshots).map_err(io("read pool"))?;
-        let mut locators: Vec<String> = entries
-            .flatten()
-            .filter_map(|e| {
-                e.file_name()
-                    .to_str()
-                    .and_then(|n| n.strip_suffix(".json"))
-                    .map(str::to_string)
-            })
-            .filter(|l| crate::plugin::is_locator(l))
-            .collect();
-        locators.sort();
+        let locators = locators_in(&self.snapshots)?;
         let mut out = Vec::new();
         for l in locators {
             if let Some(meta) = self.load_snapshot(&l)? {
