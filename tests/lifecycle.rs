@@ -267,10 +267,7 @@ async fn mount_lifecycle_with_snapshot_clone_and_readonly() {
         .await;
     assert_eq!(code(&r), Code::FailedPrecondition);
     let r = n
-        .node_unstage_volume(pb::NodeUnstageVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-            staging_target_path: staging.display().to_string(),
-        })
+        .node_unstage_volume(unstage_req(&vol.volume_id, &staging))
         .await;
     assert_eq!(
         code(&r),
@@ -278,19 +275,13 @@ async fn mount_lifecycle_with_snapshot_clone_and_readonly() {
         "unstage while published"
     );
     for (id, t) in [(&vol.volume_id, &target), (&restored.volume_id, &target2)] {
-        let req = pb::NodeUnpublishVolumeRequest {
-            volume_id: id.clone(),
-            target_path: t.display().to_string(),
-        };
+        let req = unpublish_req(id, t);
         n.node_unpublish_volume(req.clone()).await.unwrap();
         n.node_unpublish_volume(req).await.unwrap();
         assert!(!t.exists(), "target left behind");
     }
     for (id, s) in [(&vol.volume_id, &staging), (&restored.volume_id, &staging2)] {
-        let req = pb::NodeUnstageVolumeRequest {
-            volume_id: id.clone(),
-            staging_target_path: s.display().to_string(),
-        };
+        let req = unstage_req(id, s);
         n.node_unstage_volume(req.clone()).await.unwrap();
         n.node_unstage_volume(req).await.unwrap();
     }
@@ -458,20 +449,14 @@ async fn block_volume_lifecycle() {
     assert_eq!(ne.capacity_bytes, 16 * MIB);
 
     for t in [&t1, &t2] {
-        n.node_unpublish_volume(pb::NodeUnpublishVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-            target_path: t.display().to_string(),
-        })
-        .await
-        .unwrap();
+        n.node_unpublish_volume(unpublish_req(&vol.volume_id, t))
+            .await
+            .unwrap();
         assert!(!t.exists());
     }
-    n.node_unstage_volume(pb::NodeUnstageVolumeRequest {
-        volume_id: vol.volume_id.clone(),
-        staging_target_path: staging.display().to_string(),
-    })
-    .await
-    .unwrap();
+    n.node_unstage_volume(unstage_req(&vol.volume_id, &staging))
+        .await
+        .unwrap();
     assert!(h.loop_devices().is_empty());
     assert!(h.mounts().is_empty());
     c.delete_volume(pb::DeleteVolumeRequest {
@@ -539,17 +524,11 @@ async fn restart_between_stage_and_unstage() {
         .into_inner();
     assert!(!stats.volume_condition.unwrap().abnormal);
     h.node()
-        .node_unpublish_volume(pb::NodeUnpublishVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-            target_path: target.display().to_string(),
-        })
+        .node_unpublish_volume(unpublish_req(&vol.volume_id, &target))
         .await
         .unwrap();
     h.node()
-        .node_unstage_volume(pb::NodeUnstageVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-            staging_target_path: staging.display().to_string(),
-        })
+        .node_unstage_volume(unstage_req(&vol.volume_id, &staging))
         .await
         .unwrap();
     assert!(h.mounts().is_empty(), "{:?}", h.mounts());
@@ -565,10 +544,7 @@ async fn restart_between_stage_and_unstage() {
         b"survives a crash"
     );
     h.node()
-        .node_unstage_volume(pb::NodeUnstageVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-            staging_target_path: staging.display().to_string(),
-        })
+        .node_unstage_volume(unstage_req(&vol.volume_id, &staging))
         .await
         .unwrap();
     assert!(h.loop_devices().is_empty());
@@ -613,10 +589,7 @@ async fn concurrent_rpcs_on_one_volume_one_wins_others_aborted() {
     assert_eq!(ok + aborted, 8, "{codes:?}");
     assert_eq!(h.loop_devices().len(), 1);
     h.node()
-        .node_unstage_volume(pb::NodeUnstageVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-            staging_target_path: staging.display().to_string(),
-        })
+        .node_unstage_volume(unstage_req(&vol.volume_id, &staging))
         .await
         .unwrap();
     assert!(h.loop_devices().is_empty());
@@ -692,18 +665,12 @@ async fn xfs_grows_online() {
         after > before + 150 * MIB,
         "filesystem did not grow online: {before} -> {after}"
     );
-    n.node_unpublish_volume(pb::NodeUnpublishVolumeRequest {
-        volume_id: vol.volume_id.clone(),
-        target_path: target.display().to_string(),
-    })
-    .await
-    .unwrap();
-    n.node_unstage_volume(pb::NodeUnstageVolumeRequest {
-        volume_id: vol.volume_id.clone(),
-        staging_target_path: staging.display().to_string(),
-    })
-    .await
-    .unwrap();
+    n.node_unpublish_volume(unpublish_req(&vol.volume_id, &target))
+        .await
+        .unwrap();
+    n.node_unstage_volume(unstage_req(&vol.volume_id, &staging))
+        .await
+        .unwrap();
     c.delete_volume(pb::DeleteVolumeRequest {
         volume_id: vol.volume_id.clone(),
         ..Default::default()
@@ -785,17 +752,11 @@ async fn mount_flags_are_honoured_and_json_logs_parse() {
         }
     }
     h.node()
-        .node_unpublish_volume(pb::NodeUnpublishVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-            target_path: target.display().to_string(),
-        })
+        .node_unpublish_volume(unpublish_req(&vol.volume_id, &target))
         .await
         .unwrap();
     h.node()
-        .node_unstage_volume(pb::NodeUnstageVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-            staging_target_path: staging.display().to_string(),
-        })
+        .node_unstage_volume(unstage_req(&vol.volume_id, &staging))
         .await
         .unwrap();
     let log = h.log();

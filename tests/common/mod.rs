@@ -324,3 +324,17 @@ pub fn code<T>(r: &Result<tonic::Response<T>, tonic::Status>) -> tonic::Code {
         Err(s) => s.code(),
     }
 }
+
+pub fn unpublish_req(id: &str, target: &Path) -> pb::NodeUnpublishVolumeRequest {
+    pb::NodeUnpublishVolumeRequest {
+        volume_id: id.into(),
+        target_path: target.display().to_string(),
+    }
+}
+
+pub fn unstage_req(id: &str, staging: &Path) -> pb::NodeUnstageVolumeRequest {
+    pb::NodeUnstageVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: staging.display().to_string(),
+    }
+}
