@@ -3,6 +3,8 @@
 //! device and file afterwards, even when the test fails.
 #![allow(dead_code)]
 
+pub mod fixtures;
+
 use ferrovol::proto::controller_client::ControllerClient;
 use ferrovol::proto::identity_client::IdentityClient;
 use ferrovol::proto::node_client::NodeClient;

@@ -1,0 +1,283 @@
+//! In-guest fixtures for backend tests: an LVM volume group on a loop
+//! device, a tgtd iSCSI target with an open-iscsi initiator, and a kernel NFS
+//! server. Each starts on loopback and is torn down when dropped. They run
+//! only inside the real-kernel guest (`tests/guest/suite`).
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Fails unless running in the guest that `tests/guest/suite` boots.
+pub fn require_guest() {
+    assert_eq!(
+        std::env::var("FERROVOL_IN_GUEST").as_deref(),
+        Ok("1"),
+        "this test needs the real-kernel guest: run it with tests/guest/suite"
+    );
+}
+
+/// Runs a command, panics with its stderr unless it succeeds, returns stdout.
+pub fn run(program: &str, args: &[&str]) -> String {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs a command for cleanup, ignoring failure.
+pub fn try_run(program: &str, args: &[&str]) {
+    let _ = Command::new(program)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// Waits until `check` holds, polling every 50 ms, or panics after `limit`.
+pub fn wait_for(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn daemon(program: &str, args: &[&str]) -> Child {
+    Command::new(program)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{program}: {e}"))
+}
+
+/// A volume group on a sparse file attached as a loop device.
+pub struct LvmVg {
+    pub name: String,
+    pub device: String,
+    pub dir: tempfile::TempDir,
+}
+
+impl LvmVg {
+    pub fn new(name: &str, size_mib: u64) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("pv.img");
+        std::fs::File::create(&image)
+            .unwrap()
+            .set_len(size_mib << 20)
+            .unwrap();
+        let device = run("losetup", &["--find", "--show", image.to_str().unwrap()])
+            .trim()
+            .to_string();
+        run("pvcreate", &["-q", &device]);
+        run("vgcreate", &["-q", name, &device]);
+        LvmVg {
+            name: name.into(),
+            device,
+            dir,
+        }
+    }
+}
+
+impl Drop for LvmVg {
+    fn drop(&mut self) {
+        try_run("vgremove", &["-q", "-y", "-f", &self.name]);
+        try_run("pvremove", &["-q", "-y", "-ff", &self.device]);
+        try_run("losetup", &["-d", &self.device]);
+    }
+}
+
+pub const ISCSI_PORTAL: &str = "127.0.0.1:3260";
+
+/// A tgtd target serving one file-backed LUN, and an iscsid to log in with.
+pub struct IscsiTarget {
+    pub iqn: String,
+    pub dir: tempfile::TempDir,
+    tgtd: Child,
+    iscsid: Child,
+}
+
+impl IscsiTarget {
+    pub fn new(iqn: &str, size_mib: u64) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let lun = dir.path().join("lun1.img");
+        std::fs::File::create(&lun)
+            .unwrap()
+            .set_len(size_mib << 20)
+            .unwrap();
+        let tgtd = daemon("tgtd", &["-f"]);
+        wait_for("tgtd", Duration::from_secs(30), || {
+            Command::new("tgtadm")
+                .args(["--lld", "iscsi", "--op", "show", "--mode", "sys"])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        });
+        run(
+            "tgtadm",
+            &[
+                "--lld", "iscsi", "--op", "new", "--mode", "target", "--tid", "1", "-T", iqn,
+            ],
+        );
+        run(
+            "tgtadm",
+            &[
+                "--lld",
+                "iscsi",
+                "--op",
+                "new",
+                "--mode",
+                "logicalunit",
+                "--tid",
+                "1",
+                "--lun",
+                "1",
+                "-b",
+                lun.to_str().unwrap(),
+            ],
+        );
+        run(
+            "tgtadm",
+            &[
+                "--lld", "iscsi", "--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL",
+            ],
+        );
+        let iscsid = daemon("iscsid", &["-f"]);
+        wait_for("iscsid", Duration::from_secs(30), || {
+            Path::new("/run/iscsid.pid").exists()
+                || Command::new("iscsiadm")
+                    .args(["-m", "session"])
+                    .output()
+                    .is_ok_and(|o| o.status.code() != Some(20))
+        });
+        IscsiTarget {
+            iqn: iqn.into(),
+            dir,
+            tgtd,
+            iscsid,
+        }
+    }
+
+    /// The by-path link of LUN 1 once logged in.
+    pub fn lun_path(&self) -> PathBuf {
+        PathBuf::from(format!(
+            "/dev/disk/by-path/ip-{ISCSI_PORTAL}-iscsi-{}-lun-1",
+            self.iqn
+        ))
+    }
+
+    /// Discovers and logs in; returns the LUN's by-path link when it appears.
+    pub fn login(&self) -> PathBuf {
+        run(
+            "iscsiadm",
+            &["-m", "discovery", "-t", "sendtargets", "-p", ISCSI_PORTAL],
+        );
+        run(
+            "iscsiadm",
+            &["-m", "node", "-T", &self.iqn, "-p", ISCSI_PORTAL, "--login"],
+        );
+        let path = self.lun_path();
+        wait_for(
+            "the iSCSI LUN's by-path link",
+            Duration::from_secs(60),
+            || path.exists(),
+        );
+        path
+    }
+
+    pub fn logout(&self) {
+        run(
+            "iscsiadm",
+            &[
+                "-m",
+                "node",
+                "-T",
+                &self.iqn,
+                "-p",
+                ISCSI_PORTAL,
+                "--logout",
+            ],
+        );
+    }
+}
+
+impl Drop for IscsiTarget {
+    fn drop(&mut self) {
+        try_run(
+            "iscsiadm",
+            &[
+                "-m",
+                "node",
+                "-T",
+                &self.iqn,
+                "-p",
+                ISCSI_PORTAL,
+                "--logout",
+            ],
+        );
+        try_run("iscsiadm", &["-m", "node", "-o", "delete", "-T", &self.iqn]);
+        try_run(
+            "tgtadm",
+            &[
+                "--lld", "iscsi", "--op", "delete", "--mode", "target", "--tid", "1", "--force",
+            ],
+        );
+        let _ = self.iscsid.kill();
+        let _ = self.iscsid.wait();
+        let _ = self.tgtd.kill();
+        let _ = self.tgtd.wait();
+    }
+}
+
+/// The kernel NFS server (NFSv4 only, no rpcbind) exporting a tmpfs folder
+/// as the NFSv4 root.
+pub struct NfsServer {
+    pub export: PathBuf,
+    pub dir: tempfile::TempDir,
+    mountd: Child,
+}
+
+impl NfsServer {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let export = dir.path().join("export");
+        std::fs::create_dir_all(&export).unwrap();
+        if !Path::new("/proc/fs/nfsd/versions").exists() {
+            run("mount", &["-t", "nfsd", "nfsd", "/proc/fs/nfsd"]);
+        }
+        let line = format!(
+            "{} 127.0.0.1(rw,no_root_squash,insecure,fsid=0,no_subtree_check)\n",
+            export.display()
+        );
+        std::fs::write("/etc/exports", line).unwrap();
+        run("exportfs", &["-ra"]);
+        let mountd = daemon("rpc.mountd", &["--foreground", "--no-udp", "-N", "3"]);
+        run("rpc.nfsd", &["--no-nfs-version", "3", "--no-udp", "4"]);
+        NfsServer {
+            export,
+            dir,
+            mountd,
+        }
+    }
+
+    /// The NFSv4 source for the export's root.
+    pub fn source(&self) -> &'static str {
+        "127.0.0.1:/"
+    }
+}
+
+impl Drop for NfsServer {
+    fn drop(&mut self) {
+        try_run("rpc.nfsd", &["0"]);
+        try_run("exportfs", &["-ua"]);
+        let _ = self.mountd.kill();
+        let _ = self.mountd.wait();
+    }
+}

@@ -1,0 +1,182 @@
+//! Tests that need the real kernel: they run inside the QEMU guest that
+//! `tests/guest/suite` boots (one boot for all of them), and are ignored by
+//! a plain `cargo test`. Each fixture is proven by a test that uses it.
+
+mod common;
+
+use common::fixtures::*;
+use common::*;
+use ferrovol::proto as pb;
+use std::time::Duration;
+
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_file_backend_ext4_grows_online() {
+    require_guest();
+    let h = Harness::start().await;
+    let (mut c, mut n) = (h.controller(), h.node());
+    let cap = mount_cap("ext4", SNW);
+    let vol = c
+        .create_volume(create_req("pvc-ext4", 64 * MIB, cap.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let staging = h.path("kubelet/staging/e");
+    std::fs::create_dir_all(&staging).unwrap();
+    n.node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
+        .await
+        .unwrap();
+    let target = h.path("kubelet/pods/e1");
+    n.node_publish_volume(publish_req(
+        &vol.volume_id,
+        &staging,
+        &target,
+        cap.clone(),
+        false,
+    ))
+    .await
+    .unwrap();
+    std::fs::write(target.join("data"), b"before growth").unwrap();
+    let stats = |n: &mut ferrovol::proto::node_client::NodeClient<_>| {
+        let req = pb::NodeGetVolumeStatsRequest {
+            volume_id: vol.volume_id.clone(),
+            volume_path: target.display().to_string(),
+            staging_target_path: String::new(),
+        };
+        let mut n = n.clone();
+        async move {
+            n.node_get_volume_stats(req)
+                .await
+                .unwrap()
+                .into_inner()
+                .usage[0]
+                .total
+        }
+    };
+    let before = stats(&mut n).await;
+    let range = Some(pb::CapacityRange {
+        required_bytes: 256 * MIB,
+        limit_bytes: 0,
+    });
+    c.controller_expand_volume(pb::ControllerExpandVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        capacity_range: range,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let grown = n
+        .node_expand_volume(pb::NodeExpandVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            volume_path: target.display().to_string(),
+            capacity_range: range,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(grown.capacity_bytes, 256 * MIB);
+    let after = stats(&mut n).await;
+    assert!(
+        after > before + 150 * MIB,
+        "ext4 did not grow online: {before} -> {after}"
+    );
+    assert_eq!(
+        std::fs::read(target.join("data")).unwrap(),
+        b"before growth"
+    );
+    n.node_unpublish_volume(unpublish_req(&vol.volume_id, &target))
+        .await
+        .unwrap();
+    n.node_unstage_volume(unstage_req(&vol.volume_id, &staging))
+        .await
+        .unwrap();
+    c.delete_volume(pb::DeleteVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert!(h.loop_devices().is_empty());
+    assert!(h.mounts().is_empty());
+}
+
+#[test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+fn guest_lvm_fixture_activates_and_mounts() {
+    require_guest();
+    let vg = LvmVg::new("fvtest", 128);
+    run(
+        "lvcreate",
+        &["-q", "-y", "-L", "32M", "-n", "lv0", &vg.name],
+    );
+    let dev = format!("/dev/{}/lv0", vg.name);
+    wait_for("the LV's device node", Duration::from_secs(30), || {
+        std::path::Path::new(&dev).exists()
+    });
+    let attrs = run(
+        "lvs",
+        &["--noheadings", "-o", "lv_attr", &format!("{}/lv0", vg.name)],
+    );
+    assert_eq!(
+        attrs.trim().chars().nth(4),
+        Some('a'),
+        "LV not active: {attrs}"
+    );
+    run("mkfs.ext4", &["-q", "-F", &dev]);
+    let mnt = vg.dir.path().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    run("mount", &[&dev, mnt.to_str().unwrap()]);
+    std::fs::write(mnt.join("f"), b"on an LV").unwrap();
+    run("umount", &[mnt.to_str().unwrap()]);
+    run("lvremove", &["-q", "-y", &format!("{}/lv0", vg.name)]);
+}
+
+#[test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+fn guest_iscsi_fixture_logs_in_and_mounts_a_lun() {
+    require_guest();
+    let target = IscsiTarget::new("iqn.2026-11.io.ferrovol:fixture", 64);
+    let lun = target.login();
+    let dev = std::fs::canonicalize(&lun).unwrap();
+    assert!(
+        dev.to_string_lossy().starts_with("/dev/sd"),
+        "{}",
+        dev.display()
+    );
+    run("mkfs.ext4", &["-q", "-F", lun.to_str().unwrap()]);
+    let mnt = target.dir.path().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    run("mount", &[lun.to_str().unwrap(), mnt.to_str().unwrap()]);
+    std::fs::write(mnt.join("f"), b"over iSCSI").unwrap();
+    run("umount", &[mnt.to_str().unwrap()]);
+    target.logout();
+    wait_for("the LUN to go away", Duration::from_secs(30), || {
+        !lun.exists()
+    });
+}
+
+#[test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+fn guest_nfs_fixture_serves_a_v4_mount() {
+    require_guest();
+    let server = NfsServer::new();
+    let mnt = server.dir.path().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    run(
+        "mount",
+        &[
+            "-t",
+            "nfs4",
+            "-o",
+            "soft,timeo=50",
+            server.source(),
+            mnt.to_str().unwrap(),
+        ],
+    );
+    std::fs::write(mnt.join("f"), b"over NFS").unwrap();
+    run("umount", &[mnt.to_str().unwrap()]);
+    assert_eq!(std::fs::read(server.export.join("f")).unwrap(), b"over NFS");
+}
