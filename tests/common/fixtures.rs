@@ -281,3 +281,224 @@ impl Drop for NfsServer {
         let _ = self.mountd.wait();
     }
 }
+
+/// A single-node Ceph cluster: one monitor and one in-memory (memstore) OSD
+/// on loopback, cephx on, an `rbd` pool of size 1, and a client key
+/// (`client.ferrovol`) limited to that pool.
+pub struct CephCluster {
+    pub dir: tempfile::TempDir,
+    pub conf: PathBuf,
+    pub client_keyring: PathBuf,
+    pub mon_addr: String,
+    pub pool: &'static str,
+    mon: Child,
+    osd: Option<Child>,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn uuid() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/uuid")
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+impl CephCluster {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().to_path_buf();
+        let d = d.as_path();
+        for sub in ["mon", "osd", "run"] {
+            std::fs::create_dir_all(d.join(sub)).unwrap();
+        }
+        let fsid = uuid();
+        let mon_addr = format!("127.0.0.1:{}", free_port());
+        let conf = d.join("ceph.conf");
+        let admin = d.join("admin.keyring");
+        std::fs::write(
+            &conf,
+            format!(
+                "[global]\nfsid = {fsid}\nmon host = v1:{mon_addr}\nmon initial members = a\n\
+                 auth cluster required = cephx\nauth service required = cephx\nauth client required = cephx\n\
+                 osd pool default size = 1\nosd pool default min size = 1\nmon allow pool size one = true\n\
+                 mon allow pool delete = true\nosd objectstore = memstore\nmemstore device bytes = 1073741824\n\
+                 osd crush chooseleaf type = 0\nms bind ipv6 = false\nrun dir = {run}\nlog file = {dir}/$name.log\n\
+                 admin socket = {run}/$name.asok\nkeyring = {admin}\n\
+                 [mon.a]\nmon data = {dir}/mon\n[osd.0]\nosd data = {dir}/osd\nkeyring = {dir}/osd/keyring\n",
+                run = d.join("run").display(),
+                dir = d.display(),
+                admin = admin.display(),
+            ),
+        )
+        .unwrap();
+        let c = conf.to_str().unwrap().to_string();
+        let mon_keyring = d.join("mon.keyring");
+        let (mk, ak) = (mon_keyring.to_str().unwrap(), admin.to_str().unwrap());
+        run(
+            "ceph-authtool",
+            &[
+                "--create-keyring",
+                mk,
+                "--gen-key",
+                "-n",
+                "mon.",
+                "--cap",
+                "mon",
+                "allow *",
+            ],
+        );
+        run(
+            "ceph-authtool",
+            &[
+                "--create-keyring",
+                ak,
+                "--gen-key",
+                "-n",
+                "client.admin",
+                "--cap",
+                "mon",
+                "allow *",
+                "--cap",
+                "osd",
+                "allow *",
+                "--cap",
+                "mgr",
+                "allow *",
+            ],
+        );
+        run("ceph-authtool", &[mk, "--import-keyring", ak]);
+        let monmap = d.join("monmap");
+        run(
+            "monmaptool",
+            &[
+                "--create",
+                "--add",
+                "a",
+                &format!("v1:{mon_addr}"),
+                "--fsid",
+                &fsid,
+                monmap.to_str().unwrap(),
+            ],
+        );
+        run(
+            "ceph-mon",
+            &[
+                "-c",
+                &c,
+                "--mkfs",
+                "-i",
+                "a",
+                "--monmap",
+                monmap.to_str().unwrap(),
+                "--keyring",
+                mk,
+            ],
+        );
+        let mon = daemon("ceph-mon", &["-c", &c, "-i", "a", "-f"]);
+        let mut cluster = CephCluster {
+            dir,
+            conf: conf.clone(),
+            client_keyring: d.join("client.ferrovol.keyring"),
+            mon_addr,
+            pool: "rbd",
+            mon,
+            osd: None,
+        };
+        let osd_uuid = uuid();
+        let id = cluster.ceph(&["osd", "create", &osd_uuid]);
+        assert_eq!(id.trim(), "0");
+        run(
+            "ceph-osd",
+            &[
+                "-c",
+                &c,
+                "-i",
+                "0",
+                "--mkfs",
+                "--mkkey",
+                "--osd-uuid",
+                &osd_uuid,
+                "--no-mon-config",
+            ],
+        );
+        let osd_keyring = d.join("osd/keyring");
+        cluster.ceph(&[
+            "auth",
+            "add",
+            "osd.0",
+            "osd",
+            "allow *",
+            "mon",
+            "allow profile osd",
+            "-i",
+            osd_keyring.to_str().unwrap(),
+        ]);
+        cluster.osd = Some(daemon("ceph-osd", &["-c", &c, "-i", "0", "-f"]));
+        wait_for("the OSD to come up", Duration::from_secs(60), || {
+            cluster.ceph(&["osd", "stat"]).contains("1 up")
+        });
+        cluster.ceph(&["osd", "pool", "create", "rbd", "8"]);
+        run("rbd", &["-c", &c, "pool", "init", "rbd"]);
+        let client = cluster.client_keyring.to_str().unwrap().to_string();
+        cluster.ceph(&[
+            "auth",
+            "get-or-create",
+            "client.ferrovol",
+            "mon",
+            "profile rbd",
+            "osd",
+            "profile rbd pool=rbd",
+            "-o",
+            &client,
+        ]);
+        cluster
+    }
+
+    /// Runs `ceph` as the admin against this cluster.
+    pub fn ceph(&self, args: &[&str]) -> String {
+        let mut all = vec!["-c", self.conf.to_str().unwrap(), "--connect-timeout", "30"];
+        all.extend_from_slice(args);
+        run("ceph", &all)
+    }
+
+    /// Runs `rbd` as `client.ferrovol`.
+    pub fn rbd(&self, args: &[&str]) -> String {
+        let mut all = vec![
+            "-c",
+            self.conf.to_str().unwrap(),
+            "--id",
+            "ferrovol",
+            "--keyring",
+            self.client_keyring.to_str().unwrap(),
+        ];
+        all.extend_from_slice(args);
+        run("rbd", &all)
+    }
+
+    /// The client key itself (a cephx secret).
+    pub fn client_key(&self) -> String {
+        let text = std::fs::read_to_string(&self.client_keyring).unwrap();
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix("key = "))
+            .expect("key in keyring")
+            .to_string()
+    }
+}
+
+impl Drop for CephCluster {
+    fn drop(&mut self) {
+        if let Some(mut osd) = self.osd.take() {
+            let _ = osd.kill();
+            let _ = osd.wait();
+        }
+        let _ = self.mon.kill();
+        let _ = self.mon.wait();
+    }
+}
