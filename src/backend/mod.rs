@@ -2,6 +2,7 @@
 
 pub mod file;
 pub mod loopdev;
+pub mod lvm;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -21,7 +22,7 @@ pub fn build_registry(config: &Config, runner: Arc<dyn CommandRunner>) -> Result
             )?),
             other => {
                 return Err(Error::invalid(format!(
-                    "backend {:?}: unknown type {other:?} (available: file)",
+                    "backend {:?}: unknown type {other:?} (available: file, lvm)",
                     bc.name()
                 )))
             }

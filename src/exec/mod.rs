@@ -23,6 +23,8 @@ pub struct Command {
     pub args: Vec<String>,
     pub stdin: Option<Vec<u8>>,
     pub timeout: Duration,
+    /// Extra environment variables for the child.
+    pub env: Vec<(String, String)>,
     secrets: Vec<String>,
 }
 
@@ -33,8 +35,13 @@ impl Command {
             args: Vec::new(),
             stdin: None,
             timeout: DEFAULT_TIMEOUT,
+            env: Vec::new(),
             secrets: Vec::new(),
         }
+    }
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
     }
     pub fn arg(mut self, arg: impl Into<String>) -> Self {
         self.args.push(arg.into());

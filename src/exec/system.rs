@@ -23,7 +23,8 @@ impl CommandRunner for SystemRunner {
             .stderr(Stdio::piped())
             // A child outliving its timeout (or a cancelled RPC) is killed.
             .kill_on_drop(true)
-            .env("LC_ALL", "C");
+            .env("LC_ALL", "C")
+            .envs(command.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         let mut child = cmd.spawn().map_err(|e| ExecError::Spawn {
             command: shown.clone(),
             reason: command.redact(&e.to_string()),

@@ -47,6 +47,19 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
 
+    /// Checks StorageClass parameters meant for this backend (the
+    /// `backend` key and the CO's own `csi.storage.k8s.io/` keys are taken
+    /// out first). By default a backend takes none.
+    fn validate_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {
+        match parameters.keys().next() {
+            Some(key) => Err(Error::invalid(format!(
+                "backend {} takes no parameter {key:?}",
+                self.name()
+            ))),
+            None => Ok(()),
+        }
+    }
+
     // ---- controller ----
 
     /// Creates a volume, or returns the existing one of the same name when

@@ -16,13 +16,15 @@ pub struct ControllerService(pub Arc<Driver>);
 /// Parameters every CO may add, which backends ignore.
 const CO_PARAMETER_PREFIX: &str = "csi.storage.k8s.io/";
 
-fn check_parameters(p: &std::collections::BTreeMap<String, String>) -> Result<()> {
-    for key in p.keys() {
-        if key != "backend" && !key.starts_with(CO_PARAMETER_PREFIX) {
-            return Err(Error::invalid(format!("unknown parameter {key:?}")));
-        }
-    }
-    Ok(())
+/// The parameters a backend sees: without the `backend` selector and the
+/// CO's own keys.
+fn backend_parameters(
+    p: &std::collections::BTreeMap<String, String>,
+) -> std::collections::BTreeMap<String, String> {
+    p.iter()
+        .filter(|(k, _)| k.as_str() != "backend" && !k.starts_with(CO_PARAMETER_PREFIX))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
 }
 
 fn topology_matches(
@@ -66,12 +68,13 @@ impl Controller for ControllerService {
             let caps = convert::capabilities(&r.volume_capabilities)?;
             let (required, limit) = convert::capacity_range(r.capacity_range.as_ref())?;
             let parameters = params(&r.parameters);
-            check_parameters(&parameters)?;
             if !r.mutable_parameters.is_empty() {
                 return Err(Error::invalid("mutable_parameters are not supported"));
             }
             let source = convert::content_source(r.volume_content_source.as_ref())?;
             let backend = self.0.registry.for_parameters(&parameters)?.clone();
+            let parameters = backend_parameters(&parameters);
+            backend.validate_parameters(&parameters)?;
             let bc = backend.capabilities();
             if !bc.provision {
                 return Err(backend.unimplemented("create volumes"));
@@ -221,11 +224,11 @@ impl Controller for ControllerService {
             if backend.get_volume(&id).await?.is_none() {
                 return Err(Error::not_found(format!("volume {id} does not exist")));
             }
-            let parameters = params(&r.parameters);
+            let parameters = backend_parameters(&params(&r.parameters));
             let unsupported = caps
                 .iter()
                 .map(|c| backend.supports(c))
-                .chain(std::iter::once(check_parameters(&parameters)))
+                .chain(std::iter::once(backend.validate_parameters(&parameters)))
                 .find_map(Result::err);
             Ok(match unsupported {
                 Some(e) => pb::ValidateVolumeCapabilitiesResponse {
@@ -287,8 +290,9 @@ impl Controller for ControllerService {
         let r = request.into_inner();
         traced("GetCapacity", "", async {
             let parameters = params(&r.parameters);
-            check_parameters(&parameters)?;
             let backend = self.0.registry.for_parameters(&parameters)?.clone();
+            let parameters = backend_parameters(&parameters);
+            backend.validate_parameters(&parameters)?;
             let caps: Vec<_> = r
                 .volume_capabilities
                 .iter()

@@ -1,0 +1,1077 @@
+//! The `lvm` backend: node-local logical volumes. Each device class is a
+//! volume group (optionally a thin pool in it); a volume is an LV named from
+//! its CSI name, tagged so ferrovol only ever lists or touches its own LVs.
+//!
+//! Ids: `lvm:<class>.<lv>` for volumes and snapshots. LV names are `fv-`
+//! plus the name's locator; snapshot LVs are `fvs-` plus theirs.
+//!
+//! Every lvm command runs through the exec seam with a timeout and JSON
+//! reports (`--reportformat json`); lvm's warnings on stderr are never taken
+//! for errors: only the exit status is.
+
+use super::loopdev::path_arg;
+use crate::config::Size;
+use crate::error::{Error, Result};
+use crate::exec::{Command, CommandRunner};
+use crate::plugin::{
+    is_dns_label, locator_for_name, AccessMode, AttachContext, Attachment, Backend, Capabilities,
+    Capacity, ContentSource, CreateVolume, SnapshotId, SnapshotInfo, VolumeId, VolumeInfo,
+};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::Mutex;
+
+const LVM_TIMEOUT: Duration = Duration::from_secs(120);
+const COPY_TIMEOUT: Duration = Duration::from_secs(3600);
+/// Every LV ferrovol makes carries this tag.
+const TAG: &str = "ferrovol";
+/// The tag carrying the CSI name (or its digest).
+const NAME_TAG: &str = "ferrovol-name:";
+/// On a snapshot: the volume it was taken from.
+const SOURCE_TAG: &str = "ferrovol-source:";
+/// On a new, empty volume: its start is wiped at first attach.
+const FRESH_TAG: &str = "ferrovol-fresh";
+/// The StorageClass parameter that picks a device class.
+pub const DEVICE_CLASS_PARAMETER: &str = "deviceClass";
+
+/// `[[backend]] type = "lvm"` settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LvmSettings {
+    /// The device class used when a StorageClass names none (default: the
+    /// first).
+    pub default_device_class: Option<String>,
+    #[serde(rename = "device_class")]
+    pub device_classes: Vec<DeviceClass>,
+    /// Deactivate LVs at NodeUnstage (default true).
+    #[serde(default = "yes")]
+    pub deactivate_on_unstage: bool,
+    /// Extra lvm configuration passed to every command with `--config`.
+    #[serde(default)]
+    pub lvm_config: String,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// One device class: a volume group, optionally a thin pool in it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceClass {
+    pub name: String,
+    pub volume_group: String,
+    pub thin_pool: Option<String>,
+    /// Size of a classic (COW) snapshot, as a percentage of its origin.
+    #[serde(default = "default_snapshot_percent")]
+    pub snapshot_size_percent: u64,
+    /// Size of a volume whose request names none.
+    #[serde(default = "default_size")]
+    pub default_volume_size: Size,
+}
+
+fn default_snapshot_percent() -> u64 {
+    25
+}
+fn default_size() -> Size {
+    Size(1 << 30)
+}
+
+/// Whether `name` is usable as an LVM VG or LV name.
+fn is_lvm_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 100
+        && !name.starts_with('-')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"+_.-".contains(&b))
+        && name != "."
+        && name != ".."
+}
+
+// ---- JSON reports ----
+
+#[derive(Debug, Deserialize)]
+struct Report<T> {
+    report: Vec<T>,
+}
+
+#[derive(Debug, Deserialize)]
+struct LvSection {
+    #[serde(default)]
+    lv: Vec<Lv>,
+}
+
+#[derive(Debug, Deserialize)]
+struct VgSection {
+    #[serde(default)]
+    vg: Vec<Vg>,
+}
+
+/// One row of `lvs`.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct Lv {
+    pub lv_name: String,
+    pub vg_name: String,
+    pub lv_size: String,
+    #[serde(default)]
+    pub lv_tags: String,
+    #[serde(default)]
+    pub lv_attr: String,
+    #[serde(default)]
+    pub origin: String,
+    #[serde(default)]
+    pub pool_lv: String,
+    #[serde(default)]
+    pub lv_time: String,
+    #[serde(default)]
+    pub data_percent: String,
+}
+
+impl Lv {
+    fn size(&self) -> u64 {
+        self.lv_size.trim().parse().unwrap_or(0)
+    }
+    fn tags(&self) -> impl Iterator<Item = &str> {
+        self.lv_tags
+            .split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+    }
+    fn has_tag(&self, tag: &str) -> bool {
+        self.tags().any(|t| t == tag)
+    }
+    fn tag_value(&self, prefix: &str) -> Option<&str> {
+        self.tags().find_map(|t| t.strip_prefix(prefix))
+    }
+    /// The fifth attribute character: `a` when active.
+    fn active(&self) -> bool {
+        self.lv_attr.chars().nth(4) == Some('a')
+    }
+    /// The sixth: `o` when open (mounted or in use).
+    fn open(&self) -> bool {
+        self.lv_attr.chars().nth(5) == Some('o')
+    }
+    /// Problems the attributes show, if any.
+    fn problem(&self) -> Option<String> {
+        let a: Vec<char> = self.lv_attr.chars().collect();
+        match (a.get(4), a.get(8)) {
+            (Some('I'), _) => Some("snapshot is invalid".into()),
+            (Some(s), _) if *s != 'a' => Some(format!("LV is not active (attr {})", self.lv_attr)),
+            (_, Some('p')) => Some("LV is partial: a physical volume is missing".into()),
+            (_, Some('r')) => Some("LV needs a refresh".into()),
+            (_, Some('m')) => Some("LV has mismatches".into()),
+            (_, Some('X')) => Some("LV state is unknown".into()),
+            _ => None,
+        }
+    }
+    /// Creation time from `lv_time` (`2026-11-22 00:26:21 +0000`).
+    fn created(&self) -> SystemTime {
+        parse_lv_time(&self.lv_time).unwrap_or(UNIX_EPOCH)
+    }
+}
+
+/// One row of `vgs`.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct Vg {
+    pub vg_name: String,
+    pub vg_size: String,
+    pub vg_free: String,
+    pub vg_extent_size: String,
+}
+
+impl Vg {
+    fn size(&self) -> u64 {
+        self.vg_size.trim().parse().unwrap_or(0)
+    }
+    fn free(&self) -> u64 {
+        self.vg_free.trim().parse().unwrap_or(0)
+    }
+    fn extent(&self) -> u64 {
+        self.vg_extent_size
+            .trim()
+            .parse()
+            .unwrap_or(4 << 20)
+            .max(512)
+    }
+}
+
+/// Parses an `lvs` JSON report.
+pub fn parse_lvs(json: &str) -> Result<Vec<Lv>> {
+    let r: Report<LvSection> = serde_json::from_str(json)
+        .map_err(|e| Error::internal(format!("unreadable lvs report: {e}")))?;
+    Ok(r.report.into_iter().flat_map(|s| s.lv).collect())
+}
+
+/// Parses a `vgs` JSON report.
+pub fn parse_vgs(json: &str) -> Result<Vec<Vg>> {
+    let r: Report<VgSection> = serde_json::from_str(json)
+        .map_err(|e| Error::internal(format!("unreadable vgs report: {e}")))?;
+    Ok(r.report.into_iter().flat_map(|s| s.vg).collect())
+}
+
+fn parse_lv_time(text: &str) -> Option<SystemTime> {
+    // "YYYY-MM-DD HH:MM:SS +ZZZZ"
+    let mut parts = text.split_whitespace();
+    let date = parts.next()?;
+    let time = parts.next()?;
+    let zone = parts.next().unwrap_or("+0000");
+    let d: Vec<i64> = date
+        .split('-')
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    let t: Vec<i64> = time
+        .split(':')
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    if d.len() != 3 || t.len() != 3 || zone.len() != 5 {
+        return None;
+    }
+    let (y, m, day) = (d[0], d[1], d[2]);
+    // Days from civil (Howard Hinnant's algorithm).
+    let y2 = if m <= 2 { y - 1 } else { y };
+    let era = y2.div_euclid(400);
+    let yoe = y2 - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146097 + doe - 719468;
+    let sign = if zone.starts_with('-') { -1 } else { 1 };
+    let zh: i64 = zone[1..3].parse().ok()?;
+    let zm: i64 = zone[3..5].parse().ok()?;
+    let secs = days * 86400 + t[0] * 3600 + t[1] * 60 + t[2] - sign * (zh * 3600 + zm * 60);
+    (secs >= 0).then(|| UNIX_EPOCH + Duration::from_secs(secs as u64))
+}
+
+/// The tag value recording a CSI name: the name itself when it is plain
+/// enough for an LVM tag, else its full digest.
+fn name_tag(name: &str) -> String {
+    let plain = name.len() <= 100
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_+.-".contains(&b));
+    if plain {
+        format!("{NAME_TAG}{name}")
+    } else {
+        use sha2::Digest;
+        let d = sha2::Sha256::digest(name.as_bytes());
+        format!(
+            "{NAME_TAG}sha256-{}",
+            d.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        )
+    }
+}
+
+/// The backend.
+pub struct LvmBackend {
+    name: String,
+    settings: LvmSettings,
+    runner: Arc<dyn CommandRunner>,
+    /// Serializes changes (create, delete, expand, snapshot).
+    lock: Mutex<()>,
+}
+
+impl LvmBackend {
+    pub fn new(name: &str, settings: LvmSettings, runner: Arc<dyn CommandRunner>) -> Result<Self> {
+        if settings.device_classes.is_empty() {
+            return Err(Error::invalid(format!(
+                "lvm backend {name:?}: configure at least one device_class"
+            )));
+        }
+        let mut seen = Vec::new();
+        for c in &settings.device_classes {
+            if !is_dns_label(&c.name) || c.name.len() > 16 {
+                return Err(Error::invalid(format!(
+                    "device class {:?}: names are lowercase DNS labels of at most 16 characters",
+                    c.name
+                )));
+            }
+            if seen.contains(&c.name) {
+                return Err(Error::invalid(format!(
+                    "device class {:?} is configured twice",
+                    c.name
+                )));
+            }
+            seen.push(c.name.clone());
+            if !is_lvm_name(&c.volume_group)
+                || c.thin_pool.as_deref().is_some_and(|p| !is_lvm_name(p))
+            {
+                return Err(Error::invalid(format!(
+                    "device class {:?}: invalid volume group or thin pool name",
+                    c.name
+                )));
+            }
+            if c.snapshot_size_percent == 0 || c.snapshot_size_percent > 100 {
+                return Err(Error::invalid(format!(
+                    "device class {:?}: snapshot_size_percent must be 1 to 100",
+                    c.name
+                )));
+            }
+        }
+        if let Some(d) = &settings.default_device_class {
+            if !seen.contains(d) {
+                return Err(Error::invalid(format!(
+                    "default_device_class {d:?} is not configured"
+                )));
+            }
+        }
+        Ok(Self {
+            name: name.to_string(),
+            settings,
+            runner,
+            lock: Mutex::new(()),
+        })
+    }
+
+    fn class(&self, name: &str) -> Result<&DeviceClass> {
+        self.settings
+            .device_classes
+            .iter()
+            .find(|c| c.name == name)
+            .ok_or_else(|| Error::not_found(format!("device class {name:?} is not configured")))
+    }
+
+    fn class_for(&self, parameters: &BTreeMap<String, String>) -> Result<&DeviceClass> {
+        match parameters
+            .get(DEVICE_CLASS_PARAMETER)
+            .or(self.settings.default_device_class.as_ref())
+        {
+            Some(name) => self.class(name).map_err(|e| Error::invalid(e.message)),
+            None => Ok(&self.settings.device_classes[0]),
+        }
+    }
+
+    /// Splits a locator `<class>.<lv>` and checks both parts.
+    fn split<'a>(&'a self, locator: &'a str) -> Result<(&'a DeviceClass, &'a str)> {
+        let (class, lv) = locator
+            .split_once('.')
+            .ok_or_else(|| Error::not_found(format!("{locator:?} is not an lvm id")))?;
+        if !is_lvm_name(lv) || !(lv.starts_with("fv-") || lv.starts_with("fvs-")) {
+            return Err(Error::not_found(format!("{locator:?} is not an lvm id")));
+        }
+        Ok((self.class(class)?, lv))
+    }
+
+    fn lvm(&self, tool: &str) -> Command {
+        let mut cmd = Command::new(tool)
+            .timeout(LVM_TIMEOUT)
+            .env("LVM_SUPPRESS_FD_WARNINGS", "1");
+        if !self.settings.lvm_config.is_empty() {
+            cmd = cmd.arg("--config").arg(self.settings.lvm_config.clone());
+        }
+        cmd
+    }
+
+    async fn lvs(&self, target: &str) -> Result<Vec<Lv>> {
+        let out = self
+            .runner
+            .run(self.lvm("lvs").args([
+                "--reportformat",
+                "json",
+                "--units",
+                "b",
+                "--nosuffix",
+                "-o",
+                "lv_name,vg_name,lv_size,lv_tags,lv_attr,origin,pool_lv,lv_time,data_percent",
+                target,
+            ]))
+            .await;
+        match out {
+            Ok(o) => parse_lvs(&o.stdout),
+            // lvs exits 5 when the named LV does not exist.
+            Err(e) if e.exit_code() == Some(5) && target.contains('/') => Ok(Vec::new()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn lv(&self, vg: &str, lv: &str) -> Result<Option<Lv>> {
+        Ok(self
+            .lvs(&format!("{vg}/{lv}"))
+            .await?
+            .into_iter()
+            .find(|l| l.lv_name == lv && l.has_tag(TAG)))
+    }
+
+    async fn vg(&self, class: &DeviceClass) -> Result<Vg> {
+        let out = self
+            .runner
+            .run(self.lvm("vgs").args([
+                "--reportformat",
+                "json",
+                "--units",
+                "b",
+                "--nosuffix",
+                "-o",
+                "vg_name,vg_size,vg_free,vg_extent_size",
+                &class.volume_group,
+            ]))
+            .await?;
+        parse_vgs(&out.stdout)?
+            .into_iter()
+            .find(|v| v.vg_name == class.volume_group)
+            .ok_or_else(|| {
+                Error::precondition(format!("volume group {} not found", class.volume_group))
+            })
+    }
+
+    /// Thin pool: (size, free) in bytes.
+    async fn pool_space(&self, class: &DeviceClass, pool: &str) -> Result<(u64, u64)> {
+        let lvs = self.lvs(&format!("{}/{pool}", class.volume_group)).await?;
+        let p = lvs.into_iter().find(|l| l.lv_name == pool).ok_or_else(|| {
+            Error::precondition(format!("thin pool {}/{pool} not found", class.volume_group))
+        })?;
+        let used_pct: f64 = p.data_percent.trim().parse().unwrap_or(0.0);
+        let size = p.size();
+        Ok((
+            size,
+            ((size as f64) * (1.0 - used_pct / 100.0)).max(0.0) as u64,
+        ))
+    }
+
+    fn volume_info(&self, class: &DeviceClass, lv: &Lv) -> Result<VolumeInfo> {
+        let source = lv.tag_value(SOURCE_TAG).and_then(|s| {
+            if s.starts_with("fvs-") {
+                SnapshotId::new(&self.name, &format!("{}.{s}", class.name))
+                    .ok()
+                    .map(ContentSource::Snapshot)
+            } else {
+                VolumeId::new(&self.name, &format!("{}.{s}", class.name))
+                    .ok()
+                    .map(ContentSource::Volume)
+            }
+        });
+        Ok(VolumeInfo {
+            id: VolumeId::new(&self.name, &format!("{}.{}", class.name, lv.lv_name))?,
+            capacity_bytes: lv.size(),
+            context: BTreeMap::new(),
+            source,
+        })
+    }
+
+    fn snapshot_info(&self, class: &DeviceClass, lv: &Lv) -> Result<SnapshotInfo> {
+        let source = lv.tag_value(SOURCE_TAG).unwrap_or(&lv.origin);
+        Ok(SnapshotInfo {
+            id: SnapshotId::new(&self.name, &format!("{}.{}", class.name, lv.lv_name))?,
+            source_volume: VolumeId::new(&self.name, &format!("{}.{source}", class.name))?,
+            size_bytes: lv
+                .tag_value("ferrovol-size:")
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(lv.size()),
+            created: lv.created(),
+            ready: true,
+        })
+    }
+
+    fn round(&self, bytes: u64, extent: u64) -> u64 {
+        bytes.div_ceil(extent).saturating_mul(extent)
+    }
+
+    fn size_for(
+        &self,
+        class: &DeviceClass,
+        req: &CreateVolume,
+        extent: u64,
+        source_size: u64,
+    ) -> Result<u64> {
+        let wanted = if req.required_bytes > 0 {
+            req.required_bytes
+        } else if source_size > 0 {
+            source_size
+        } else {
+            class.default_volume_size.0
+        };
+        let mut size = self.round(wanted.max(source_size), extent);
+        if req.limit_bytes > 0 && size > req.limit_bytes {
+            // A smaller whole number of extents may still fit the range.
+            size = req.limit_bytes / extent * extent;
+            if size < req.required_bytes.max(source_size) || size == 0 {
+                return Err(Error::out_of_range(format!(
+                    "no size in {extent}-byte extents fits required {} and limit {} bytes",
+                    req.required_bytes, req.limit_bytes
+                )));
+            }
+        }
+        Ok(size)
+    }
+
+    fn insufficient_space(e: Error) -> Error {
+        if e.message.contains("insufficient free space")
+            || e.message.contains("Insufficient free space")
+        {
+            Error::exhausted(e.message)
+        } else {
+            e
+        }
+    }
+
+    /// Copies one LV's data into another (both active on this node).
+    async fn copy_lv(&self, vg: &str, from: &str, to: &str) -> Result<()> {
+        self.activate(vg, from).await?;
+        self.activate(vg, to).await?;
+        let src = format!("/dev/{vg}/{from}");
+        let dst = format!("/dev/{vg}/{to}");
+        self.runner
+            .run(
+                Command::new("dd")
+                    .args([
+                        format!("if={src}"),
+                        format!("of={dst}"),
+                        "bs=4M".into(),
+                        "conv=fsync,sparse".into(),
+                    ])
+                    .args(["status=none", "iflag=direct"])
+                    .timeout(COPY_TIMEOUT),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn activate(&self, vg: &str, lv: &str) -> Result<PathBuf> {
+        // -K: thin snapshots skip activation by default.
+        self.runner
+            .run(
+                self.lvm("lvchange")
+                    .args(["-ay", "-K", &format!("{vg}/{lv}")]),
+            )
+            .await?;
+        Ok(PathBuf::from(format!("/dev/{vg}/{lv}")))
+    }
+
+    async fn deactivate(&self, vg: &str, lv: &str) -> Result<()> {
+        self.runner
+            .run(self.lvm("lvchange").args(["-an", &format!("{vg}/{lv}")]))
+            .await?;
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for LvmBackend {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            provision: true,
+            attach: false,
+            device_mount: true,
+            expand: true,
+            snapshot: true,
+            clone: true,
+            block: true,
+            node_local: true,
+            access_modes: vec![
+                AccessMode::SingleNodeWriter,
+                AccessMode::SingleNodeReaderOnly,
+                AccessMode::SingleNodeSingleWriter,
+                AccessMode::SingleNodeMultiWriter,
+            ],
+        }
+    }
+
+    async fn health(&self) -> Result<()> {
+        for c in &self.settings.device_classes {
+            self.vg(c)
+                .await
+                .map_err(|e| e.context(format!("device class {}", c.name)))?;
+        }
+        Ok(())
+    }
+
+    fn validate_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {
+        for key in parameters.keys() {
+            if key != DEVICE_CLASS_PARAMETER {
+                return Err(Error::invalid(format!(
+                    "lvm backend: unknown parameter {key:?} (known: {DEVICE_CLASS_PARAMETER})"
+                )));
+            }
+        }
+        self.class_for(parameters).map(|_| ())
+    }
+
+    async fn create_volume(&self, req: &CreateVolume) -> Result<VolumeInfo> {
+        let class = self.class_for(&req.parameters)?.clone();
+        let vg_name = class.volume_group.clone();
+        let lv_name = format!("fv-{}", locator_for_name(&req.name));
+        let tag = name_tag(&req.name);
+        let _guard = self.lock.lock().await;
+
+        let (source_lv, source_size) = match &req.source {
+            None => (None, 0),
+            Some(ContentSource::Snapshot(id)) => {
+                let (c, lv) = (id.backend() == self.name)
+                    .then(|| self.split(id.locator()))
+                    .transpose()
+                    .ok()
+                    .flatten()
+                    .ok_or_else(|| {
+                        Error::not_found(format!("source snapshot {id} does not exist"))
+                    })?;
+                if c.name != class.name {
+                    return Err(Error::invalid(format!(
+                        "source snapshot {id} is in another device class"
+                    )));
+                }
+                let snap = self.lv(&vg_name, lv).await?.ok_or_else(|| {
+                    Error::not_found(format!("source snapshot {id} does not exist"))
+                })?;
+                let size = snap
+                    .tag_value("ferrovol-size:")
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(snap.size());
+                (Some(snap), size)
+            }
+            Some(ContentSource::Volume(id)) => {
+                let (c, lv) = (id.backend() == self.name)
+                    .then(|| self.split(id.locator()))
+                    .transpose()
+                    .ok()
+                    .flatten()
+                    .ok_or_else(|| {
+                        Error::not_found(format!("source volume {id} does not exist"))
+                    })?;
+                if c.name != class.name {
+                    return Err(Error::invalid(format!(
+                        "source volume {id} is in another device class"
+                    )));
+                }
+                let vol = self.lv(&vg_name, lv).await?.ok_or_else(|| {
+                    Error::not_found(format!("source volume {id} does not exist"))
+                })?;
+                let size = vol.size();
+                (Some(vol), size)
+            }
+        };
+
+        if let Some(existing) = self.lv(&vg_name, &lv_name).await? {
+            if existing
+                .tag_value(NAME_TAG)
+                .map(|v| format!("{NAME_TAG}{v}"))
+                != Some(tag.clone())
+            {
+                return Err(Error::already_exists(format!(
+                    "LV {vg_name}/{lv_name} belongs to another name"
+                )));
+            }
+            let size = existing.size();
+            let fits =
+                size >= req.required_bytes && (req.limit_bytes == 0 || size <= req.limit_bytes);
+            let info = self.volume_info(&class, &existing)?;
+            if !fits || info.source != req.source {
+                return Err(Error::already_exists(format!(
+                    "volume {:?} exists with {size} bytes and source {:?}, incompatible with this request",
+                    req.name, info.source
+                )));
+            }
+            return Ok(info);
+        }
+
+        let vg = self.vg(&class).await?;
+        let size = self.size_for(&class, req, vg.extent(), source_size)?;
+        let mut tags = vec![TAG.to_string(), tag];
+        if let Some(src) = &source_lv {
+            tags.push(format!("{SOURCE_TAG}{}", src.lv_name));
+        } else {
+            tags.push(FRESH_TAG.into());
+        }
+        let tag_args: Vec<String> = tags
+            .iter()
+            .flat_map(|t| ["--addtag".to_string(), t.clone()])
+            .collect();
+        let target = format!("{vg_name}/{lv_name}");
+
+        match (&class.thin_pool, &source_lv) {
+            (Some(_), Some(src)) => {
+                // A thin snapshot of the source: instant, shares blocks.
+                self.runner
+                    .run(
+                        self.lvm("lvcreate")
+                            .args(["-y", "-s", "-n", &lv_name])
+                            .args(tag_args.clone())
+                            .arg(format!("{vg_name}/{}", src.lv_name)),
+                    )
+                    .await
+                    .map_err(|e| Self::insufficient_space(e.into()))?;
+                // The snapshot's own tags came along: keep only ours.
+                for t in src.tags() {
+                    if !tags.iter().any(|x| x == t) {
+                        self.runner
+                            .run(self.lvm("lvchange").args(["--deltag", t, &target]))
+                            .await?;
+                    }
+                }
+                if size > src.size() {
+                    self.runner
+                        .run(
+                            self.lvm("lvextend")
+                                .args(["-L", &format!("{size}b"), &target]),
+                        )
+                        .await?;
+                }
+            }
+            (Some(pool), None) => {
+                let (_, free) = self.pool_space(&class, pool).await?;
+                let _ = free; // thin volumes may overcommit the pool
+                self.runner
+                    .run(
+                        self.lvm("lvcreate")
+                            .args([
+                                "-y",
+                                "-V",
+                                &format!("{size}b"),
+                                "--thinpool",
+                                &format!("{vg_name}/{pool}"),
+                                "-n",
+                                &lv_name,
+                            ])
+                            .args(tag_args),
+                    )
+                    .await
+                    .map_err(|e| Self::insufficient_space(e.into()))?;
+            }
+            (None, src) => {
+                if size > vg.size() {
+                    return Err(Error::out_of_range(format!(
+                        "{size} bytes is more than volume group {vg_name} holds ({})",
+                        vg.size()
+                    )));
+                }
+                if size > vg.free() {
+                    return Err(Error::exhausted(format!(
+                        "volume group {vg_name} has {} bytes free, {size} needed",
+                        vg.free()
+                    )));
+                }
+                // No zeroing here (it needs activation); the start of a
+                // fresh LV is wiped at its first attach instead.
+                self.runner
+                    .run(
+                        self.lvm("lvcreate")
+                            .args([
+                                "-y",
+                                "-Zn",
+                                "-Wn",
+                                "-L",
+                                &format!("{size}b"),
+                                "-n",
+                                &lv_name,
+                            ])
+                            .args(tag_args)
+                            .arg(&vg_name),
+                    )
+                    .await
+                    .map_err(|e| Self::insufficient_space(e.into()))?;
+                if let Some(src) = src {
+                    if let Err(e) = self.copy_lv(&vg_name, &src.lv_name, &lv_name).await {
+                        let _ = self
+                            .runner
+                            .run(self.lvm("lvremove").args(["-y", &target]))
+                            .await;
+                        return Err(e.context("copy the source into the new volume"));
+                    }
+                    let _ = self.deactivate(&vg_name, &lv_name).await;
+                }
+            }
+        }
+        let lv = self
+            .lv(&vg_name, &lv_name)
+            .await?
+            .ok_or_else(|| Error::internal(format!("LV {target} vanished after lvcreate")))?;
+        self.volume_info(&class, &lv)
+    }
+
+    async fn delete_volume(&self, id: &VolumeId) -> Result<()> {
+        let Ok((class, lv_name)) = self.split(id.locator()) else {
+            return Ok(());
+        };
+        let _guard = self.lock.lock().await;
+        let Some(lv) = self.lv(&class.volume_group, lv_name).await? else {
+            return Ok(());
+        };
+        if lv.open() {
+            return Err(Error::precondition(format!(
+                "volume {id} is in use on this node; unstage it first"
+            )));
+        }
+        self.runner
+            .run(
+                self.lvm("lvremove")
+                    .args(["-y", &format!("{}/{lv_name}", class.volume_group)]),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn get_volume(&self, id: &VolumeId) -> Result<Option<VolumeInfo>> {
+        let Ok((class, lv_name)) = self.split(id.locator()) else {
+            return Ok(None);
+        };
+        if !lv_name.starts_with("fv-") {
+            return Ok(None);
+        }
+        match self.lv(&class.volume_group, lv_name).await? {
+            Some(lv) => Ok(Some(self.volume_info(class, &lv)?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn list_volumes(&self) -> Result<Vec<VolumeInfo>> {
+        let mut out = Vec::new();
+        for class in &self.settings.device_classes {
+            for lv in self.lvs(&class.volume_group).await? {
+                if lv.has_tag(TAG) && lv.lv_name.starts_with("fv-") {
+                    out.push(self.volume_info(class, &lv)?);
+                }
+            }
+        }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
+    }
+
+    async fn capacity(&self, parameters: &BTreeMap<String, String>) -> Result<Capacity> {
+        let class = self.class_for(parameters)?;
+        let vg = self.vg(class).await?;
+        let (available, maximum) = match &class.thin_pool {
+            Some(pool) => {
+                let (size, free) = self.pool_space(class, pool).await?;
+                (free, size)
+            }
+            None => (vg.free(), vg.free()),
+        };
+        let extent = vg.extent();
+        Ok(Capacity {
+            available_bytes: available,
+            maximum_volume_bytes: Some(maximum / extent * extent),
+            minimum_volume_bytes: Some(extent),
+        })
+    }
+
+    async fn expand_volume(&self, id: &VolumeId, required: u64, limit: u64) -> Result<u64> {
+        let (class, lv_name) = self.split(id.locator())?;
+        let _guard = self.lock.lock().await;
+        let lv = self
+            .lv(&class.volume_group, lv_name)
+            .await?
+            .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
+        let vg = self.vg(class).await?;
+        let wanted = self.round(required, vg.extent());
+        if limit > 0 && wanted > limit {
+            return Err(Error::out_of_range(format!(
+                "{required} bytes rounded to whole extents exceeds the limit {limit}"
+            )));
+        }
+        if wanted <= lv.size() {
+            return Ok(lv.size());
+        }
+        if class.thin_pool.is_none() && wanted - lv.size() > vg.free() {
+            return Err(Error::exhausted(format!(
+                "volume group {} has {} bytes free",
+                class.volume_group,
+                vg.free()
+            )));
+        }
+        self.runner
+            .run(self.lvm("lvextend").args([
+                "-L",
+                &format!("{wanted}b"),
+                &format!("{}/{lv_name}", class.volume_group),
+            ]))
+            .await
+            .map_err(|e| Self::insufficient_space(e.into()))?;
+        Ok(wanted)
+    }
+
+    async fn create_snapshot(&self, source: &VolumeId, name: &str) -> Result<SnapshotInfo> {
+        let (class, src_lv) = (source.backend() == self.name)
+            .then(|| self.split(source.locator()))
+            .transpose()
+            .ok()
+            .flatten()
+            .ok_or_else(|| Error::not_found(format!("source volume {source} does not exist")))?;
+        let class = class.clone();
+        let vg_name = class.volume_group.clone();
+        let snap_name = format!("fvs-{}", locator_for_name(name));
+        let tag = name_tag(name);
+        let _guard = self.lock.lock().await;
+        if let Some(existing) = self.lv(&vg_name, &snap_name).await? {
+            let same = existing
+                .tag_value(NAME_TAG)
+                .map(|v| format!("{NAME_TAG}{v}"))
+                == Some(tag.clone())
+                && existing.tag_value(SOURCE_TAG) == Some(src_lv);
+            if !same {
+                return Err(Error::already_exists(format!(
+                    "snapshot {name:?} exists for another source volume"
+                )));
+            }
+            return self.snapshot_info(&class, &existing);
+        }
+        let src = self
+            .lv(&vg_name, src_lv)
+            .await?
+            .ok_or_else(|| Error::not_found(format!("source volume {source} does not exist")))?;
+        let mut cmd = self.lvm("lvcreate").args(["-y", "-s", "-n", &snap_name]);
+        if class.thin_pool.is_none() || src.pool_lv.is_empty() {
+            let vg = self.vg(&class).await?;
+            let cow = self.round(src.size() * class.snapshot_size_percent / 100, vg.extent());
+            if cow > vg.free() {
+                return Err(Error::exhausted(format!(
+                    "volume group {vg_name} has {} bytes free, the snapshot needs {cow}",
+                    vg.free()
+                )));
+            }
+            cmd = cmd.args(["-L", &format!("{cow}b")]);
+        }
+        let tags = [
+            TAG.to_string(),
+            tag,
+            format!("{SOURCE_TAG}{src_lv}"),
+            format!("ferrovol-size:{}", src.size()),
+        ];
+        for t in &tags {
+            cmd = cmd.args(["--addtag", t]);
+        }
+        self.runner
+            .run(cmd.arg(format!("{vg_name}/{src_lv}")))
+            .await
+            .map_err(|e| Self::insufficient_space(e.into()))?;
+        // The snapshot inherits the origin's tags: drop the ones that are not ours.
+        let target = format!("{vg_name}/{snap_name}");
+        for t in src.tags() {
+            if !tags.iter().any(|x| x == t) {
+                self.runner
+                    .run(self.lvm("lvchange").args(["--deltag", t, &target]))
+                    .await?;
+            }
+        }
+        let lv = self
+            .lv(&vg_name, &snap_name)
+            .await?
+            .ok_or_else(|| Error::internal(format!("snapshot {target} vanished")))?;
+        self.snapshot_info(&class, &lv)
+    }
+
+    async fn delete_snapshot(&self, id: &SnapshotId) -> Result<()> {
+        let Ok((class, lv_name)) = self.split(id.locator()) else {
+            return Ok(());
+        };
+        if !lv_name.starts_with("fvs-") {
+            return Ok(());
+        }
+        let _guard = self.lock.lock().await;
+        if self.lv(&class.volume_group, lv_name).await?.is_none() {
+            return Ok(());
+        }
+        self.runner
+            .run(
+                self.lvm("lvremove")
+                    .args(["-y", &format!("{}/{lv_name}", class.volume_group)]),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>> {
+        let mut out = Vec::new();
+        for class in &self.settings.device_classes {
+            for lv in self.lvs(&class.volume_group).await? {
+                if lv.has_tag(TAG) && lv.lv_name.starts_with("fvs-") {
+                    out.push(self.snapshot_info(class, &lv)?);
+                }
+            }
+        }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
+    }
+
+    async fn node_attach(&self, id: &VolumeId, _ctx: &AttachContext) -> Result<Attachment> {
+        let (class, lv_name) = self.split(id.locator())?;
+        let vg = class.volume_group.clone();
+        let lv = self
+            .lv(&vg, lv_name)
+            .await?
+            .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
+        let path = self.activate(&vg, lv_name).await?;
+        if lv.has_tag(FRESH_TAG) {
+            // A new LV may sit on extents an old one used: clear the start
+            // (old filesystem signatures and data) before anything reads it.
+            let dev = path_arg(&path)?;
+            self.runner
+                .run(
+                    Command::new("wipefs")
+                        .args(["-a", "-q"])
+                        .arg(dev.clone())
+                        .timeout(LVM_TIMEOUT),
+                )
+                .await?;
+            self.runner
+                .run(
+                    Command::new("dd")
+                        .args([
+                            "if=/dev/zero".to_string(),
+                            format!("of={dev}"),
+                            "bs=1M".into(),
+                            "count=1".into(),
+                        ])
+                        .args(["oflag=direct", "conv=notrunc", "status=none"])
+                        .timeout(LVM_TIMEOUT),
+                )
+                .await?;
+            self.runner
+                .run(
+                    self.lvm("lvchange")
+                        .args(["--deltag", FRESH_TAG, &format!("{vg}/{lv_name}")]),
+                )
+                .await?;
+        }
+        Ok(Attachment::Device { path })
+    }
+
+    async fn node_detach(&self, id: &VolumeId, _attachment: Option<&Attachment>) -> Result<()> {
+        let Ok((class, lv_name)) = self.split(id.locator()) else {
+            return Ok(());
+        };
+        if !self.settings.deactivate_on_unstage {
+            return Ok(());
+        }
+        match self.lv(&class.volume_group, lv_name).await? {
+            Some(lv) if lv.active() => self.deactivate(&class.volume_group, lv_name).await,
+            _ => Ok(()),
+        }
+    }
+
+    async fn node_refresh_size(&self, id: &VolumeId, attachment: &Attachment) -> Result<u64> {
+        let (class, lv_name) = self.split(id.locator())?;
+        let Attachment::Device { path } = attachment else {
+            return Err(Error::internal("LVs are block devices"));
+        };
+        // An active LV's device follows lvextend at once; a refresh covers
+        // the case of an extend made while it was active elsewhere.
+        self.runner
+            .run(
+                self.lvm("lvchange")
+                    .args(["--refresh", &format!("{}/{lv_name}", class.volume_group)]),
+            )
+            .await?;
+        crate::node::paths::device_size(path)
+    }
+
+    async fn node_condition(
+        &self,
+        id: &VolumeId,
+        _attachment: &Attachment,
+    ) -> Result<Option<String>> {
+        let (class, lv_name) = self.split(id.locator())?;
+        Ok(match self.lv(&class.volume_group, lv_name).await? {
+            None => Some(format!("LV {}/{lv_name} is gone", class.volume_group)),
+            Some(lv) => lv.problem(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

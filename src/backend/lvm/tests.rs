@@ -1,0 +1,535 @@
+//! The lvm backend over the scripted runner and report fixtures.
+
+use super::*;
+use crate::error::Kind;
+use crate::exec::{FakeRunner, Reply};
+
+const MIB: u64 = 1 << 20;
+
+fn lv_row(name: &str, size: u64, tags: &str, attr: &str) -> String {
+    format!(
+        r#"{{"lv_name":"{name}", "vg_name":"vg0", "lv_size":"{size}", "lv_tags":"{tags}", "lv_attr":"{attr}", "origin":"", "pool_lv":"", "lv_time":"2026-11-22 00:26:21 +0000", "data_percent":""}}"#
+    )
+}
+
+fn lvs_json(rows: &[String]) -> String {
+    format!("  {{\n      \"report\": [\n          {{\n              \"lv\": [\n{}\n              ]\n          }}\n      ]\n  }}\n", rows.join(",\n"))
+}
+
+fn vgs_json(size: u64, free: u64) -> String {
+    format!(
+        r#"{{"report":[{{"vg":[{{"vg_name":"vg0", "vg_size":"{size}", "vg_free":"{free}", "vg_extent_size":"4194304"}}]}}]}}"#
+    )
+}
+
+fn backend(runner: Arc<FakeRunner>, thin: Option<&str>) -> LvmBackend {
+    let settings = LvmSettings {
+        default_device_class: None,
+        device_classes: vec![DeviceClass {
+            name: "fast".into(),
+            volume_group: "vg0".into(),
+            thin_pool: thin.map(str::to_string),
+            snapshot_size_percent: 25,
+            default_volume_size: Size(1 << 30),
+        }],
+        deactivate_on_unstage: true,
+        lvm_config: String::new(),
+    };
+    LvmBackend::new("lvm", settings, runner).unwrap()
+}
+
+fn create(name: &str, required: u64, limit: u64) -> CreateVolume {
+    CreateVolume {
+        name: name.into(),
+        required_bytes: required,
+        limit_bytes: limit,
+        capabilities: vec![],
+        parameters: BTreeMap::new(),
+        source: None,
+    }
+}
+
+#[test]
+fn parses_reports_and_times() {
+    let rows = parse_lvs(&lvs_json(&[lv_row(
+        "fv-a",
+        20 * MIB,
+        "ferrovol,ferrovol-name:pvc-1",
+        "-wi-ao----",
+    )]))
+    .unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].size(), 20 * MIB);
+    assert!(rows[0].active() && rows[0].open());
+    assert_eq!(rows[0].tag_value(NAME_TAG), Some("pvc-1"));
+    assert_eq!(rows[0].problem(), None);
+    let vgs = parse_vgs(&vgs_json(256 * MIB, 200 * MIB)).unwrap();
+    assert_eq!(
+        (vgs[0].size(), vgs[0].free(), vgs[0].extent()),
+        (256 * MIB, 200 * MIB, 4 * MIB)
+    );
+    assert!(parse_lvs("WARNING: not json").is_err());
+    assert_eq!(parse_lvs(r#"{"report":[{}]}"#).unwrap(), vec![]);
+    let t = parse_lv_time("2026-11-22 00:26:21 +0100").unwrap();
+    // Values from `date -d '...' +%s`.
+    assert_eq!(
+        t.duration_since(UNIX_EPOCH).unwrap().as_secs(),
+        1_795_303_581
+    );
+    let leap = parse_lv_time("2000-03-01 00:00:00 +0000").unwrap();
+    assert_eq!(
+        leap.duration_since(UNIX_EPOCH).unwrap().as_secs(),
+        951_868_800
+    );
+    assert!(parse_lv_time("garbage").is_none());
+}
+
+#[test]
+fn attributes_report_problems() {
+    let lv = |attr: &str| Lv {
+        lv_attr: attr.into(),
+        ..parse_lvs(&lvs_json(&[lv_row("x", 1, "", "")])).unwrap()[0].clone()
+    };
+    assert!(lv("-wi-------").problem().unwrap().contains("not active"));
+    assert!(lv("-wi-a---p-").problem().unwrap().contains("partial"));
+    assert!(lv("swi-I-s---").problem().unwrap().contains("invalid"));
+    assert_eq!(lv("-wi-ao----").problem(), None);
+}
+
+#[tokio::test]
+async fn creates_a_thick_lv_rounded_to_extents_with_tags() {
+    let r = Arc::new(FakeRunner::new());
+    r.expect(
+        "lvs",
+        Reply::Fail(5, "Failed to find logical volume \"vg0/fv-pvc-1\"".into()),
+    );
+    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 200 * MIB)));
+    r.expect("lvcreate", Reply::Ok(String::new()));
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row(
+            "fv-pvc-1",
+            12 * MIB,
+            "ferrovol,ferrovol-name:pvc-1,ferrovol-fresh",
+            "-wi-------",
+        )])),
+    );
+    let b = backend(r.clone(), None);
+    let v = b
+        .create_volume(&create("pvc-1", 10 * MIB + 1, 0))
+        .await
+        .unwrap();
+    assert_eq!(v.id.to_string(), "lvm:fast.fv-pvc-1");
+    assert_eq!(v.capacity_bytes, 12 * MIB);
+    let lines = r.lines();
+    assert_eq!(
+        lines[2],
+        "lvcreate -y -Zn -Wn -L 12582912b -n fv-pvc-1 --addtag ferrovol --addtag ferrovol-name:pvc-1 --addtag ferrovol-fresh vg0"
+    );
+}
+
+#[tokio::test]
+async fn existing_lv_is_returned_or_refused() {
+    let r = Arc::new(FakeRunner::new());
+    let row = lv_row(
+        "fv-pvc-1",
+        12 * MIB,
+        "ferrovol,ferrovol-name:pvc-1",
+        "-wi-------",
+    );
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&row))));
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&row))));
+    let b = backend(r.clone(), None);
+    assert_eq!(
+        b.create_volume(&create("pvc-1", 10 * MIB, 0))
+            .await
+            .unwrap()
+            .capacity_bytes,
+        12 * MIB
+    );
+    assert_eq!(
+        b.create_volume(&create("pvc-1", 100 * MIB, 0))
+            .await
+            .unwrap_err()
+            .kind,
+        Kind::AlreadyExists
+    );
+    assert!(!r.lines().iter().any(|l| l.starts_with("lvcreate")));
+    // An LV of this name made for another CSI name is never handed out.
+    let r = Arc::new(FakeRunner::new());
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row(
+            "fv-pvc-1",
+            12 * MIB,
+            "ferrovol,ferrovol-name:other",
+            "-wi-------",
+        )])),
+    );
+    assert_eq!(
+        backend(r, None)
+            .create_volume(&create("pvc-1", 0, 0))
+            .await
+            .unwrap_err()
+            .kind,
+        Kind::AlreadyExists
+    );
+}
+
+#[tokio::test]
+async fn space_is_checked_before_lvcreate() {
+    for (required, kind) in [
+        (300 * MIB, Kind::OutOfRange),
+        (100 * MIB, Kind::ResourceExhausted),
+    ] {
+        let r = Arc::new(FakeRunner::new());
+        r.expect("lvs", Reply::Fail(5, String::new()));
+        r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 64 * MIB)));
+        let err = backend(r.clone(), None)
+            .create_volume(&create("pvc-x", required, 0))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind, kind, "{}", err.message);
+        assert!(!r.lines().iter().any(|l| l.starts_with("lvcreate")));
+    }
+    // A limit below one extent cannot be met.
+    let r = Arc::new(FakeRunner::new());
+    r.expect("lvs", Reply::Fail(5, String::new()));
+    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 200 * MIB)));
+    assert_eq!(
+        backend(r, None)
+            .create_volume(&create("pvc-y", MIB, 2 * MIB))
+            .await
+            .unwrap_err()
+            .kind,
+        Kind::OutOfRange
+    );
+    // lvm's own refusal maps to RESOURCE_EXHAUSTED too.
+    let r = Arc::new(FakeRunner::new());
+    r.expect("lvs", Reply::Fail(5, String::new()));
+    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 200 * MIB)));
+    r.expect(
+        "lvcreate",
+        Reply::Fail(
+            5,
+            "  Volume group \"vg0\" has insufficient free space (1 extents): 3 required.".into(),
+        ),
+    );
+    assert_eq!(
+        backend(r, None)
+            .create_volume(&create("pvc-z", 12 * MIB, 0))
+            .await
+            .unwrap_err()
+            .kind,
+        Kind::ResourceExhausted
+    );
+}
+
+#[tokio::test]
+async fn thin_volumes_go_in_the_pool() {
+    let r = Arc::new(FakeRunner::new());
+    r.expect("lvs", Reply::Fail(5, String::new()));
+    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 0)));
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row("pool", 200 * MIB, "", "twi-a-tz--")])),
+    );
+    r.expect("lvcreate", Reply::Ok(String::new()));
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row(
+            "fv-t",
+            8 * MIB,
+            "ferrovol,ferrovol-name:t",
+            "Vwi-a-tz--",
+        )])),
+    );
+    let v = backend(r.clone(), Some("pool"))
+        .create_volume(&create("t", 8 * MIB, 0))
+        .await
+        .unwrap();
+    assert_eq!(v.capacity_bytes, 8 * MIB);
+    assert!(
+        r.lines()[3].starts_with("lvcreate -y -V 8388608b --thinpool vg0/pool -n fv-t"),
+        "{}",
+        r.lines()[3]
+    );
+}
+
+#[tokio::test]
+async fn delete_is_idempotent_and_refuses_open_volumes() {
+    let r = Arc::new(FakeRunner::new());
+    r.expect("lvs", Reply::Fail(5, String::new()));
+    let b = backend(r.clone(), None);
+    b.delete_volume(&VolumeId::parse("lvm:fast.fv-gone").unwrap())
+        .await
+        .unwrap();
+    b.delete_volume(&VolumeId::parse("lvm:nosuchclass.fv-x").unwrap())
+        .await
+        .unwrap();
+    b.delete_volume(&VolumeId::parse("lvm:fast.other-lv").unwrap())
+        .await
+        .unwrap();
+    assert!(!r.lines().iter().any(|l| l.starts_with("lvremove")));
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row(
+            "fv-busy",
+            MIB,
+            "ferrovol",
+            "-wi-ao----",
+        )])),
+    );
+    let err = b
+        .delete_volume(&VolumeId::parse("lvm:fast.fv-busy").unwrap())
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, Kind::FailedPrecondition);
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row(
+            "fv-idle",
+            MIB,
+            "ferrovol",
+            "-wi-------",
+        )])),
+    );
+    b.delete_volume(&VolumeId::parse("lvm:fast.fv-idle").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(r.lines().last().unwrap(), "lvremove -y vg0/fv-idle");
+}
+
+#[tokio::test]
+async fn lists_only_ferrovol_lvs() {
+    let r = Arc::new(FakeRunner::new());
+    let rows = [
+        lv_row("fv-b", MIB, "ferrovol,ferrovol-name:b", "-wi-------"),
+        lv_row("fv-a", MIB, "ferrovol,ferrovol-name:a", "-wi-------"),
+        lv_row("root", 10 * MIB, "", "-wi-ao----"),
+        lv_row("fv-untagged", MIB, "", "-wi-------"),
+        lv_row(
+            "fvs-s1",
+            MIB,
+            "ferrovol,ferrovol-source:fv-a,ferrovol-size:1048576",
+            "swi-a-s---",
+        ),
+    ];
+    r.expect("lvs", Reply::Ok(lvs_json(&rows)));
+    r.expect("lvs", Reply::Ok(lvs_json(&rows)));
+    let b = backend(r, None);
+    let ids: Vec<String> = b
+        .list_volumes()
+        .await
+        .unwrap()
+        .iter()
+        .map(|v| v.id.to_string())
+        .collect();
+    assert_eq!(ids, vec!["lvm:fast.fv-a", "lvm:fast.fv-b"]);
+    let snaps = b.list_snapshots().await.unwrap();
+    assert_eq!(snaps.len(), 1);
+    assert_eq!(snaps[0].source_volume.to_string(), "lvm:fast.fv-a");
+    assert_eq!(snaps[0].size_bytes, MIB);
+}
+
+#[tokio::test]
+async fn expand_rounds_and_respects_limits() {
+    let r = Arc::new(FakeRunner::new());
+    let row = lv_row("fv-e", 8 * MIB, "ferrovol", "-wi-------");
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&row))));
+    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 100 * MIB)));
+    let b = backend(r.clone(), None);
+    let id = VolumeId::parse("lvm:fast.fv-e").unwrap();
+    assert_eq!(b.expand_volume(&id, 9 * MIB, 0).await.unwrap(), 12 * MIB);
+    assert_eq!(r.lines().last().unwrap(), "lvextend -L 12582912b vg0/fv-e");
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&row))));
+    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 100 * MIB)));
+    assert_eq!(
+        b.expand_volume(&id, 9 * MIB, 10 * MIB)
+            .await
+            .unwrap_err()
+            .kind,
+        Kind::OutOfRange
+    );
+    r.expect("lvs", Reply::Ok(lvs_json(&[row])));
+    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 100 * MIB)));
+    assert_eq!(
+        b.expand_volume(&id, 4 * MIB, 0).await.unwrap(),
+        8 * MIB,
+        "no shrink"
+    );
+    r.expect("lvs", Reply::Fail(5, String::new()));
+    assert_eq!(
+        b.expand_volume(&VolumeId::parse("lvm:fast.fv-none").unwrap(), MIB, 0)
+            .await
+            .unwrap_err()
+            .kind,
+        Kind::NotFound
+    );
+}
+
+#[tokio::test]
+async fn classic_snapshot_gets_a_sized_cow_and_clean_tags() {
+    let r = Arc::new(FakeRunner::new());
+    r.expect("lvs", Reply::Fail(5, String::new()));
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row(
+            "fv-a",
+            40 * MIB,
+            "ferrovol,ferrovol-name:a",
+            "-wi-ao----",
+        )])),
+    );
+    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 100 * MIB)));
+    r.expect("lvcreate", Reply::Ok(String::new()));
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row(
+            "fvs-s1",
+            12 * MIB,
+            "ferrovol,ferrovol-name:s1,ferrovol-source:fv-a,ferrovol-size:41943040",
+            "swi-a-s---",
+        )])),
+    );
+    let b = backend(r.clone(), None);
+    let s = b
+        .create_snapshot(&VolumeId::parse("lvm:fast.fv-a").unwrap(), "s1")
+        .await
+        .unwrap();
+    assert_eq!(s.id.to_string(), "lvm:fast.fvs-s1");
+    assert_eq!(s.size_bytes, 40 * MIB);
+    let lines = r.lines();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("lvcreate -y -s -n fvs-s1 -L 12582912b")),
+        "{lines:?}"
+    );
+    // The origin's name tag was copied by lvm and is removed.
+    assert!(
+        lines
+            .iter()
+            .any(|l| l == "lvchange --deltag ferrovol-name:a vg0/fvs-s1"),
+        "{lines:?}"
+    );
+}
+
+#[tokio::test]
+async fn first_attach_wipes_a_fresh_lv_once() {
+    let r = Arc::new(FakeRunner::new());
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row(
+            "fv-n",
+            8 * MIB,
+            "ferrovol,ferrovol-fresh",
+            "-wi-------",
+        )])),
+    );
+    let b = backend(r.clone(), None);
+    let id = VolumeId::parse("lvm:fast.fv-n").unwrap();
+    let a = b.node_attach(&id, &AttachContext::default()).await.unwrap();
+    assert_eq!(
+        a,
+        Attachment::Device {
+            path: "/dev/vg0/fv-n".into()
+        }
+    );
+    let lines = r.lines();
+    assert_eq!(lines[1], "lvchange -ay -K vg0/fv-n");
+    assert_eq!(lines[2], "wipefs -a -q /dev/vg0/fv-n");
+    assert!(lines[3].starts_with("dd if=/dev/zero of=/dev/vg0/fv-n bs=1M count=1"));
+    assert_eq!(lines[4], "lvchange --deltag ferrovol-fresh vg0/fv-n");
+    // Without the tag: no wipe.
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row(
+            "fv-n",
+            8 * MIB,
+            "ferrovol",
+            "-wi-a-----",
+        )])),
+    );
+    b.node_attach(&id, &AttachContext::default()).await.unwrap();
+    assert_eq!(r.lines().len(), 7);
+}
+
+#[tokio::test]
+async fn detach_deactivates_only_active_lvs() {
+    let r = Arc::new(FakeRunner::new());
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row("fv-d", MIB, "ferrovol", "-wi-a-----")])),
+    );
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row("fv-d", MIB, "ferrovol", "-wi-------")])),
+    );
+    let b = backend(r.clone(), None);
+    let id = VolumeId::parse("lvm:fast.fv-d").unwrap();
+    b.node_detach(&id, None).await.unwrap();
+    b.node_detach(&id, None).await.unwrap();
+    assert_eq!(
+        r.lines()
+            .iter()
+            .filter(|l| l.starts_with("lvchange -an"))
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn parameters_and_settings_are_validated() {
+    let b = backend(Arc::new(FakeRunner::new()), None);
+    assert!(b.validate_parameters(&BTreeMap::new()).is_ok());
+    let p = |k: &str, v: &str| BTreeMap::from([(k.to_string(), v.to_string())]);
+    assert!(b.validate_parameters(&p("deviceClass", "fast")).is_ok());
+    assert_eq!(
+        b.validate_parameters(&p("deviceClass", "slow"))
+            .unwrap_err()
+            .kind,
+        Kind::InvalidArgument
+    );
+    assert_eq!(
+        b.validate_parameters(&p("fsType", "xfs")).unwrap_err().kind,
+        Kind::InvalidArgument
+    );
+    let bad = LvmSettings {
+        default_device_class: None,
+        device_classes: vec![DeviceClass {
+            name: "x".into(),
+            volume_group: "-rf".into(),
+            thin_pool: None,
+            snapshot_size_percent: 25,
+            default_volume_size: Size(1),
+        }],
+        deactivate_on_unstage: true,
+        lvm_config: String::new(),
+    };
+    assert!(LvmBackend::new("lvm", bad, Arc::new(FakeRunner::new())).is_err());
+    let none = LvmSettings {
+        device_classes: vec![],
+        ..backend_settings()
+    };
+    assert!(LvmBackend::new("lvm", none, Arc::new(FakeRunner::new())).is_err());
+}
+
+fn backend_settings() -> LvmSettings {
+    LvmSettings {
+        default_device_class: None,
+        device_classes: vec![],
+        deactivate_on_unstage: true,
+        lvm_config: String::new(),
+    }
+}
+
+#[test]
+fn ids_must_be_ours() {
+    let b = backend(Arc::new(FakeRunner::new()), None);
+    assert!(b.split("fast.fv-a").is_ok());
+    assert!(b.split("fast.fvs-a").is_ok());
+    for bad in ["fast", "fast.root", "slow.fv-a", "fast.-fv"] {
+        assert!(b.split(bad).is_err(), "{bad}");
+    }
+}
