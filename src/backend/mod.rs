@@ -20,6 +20,11 @@ pub fn build_registry(config: &Config, runner: Arc<dyn CommandRunner>) -> Result
                 bc.settings()?,
                 runner.clone(),
             )?),
+            "lvm" => Arc::new(lvm::LvmBackend::new(
+                bc.name(),
+                bc.settings()?,
+                runner.clone(),
+            )?),
             other => {
                 return Err(Error::invalid(format!(
                     "backend {:?}: unknown type {other:?} (available: file, lvm)",

@@ -64,10 +64,20 @@ pub struct LvmVg {
     pub name: String,
     pub device: String,
     pub dir: tempfile::TempDir,
+    /// lvm `--config` text every command here uses (empty: none).
+    pub config: String,
 }
+
+/// lvm settings for the host, whose kernel has no device-mapper: metadata
+/// operations only.
+pub const LVM_NO_ACTIVATION: &str = "global { activation = 0 }";
 
 impl LvmVg {
     pub fn new(name: &str, size_mib: u64) -> Self {
+        Self::with_config(name, size_mib, "")
+    }
+
+    pub fn with_config(name: &str, size_mib: u64, config: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let image = dir.path().join("pv.img");
         std::fs::File::create(&image)
@@ -77,20 +87,51 @@ impl LvmVg {
         let device = run("losetup", &["--find", "--show", image.to_str().unwrap()])
             .trim()
             .to_string();
-        run("pvcreate", &["-q", &device]);
-        run("vgcreate", &["-q", name, &device]);
-        LvmVg {
+        let vg = LvmVg {
             name: name.into(),
             device,
             dir,
+            config: config.into(),
+        };
+        vg.lvm("pvcreate", &["-q", &vg.device]);
+        vg.lvm("vgcreate", &["-q", name, &vg.device]);
+        vg
+    }
+
+    fn with_cfg<'a>(&'a self, args: &[&'a str]) -> Vec<&'a str> {
+        let mut all: Vec<&str> = Vec::new();
+        if !self.config.is_empty() {
+            all.extend(["--config", self.config.as_str()]);
         }
+        all.extend_from_slice(args);
+        all
+    }
+
+    /// Runs an lvm tool with this VG's config.
+    pub fn lvm(&self, tool: &str, args: &[&str]) -> String {
+        run(tool, &self.with_cfg(args))
+    }
+
+    /// The tags of an LV, comma-separated, or None when it does not exist.
+    pub fn lv_tags(&self, lv: &str) -> Option<String> {
+        let target = format!("{}/{lv}", self.name);
+        let out = Command::new("lvs")
+            .args(self.with_cfg(&["--noheadings", "-o", "lv_tags", &target]))
+            .output()
+            .unwrap();
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
     }
 }
 
 impl Drop for LvmVg {
     fn drop(&mut self) {
-        try_run("vgremove", &["-q", "-y", "-f", &self.name]);
-        try_run("pvremove", &["-q", "-y", "-ff", &self.device]);
+        try_run("vgremove", &self.with_cfg(&["-q", "-y", "-f", &self.name]));
+        try_run(
+            "pvremove",
+            &self.with_cfg(&["-q", "-y", "-ff", &self.device]),
+        );
         try_run("losetup", &["-d", &self.device]);
     }
 }
