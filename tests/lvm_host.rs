@@ -149,7 +149,7 @@ async fn lvm_controller_lifecycle_on_real_metadata() {
         ],
     );
     c.delete_volume(pb::DeleteVolumeRequest {
-        volume_id: format!("lvm:fast.fv-foreign"),
+        volume_id: "lvm:fast.fv-foreign".to_string(),
         ..Default::default()
     })
     .await
