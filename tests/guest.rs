@@ -7,6 +7,7 @@ mod common;
 use common::fixtures::*;
 use common::*;
 use ferrovol::proto as pb;
+use std::collections::HashMap;
 use std::time::Duration;
 
 #[tokio::test]
@@ -203,4 +204,278 @@ fn guest_ceph_fixture_maps_and_mounts_an_rbd_image() {
     }
     let listed = cluster.rbd(&["ls", "rbd"]);
     assert_eq!(listed.trim(), "img1");
+}
+
+/// The lvm backend's whole life on a real device-mapper: for a thick and a
+/// thin device class: create, stage, publish, write, grow online, snapshot,
+/// restore into a new volume and read the data back, tear down.
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_lvm_backend_full_lifecycle() {
+    require_guest();
+    let vg = LvmVg::new("fvguest", 768);
+    vg.lvm(
+        "lvcreate",
+        &[
+            "-q",
+            "-y",
+            "--type",
+            "thin-pool",
+            "-L",
+            "256M",
+            "-n",
+            "pool",
+            "fvguest",
+        ],
+    );
+    let config = "[[backend]]\ntype = \"lvm\"\n\
+        [[backend.device_class]]\nname = \"thick\"\nvolume_group = \"fvguest\"\n\
+        [[backend.device_class]]\nname = \"thin\"\nvolume_group = \"fvguest\"\nthin_pool = \"pool\"\n";
+    let h = Harness::start_with(Some(config)).await;
+    let (mut c, mut n) = (h.controller(), h.node());
+    let cap = mount_cap("ext4", SNW);
+    for class in ["thick", "thin"] {
+        let params = HashMap::from([("deviceClass".to_string(), class.to_string())]);
+        let mut req = create_req(&format!("pvc-{class}"), 64 * MIB, cap.clone());
+        req.parameters = params.clone();
+        let vol = c
+            .create_volume(req)
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        assert_eq!(vol.volume_id, format!("lvm:{class}.fv-pvc-{class}"));
+        let staging = h.path(&format!("kubelet/staging/{class}"));
+        std::fs::create_dir_all(&staging).unwrap();
+        n.node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
+            .await
+            .unwrap();
+        let target = h.path(&format!("kubelet/pods/{class}"));
+        n.node_publish_volume(publish_req(
+            &vol.volume_id,
+            &staging,
+            &target,
+            cap.clone(),
+            false,
+        ))
+        .await
+        .unwrap();
+        std::fs::write(target.join("data"), format!("written on {class}")).unwrap();
+        let stats_req = pb::NodeGetVolumeStatsRequest {
+            volume_id: vol.volume_id.clone(),
+            volume_path: target.display().to_string(),
+            staging_target_path: staging.display().to_string(),
+        };
+        let before = n
+            .node_get_volume_stats(stats_req.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(!before.volume_condition.unwrap().abnormal);
+
+        // Grow online.
+        let range = Some(pb::CapacityRange {
+            required_bytes: 128 * MIB,
+            limit_bytes: 0,
+        });
+        let e = c
+            .controller_expand_volume(pb::ControllerExpandVolumeRequest {
+                volume_id: vol.volume_id.clone(),
+                capacity_range: range,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(e.capacity_bytes, 128 * MIB);
+        n.node_expand_volume(pb::NodeExpandVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            volume_path: target.display().to_string(),
+            staging_target_path: staging.display().to_string(),
+            capacity_range: range,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let after = n
+            .node_get_volume_stats(stats_req.clone())
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            after.usage[0].total > before.usage[0].total + 50 * MIB,
+            "{class}: no online growth"
+        );
+
+        // Snapshot, and a new volume restored from it.
+        run("sync", &[]);
+        let snap = c
+            .create_snapshot(pb::CreateSnapshotRequest {
+                source_volume_id: vol.volume_id.clone(),
+                name: format!("snap-{class}"),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .snapshot
+            .unwrap();
+        assert_eq!(snap.size_bytes, 128 * MIB);
+        let mut restore = create_req(&format!("restored-{class}"), 0, cap.clone());
+        restore.parameters = params.clone();
+        restore.volume_content_source = Some(pb::VolumeContentSource {
+            r#type: Some(pb::volume_content_source::Type::Snapshot(
+                pb::volume_content_source::SnapshotSource {
+                    snapshot_id: snap.snapshot_id.clone(),
+                },
+            )),
+        });
+        let restored = c
+            .create_volume(restore)
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        assert_eq!(restored.capacity_bytes, 128 * MIB);
+        let staging2 = h.path(&format!("kubelet/staging/{class}-r"));
+        std::fs::create_dir_all(&staging2).unwrap();
+        n.node_stage_volume(stage_req(&restored.volume_id, &staging2, cap.clone()))
+            .await
+            .unwrap();
+        let target2 = h.path(&format!("kubelet/pods/{class}-r"));
+        n.node_publish_volume(publish_req(
+            &restored.volume_id,
+            &staging2,
+            &target2,
+            cap.clone(),
+            true,
+        ))
+        .await
+        .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(target2.join("data")).unwrap(),
+            format!("written on {class}")
+        );
+
+        // Tear down.
+        for (id, t, s) in [
+            (&vol.volume_id, &target, &staging),
+            (&restored.volume_id, &target2, &staging2),
+        ] {
+            n.node_unpublish_volume(unpublish_req(id, t)).await.unwrap();
+            n.node_unstage_volume(unstage_req(id, s)).await.unwrap();
+        }
+        let attrs = vg.lvm(
+            "lvs",
+            &[
+                "--noheadings",
+                "-o",
+                "lv_attr",
+                &format!("fvguest/fv-pvc-{class}"),
+            ],
+        );
+        assert_ne!(
+            attrs.trim().chars().nth(4),
+            Some('a'),
+            "{class}: LV still active after unstage"
+        );
+        if class == "thick" {
+            // A classic snapshot depends on its origin: the origin cannot go first.
+            let r = c
+                .delete_volume(pb::DeleteVolumeRequest {
+                    volume_id: vol.volume_id.clone(),
+                    ..Default::default()
+                })
+                .await;
+            assert_eq!(code(&r), tonic::Code::FailedPrecondition);
+        }
+        c.delete_snapshot(pb::DeleteSnapshotRequest {
+            snapshot_id: snap.snapshot_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        for id in [&vol.volume_id, &restored.volume_id] {
+            c.delete_volume(pb::DeleteVolumeRequest {
+                volume_id: id.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        }
+    }
+    assert!(c
+        .list_volumes(pb::ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .entries
+        .is_empty());
+    assert!(h.mounts().is_empty(), "{:?}", h.mounts());
+}
+
+/// A recycled extent never shows its old contents: a new LV on the space a
+/// deleted one used starts empty.
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_lvm_new_volume_never_exposes_old_data() {
+    require_guest();
+    let vg = LvmVg::new("fvwipe", 64);
+    let config = "[[backend]]\ntype = \"lvm\"\n[[backend.device_class]]\nname = \"d\"\nvolume_group = \"fvwipe\"\n";
+    let h = Harness::start_with(Some(config)).await;
+    // Leave a filesystem behind on the VG's extents.
+    vg.lvm(
+        "lvcreate",
+        &["-q", "-y", "-L", "32M", "-n", "old", "fvwipe"],
+    );
+    run("mkfs.ext4", &["-q", "-F", "/dev/fvwipe/old"]);
+    vg.lvm("lvremove", &["-q", "-y", "fvwipe/old"]);
+    let (mut c, mut n) = (h.controller(), h.node());
+    let cap = block_cap(SNW);
+    let vol = c
+        .create_volume(create_req("fresh", 32 * MIB, cap.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let staging = h.path("kubelet/staging/w");
+    std::fs::create_dir_all(&staging).unwrap();
+    n.node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
+        .await
+        .unwrap();
+    let target = h.path("kubelet/pods/w");
+    n.node_publish_volume(publish_req(
+        &vol.volume_id,
+        &staging,
+        &target,
+        cap.clone(),
+        false,
+    ))
+    .await
+    .unwrap();
+    let probe = std::process::Command::new("blkid")
+        .args(["-p", target.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(
+        probe.status.code(),
+        Some(2),
+        "old signature visible: {}",
+        String::from_utf8_lossy(&probe.stdout)
+    );
+    n.node_unpublish_volume(unpublish_req(&vol.volume_id, &target))
+        .await
+        .unwrap();
+    n.node_unstage_volume(unstage_req(&vol.volume_id, &staging))
+        .await
+        .unwrap();
+    c.delete_volume(pb::DeleteVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
 }

@@ -534,7 +534,7 @@ impl LvmBackend {
         self.runner
             .run(
                 self.lvm("lvchange")
-                    .args(["-ay", "-K", &format!("{vg}/{lv}")]),
+                    .args(["-ay", "-K", "-y", &format!("{vg}/{lv}")]),
             )
             .await?;
         Ok(PathBuf::from(format!("/dev/{vg}/{lv}")))
@@ -789,12 +789,24 @@ impl Backend for LvmBackend {
             return Ok(());
         };
         let _guard = self.lock.lock().await;
-        let Some(lv) = self.lv(&class.volume_group, lv_name).await? else {
+        let all = self.lvs(&class.volume_group).await?;
+        let Some(lv) = all.iter().find(|l| l.lv_name == lv_name && l.has_tag(TAG)) else {
             return Ok(());
         };
         if lv.open() {
             return Err(Error::precondition(format!(
                 "volume {id} is in use on this node; unstage it first"
+            )));
+        }
+        // Classic (COW) snapshots die with their origin: refuse rather than
+        // take them along. Thin snapshots are independent.
+        if let Some(snap) = all
+            .iter()
+            .find(|l| l.origin == lv_name && l.lv_attr.starts_with('s'))
+        {
+            return Err(Error::precondition(format!(
+                "volume {id} has snapshot {} that depends on it; delete the snapshot first",
+                snap.lv_name
             )));
         }
         self.runner

@@ -259,7 +259,10 @@ async fn thin_volumes_go_in_the_pool() {
 #[tokio::test]
 async fn delete_is_idempotent_and_refuses_open_volumes() {
     let r = Arc::new(FakeRunner::new());
-    r.expect("lvs", Reply::Fail(5, String::new()));
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row("other", MIB, "", "-wi-------")])),
+    );
     let b = backend(r.clone(), None);
     b.delete_volume(&VolumeId::parse("lvm:fast.fv-gone").unwrap())
         .await
@@ -437,7 +440,7 @@ async fn first_attach_wipes_a_fresh_lv_once() {
         }
     );
     let lines = r.lines();
-    assert_eq!(lines[1], "lvchange -ay -K vg0/fv-n");
+    assert_eq!(lines[1], "lvchange -ay -K -y vg0/fv-n");
     assert_eq!(lines[2], "wipefs -a -q /dev/vg0/fv-n");
     assert!(lines[3].starts_with("dd if=/dev/zero of=/dev/vg0/fv-n bs=1M count=1"));
     assert_eq!(lines[4], "lvchange --deltag ferrovol-fresh vg0/fv-n");
