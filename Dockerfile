@@ -9,7 +9,7 @@ RUN cargo build --release --locked && strip target/release/ferrovol
 
 FROM debian:bookworm-slim
 RUN apt-get update \
- && apt-get install -y --no-install-recommends util-linux mount e2fsprogs xfsprogs coreutils \
+ && apt-get install -y --no-install-recommends util-linux mount e2fsprogs xfsprogs lvm2 coreutils \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/target/release/ferrovol /usr/local/bin/ferrovol
 ENTRYPOINT ["/usr/local/bin/ferrovol"]
