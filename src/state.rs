@@ -14,6 +14,13 @@ use std::sync::Mutex;
 
 /// Writes `bytes` to `path` atomically and durably.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_replace(path, bytes, true)
+}
+
+/// Writes `bytes` to `path` by writing a temporary file and renaming it over
+/// the old one: a crash of the process leaves the old record or the new
+/// one. With `durable`, both are fsynced so a power loss does too.
+fn write_replace(path: &Path, bytes: &[u8], durable: bool) -> std::io::Result<()> {
     let dir = path
         .parent()
         .ok_or_else(|| std::io::Error::other("path has no parent"))?;
@@ -27,10 +34,15 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .truncate(true)
         .open(&tmp)?;
     f.write_all(bytes)?;
-    f.sync_all()?;
+    if durable {
+        f.sync_all()?;
+    }
     drop(f);
     fs::rename(&tmp, path)?;
-    fs::File::open(dir)?.sync_all()
+    if durable {
+        fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 /// A staged volume.
@@ -122,16 +134,23 @@ impl NodeState {
         })
     }
 
-    fn save<T: Serialize>(dir: &Path, key: &str, record: &T) -> Result<()> {
+    /// Stage records are written durably: after a power loss the node must
+    /// still know which devices to release. Publish records only need to
+    /// survive a process crash (bind mounts do not survive a reboot, and
+    /// reconcile drops records whose mount is gone), so they skip the fsyncs
+    /// that would otherwise dominate every publish.
+    fn save<T: Serialize>(dir: &Path, key: &str, record: &T, durable: bool) -> Result<()> {
         let path = dir.join(digest_name(key));
         let bytes = serde_json::to_vec_pretty(record)
             .map_err(|e| Error::internal(format!("encode state: {e}")))?;
-        write_atomic(&path, &bytes).map_err(|e| Error::io(format!("write {}", path.display()), e))
+        write_replace(&path, &bytes, durable)
+            .map_err(|e| Error::io(format!("write {}", path.display()), e))
     }
 
-    fn delete(dir: &Path, key: &str) -> Result<()> {
+    fn delete(dir: &Path, key: &str, durable: bool) -> Result<()> {
         let path = dir.join(digest_name(key));
         match fs::remove_file(&path) {
+            Ok(()) if !durable => Ok(()),
             Ok(()) => fs::File::open(dir)
                 .and_then(|d| d.sync_all())
                 .map_err(|e| Error::io("sync state dir", e)),
@@ -150,7 +169,12 @@ impl NodeState {
 
     /// Records a stage, on disk first.
     pub fn put_stage(&self, record: StageRecord) -> Result<()> {
-        Self::save(&self.stage_dir, &record.volume_id.to_string(), &record)?;
+        Self::save(
+            &self.stage_dir,
+            &record.volume_id.to_string(),
+            &record,
+            true,
+        )?;
         self.stages
             .lock()
             .unwrap()
@@ -159,7 +183,7 @@ impl NodeState {
     }
 
     pub fn remove_stage(&self, id: &VolumeId) -> Result<()> {
-        Self::delete(&self.stage_dir, &id.to_string())?;
+        Self::delete(&self.stage_dir, &id.to_string(), true)?;
         self.stages.lock().unwrap().remove(id);
         Ok(())
     }
@@ -188,6 +212,7 @@ impl NodeState {
             &self.publish_dir,
             &record.target_path.to_string_lossy(),
             &record,
+            false,
         )?;
         self.publishes
             .lock()
@@ -197,7 +222,7 @@ impl NodeState {
     }
 
     pub fn remove_publish(&self, target: &Path) -> Result<()> {
-        Self::delete(&self.publish_dir, &target.to_string_lossy())?;
+        Self::delete(&self.publish_dir, &target.to_string_lossy(), false)?;
         self.publishes.lock().unwrap().remove(target);
         Ok(())
     }

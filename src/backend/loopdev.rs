@@ -8,6 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 const LOSETUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a detach may take to be final.
+const DETACH_WAIT: Duration = Duration::from_secs(10);
 
 /// Loop device management rooted at a sysfs path (tests use a fixture tree).
 #[derive(Clone)]
@@ -82,6 +84,9 @@ impl LoopDevices {
     }
 
     /// Detaches `device` if it still backs `image`; otherwise nothing to do.
+    /// Waits until the kernel has really let go: a loop device still open
+    /// somewhere is only marked for detach (autoclear), and the image must
+    /// not be treated as free before it is.
     pub async fn detach(&self, device: &Path, image: &Path) -> Result<()> {
         if !self.backs(device, image) {
             // Also catch a device re-attached under another name.
@@ -98,6 +103,16 @@ impl LoopDevices {
                     .timeout(LOSETUP_TIMEOUT),
             )
             .await?;
+        let deadline = std::time::Instant::now() + DETACH_WAIT;
+        while self.backs(device, image) {
+            if std::time::Instant::now() > deadline {
+                return Err(Error::new(
+                    crate::error::Kind::Unavailable,
+                    format!("{} is still busy after detach; it will be released when its last user closes it", device.display()),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         Ok(())
     }
 
@@ -206,11 +221,23 @@ mod tests {
             .await
             .unwrap();
         assert!(runner.calls().is_empty());
-        // The recorded device moved: the one really backing b.img is detached.
+        // The recorded device moved: the one really backing b.img is
+        // detached, and detach waits until the kernel lets go of it.
+        let backing = block.join("loop1/loop/backing_file");
+        let release = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            std::fs::remove_file(backing).unwrap();
+        });
+        let start = std::time::Instant::now();
         loops
             .detach(Path::new("/dev/loop0"), Path::new("/pool/b.img"))
             .await
             .unwrap();
+        assert!(
+            start.elapsed() >= Duration::from_millis(90),
+            "returned before the device was released"
+        );
+        release.await.unwrap();
         assert_eq!(runner.lines(), vec!["losetup --detach /dev/loop1"]);
     }
 

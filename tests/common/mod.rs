@@ -41,6 +41,11 @@ impl Harness {
     }
 
     pub async fn start_with(config: Option<&str>) -> Self {
+        Self::start_with_env(config, &[]).await
+    }
+
+    /// Starts a driver with a config and extra environment.
+    pub async fn start_with_env(config: Option<&str>, env: &[(&str, &str)]) -> Self {
         require_root();
         let dir = tempfile::Builder::new()
             .prefix("ferrovol-test-")
@@ -59,7 +64,10 @@ impl Harness {
             child: None,
             channel: None,
             config,
-            env: Vec::new(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         h.spawn().await;
         h
@@ -90,6 +98,7 @@ impl Harness {
             .arg("--shutdown-grace")
             .arg("5")
             .env("RUST_LOG", "debug");
+        // Set after the default so a caller's RUST_LOG wins.
         if let Some(c) = &self.config {
             cmd.arg("--config").arg(c);
         }
@@ -191,6 +200,14 @@ impl Harness {
 
 impl Drop for Harness {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = self.log();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            eprintln!("--- last driver log lines ---");
+            for l in tail.iter().rev() {
+                eprintln!("{l}");
+            }
+        }
         self.kill();
         cleanup(self.dir.path());
     }
@@ -338,5 +355,27 @@ pub fn unstage_req(id: &str, staging: &Path) -> pb::NodeUnstageVolumeRequest {
     pb::NodeUnstageVolumeRequest {
         volume_id: id.into(),
         staging_target_path: staging.display().to_string(),
+    }
+}
+
+impl Harness {
+    /// The driver's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("driver running").id()
+    }
+
+    /// A field of /proc/<driver>/status in kB (VmHWM, VmRSS).
+    pub fn status_kb(&self, field: &str) -> u64 {
+        let text = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{field}:")))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Resets the driver's peak RSS (VmHWM) to its current RSS.
+    pub fn reset_peak_rss(&self) {
+        std::fs::write(format!("/proc/{}/clear_refs", self.pid()), "5").unwrap();
     }
 }

@@ -1,0 +1,400 @@
+//! Benchmarks of the real driver over its unix socket, printed as figures
+//! and as ratios to the syscall limit measured in the same run.
+//!
+//!     cargo bench --bench driver            (as root)
+//!
+//! FERROVOL_BENCH_SECS (default 5) sets each phase's length,
+//! FERROVOL_BENCH_CLIENTS (default 8) the concurrency, FERROVOL_BENCH_MOUNTS
+//! (default 5000) the scale phases' size.
+
+#[path = "../tests/common/mod.rs"]
+#[allow(dead_code)]
+mod common;
+
+use common::*;
+use ferrovol::proto as pb;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn env_num(key: &str, default: u64) -> u64 {
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Latency figures over a set of samples.
+struct Figures {
+    ops: usize,
+    elapsed: Duration,
+    samples: Vec<Duration>,
+}
+
+impl Figures {
+    fn rate(&self) -> f64 {
+        self.ops as f64 / self.elapsed.as_secs_f64()
+    }
+    fn pct(&self, p: f64) -> Duration {
+        let mut s = self.samples.clone();
+        s.sort();
+        if s.is_empty() {
+            return Duration::ZERO;
+        }
+        s[((s.len() as f64 - 1.0) * p).round() as usize]
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1000.0)
+}
+
+/// Runs `op` from `clients` concurrent tasks for `secs`, each task getting
+/// its index and an iteration counter.
+async fn drive<F, Fut>(clients: usize, secs: u64, op: F) -> Figures
+where
+    F: Fn(usize, usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let op = Arc::new(op);
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let op = op.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut samples = Vec::new();
+            let mut i = 0;
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                op(c, i).await;
+                samples.push(t.elapsed());
+                i += 1;
+            }
+            samples
+        }));
+    }
+    let mut samples = Vec::new();
+    for t in tasks {
+        samples.extend(t.await.unwrap());
+    }
+    Figures {
+        ops: samples.len(),
+        elapsed: start.elapsed(),
+        samples,
+    }
+}
+
+/// The syscall limit: bind mount + unmount cycles from `threads` threads.
+fn bind_baseline(dir: &Path, threads: usize, secs: u64) -> Figures {
+    use nix::mount::{mount, umount2, MntFlags, MsFlags};
+    let src = dir.join("bind-src");
+    std::fs::create_dir_all(&src).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let start = Instant::now();
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let src = src.clone();
+            let dst = dir.join(format!("bind-dst-{t}"));
+            std::fs::create_dir_all(&dst).unwrap();
+            std::thread::spawn(move || {
+                let mut samples = Vec::new();
+                while Instant::now() < deadline {
+                    let s = Instant::now();
+                    mount(
+                        Some(&src),
+                        &dst,
+                        None::<&str>,
+                        MsFlags::MS_BIND,
+                        None::<&str>,
+                    )
+                    .unwrap();
+                    umount2(&dst, MntFlags::empty()).unwrap();
+                    samples.push(s.elapsed());
+                }
+                samples
+            })
+        })
+        .collect();
+    let samples: Vec<Duration> = handles
+        .into_iter()
+        .flat_map(|h| h.join().unwrap())
+        .collect();
+    Figures {
+        ops: samples.len(),
+        elapsed: start.elapsed(),
+        samples,
+    }
+}
+
+fn row(name: &str, f: &Figures, baseline: Option<f64>, rss_kb: Option<u64>) {
+    let ratio = baseline
+        .map(|b| format!("{:.1}% of syscall limit", 100.0 * f.rate() / b))
+        .unwrap_or_default();
+    let rss = rss_kb
+        .map(|k| format!("peak RSS {:.1} MB", k as f64 / 1024.0))
+        .unwrap_or_default();
+    println!(
+        "{name:<44} {:>10.0} ops/s  p50 {:>10}  p99 {:>10}  {rss:<18} {ratio}",
+        f.rate(),
+        ms(f.pct(0.50)),
+        ms(f.pct(0.99)),
+    );
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 4)]
+async fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let secs = env_num("FERROVOL_BENCH_SECS", 5);
+    let clients = env_num("FERROVOL_BENCH_CLIENTS", 8) as usize;
+    let scale = env_num("FERROVOL_BENCH_MOUNTS", 5000) as usize;
+    let mut h = Harness::start_with_env(None, &[("RUST_LOG", "warn")]).await;
+    println!(
+        "ferrovol benchmarks: {clients} clients, {secs} s per phase, release build, driver pid {}",
+        h.pid()
+    );
+    println!(
+        "idle driver RSS {:.1} MB",
+        h.status_kb("VmRSS") as f64 / 1024.0
+    );
+
+    // Baseline.
+    let base = bind_baseline(h.dir.path(), clients, secs);
+    row("baseline: bind mount(2)+umount2(2)", &base, None, None);
+    let limit = base.rate();
+
+    // Probe.
+    h.reset_peak_rss();
+    let channels: Vec<_> = (0..clients).map(|_| h.channel.clone().unwrap()).collect();
+    let probe = {
+        let channels = channels.clone();
+        drive(clients, secs, move |c, _| {
+            let mut id = ferrovol::proto::identity_client::IdentityClient::new(channels[c].clone());
+            async move {
+                id.probe(pb::ProbeRequest {}).await.unwrap();
+            }
+        })
+        .await
+    };
+    row("Probe", &probe, None, Some(h.status_kb("VmHWM")));
+
+    // Publish + unpublish on one staged volume.
+    let cap = mount_cap("ext4", SNMW);
+    let vol = h
+        .controller()
+        .create_volume(create_req("bench-pub", 64 * MIB, cap.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let staging = h.path("kubelet/staging/bench");
+    std::fs::create_dir_all(&staging).unwrap();
+    h.node()
+        .node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
+        .await
+        .unwrap();
+    let pods = h.path("kubelet/pods");
+    let publish_cycle = |pods: PathBuf,
+                         staging: PathBuf,
+                         id: String,
+                         cap: pb::VolumeCapability,
+                         channels: Vec<tonic::transport::Channel>| {
+        move |c: usize, i: usize| {
+            let mut n = ferrovol::proto::node_client::NodeClient::new(channels[c].clone());
+            let target = pods.join(format!("c{c}-{i}"));
+            let (id, staging, cap) = (id.clone(), staging.clone(), cap.clone());
+            async move {
+                n.node_publish_volume(publish_req(&id, &staging, &target, cap, false))
+                    .await
+                    .unwrap();
+                n.node_unpublish_volume(unpublish_req(&id, &target))
+                    .await
+                    .unwrap();
+            }
+        }
+    };
+    h.reset_peak_rss();
+    let publish = drive(
+        clients,
+        secs,
+        publish_cycle(
+            pods.clone(),
+            staging.clone(),
+            vol.volume_id.clone(),
+            cap.clone(),
+            channels.clone(),
+        ),
+    )
+    .await;
+    row(
+        "NodePublish+NodeUnpublish (one volume)",
+        &publish,
+        Some(limit),
+        Some(h.status_kb("VmHWM")),
+    );
+    let publish_hwm = h.status_kb("VmHWM");
+
+    // Full lifecycles.
+    h.reset_peak_rss();
+    let lifecycle = {
+        let channels = channels.clone();
+        let root = h.dir.path().to_path_buf();
+        drive(clients, secs, move |c, i| {
+            let mut ctl =
+                ferrovol::proto::controller_client::ControllerClient::new(channels[c].clone());
+            let mut n = ferrovol::proto::node_client::NodeClient::new(channels[c].clone());
+            let root = root.clone();
+            async move {
+                let cap = mount_cap("ext4", SNW);
+                let name = format!("life-{c}-{i}");
+                let v = ctl
+                    .create_volume(create_req(&name, 16 * MIB, cap.clone()))
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .volume
+                    .unwrap();
+                let staging = root.join(format!("kubelet/staging/{name}"));
+                std::fs::create_dir_all(&staging).unwrap();
+                let target = root.join(format!("kubelet/pods/{name}"));
+                n.node_stage_volume(stage_req(&v.volume_id, &staging, cap.clone()))
+                    .await
+                    .unwrap();
+                n.node_publish_volume(publish_req(&v.volume_id, &staging, &target, cap, false))
+                    .await
+                    .unwrap();
+                n.node_unpublish_volume(unpublish_req(&v.volume_id, &target))
+                    .await
+                    .unwrap();
+                n.node_unstage_volume(unstage_req(&v.volume_id, &staging))
+                    .await
+                    .unwrap();
+                ctl.delete_volume(pb::DeleteVolumeRequest {
+                    volume_id: v.volume_id,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+                let _ = std::fs::remove_dir(&staging);
+            }
+        })
+        .await
+    };
+    row(
+        "full lifecycle (create..delete, ext4 mkfs)",
+        &lifecycle,
+        None,
+        Some(h.status_kb("VmHWM")),
+    );
+
+    // Scale: publish latency with many mounts on the node.
+    let single = |secs| {
+        drive(
+            1,
+            secs,
+            publish_cycle(
+                pods.clone(),
+                staging.clone(),
+                vol.volume_id.clone(),
+                cap.clone(),
+                channels.clone(),
+            ),
+        )
+    };
+    let at_zero = single(secs).await;
+    let filler = h.path("filler");
+    let src = filler.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    for i in 0..scale {
+        let d = filler.join(format!("m{i}"));
+        std::fs::create_dir_all(&d).unwrap();
+        nix::mount::mount(
+            Some(&src),
+            &d,
+            None::<&str>,
+            nix::mount::MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .unwrap();
+    }
+    let at_scale = single(secs).await;
+    for i in 0..scale {
+        nix::mount::umount2(&filler.join(format!("m{i}")), nix::mount::MntFlags::empty()).unwrap();
+    }
+    row(
+        "publish+unpublish, 1 client, 0 other mounts",
+        &at_zero,
+        None,
+        None,
+    );
+    row(
+        &format!("publish+unpublish, 1 client, {scale} other mounts"),
+        &at_scale,
+        None,
+        None,
+    );
+    println!(
+        "  p50 latency at {scale} mounts is {:.0}% of that at 0",
+        100.0 * at_scale.pct(0.5).as_secs_f64() / at_zero.pct(0.5).as_secs_f64()
+    );
+
+    // Restart with many published volumes.
+    let targets: Vec<PathBuf> = (0..scale).map(|i| pods.join(format!("many-{i}"))).collect();
+    let publish_many = Instant::now();
+    {
+        let chunks: Vec<Vec<PathBuf>> = targets
+            .chunks(scale.div_ceil(clients))
+            .map(|c| c.to_vec())
+            .collect();
+        let mut tasks = Vec::new();
+        for (c, chunk) in chunks.into_iter().enumerate() {
+            let mut n =
+                ferrovol::proto::node_client::NodeClient::new(channels[c % channels.len()].clone());
+            let (id, staging, cap) = (vol.volume_id.clone(), staging.clone(), cap.clone());
+            tasks.push(tokio::spawn(async move {
+                for t in chunk {
+                    n.node_publish_volume(publish_req(&id, &staging, &t, cap.clone(), false))
+                        .await
+                        .unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+    }
+    println!(
+        "published {scale} targets in {:.1} s",
+        publish_many.elapsed().as_secs_f64()
+    );
+    h.kill();
+    let restart = Instant::now();
+    h.spawn().await;
+    let restart_time = restart.elapsed();
+    println!(
+        "restart with {scale} published volumes: Probe ready and state reconciled in {} (RSS {:.1} MB)",
+        ms(restart_time),
+        h.status_kb("VmRSS") as f64 / 1024.0
+    );
+    {
+        let mut n = h.node();
+        for t in &targets {
+            n.node_unpublish_volume(unpublish_req(&vol.volume_id, t))
+                .await
+                .unwrap();
+        }
+    }
+    h.node()
+        .node_unstage_volume(unstage_req(&vol.volume_id, &staging))
+        .await
+        .unwrap();
+
+    println!();
+    println!("summary");
+    println!("  publish+unpublish: {:.0} cycles/s at {clients} clients ({:.1}% of the bind syscall limit), p99 {}, driver peak RSS {:.1} MB",
+        publish.rate(), 100.0 * publish.rate() / limit, ms(publish.pct(0.99)), publish_hwm as f64 / 1024.0);
+    println!("  targets: >= 2000 cycles/s, p99 < 10 ms, peak RSS < 8 MB, latency at {scale} mounts within 20% of 0");
+}
