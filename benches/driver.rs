@@ -8,7 +8,6 @@
 //! (default 5000) the scale phases' size.
 
 #[path = "../tests/common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 
 use common::*;
