@@ -146,9 +146,12 @@ async fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let secs = env_num("FERROVOL_BENCH_SECS", 5);
+    // `cargo bench` passes --bench; `cargo test --all-targets` runs this
+    // binary without it, as a short smoke run that keeps the code honest.
+    let full = std::env::args().any(|a| a == "--bench");
+    let secs = env_num("FERROVOL_BENCH_SECS", if full { 5 } else { 1 });
     let clients = env_num("FERROVOL_BENCH_CLIENTS", 8) as usize;
-    let scale = env_num("FERROVOL_BENCH_MOUNTS", 5000) as usize;
+    let scale = env_num("FERROVOL_BENCH_MOUNTS", if full { 5000 } else { 200 }) as usize;
     let mut h = Harness::start_with_env(None, &[("RUST_LOG", "warn")]).await;
     println!(
         "ferrovol benchmarks: {clients} clients, {secs} s per phase, release build, driver pid {}",
