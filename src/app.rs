@@ -20,6 +20,8 @@ pub struct Settings {
     pub mode: Mode,
     pub state_dir: PathBuf,
     pub config: Option<PathBuf>,
+    /// An upper bound on every external command's timeout.
+    pub command_timeout: Option<std::time::Duration>,
 }
 
 /// Checks a driver name: DNS-style, at most 63 characters.
@@ -41,7 +43,10 @@ pub fn validate_driver_name(name: &str) -> Result<()> {
 
 /// Builds the driver on the real system seams and reconciles node state.
 pub fn build(settings: &Settings) -> Result<Arc<Driver>> {
-    build_with(settings, Arc::new(SystemRunner), Arc::new(SystemMounter))
+    let runner = SystemRunner {
+        max_timeout: settings.command_timeout,
+    };
+    build_with(settings, Arc::new(runner), Arc::new(SystemMounter))
 }
 
 /// Builds the driver on the given seams.

@@ -46,6 +46,10 @@ enum Command {
         config: Option<PathBuf>,
         #[arg(long, env = "FERROVOL_LOG_FORMAT", value_enum, default_value = "human")]
         log_format: LogFormat,
+        /// Caps every external command's timeout (seconds); a command still
+        /// running then is killed and its call fails.
+        #[arg(long, env = "FERROVOL_COMMAND_TIMEOUT")]
+        command_timeout: Option<u64>,
         /// Seconds in-flight calls get to finish at shutdown.
         #[arg(long, env = "FERROVOL_SHUTDOWN_GRACE", default_value_t = 30)]
         shutdown_grace: u64,
@@ -84,6 +88,7 @@ fn main() -> std::process::ExitCode {
         state_dir,
         config,
         log_format,
+        command_timeout,
         shutdown_grace,
     } = cli.command;
     init_logging(log_format);
@@ -106,6 +111,7 @@ fn main() -> std::process::ExitCode {
             mode,
             state_dir,
             config,
+            command_timeout: command_timeout.map(Duration::from_secs),
         };
         let driver = app::build(&settings)?;
         server::serve(

@@ -6,7 +6,11 @@ use tokio::io::AsyncWriteExt;
 
 /// Runs commands as child processes of the driver.
 #[derive(Debug, Default, Clone)]
-pub struct SystemRunner;
+pub struct SystemRunner {
+    /// An upper bound on every command's timeout (operators lower it to
+    /// fail fast on hung storage; tests lower it to test hangs quickly).
+    pub max_timeout: Option<std::time::Duration>,
+}
 
 #[async_trait::async_trait]
 impl CommandRunner for SystemRunner {
@@ -34,7 +38,10 @@ impl CommandRunner for SystemRunner {
             let _ = stdin.write_all(&data).await;
             drop(stdin);
         }
-        let waited = tokio::time::timeout(command.timeout, child.wait_with_output()).await;
+        let limit = self
+            .max_timeout
+            .map_or(command.timeout, |m| m.min(command.timeout));
+        let waited = tokio::time::timeout(limit, child.wait_with_output()).await;
         let out = match waited {
             Err(_) => {
                 // wait_with_output was dropped with the child: kill_on_drop
@@ -75,7 +82,7 @@ mod tests {
 
     #[tokio::test]
     async fn runs_and_captures_output() {
-        let out = SystemRunner
+        let out = SystemRunner::default()
             .run(Command::new("sh").args(["-c", "echo out; echo err >&2"]))
             .await
             .unwrap();
@@ -85,7 +92,7 @@ mod tests {
 
     #[tokio::test]
     async fn nonzero_exit_is_an_error_with_redacted_stderr() {
-        let err = SystemRunner
+        let err = SystemRunner::default()
             .run(
                 Command::new("sh")
                     .args(["-c", "echo 'bad key s3cr3t' >&2; exit 3"])
@@ -101,7 +108,7 @@ mod tests {
 
     #[tokio::test]
     async fn stdin_is_fed() {
-        let out = SystemRunner
+        let out = SystemRunner::default()
             .run(Command::new("cat").stdin("hello"))
             .await
             .unwrap();
@@ -114,7 +121,7 @@ mod tests {
         let pidfile = dir.path().join("pid");
         let script = format!("echo $$ > {}; exec sleep 30", pidfile.display());
         let start = Instant::now();
-        let err = SystemRunner
+        let err = SystemRunner::default()
             .run(
                 Command::new("sh")
                     .args(["-c", &script])
@@ -143,8 +150,29 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_runner_cap_shortens_long_timeouts() {
+        let runner = SystemRunner {
+            max_timeout: Some(Duration::from_millis(200)),
+        };
+        let start = Instant::now();
+        let err = runner
+            .run(
+                Command::new("sleep")
+                    .arg("30")
+                    .timeout(Duration::from_secs(60)),
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, ExecError::Timeout { after, .. } if after == Duration::from_millis(200)),
+            "{err}"
+        );
+        assert!(start.elapsed() < Duration::from_secs(5));
+    }
+
+    #[tokio::test]
     async fn missing_program_is_a_spawn_error() {
-        let err = SystemRunner
+        let err = SystemRunner::default()
             .run(Command::new("/nonexistent/ferrovol-tool"))
             .await
             .unwrap_err();
