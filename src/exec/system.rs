@@ -48,7 +48,7 @@ impl CommandRunner for SystemRunner {
                 // sends SIGKILL, and tokio reaps it in the background.
                 return Err(ExecError::Timeout {
                     command: shown,
-                    after: command.timeout,
+                    after: limit,
                 });
             }
             Ok(Err(e)) => {
