@@ -29,6 +29,19 @@ impl CommandRunner for SystemRunner {
             .kill_on_drop(true)
             .env("LC_ALL", "C")
             .envs(command.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        // If the driver itself dies (SIGKILL, OOM), its children die with it
+        // instead of running on unsupervised (an orphaned mkfs would race the
+        // restarted driver's retry).
+        // SAFETY: prctl is async-signal-safe and touches no memory of ours;
+        // the closure allocates nothing.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
         let mut child = cmd.spawn().map_err(|e| ExecError::Spawn {
             command: shown.clone(),
             reason: command.redact(&e.to_string()),
