@@ -175,3 +175,94 @@ mod tests {
         assert_eq!(ok, 1);
     }
 }
+
+/// Per-key async mutexes that wait (unlike [`OpLocks`], which refuse): for
+/// short critical sections inside a backend, such as "check the image
+/// exists, then attach it" against "check it is not attached, then delete
+/// it". Entries are dropped when no one holds or waits for them.
+#[derive(Debug, Default)]
+pub struct KeyedMutex {
+    table: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// Holds one key of a [`KeyedMutex`].
+pub struct KeyedGuard<'a> {
+    owner: &'a KeyedMutex,
+    key: String,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl KeyedMutex {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Waits for `key` and holds it until the guard drops.
+    pub async fn lock(&self, key: &str) -> KeyedGuard<'_> {
+        let m = self
+            .table
+            .lock()
+            .expect("keyed mutex poisoned")
+            .entry(key.to_string())
+            .or_default()
+            .clone();
+        let guard = m.lock_owned().await;
+        KeyedGuard {
+            owner: self,
+            key: key.to_string(),
+            guard: Some(guard),
+        }
+    }
+
+    /// How many keys have an entry (held or waited for).
+    pub fn len(&self) -> usize {
+        self.table.lock().expect("keyed mutex poisoned").len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Drop for KeyedGuard<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut table = match self.owner.table.lock() {
+            Ok(t) => t,
+            Err(p) => p.into_inner(),
+        };
+        // Only the table's own reference left: nobody holds or waits.
+        if table
+            .get(&self.key)
+            .is_some_and(|m| Arc::strong_count(m) == 1)
+        {
+            table.remove(&self.key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod keyed_tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn same_key_waits_other_keys_do_not() {
+        let m = Arc::new(KeyedMutex::new());
+        let g = m.lock("a").await;
+        let m2 = m.clone();
+        let waiter = tokio::spawn(async move {
+            let _g = m2.lock("a").await;
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            !waiter.is_finished(),
+            "second holder of the same key got in"
+        );
+        let _b = m.lock("b").await;
+        drop(g);
+        waiter.await.unwrap();
+        drop(_b);
+        assert!(m.is_empty(), "entries are cleaned up");
+    }
+}

@@ -12,6 +12,7 @@ use super::loopdev::{path_arg, LoopDevices};
 use crate::config::Size;
 use crate::error::{Error, Result};
 use crate::exec::{Command, CommandRunner};
+use crate::locks::KeyedMutex;
 use crate::plugin::{
     locator_for_name, AccessMode, AttachContext, Attachment, Backend, Capabilities, Capacity,
     ContentSource, CreateVolume, SnapshotId, SnapshotInfo, VolumeId, VolumeInfo,
@@ -21,7 +22,6 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tokio::sync::Mutex;
 
 const MIB: u64 = 1 << 20;
 const COPY_TIMEOUT: Duration = Duration::from_secs(3600);
@@ -70,8 +70,9 @@ pub struct FileBackend {
     snapshots: PathBuf,
     runner: Arc<dyn CommandRunner>,
     loops: LoopDevices,
-    /// Serializes metadata changes in the pool (create, delete, expand).
-    pool_lock: Mutex<()>,
+    /// One waiting lock per volume (and snapshot): "check, then act" steps
+    /// on one image (create, delete, expand, attach) never interleave.
+    locks: KeyedMutex,
 }
 
 fn round_up(bytes: u64, to: u64) -> u64 {
@@ -148,7 +149,7 @@ impl FileBackend {
             snapshots,
             runner,
             loops,
-            pool_lock: Mutex::new(()),
+            locks: KeyedMutex::new(),
         })
     }
 
@@ -328,7 +329,7 @@ impl Backend for FileBackend {
 
     async fn create_volume(&self, req: &CreateVolume) -> Result<VolumeInfo> {
         let locator = locator_for_name(&req.name);
-        let _pool = self.pool_lock.lock().await;
+        let _held = self.locks.lock(&locator).await;
 
         // The source, if any: it must exist, and it sets the minimum size.
         let (source_image, source_size) = match &req.source {
@@ -415,7 +416,7 @@ impl Backend for FileBackend {
 
     async fn delete_volume(&self, id: &VolumeId) -> Result<()> {
         self.own(id.backend())?;
-        let _pool = self.pool_lock.lock().await;
+        let _held = self.locks.lock(id.locator()).await;
         let image = self.image(id.locator());
         if let Some(dev) = self.loops.find(&image) {
             return Err(Error::precondition(format!(
@@ -457,7 +458,7 @@ impl Backend for FileBackend {
 
     async fn expand_volume(&self, id: &VolumeId, required: u64, limit: u64) -> Result<u64> {
         self.own(id.backend())?;
-        let _pool = self.pool_lock.lock().await;
+        let _held = self.locks.lock(id.locator()).await;
         let (mut meta, size) = self
             .load_volume(id.locator())?
             .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
@@ -490,7 +491,7 @@ impl Backend for FileBackend {
 
     async fn create_snapshot(&self, source: &VolumeId, name: &str) -> Result<SnapshotInfo> {
         let locator = locator_for_name(name);
-        let _pool = self.pool_lock.lock().await;
+        let _held = self.locks.lock(&format!("snapshot {locator}")).await;
         if let Some(meta) = self.load_snapshot(&locator)? {
             if meta.name != name || &meta.source_volume != source {
                 return Err(Error::already_exists(format!(
@@ -539,7 +540,7 @@ impl Backend for FileBackend {
 
     async fn delete_snapshot(&self, id: &SnapshotId) -> Result<()> {
         self.own(id.backend())?;
-        let _pool = self.pool_lock.lock().await;
+        let _held = self.locks.lock(&format!("snapshot {}", id.locator())).await;
         remove_if_exists(&self.snap_image(id.locator()))?;
         remove_if_exists(&self.snap_meta(id.locator()))
     }
@@ -558,6 +559,9 @@ impl Backend for FileBackend {
     async fn node_attach(&self, id: &VolumeId, _ctx: &AttachContext) -> Result<Attachment> {
         self.own(id.backend())?;
         let image = self.image(id.locator());
+        // Held across the check and the attach, so a concurrent delete
+        // either sees the device attached or removes the image first.
+        let _held = self.locks.lock(id.locator()).await;
         if self.load_volume(id.locator())?.is_none() {
             return Err(Error::not_found(format!("volume {id} does not exist")));
         }

@@ -42,7 +42,7 @@ impl LoopDevices {
             else {
                 continue;
             };
-            if Path::new(backing.trim_end_matches('\n')) == image {
+            if backing_path(&backing) == image {
                 return Some(PathBuf::from("/dev").join(name));
             }
         }
@@ -55,7 +55,7 @@ impl LoopDevices {
             return false;
         };
         std::fs::read_to_string(self.sysfs_block.join(name).join("loop/backing_file"))
-            .map(|b| Path::new(b.trim_end_matches('\n')) == image)
+            .map(|b| backing_path(&b) == image)
             .unwrap_or(false)
     }
 
@@ -142,6 +142,14 @@ impl LoopDevices {
             .map_err(|_| Error::internal(format!("unreadable {}", path.display())))?;
         Ok(sectors * 512)
     }
+}
+
+/// The image path in a sysfs `backing_file`. An image deleted while
+/// attached reads `<path> (deleted)`: it is still that image's device, and
+/// must still be found so it can be released.
+fn backing_path(text: &str) -> &Path {
+    let t = text.trim_end_matches('\n');
+    Path::new(t.strip_suffix(" (deleted)").unwrap_or(t))
 }
 
 /// A path as a command argument; refuses what a command could take for an

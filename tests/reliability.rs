@@ -1,0 +1,709 @@
+//! Reliability: a concurrency storm, crashes at random points, hung
+//! commands, oversized requests, and secrets in every RPC that carries them.
+//! Random choices come from a seed that is printed (set FERROVOL_SEED to
+//! replay one). Needs root.
+
+mod common;
+
+use common::*;
+use ferrovol::proto as pb;
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use tonic::Code;
+
+/// A small deterministic generator (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn seeded(test: &str) -> Self {
+        let seed = std::env::var("FERROVOL_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as u64
+            });
+        println!("{test}: seed {seed} (replay with FERROVOL_SEED={seed})");
+        Rng(seed | 1)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Every call must answer within this; a hang fails the test.
+const RPC_LIMIT: Duration = Duration::from_secs(60);
+
+async fn bounded<T>(
+    what: &str,
+    fut: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Code {
+    match tokio::time::timeout(RPC_LIMIT, fut).await {
+        Ok(Ok(_)) => Code::Ok,
+        Ok(Err(s)) => {
+            if !matches!(
+                s.code(),
+                Code::Aborted | Code::NotFound | Code::FailedPrecondition | Code::AlreadyExists
+            ) {
+                eprintln!("{what}: {:?}: {}", s.code(), s.message());
+            }
+            s.code()
+        }
+        Err(_) => panic!("{what} did not answer within {RPC_LIMIT:?}"),
+    }
+}
+
+/// Nothing left behind: mounts, loop devices, pool files, node records.
+fn assert_clean(h: &Harness) {
+    assert!(h.mounts().is_empty(), "mounts leaked: {:?}", h.mounts());
+    assert!(
+        h.loop_devices().is_empty(),
+        "loop devices leaked: {:?}",
+        h.loop_devices()
+    );
+    for sub in [
+        "pool/volumes",
+        "pool/snapshots",
+        "node/staged",
+        "node/published",
+    ] {
+        let left: Vec<_> = std::fs::read_dir(h.state_dir().join(sub))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert!(left.is_empty(), "{sub} not empty: {left:?}");
+    }
+}
+
+fn volume_id(name: &str) -> String {
+    format!("file:{name}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrency_storm_answers_allowed_codes_and_leaks_nothing() {
+    let mut seed_rng = Rng::seeded("storm");
+    let h = Harness::start_with_env(None, &[("RUST_LOG", "info")]).await;
+    let names = ["storm-a", "storm-b", "storm-c"];
+    for n in names {
+        std::fs::create_dir_all(h.path(&format!("kubelet/staging/{n}"))).unwrap();
+    }
+    let cap = mount_cap("ext4", SNMW);
+    let deadline = Instant::now() + Duration::from_secs(6);
+    let mut tasks = Vec::new();
+    for client in 0..8u64 {
+        let mut rng = Rng(seed_rng.next() | 1);
+        let (mut c, mut n) = (h.controller(), h.node());
+        let root = h.dir.path().to_path_buf();
+        let cap = cap.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut seen: HashMap<String, usize> = HashMap::new();
+            while Instant::now() < deadline {
+                let name = names[rng.below(3) as usize];
+                let id = volume_id(name);
+                let staging = root.join(format!("kubelet/staging/{name}"));
+                let target = root.join(format!("kubelet/pods/{name}-{}", rng.below(3)));
+                let op = rng.below(11);
+                let (what, got, allowed): (&str, Code, &[Code]) = match op {
+                    0 => {
+                        let size = if rng.below(4) == 0 { 48 } else { 32 } * MIB;
+                        (
+                            "create",
+                            bounded(
+                                "create",
+                                c.create_volume(create_req(name, size, cap.clone())),
+                            )
+                            .await,
+                            &[Code::AlreadyExists],
+                        )
+                    }
+                    1 => (
+                        "delete",
+                        bounded(
+                            "delete",
+                            c.delete_volume(pb::DeleteVolumeRequest {
+                                volume_id: id.clone(),
+                                ..Default::default()
+                            }),
+                        )
+                        .await,
+                        &[Code::FailedPrecondition],
+                    ),
+                    2 | 3 => (
+                        "stage",
+                        bounded(
+                            "stage",
+                            n.node_stage_volume(stage_req(&id, &staging, cap.clone())),
+                        )
+                        .await,
+                        &[Code::NotFound],
+                    ),
+                    4 => (
+                        "unstage",
+                        bounded("unstage", n.node_unstage_volume(unstage_req(&id, &staging))).await,
+                        &[Code::FailedPrecondition],
+                    ),
+                    5 | 6 => (
+                        "publish",
+                        bounded(
+                            "publish",
+                            n.node_publish_volume(publish_req(
+                                &id,
+                                &staging,
+                                &target,
+                                cap.clone(),
+                                rng.below(5) == 0,
+                            )),
+                        )
+                        .await,
+                        &[
+                            Code::NotFound,
+                            Code::FailedPrecondition,
+                            Code::AlreadyExists,
+                        ],
+                    ),
+                    7 => (
+                        "unpublish",
+                        bounded(
+                            "unpublish",
+                            n.node_unpublish_volume(unpublish_req(&id, &target)),
+                        )
+                        .await,
+                        &[Code::NotFound],
+                    ),
+                    8 => (
+                        "expand",
+                        bounded(
+                            "expand",
+                            c.controller_expand_volume(pb::ControllerExpandVolumeRequest {
+                                volume_id: id.clone(),
+                                capacity_range: Some(pb::CapacityRange {
+                                    required_bytes: 40 * MIB,
+                                    limit_bytes: 0,
+                                }),
+                                ..Default::default()
+                            }),
+                        )
+                        .await,
+                        &[Code::NotFound],
+                    ),
+                    9 => (
+                        "snapshot",
+                        bounded(
+                            "snapshot",
+                            c.create_snapshot(pb::CreateSnapshotRequest {
+                                source_volume_id: id.clone(),
+                                name: format!("snap-{name}"),
+                                ..Default::default()
+                            }),
+                        )
+                        .await,
+                        &[Code::NotFound],
+                    ),
+                    _ => (
+                        "stats",
+                        bounded(
+                            "stats",
+                            n.node_get_volume_stats(pb::NodeGetVolumeStatsRequest {
+                                volume_id: id.clone(),
+                                volume_path: staging.display().to_string(),
+                                staging_target_path: String::new(),
+                            }),
+                        )
+                        .await,
+                        &[Code::NotFound],
+                    ),
+                };
+                assert!(
+                    got == Code::Ok || got == Code::Aborted || allowed.contains(&got),
+                    "{what} on {name} answered {got:?}, not a spec-allowed code"
+                );
+                *seen.entry(format!("{what}:{got:?}")).or_default() += 1;
+            }
+            seen
+        }));
+    }
+    let mut totals: HashMap<String, usize> = HashMap::new();
+    for t in tasks {
+        for (k, v) in t.await.unwrap() {
+            *totals.entry(k).or_default() += v;
+        }
+    }
+    let mut keys: Vec<_> = totals.iter().collect();
+    keys.sort();
+    println!("storm answers: {keys:?}");
+    assert!(
+        totals.get("publish:Ok").copied().unwrap_or(0) > 0,
+        "the storm never published anything"
+    );
+    assert!(
+        totals.keys().any(|k| k.ends_with(":Aborted")),
+        "no call ever overlapped another"
+    );
+
+    // Every surviving volume is consistent: it can be staged, published,
+    // written and read, then torn down.
+    let (mut c, mut n) = (h.controller(), h.node());
+    for name in names {
+        let id = volume_id(name);
+        let staging = h.path(&format!("kubelet/staging/{name}"));
+        for i in 0..3 {
+            let t = h.path(&format!("kubelet/pods/{name}-{i}"));
+            let r = n.node_unpublish_volume(unpublish_req(&id, &t)).await;
+            assert!(matches!(code(&r), Code::Ok | Code::NotFound), "{r:?}");
+            assert!(!t.exists());
+        }
+        let exists = c
+            .controller_get_volume(pb::ControllerGetVolumeRequest {
+                volume_id: id.clone(),
+            })
+            .await
+            .is_ok();
+        if exists {
+            n.node_stage_volume(stage_req(&id, &staging, cap.clone()))
+                .await
+                .unwrap();
+            let t = h.path(&format!("kubelet/pods/{name}-check"));
+            n.node_publish_volume(publish_req(&id, &staging, &t, cap.clone(), false))
+                .await
+                .unwrap();
+            std::fs::write(t.join("probe"), b"consistent").unwrap();
+            assert_eq!(std::fs::read(t.join("probe")).unwrap(), b"consistent");
+            n.node_unpublish_volume(unpublish_req(&id, &t))
+                .await
+                .unwrap();
+        }
+        n.node_unstage_volume(unstage_req(&id, &staging))
+            .await
+            .unwrap();
+        c.delete_volume(pb::DeleteVolumeRequest {
+            volume_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        c.delete_snapshot(pb::DeleteSnapshotRequest {
+            snapshot_id: format!("file:snap-{name}"),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    assert_clean(&h);
+}
+
+/// One full lifecycle, each step retried until it succeeds (as a CO does).
+async fn lifecycle(h: &Harness, name: &str) {
+    let (mut c, mut n) = (h.controller(), h.node());
+    let cap = mount_cap("ext4", SNW);
+    let staging = h.path(&format!("kubelet/staging/{name}"));
+    std::fs::create_dir_all(&staging).unwrap();
+    let target = h.path(&format!("kubelet/pods/{name}"));
+    let id = c
+        .create_volume(create_req(name, 24 * MIB, cap.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    n.node_stage_volume(stage_req(&id, &staging, cap.clone()))
+        .await
+        .unwrap();
+    n.node_publish_volume(publish_req(&id, &staging, &target, cap.clone(), false))
+        .await
+        .unwrap();
+    std::fs::write(target.join("f"), name).unwrap();
+    c.create_snapshot(pb::CreateSnapshotRequest {
+        source_volume_id: id.clone(),
+        name: format!("{name}-snap"),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    n.node_unpublish_volume(unpublish_req(&id, &target))
+        .await
+        .unwrap();
+    n.node_unstage_volume(unstage_req(&id, &staging))
+        .await
+        .unwrap();
+    c.delete_snapshot(pb::DeleteSnapshotRequest {
+        snapshot_id: format!("file:{name}-snap"),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    c.delete_volume(pb::DeleteVolumeRequest {
+        volume_id: id,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn crashes_at_random_points_lose_and_leak_nothing() {
+    let mut rng = Rng::seeded("crash");
+    let iterations: u64 = std::env::var("FERROVOL_CRASH_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let mut h = Harness::start_with_env(None, &[("RUST_LOG", "info")]).await;
+    // How long one undisturbed lifecycle takes, to aim the kills inside it.
+    let t = Instant::now();
+    lifecycle(&h, "warmup").await;
+    let span = t.elapsed().as_micros() as u64;
+    assert_clean(&h);
+    for i in 0..iterations {
+        let name = format!("crash-{i}");
+        let kill_after = Duration::from_micros(rng.below(span.max(1)));
+        // Run the lifecycle against the driver and kill it part way.
+        let pid = h.pid();
+        let run = {
+            let (mut c, mut n) = (h.controller(), h.node());
+            let cap = mount_cap("ext4", SNW);
+            let staging = h.path(&format!("kubelet/staging/{name}"));
+            std::fs::create_dir_all(&staging).unwrap();
+            let target = h.path(&format!("kubelet/pods/{name}"));
+            let name = name.clone();
+            tokio::spawn(async move {
+                // Errors are expected once the driver dies.
+                let Ok(v) = c
+                    .create_volume(create_req(&name, 24 * MIB, cap.clone()))
+                    .await
+                else {
+                    return;
+                };
+                let id = v.into_inner().volume.unwrap().volume_id;
+                if n.node_stage_volume(stage_req(&id, &staging, cap.clone()))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                if n.node_publish_volume(publish_req(&id, &staging, &target, cap.clone(), false))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                let _ = c
+                    .create_snapshot(pb::CreateSnapshotRequest {
+                        source_volume_id: id.clone(),
+                        name: format!("{name}-snap"),
+                        ..Default::default()
+                    })
+                    .await;
+                let _ = n.node_unpublish_volume(unpublish_req(&id, &target)).await;
+                let _ = n.node_unstage_volume(unstage_req(&id, &staging)).await;
+            })
+        };
+        tokio::time::sleep(kill_after).await;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        let _ = run.await;
+        h.kill();
+        h.spawn().await;
+        // The state on disk is whole: every record parses.
+        let state = ferrovol::state::NodeState::open(&h.state_dir())
+            .expect("node state loads after a crash");
+        let bad: Vec<_> = std::fs::read_dir(h.state_dir().join("node/staged"))
+            .unwrap()
+            .chain(std::fs::read_dir(h.state_dir().join("node/published")).unwrap())
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".bad"))
+            .map(|e| e.file_name())
+            .collect();
+        assert!(
+            bad.is_empty(),
+            "iteration {i}: half-written records {bad:?}"
+        );
+        drop(state);
+        // The CO retries the whole lifecycle; every step completes.
+        tokio::time::timeout(RPC_LIMIT, lifecycle(&h, &name))
+            .await
+            .unwrap_or_else(|_| {
+                panic!("iteration {i} (kill after {kill_after:?}): lifecycle hung after restart")
+            });
+        assert_clean(&h);
+    }
+}
+
+#[tokio::test]
+async fn a_hung_command_is_killed_and_the_volume_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let fakebin = dir.path().join("bin");
+    std::fs::create_dir_all(&fakebin).unwrap();
+    let marker = dir.path().join("hung-once");
+    let tag = format!("ferrovol-hung-{}", std::process::id());
+    // The first blkid hangs; later ones are the real tool.
+    let script = format!(
+        "#!/bin/bash\nif [ ! -e {m} ]; then touch {m}; exec -a {tag} sleep 1000; fi\nexec /usr/sbin/blkid \"$@\"\n",
+        m = marker.display()
+    );
+    let fake = fakebin.join("blkid");
+    std::fs::write(&fake, script).unwrap();
+    std::os::unix::fs::PermissionsExt::set_mode(
+        &mut std::fs::metadata(&fake).unwrap().permissions(),
+        0o755,
+    );
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        fakebin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let h = Harness::start_with_env(
+        None,
+        &[("PATH", path.as_str()), ("FERROVOL_COMMAND_TIMEOUT", "2")],
+    )
+    .await;
+    let cap = mount_cap("ext4", SNW);
+    let vol = h
+        .controller()
+        .create_volume(create_req("hung", 16 * MIB, cap.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let staging = h.path("kubelet/staging/hung");
+    std::fs::create_dir_all(&staging).unwrap();
+    let start = Instant::now();
+    let err = h
+        .node()
+        .node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
+        .await
+        .unwrap_err();
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "the hung command was not cut short"
+    );
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    assert!(err.message().contains("timed out"), "{}", err.message());
+    assert!(marker.exists(), "the fake blkid never ran");
+    // The hung child is gone.
+    let alive = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .any(|c| String::from_utf8_lossy(&c).starts_with(&tag));
+    assert!(!alive, "the timed-out command is still running");
+    // The failed stage was undone, and the next call on the volume works.
+    assert!(h.loop_devices().is_empty());
+    h.node()
+        .node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
+        .await
+        .unwrap();
+    h.node()
+        .node_unstage_volume(unstage_req(&vol.volume_id, &staging))
+        .await
+        .unwrap();
+    h.controller()
+        .delete_volume(pb::DeleteVolumeRequest {
+            volume_id: vol.volume_id,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_clean(&h);
+}
+
+#[tokio::test]
+async fn oversized_requests_are_refused_and_nothing_is_created() {
+    let h = Harness::start().await;
+    let mut c = h.controller();
+    let cap = mount_cap("ext4", SNW);
+    // Larger than CSI allows, smaller than the transport limit.
+    let r = c
+        .create_volume(create_req(&"n".repeat(64 << 10), MIB, cap.clone()))
+        .await;
+    assert_eq!(code(&r), Code::InvalidArgument);
+    // Larger than the transport accepts at all.
+    let r = c
+        .create_volume(create_req(&"n".repeat(5 << 20), MIB, cap.clone()))
+        .await;
+    assert!(code(&r) != Code::Ok, "a 5 MiB request was accepted");
+    let mut big = create_req("params", MIB, cap.clone());
+    big.parameters = (0..2000)
+        .map(|i| (format!("k{i}"), "v".repeat(64)))
+        .collect();
+    assert_eq!(code(&c.create_volume(big).await), Code::InvalidArgument);
+    let mut flags = cap.clone();
+    if let Some(pb::volume_capability::AccessType::Mount(m)) = &mut flags.access_type {
+        m.mount_flags = vec!["noatime".repeat(1000)];
+    }
+    let staging = h.path("kubelet/staging/o");
+    std::fs::create_dir_all(&staging).unwrap();
+    let r = h
+        .node()
+        .node_stage_volume(stage_req("file:nothing", &staging, flags))
+        .await;
+    assert!(
+        matches!(code(&r), Code::InvalidArgument | Code::NotFound),
+        "{r:?}"
+    );
+    let long_path = format!("/{}", "p".repeat(5000));
+    let r = h
+        .node()
+        .node_unpublish_volume(pb::NodeUnpublishVolumeRequest {
+            volume_id: "file:x".into(),
+            target_path: long_path,
+        })
+        .await;
+    assert_eq!(code(&r), Code::InvalidArgument);
+    // The driver is still healthy and nothing was made.
+    h.identity().probe(pb::ProbeRequest {}).await.unwrap();
+    assert_clean(&h);
+}
+
+#[tokio::test]
+async fn secrets_in_every_rpc_never_reach_logs_or_errors() {
+    let h = Harness::start_with_env(None, &[("RUST_LOG", "trace")]).await;
+    let secret = "Sup3r-S3cret-Vaule-7d1c";
+    let secrets: HashMap<String, String> = HashMap::from([
+        ("password".into(), secret.into()),
+        ("chap".into(), secret.into()),
+    ]);
+    let (mut c, mut n) = (h.controller(), h.node());
+    let cap = mount_cap("ext4", SNW);
+    let staging = h.path("kubelet/staging");
+    let target = h.path("kubelet/pods/x");
+    let mut messages = Vec::new();
+    let mut note = |r: Result<(), tonic::Status>| {
+        if let Err(s) = r {
+            messages.push(s.message().to_string());
+        }
+    };
+    // Each call is made to fail, so its error message is produced too.
+    let mut cv = create_req("sec", 1 << 50, cap.clone());
+    cv.secrets = secrets.clone();
+    note(c.create_volume(cv).await.map(|_| ()));
+    note(
+        c.delete_volume(pb::DeleteVolumeRequest {
+            volume_id: "".into(),
+            secrets: secrets.clone(),
+        })
+        .await
+        .map(|_| ()),
+    );
+    note(
+        c.controller_publish_volume(pb::ControllerPublishVolumeRequest {
+            volume_id: "file:x".into(),
+            secrets: secrets.clone(),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ()),
+    );
+    note(
+        c.controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
+            volume_id: "file:x".into(),
+            secrets: secrets.clone(),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ()),
+    );
+    note(
+        c.validate_volume_capabilities(pb::ValidateVolumeCapabilitiesRequest {
+            volume_id: "file:x".into(),
+            secrets: secrets.clone(),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ()),
+    );
+    note(
+        c.create_snapshot(pb::CreateSnapshotRequest {
+            source_volume_id: "file:x".into(),
+            name: "s".into(),
+            secrets: secrets.clone(),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ()),
+    );
+    note(
+        c.delete_snapshot(pb::DeleteSnapshotRequest {
+            snapshot_id: "".into(),
+            secrets: secrets.clone(),
+        })
+        .await
+        .map(|_| ()),
+    );
+    note(
+        c.list_snapshots(pb::ListSnapshotsRequest {
+            starting_token: "bad".into(),
+            secrets: secrets.clone(),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ()),
+    );
+    note(
+        c.get_snapshot(pb::GetSnapshotRequest {
+            snapshot_id: "file:none".into(),
+            secrets: secrets.clone(),
+        })
+        .await
+        .map(|_| ()),
+    );
+    note(
+        c.controller_expand_volume(pb::ControllerExpandVolumeRequest {
+            volume_id: "file:x".into(),
+            secrets: secrets.clone(),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ()),
+    );
+    note(
+        c.controller_modify_volume(pb::ControllerModifyVolumeRequest {
+            volume_id: "file:x".into(),
+            secrets: secrets.clone(),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ()),
+    );
+    let mut st = stage_req("file:x", &staging, cap.clone());
+    st.secrets = secrets.clone();
+    note(n.node_stage_volume(st).await.map(|_| ()));
+    let mut pu = publish_req("file:x", &staging, &target, cap.clone(), false);
+    pu.secrets = secrets.clone();
+    note(n.node_publish_volume(pu).await.map(|_| ()));
+    note(
+        n.node_expand_volume(pb::NodeExpandVolumeRequest {
+            volume_id: "file:x".into(),
+            volume_path: "/x".into(),
+            secrets: secrets.clone(),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ()),
+    );
+    assert_eq!(messages.len(), 14, "every call failed: {messages:?}");
+    for m in &messages {
+        assert!(!m.contains(secret), "secret in an error: {m}");
+    }
+    let log = h.log();
+    assert!(
+        log.contains("TRACE") || log.contains("DEBUG"),
+        "the log ran at trace level"
+    );
+    assert!(!log.contains(secret), "secret in the log");
+    assert!(!Path::new(&target).exists());
+}
