@@ -100,7 +100,7 @@ async fn concurrency_storm_answers_allowed_codes_and_leaks_nothing() {
     let cap = mount_cap("ext4", SNMW);
     let deadline = Instant::now() + Duration::from_secs(6);
     let mut tasks = Vec::new();
-    for client in 0..8u64 {
+    for _client in 0..8u64 {
         let mut rng = Rng(seed_rng.next() | 1);
         let (mut c, mut n) = (h.controller(), h.node());
         let root = h.dir.path().to_path_buf();
