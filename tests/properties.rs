@@ -1,0 +1,203 @@
+//! Property tests over random input (a seeded generator; the seed is
+//! printed, FERROVOL_SEED replays it): the parsers that take outside input
+//! never panic, and what they accept is safe.
+
+use ferrovol::config::Config;
+use ferrovol::mount::{parse_mountinfo, MountOptions};
+use ferrovol::node::paths;
+use ferrovol::plugin::{is_locator, locator_for_name, validate_name, SnapshotId, VolumeId};
+
+struct Rng(u64);
+
+impl Rng {
+    fn seeded(test: &str) -> Self {
+        let seed = std::env::var("FERROVOL_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as u64
+            });
+        println!("{test}: seed {seed}");
+        Rng(seed | 1)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    /// A string from an alphabet rich in the characters that matter.
+    fn string(&mut self, max: usize) -> String {
+        const PIECES: &[&str] = &[
+            "a",
+            "Z",
+            "0",
+            "9",
+            "-",
+            "_",
+            ".",
+            "..",
+            "/",
+            ":",
+            " ",
+            "\t",
+            "\n",
+            "\\",
+            "\\040",
+            "\0",
+            "=",
+            ",",
+            ";",
+            "$",
+            "(",
+            ")",
+            "'",
+            "\"",
+            "~",
+            "é",
+            "\u{7f}",
+            "\u{85}",
+            "file",
+            "lvm",
+            "pvc-",
+            "ext4",
+            "/dev/loop0",
+            "../",
+            "//",
+            "{",
+            "}",
+            "[",
+            "]",
+            "#",
+            "*",
+            "@",
+            "ro",
+            "bind",
+            " - ",
+            "h-",
+        ];
+        let len = self.below(max + 1);
+        let mut s = String::new();
+        for _ in 0..len {
+            s.push_str(PIECES[self.below(PIECES.len())]);
+        }
+        s
+    }
+}
+
+const ROUNDS: usize = 20_000;
+
+#[test]
+fn id_parsing_never_panics_and_accepts_only_safe_ids() {
+    let mut rng = Rng::seeded("ids");
+    for _ in 0..ROUNDS {
+        let raw = rng.string(12);
+        if let Ok(id) = VolumeId::parse(&raw) {
+            assert!(is_locator(id.locator()), "{raw:?}");
+            assert!(
+                !id.locator().contains('/') && !id.locator().contains(".."),
+                "{raw:?}"
+            );
+            assert_eq!(id.to_string(), raw, "ids round-trip");
+            assert!(raw.len() <= 128);
+        }
+        let _ = SnapshotId::parse(&raw);
+        let name = rng.string(20);
+        let loc = locator_for_name(&name);
+        assert!(is_locator(&loc) && loc.len() <= 100, "{name:?} -> {loc:?}");
+        let _ = validate_name("volume", &name);
+    }
+}
+
+#[test]
+fn mountinfo_parsing_never_panics() {
+    let mut rng = Rng::seeded("mountinfo");
+    let real = "36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue\n";
+    for _ in 0..ROUNDS {
+        let mut text = String::new();
+        for _ in 0..rng.below(4) {
+            if rng.below(2) == 0 {
+                let cut = rng.below(real.len());
+                text.push_str(&real[..cut]);
+                text.push_str(&rng.string(6));
+                text.push_str(&real[cut..]);
+            } else {
+                text.push_str(&rng.string(30));
+                text.push('\n');
+            }
+        }
+        for m in parse_mountinfo(&text) {
+            assert!(!m.fstype.contains(' '));
+        }
+    }
+}
+
+#[test]
+fn mount_options_accept_only_plain_option_text() {
+    let mut rng = Rng::seeded("mount options");
+    for _ in 0..ROUNDS {
+        let flags: Vec<String> = (0..rng.below(4)).map(|_| rng.string(5)).collect();
+        if let Ok(o) = MountOptions::parse(&flags, rng.below(2) == 0) {
+            for d in &o.data {
+                assert!(
+                    d.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "_-=.:+/@".contains(c)),
+                    "{d:?} from {flags:?}"
+                );
+                assert!(d != "bind");
+            }
+        }
+    }
+}
+
+#[test]
+fn request_paths_are_normal_and_absolute() {
+    let mut rng = Rng::seeded("paths");
+    for _ in 0..ROUNDS {
+        let raw = format!(
+            "{}{}",
+            if rng.below(3) == 0 { "" } else { "/" },
+            rng.string(10)
+        );
+        if let Ok(p) = paths::validate(&raw, "p") {
+            let s = p.to_str().unwrap();
+            assert!(s.starts_with('/'), "{raw:?}");
+            assert!(!s.split('/').any(|c| c == ".." || c == "."), "{raw:?}");
+            assert!(!s.contains('\0') && !s.contains("//"), "{raw:?}");
+        }
+    }
+}
+
+#[test]
+fn config_parsing_never_panics() {
+    let mut rng = Rng::seeded("config");
+    let base = "default_backend = \"file\"\n[node]\nmax_volumes_per_node = 3\n[[backend]]\ntype = \"file\"\npool = \"/p\"\nmax_volume_size = \"1Gi\"\n";
+    for _ in 0..ROUNDS / 4 {
+        let cut = rng.below(base.len());
+        let text = format!("{}{}{}", &base[..cut], rng.string(4), &base[cut..]);
+        if let Ok(c) = Config::parse(&text) {
+            for b in &c.backends {
+                let _ = b.settings::<ferrovol::backend::file::FileSettings>();
+                let _ = b.settings::<ferrovol::backend::lvm::LvmSettings>();
+            }
+        }
+    }
+}
+
+#[test]
+fn lvm_reports_never_panic() {
+    let mut rng = Rng::seeded("lvm reports");
+    let base = r#"{"report":[{"lv":[{"lv_name":"fv-a","vg_name":"vg","lv_size":"1048576","lv_tags":"ferrovol","lv_attr":"-wi-a-----","origin":"","pool_lv":"","lv_time":"2026-11-22 00:26:21 +0000","data_percent":""}]}]}"#;
+    for _ in 0..ROUNDS / 4 {
+        let cut = rng.below(base.len());
+        let text = format!("{}{}{}", &base[..cut], rng.string(3), &base[cut..]);
+        let _ = ferrovol::backend::lvm::parse_lvs(&text);
+        let _ = ferrovol::backend::lvm::parse_vgs(&text);
+    }
+}
