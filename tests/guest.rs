@@ -359,6 +359,44 @@ async fn guest_lvm_backend_full_lifecycle() {
             format!("written on {class}")
         );
 
+        // A clone of the original carries its data too (staged and read,
+        // then removed).
+        let mut clone = create_req(&format!("clone-{class}"), 0, cap.clone());
+        clone.parameters = params.clone();
+        clone.volume_content_source = Some(pb::VolumeContentSource {
+            r#type: Some(pb::volume_content_source::Type::Volume(
+                pb::volume_content_source::VolumeSource {
+                    volume_id: vol.volume_id.clone(),
+                },
+            )),
+        });
+        let cloned = c
+            .create_volume(clone)
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        assert_eq!(cloned.capacity_bytes, 128 * MIB);
+        let staging3 = h.path(&format!("kubelet/staging/{class}-c"));
+        std::fs::create_dir_all(&staging3).unwrap();
+        n.node_stage_volume(stage_req(&cloned.volume_id, &staging3, cap.clone()))
+            .await
+            .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(staging3.join("data")).unwrap(),
+            format!("written on {class}")
+        );
+        n.node_unstage_volume(unstage_req(&cloned.volume_id, &staging3))
+            .await
+            .unwrap();
+        c.delete_volume(pb::DeleteVolumeRequest {
+            volume_id: cloned.volume_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+
         // Tear down.
         for (id, t, s) in [
             (&vol.volume_id, &target, &staging),

@@ -201,3 +201,24 @@ fn lvm_reports_never_panic() {
         let _ = ferrovol::backend::lvm::parse_vgs(&text);
     }
 }
+
+#[test]
+fn backend_parameters_never_panic_and_unknown_keys_are_refused() {
+    use ferrovol::plugin::Backend;
+    use std::collections::BTreeMap;
+    let mut rng = Rng::seeded("parameters");
+    let lvm: ferrovol::backend::lvm::LvmSettings =
+        toml::from_str("[[device_class]]\nname = \"fast\"\nvolume_group = \"vg0\"\n").unwrap();
+    let runner = std::sync::Arc::new(ferrovol::exec::FakeRunner::new());
+    let backend = ferrovol::backend::lvm::LvmBackend::new("lvm", lvm, runner).unwrap();
+    for _ in 0..ROUNDS / 4 {
+        let params: BTreeMap<String, String> = (0..rng.below(3))
+            .map(|_| (rng.string(3), rng.string(3)))
+            .collect();
+        let ok = backend.validate_parameters(&params).is_ok();
+        let only_known = params
+            .iter()
+            .all(|(k, v)| k == "deviceClass" && v == "fast");
+        assert_eq!(ok, only_known, "{params:?}");
+    }
+}
