@@ -416,6 +416,17 @@ async fn block_volume_lifecycle() {
         .unwrap()
         .into_inner();
     assert_eq!(stats.usage[0].total, 8 * MIB);
+    // Asked by its staging path, a block volume reports its device's size.
+    let by_staging = n
+        .node_get_volume_stats(pb::NodeGetVolumeStatsRequest {
+            volume_id: vol.volume_id.clone(),
+            volume_path: staging.display().to_string(),
+            staging_target_path: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(by_staging.usage[0].total, 8 * MIB);
 
     // Expanding a block volume: the loop device sees the new size.
     let e = c

@@ -453,7 +453,13 @@ impl NodeOps {
                 stats.free_inodes = Some(st.files_free() as u64);
             }
             AccessType::Block => {
-                stats.total_bytes = paths::device_size(volume_path)?;
+                // A publish target is the device itself; the staging path
+                // of a block volume is a plain folder, so ask the device.
+                let device = match (&stage.attachment, volume_path == stage.staging_path) {
+                    (Some(Attachment::Device { path }), true) => path.clone(),
+                    _ => volume_path.to_path_buf(),
+                };
+                stats.total_bytes = paths::device_size(&device)?;
             }
         }
         Ok(stats)
