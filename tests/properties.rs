@@ -7,31 +7,21 @@ use ferrovol::mount::{parse_mountinfo, MountOptions};
 use ferrovol::node::paths;
 use ferrovol::plugin::{is_locator, locator_for_name, validate_name, SnapshotId, VolumeId};
 
-struct Rng(u64);
+mod common;
 
-impl Rng {
-    fn seeded(test: &str) -> Self {
-        let seed = std::env::var("FERROVOL_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .as_nanos() as u64
-            });
-        println!("{test}: seed {seed}");
-        Rng(seed | 1)
+use common::Rng;
+
+/// Random input for the parsers.
+trait Gen {
+    fn pick(&mut self, n: usize) -> usize;
+    fn string(&mut self, max: usize) -> String;
+}
+
+impl Gen for Rng {
+    fn pick(&mut self, n: usize) -> usize {
+        self.below(n as u64) as usize
     }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
+
     /// A string from an alphabet rich in the characters that matter.
     fn string(&mut self, max: usize) -> String {
         const PIECES: &[&str] = &[
@@ -82,10 +72,10 @@ impl Rng {
             " - ",
             "h-",
         ];
-        let len = self.below(max + 1);
+        let len = self.pick(max + 1);
         let mut s = String::new();
         for _ in 0..len {
-            s.push_str(PIECES[self.below(PIECES.len())]);
+            s.push_str(PIECES[self.pick(PIECES.len())]);
         }
         s
     }
@@ -121,9 +111,9 @@ fn mountinfo_parsing_never_panics() {
     let real = "36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue\n";
     for _ in 0..ROUNDS {
         let mut text = String::new();
-        for _ in 0..rng.below(4) {
-            if rng.below(2) == 0 {
-                let cut = rng.below(real.len());
+        for _ in 0..rng.pick(4) {
+            if rng.pick(2) == 0 {
+                let cut = rng.pick(real.len());
                 text.push_str(&real[..cut]);
                 text.push_str(&rng.string(6));
                 text.push_str(&real[cut..]);
@@ -142,8 +132,8 @@ fn mountinfo_parsing_never_panics() {
 fn mount_options_accept_only_plain_option_text() {
     let mut rng = Rng::seeded("mount options");
     for _ in 0..ROUNDS {
-        let flags: Vec<String> = (0..rng.below(4)).map(|_| rng.string(5)).collect();
-        if let Ok(o) = MountOptions::parse(&flags, rng.below(2) == 0) {
+        let flags: Vec<String> = (0..rng.pick(4)).map(|_| rng.string(5)).collect();
+        if let Ok(o) = MountOptions::parse(&flags, rng.pick(2) == 0) {
             for d in &o.data {
                 assert!(
                     d.chars()
@@ -162,7 +152,7 @@ fn request_paths_are_normal_and_absolute() {
     for _ in 0..ROUNDS {
         let raw = format!(
             "{}{}",
-            if rng.below(3) == 0 { "" } else { "/" },
+            if rng.pick(3) == 0 { "" } else { "/" },
             rng.string(10)
         );
         if let Ok(p) = paths::validate(&raw, "p") {
@@ -179,7 +169,7 @@ fn config_parsing_never_panics() {
     let mut rng = Rng::seeded("config");
     let base = "default_backend = \"file\"\n[node]\nmax_volumes_per_node = 3\n[[backend]]\ntype = \"file\"\npool = \"/p\"\nmax_volume_size = \"1Gi\"\n";
     for _ in 0..ROUNDS / 4 {
-        let cut = rng.below(base.len());
+        let cut = rng.pick(base.len());
         let text = format!("{}{}{}", &base[..cut], rng.string(4), &base[cut..]);
         if let Ok(c) = Config::parse(&text) {
             for b in &c.backends {
@@ -195,7 +185,7 @@ fn lvm_reports_never_panic() {
     let mut rng = Rng::seeded("lvm reports");
     let base = r#"{"report":[{"lv":[{"lv_name":"fv-a","vg_name":"vg","lv_size":"1048576","lv_tags":"ferrovol","lv_attr":"-wi-a-----","origin":"","pool_lv":"","lv_time":"2026-11-22 00:26:21 +0000","data_percent":""}]}]}"#;
     for _ in 0..ROUNDS / 4 {
-        let cut = rng.below(base.len());
+        let cut = rng.pick(base.len());
         let text = format!("{}{}{}", &base[..cut], rng.string(3), &base[cut..]);
         let _ = ferrovol::backend::lvm::parse_lvs(&text);
         let _ = ferrovol::backend::lvm::parse_vgs(&text);
@@ -212,7 +202,7 @@ fn backend_parameters_never_panic_and_unknown_keys_are_refused() {
     let runner = std::sync::Arc::new(ferrovol::exec::FakeRunner::new());
     let backend = ferrovol::backend::lvm::LvmBackend::new("lvm", lvm, runner).unwrap();
     for _ in 0..ROUNDS / 4 {
-        let params: BTreeMap<String, String> = (0..rng.below(3))
+        let params: BTreeMap<String, String> = (0..rng.pick(3))
             .map(|_| (rng.string(3), rng.string(3)))
             .collect();
         let ok = backend.validate_parameters(&params).is_ok();

@@ -12,34 +12,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 use tonic::Code;
 
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn seeded(test: &str) -> Self {
-        let seed = std::env::var("FERROVOL_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .as_nanos() as u64
-            });
-        println!("{test}: seed {seed} (replay with FERROVOL_SEED={seed})");
-        Rng(seed | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 /// Every call must answer within this; a hang fails the test.
 const RPC_LIMIT: Duration = Duration::from_secs(60);
 

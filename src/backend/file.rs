@@ -14,8 +14,8 @@ use crate::error::{Error, Result};
 use crate::exec::{Command, CommandRunner};
 use crate::locks::KeyedMutex;
 use crate::plugin::{
-    locator_for_name, AccessMode, AttachContext, Attachment, Backend, Capabilities, Capacity,
-    ContentSource, CreateVolume, SnapshotId, SnapshotInfo, VolumeId, VolumeInfo,
+    locator_for_name, AttachContext, Attachment, Backend, Capabilities, Capacity, ContentSource,
+    CreateVolume, SnapshotId, SnapshotInfo, VolumeId, VolumeInfo,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -290,22 +290,7 @@ impl Backend for FileBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            provision: true,
-            attach: false,
-            device_mount: true,
-            expand: true,
-            snapshot: true,
-            clone: true,
-            block: true,
-            node_local: true,
-            access_modes: vec![
-                AccessMode::SingleNodeWriter,
-                AccessMode::SingleNodeReaderOnly,
-                AccessMode::SingleNodeSingleWriter,
-                AccessMode::SingleNodeMultiWriter,
-            ],
-        }
+        Capabilities::node_local_block_device()
     }
 
     async fn health(&self) -> Result<()> {

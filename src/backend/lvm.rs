@@ -14,8 +14,8 @@ use crate::config::Size;
 use crate::error::{Error, Result};
 use crate::exec::{Command, CommandRunner};
 use crate::plugin::{
-    is_dns_label, locator_for_name, AccessMode, AttachContext, Attachment, Backend, Capabilities,
-    Capacity, ContentSource, CreateVolume, SnapshotId, SnapshotInfo, VolumeId, VolumeInfo,
+    is_dns_label, locator_for_name, AttachContext, Attachment, Backend, Capabilities, Capacity,
+    ContentSource, CreateVolume, SnapshotId, SnapshotInfo, VolumeId, VolumeInfo,
 };
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -507,6 +507,30 @@ impl LvmBackend {
         }
     }
 
+    /// The LV behind a content source, which must be ours and in `class`.
+    async fn source_lv(
+        &self,
+        class: &DeviceClass,
+        kind: &str,
+        shown: &str,
+        backend: &str,
+        locator: &str,
+    ) -> Result<Lv> {
+        let missing = || Error::not_found(format!("source {kind} {shown} does not exist"));
+        let (c, lv) = (backend == self.name)
+            .then(|| self.split(locator))
+            .transpose()
+            .ok()
+            .flatten()
+            .ok_or_else(missing)?;
+        if c.name != class.name {
+            return Err(Error::invalid(format!(
+                "source {kind} {shown} is in another device class"
+            )));
+        }
+        self.lv(&class.volume_group, lv).await?.ok_or_else(missing)
+    }
+
     /// Copies one LV's data into another (both active on this node).
     async fn copy_lv(&self, vg: &str, from: &str, to: &str) -> Result<()> {
         self.activate(vg, from).await?;
@@ -555,22 +579,7 @@ impl Backend for LvmBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            provision: true,
-            attach: false,
-            device_mount: true,
-            expand: true,
-            snapshot: true,
-            clone: true,
-            block: true,
-            node_local: true,
-            access_modes: vec![
-                AccessMode::SingleNodeWriter,
-                AccessMode::SingleNodeReaderOnly,
-                AccessMode::SingleNodeSingleWriter,
-                AccessMode::SingleNodeMultiWriter,
-            ],
-        }
+        Capabilities::node_local_block_device()
     }
 
     async fn health(&self) -> Result<()> {
@@ -603,22 +612,15 @@ impl Backend for LvmBackend {
         let (source_lv, source_size) = match &req.source {
             None => (None, 0),
             Some(ContentSource::Snapshot(id)) => {
-                let (c, lv) = (id.backend() == self.name)
-                    .then(|| self.split(id.locator()))
-                    .transpose()
-                    .ok()
-                    .flatten()
-                    .ok_or_else(|| {
-                        Error::not_found(format!("source snapshot {id} does not exist"))
-                    })?;
-                if c.name != class.name {
-                    return Err(Error::invalid(format!(
-                        "source snapshot {id} is in another device class"
-                    )));
-                }
-                let snap = self.lv(&vg_name, lv).await?.ok_or_else(|| {
-                    Error::not_found(format!("source snapshot {id} does not exist"))
-                })?;
+                let snap = self
+                    .source_lv(
+                        &class,
+                        "snapshot",
+                        &id.to_string(),
+                        id.backend(),
+                        id.locator(),
+                    )
+                    .await?;
                 let size = snap
                     .tag_value("ferrovol-size:")
                     .and_then(|s| s.parse().ok())
@@ -626,22 +628,15 @@ impl Backend for LvmBackend {
                 (Some(snap), size)
             }
             Some(ContentSource::Volume(id)) => {
-                let (c, lv) = (id.backend() == self.name)
-                    .then(|| self.split(id.locator()))
-                    .transpose()
-                    .ok()
-                    .flatten()
-                    .ok_or_else(|| {
-                        Error::not_found(format!("source volume {id} does not exist"))
-                    })?;
-                if c.name != class.name {
-                    return Err(Error::invalid(format!(
-                        "source volume {id} is in another device class"
-                    )));
-                }
-                let vol = self.lv(&vg_name, lv).await?.ok_or_else(|| {
-                    Error::not_found(format!("source volume {id} does not exist"))
-                })?;
+                let vol = self
+                    .source_lv(
+                        &class,
+                        "volume",
+                        &id.to_string(),
+                        id.backend(),
+                        id.locator(),
+                    )
+                    .await?;
                 let size = vol.size();
                 (Some(vol), size)
             }

@@ -30,6 +30,30 @@ pub struct Capabilities {
     pub access_modes: Vec<AccessMode>,
 }
 
+impl Capabilities {
+    /// What a backend of node-local block devices offers (the `file` and
+    /// `lvm` backends): everything but controller attach, mount and raw
+    /// block, the single-node access modes.
+    pub fn node_local_block_device() -> Self {
+        Capabilities {
+            provision: true,
+            attach: false,
+            device_mount: true,
+            expand: true,
+            snapshot: true,
+            clone: true,
+            block: true,
+            node_local: true,
+            access_modes: vec![
+                AccessMode::SingleNodeWriter,
+                AccessMode::SingleNodeReaderOnly,
+                AccessMode::SingleNodeSingleWriter,
+                AccessMode::SingleNodeMultiWriter,
+            ],
+        }
+    }
+}
+
 /// How the volume is consumed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -379,3 +379,34 @@ impl Harness {
         std::fs::write(format!("/proc/{}/clear_refs", self.pid()), "5").unwrap();
     }
 }
+
+/// A small deterministic generator (xorshift64*) for randomized tests. The
+/// seed is printed; FERROVOL_SEED replays a run.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn seeded(test: &str) -> Self {
+        let seed = std::env::var("FERROVOL_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as u64
+            });
+        println!("{test}: seed {seed} (replay with FERROVOL_SEED={seed})");
+        Rng(seed | 1)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
