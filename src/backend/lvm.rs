@@ -709,8 +709,8 @@ impl Backend for LvmBackend {
                 }
             }
             (Some(pool), None) => {
-                let (_, free) = self.pool_space(&class, pool).await?;
-                let _ = free; // thin volumes may overcommit the pool
+                // The pool must exist; thin volumes may overcommit its space.
+                self.pool_space(&class, pool).await?;
                 self.runner
                     .run(
                         self.lvm("lvcreate")
