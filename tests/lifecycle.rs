@@ -780,3 +780,47 @@ async fn mount_flags_are_honoured_and_json_logs_parse() {
     }
     assert!(log.contains("NodeStageVolume"));
 }
+
+#[tokio::test]
+async fn modes_serve_only_their_services() {
+    let node_only = Harness::start_with_env(None, &[("FERROVOL_MODE", "node")]).await;
+    let r = node_only
+        .controller()
+        .create_volume(create_req("m", MIB, mount_cap("ext4", SNW)))
+        .await;
+    assert_eq!(code(&r), Code::Unimplemented);
+    node_only
+        .node()
+        .node_get_info(pb::NodeGetInfoRequest {})
+        .await
+        .unwrap();
+    // Every instance reports the same plugin capabilities, whatever its mode.
+    let caps = node_only
+        .identity()
+        .get_plugin_capabilities(pb::GetPluginCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(caps.capabilities.len(), 3);
+
+    let controller_only = Harness::start_with_env(None, &[("FERROVOL_MODE", "controller")]).await;
+    let r = controller_only
+        .node()
+        .node_get_info(pb::NodeGetInfoRequest {})
+        .await;
+    assert_eq!(code(&r), Code::Unimplemented);
+    let v = controller_only
+        .controller()
+        .create_volume(create_req("m", MIB, mount_cap("ext4", SNW)))
+        .await
+        .unwrap();
+    let id = v.into_inner().volume.unwrap().volume_id;
+    controller_only
+        .controller()
+        .delete_volume(pb::DeleteVolumeRequest {
+            volume_id: id,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}
