@@ -85,6 +85,7 @@ pub fn build_with(
         registry,
         node,
         controller_locks: OpLocks::new(),
+        in_flight: Default::default(),
     }))
 }
 

@@ -214,6 +214,19 @@ impl KeyedMutex {
         }
     }
 
+    /// Holds several keys, taken in sorted order so two callers asking for
+    /// overlapping sets cannot deadlock.
+    pub async fn lock_all(&self, keys: &[String]) -> Vec<KeyedGuard<'_>> {
+        let mut sorted: Vec<&String> = keys.iter().collect();
+        sorted.sort();
+        sorted.dedup();
+        let mut guards = Vec::with_capacity(sorted.len());
+        for k in sorted {
+            guards.push(self.lock(k).await);
+        }
+        guards
+    }
+
     /// How many keys have an entry (held or waited for).
     pub fn len(&self) -> usize {
         self.table.lock().expect("keyed mutex poisoned").len()
@@ -264,5 +277,32 @@ mod keyed_tests {
         waiter.await.unwrap();
         drop(_b);
         assert!(m.is_empty(), "entries are cleaned up");
+    }
+
+    #[tokio::test]
+    async fn overlapping_sets_in_any_order_do_not_deadlock() {
+        let m = Arc::new(KeyedMutex::new());
+        let mut tasks = Vec::new();
+        for i in 0..16 {
+            let m = m.clone();
+            tasks.push(tokio::spawn(async move {
+                let keys = if i % 2 == 0 {
+                    vec!["x".to_string(), "y".to_string()]
+                } else {
+                    vec!["y".to_string(), "x".to_string(), "y".to_string()]
+                };
+                let _g = m.lock_all(&keys).await;
+                tokio::task::yield_now().await;
+            }));
+        }
+        let all = async {
+            for t in tasks {
+                t.await.unwrap();
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), all)
+            .await
+            .expect("deadlock");
+        assert!(m.is_empty());
     }
 }

@@ -111,13 +111,28 @@ pub async fn serve(
         let stop = stop.clone();
         async move { stop.notified().await }
     };
-    let grace_timer = {
+    // After the signal: stop accepting, then wait for the RPCs being served
+    // (not for idle client connections, which kubelet keeps open), at most
+    // `grace`.
+    let drained = {
         let stop = stop.clone();
+        let driver = driver.clone();
         async move {
             shutdown.await;
-            tracing::info!("shutting down: no new connections; waiting for in-flight calls");
+            tracing::info!(
+                in_flight = driver.in_flight.count(),
+                "shutting down: no new connections; waiting for in-flight calls"
+            );
             stop.notify_one();
-            tokio::time::sleep(grace).await;
+            tokio::select! {
+                _ = driver.in_flight.idle() => {
+                    // The last handlers have returned; give their responses
+                    // a moment to reach the socket.
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    tracing::info!("no calls in flight; exiting");
+                }
+                _ = tokio::time::sleep(grace) => tracing::warn!("in-flight calls did not finish in time; exiting"),
+            }
         }
     };
 
@@ -137,7 +152,7 @@ pub async fn serve(
             let serving = router.serve_with_incoming_shutdown(incoming, stopped);
             tokio::select! {
                 r = serving => r.map_err(|e| Error::internal(format!("server: {e}"))),
-                _ = grace_timer => { tracing::warn!("in-flight calls did not finish in time; exiting"); Ok(()) }
+                _ = drained => Ok(()),
             }
         }
         Endpoint::Tcp(addr) => {
@@ -145,7 +160,7 @@ pub async fn serve(
             let serving = router.serve_with_shutdown(addr, stopped);
             tokio::select! {
                 r = serving => r.map_err(|e| Error::internal(format!("server: {e}"))),
-                _ = grace_timer => { tracing::warn!("in-flight calls did not finish in time; exiting"); Ok(()) }
+                _ = drained => Ok(()),
             }
         }
     };

@@ -824,3 +824,52 @@ async fn modes_serve_only_their_services() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn serves_over_tcp_too() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ferrovol"))
+        .args([
+            "serve",
+            "--endpoint",
+            &format!("tcp://127.0.0.1:{port}"),
+            "--node-id",
+            "tcp-node",
+            "--state-dir",
+        ])
+        .arg(dir.path().join("state"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let ready = loop {
+        if let Ok(ch) = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+            .unwrap()
+            .connect()
+            .await
+        {
+            let mut id = ferrovol::proto::identity_client::IdentityClient::new(ch);
+            if let Ok(r) = id.probe(pb::ProbeRequest {}).await {
+                break r.into_inner().ready == Some(true);
+            }
+        }
+        if std::time::Instant::now() > deadline {
+            break false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    assert!(ready, "no Probe answer over TCP");
+    assert!(status.success(), "{status:?}");
+}

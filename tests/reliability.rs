@@ -679,3 +679,71 @@ async fn secrets_in_every_rpc_never_reach_logs_or_errors() {
     assert!(!log.contains(secret), "secret in the log");
     assert!(!Path::new(&target).exists());
 }
+
+#[tokio::test]
+async fn sigterm_lets_the_call_in_flight_finish_then_exits_promptly() {
+    let dir = tempfile::tempdir().unwrap();
+    let fakebin = dir.path().join("bin");
+    std::fs::create_dir_all(&fakebin).unwrap();
+    // A blkid that takes a while: the stage is in flight when SIGTERM comes.
+    let fake = fakebin.join("blkid");
+    std::fs::write(
+        &fake,
+        "#!/bin/bash\nsleep 1.5\nexec /usr/sbin/blkid \"$@\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        fakebin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut h = Harness::start_with_env(None, &[("PATH", path.as_str())]).await;
+    let cap = mount_cap("ext4", SNW);
+    let vol = h
+        .controller()
+        .create_volume(create_req("inflight", 16 * MIB, cap.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let staging = h.path("kubelet/staging/inflight");
+    std::fs::create_dir_all(&staging).unwrap();
+    let mut n = h.node();
+    let req = stage_req(&vol.volume_id, &staging, cap.clone());
+    let call = tokio::spawn(async move { n.node_stage_volume(req).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pid = nix::unistd::Pid::from_raw(h.pid() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let start = Instant::now();
+    let answer = call.await.unwrap();
+    assert!(answer.is_ok(), "the call in flight was cut: {answer:?}");
+    // The idle connection the test still holds does not delay the exit.
+    let mut child = h.child.take().unwrap();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(4),
+            "the driver lingered after its last call"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "{status:?}");
+    // Clean up what the finished stage set up.
+    h.spawn().await;
+    h.node()
+        .node_unstage_volume(unstage_req(&vol.volume_id, &staging))
+        .await
+        .unwrap();
+    h.controller()
+        .delete_volume(pb::DeleteVolumeRequest {
+            volume_id: vol.volume_id,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_clean(&h);
+}

@@ -98,6 +98,14 @@ fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     crate::state::write_atomic(path, &bytes).map_err(io(format!("write {}", path.display())))
 }
 
+fn volume_key(locator: &str) -> String {
+    format!("volume {locator}")
+}
+
+fn snapshot_key(locator: &str) -> String {
+    format!("snapshot {locator}")
+}
+
 /// The locators with a metadata file in a pool folder, sorted.
 fn locators_in(dir: &Path) -> Result<Vec<String>> {
     let entries = std::fs::read_dir(dir).map_err(io(format!("read {}", dir.display())))?;
@@ -314,7 +322,14 @@ impl Backend for FileBackend {
 
     async fn create_volume(&self, req: &CreateVolume) -> Result<VolumeInfo> {
         let locator = locator_for_name(&req.name);
-        let _held = self.locks.lock(&locator).await;
+        // The new volume, and its source so it cannot vanish mid-copy.
+        let mut keys = vec![volume_key(&locator)];
+        match &req.source {
+            Some(ContentSource::Snapshot(id)) => keys.push(snapshot_key(id.locator())),
+            Some(ContentSource::Volume(id)) => keys.push(volume_key(id.locator())),
+            None => {}
+        }
+        let _held = self.locks.lock_all(&keys).await;
 
         // The source, if any: it must exist, and it sets the minimum size.
         let (source_image, source_size) = match &req.source {
@@ -401,7 +416,7 @@ impl Backend for FileBackend {
 
     async fn delete_volume(&self, id: &VolumeId) -> Result<()> {
         self.own(id.backend())?;
-        let _held = self.locks.lock(id.locator()).await;
+        let _held = self.locks.lock(&volume_key(id.locator())).await;
         let image = self.image(id.locator());
         if let Some(dev) = self.loops.find(&image) {
             return Err(Error::precondition(format!(
@@ -443,7 +458,7 @@ impl Backend for FileBackend {
 
     async fn expand_volume(&self, id: &VolumeId, required: u64, limit: u64) -> Result<u64> {
         self.own(id.backend())?;
-        let _held = self.locks.lock(id.locator()).await;
+        let _held = self.locks.lock(&volume_key(id.locator())).await;
         let (mut meta, size) = self
             .load_volume(id.locator())?
             .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
@@ -476,7 +491,11 @@ impl Backend for FileBackend {
 
     async fn create_snapshot(&self, source: &VolumeId, name: &str) -> Result<SnapshotInfo> {
         let locator = locator_for_name(name);
-        let _held = self.locks.lock(&format!("snapshot {locator}")).await;
+        // The snapshot, and its source so it cannot vanish mid-copy.
+        let _held = self
+            .locks
+            .lock_all(&[snapshot_key(&locator), volume_key(source.locator())])
+            .await;
         if let Some(meta) = self.load_snapshot(&locator)? {
             if meta.name != name || &meta.source_volume != source {
                 return Err(Error::already_exists(format!(
@@ -525,7 +544,7 @@ impl Backend for FileBackend {
 
     async fn delete_snapshot(&self, id: &SnapshotId) -> Result<()> {
         self.own(id.backend())?;
-        let _held = self.locks.lock(&format!("snapshot {}", id.locator())).await;
+        let _held = self.locks.lock(&snapshot_key(id.locator())).await;
         remove_if_exists(&self.snap_image(id.locator()))?;
         remove_if_exists(&self.snap_meta(id.locator()))
     }
@@ -546,7 +565,7 @@ impl Backend for FileBackend {
         let image = self.image(id.locator());
         // Held across the check and the attach, so a concurrent delete
         // either sees the device attached or removes the image first.
-        let _held = self.locks.lock(id.locator()).await;
+        let _held = self.locks.lock(&volume_key(id.locator())).await;
         if self.load_volume(id.locator())?.is_none() {
             return Err(Error::not_found(format!("volume {id} does not exist")));
         }

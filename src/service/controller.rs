@@ -63,7 +63,7 @@ impl Controller for ControllerService {
         request: Request<pb::CreateVolumeRequest>,
     ) -> Result<Response<pb::CreateVolumeResponse>, Status> {
         let r = request.into_inner();
-        traced("CreateVolume", &r.name, async {
+        traced(&self.0, "CreateVolume", &r.name, async {
             crate::plugin::validate_name("volume", &r.name)?;
             let caps = convert::capabilities(&r.volume_capabilities)?;
             let (required, limit) = convert::capacity_range(r.capacity_range.as_ref())?;
@@ -133,7 +133,7 @@ impl Controller for ControllerService {
         request: Request<pb::DeleteVolumeRequest>,
     ) -> Result<Response<pb::DeleteVolumeResponse>, Status> {
         let r = request.into_inner();
-        traced("DeleteVolume", &r.volume_id, async {
+        traced(&self.0, "DeleteVolume", &r.volume_id, async {
             let id = match convert::volume_id(&r.volume_id) {
                 Ok(id) => id,
                 // An id that cannot be ours names no volume: deleting it is done.
@@ -158,7 +158,7 @@ impl Controller for ControllerService {
         request: Request<pb::ControllerPublishVolumeRequest>,
     ) -> Result<Response<pb::ControllerPublishVolumeResponse>, Status> {
         let r = request.into_inner();
-        traced("ControllerPublishVolume", &r.volume_id, async {
+        traced(&self.0, "ControllerPublishVolume", &r.volume_id, async {
             if !self.0.registry.capabilities().attach {
                 return Err(Error::unimplemented(
                     "no configured backend attaches volumes to nodes",
@@ -193,7 +193,7 @@ impl Controller for ControllerService {
         request: Request<pb::ControllerUnpublishVolumeRequest>,
     ) -> Result<Response<pb::ControllerUnpublishVolumeResponse>, Status> {
         let r = request.into_inner();
-        traced("ControllerUnpublishVolume", &r.volume_id, async {
+        traced(&self.0, "ControllerUnpublishVolume", &r.volume_id, async {
             if !self.0.registry.capabilities().attach {
                 return Err(Error::unimplemented(
                     "no configured backend attaches volumes to nodes",
@@ -217,7 +217,7 @@ impl Controller for ControllerService {
         request: Request<pb::ValidateVolumeCapabilitiesRequest>,
     ) -> Result<Response<pb::ValidateVolumeCapabilitiesResponse>, Status> {
         let r = request.into_inner();
-        traced("ValidateVolumeCapabilities", &r.volume_id, async {
+        traced(&self.0, "ValidateVolumeCapabilities", &r.volume_id, async {
             let id = convert::volume_id(&r.volume_id)?;
             let caps = convert::capabilities(&r.volume_capabilities)?;
             let backend = self.0.registry.for_volume(&id)?.clone();
@@ -254,7 +254,7 @@ impl Controller for ControllerService {
         request: Request<pb::ListVolumesRequest>,
     ) -> Result<Response<pb::ListVolumesResponse>, Status> {
         let r = request.into_inner();
-        traced("ListVolumes", "", async {
+        traced(&self.0, "ListVolumes", "", async {
             let mut all = Vec::new();
             for b in self.0.registry.all() {
                 if b.capabilities().provision {
@@ -288,7 +288,7 @@ impl Controller for ControllerService {
         request: Request<pb::GetCapacityRequest>,
     ) -> Result<Response<pb::GetCapacityResponse>, Status> {
         let r = request.into_inner();
-        traced("GetCapacity", "", async {
+        traced(&self.0, "GetCapacity", "", async {
             let parameters = params(&r.parameters);
             let backend = self.0.registry.for_parameters(&parameters)?.clone();
             let parameters = backend_parameters(&parameters);
@@ -328,7 +328,7 @@ impl Controller for ControllerService {
         _: Request<pb::ControllerGetCapabilitiesRequest>,
     ) -> Result<Response<pb::ControllerGetCapabilitiesResponse>, Status> {
         let c = self.0.registry.capabilities();
-        traced("ControllerGetCapabilities", "", async {
+        traced(&self.0, "ControllerGetCapabilities", "", async {
             use csc::rpc::Type as T;
             let mut types = Vec::new();
             if c.provision {
@@ -372,7 +372,7 @@ impl Controller for ControllerService {
         request: Request<pb::CreateSnapshotRequest>,
     ) -> Result<Response<pb::CreateSnapshotResponse>, Status> {
         let r = request.into_inner();
-        traced("CreateSnapshot", &r.source_volume_id, async {
+        traced(&self.0, "CreateSnapshot", &r.source_volume_id, async {
             if r.source_volume_id.is_empty() {
                 return Err(Error::invalid("source_volume_id is required"));
             }
@@ -402,7 +402,7 @@ impl Controller for ControllerService {
         request: Request<pb::DeleteSnapshotRequest>,
     ) -> Result<Response<pb::DeleteSnapshotResponse>, Status> {
         let r = request.into_inner();
-        traced("DeleteSnapshot", &r.snapshot_id, async {
+        traced(&self.0, "DeleteSnapshot", &r.snapshot_id, async {
             let id = match convert::snapshot_id(&r.snapshot_id) {
                 Ok(id) => id,
                 Err(e) if e.kind == Kind::NotFound => return Ok(pb::DeleteSnapshotResponse {}),
@@ -426,7 +426,7 @@ impl Controller for ControllerService {
         request: Request<pb::ListSnapshotsRequest>,
     ) -> Result<Response<pb::ListSnapshotsResponse>, Status> {
         let r = request.into_inner();
-        traced("ListSnapshots", &r.source_volume_id, async {
+        traced(&self.0, "ListSnapshots", &r.source_volume_id, async {
             let mut all = Vec::new();
             if !r.snapshot_id.is_empty() {
                 // One snapshot: an id that cannot be ours matches nothing.
@@ -465,7 +465,7 @@ impl Controller for ControllerService {
         request: Request<pb::GetSnapshotRequest>,
     ) -> Result<Response<pb::GetSnapshotResponse>, Status> {
         let r = request.into_inner();
-        traced("GetSnapshot", &r.snapshot_id, async {
+        traced(&self.0, "GetSnapshot", &r.snapshot_id, async {
             let id = convert::snapshot_id(&r.snapshot_id)?;
             let snap = self
                 .find_snapshot(&id)
@@ -483,7 +483,7 @@ impl Controller for ControllerService {
         request: Request<pb::ControllerExpandVolumeRequest>,
     ) -> Result<Response<pb::ControllerExpandVolumeResponse>, Status> {
         let r = request.into_inner();
-        traced("ControllerExpandVolume", &r.volume_id, async {
+        traced(&self.0, "ControllerExpandVolume", &r.volume_id, async {
             let id = convert::volume_id(&r.volume_id)?;
             let range = r
                 .capacity_range
@@ -517,7 +517,7 @@ impl Controller for ControllerService {
         request: Request<pb::ControllerGetVolumeRequest>,
     ) -> Result<Response<pb::ControllerGetVolumeResponse>, Status> {
         let r = request.into_inner();
-        traced("ControllerGetVolume", &r.volume_id, async {
+        traced(&self.0, "ControllerGetVolume", &r.volume_id, async {
             let id = convert::volume_id(&r.volume_id)?;
             let backend = self.0.registry.for_volume(&id)?.clone();
             let info = backend
@@ -538,7 +538,7 @@ impl Controller for ControllerService {
         request: Request<pb::ControllerModifyVolumeRequest>,
     ) -> Result<Response<pb::ControllerModifyVolumeResponse>, Status> {
         let r = request.into_inner();
-        traced("ControllerModifyVolume", &r.volume_id, async {
+        traced(&self.0, "ControllerModifyVolume", &r.volume_id, async {
             Err::<pb::ControllerModifyVolumeResponse, _>(Error::unimplemented(
                 "no backend has mutable parameters",
             ))

@@ -21,7 +21,7 @@ impl Identity for IdentityService {
         _: Request<pb::GetPluginInfoRequest>,
     ) -> Result<Response<pb::GetPluginInfoResponse>, Status> {
         let d = &self.0;
-        traced("GetPluginInfo", "", async {
+        traced(&self.0, "GetPluginInfo", "", async {
             Ok(pb::GetPluginInfoResponse {
                 name: d.name.clone(),
                 vendor_version: d.version.clone(),
@@ -36,7 +36,7 @@ impl Identity for IdentityService {
         _: Request<pb::GetPluginCapabilitiesRequest>,
     ) -> Result<Response<pb::GetPluginCapabilitiesResponse>, Status> {
         let caps = self.0.registry.capabilities();
-        traced("GetPluginCapabilities", "", async {
+        traced(&self.0, "GetPluginCapabilities", "", async {
             // The same set from every instance, whatever its mode.
             let mut out = vec![service(pc::service::Type::ControllerService)];
             if caps.node_local {
@@ -59,7 +59,7 @@ impl Identity for IdentityService {
         _: Request<pb::ProbeRequest>,
     ) -> Result<Response<pb::ProbeResponse>, Status> {
         let registry = self.0.registry.clone();
-        traced("Probe", "", async move {
+        traced(&self.0, "Probe", "", async move {
             for b in registry.all() {
                 b.health().await.map_err(|e| {
                     Error::precondition(format!(

@@ -35,6 +35,42 @@ impl Mode {
     }
 }
 
+/// Counts the RPCs being served, so a shutdown can wait for exactly those
+/// (idle client connections do not hold it up).
+#[derive(Debug, Default)]
+pub struct InFlight {
+    count: std::sync::atomic::AtomicUsize,
+}
+
+/// One RPC being served; counted until dropped.
+pub struct InFlightGuard<'a>(&'a InFlight);
+
+impl InFlight {
+    pub fn enter(&self) -> InFlightGuard<'_> {
+        self.count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        InFlightGuard(self)
+    }
+
+    pub fn count(&self) -> usize {
+        self.count.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Resolves once no RPC is being served.
+    pub async fn idle(&self) {
+        while self.count() > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+}
+
+impl Drop for InFlightGuard<'_> {
+    fn drop(&mut self) {
+        self.0
+            .count
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// What the services share.
 pub struct Driver {
     pub name: String,
@@ -45,6 +81,8 @@ pub struct Driver {
     pub registry: Arc<Registry>,
     pub node: Arc<NodeOps>,
     pub controller_locks: OpLocks,
+    /// RPCs being served right now.
+    pub in_flight: InFlight,
 }
 
 impl Driver {
@@ -68,6 +106,7 @@ pub fn version() -> String {
 /// ended and how long it took, and turns its error into a gRPC status.
 /// Request bodies are never logged: they may carry secrets.
 pub async fn traced<T, F>(
+    driver: &Driver,
     method: &'static str,
     volume: &str,
     fut: F,
@@ -76,6 +115,7 @@ where
     F: Future<Output = Result<T>>,
 {
     let span = tracing::info_span!("rpc", method, volume = %volume.escape_debug());
+    let _in_flight = driver.in_flight.enter();
     async move {
         let start = Instant::now();
         let result = fut.await;
