@@ -809,7 +809,16 @@ impl Backend for LvmBackend {
                 self.lvm("lvremove")
                     .args(["-y", &format!("{}/{lv_name}", class.volume_group)]),
             )
-            .await?;
+            .await
+            .map_err(|e| {
+                let e = Error::from(e);
+                // Opened between our check and lvremove (a stage racing it).
+                if e.message.contains("in use") {
+                    Error::precondition(e.message)
+                } else {
+                    e
+                }
+            })?;
         Ok(())
     }
 
