@@ -536,3 +536,59 @@ fn ids_must_be_ours() {
         assert!(b.split(bad).is_err(), "{bad}");
     }
 }
+
+#[tokio::test]
+async fn delete_refuses_origins_of_classic_snapshots_and_lvs_opened_meanwhile() {
+    let r = Arc::new(FakeRunner::new());
+    let b = backend(r.clone(), None);
+    // A classic snapshot depends on its origin: refused, nothing removed.
+    let snap = lv_row("fvs-s", MIB, "ferrovol", "swi-a-s---")
+        .replace(r#""origin":"""#, r#""origin":"fv-orig""#);
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[
+            lv_row("fv-orig", MIB, "ferrovol", "owi-a-----"),
+            snap,
+        ])),
+    );
+    let err = b
+        .delete_volume(&VolumeId::parse("lvm:fast.fv-orig").unwrap())
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, Kind::FailedPrecondition);
+    assert!(err.message.contains("fvs-s"), "{}", err.message);
+    assert!(!r.lines().iter().any(|l| l.starts_with("lvremove")));
+    // A thin snapshot does not depend on it.
+    let thin = lv_row("fvs-t", MIB, "ferrovol", "Vwi-a-tz--")
+        .replace(r#""origin":"""#, r#""origin":"fv-thin""#);
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[
+            lv_row("fv-thin", MIB, "ferrovol", "Vwi-a-tz--"),
+            thin,
+        ])),
+    );
+    b.delete_volume(&VolumeId::parse("lvm:fast.fv-thin").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(r.lines().last().unwrap(), "lvremove -y vg0/fv-thin");
+    // Opened between the check and lvremove: lvm's refusal is FAILED_PRECONDITION.
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row(
+            "fv-race",
+            MIB,
+            "ferrovol",
+            "-wi-a-----",
+        )])),
+    );
+    r.expect(
+        "lvremove",
+        Reply::Fail(5, "  Logical volume vg0/fv-race in use.".into()),
+    );
+    let err = b
+        .delete_volume(&VolumeId::parse("lvm:fast.fv-race").unwrap())
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, Kind::FailedPrecondition);
+}
