@@ -873,3 +873,45 @@ async fn serves_over_tcp_too() {
     assert!(ready, "no Probe answer over TCP");
     assert!(status.success(), "{status:?}");
 }
+
+/// The README's CSI client example works against the driver (cargo builds
+/// examples alongside the tests).
+#[tokio::test]
+async fn the_example_client_drives_a_volume_through_its_life() {
+    let h = Harness::start().await;
+    let example = std::path::Path::new(env!("CARGO_BIN_EXE_ferrovol"))
+        .parent()
+        .unwrap()
+        .join("examples/lifecycle");
+    assert!(
+        example.exists(),
+        "build the examples first (cargo test --all-targets builds them): {}",
+        example.display()
+    );
+    let work = h.path("example-work");
+    let out = tokio::process::Command::new(&example)
+        .arg(format!("unix://{}", h.socket().display()))
+        .arg(&work)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("deleted both volumes and the snapshot: done"),
+        "{stdout}"
+    );
+    assert!(h.mounts().is_empty() && h.loop_devices().is_empty());
+    assert!(h
+        .controller()
+        .list_volumes(pb::ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .entries
+        .is_empty());
+}
