@@ -874,22 +874,13 @@ async fn serves_over_tcp_too() {
     assert!(status.success(), "{status:?}");
 }
 
-/// The README's CSI client example works against the driver (cargo builds
-/// examples alongside the tests).
+/// The README's demo client works against the driver.
 #[tokio::test]
-async fn the_example_client_drives_a_volume_through_its_life() {
+async fn the_demo_client_drives_a_volume_through_its_life() {
     let h = Harness::start().await;
-    let example = std::path::Path::new(env!("CARGO_BIN_EXE_ferrovol"))
-        .parent()
-        .unwrap()
-        .join("examples/lifecycle");
-    assert!(
-        example.exists(),
-        "build the examples first (cargo test --all-targets builds them): {}",
-        example.display()
-    );
+    let example = env!("CARGO_BIN_EXE_ferrovol-demo");
     let work = h.path("example-work");
-    let out = tokio::process::Command::new(&example)
+    let out = tokio::process::Command::new(example)
         .arg(format!("unix://{}", h.socket().display()))
         .arg(&work)
         .output()

@@ -2,7 +2,7 @@
 //! running ferrovol (create, stage, publish, write, expand, snapshot,
 //! restore, unpublish, unstage, delete), printing each step.
 //!
-//!     cargo run --example lifecycle -- [unix:///run/ferrovol/csi.sock] [work dir]
+//!     cargo run --bin ferrovol-demo -- [unix:///run/ferrovol/csi.sock] [work dir]
 //!
 //! Run it as root on the node that runs the driver; the work dir (default
 //! /var/tmp/ferrovol-demo) holds the staging and target paths.
