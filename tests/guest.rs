@@ -14,94 +14,10 @@ use std::time::Duration;
 #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
 async fn guest_file_backend_ext4_grows_online() {
     require_guest();
-    let h = Harness::start().await;
-    let (mut c, mut n) = (h.controller(), h.node());
-    let cap = mount_cap("ext4", SNW);
-    let vol = c
-        .create_volume(create_req("pvc-ext4", 64 * MIB, cap.clone()))
+    Harness::start()
         .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
-    let staging = h.path("kubelet/staging/e");
-    std::fs::create_dir_all(&staging).unwrap();
-    n.node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
-        .await
-        .unwrap();
-    let target = h.path("kubelet/pods/e1");
-    n.node_publish_volume(publish_req(
-        &vol.volume_id,
-        &staging,
-        &target,
-        cap.clone(),
-        false,
-    ))
-    .await
-    .unwrap();
-    std::fs::write(target.join("data"), b"before growth").unwrap();
-    let stats = |n: &mut ferrovol::proto::node_client::NodeClient<_>| {
-        let req = pb::NodeGetVolumeStatsRequest {
-            volume_id: vol.volume_id.clone(),
-            volume_path: target.display().to_string(),
-            staging_target_path: String::new(),
-        };
-        let mut n = n.clone();
-        async move {
-            n.node_get_volume_stats(req)
-                .await
-                .unwrap()
-                .into_inner()
-                .usage[0]
-                .total
-        }
-    };
-    let before = stats(&mut n).await;
-    let range = Some(pb::CapacityRange {
-        required_bytes: 256 * MIB,
-        limit_bytes: 0,
-    });
-    c.controller_expand_volume(pb::ControllerExpandVolumeRequest {
-        volume_id: vol.volume_id.clone(),
-        capacity_range: range,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let grown = n
-        .node_expand_volume(pb::NodeExpandVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-            volume_path: target.display().to_string(),
-            capacity_range: range,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(grown.capacity_bytes, 256 * MIB);
-    let after = stats(&mut n).await;
-    assert!(
-        after > before + 150 * MIB,
-        "ext4 did not grow online: {before} -> {after}"
-    );
-    assert_eq!(
-        std::fs::read(target.join("data")).unwrap(),
-        b"before growth"
-    );
-    n.node_unpublish_volume(unpublish_req(&vol.volume_id, &target))
-        .await
-        .unwrap();
-    n.node_unstage_volume(unstage_req(&vol.volume_id, &staging))
-        .await
-        .unwrap();
-    c.delete_volume(pb::DeleteVolumeRequest {
-        volume_id: vol.volume_id.clone(),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    assert!(h.loop_devices().is_empty());
-    assert!(h.mounts().is_empty());
+        .check_online_growth("ext4", 64 * MIB, 256 * MIB, 150 * MIB)
+        .await;
 }
 
 #[test]

@@ -410,3 +410,131 @@ impl Rng {
         self.next() % n
     }
 }
+
+/// A volume created, staged and published by [`Harness::provision`].
+pub struct Published {
+    pub id: String,
+    pub staging: PathBuf,
+    pub target: PathBuf,
+}
+
+impl Harness {
+    /// Creates a volume, stages it under `kubelet/staging/<name>` and
+    /// publishes it at `kubelet/pods/<name>`.
+    pub async fn provision(&self, name: &str, size: i64, cap: pb::VolumeCapability) -> Published {
+        let id = self
+            .controller()
+            .create_volume(create_req(name, size, cap.clone()))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap()
+            .volume_id;
+        let staging = self.path(&format!("kubelet/staging/{name}"));
+        std::fs::create_dir_all(&staging).unwrap();
+        let target = self.path(&format!("kubelet/pods/{name}"));
+        self.node()
+            .node_stage_volume(stage_req(&id, &staging, cap.clone()))
+            .await
+            .unwrap();
+        self.node()
+            .node_publish_volume(publish_req(&id, &staging, &target, cap, false))
+            .await
+            .unwrap();
+        Published {
+            id,
+            staging,
+            target,
+        }
+    }
+
+    /// Unpublishes, unstages and deletes what [`Harness::provision`] made.
+    pub async fn teardown(&self, p: &Published) {
+        self.node()
+            .node_unpublish_volume(unpublish_req(&p.id, &p.target))
+            .await
+            .unwrap();
+        self.node()
+            .node_unstage_volume(unstage_req(&p.id, &p.staging))
+            .await
+            .unwrap();
+        self.controller()
+            .delete_volume(pb::DeleteVolumeRequest {
+                volume_id: p.id.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+
+    /// ControllerExpandVolume then NodeExpandVolume at `path`; returns the
+    /// sizes both report.
+    pub async fn grow(&self, id: &str, path: &Path, bytes: i64) -> (i64, i64) {
+        let range = Some(pb::CapacityRange {
+            required_bytes: bytes,
+            limit_bytes: 0,
+        });
+        let controller = self
+            .controller()
+            .controller_expand_volume(pb::ControllerExpandVolumeRequest {
+                volume_id: id.into(),
+                capacity_range: range,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let node = self
+            .node()
+            .node_expand_volume(pb::NodeExpandVolumeRequest {
+                volume_id: id.into(),
+                volume_path: path.display().to_string(),
+                capacity_range: range,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        (controller.capacity_bytes, node.capacity_bytes)
+    }
+
+    /// The total bytes NodeGetVolumeStats reports for a volume at `path`.
+    pub async fn total_bytes(&self, id: &str, path: &Path) -> i64 {
+        let req = pb::NodeGetVolumeStatsRequest {
+            volume_id: id.into(),
+            volume_path: path.display().to_string(),
+            staging_target_path: String::new(),
+        };
+        self.node()
+            .node_get_volume_stats(req)
+            .await
+            .unwrap()
+            .into_inner()
+            .usage[0]
+            .total
+    }
+
+    /// A filesystem grows while published: data written before survives
+    /// and the filesystem's size rises by more than `min_gain`.
+    pub async fn check_online_growth(&self, fs: &str, size: i64, grown: i64, min_gain: i64) {
+        let p = self
+            .provision(&format!("grow-{fs}"), size, mount_cap(fs, SNW))
+            .await;
+        std::fs::write(p.target.join("data"), b"before growth").unwrap();
+        let before = self.total_bytes(&p.id, &p.target).await;
+        assert_eq!(self.grow(&p.id, &p.target, grown).await, (grown, grown));
+        let after = self.total_bytes(&p.id, &p.target).await;
+        assert!(
+            after > before + min_gain,
+            "{fs} did not grow online: {before} -> {after}"
+        );
+        assert_eq!(
+            std::fs::read(p.target.join("data")).unwrap(),
+            b"before growth"
+        );
+        self.teardown(&p).await;
+        assert!(self.loop_devices().is_empty());
+        assert!(self.mounts().is_empty());
+    }
+}
