@@ -7,6 +7,7 @@ use crate::exec::{CommandRunner, SystemRunner};
 use crate::locks::OpLocks;
 use crate::mount::{Mounter, SystemMounter};
 use crate::node::NodeOps;
+use crate::plugin::ControllerOps;
 use crate::service::{Driver, Mode};
 use crate::state::NodeState;
 use std::path::{Path, PathBuf};
@@ -65,7 +66,22 @@ pub fn build_with(
     let config = Config::load(settings.config.as_deref(), &state_dir)?;
     let registry = Arc::new(build_registry(&config, runner.clone())?);
     let state = NodeState::open(&state_dir)?;
-    let node = Arc::new(NodeOps::new(registry.clone(), mounter, runner, state));
+    // One guard table for both services: an operation on a volume excludes
+    // every other operation on it, whichever service it came through.
+    let locks = OpLocks::new();
+    let node = Arc::new(NodeOps::new(
+        registry.clone(),
+        mounter,
+        runner,
+        state,
+        locks.clone(),
+    ));
+    let controller = ControllerOps::new(
+        registry.clone(),
+        locks,
+        &settings.node_id,
+        &config.node.topology_key,
+    );
     if settings.mode.node() {
         let (dropped, unmounted) = node.reconcile()?;
         tracing::info!(
@@ -84,7 +100,7 @@ pub fn build_with(
         settings: config.node.clone(),
         registry,
         node,
-        controller_locks: OpLocks::new(),
+        controller,
         in_flight: Default::default(),
     }))
 }

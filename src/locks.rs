@@ -4,8 +4,46 @@
 //! targets run side by side while stage and unstage exclude them all.
 
 use crate::error::{Error, Result};
+use crate::plugin::{SnapshotId, VolumeId};
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
+
+// The keys of the one guard table the controller and node services share.
+// Every operation takes the keys of every id it touches: its own
+// exclusively, a content source or the volume of a per-target publish
+// shared.
+
+/// A volume, by id.
+pub fn volume_key(id: &VolumeId) -> String {
+    format!("volume {id}")
+}
+
+/// A snapshot, by id.
+pub fn snapshot_key(id: &SnapshotId) -> String {
+    format!("snapshot {id}")
+}
+
+/// A CreateVolume name (two names may not race to one id, nor one name to
+/// two backends).
+pub fn volume_name_key(name: &str) -> String {
+    format!("volume name {name}")
+}
+
+/// A CreateSnapshot name.
+pub fn snapshot_name_key(name: &str) -> String {
+    format!("snapshot name {name}")
+}
+
+/// A node-side publish target.
+pub fn target_key(path: &Path) -> String {
+    format!("target {}", path.display())
+}
+
+/// A controller-side publish of a volume to a node.
+pub fn publish_key(id: &VolumeId, node: &str) -> String {
+    format!("publish {id} to {node}")
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Held {
@@ -173,136 +211,5 @@ mod tests {
             .filter(Result::is_ok)
             .count();
         assert_eq!(ok, 1);
-    }
-}
-
-/// Per-key async mutexes that wait (unlike [`OpLocks`], which refuse): for
-/// short critical sections inside a backend, such as "check the image
-/// exists, then attach it" against "check it is not attached, then delete
-/// it". Entries are dropped when no one holds or waits for them.
-#[derive(Debug, Default)]
-pub struct KeyedMutex {
-    table: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-}
-
-/// Holds one key of a [`KeyedMutex`].
-pub struct KeyedGuard<'a> {
-    owner: &'a KeyedMutex,
-    key: String,
-    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
-}
-
-impl KeyedMutex {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Waits for `key` and holds it until the guard drops.
-    pub async fn lock(&self, key: &str) -> KeyedGuard<'_> {
-        let m = self
-            .table
-            .lock()
-            .expect("keyed mutex poisoned")
-            .entry(key.to_string())
-            .or_default()
-            .clone();
-        let guard = m.lock_owned().await;
-        KeyedGuard {
-            owner: self,
-            key: key.to_string(),
-            guard: Some(guard),
-        }
-    }
-
-    /// Holds several keys, taken in sorted order so two callers asking for
-    /// overlapping sets cannot deadlock.
-    pub async fn lock_all(&self, keys: &[String]) -> Vec<KeyedGuard<'_>> {
-        let mut sorted: Vec<&String> = keys.iter().collect();
-        sorted.sort();
-        sorted.dedup();
-        let mut guards = Vec::with_capacity(sorted.len());
-        for k in sorted {
-            guards.push(self.lock(k).await);
-        }
-        guards
-    }
-
-    /// How many keys have an entry (held or waited for).
-    pub fn len(&self) -> usize {
-        self.table.lock().expect("keyed mutex poisoned").len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-impl Drop for KeyedGuard<'_> {
-    fn drop(&mut self) {
-        drop(self.guard.take());
-        let mut table = match self.owner.table.lock() {
-            Ok(t) => t,
-            Err(p) => p.into_inner(),
-        };
-        // Only the table's own reference left: nobody holds or waits.
-        if table
-            .get(&self.key)
-            .is_some_and(|m| Arc::strong_count(m) == 1)
-        {
-            table.remove(&self.key);
-        }
-    }
-}
-
-#[cfg(test)]
-mod keyed_tests {
-    use super::*;
-    use std::time::Duration;
-
-    #[tokio::test]
-    async fn same_key_waits_other_keys_do_not() {
-        let m = Arc::new(KeyedMutex::new());
-        let g = m.lock("a").await;
-        let m2 = m.clone();
-        let waiter = tokio::spawn(async move {
-            let _g = m2.lock("a").await;
-        });
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(
-            !waiter.is_finished(),
-            "second holder of the same key got in"
-        );
-        let _b = m.lock("b").await;
-        drop(g);
-        waiter.await.unwrap();
-        drop(_b);
-        assert!(m.is_empty(), "entries are cleaned up");
-    }
-
-    #[tokio::test]
-    async fn overlapping_sets_in_any_order_do_not_deadlock() {
-        let m = Arc::new(KeyedMutex::new());
-        let mut tasks = Vec::new();
-        for i in 0..16 {
-            let m = m.clone();
-            tasks.push(tokio::spawn(async move {
-                let keys = if i % 2 == 0 {
-                    vec!["x".to_string(), "y".to_string()]
-                } else {
-                    vec!["y".to_string(), "x".to_string(), "y".to_string()]
-                };
-                let _g = m.lock_all(&keys).await;
-                tokio::task::yield_now().await;
-            }));
-        }
-        let all = async {
-            for t in tasks {
-                t.await.unwrap();
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(5), all)
-            .await
-            .expect("deadlock");
-        assert!(m.is_empty());
     }
 }

@@ -12,15 +12,14 @@ use super::loopdev::{path_arg, LoopDevices};
 use crate::config::Size;
 use crate::error::{Error, Result};
 use crate::exec::{Command, CommandRunner};
-use crate::locks::KeyedMutex;
 use crate::plugin::{
     locator_for_name, AttachContext, Attachment, Backend, Capabilities, Capacity, ContentSource,
-    CreateVolume, SnapshotId, SnapshotInfo, VolumeId, VolumeInfo,
+    CreateSnapshot, CreateVolume, Page, Secrets, SnapshotId, SnapshotInfo, VolumeId, VolumeInfo,
 };
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 const MIB: u64 = 1 << 20;
@@ -70,9 +69,43 @@ pub struct FileBackend {
     snapshots: PathBuf,
     runner: Arc<dyn CommandRunner>,
     loops: LoopDevices,
-    /// One waiting lock per volume (and snapshot): "check, then act" steps
-    /// on one image (create, delete, expand, attach) never interleave.
-    locks: KeyedMutex,
+    /// The locators in the pool, read once at start and kept as volumes
+    /// and snapshots come and go, so a page of a listing reads only its
+    /// own entries. No lock is needed around an image's "check, then act"
+    /// steps: the operation guard already covers every id an operation
+    /// touches (a copy's source included), in both services.
+    index: PoolIndex,
+}
+
+/// The locators of the pool's volumes and snapshots, sorted.
+#[derive(Debug, Default)]
+struct PoolIndex {
+    volumes: Mutex<BTreeSet<String>>,
+    snapshots: Mutex<BTreeSet<String>>,
+}
+
+/// The page of `set` after the cursor.
+fn page_of(set: &Mutex<BTreeSet<String>>, page: &Page) -> Vec<String> {
+    use std::ops::Bound::{Excluded, Unbounded};
+    let set = set.lock().expect("pool index poisoned");
+    let lower = match &page.after {
+        Some(a) => Excluded(a.clone()),
+        None => Unbounded,
+    };
+    set.range((lower, Unbounded))
+        .take(page.limit)
+        .cloned()
+        .collect()
+}
+
+fn index_put(set: &Mutex<BTreeSet<String>>, locator: &str) {
+    set.lock()
+        .expect("pool index poisoned")
+        .insert(locator.to_string());
+}
+
+fn index_remove(set: &Mutex<BTreeSet<String>>, locator: &str) {
+    set.lock().expect("pool index poisoned").remove(locator);
 }
 
 fn round_up(bytes: u64, to: u64) -> u64 {
@@ -96,14 +129,6 @@ fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>> {
 fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     let bytes = serde_json::to_vec_pretty(value).map_err(|e| Error::internal(e.to_string()))?;
     crate::state::write_atomic(path, &bytes).map_err(io(format!("write {}", path.display())))
-}
-
-fn volume_key(locator: &str) -> String {
-    format!("volume {locator}")
-}
-
-fn snapshot_key(locator: &str) -> String {
-    format!("snapshot {locator}")
 }
 
 /// The locators with a metadata file in a pool folder, sorted.
@@ -150,6 +175,10 @@ impl FileBackend {
             }
         }
         let loops = LoopDevices::new(runner.clone());
+        let index = PoolIndex {
+            volumes: Mutex::new(locators_in(&volumes)?.into_iter().collect()),
+            snapshots: Mutex::new(locators_in(&snapshots)?.into_iter().collect()),
+        };
         Ok(Self {
             name: name.to_string(),
             settings,
@@ -157,7 +186,7 @@ impl FileBackend {
             snapshots,
             runner,
             loops,
-            locks: KeyedMutex::new(),
+            index,
         })
     }
 
@@ -322,14 +351,6 @@ impl Backend for FileBackend {
 
     async fn create_volume(&self, req: &CreateVolume) -> Result<VolumeInfo> {
         let locator = locator_for_name(&req.name);
-        // The new volume, and its source so it cannot vanish mid-copy.
-        let mut keys = vec![volume_key(&locator)];
-        match &req.source {
-            Some(ContentSource::Snapshot(id)) => keys.push(snapshot_key(id.locator())),
-            Some(ContentSource::Volume(id)) => keys.push(volume_key(id.locator())),
-            None => {}
-        }
-        let _held = self.locks.lock_all(&keys).await;
 
         // The source, if any: it must exist, and it sets the minimum size.
         let (source_image, source_size) = match &req.source {
@@ -405,7 +426,10 @@ impl Backend for FileBackend {
         }
         .await;
         match made {
-            Ok(meta) => self.volume_info(&locator, meta, size),
+            Ok(meta) => {
+                index_put(&self.index.volumes, &locator);
+                self.volume_info(&locator, meta, size)
+            }
             Err(e) => {
                 let _ = std::fs::remove_file(&tmp);
                 let _ = std::fs::remove_file(self.meta(&locator));
@@ -414,9 +438,8 @@ impl Backend for FileBackend {
         }
     }
 
-    async fn delete_volume(&self, id: &VolumeId) -> Result<()> {
+    async fn delete_volume(&self, id: &VolumeId, _secrets: &Secrets) -> Result<()> {
         self.own(id.backend())?;
-        let _held = self.locks.lock(&volume_key(id.locator())).await;
         let image = self.image(id.locator());
         if let Some(dev) = self.loops.find(&image) {
             return Err(Error::precondition(format!(
@@ -425,7 +448,9 @@ impl Backend for FileBackend {
             )));
         }
         remove_if_exists(&image)?;
-        remove_if_exists(&self.meta(id.locator()))
+        remove_if_exists(&self.meta(id.locator()))?;
+        index_remove(&self.index.volumes, id.locator());
+        Ok(())
     }
 
     async fn get_volume(&self, id: &VolumeId) -> Result<Option<VolumeInfo>> {
@@ -436,10 +461,10 @@ impl Backend for FileBackend {
         }
     }
 
-    async fn list_volumes(&self) -> Result<Vec<VolumeInfo>> {
+    async fn list_volumes(&self, page: &Page) -> Result<Vec<VolumeInfo>> {
         let mut out = Vec::new();
-        let locators = locators_in(&self.volumes)?;
-        for l in locators {
+        for l in page_of(&self.index.volumes, page) {
+            // Gone since the index was read: a delete racing the listing.
             if let Some((meta, size)) = self.load_volume(&l)? {
                 out.push(self.volume_info(&l, meta, size)?);
             }
@@ -456,9 +481,14 @@ impl Backend for FileBackend {
         })
     }
 
-    async fn expand_volume(&self, id: &VolumeId, required: u64, limit: u64) -> Result<u64> {
+    async fn expand_volume(
+        &self,
+        id: &VolumeId,
+        required: u64,
+        limit: u64,
+        _secrets: &Secrets,
+    ) -> Result<u64> {
         self.own(id.backend())?;
-        let _held = self.locks.lock(&volume_key(id.locator())).await;
         let (mut meta, size) = self
             .load_volume(id.locator())?
             .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
@@ -489,13 +519,9 @@ impl Backend for FileBackend {
         Ok(wanted)
     }
 
-    async fn create_snapshot(&self, source: &VolumeId, name: &str) -> Result<SnapshotInfo> {
+    async fn create_snapshot(&self, req: &CreateSnapshot) -> Result<SnapshotInfo> {
+        let (source, name) = (&req.source, req.name.as_str());
         let locator = locator_for_name(name);
-        // The snapshot, and its source so it cannot vanish mid-copy.
-        let _held = self
-            .locks
-            .lock_all(&[snapshot_key(&locator), volume_key(source.locator())])
-            .await;
         if let Some(meta) = self.load_snapshot(&locator)? {
             if meta.name != name || &meta.source_volume != source {
                 return Err(Error::already_exists(format!(
@@ -530,7 +556,10 @@ impl Backend for FileBackend {
         }
         .await;
         match made {
-            Ok(meta) => self.snapshot_info(&locator, meta),
+            Ok(meta) => {
+                index_put(&self.index.snapshots, &locator);
+                self.snapshot_info(&locator, meta)
+            }
             Err(e) => {
                 let _ = std::fs::remove_file(&tmp);
                 let _ = std::fs::remove_file(self.snap_meta(&locator));
@@ -542,20 +571,45 @@ impl Backend for FileBackend {
         }
     }
 
-    async fn delete_snapshot(&self, id: &SnapshotId) -> Result<()> {
+    async fn delete_snapshot(&self, id: &SnapshotId, _secrets: &Secrets) -> Result<()> {
         self.own(id.backend())?;
-        let _held = self.locks.lock(&snapshot_key(id.locator())).await;
         remove_if_exists(&self.snap_image(id.locator()))?;
-        remove_if_exists(&self.snap_meta(id.locator()))
+        remove_if_exists(&self.snap_meta(id.locator()))?;
+        index_remove(&self.index.snapshots, id.locator());
+        Ok(())
     }
 
-    async fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>> {
-        let locators = locators_in(&self.snapshots)?;
+    async fn get_snapshot(&self, id: &SnapshotId) -> Result<Option<SnapshotInfo>> {
+        self.own(id.backend())?;
+        match self.load_snapshot(id.locator())? {
+            Some(meta) => Ok(Some(self.snapshot_info(id.locator(), meta)?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn list_snapshots(
+        &self,
+        source: Option<&VolumeId>,
+        page: &Page,
+    ) -> Result<Vec<SnapshotInfo>> {
         let mut out = Vec::new();
-        for l in locators {
-            if let Some(meta) = self.load_snapshot(&l)? {
-                out.push(self.snapshot_info(&l, meta)?);
+        let mut cursor = page.clone();
+        // With a source, pages of the index are read until enough of its
+        // snapshots are found: the source is in each snapshot's metadata.
+        while out.len() < page.limit {
+            cursor.limit = (page.limit - out.len()).clamp(1, 1024);
+            let batch = page_of(&self.index.snapshots, &cursor);
+            let Some(last) = batch.last().cloned() else {
+                break;
+            };
+            for l in batch {
+                if let Some(meta) = self.load_snapshot(&l)? {
+                    if source.is_none_or(|s| &meta.source_volume == s) && out.len() < page.limit {
+                        out.push(self.snapshot_info(&l, meta)?);
+                    }
+                }
             }
+            cursor.after = Some(last);
         }
         Ok(out)
     }
@@ -563,9 +617,6 @@ impl Backend for FileBackend {
     async fn node_attach(&self, id: &VolumeId, _ctx: &AttachContext) -> Result<Attachment> {
         self.own(id.backend())?;
         let image = self.image(id.locator());
-        // Held across the check and the attach, so a concurrent delete
-        // either sees the device attached or removes the image first.
-        let _held = self.locks.lock(&volume_key(id.locator())).await;
         if self.load_volume(id.locator())?.is_none() {
             return Err(Error::not_found(format!("volume {id} does not exist")));
         }

@@ -15,14 +15,14 @@ use crate::error::{Error, Result};
 use crate::exec::{Command, CommandRunner};
 use crate::plugin::{
     is_dns_label, locator_for_name, AttachContext, Attachment, Backend, Capabilities, Capacity,
-    ContentSource, CreateVolume, SnapshotId, SnapshotInfo, VolumeId, VolumeInfo,
+    ContentSource, CreateSnapshot, CreateVolume, Page, Secrets, SnapshotId, SnapshotInfo, VolumeId,
+    VolumeInfo,
 };
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tokio::sync::Mutex;
 
 const LVM_TIMEOUT: Duration = Duration::from_secs(120);
 const COPY_TIMEOUT: Duration = Duration::from_secs(3600);
@@ -30,6 +30,8 @@ const COPY_TIMEOUT: Duration = Duration::from_secs(3600);
 const TAG: &str = "ferrovol";
 /// The tag carrying the CSI name (or its digest).
 const NAME_TAG: &str = "ferrovol-name:";
+/// The device class an LV belongs to (classes may share a volume group).
+const CLASS_TAG: &str = "ferrovol-class:";
 /// On a snapshot: the volume it was taken from.
 const SOURCE_TAG: &str = "ferrovol-source:";
 /// On a new, empty volume: its start is wiped at first attach.
@@ -270,8 +272,10 @@ pub struct LvmBackend {
     name: String,
     settings: LvmSettings,
     runner: Arc<dyn CommandRunner>,
-    /// Serializes changes (create, delete, expand, snapshot).
-    lock: Mutex<()>,
+    // No lock of its own: the operation guard covers every id an operation
+    // touches, and lvm serializes changes to a volume group's metadata
+    // itself. A create racing another for the last free extents fails in
+    // lvcreate, which is reported as RESOURCE_EXHAUSTED.
 }
 
 impl LvmBackend {
@@ -322,7 +326,6 @@ impl LvmBackend {
             name: name.to_string(),
             settings,
             runner,
-            lock: Mutex::new(()),
         })
     }
 
@@ -342,6 +345,55 @@ impl LvmBackend {
             Some(name) => self.class(name).map_err(|e| Error::invalid(e.message)),
             None => Ok(&self.settings.device_classes[0]),
         }
+    }
+
+    /// The device class an LV of ours belongs to: the one its class tag
+    /// names, or, for an LV made before classes were tagged, the first
+    /// class on its volume group whose thin pool (or none) it sits in.
+    /// Classes may share a volume group; an LV belongs to exactly one.
+    fn owner(&self, lv: &Lv) -> Option<&DeviceClass> {
+        let classes = self.settings.device_classes.iter();
+        if let Some(name) = lv.tag_value(CLASS_TAG) {
+            return classes
+                .filter(|c| c.volume_group == lv.vg_name)
+                .find(|c| c.name == name);
+        }
+        classes
+            .filter(|c| c.volume_group == lv.vg_name)
+            .find(|c| c.thin_pool.as_deref().unwrap_or("") == lv.pool_lv)
+    }
+
+    /// The LV `name` of `class`: ours, and of that class.
+    async fn class_lv(&self, class: &DeviceClass, name: &str) -> Result<Option<Lv>> {
+        Ok(self
+            .lv(&class.volume_group, name)
+            .await?
+            .filter(|lv| self.owner(lv).is_some_and(|c| c.name == class.name)))
+    }
+
+    /// Every LV of ours on the configured volume groups, each once, with
+    /// the class it belongs to.
+    async fn all_lvs(&self) -> Result<Vec<(&DeviceClass, Lv)>> {
+        let mut groups: Vec<&str> = self
+            .settings
+            .device_classes
+            .iter()
+            .map(|c| c.volume_group.as_str())
+            .collect();
+        groups.sort();
+        groups.dedup();
+        let mut out = Vec::new();
+        for vg in groups {
+            for lv in self.lvs(vg).await? {
+                if !lv.has_tag(TAG) {
+                    continue;
+                }
+                if let Some(class) = self.owner(&lv) {
+                    out.push((class, lv));
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Splits a locator `<class>.<lv>` and checks both parts.
@@ -528,7 +580,7 @@ impl LvmBackend {
                 "source {kind} {shown} is in another device class"
             )));
         }
-        self.lv(&class.volume_group, lv).await?.ok_or_else(missing)
+        self.class_lv(class, lv).await?.ok_or_else(missing)
     }
 
     /// Copies one LV's data into another (both active on this node).
@@ -607,7 +659,6 @@ impl Backend for LvmBackend {
         let vg_name = class.volume_group.clone();
         let lv_name = format!("fv-{}", locator_for_name(&req.name));
         let tag = name_tag(&req.name);
-        let _guard = self.lock.lock().await;
 
         let (source_lv, source_size) = match &req.source {
             None => (None, 0),
@@ -652,6 +703,12 @@ impl Backend for LvmBackend {
                     "LV {vg_name}/{lv_name} belongs to another name"
                 )));
             }
+            if self.owner(&existing).map(|c| &c.name) != Some(&class.name) {
+                return Err(Error::already_exists(format!(
+                    "volume {:?} exists in another device class of volume group {vg_name}",
+                    req.name
+                )));
+            }
             let size = existing.size();
             let fits =
                 size >= req.required_bytes && (req.limit_bytes == 0 || size <= req.limit_bytes);
@@ -667,7 +724,7 @@ impl Backend for LvmBackend {
 
         let vg = self.vg(&class).await?;
         let size = self.size_for(&class, req, vg.extent(), source_size)?;
-        let mut tags = vec![TAG.to_string(), tag];
+        let mut tags = vec![TAG.to_string(), tag, format!("{CLASS_TAG}{}", class.name)];
         if let Some(src) = &source_lv {
             tags.push(format!("{SOURCE_TAG}{}", src.lv_name));
         } else {
@@ -779,13 +836,16 @@ impl Backend for LvmBackend {
         self.volume_info(&class, &lv)
     }
 
-    async fn delete_volume(&self, id: &VolumeId) -> Result<()> {
+    async fn delete_volume(&self, id: &VolumeId, _secrets: &Secrets) -> Result<()> {
         let Ok((class, lv_name)) = self.split(id.locator()) else {
             return Ok(());
         };
-        let _guard = self.lock.lock().await;
         let all = self.lvs(&class.volume_group).await?;
-        let Some(lv) = all.iter().find(|l| l.lv_name == lv_name && l.has_tag(TAG)) else {
+        let Some(lv) = all.iter().find(|l| {
+            l.lv_name == lv_name
+                && l.has_tag(TAG)
+                && self.owner(l).is_some_and(|c| c.name == class.name)
+        }) else {
             return Ok(());
         };
         if lv.open() {
@@ -829,23 +889,22 @@ impl Backend for LvmBackend {
         if !lv_name.starts_with("fv-") {
             return Ok(None);
         }
-        match self.lv(&class.volume_group, lv_name).await? {
+        match self.class_lv(class, lv_name).await? {
             Some(lv) => Ok(Some(self.volume_info(class, &lv)?)),
             None => Ok(None),
         }
     }
 
-    async fn list_volumes(&self) -> Result<Vec<VolumeInfo>> {
+    /// One `lvs` per volume group for every page: lvm reports a whole
+    /// group at once, and a node's LVs number in the hundreds.
+    async fn list_volumes(&self, page: &Page) -> Result<Vec<VolumeInfo>> {
         let mut out = Vec::new();
-        for class in &self.settings.device_classes {
-            for lv in self.lvs(&class.volume_group).await? {
-                if lv.has_tag(TAG) && lv.lv_name.starts_with("fv-") {
-                    out.push(self.volume_info(class, &lv)?);
-                }
+        for (class, lv) in self.all_lvs().await? {
+            if lv.lv_name.starts_with("fv-") {
+                out.push(self.volume_info(class, &lv)?);
             }
         }
-        out.sort_by(|a, b| a.id.cmp(&b.id));
-        Ok(out)
+        Ok(page.apply(out, |v| v.id.locator()))
     }
 
     async fn capacity(&self, parameters: &BTreeMap<String, String>) -> Result<Capacity> {
@@ -866,11 +925,16 @@ impl Backend for LvmBackend {
         })
     }
 
-    async fn expand_volume(&self, id: &VolumeId, required: u64, limit: u64) -> Result<u64> {
+    async fn expand_volume(
+        &self,
+        id: &VolumeId,
+        required: u64,
+        limit: u64,
+        _secrets: &Secrets,
+    ) -> Result<u64> {
         let (class, lv_name) = self.split(id.locator())?;
-        let _guard = self.lock.lock().await;
         let lv = self
-            .lv(&class.volume_group, lv_name)
+            .class_lv(class, lv_name)
             .await?
             .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
         let vg = self.vg(class).await?;
@@ -901,7 +965,26 @@ impl Backend for LvmBackend {
         Ok(wanted)
     }
 
-    async fn create_snapshot(&self, source: &VolumeId, name: &str) -> Result<SnapshotInfo> {
+    fn volume_id_for(&self, req: &CreateVolume) -> Result<VolumeId> {
+        let class = self.class_for(&req.parameters)?;
+        VolumeId::new(
+            &self.name,
+            &format!("{}.fv-{}", class.name, locator_for_name(&req.name)),
+        )
+    }
+
+    fn snapshot_id_for(&self, req: &CreateSnapshot) -> Result<SnapshotId> {
+        let (class, _) = self.split(req.source.locator()).map_err(|_| {
+            Error::not_found(format!("source volume {} does not exist", req.source))
+        })?;
+        SnapshotId::new(
+            &self.name,
+            &format!("{}.fvs-{}", class.name, locator_for_name(&req.name)),
+        )
+    }
+
+    async fn create_snapshot(&self, req: &CreateSnapshot) -> Result<SnapshotInfo> {
+        let (source, name) = (&req.source, req.name.as_str());
         let (class, src_lv) = (source.backend() == self.name)
             .then(|| self.split(source.locator()))
             .transpose()
@@ -912,13 +995,13 @@ impl Backend for LvmBackend {
         let vg_name = class.volume_group.clone();
         let snap_name = format!("fvs-{}", locator_for_name(name));
         let tag = name_tag(name);
-        let _guard = self.lock.lock().await;
         if let Some(existing) = self.lv(&vg_name, &snap_name).await? {
             let same = existing
                 .tag_value(NAME_TAG)
                 .map(|v| format!("{NAME_TAG}{v}"))
                 == Some(tag.clone())
-                && existing.tag_value(SOURCE_TAG) == Some(src_lv);
+                && existing.tag_value(SOURCE_TAG) == Some(src_lv)
+                && self.owner(&existing).is_some_and(|c| c.name == class.name);
             if !same {
                 return Err(Error::already_exists(format!(
                     "snapshot {name:?} exists for another source volume"
@@ -927,7 +1010,7 @@ impl Backend for LvmBackend {
             return self.snapshot_info(&class, &existing);
         }
         let src = self
-            .lv(&vg_name, src_lv)
+            .class_lv(&class, src_lv)
             .await?
             .ok_or_else(|| Error::not_found(format!("source volume {source} does not exist")))?;
         let mut cmd = self.lvm("lvcreate").args(["-y", "-s", "-n", &snap_name]);
@@ -945,6 +1028,7 @@ impl Backend for LvmBackend {
         let tags = [
             TAG.to_string(),
             tag,
+            format!("{CLASS_TAG}{}", class.name),
             format!("{SOURCE_TAG}{src_lv}"),
             format!("ferrovol-size:{}", src.size()),
         ];
@@ -971,15 +1055,14 @@ impl Backend for LvmBackend {
         self.snapshot_info(&class, &lv)
     }
 
-    async fn delete_snapshot(&self, id: &SnapshotId) -> Result<()> {
+    async fn delete_snapshot(&self, id: &SnapshotId, _secrets: &Secrets) -> Result<()> {
         let Ok((class, lv_name)) = self.split(id.locator()) else {
             return Ok(());
         };
         if !lv_name.starts_with("fvs-") {
             return Ok(());
         }
-        let _guard = self.lock.lock().await;
-        if self.lv(&class.volume_group, lv_name).await?.is_none() {
+        if self.class_lv(class, lv_name).await?.is_none() {
             return Ok(());
         }
         self.runner
@@ -991,24 +1074,41 @@ impl Backend for LvmBackend {
         Ok(())
     }
 
-    async fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>> {
+    async fn get_snapshot(&self, id: &SnapshotId) -> Result<Option<SnapshotInfo>> {
+        let Ok((class, lv_name)) = self.split(id.locator()) else {
+            return Ok(None);
+        };
+        if !lv_name.starts_with("fvs-") {
+            return Ok(None);
+        }
+        match self.class_lv(class, lv_name).await? {
+            Some(lv) => Ok(Some(self.snapshot_info(class, &lv)?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn list_snapshots(
+        &self,
+        source: Option<&VolumeId>,
+        page: &Page,
+    ) -> Result<Vec<SnapshotInfo>> {
         let mut out = Vec::new();
-        for class in &self.settings.device_classes {
-            for lv in self.lvs(&class.volume_group).await? {
-                if lv.has_tag(TAG) && lv.lv_name.starts_with("fvs-") {
-                    out.push(self.snapshot_info(class, &lv)?);
+        for (class, lv) in self.all_lvs().await? {
+            if lv.lv_name.starts_with("fvs-") {
+                let snap = self.snapshot_info(class, &lv)?;
+                if source.is_none_or(|s| &snap.source_volume == s) {
+                    out.push(snap);
                 }
             }
         }
-        out.sort_by(|a, b| a.id.cmp(&b.id));
-        Ok(out)
+        Ok(page.apply(out, |s| s.id.locator()))
     }
 
     async fn node_attach(&self, id: &VolumeId, _ctx: &AttachContext) -> Result<Attachment> {
         let (class, lv_name) = self.split(id.locator())?;
         let vg = class.volume_group.clone();
         let lv = self
-            .lv(&vg, lv_name)
+            .class_lv(class, lv_name)
             .await?
             .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
         let path = self.activate(&vg, lv_name).await?;

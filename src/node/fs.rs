@@ -6,30 +6,12 @@ use crate::exec::{Command, CommandRunner};
 use std::path::Path;
 use std::time::Duration;
 
-/// Filesystems ferrovol formats and grows.
-pub const SUPPORTED: &[&str] = &["ext4", "ext3", "xfs", "btrfs"];
-/// Used when a capability names no filesystem.
+/// Used when a stage record predates its fs type.
 pub const DEFAULT_FS: &str = "ext4";
 
 const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 const MKFS_TIMEOUT: Duration = Duration::from_secs(600);
 const GROW_TIMEOUT: Duration = Duration::from_secs(600);
-
-/// Checks a requested filesystem type; empty means the default.
-pub fn fs_type(requested: &str) -> Result<String> {
-    let fs = if requested.is_empty() {
-        DEFAULT_FS
-    } else {
-        requested
-    };
-    if !SUPPORTED.contains(&fs) {
-        return Err(Error::invalid(format!(
-            "fs_type {fs:?} is not supported (supported: {})",
-            SUPPORTED.join(", ")
-        )));
-    }
-    Ok(fs.to_string())
-}
 
 /// What is on the device: a filesystem (or other signature) type, or `None`
 /// when blkid finds nothing at all.
@@ -167,13 +149,5 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(r.lines(), vec!["resize2fs /dev/loop2", "xfs_growfs /s"]);
-    }
-
-    #[test]
-    fn fs_types() {
-        assert_eq!(fs_type("").unwrap(), "ext4");
-        assert_eq!(fs_type("xfs").unwrap(), "xfs");
-        assert!(fs_type("ntfs").is_err());
-        assert!(fs_type("ext4 -O x").is_err());
     }
 }

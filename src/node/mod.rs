@@ -8,7 +8,7 @@ pub mod paths;
 
 use crate::error::{Error, Kind, Result};
 use crate::exec::CommandRunner;
-use crate::locks::{OpGuard, OpLocks};
+use crate::locks::{self, OpGuard, OpLocks};
 use crate::mount::{MountOptions, Mounter};
 use crate::plugin::{
     AccessType, AttachContext, Attachment, Backend, Registry, VolumeCapability, VolumeId,
@@ -60,27 +60,20 @@ pub struct NodeOps {
     locks: OpLocks,
 }
 
-fn vol_key(id: &VolumeId) -> String {
-    format!("volume {id}")
-}
-
-fn target_key(path: &Path) -> String {
-    format!("target {}", path.display())
-}
-
 impl NodeOps {
     pub fn new(
         registry: Arc<Registry>,
         mounter: Arc<dyn Mounter>,
         runner: Arc<dyn CommandRunner>,
         state: NodeState,
+        locks: OpLocks,
     ) -> Self {
         Self {
             registry,
             mounter,
             runner,
             state,
-            locks: OpLocks::new(),
+            locks,
         }
     }
 
@@ -93,11 +86,12 @@ impl NodeOps {
     }
 
     fn lock_volume(&self, id: &VolumeId) -> Result<OpGuard> {
-        self.locks.try_exclusive(&[vol_key(id)])
+        self.locks.try_exclusive(&[locks::volume_key(id)])
     }
 
     fn lock_target(&self, id: &VolumeId, target: &Path) -> Result<OpGuard> {
-        self.locks.try_lock(&[target_key(target)], &[vol_key(id)])
+        self.locks
+            .try_lock(&[locks::target_key(target)], &[locks::volume_key(id)])
     }
 
     /// Brings the state in line with the mount table after a start: publish
@@ -126,6 +120,17 @@ impl NodeOps {
     pub async fn stage(&self, req: StageRequest) -> Result<()> {
         let _guard = self.lock_volume(&req.volume_id)?;
         let backend = self.backend(&req.volume_id)?.clone();
+        if let AccessType::Mount { fs_type, .. } = &req.capability.access {
+            // A filesystem this backend never serves is a bad request, not
+            // a capability this volume lacks.
+            if !fs_type.is_empty() && !backend.fs_types().contains(&fs_type.as_str()) {
+                return Err(Error::invalid(format!(
+                    "fs_type {fs_type:?} is not supported by backend {} (supported: {})",
+                    backend.name(),
+                    backend.fs_types().join(", ")
+                )));
+            }
+        }
         backend
             .supports(&req.capability)
             .map_err(|e| Error::precondition(e.message))?;
@@ -164,7 +169,12 @@ impl NodeOps {
             mount_flags,
         } = &req.capability.access
         {
-            record.fs_type = Some(fs::fs_type(fs_type)?);
+            // The backend's own fs types (checked by `supports` above);
+            // its first is the default.
+            record.fs_type = Some(match fs_type.as_str() {
+                "" => backend.fs_types()[0].to_string(),
+                named => named.to_string(),
+            });
             MountOptions::parse(mount_flags, false)?;
         }
         // Intent first, so a crash during attach leaves something to undo.
@@ -405,30 +415,39 @@ impl NodeOps {
         self.state.remove_publish(target)
     }
 
-    /// NodeGetVolumeStats.
-    pub async fn stats(&self, id: &VolumeId, volume_path: &Path) -> Result<VolumeStats> {
-        let backend = self.backend(id)?.clone();
+    /// Where a volume this node has staged is: its stage record and the
+    /// path asked about, which must be its staging path or one of its
+    /// publish targets. Anything else, an unknown volume first, is
+    /// NOT_FOUND, whatever the path looks like.
+    fn locate(&self, id: &VolumeId, raw_path: &str) -> Result<(StageRecord, PathBuf)> {
+        self.backend(id)?;
         let stage = self
             .state
             .stage(id)
             .ok_or_else(|| Error::not_found(format!("volume {id} is not staged on this node")))?;
-        let known_path = volume_path == stage.staging_path
+        let not_here = || {
+            Error::not_found(format!(
+                "volume {id} is not at {:?}",
+                raw_path.escape_debug().to_string()
+            ))
+        };
+        let path = paths::validate(raw_path, "volume_path").map_err(|_| not_here())?;
+        let known = path == stage.staging_path
             || self
                 .state
-                .publish(volume_path)
+                .publish(&path)
                 .is_some_and(|p| &p.volume_id == id);
-        if !known_path {
-            return Err(Error::not_found(format!(
-                "volume {id} is not at {}",
-                volume_path.display()
-            )));
+        if !known || std::fs::symlink_metadata(&path).is_err() {
+            return Err(not_here());
         }
-        if std::fs::symlink_metadata(volume_path).is_err() {
-            return Err(Error::not_found(format!(
-                "{} does not exist",
-                volume_path.display()
-            )));
-        }
+        Ok((stage, path))
+    }
+
+    /// NodeGetVolumeStats.
+    pub async fn stats(&self, id: &VolumeId, raw_path: &str) -> Result<VolumeStats> {
+        let (stage, path) = self.locate(id, raw_path)?;
+        let volume_path = path.as_path();
+        let backend = self.backend(id)?.clone();
         let mut stats = VolumeStats::default();
         if let Some(att) = &stage.attachment {
             stats.abnormal = backend.node_condition(id, att).await?;
@@ -467,19 +486,10 @@ impl NodeOps {
 
     /// NodeExpandVolume: the device learns its new size, then the filesystem
     /// grows online. Returns the volume's size.
-    pub async fn expand(&self, id: &VolumeId, volume_path: &Path, required: u64) -> Result<u64> {
+    pub async fn expand(&self, id: &VolumeId, raw_path: &str, required: u64) -> Result<u64> {
+        let (stage, _path) = self.locate(id, raw_path)?;
         let _guard = self.lock_volume(id)?;
         let backend = self.backend(id)?.clone();
-        let stage = self
-            .state
-            .stage(id)
-            .ok_or_else(|| Error::not_found(format!("volume {id} is not staged on this node")))?;
-        if std::fs::symlink_metadata(volume_path).is_err() {
-            return Err(Error::not_found(format!(
-                "{} does not exist",
-                volume_path.display()
-            )));
-        }
         let attachment = stage
             .attachment
             .clone()

@@ -67,7 +67,13 @@ fn fixture() -> Fixture {
     let mounter = Arc::new(FakeMounter::new());
     let runner = Arc::new(FakeRunner::new());
     let state = NodeState::open(&dir.path().join("state")).unwrap();
-    let ops = NodeOps::new(Arc::new(registry), mounter.clone(), runner.clone(), state);
+    let ops = NodeOps::new(
+        Arc::new(registry),
+        mounter.clone(),
+        runner.clone(),
+        state,
+        crate::locks::OpLocks::new(),
+    );
     Fixture {
         dir,
         ops,

@@ -3,15 +3,25 @@
 //! id, and the CSI services speak to them only through [`Backend`]. Backends
 //! know nothing of gRPC.
 
+pub mod controller;
+mod fields;
 mod id;
 mod registry;
+mod secrets;
 mod types;
 
+pub use controller::ControllerOps;
+pub use fields::{join_fields, split_fields};
 pub use id::{
     is_dns_label, is_locator, locator_for_name, validate_name, SnapshotId, VolumeId, MAX_ID_LEN,
+    MAX_LOCATOR_LEN,
 };
 pub use registry::Registry;
+pub use secrets::Secrets;
 pub use types::*;
+
+/// The filesystems a block backend formats, grows and mounts.
+pub const BLOCK_FS_TYPES: &[&str] = &["ext4", "ext3", "xfs", "btrfs"];
 
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
@@ -44,7 +54,49 @@ pub trait Backend: Send + Sync {
                 capability.mode
             )));
         }
+        if let AccessType::Mount { fs_type, .. } = &capability.access {
+            if !fs_type.is_empty() && !self.fs_types().contains(&fs_type.as_str()) {
+                return Err(Error::invalid(format!(
+                    "backend {} does not serve fs_type {fs_type:?} (it serves: {})",
+                    self.name(),
+                    self.fs_types().join(", ")
+                )));
+            }
+        }
         Ok(())
+    }
+
+    /// The fs types a mount capability may name for this backend; the
+    /// first is used when a capability names none. Block backends format
+    /// devices with one of [`BLOCK_FS_TYPES`]; a remote filesystem backend
+    /// names its own (`nfs`, `nfs4`).
+    fn fs_types(&self) -> &'static [&'static str] {
+        BLOCK_FS_TYPES
+    }
+
+    /// The id a CreateVolume request names, worked out before anything is
+    /// made, so the operation guard can cover it (a delete of the same id
+    /// must wait for the create to finish). The default: the backend's name
+    /// and the locator of the CSI name.
+    fn volume_id_for(&self, req: &CreateVolume) -> Result<VolumeId> {
+        VolumeId::new(self.name(), &locator_for_name(&req.name))
+    }
+
+    /// The id a CreateSnapshot request names (see [`Backend::volume_id_for`]).
+    fn snapshot_id_for(&self, req: &CreateSnapshot) -> Result<SnapshotId> {
+        SnapshotId::new(self.name(), &locator_for_name(&req.name))
+    }
+
+    /// Checks CreateSnapshot parameters meant for this backend (the CO's
+    /// own keys are taken out first). By default a backend takes none.
+    fn validate_snapshot_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {
+        match parameters.keys().next() {
+            Some(key) => Err(Error::invalid(format!(
+                "backend {} takes no snapshot parameter {key:?}",
+                self.name()
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Checks StorageClass parameters meant for this backend (the
@@ -68,15 +120,17 @@ pub trait Backend: Send + Sync {
         Err(self.unimplemented("create volumes"))
     }
     /// Deletes a volume; an absent volume is success.
-    async fn delete_volume(&self, _id: &VolumeId) -> Result<()> {
+    async fn delete_volume(&self, _id: &VolumeId, _secrets: &Secrets) -> Result<()> {
         Err(self.unimplemented("delete volumes"))
     }
     /// Looks a volume up; `None` when it does not exist.
     async fn get_volume(&self, _id: &VolumeId) -> Result<Option<VolumeInfo>> {
         Err(self.unimplemented("look up volumes"))
     }
-    /// Every volume, in a stable order (ids ascending).
-    async fn list_volumes(&self) -> Result<Vec<VolumeInfo>> {
+    /// One page of volumes: those whose locator sorts after `page.after`,
+    /// ascending, at most `page.limit`. A page costs what its entries cost,
+    /// not what the whole pool costs, where the backend's storage allows.
+    async fn list_volumes(&self, _page: &Page) -> Result<Vec<VolumeInfo>> {
         Err(self.unimplemented("list volumes"))
     }
     /// Free capacity for new volumes with these parameters.
@@ -85,32 +139,53 @@ pub trait Backend: Send + Sync {
     }
     /// Grows a volume to at least `required` bytes (never above `limit` when
     /// it is non-zero). Returns the new size.
-    async fn expand_volume(&self, _id: &VolumeId, _required: u64, _limit: u64) -> Result<u64> {
+    async fn expand_volume(
+        &self,
+        _id: &VolumeId,
+        _required: u64,
+        _limit: u64,
+        _secrets: &Secrets,
+    ) -> Result<u64> {
         Err(self.unimplemented("expand volumes"))
     }
-    /// Cuts a snapshot named `name` of `source`, or returns the existing one.
-    async fn create_snapshot(&self, _source: &VolumeId, _name: &str) -> Result<SnapshotInfo> {
+    /// Cuts a snapshot of `req.source`, or returns the existing one of the
+    /// same name (ALREADY_EXISTS when it has another source).
+    async fn create_snapshot(&self, _req: &CreateSnapshot) -> Result<SnapshotInfo> {
         Err(self.unimplemented("take snapshots"))
     }
     /// Deletes a snapshot; an absent snapshot is success.
-    async fn delete_snapshot(&self, _id: &SnapshotId) -> Result<()> {
+    async fn delete_snapshot(&self, _id: &SnapshotId, _secrets: &Secrets) -> Result<()> {
         Err(self.unimplemented("delete snapshots"))
     }
-    /// Every snapshot, in a stable order (ids ascending).
-    async fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>> {
+    /// Looks a snapshot up; `None` when it does not exist.
+    async fn get_snapshot(&self, _id: &SnapshotId) -> Result<Option<SnapshotInfo>> {
+        Err(self.unimplemented("look up snapshots"))
+    }
+    /// One page of snapshots (see [`Backend::list_volumes`]), only those of
+    /// `source` when it is given.
+    async fn list_snapshots(
+        &self,
+        _source: Option<&VolumeId>,
+        _page: &Page,
+    ) -> Result<Vec<SnapshotInfo>> {
         Err(self.unimplemented("list snapshots"))
     }
-    /// Makes a volume reachable from a node (ControllerPublish).
+    /// Makes a volume reachable from a node (ControllerPublish). Returns the
+    /// publish context the node's stage receives.
     async fn controller_attach(
         &self,
         _id: &VolumeId,
-        _node_id: &str,
-        _readonly: bool,
+        _req: &ControllerAttach,
     ) -> Result<BTreeMap<String, String>> {
         Err(self.unimplemented("attach volumes to nodes"))
     }
     /// Reverses [`Backend::controller_attach`]; idempotent.
-    async fn controller_detach(&self, _id: &VolumeId, _node_id: Option<&str>) -> Result<()> {
+    async fn controller_detach(
+        &self,
+        _id: &VolumeId,
+        _node_id: Option<&str>,
+        _secrets: &Secrets,
+    ) -> Result<()> {
         Err(self.unimplemented("detach volumes from nodes"))
     }
 

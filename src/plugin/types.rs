@@ -1,6 +1,6 @@
 //! The plain types backends and services exchange.
 
-use super::{SnapshotId, VolumeId};
+use super::{Secrets, SnapshotId, VolumeId};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -122,8 +122,67 @@ pub struct CreateVolume {
     /// Maximum size in bytes (0: no limit).
     pub limit_bytes: u64,
     pub capabilities: Vec<VolumeCapability>,
+    /// The backend's own parameters (the `backend` selector and the CO's
+    /// `csi.storage.k8s.io/` keys are taken out).
     pub parameters: BTreeMap<String, String>,
+    /// What the CO added with `--extra-create-metadata` (PVC name and
+    /// namespace, PV name), for backends that name things after them.
+    pub metadata: BTreeMap<String, String>,
     pub source: Option<ContentSource>,
+    pub secrets: Secrets,
+}
+
+/// A CreateSnapshot request as a backend sees it.
+#[derive(Debug, Clone)]
+pub struct CreateSnapshot {
+    pub source: VolumeId,
+    pub name: String,
+    /// The backend's own parameters (the CO's keys are taken out).
+    pub parameters: BTreeMap<String, String>,
+    /// What the CO added with `--extra-create-metadata`.
+    pub metadata: BTreeMap<String, String>,
+    pub secrets: Secrets,
+}
+
+/// A ControllerPublish request as a backend sees it.
+#[derive(Debug, Clone)]
+pub struct ControllerAttach {
+    pub node_id: String,
+    pub capability: VolumeCapability,
+    pub readonly: bool,
+    pub volume_context: BTreeMap<String, String>,
+    pub secrets: Secrets,
+}
+
+/// Which page of a listing to return: entries whose locator sorts after
+/// `after` (all when `None`), at most `limit` of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page {
+    pub after: Option<String>,
+    pub limit: usize,
+}
+
+impl Page {
+    /// Every entry.
+    pub fn all() -> Self {
+        Page {
+            after: None,
+            limit: usize::MAX,
+        }
+    }
+
+    /// Whether `locator` belongs on this page's side of the cursor.
+    pub fn admits(&self, locator: &str) -> bool {
+        self.after.as_deref().is_none_or(|a| locator > a)
+    }
+
+    /// Sorts `items` by locator and keeps this page of them.
+    pub fn apply<T>(&self, mut items: Vec<T>, locator: impl Fn(&T) -> &str) -> Vec<T> {
+        items.retain(|i| self.admits(locator(i)));
+        items.sort_by(|a, b| locator(a).cmp(locator(b)));
+        items.truncate(self.limit);
+        items
+    }
 }
 
 /// A provisioned volume.
@@ -158,7 +217,7 @@ pub struct Capacity {
 pub struct AttachContext {
     pub publish_context: BTreeMap<String, String>,
     pub volume_context: BTreeMap<String, String>,
-    pub secrets: BTreeMap<String, String>,
+    pub secrets: Secrets,
     pub readonly: bool,
 }
 

@@ -1,60 +1,19 @@
-//! The Controller service.
+//! The Controller service: each handler validates its request, delegates to
+//! the plugin layer's [`ControllerOps`](crate::plugin::ControllerOps) (which
+//! takes the operation guard), and builds the response.
 
 use super::convert::{self, params};
 use super::{traced, Driver};
-use crate::error::{Error, Kind, Result};
-use crate::plugin::{CreateVolume, SnapshotInfo, VolumeId};
+use crate::error::Error;
+use crate::plugin::controller::{NewSnapshot, NewVolume};
+use crate::plugin::{AccessMode, ControllerAttach, Secrets};
 use crate::proto::{
     self as pb, controller_server::Controller, controller_service_capability as csc,
 };
-use std::collections::HashMap;
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 pub struct ControllerService(pub Arc<Driver>);
-
-/// Parameters every CO may add, which backends ignore.
-const CO_PARAMETER_PREFIX: &str = "csi.storage.k8s.io/";
-
-/// The parameters a backend sees: without the `backend` selector and the
-/// CO's own keys.
-fn backend_parameters(
-    p: &std::collections::BTreeMap<String, String>,
-) -> std::collections::BTreeMap<String, String> {
-    p.iter()
-        .filter(|(k, _)| k.as_str() != "backend" && !k.starts_with(CO_PARAMETER_PREFIX))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect()
-}
-
-fn topology_matches(
-    requirement: Option<&pb::TopologyRequirement>,
-    ours: &HashMap<String, String>,
-) -> bool {
-    let Some(req) = requirement else { return true };
-    let fits = |t: &pb::Topology| t.segments.iter().all(|(k, v)| ours.get(k) == Some(v));
-    if !req.requisite.is_empty() {
-        return req.requisite.iter().any(fits);
-    }
-    true
-}
-
-impl ControllerService {
-    fn topology_for(&self, node_local: bool) -> Option<HashMap<String, String>> {
-        node_local.then(|| self.0.topology())
-    }
-
-    async fn find_snapshot(&self, id: &crate::plugin::SnapshotId) -> Result<Option<SnapshotInfo>> {
-        let Some(backend) = self.0.registry.get(id.backend()) else {
-            return Ok(None);
-        };
-        Ok(backend
-            .list_snapshots()
-            .await?
-            .into_iter()
-            .find(|s| &s.id == id))
-    }
-}
 
 #[tonic::async_trait]
 impl Controller for ControllerService {
@@ -65,64 +24,33 @@ impl Controller for ControllerService {
         let r = request.into_inner();
         traced(&self.0, "CreateVolume", &r.name, async {
             crate::plugin::validate_name("volume", &r.name)?;
-            let caps = convert::capabilities(&r.volume_capabilities)?;
-            let (required, limit) = convert::capacity_range(r.capacity_range.as_ref())?;
-            let parameters = params(&r.parameters);
+            let capabilities = convert::capabilities(&r.volume_capabilities)?;
+            let (required_bytes, limit_bytes) = convert::capacity_range(r.capacity_range.as_ref())?;
             if !r.mutable_parameters.is_empty() {
                 return Err(Error::invalid("mutable_parameters are not supported"));
             }
             let source = convert::content_source(r.volume_content_source.as_ref())?;
-            let backend = self.0.registry.for_parameters(&parameters)?.clone();
-            let parameters = backend_parameters(&parameters);
-            backend.validate_parameters(&parameters)?;
-            let bc = backend.capabilities();
-            if !bc.provision {
-                return Err(backend.unimplemented("create volumes"));
-            }
-            for cap in &caps {
-                backend.supports(cap)?;
-            }
-            match &source {
-                Some(crate::plugin::ContentSource::Snapshot(_)) if !bc.snapshot => {
-                    return Err(Error::invalid(format!(
-                        "backend {} cannot create volumes from snapshots",
-                        backend.name()
-                    )))
-                }
-                Some(crate::plugin::ContentSource::Volume(_)) if !bc.clone => {
-                    return Err(Error::invalid(format!(
-                        "backend {} cannot clone volumes",
-                        backend.name()
-                    )))
-                }
-                _ => {}
-            }
-            let topology = self.topology_for(bc.node_local);
-            if let Some(t) = &topology {
-                if !topology_matches(r.accessibility_requirements.as_ref(), t) {
-                    return Err(Error::exhausted(format!(
-                        "volumes of backend {} live on node {}, which no requisite topology names",
-                        backend.name(),
-                        self.0.node_id
-                    )));
-                }
-            }
-            let _guard = self
+            let requisite = r
+                .accessibility_requirements
+                .as_ref()
+                .map(|t| t.requisite.iter().map(|s| s.segments.clone()).collect())
+                .unwrap_or_default();
+            let placed = self
                 .0
-                .controller_locks
-                .try_exclusive(&[format!("volume name {}", r.name)])?;
-            let info = backend
-                .create_volume(&CreateVolume {
+                .controller
+                .create_volume(NewVolume {
                     name: r.name.clone(),
-                    required_bytes: required,
-                    limit_bytes: limit,
-                    capabilities: caps,
-                    parameters,
+                    required_bytes,
+                    limit_bytes,
+                    capabilities,
+                    parameters: params(&r.parameters),
                     source,
+                    requisite,
+                    secrets: Secrets::from(&r.secrets),
                 })
                 .await?;
             Ok(pb::CreateVolumeResponse {
-                volume: Some(convert::volume_to_pb(&info, topology.as_ref())),
+                volume: Some(convert::placed_to_pb(&placed)),
             })
         })
         .await
@@ -134,20 +62,10 @@ impl Controller for ControllerService {
     ) -> Result<Response<pb::DeleteVolumeResponse>, Status> {
         let r = request.into_inner();
         traced(&self.0, "DeleteVolume", &r.volume_id, async {
-            let id = match convert::volume_id(&r.volume_id) {
-                Ok(id) => id,
-                // An id that cannot be ours names no volume: deleting it is done.
-                Err(e) if e.kind == Kind::NotFound => return Ok(pb::DeleteVolumeResponse {}),
-                Err(e) => return Err(e),
-            };
-            let Some(backend) = self.0.registry.get(id.backend()).cloned() else {
-                return Ok(pb::DeleteVolumeResponse {});
-            };
-            let _guard = self
-                .0
-                .controller_locks
-                .try_exclusive(&[format!("volume {id}")])?;
-            backend.delete_volume(&id).await?;
+            self.0
+                .controller
+                .delete_volume(&r.volume_id, &Secrets::from(&r.secrets))
+                .await?;
             Ok(pb::DeleteVolumeResponse {})
         })
         .await
@@ -168,21 +86,23 @@ impl Controller for ControllerService {
             if r.node_id.is_empty() {
                 return Err(Error::invalid("node_id is required"));
             }
-            let cap = convert::required_capability(r.volume_capability.as_ref())?;
-            let backend = self.0.registry.for_volume(&id)?.clone();
-            backend.supports(&cap)?;
-            let _guard = self
+            let capability = convert::required_capability(r.volume_capability.as_ref())?;
+            let context = self
                 .0
-                .controller_locks
-                .try_exclusive(&[format!("volume {id}")])?;
-            if backend.get_volume(&id).await?.is_none() {
-                return Err(Error::not_found(format!("volume {id} does not exist")));
-            }
-            let ctx = backend
-                .controller_attach(&id, &r.node_id, r.readonly)
+                .controller
+                .publish(
+                    &id,
+                    ControllerAttach {
+                        node_id: r.node_id.clone(),
+                        capability,
+                        readonly: r.readonly,
+                        volume_context: params(&r.volume_context),
+                        secrets: Secrets::from(&r.secrets),
+                    },
+                )
                 .await?;
             Ok(pb::ControllerPublishVolumeResponse {
-                publish_context: ctx.into_iter().collect(),
+                publish_context: context.into_iter().collect(),
             })
         })
         .await
@@ -199,14 +119,14 @@ impl Controller for ControllerService {
                     "no configured backend attaches volumes to nodes",
                 ));
             }
-            let id = convert::volume_id(&r.volume_id)?;
-            let backend = self.0.registry.for_volume(&id)?.clone();
-            let _guard = self
-                .0
-                .controller_locks
-                .try_exclusive(&[format!("volume {id}")])?;
+            if r.volume_id.is_empty() {
+                return Err(Error::invalid("volume_id is required"));
+            }
             let node = (!r.node_id.is_empty()).then_some(r.node_id.as_str());
-            backend.controller_detach(&id, node).await?;
+            self.0
+                .controller
+                .unpublish(&r.volume_id, node, &Secrets::from(&r.secrets))
+                .await?;
             Ok(pb::ControllerUnpublishVolumeResponse {})
         })
         .await
@@ -220,20 +140,15 @@ impl Controller for ControllerService {
         traced(&self.0, "ValidateVolumeCapabilities", &r.volume_id, async {
             let id = convert::volume_id(&r.volume_id)?;
             let caps = convert::capabilities(&r.volume_capabilities)?;
-            let backend = self.0.registry.for_volume(&id)?.clone();
-            if backend.get_volume(&id).await?.is_none() {
-                return Err(Error::not_found(format!("volume {id} does not exist")));
-            }
-            let parameters = backend_parameters(&params(&r.parameters));
-            let unsupported = caps
-                .iter()
-                .map(|c| backend.supports(c))
-                .chain(std::iter::once(backend.validate_parameters(&parameters)))
-                .find_map(Result::err);
+            let unsupported = self
+                .0
+                .controller
+                .validate_capabilities(&id, &caps, &params(&r.parameters))
+                .await?;
             Ok(match unsupported {
-                Some(e) => pb::ValidateVolumeCapabilitiesResponse {
+                Some(message) => pb::ValidateVolumeCapabilitiesResponse {
                     confirmed: None,
-                    message: e.message,
+                    message,
                 },
                 None => pb::ValidateVolumeCapabilitiesResponse {
                     confirmed: Some(pb::validate_volume_capabilities_response::Confirmed {
@@ -255,29 +170,21 @@ impl Controller for ControllerService {
     ) -> Result<Response<pb::ListVolumesResponse>, Status> {
         let r = request.into_inner();
         traced(&self.0, "ListVolumes", "", async {
-            let mut all = Vec::new();
-            for b in self.0.registry.all() {
-                if b.capabilities().provision {
-                    let node_local = b.capabilities().node_local;
-                    all.extend(b.list_volumes().await?.into_iter().map(|v| (v, node_local)));
-                }
-            }
-            let (page, next) = convert::paginate(
-                all,
-                |(v, _)| v.id.to_string(),
-                r.max_entries,
-                &r.starting_token,
-            )?;
-            let entries = page
-                .iter()
-                .map(|(v, local)| pb::list_volumes_response::Entry {
-                    volume: Some(convert::volume_to_pb(v, self.topology_for(*local).as_ref())),
-                    status: None,
-                })
-                .collect();
+            let page = self
+                .0
+                .controller
+                .list_volumes(r.max_entries, &r.starting_token)
+                .await?;
             Ok(pb::ListVolumesResponse {
-                entries,
-                next_token: next,
+                entries: page
+                    .entries
+                    .iter()
+                    .map(|p| pb::list_volumes_response::Entry {
+                        volume: Some(convert::placed_to_pb(p)),
+                        status: None,
+                    })
+                    .collect(),
+                next_token: page.next_token,
             })
         })
         .await
@@ -289,31 +196,20 @@ impl Controller for ControllerService {
     ) -> Result<Response<pb::GetCapacityResponse>, Status> {
         let r = request.into_inner();
         traced(&self.0, "GetCapacity", "", async {
-            let parameters = params(&r.parameters);
-            let backend = self.0.registry.for_parameters(&parameters)?.clone();
-            let parameters = backend_parameters(&parameters);
-            backend.validate_parameters(&parameters)?;
             let caps: Vec<_> = r
                 .volume_capabilities
                 .iter()
                 .map(convert::capability)
-                .collect::<Result<_>>()?;
-            let served = caps.iter().all(|c| backend.supports(c).is_ok());
-            let here = match (&r.accessible_topology, backend.capabilities().node_local) {
-                (Some(t), true) => {
-                    let ours = self.0.topology();
-                    t.segments.iter().all(|(k, v)| ours.get(k) == Some(v))
-                }
-                _ => true,
-            };
-            if !served || !here {
-                return Ok(pb::GetCapacityResponse {
-                    available_capacity: 0,
-                    maximum_volume_size: Some(0),
-                    minimum_volume_size: None,
-                });
-            }
-            let c = backend.capacity(&parameters).await?;
+                .collect::<crate::error::Result<_>>()?;
+            let c = self
+                .0
+                .controller
+                .capacity(
+                    &params(&r.parameters),
+                    &caps,
+                    r.accessible_topology.as_ref().map(|t| &t.segments),
+                )
+                .await?;
             Ok(pb::GetCapacityResponse {
                 available_capacity: c.available_bytes as i64,
                 maximum_volume_size: c.maximum_volume_bytes.map(|v| v as i64),
@@ -351,9 +247,7 @@ impl Controller for ControllerService {
             if c.expand {
                 types.push(T::ExpandVolume);
             }
-            if c.access_modes
-                .contains(&crate::plugin::AccessMode::SingleNodeMultiWriter)
-            {
+            if c.access_modes.contains(&AccessMode::SingleNodeMultiWriter) {
                 types.push(T::SingleNodeMultiWriter);
             }
             let capabilities = types
@@ -377,19 +271,17 @@ impl Controller for ControllerService {
                 return Err(Error::invalid("source_volume_id is required"));
             }
             crate::plugin::validate_name("snapshot", &r.name)?;
-            if !r.parameters.is_empty() {
-                return Err(Error::invalid("snapshot parameters are not supported"));
-            }
             let source = convert::volume_id(&r.source_volume_id)?;
-            let backend = self.0.registry.for_volume(&source)?.clone();
-            if !backend.capabilities().snapshot {
-                return Err(backend.unimplemented("take snapshots"));
-            }
-            let _guard = self
+            let snap = self
                 .0
-                .controller_locks
-                .try_exclusive(&[format!("snapshot name {}", r.name)])?;
-            let snap = backend.create_snapshot(&source, &r.name).await?;
+                .controller
+                .create_snapshot(NewSnapshot {
+                    source,
+                    name: r.name.clone(),
+                    parameters: params(&r.parameters),
+                    secrets: Secrets::from(&r.secrets),
+                })
+                .await?;
             Ok(pb::CreateSnapshotResponse {
                 snapshot: Some(convert::snapshot_to_pb(&snap)),
             })
@@ -403,19 +295,10 @@ impl Controller for ControllerService {
     ) -> Result<Response<pb::DeleteSnapshotResponse>, Status> {
         let r = request.into_inner();
         traced(&self.0, "DeleteSnapshot", &r.snapshot_id, async {
-            let id = match convert::snapshot_id(&r.snapshot_id) {
-                Ok(id) => id,
-                Err(e) if e.kind == Kind::NotFound => return Ok(pb::DeleteSnapshotResponse {}),
-                Err(e) => return Err(e),
-            };
-            let Some(backend) = self.0.registry.get(id.backend()).cloned() else {
-                return Ok(pb::DeleteSnapshotResponse {});
-            };
-            let _guard = self
-                .0
-                .controller_locks
-                .try_exclusive(&[format!("snapshot {id}")])?;
-            backend.delete_snapshot(&id).await?;
+            self.0
+                .controller
+                .delete_snapshot(&r.snapshot_id, &Secrets::from(&r.secrets))
+                .await?;
             Ok(pb::DeleteSnapshotResponse {})
         })
         .await
@@ -427,34 +310,25 @@ impl Controller for ControllerService {
     ) -> Result<Response<pb::ListSnapshotsResponse>, Status> {
         let r = request.into_inner();
         traced(&self.0, "ListSnapshots", &r.source_volume_id, async {
-            let mut all = Vec::new();
-            if !r.snapshot_id.is_empty() {
-                // One snapshot: an id that cannot be ours matches nothing.
-                if let Ok(id) = convert::snapshot_id(&r.snapshot_id) {
-                    all.extend(self.find_snapshot(&id).await?);
-                }
-            } else {
-                for b in self.0.registry.all() {
-                    if b.capabilities().snapshot {
-                        all.extend(b.list_snapshots().await?);
-                    }
-                }
-            }
-            if !r.source_volume_id.is_empty() {
-                let source = VolumeId::parse(&r.source_volume_id).ok();
-                all.retain(|s| Some(&s.source_volume) == source.as_ref());
-            }
-            let (page, next) =
-                convert::paginate(all, |s| s.id.to_string(), r.max_entries, &r.starting_token)?;
-            let entries = page
-                .iter()
-                .map(|s| pb::list_snapshots_response::Entry {
-                    snapshot: Some(convert::snapshot_to_pb(s)),
-                })
-                .collect();
+            let page = self
+                .0
+                .controller
+                .list_snapshots(
+                    &r.snapshot_id,
+                    &r.source_volume_id,
+                    r.max_entries,
+                    &r.starting_token,
+                )
+                .await?;
             Ok(pb::ListSnapshotsResponse {
-                entries,
-                next_token: next,
+                entries: page
+                    .entries
+                    .iter()
+                    .map(|s| pb::list_snapshots_response::Entry {
+                        snapshot: Some(convert::snapshot_to_pb(s)),
+                    })
+                    .collect(),
+                next_token: page.next_token,
             })
         })
         .await
@@ -467,10 +341,7 @@ impl Controller for ControllerService {
         let r = request.into_inner();
         traced(&self.0, "GetSnapshot", &r.snapshot_id, async {
             let id = convert::snapshot_id(&r.snapshot_id)?;
-            let snap = self
-                .find_snapshot(&id)
-                .await?
-                .ok_or_else(|| Error::not_found(format!("snapshot {id} does not exist")))?;
+            let snap = self.0.controller.get_snapshot(&id).await?;
             Ok(pb::GetSnapshotResponse {
                 snapshot: Some(convert::snapshot_to_pb(&snap)),
             })
@@ -490,23 +361,25 @@ impl Controller for ControllerService {
                 .as_ref()
                 .ok_or_else(|| Error::invalid("capacity_range is required"))?;
             let (required, limit) = convert::capacity_range(Some(range))?;
-            let backend = self.0.registry.for_volume(&id)?.clone();
-            if !backend.capabilities().expand {
-                return Err(backend.unimplemented("expand volumes"));
-            }
-            if let Some(cap) = &r.volume_capability {
-                backend.supports(&convert::capability(cap)?)?;
-            }
-            let _guard = self
+            let capability = r
+                .volume_capability
+                .as_ref()
+                .map(convert::capability)
+                .transpose()?;
+            let (size, node_expansion_required) = self
                 .0
-                .controller_locks
-                .try_exclusive(&[format!("volume {id}")])?;
-            let size = backend.expand_volume(&id, required, limit).await?;
-            // Devices on the node must learn the new size (and filesystems
-            // grow), so the node step is always wanted.
+                .controller
+                .expand(
+                    &id,
+                    required,
+                    limit,
+                    capability.as_ref(),
+                    &Secrets::from(&r.secrets),
+                )
+                .await?;
             Ok(pb::ControllerExpandVolumeResponse {
                 capacity_bytes: size as i64,
-                node_expansion_required: backend.capabilities().device_mount,
+                node_expansion_required,
             })
         })
         .await
@@ -519,14 +392,9 @@ impl Controller for ControllerService {
         let r = request.into_inner();
         traced(&self.0, "ControllerGetVolume", &r.volume_id, async {
             let id = convert::volume_id(&r.volume_id)?;
-            let backend = self.0.registry.for_volume(&id)?.clone();
-            let info = backend
-                .get_volume(&id)
-                .await?
-                .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
-            let topology = self.topology_for(backend.capabilities().node_local);
+            let placed = self.0.controller.get_volume(&id).await?;
             Ok(pb::ControllerGetVolumeResponse {
-                volume: Some(convert::volume_to_pb(&info, topology.as_ref())),
+                volume: Some(convert::placed_to_pb(&placed)),
                 status: Some(pb::controller_get_volume_response::VolumeStatus::default()),
             })
         })

@@ -2,6 +2,7 @@
 //! the checks the spec asks for on the way in.
 
 use crate::error::{Error, Result};
+use crate::plugin::controller::Placed;
 use crate::plugin::{
     AccessMode, AccessType, ContentSource, SnapshotId, SnapshotInfo, VolumeCapability, VolumeId,
     VolumeInfo,
@@ -143,6 +144,11 @@ pub fn content_source_to_pb(src: &ContentSource) -> pb::VolumeContentSource {
     }
 }
 
+/// A volume and where it is reachable.
+pub fn placed_to_pb(p: &Placed) -> pb::Volume {
+    volume_to_pb(&p.volume, p.topology.as_ref())
+}
+
 pub fn volume_to_pb(v: &VolumeInfo, topology: Option<&HashMap<String, String>>) -> pb::Volume {
     pb::Volume {
         capacity_bytes: v.capacity_bytes as i64,
@@ -202,47 +208,6 @@ pub fn params(map: &HashMap<String, String>) -> BTreeMap<String, String> {
     map.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
 }
 
-/// Pagination over a sorted list: entries after `starting_token` (the last
-/// id of the previous page), at most `max_entries` (0: all). Returns the page
-/// and the next token.
-pub fn paginate<T>(
-    items: Vec<T>,
-    id: impl Fn(&T) -> String,
-    max_entries: i32,
-    starting_token: &str,
-) -> Result<(Vec<T>, String)> {
-    if max_entries < 0 {
-        return Err(Error::invalid("max_entries must not be negative"));
-    }
-    let mut items: Vec<(String, T)> = items.into_iter().map(|t| (id(&t), t)).collect();
-    items.sort_by(|a, b| a.0.cmp(&b.0));
-    let start = if starting_token.is_empty() {
-        0
-    } else {
-        let valid = starting_token.len() <= 256 && starting_token.contains(':');
-        if !valid {
-            return Err(Error::aborted(format!(
-                "starting_token {starting_token:?} is not valid"
-            )));
-        }
-        items.partition_point(|(k, _)| k.as_str() <= starting_token)
-    };
-    let rest: Vec<(String, T)> = items.into_iter().skip(start).collect();
-    let take = if max_entries == 0 {
-        rest.len()
-    } else {
-        max_entries as usize
-    };
-    let more = rest.len() > take;
-    let page: Vec<(String, T)> = rest.into_iter().take(take).collect();
-    let next = if more {
-        page.last().map(|(k, _)| k.clone()).unwrap_or_default()
-    } else {
-        String::new()
-    };
-    Ok((page.into_iter().map(|(_, t)| t).collect(), next))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -286,37 +251,6 @@ mod tests {
         assert_eq!(
             capacity_range(Some(&r(30, 20))).unwrap_err().kind,
             Kind::OutOfRange
-        );
-    }
-
-    #[test]
-    fn pagination_walks_every_entry_once() {
-        let ids: Vec<String> = (0..7).map(|i| format!("file:v{i}")).collect();
-        let mut token = String::new();
-        let mut seen = Vec::new();
-        loop {
-            let (page, next) = paginate(ids.clone(), |s| s.clone(), 3, &token).unwrap();
-            assert!(page.len() <= 3);
-            seen.extend(page);
-            if next.is_empty() {
-                break;
-            }
-            token = next;
-        }
-        assert_eq!(seen, ids);
-        // The token survives deletion of the entry it names.
-        let fewer: Vec<String> = ids.iter().filter(|s| *s != "file:v2").cloned().collect();
-        let (page, _) = paginate(fewer, |s| s.clone(), 2, "file:v2").unwrap();
-        assert_eq!(page, vec!["file:v3".to_string(), "file:v4".to_string()]);
-        assert_eq!(
-            paginate(ids.clone(), |s| s.clone(), 0, "garbage")
-                .unwrap_err()
-                .kind,
-            Kind::Aborted
-        );
-        assert_eq!(
-            paginate(ids, |s| s.clone(), -1, "").unwrap_err().kind,
-            Kind::InvalidArgument
         );
     }
 

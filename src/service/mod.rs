@@ -9,9 +9,8 @@ pub mod node;
 
 use crate::config::NodeSettings;
 use crate::error::Result;
-use crate::locks::OpLocks;
 use crate::node::NodeOps;
-use crate::plugin::Registry;
+use crate::plugin::{ControllerOps, Registry};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
@@ -80,7 +79,7 @@ pub struct Driver {
     pub settings: NodeSettings,
     pub registry: Arc<Registry>,
     pub node: Arc<NodeOps>,
-    pub controller_locks: OpLocks,
+    pub controller: ControllerOps,
     /// RPCs being served right now.
     pub in_flight: InFlight,
 }
@@ -88,7 +87,7 @@ pub struct Driver {
 impl Driver {
     /// This node's topology segment.
     pub fn topology(&self) -> HashMap<String, String> {
-        HashMap::from([(self.settings.topology_key.clone(), self.node_id.clone())])
+        self.controller.node_topology()
     }
 }
 

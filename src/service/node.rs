@@ -34,7 +34,7 @@ impl Node for NodeService {
             let ctx = AttachContext {
                 publish_context: ordered(&r.publish_context),
                 volume_context: ordered(&r.volume_context),
-                secrets: ordered(&r.secrets),
+                secrets: crate::plugin::Secrets::from(&r.secrets),
                 readonly: capability.mode.is_readonly(),
             };
             self.0
@@ -127,9 +127,13 @@ impl Node for NodeService {
             if r.volume_id.is_empty() {
                 return Err(Error::invalid("volume_id is required"));
             }
-            let path = paths::validate(&r.volume_path, "volume_path")?;
+            if r.volume_path.is_empty() {
+                return Err(Error::invalid("volume_path is required"));
+            }
+            // An unknown volume is NOT_FOUND whatever the path looks like:
+            // the path is only compared with where the volume is.
             let volume_id = convert::volume_id(&r.volume_id)?;
-            let s = self.0.node.stats(&volume_id, &path).await?;
+            let s = self.0.node.stats(&volume_id, &r.volume_path).await?;
             use pb::volume_usage::Unit;
             let mut usage = vec![pb::VolumeUsage {
                 available: s.available_bytes.unwrap_or(0) as i64,
@@ -166,13 +170,19 @@ impl Node for NodeService {
             if r.volume_id.is_empty() {
                 return Err(Error::invalid("volume_id is required"));
             }
-            let path = paths::validate(&r.volume_path, "volume_path")?;
+            if r.volume_path.is_empty() {
+                return Err(Error::invalid("volume_path is required"));
+            }
             let (required, _limit) = convert::capacity_range(r.capacity_range.as_ref())?;
             if let Some(cap) = &r.volume_capability {
                 convert::capability(cap)?;
             }
             let volume_id = convert::volume_id(&r.volume_id)?;
-            let size = self.0.node.expand(&volume_id, &path, required).await?;
+            let size = self
+                .0
+                .node
+                .expand(&volume_id, &r.volume_path, required)
+                .await?;
             Ok(pb::NodeExpandVolumeResponse {
                 capacity_bytes: size as i64,
             })

@@ -45,7 +45,19 @@ fn create(name: &str, required: u64, limit: u64) -> CreateVolume {
         limit_bytes: limit,
         capabilities: vec![],
         parameters: BTreeMap::new(),
+        metadata: BTreeMap::new(),
         source: None,
+        secrets: Secrets::default(),
+    }
+}
+
+fn snapshot_of(source: &str, name: &str) -> CreateSnapshot {
+    CreateSnapshot {
+        source: VolumeId::parse(source).unwrap(),
+        name: name.into(),
+        parameters: BTreeMap::new(),
+        metadata: BTreeMap::new(),
+        secrets: Secrets::default(),
     }
 }
 
@@ -124,7 +136,7 @@ async fn creates_a_thick_lv_rounded_to_extents_with_tags() {
     let lines = r.lines();
     assert_eq!(
         lines[2],
-        "lvcreate -y -Zn -Wn -L 12582912b -n fv-pvc-1 --addtag ferrovol --addtag ferrovol-name:pvc-1 --addtag ferrovol-fresh vg0"
+        "lvcreate -y -Zn -Wn -L 12582912b -n fv-pvc-1 --addtag ferrovol --addtag ferrovol-name:pvc-1 --addtag ferrovol-class:fast --addtag ferrovol-fresh vg0"
     );
 }
 
@@ -264,15 +276,24 @@ async fn delete_is_idempotent_and_refuses_open_volumes() {
         Reply::Ok(lvs_json(&[lv_row("other", MIB, "", "-wi-------")])),
     );
     let b = backend(r.clone(), None);
-    b.delete_volume(&VolumeId::parse("lvm:fast.fv-gone").unwrap())
-        .await
-        .unwrap();
-    b.delete_volume(&VolumeId::parse("lvm:nosuchclass.fv-x").unwrap())
-        .await
-        .unwrap();
-    b.delete_volume(&VolumeId::parse("lvm:fast.other-lv").unwrap())
-        .await
-        .unwrap();
+    b.delete_volume(
+        &VolumeId::parse("lvm:fast.fv-gone").unwrap(),
+        &Secrets::default(),
+    )
+    .await
+    .unwrap();
+    b.delete_volume(
+        &VolumeId::parse("lvm:nosuchclass.fv-x").unwrap(),
+        &Secrets::default(),
+    )
+    .await
+    .unwrap();
+    b.delete_volume(
+        &VolumeId::parse("lvm:fast.other-lv").unwrap(),
+        &Secrets::default(),
+    )
+    .await
+    .unwrap();
     assert!(!r.lines().iter().any(|l| l.starts_with("lvremove")));
     r.expect(
         "lvs",
@@ -284,7 +305,10 @@ async fn delete_is_idempotent_and_refuses_open_volumes() {
         )])),
     );
     let err = b
-        .delete_volume(&VolumeId::parse("lvm:fast.fv-busy").unwrap())
+        .delete_volume(
+            &VolumeId::parse("lvm:fast.fv-busy").unwrap(),
+            &Secrets::default(),
+        )
         .await
         .unwrap_err();
     assert_eq!(err.kind, Kind::FailedPrecondition);
@@ -297,9 +321,12 @@ async fn delete_is_idempotent_and_refuses_open_volumes() {
             "-wi-------",
         )])),
     );
-    b.delete_volume(&VolumeId::parse("lvm:fast.fv-idle").unwrap())
-        .await
-        .unwrap();
+    b.delete_volume(
+        &VolumeId::parse("lvm:fast.fv-idle").unwrap(),
+        &Secrets::default(),
+    )
+    .await
+    .unwrap();
     assert_eq!(r.lines().last().unwrap(), "lvremove -y vg0/fv-idle");
 }
 
@@ -322,14 +349,14 @@ async fn lists_only_ferrovol_lvs() {
     r.expect("lvs", Reply::Ok(lvs_json(&rows)));
     let b = backend(r, None);
     let ids: Vec<String> = b
-        .list_volumes()
+        .list_volumes(&Page::all())
         .await
         .unwrap()
         .iter()
         .map(|v| v.id.to_string())
         .collect();
     assert_eq!(ids, vec!["lvm:fast.fv-a", "lvm:fast.fv-b"]);
-    let snaps = b.list_snapshots().await.unwrap();
+    let snaps = b.list_snapshots(None, &Page::all()).await.unwrap();
     assert_eq!(snaps.len(), 1);
     assert_eq!(snaps[0].source_volume.to_string(), "lvm:fast.fv-a");
     assert_eq!(snaps[0].size_bytes, MIB);
@@ -343,12 +370,17 @@ async fn expand_rounds_and_respects_limits() {
     r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 100 * MIB)));
     let b = backend(r.clone(), None);
     let id = VolumeId::parse("lvm:fast.fv-e").unwrap();
-    assert_eq!(b.expand_volume(&id, 9 * MIB, 0).await.unwrap(), 12 * MIB);
+    assert_eq!(
+        b.expand_volume(&id, 9 * MIB, 0, &Secrets::default())
+            .await
+            .unwrap(),
+        12 * MIB
+    );
     assert_eq!(r.lines().last().unwrap(), "lvextend -L 12582912b vg0/fv-e");
     r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&row))));
     r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 100 * MIB)));
     assert_eq!(
-        b.expand_volume(&id, 9 * MIB, 10 * MIB)
+        b.expand_volume(&id, 9 * MIB, 10 * MIB, &Secrets::default())
             .await
             .unwrap_err()
             .kind,
@@ -357,16 +389,23 @@ async fn expand_rounds_and_respects_limits() {
     r.expect("lvs", Reply::Ok(lvs_json(&[row])));
     r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 100 * MIB)));
     assert_eq!(
-        b.expand_volume(&id, 4 * MIB, 0).await.unwrap(),
+        b.expand_volume(&id, 4 * MIB, 0, &Secrets::default())
+            .await
+            .unwrap(),
         8 * MIB,
         "no shrink"
     );
     r.expect("lvs", Reply::Fail(5, String::new()));
     assert_eq!(
-        b.expand_volume(&VolumeId::parse("lvm:fast.fv-none").unwrap(), MIB, 0)
-            .await
-            .unwrap_err()
-            .kind,
+        b.expand_volume(
+            &VolumeId::parse("lvm:fast.fv-none").unwrap(),
+            MIB,
+            0,
+            &Secrets::default()
+        )
+        .await
+        .unwrap_err()
+        .kind,
         Kind::NotFound
     );
 }
@@ -397,7 +436,7 @@ async fn classic_snapshot_gets_a_sized_cow_and_clean_tags() {
     );
     let b = backend(r.clone(), None);
     let s = b
-        .create_snapshot(&VolumeId::parse("lvm:fast.fv-a").unwrap(), "s1")
+        .create_snapshot(&snapshot_of("lvm:fast.fv-a", "s1"))
         .await
         .unwrap();
     assert_eq!(s.id.to_string(), "lvm:fast.fvs-s1");
@@ -552,7 +591,10 @@ async fn delete_refuses_origins_of_classic_snapshots_and_lvs_opened_meanwhile() 
         ])),
     );
     let err = b
-        .delete_volume(&VolumeId::parse("lvm:fast.fv-orig").unwrap())
+        .delete_volume(
+            &VolumeId::parse("lvm:fast.fv-orig").unwrap(),
+            &Secrets::default(),
+        )
         .await
         .unwrap_err();
     assert_eq!(err.kind, Kind::FailedPrecondition);
@@ -568,9 +610,12 @@ async fn delete_refuses_origins_of_classic_snapshots_and_lvs_opened_meanwhile() 
             thin,
         ])),
     );
-    b.delete_volume(&VolumeId::parse("lvm:fast.fv-thin").unwrap())
-        .await
-        .unwrap();
+    b.delete_volume(
+        &VolumeId::parse("lvm:fast.fv-thin").unwrap(),
+        &Secrets::default(),
+    )
+    .await
+    .unwrap();
     assert_eq!(r.lines().last().unwrap(), "lvremove -y vg0/fv-thin");
     // Opened between the check and lvremove: lvm's refusal is FAILED_PRECONDITION.
     r.expect(
@@ -587,8 +632,172 @@ async fn delete_refuses_origins_of_classic_snapshots_and_lvs_opened_meanwhile() 
         Reply::Fail(5, "  Logical volume vg0/fv-race in use.".into()),
     );
     let err = b
-        .delete_volume(&VolumeId::parse("lvm:fast.fv-race").unwrap())
+        .delete_volume(
+            &VolumeId::parse("lvm:fast.fv-race").unwrap(),
+            &Secrets::default(),
+        )
         .await
         .unwrap_err();
     assert_eq!(err.kind, Kind::FailedPrecondition);
+}
+
+fn row_in_pool(name: &str, tags: &str, attr: &str, pool: &str) -> String {
+    lv_row(name, MIB, tags, attr).replace(r#""pool_lv":"""#, &format!(r#""pool_lv":"{pool}""#))
+}
+
+/// The README's own example: a thick class and a thin class on one VG.
+fn shared_vg_backend(runner: Arc<FakeRunner>) -> LvmBackend {
+    let class = |name: &str, pool: Option<&str>| DeviceClass {
+        name: name.into(),
+        volume_group: "vg0".into(),
+        thin_pool: pool.map(str::to_string),
+        snapshot_size_percent: 25,
+        default_volume_size: Size(1 << 30),
+    };
+    let settings = LvmSettings {
+        default_device_class: None,
+        device_classes: vec![class("ssd", None), class("thin", Some("pool0"))],
+        deactivate_on_unstage: true,
+        lvm_config: String::new(),
+    };
+    LvmBackend::new("lvm", settings, runner).unwrap()
+}
+
+#[tokio::test]
+async fn classes_sharing_a_volume_group_list_each_lv_once() {
+    let r = Arc::new(FakeRunner::new());
+    let rows = lvs_json(&[
+        row_in_pool("fv-a", "ferrovol,ferrovol-class:ssd", "-wi-------", ""),
+        row_in_pool(
+            "fv-b",
+            "ferrovol,ferrovol-class:thin",
+            "Vwi---tz--",
+            "pool0",
+        ),
+        // Made before LVs carried their class: told apart by their pool.
+        row_in_pool("fv-old-thick", "ferrovol", "-wi-------", ""),
+        row_in_pool("fv-old-thin", "ferrovol", "Vwi---tz--", "pool0"),
+        row_in_pool(
+            "fvs-s",
+            "ferrovol,ferrovol-class:ssd,ferrovol-source:fv-a",
+            "swi-a-s---",
+            "",
+        ),
+        row_in_pool("pool0", "", "twi-aotz--", ""),
+    ]);
+    r.expect("lvs", Reply::Ok(rows.clone()));
+    let b = shared_vg_backend(r.clone());
+    let ids: Vec<String> = b
+        .list_volumes(&Page::all())
+        .await
+        .unwrap()
+        .iter()
+        .map(|v| v.id.to_string())
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            "lvm:ssd.fv-a",
+            "lvm:ssd.fv-old-thick",
+            "lvm:thin.fv-b",
+            "lvm:thin.fv-old-thin"
+        ]
+    );
+    // One report for the group, not one per class.
+    assert_eq!(r.lines().iter().filter(|l| l.starts_with("lvs")).count(), 1);
+
+    // Pages follow the locator order, whatever the class.
+    r.expect("lvs", Reply::Ok(rows.clone()));
+    let page = b
+        .list_volumes(&Page {
+            after: Some("ssd.fv-old-thick".into()),
+            limit: 1,
+        })
+        .await
+        .unwrap();
+    assert_eq!(page.len(), 1);
+    assert_eq!(page[0].id.to_string(), "lvm:thin.fv-b");
+
+    r.expect("lvs", Reply::Ok(rows.clone()));
+    let snaps = b.list_snapshots(None, &Page::all()).await.unwrap();
+    assert_eq!(snaps.len(), 1);
+    assert_eq!(snaps[0].source_volume.to_string(), "lvm:ssd.fv-a");
+
+    // An id naming the wrong class names no volume.
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[row_in_pool(
+            "fv-a",
+            "ferrovol,ferrovol-class:ssd",
+            "-wi-------",
+            "",
+        )])),
+    );
+    assert!(b
+        .get_volume(&VolumeId::parse("lvm:thin.fv-a").unwrap())
+        .await
+        .unwrap()
+        .is_none());
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[row_in_pool(
+            "fv-a",
+            "ferrovol,ferrovol-class:ssd",
+            "-wi-------",
+            "",
+        )])),
+    );
+    assert!(b
+        .get_volume(&VolumeId::parse("lvm:ssd.fv-a").unwrap())
+        .await
+        .unwrap()
+        .is_some());
+}
+
+#[tokio::test]
+async fn a_name_taken_in_one_class_is_refused_in_the_other() {
+    let r = Arc::new(FakeRunner::new());
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[row_in_pool(
+            "fv-pvc-1",
+            "ferrovol,ferrovol-name:pvc-1,ferrovol-class:ssd",
+            "-wi-------",
+            "",
+        )])),
+    );
+    let b = shared_vg_backend(r.clone());
+    let mut req = create("pvc-1", MIB, 0);
+    req.parameters.insert("deviceClass".into(), "thin".into());
+    assert_eq!(
+        b.volume_id_for(&req).unwrap().to_string(),
+        "lvm:thin.fv-pvc-1"
+    );
+    let err = b.create_volume(&req).await.unwrap_err();
+    assert_eq!(err.kind, Kind::AlreadyExists);
+    assert!(
+        err.message.contains("another device class"),
+        "{}",
+        err.message
+    );
+    assert!(!r.lines().iter().any(|l| l.starts_with("lvcreate")));
+}
+
+#[tokio::test]
+async fn capacity_is_per_class_on_a_shared_group() {
+    let r = Arc::new(FakeRunner::new());
+    let b = shared_vg_backend(r.clone());
+    let class = |c: &str| BTreeMap::from([("deviceClass".to_string(), c.to_string())]);
+    r.expect("vgs", Reply::Ok(vgs_json(1024 * MIB, 400 * MIB)));
+    let thick = b.capacity(&class("ssd")).await.unwrap();
+    assert_eq!(thick.available_bytes, 400 * MIB);
+    r.expect("vgs", Reply::Ok(vgs_json(1024 * MIB, 400 * MIB)));
+    let pool = row_in_pool("pool0", "", "twi-aotz--", "")
+        .replace(r#""lv_size":"1048576""#, r#""lv_size":"536870912""#)
+        .replace(r#""data_percent":"""#, r#""data_percent":"25.00""#);
+    r.expect("lvs", Reply::Ok(lvs_json(&[pool])));
+    let thin = b.capacity(&class("thin")).await.unwrap();
+    // 512 MiB pool, a quarter used.
+    assert_eq!(thin.available_bytes, 384 * MIB);
+    assert_eq!(thin.maximum_volume_bytes, Some(512 * MIB));
 }

@@ -1,0 +1,579 @@
+//! The controller side of the plugin layer: provisioning policy in one
+//! place. The Controller service validates a request, calls one function
+//! here, and builds its response; this module picks the backend, splits its
+//! parameters from the CO's, gates capabilities, content sources and
+//! topology, takes the operation guard over every id the operation touches,
+//! and delegates to the backend.
+
+use super::{
+    Backend, Capacity, ContentSource, ControllerAttach, CreateSnapshot, CreateVolume, Page,
+    Registry, Secrets, SnapshotId, SnapshotInfo, VolumeCapability, VolumeId, VolumeInfo,
+};
+use crate::error::{Error, Kind, Result};
+use crate::locks::{self, OpGuard, OpLocks};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+/// The StorageClass parameter that picks a backend.
+pub use super::registry::BACKEND_PARAMETER;
+
+/// The prefix of the keys a CO adds to parameters and contexts for itself
+/// (`csi.storage.k8s.io/pvc/name`, `.../fstype`, the snapshotter's
+/// `.../volumesnapshot/name`): never a backend's own parameter.
+pub const CO_PREFIX: &str = "csi.storage.k8s.io/";
+
+/// A topology segment map, as the wire carries it.
+pub type Topology = HashMap<String, String>;
+
+/// Splits request parameters into the backend's own and the CO's metadata:
+/// the `backend` selector goes to neither.
+pub fn split_parameters(
+    all: &BTreeMap<String, String>,
+) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+    let mut own = BTreeMap::new();
+    let mut metadata = BTreeMap::new();
+    for (k, v) in all {
+        if k == BACKEND_PARAMETER {
+            continue;
+        }
+        if k.starts_with(CO_PREFIX) {
+            metadata.insert(k.clone(), v.clone());
+        } else {
+            own.insert(k.clone(), v.clone());
+        }
+    }
+    (own, metadata)
+}
+
+/// A validated CreateVolume request.
+#[derive(Debug, Clone)]
+pub struct NewVolume {
+    pub name: String,
+    pub required_bytes: u64,
+    pub limit_bytes: u64,
+    pub capabilities: Vec<VolumeCapability>,
+    /// Every parameter as the request carried it.
+    pub parameters: BTreeMap<String, String>,
+    pub source: Option<ContentSource>,
+    /// The requisite topologies; empty when the request has none.
+    pub requisite: Vec<Topology>,
+    pub secrets: Secrets,
+}
+
+/// A validated CreateSnapshot request.
+#[derive(Debug, Clone)]
+pub struct NewSnapshot {
+    pub source: VolumeId,
+    pub name: String,
+    pub parameters: BTreeMap<String, String>,
+    pub secrets: Secrets,
+}
+
+/// A volume and the topology it is reachable from (`None`: everywhere).
+#[derive(Debug, Clone)]
+pub struct Placed {
+    pub volume: VolumeInfo,
+    pub topology: Option<Topology>,
+}
+
+/// One page of a listing and the token of the next (empty: the last page).
+#[derive(Debug, Clone)]
+pub struct Listing<T> {
+    pub entries: Vec<T>,
+    pub next_token: String,
+}
+
+/// What GetCapacity answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CapacityAnswer {
+    pub available_bytes: u64,
+    pub maximum_volume_bytes: Option<u64>,
+    pub minimum_volume_bytes: Option<u64>,
+}
+
+/// Controller operations over the registry.
+pub struct ControllerOps {
+    registry: Arc<Registry>,
+    locks: OpLocks,
+    node_id: String,
+    topology_key: String,
+}
+
+/// Parses a page token: the id of the last entry of the previous page, as
+/// `(backend, locator)`. The entry itself may be gone since; the walk goes
+/// on after where it stood.
+fn cursor(token: &str) -> Result<Option<(String, String)>> {
+    if token.is_empty() {
+        return Ok(None);
+    }
+    let bad = || {
+        Error::aborted(format!(
+            "starting_token {:?} is not valid",
+            token.escape_debug().to_string()
+        ))
+    };
+    if token.len() > 256 {
+        return Err(bad());
+    }
+    let (backend, locator) = token.split_once(':').ok_or_else(bad)?;
+    if !super::is_dns_label(backend) || locator.is_empty() || locator.len() > 200 {
+        return Err(bad());
+    }
+    Ok(Some((backend.to_string(), locator.to_string())))
+}
+
+fn max_entries(max: i32) -> Result<usize> {
+    match max {
+        m if m < 0 => Err(Error::invalid("max_entries must not be negative")),
+        0 => Ok(usize::MAX),
+        m => Ok(m as usize),
+    }
+}
+
+impl ControllerOps {
+    pub fn new(registry: Arc<Registry>, locks: OpLocks, node_id: &str, topology_key: &str) -> Self {
+        Self {
+            registry,
+            locks,
+            node_id: node_id.to_string(),
+            topology_key: topology_key.to_string(),
+        }
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// This node's topology segment.
+    pub fn node_topology(&self) -> Topology {
+        HashMap::from([(self.topology_key.clone(), self.node_id.clone())])
+    }
+
+    fn topology_of(&self, backend: &dyn Backend) -> Option<Topology> {
+        backend
+            .capabilities()
+            .node_local
+            .then(|| self.node_topology())
+    }
+
+    fn here(&self, segments: &Topology) -> bool {
+        let ours = self.node_topology();
+        segments.iter().all(|(k, v)| ours.get(k) == Some(v))
+    }
+
+    fn backend(&self, name: &str) -> Option<Arc<dyn Backend>> {
+        self.registry.get(name).cloned()
+    }
+
+    fn guard(&self, exclusive: &[String], shared: &[String]) -> Result<OpGuard> {
+        self.locks.try_lock(exclusive, shared)
+    }
+
+    /// CreateVolume.
+    pub async fn create_volume(&self, req: NewVolume) -> Result<Placed> {
+        let backend = self.registry.for_parameters(&req.parameters)?.clone();
+        let (parameters, metadata) = split_parameters(&req.parameters);
+        backend.validate_parameters(&parameters)?;
+        let caps = backend.capabilities();
+        if !caps.provision {
+            return Err(backend.unimplemented("create volumes"));
+        }
+        for cap in &req.capabilities {
+            backend.supports(cap)?;
+        }
+        match &req.source {
+            Some(ContentSource::Snapshot(_)) if !caps.snapshot => {
+                return Err(Error::invalid(format!(
+                    "backend {} cannot create volumes from snapshots",
+                    backend.name()
+                )))
+            }
+            Some(ContentSource::Volume(_)) if !caps.clone => {
+                return Err(Error::invalid(format!(
+                    "backend {} cannot clone volumes",
+                    backend.name()
+                )))
+            }
+            _ => {}
+        }
+        let topology = self.topology_of(backend.as_ref());
+        if topology.is_some()
+            && !req.requisite.is_empty()
+            && !req.requisite.iter().any(|t| self.here(t))
+        {
+            return Err(Error::exhausted(format!(
+                "volumes of backend {} live on node {}, which no requisite topology names",
+                backend.name(),
+                self.node_id
+            )));
+        }
+        let request = CreateVolume {
+            name: req.name,
+            required_bytes: req.required_bytes,
+            limit_bytes: req.limit_bytes,
+            capabilities: req.capabilities,
+            parameters,
+            metadata,
+            source: req.source,
+            secrets: req.secrets,
+        };
+        let id = backend.volume_id_for(&request)?;
+        let shared: Vec<String> = match &request.source {
+            Some(ContentSource::Snapshot(s)) => vec![locks::snapshot_key(s)],
+            Some(ContentSource::Volume(v)) => vec![locks::volume_key(v)],
+            None => vec![],
+        };
+        let _guard = self.guard(
+            &[
+                locks::volume_name_key(&request.name),
+                locks::volume_key(&id),
+            ],
+            &shared,
+        )?;
+        let volume = backend.create_volume(&request).await?;
+        Ok(Placed { volume, topology })
+    }
+
+    /// DeleteVolume. An id that cannot be ours names nothing: done.
+    pub async fn delete_volume(&self, raw_id: &str, secrets: &Secrets) -> Result<()> {
+        let id = match VolumeId::parse(raw_id) {
+            Ok(id) => id,
+            Err(e) if e.kind == Kind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let Some(backend) = self.backend(id.backend()) else {
+            return Ok(());
+        };
+        let _guard = self.guard(&[locks::volume_key(&id)], &[])?;
+        backend.delete_volume(&id, secrets).await
+    }
+
+    /// ControllerGetVolume.
+    pub async fn get_volume(&self, id: &VolumeId) -> Result<Placed> {
+        let backend = self.registry.for_volume(id)?.clone();
+        let volume = backend
+            .get_volume(id)
+            .await?
+            .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
+        Ok(Placed {
+            topology: self.topology_of(backend.as_ref()),
+            volume,
+        })
+    }
+
+    /// ValidateVolumeCapabilities: `None` when every capability and
+    /// parameter is served, else why not.
+    pub async fn validate_capabilities(
+        &self,
+        id: &VolumeId,
+        capabilities: &[VolumeCapability],
+        parameters: &BTreeMap<String, String>,
+    ) -> Result<Option<String>> {
+        let backend = self.registry.for_volume(id)?.clone();
+        if backend.get_volume(id).await?.is_none() {
+            return Err(Error::not_found(format!("volume {id} does not exist")));
+        }
+        let (own, _) = split_parameters(parameters);
+        Ok(capabilities
+            .iter()
+            .map(|c| backend.supports(c))
+            .chain(std::iter::once(backend.validate_parameters(&own)))
+            .find_map(Result::err)
+            .map(|e| e.message))
+    }
+
+    /// ControllerPublishVolume. Backends that attach do the work; for the
+    /// others (a deployment may mix them) the volume is reachable as it is,
+    /// and the answer is an empty publish context once the volume and the
+    /// node check out.
+    pub async fn publish(
+        &self,
+        id: &VolumeId,
+        req: ControllerAttach,
+    ) -> Result<BTreeMap<String, String>> {
+        let backend = self.registry.for_volume(id)?.clone();
+        backend.supports(&req.capability)?;
+        let _guard = self.guard(
+            &[locks::publish_key(id, &req.node_id)],
+            &[locks::volume_key(id)],
+        )?;
+        if backend.get_volume(id).await?.is_none() {
+            return Err(Error::not_found(format!("volume {id} does not exist")));
+        }
+        if backend.capabilities().attach {
+            return backend.controller_attach(id, &req).await;
+        }
+        if backend.capabilities().node_local && req.node_id != self.node_id {
+            return Err(Error::not_found(format!(
+                "volume {id} lives on node {}; node {:?} cannot reach it",
+                self.node_id, req.node_id
+            )));
+        }
+        Ok(BTreeMap::new())
+    }
+
+    /// ControllerUnpublishVolume: idempotent; a volume or node we cannot
+    /// find is one that is not published.
+    pub async fn unpublish(
+        &self,
+        raw_id: &str,
+        node_id: Option<&str>,
+        secrets: &Secrets,
+    ) -> Result<()> {
+        let id = match VolumeId::parse(raw_id) {
+            Ok(id) => id,
+            Err(e) if e.kind == Kind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let Some(backend) = self.backend(id.backend()) else {
+            return Ok(());
+        };
+        if !backend.capabilities().attach {
+            return Ok(());
+        }
+        let exclusive = match node_id {
+            Some(node) => locks::publish_key(&id, node),
+            None => locks::volume_key(&id),
+        };
+        let shared = match node_id {
+            Some(_) => vec![locks::volume_key(&id)],
+            None => vec![],
+        };
+        let _guard = self.guard(&[exclusive], &shared)?;
+        backend.controller_detach(&id, node_id, secrets).await
+    }
+
+    /// ListVolumes: one page, from a cursor (the last id of the previous
+    /// page), so a whole walk costs what the volumes cost once. Backends are
+    /// walked in name order, each in locator order.
+    pub async fn list_volumes(&self, max: i32, token: &str) -> Result<Listing<Placed>> {
+        let limit = max_entries(max)?;
+        let from = cursor(token)?;
+        let mut entries = Vec::new();
+        for backend in self.registry.all() {
+            let caps = backend.capabilities();
+            if !caps.provision {
+                continue;
+            }
+            let Some(page) = page_for(backend.name(), from.as_ref(), limit, entries.len()) else {
+                continue;
+            };
+            let topology = self.topology_of(backend.as_ref());
+            for volume in backend.list_volumes(&page).await? {
+                entries.push(Placed {
+                    volume,
+                    topology: topology.clone(),
+                });
+            }
+            if entries.len() > limit {
+                break;
+            }
+        }
+        Ok(finish(entries, limit, |p| p.volume.id.to_string()))
+    }
+
+    /// GetCapacity. A capability or topology the backend cannot serve has
+    /// no capacity: zero.
+    pub async fn capacity(
+        &self,
+        parameters: &BTreeMap<String, String>,
+        capabilities: &[VolumeCapability],
+        topology: Option<&Topology>,
+    ) -> Result<CapacityAnswer> {
+        let backend = self.registry.for_parameters(parameters)?.clone();
+        let (own, _) = split_parameters(parameters);
+        backend.validate_parameters(&own)?;
+        let served = capabilities.iter().all(|c| backend.supports(c).is_ok());
+        let reachable = match topology {
+            Some(t) if backend.capabilities().node_local => self.here(t),
+            _ => true,
+        };
+        if !served || !reachable {
+            return Ok(CapacityAnswer {
+                available_bytes: 0,
+                maximum_volume_bytes: Some(0),
+                minimum_volume_bytes: None,
+            });
+        }
+        let Capacity {
+            available_bytes,
+            maximum_volume_bytes,
+            minimum_volume_bytes,
+        } = backend.capacity(&own).await?;
+        Ok(CapacityAnswer {
+            available_bytes,
+            maximum_volume_bytes,
+            minimum_volume_bytes,
+        })
+    }
+
+    /// ControllerExpandVolume: the new size, and whether the node must act.
+    pub async fn expand(
+        &self,
+        id: &VolumeId,
+        required: u64,
+        limit: u64,
+        capability: Option<&VolumeCapability>,
+        secrets: &Secrets,
+    ) -> Result<(u64, bool)> {
+        let backend = self.registry.for_volume(id)?.clone();
+        if !backend.capabilities().expand {
+            return Err(backend.unimplemented("expand volumes"));
+        }
+        if let Some(cap) = capability {
+            backend.supports(cap)?;
+        }
+        let _guard = self.guard(&[locks::volume_key(id)], &[])?;
+        let size = backend.expand_volume(id, required, limit, secrets).await?;
+        // Devices on the node must learn the new size and filesystems grow.
+        Ok((size, backend.capabilities().device_mount))
+    }
+
+    /// CreateSnapshot.
+    pub async fn create_snapshot(&self, req: NewSnapshot) -> Result<SnapshotInfo> {
+        let backend = self.registry.for_volume(&req.source)?.clone();
+        if !backend.capabilities().snapshot {
+            return Err(backend.unimplemented("take snapshots"));
+        }
+        let (parameters, metadata) = split_parameters(&req.parameters);
+        backend.validate_snapshot_parameters(&parameters)?;
+        let request = CreateSnapshot {
+            source: req.source,
+            name: req.name,
+            parameters,
+            metadata,
+            secrets: req.secrets,
+        };
+        let id = backend.snapshot_id_for(&request)?;
+        let _guard = self.guard(
+            &[
+                locks::snapshot_name_key(&request.name),
+                locks::snapshot_key(&id),
+            ],
+            &[locks::volume_key(&request.source)],
+        )?;
+        backend.create_snapshot(&request).await
+    }
+
+    /// DeleteSnapshot. An id that cannot be ours names nothing: done.
+    pub async fn delete_snapshot(&self, raw_id: &str, secrets: &Secrets) -> Result<()> {
+        let id = match SnapshotId::parse(raw_id) {
+            Ok(id) => id,
+            Err(e) if e.kind == Kind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let Some(backend) = self.backend(id.backend()) else {
+            return Ok(());
+        };
+        let _guard = self.guard(&[locks::snapshot_key(&id)], &[])?;
+        backend.delete_snapshot(&id, secrets).await
+    }
+
+    /// GetSnapshot.
+    pub async fn get_snapshot(&self, id: &SnapshotId) -> Result<SnapshotInfo> {
+        let backend = self.registry.for_snapshot(id)?.clone();
+        backend
+            .get_snapshot(id)
+            .await?
+            .ok_or_else(|| Error::not_found(format!("snapshot {id} does not exist")))
+    }
+
+    /// ListSnapshots: one snapshot by id, the snapshots of one volume, or
+    /// all, a page at a time (see [`ControllerOps::list_volumes`]). Ids that
+    /// cannot be ours match nothing.
+    pub async fn list_snapshots(
+        &self,
+        snapshot_id: &str,
+        source_volume_id: &str,
+        max: i32,
+        token: &str,
+    ) -> Result<Listing<SnapshotInfo>> {
+        let limit = max_entries(max)?;
+        let from = cursor(token)?;
+        let source = match source_volume_id {
+            "" => None,
+            raw => match VolumeId::parse(raw) {
+                Ok(id) => Some(id),
+                Err(_) => {
+                    return Ok(finish(Vec::new(), limit, |s: &SnapshotInfo| {
+                        s.id.to_string()
+                    }))
+                }
+            },
+        };
+        if !snapshot_id.is_empty() {
+            let mut found = Vec::new();
+            if let Ok(id) = SnapshotId::parse(snapshot_id) {
+                if let Some(b) = self.backend(id.backend()) {
+                    if b.capabilities().snapshot {
+                        found.extend(b.get_snapshot(&id).await?);
+                    }
+                }
+            }
+            found.retain(|s| source.as_ref().is_none_or(|v| &s.source_volume == v));
+            found.retain(|s| {
+                from.as_ref().is_none_or(|(b, l)| {
+                    (s.id.backend(), s.id.locator()) > (b.as_str(), l.as_str())
+                })
+            });
+            return Ok(finish(found, limit, |s| s.id.to_string()));
+        }
+        let mut entries = Vec::new();
+        for backend in self.registry.all() {
+            if !backend.capabilities().snapshot {
+                continue;
+            }
+            // A volume's snapshots live in its own backend.
+            if source
+                .as_ref()
+                .is_some_and(|v| v.backend() != backend.name())
+            {
+                continue;
+            }
+            let Some(page) = page_for(backend.name(), from.as_ref(), limit, entries.len()) else {
+                continue;
+            };
+            entries.extend(backend.list_snapshots(source.as_ref(), &page).await?);
+            if entries.len() > limit {
+                break;
+            }
+        }
+        Ok(finish(entries, limit, |s| s.id.to_string()))
+    }
+}
+
+/// The page to ask `backend` for, given the cursor and how many entries the
+/// walk has so far; `None` when the backend lies before the cursor. One more
+/// than the page needs is asked for, to know whether another page follows.
+fn page_for(
+    backend: &str,
+    from: Option<&(String, String)>,
+    limit: usize,
+    have: usize,
+) -> Option<Page> {
+    let after = match from {
+        Some((b, _)) if backend < b.as_str() => return None,
+        Some((b, l)) if backend == b.as_str() => Some(l.clone()),
+        _ => None,
+    };
+    Some(Page {
+        after,
+        limit: limit.saturating_sub(have).saturating_add(1),
+    })
+}
+
+fn finish<T>(mut entries: Vec<T>, limit: usize, id: impl Fn(&T) -> String) -> Listing<T> {
+    let next_token = if entries.len() > limit {
+        entries.truncate(limit);
+        entries.last().map(&id).unwrap_or_default()
+    } else {
+        String::new()
+    };
+    Listing {
+        entries,
+        next_token,
+    }
+}
+
+#[cfg(test)]
+mod tests;

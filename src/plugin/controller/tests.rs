@@ -1,0 +1,558 @@
+//! The controller policy over an in-memory backend that records what it is
+//! given.
+
+use super::*;
+use crate::plugin::{AccessMode, AccessType, Capabilities, Registry};
+use std::sync::Mutex;
+use tokio::sync::Notify;
+
+/// An in-memory backend that records the secrets and pages it receives and
+/// can hold a create open until told to go on.
+struct Memory {
+    name: &'static str,
+    caps: Capabilities,
+    volumes: Mutex<BTreeMap<String, VolumeInfo>>,
+    snapshots: Mutex<BTreeMap<String, SnapshotInfo>>,
+    secrets_seen: Mutex<Vec<(&'static str, Secrets)>>,
+    pages: Mutex<Vec<Page>>,
+    /// How many volumes list_volumes has handed out in all.
+    returned: Mutex<usize>,
+    metadata_seen: Mutex<Vec<BTreeMap<String, String>>>,
+    /// When set, create_volume waits on `release` after telling `entered`.
+    hold: Option<(Arc<Notify>, Arc<Notify>)>,
+}
+
+impl Memory {
+    fn new(name: &'static str, caps: Capabilities) -> Self {
+        Memory {
+            name,
+            caps,
+            volumes: Default::default(),
+            snapshots: Default::default(),
+            secrets_seen: Default::default(),
+            pages: Default::default(),
+            returned: Default::default(),
+            metadata_seen: Default::default(),
+            hold: None,
+        }
+    }
+
+    fn with_volumes(self, n: usize) -> Self {
+        for i in 0..n {
+            self.add(&format!("v{i:04}"));
+        }
+        self
+    }
+
+    fn add(&self, locator: &str) {
+        let id = VolumeId::new(self.name, locator).unwrap();
+        self.volumes.lock().unwrap().insert(
+            locator.into(),
+            VolumeInfo {
+                id,
+                capacity_bytes: 1,
+                context: BTreeMap::new(),
+                source: None,
+            },
+        );
+    }
+
+    fn saw(&self, op: &'static str, secrets: &Secrets) {
+        self.secrets_seen
+            .lock()
+            .unwrap()
+            .push((op, secrets.clone()));
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for Memory {
+    fn name(&self) -> &str {
+        self.name
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.caps.clone()
+    }
+    async fn health(&self) -> Result<()> {
+        Ok(())
+    }
+    async fn create_volume(&self, req: &CreateVolume) -> Result<VolumeInfo> {
+        self.saw("create_volume", &req.secrets);
+        self.metadata_seen
+            .lock()
+            .unwrap()
+            .push(req.metadata.clone());
+        if let Some((entered, release)) = &self.hold {
+            entered.notify_one();
+            release.notified().await;
+        }
+        let locator = super::super::locator_for_name(&req.name);
+        self.add(&locator);
+        Ok(self.volumes.lock().unwrap()[&locator].clone())
+    }
+    async fn delete_volume(&self, id: &VolumeId, secrets: &Secrets) -> Result<()> {
+        self.saw("delete_volume", secrets);
+        self.volumes.lock().unwrap().remove(id.locator());
+        Ok(())
+    }
+    async fn get_volume(&self, id: &VolumeId) -> Result<Option<VolumeInfo>> {
+        Ok(self.volumes.lock().unwrap().get(id.locator()).cloned())
+    }
+    async fn list_volumes(&self, page: &Page) -> Result<Vec<VolumeInfo>> {
+        self.pages.lock().unwrap().push(page.clone());
+        let all: Vec<VolumeInfo> = self.volumes.lock().unwrap().values().cloned().collect();
+        let out = page.apply(all, |v| v.id.locator());
+        *self.returned.lock().unwrap() += out.len();
+        Ok(out)
+    }
+    async fn capacity(&self, _: &BTreeMap<String, String>) -> Result<Capacity> {
+        Ok(Capacity {
+            available_bytes: 42,
+            maximum_volume_bytes: None,
+            minimum_volume_bytes: None,
+        })
+    }
+    async fn expand_volume(&self, _: &VolumeId, required: u64, _: u64, s: &Secrets) -> Result<u64> {
+        self.saw("expand_volume", s);
+        Ok(required)
+    }
+    async fn create_snapshot(&self, req: &CreateSnapshot) -> Result<SnapshotInfo> {
+        self.saw("create_snapshot", &req.secrets);
+        self.metadata_seen
+            .lock()
+            .unwrap()
+            .push(req.metadata.clone());
+        let info = SnapshotInfo {
+            id: self.snapshot_id_for(req)?,
+            source_volume: req.source.clone(),
+            size_bytes: 1,
+            created: std::time::UNIX_EPOCH,
+            ready: true,
+        };
+        self.snapshots
+            .lock()
+            .unwrap()
+            .insert(info.id.locator().to_string(), info.clone());
+        Ok(info)
+    }
+    async fn delete_snapshot(&self, _: &SnapshotId, secrets: &Secrets) -> Result<()> {
+        self.saw("delete_snapshot", secrets);
+        Ok(())
+    }
+    async fn get_snapshot(&self, id: &SnapshotId) -> Result<Option<SnapshotInfo>> {
+        Ok(self.snapshots.lock().unwrap().get(id.locator()).cloned())
+    }
+    async fn list_snapshots(
+        &self,
+        source: Option<&VolumeId>,
+        page: &Page,
+    ) -> Result<Vec<SnapshotInfo>> {
+        let all: Vec<SnapshotInfo> = self
+            .snapshots
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|s| source.is_none_or(|v| &s.source_volume == v))
+            .cloned()
+            .collect();
+        Ok(page.apply(all, |s| s.id.locator()))
+    }
+    async fn controller_attach(
+        &self,
+        _: &VolumeId,
+        req: &ControllerAttach,
+    ) -> Result<BTreeMap<String, String>> {
+        self.saw("controller_attach", &req.secrets);
+        Ok(BTreeMap::from([("node".to_string(), req.node_id.clone())]))
+    }
+    async fn controller_detach(
+        &self,
+        _: &VolumeId,
+        _: Option<&str>,
+        secrets: &Secrets,
+    ) -> Result<()> {
+        self.saw("controller_detach", secrets);
+        Ok(())
+    }
+}
+
+fn local() -> Capabilities {
+    Capabilities::node_local_block_device()
+}
+
+fn remote_attach() -> Capabilities {
+    Capabilities {
+        provision: true,
+        attach: true,
+        snapshot: true,
+        expand: true,
+        access_modes: vec![
+            AccessMode::SingleNodeWriter,
+            AccessMode::MultiNodeMultiWriter,
+        ],
+        ..Default::default()
+    }
+}
+
+fn ops(backends: Vec<Arc<Memory>>) -> ControllerOps {
+    let mut r = Registry::new();
+    for b in backends {
+        r.register(b).unwrap();
+    }
+    ControllerOps::new(
+        Arc::new(r),
+        OpLocks::new(),
+        "node-a",
+        "topology.ferrovol.io/node",
+    )
+}
+
+fn cap() -> VolumeCapability {
+    VolumeCapability {
+        access: AccessType::Mount {
+            fs_type: String::new(),
+            mount_flags: vec![],
+        },
+        mode: AccessMode::SingleNodeWriter,
+    }
+}
+
+fn new_volume(name: &str, parameters: &[(&str, &str)]) -> NewVolume {
+    NewVolume {
+        name: name.into(),
+        required_bytes: 0,
+        limit_bytes: 0,
+        capabilities: vec![cap()],
+        parameters: parameters
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        source: None,
+        requisite: vec![],
+        secrets: secrets(),
+    }
+}
+
+fn secrets() -> Secrets {
+    Secrets::new(BTreeMap::from([(
+        "key".to_string(),
+        "value-never-shown".to_string(),
+    )]))
+}
+
+#[tokio::test]
+async fn secrets_reach_the_backend_for_every_rpc_that_carries_them() {
+    let b = Arc::new(Memory::new("net", remote_attach()));
+    let c = ops(vec![b.clone()]);
+    let v = c
+        .create_volume(new_volume("pvc-1", &[]))
+        .await
+        .unwrap()
+        .volume;
+    c.expand(&v.id, 10, 0, None, &secrets()).await.unwrap();
+    c.publish(
+        &v.id,
+        ControllerAttach {
+            node_id: "node-b".into(),
+            capability: cap(),
+            readonly: false,
+            volume_context: BTreeMap::new(),
+            secrets: secrets(),
+        },
+    )
+    .await
+    .unwrap();
+    c.unpublish(&v.id.to_string(), Some("node-b"), &secrets())
+        .await
+        .unwrap();
+    let s = c
+        .create_snapshot(NewSnapshot {
+            source: v.id.clone(),
+            name: "snap-1".into(),
+            parameters: BTreeMap::new(),
+            secrets: secrets(),
+        })
+        .await
+        .unwrap();
+    c.delete_snapshot(&s.id.to_string(), &secrets())
+        .await
+        .unwrap();
+    c.delete_volume(&v.id.to_string(), &secrets())
+        .await
+        .unwrap();
+    let seen = b.secrets_seen.lock().unwrap().clone();
+    let ops: Vec<&str> = seen.iter().map(|(op, _)| *op).collect();
+    assert_eq!(
+        ops,
+        [
+            "create_volume",
+            "expand_volume",
+            "controller_attach",
+            "controller_detach",
+            "create_snapshot",
+            "delete_snapshot",
+            "delete_volume"
+        ]
+    );
+    for (op, s) in &seen {
+        assert_eq!(s.get("key"), Some("value-never-shown"), "{op}");
+        assert!(!format!("{s:?} {s}").contains("never-shown"), "{op}");
+    }
+}
+
+#[tokio::test]
+async fn snapshot_parameters_keep_the_cos_keys_out_and_pass_them_as_metadata() {
+    let b = Arc::new(Memory::new("file", local()));
+    let c = ops(vec![b.clone()]);
+    let v = c
+        .create_volume(new_volume(
+            "pvc-1",
+            &[("csi.storage.k8s.io/pvc/name", "data")],
+        ))
+        .await
+        .unwrap()
+        .volume;
+    let co_keys = BTreeMap::from([
+        (
+            "csi.storage.k8s.io/volumesnapshot/name".to_string(),
+            "snap".to_string(),
+        ),
+        (
+            "csi.storage.k8s.io/volumesnapshot/namespace".to_string(),
+            "default".to_string(),
+        ),
+        (
+            "csi.storage.k8s.io/volumesnapshotcontent/name".to_string(),
+            "snapcontent-1".to_string(),
+        ),
+    ]);
+    let new_snapshot = |parameters: BTreeMap<String, String>| NewSnapshot {
+        source: v.id.clone(),
+        name: "snap-1".into(),
+        parameters,
+        secrets: Secrets::default(),
+    };
+    c.create_snapshot(new_snapshot(co_keys.clone()))
+        .await
+        .unwrap();
+    let metadata = b.metadata_seen.lock().unwrap().clone();
+    assert_eq!(
+        metadata[0]
+            .get("csi.storage.k8s.io/pvc/name")
+            .map(String::as_str),
+        Some("data")
+    );
+    assert_eq!(metadata[1], co_keys);
+    let mut own = co_keys;
+    own.insert("speed".into(), "fast".into());
+    let err = c.create_snapshot(new_snapshot(own)).await.unwrap_err();
+    assert_eq!(err.kind, Kind::InvalidArgument);
+    assert!(err.message.contains("speed"), "{}", err.message);
+}
+
+#[tokio::test]
+async fn one_guard_covers_the_name_the_id_and_the_source() {
+    let entered = Arc::new(Notify::new());
+    let release = Arc::new(Notify::new());
+    let mut m = Memory::new("file", local());
+    m.hold = Some((entered.clone(), release.clone()));
+    let b = Arc::new(m);
+    b.add("origin");
+    let c = Arc::new(ops(vec![b.clone()]));
+    let origin = VolumeId::new("file", "origin").unwrap();
+    let mut clone = new_volume("pvc-clone", &[]);
+    clone.source = Some(ContentSource::Volume(origin.clone()));
+    let c2 = c.clone();
+    let creating = tokio::spawn(async move { c2.create_volume(clone).await });
+    entered.notified().await;
+
+    // While the clone is being made: its id, its name and its source are
+    // guarded, each as it should be.
+    let aborted = |r: Result<()>| assert_eq!(r.unwrap_err().kind, Kind::Aborted);
+    aborted(c.delete_volume("file:pvc-clone", &Secrets::default()).await);
+    aborted(c.delete_volume("file:origin", &Secrets::default()).await);
+    aborted(
+        c.expand(&origin, 5, 0, None, &Secrets::default())
+            .await
+            .map(|_| ()),
+    );
+    assert_eq!(
+        c.create_volume(new_volume("pvc-clone", &[]))
+            .await
+            .unwrap_err()
+            .kind,
+        Kind::Aborted
+    );
+    // The source is shared: a snapshot of it goes ahead meanwhile.
+    c.create_snapshot(NewSnapshot {
+        source: origin.clone(),
+        name: "snap".into(),
+        parameters: BTreeMap::new(),
+        secrets: Secrets::default(),
+    })
+    .await
+    .unwrap();
+
+    release.notify_one();
+    creating.await.unwrap().unwrap();
+    c.delete_volume("file:origin", &Secrets::default())
+        .await
+        .unwrap();
+    assert_eq!(c.locks.held(), 0);
+}
+
+#[tokio::test]
+async fn a_walk_reads_each_volume_once_across_backends() {
+    let a = Arc::new(Memory::new("alpha", local()).with_volumes(25));
+    let b = Arc::new(Memory::new("beta", remote_attach()).with_volumes(12));
+    let c = ops(vec![a.clone(), b.clone()]);
+    let mut token = String::new();
+    let mut seen = Vec::new();
+    let mut pages = 0;
+    loop {
+        let page = c.list_volumes(10, &token).await.unwrap();
+        assert!(page.entries.len() <= 10);
+        pages += 1;
+        for p in &page.entries {
+            // Node-local volumes carry this node's topology, others none.
+            assert_eq!(p.topology.is_some(), p.volume.id.backend() == "alpha");
+        }
+        seen.extend(page.entries.into_iter().map(|p| p.volume.id.to_string()));
+        if page.next_token.is_empty() {
+            break;
+        }
+        token = page.next_token;
+    }
+    assert_eq!(pages, 4);
+    assert_eq!(seen.len(), 37);
+    let mut sorted = seen.clone();
+    sorted.dedup();
+    assert_eq!(sorted, seen, "no volume twice");
+    // Each page read at most one volume more than it returned: the cost of
+    // a walk is the cost of its volumes, not pages times the pool.
+    let read = *a.returned.lock().unwrap() + *b.returned.lock().unwrap();
+    assert!(read <= 37 + pages, "read {read} volumes for a walk of 37");
+    assert!(a.pages.lock().unwrap().iter().all(|p| p.limit <= 11));
+}
+
+#[tokio::test]
+async fn a_cursor_survives_deletes_and_sees_new_volumes() {
+    let a = Arc::new(Memory::new("file", local()).with_volumes(6));
+    let c = ops(vec![a.clone()]);
+    let first = c.list_volumes(3, "").await.unwrap();
+    assert_eq!(first.next_token, "file:v0002");
+    // The last entry of the page goes, and new volumes come.
+    c.delete_volume("file:v0002", &Secrets::default())
+        .await
+        .unwrap();
+    a.add("v0001a");
+    a.add("w-new");
+    let rest = c.list_volumes(0, &first.next_token).await.unwrap();
+    let ids: Vec<String> = rest
+        .entries
+        .iter()
+        .map(|p| p.volume.id.to_string())
+        .collect();
+    assert_eq!(
+        ids,
+        ["file:v0003", "file:v0004", "file:v0005", "file:w-new"]
+    );
+    assert!(rest.next_token.is_empty());
+    for bad in ["garbage", "Nope:x", "file:", &"x".repeat(300)] {
+        assert_eq!(
+            c.list_volumes(1, bad).await.unwrap_err().kind,
+            Kind::Aborted,
+            "{bad}"
+        );
+    }
+    assert_eq!(
+        c.list_volumes(-1, "").await.unwrap_err().kind,
+        Kind::InvalidArgument
+    );
+}
+
+#[tokio::test]
+async fn publish_answers_for_backends_that_do_not_attach() {
+    let local_backend = Arc::new(Memory::new("file", local()));
+    let remote = Arc::new(Memory::new("net", remote_attach()));
+    let c = ops(vec![local_backend.clone(), remote.clone()]);
+    let v = c
+        .create_volume(new_volume("pvc-1", &[("backend", "file")]))
+        .await
+        .unwrap()
+        .volume;
+    let attach = |node: &str| ControllerAttach {
+        node_id: node.into(),
+        capability: cap(),
+        readonly: false,
+        volume_context: BTreeMap::new(),
+        secrets: Secrets::default(),
+    };
+    // Reachable as it is on its own node: an empty context, twice.
+    for _ in 0..2 {
+        assert!(c.publish(&v.id, attach("node-a")).await.unwrap().is_empty());
+    }
+    // Another node cannot reach a node-local volume; unknown volumes are NOT_FOUND.
+    assert_eq!(
+        c.publish(&v.id, attach("node-b")).await.unwrap_err().kind,
+        Kind::NotFound
+    );
+    let missing = VolumeId::new("file", "nope").unwrap();
+    assert_eq!(
+        c.publish(&missing, attach("node-a"))
+            .await
+            .unwrap_err()
+            .kind,
+        Kind::NotFound
+    );
+    // Unpublish is idempotent, for unknown volumes and nodes too.
+    for (id, node) in [
+        ("file:pvc-1", Some("node-a")),
+        ("file:nope", None),
+        ("zzz:x", Some("n")),
+        ("bad id", None),
+    ] {
+        c.unpublish(id, node, &Secrets::default()).await.unwrap();
+    }
+    assert!(
+        remote.secrets_seen.lock().unwrap().is_empty(),
+        "the remote backend was never asked"
+    );
+}
+
+#[tokio::test]
+async fn topology_is_checked_for_node_local_backends_only() {
+    let a = Arc::new(Memory::new("file", local()));
+    let b = Arc::new(Memory::new("net", remote_attach()));
+    let c = ops(vec![a, b]);
+    let elsewhere = HashMap::from([(
+        "topology.ferrovol.io/node".to_string(),
+        "node-z".to_string(),
+    )]);
+    let mut req = new_volume("pvc-1", &[("backend", "file")]);
+    req.requisite = vec![elsewhere.clone()];
+    assert_eq!(
+        c.create_volume(req.clone()).await.unwrap_err().kind,
+        Kind::ResourceExhausted
+    );
+    req.requisite.push(c.node_topology());
+    assert!(c.create_volume(req).await.unwrap().topology.is_some());
+    let mut remote = new_volume("pvc-2", &[("backend", "net")]);
+    remote.requisite = vec![elsewhere.clone()];
+    assert!(c.create_volume(remote).await.unwrap().topology.is_none());
+    let params = BTreeMap::from([("backend".to_string(), "file".to_string())]);
+    assert_eq!(
+        c.capacity(&params, &[cap()], Some(&elsewhere))
+            .await
+            .unwrap()
+            .available_bytes,
+        0
+    );
+    assert_eq!(
+        c.capacity(&params, &[cap()], Some(&c.node_topology()))
+            .await
+            .unwrap()
+            .available_bytes,
+        42
+    );
+}
