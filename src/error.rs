@@ -59,6 +59,9 @@ impl Error {
     pub fn unimplemented(message: impl Into<String>) -> Self {
         Self::new(Kind::Unimplemented, message)
     }
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(Kind::Unavailable, message)
+    }
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(Kind::Internal, message)
     }

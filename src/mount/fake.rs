@@ -4,7 +4,7 @@ use super::{MountInfo, MountOptions, Mounter};
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 
 /// An operation the fake can be told to fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +31,10 @@ pub struct FakeMounter {
     table: Mutex<BTreeMap<PathBuf, Vec<FakeMount>>>,
     failures: Mutex<Vec<(MountOp, usize)>>,
     calls: Mutex<Vec<(MountOp, PathBuf)>>,
+    /// Targets under this prefix hang in mount_fs (as a mount of a dead
+    /// server does in the kernel) until [`FakeMounter::release_hung`].
+    hang: Mutex<Option<PathBuf>>,
+    hung: Condvar,
 }
 
 impl FakeMounter {
@@ -41,6 +45,32 @@ impl FakeMounter {
     /// Makes the next `times` calls of `op` fail with EIO.
     pub fn fail_next(&self, op: MountOp, times: usize) {
         self.failures.lock().unwrap().push((op, times));
+    }
+
+    /// Makes every mount_fs on a target under `prefix` block its thread
+    /// until [`FakeMounter::release_hung`] (then it fails with EIO).
+    pub fn hang_mounts_under(&self, prefix: &Path) {
+        *self.hang.lock().unwrap() = Some(prefix.to_path_buf());
+    }
+
+    /// Lets every hung mount_fs return.
+    pub fn release_hung(&self) {
+        *self.hang.lock().unwrap() = None;
+        self.hung.notify_all();
+    }
+
+    fn wait_if_hung(&self, target: &Path) -> Result<()> {
+        let mut hang = self.hang.lock().unwrap();
+        if !hang.as_ref().is_some_and(|p| target.starts_with(p)) {
+            return Ok(());
+        }
+        while hang.is_some() {
+            hang = self.hung.wait(hang).unwrap();
+        }
+        Err(Error::io(
+            format!("mount on {}", target.display()),
+            std::io::Error::from_raw_os_error(libc::EIO),
+        ))
     }
 
     /// The mount on top at `target`, if any.
@@ -99,6 +129,7 @@ impl Mounter for FakeMounter {
         options: &MountOptions,
     ) -> Result<()> {
         self.check(MountOp::MountFs, target)?;
+        self.wait_if_hung(target)?;
         self.push(
             target,
             FakeMount {

@@ -4,10 +4,12 @@
 //! syscalls here, never an exec of `mount(8)`.
 
 mod fake;
+mod helper;
 mod info;
 mod system;
 
 pub use fake::{FakeMount, FakeMounter, MountOp};
+pub use helper::{helper_command, mount_with_helper};
 pub use info::{parse_mountinfo, MountInfo};
 pub use system::SystemMounter;
 

@@ -16,6 +16,7 @@ use crate::plugin::{
 use crate::state::{NodeState, PublishRecord, StageRecord};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// How often unmount is retried on stacked mounts before giving up.
 const MAX_STACKED_MOUNTS: usize = 16;
@@ -51,6 +52,28 @@ pub struct VolumeStats {
     pub abnormal: Option<String>,
 }
 
+/// How long a call into the mount table may take before its RPC gives up.
+/// A mount of an unreachable server, or a statx on a mount whose server
+/// went away, can block in the kernel for as long as the server is gone;
+/// such a call holds one thread of the blocking pool, never an async
+/// worker, and its RPC fails with UNAVAILABLE at the deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadlines {
+    /// statx, bind, unmount.
+    pub quick: Duration,
+    /// Mounting a filesystem (a device's, or a remote one).
+    pub mount: Duration,
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Deadlines {
+            quick: Duration::from_secs(30),
+            mount: Duration::from_secs(120),
+        }
+    }
+}
+
 /// The node side of the driver.
 pub struct NodeOps {
     registry: Arc<Registry>,
@@ -58,6 +81,7 @@ pub struct NodeOps {
     runner: Arc<dyn CommandRunner>,
     state: NodeState,
     locks: OpLocks,
+    deadlines: Deadlines,
 }
 
 impl NodeOps {
@@ -74,7 +98,43 @@ impl NodeOps {
             runner,
             state,
             locks,
+            deadlines: Deadlines::default(),
         }
+    }
+
+    /// The same, with other deadlines for mount-table calls.
+    pub fn with_deadlines(mut self, deadlines: Deadlines) -> Self {
+        self.deadlines = deadlines;
+        self
+    }
+
+    /// Runs a mount-table call on the blocking pool, within `deadline`.
+    async fn off_worker<T, F>(&self, what: String, deadline: Duration, call: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn Mounter) -> Result<T> + Send + 'static,
+    {
+        let mounter = self.mounter.clone();
+        let task = tokio::task::spawn_blocking(move || call(mounter.as_ref()));
+        match tokio::time::timeout(deadline, task).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(join)) => Err(Error::internal(format!("{what}: {join}"))),
+            Err(_) => Err(Error::unavailable(format!(
+                "{what} did not finish within {:.1}s; the call is stuck in the kernel \
+                 (often on an unreachable server): try again when it answers",
+                deadline.as_secs_f64()
+            ))),
+        }
+    }
+
+    async fn is_mounted(&self, path: &Path) -> Result<bool> {
+        let p = path.to_path_buf();
+        self.off_worker(
+            format!("checking whether {} is mounted", path.display()),
+            self.deadlines.quick,
+            move |m| m.is_mount_point(&p),
+        )
+        .await
     }
 
     pub fn state(&self) -> &NodeState {
@@ -151,7 +211,7 @@ impl NodeOps {
                     req.staging_path.display()
                 )));
             }
-            if existing.attachment.is_some() && self.stage_complete(&existing)? {
+            if existing.attachment.is_some() && self.stage_complete(&existing).await? {
                 return Ok(());
             }
             // An interrupted stage: carry on from where it stopped.
@@ -190,9 +250,9 @@ impl NodeOps {
         Ok(())
     }
 
-    fn stage_complete(&self, record: &StageRecord) -> Result<bool> {
+    async fn stage_complete(&self, record: &StageRecord) -> Result<bool> {
         match record.capability.access {
-            AccessType::Mount { .. } => self.mounter.is_mount_point(&record.staging_path),
+            AccessType::Mount { .. } => self.is_mounted(&record.staging_path).await,
             AccessType::Block => Ok(true),
         }
     }
@@ -215,49 +275,75 @@ impl NodeOps {
             .unwrap_or_else(|| fs::DEFAULT_FS.into());
         let readonly = record.capability.mode.is_readonly();
         let options = MountOptions::parse(mount_flags, readonly)?;
-        if self.mounter.is_mount_point(&record.staging_path)? {
+        if self.is_mounted(&record.staging_path).await? {
             return Ok(());
         }
+        let target = record.staging_path.clone();
         match &attachment {
             Attachment::Device { path } => {
                 if !readonly {
                     fs::format_if_unformatted(self.runner.as_ref(), path, &fs).await?;
                 }
-                self.mounter
-                    .mount_fs(path, &record.staging_path, &fs, &options)
+                let device = path.clone();
+                self.off_worker(
+                    format!("mounting {} on {}", device.display(), target.display()),
+                    self.deadlines.mount,
+                    move |m| m.mount_fs(&device, &target, &fs, &options),
+                )
+                .await
             }
             Attachment::Remote {
                 source,
                 fs_type,
                 options: remote,
             } => {
+                // A remote filesystem is mounted by its mount helper in a
+                // child process (it resolves the server and negotiates the
+                // version), which the exec seam kills at the deadline: a
+                // thread stuck in mount(2) could not be killed.
                 let mut opts = options.clone();
                 opts.data.extend(remote.iter().cloned());
-                self.mounter
-                    .mount_fs(Path::new(source), &record.staging_path, fs_type, &opts)
+                crate::mount::mount_with_helper(
+                    self.runner.as_ref(),
+                    source,
+                    &target,
+                    fs_type,
+                    &opts,
+                    self.deadlines.mount,
+                )
+                .await
             }
         }
     }
 
     async fn undo_stage(&self, backend: &dyn Backend, record: &StageRecord) -> Result<()> {
-        self.unmount_all(&record.staging_path)?;
+        self.unmount_all(&record.staging_path).await?;
         backend
             .node_detach(&record.volume_id, record.attachment.as_ref())
             .await?;
         self.state.remove_stage(&record.volume_id)
     }
 
-    fn unmount_all(&self, path: &Path) -> Result<()> {
-        for _ in 0..MAX_STACKED_MOUNTS {
-            if !self.mounter.is_mount_point(path)? {
-                return Ok(());
-            }
-            self.mounter.unmount(path)?;
-        }
-        Err(Error::internal(format!(
-            "{} still mounted after {MAX_STACKED_MOUNTS} unmounts",
-            path.display()
-        )))
+    /// Unmounts everything stacked at `path`, off the async workers.
+    async fn unmount_all(&self, path: &Path) -> Result<()> {
+        let p = path.to_path_buf();
+        self.off_worker(
+            format!("unmounting {}", path.display()),
+            self.deadlines.quick,
+            move |m| {
+                for _ in 0..MAX_STACKED_MOUNTS {
+                    if !m.is_mount_point(&p)? {
+                        return Ok(());
+                    }
+                    m.unmount(&p)?;
+                }
+                Err(Error::internal(format!(
+                    "{} still mounted after {MAX_STACKED_MOUNTS} unmounts",
+                    p.display()
+                )))
+            },
+        )
+        .await
     }
 
     /// NodeUnstageVolume.
@@ -267,24 +353,20 @@ impl NodeOps {
         let Some(record) = self.state.stage(id) else {
             // Not staged as far as we know. Still release anything a stage
             // interrupted before its first record may have left.
-            self.unmount_all(staging_path)?;
+            self.unmount_all(staging_path).await?;
             return backend.node_detach(id, None).await;
         };
         if record.staging_path != staging_path {
             // Not staged at this path: nothing to undo here.
             return Ok(());
         }
-        let live: Vec<_> = self
-            .state
-            .publishes_of(id)
-            .into_iter()
-            .filter(|p| self.mounter.is_mount_point(&p.target_path).unwrap_or(true))
-            .collect();
-        if let Some(p) = live.first() {
-            return Err(Error::precondition(format!(
-                "volume {id} is still published at {}; unpublish it first",
-                p.target_path.display()
-            )));
+        for p in self.state.publishes_of(id) {
+            if self.is_mounted(&p.target_path).await.unwrap_or(true) {
+                return Err(Error::precondition(format!(
+                    "volume {id} is still published at {}; unpublish it first",
+                    p.target_path.display()
+                )));
+            }
         }
         for p in self.state.publishes_of(id) {
             self.state.remove_publish(&p.target_path)?;
@@ -342,7 +424,7 @@ impl NodeOps {
                     req.target_path.display()
                 )));
             }
-            if self.mounter.is_mount_point(&req.target_path)? {
+            if self.is_mounted(&req.target_path).await? {
                 return Ok(());
             }
         } else {
@@ -375,10 +457,15 @@ impl NodeOps {
         let options = MountOptions::parse(&flags, readonly)?;
         paths::make_target(&req.target_path, is_block)?;
         self.state.put_publish(record)?;
-        if let Err(e) = self
-            .mounter
-            .bind(&source, &req.target_path, readonly, &options)
-        {
+        let target = req.target_path.clone();
+        let bound = self
+            .off_worker(
+                format!("binding {} on {}", source.display(), target.display()),
+                self.deadlines.quick,
+                move |m| m.bind(&source, &target, readonly, &options),
+            )
+            .await;
+        if let Err(e) = bound {
             let _ = self.state.remove_publish(&req.target_path);
             let _ = paths::remove_target(&req.target_path);
             return Err(e);
@@ -400,7 +487,7 @@ impl NodeOps {
                 )));
             }
         }
-        let mounted = self.mounter.is_mount_point(target)?;
+        let mounted = self.is_mounted(target).await?;
         if record.is_none() && !mounted {
             if !target.exists() {
                 if let Ok(None) = backend.get_volume(id).await {
@@ -410,7 +497,7 @@ impl NodeOps {
             paths::remove_target(target)?;
             return Ok(());
         }
-        self.unmount_all(target)?;
+        self.unmount_all(target).await?;
         paths::remove_target(target)?;
         self.state.remove_publish(target)
     }
@@ -456,14 +543,25 @@ impl NodeOps {
         }
         match stage.capability.access {
             AccessType::Mount { .. } => {
-                if !self.mounter.is_mount_point(&stage.staging_path)? {
+                if !self.is_mounted(&stage.staging_path).await? {
                     stats.abnormal.get_or_insert_with(|| {
                         format!("staging mount {} is gone", stage.staging_path.display())
                     });
                 }
-                let st = nix::sys::statvfs::statvfs(volume_path).map_err(|e| {
-                    Error::io("statvfs", std::io::Error::from_raw_os_error(e as i32))
-                })?;
+                // statvfs on a mount whose server is gone blocks: off the
+                // workers, within the deadline, like a mount-table call.
+                let p = volume_path.to_path_buf();
+                let st = self
+                    .off_worker(
+                        format!("reading usage of {}", volume_path.display()),
+                        self.deadlines.quick,
+                        move |_| {
+                            nix::sys::statvfs::statvfs(&p).map_err(|e| {
+                                Error::io("statvfs", std::io::Error::from_raw_os_error(e as i32))
+                            })
+                        },
+                    )
+                    .await?;
                 let frsize = st.fragment_size() as u64;
                 stats.total_bytes = st.blocks() as u64 * frsize;
                 stats.available_bytes = Some(st.blocks_available() as u64 * frsize);

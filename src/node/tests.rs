@@ -51,13 +51,18 @@ impl Backend for Recorder {
 
 struct Fixture {
     dir: tempfile::TempDir,
-    ops: NodeOps,
+    ops: Arc<NodeOps>,
+    registry: Arc<Registry>,
     mounter: Arc<FakeMounter>,
     runner: Arc<FakeRunner>,
     backend: Arc<Recorder>,
 }
 
 fn fixture() -> Fixture {
+    fixture_with(Deadlines::default())
+}
+
+fn fixture_with(deadlines: Deadlines) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("staging")).unwrap();
     std::fs::create_dir_all(dir.path().join("pods")).unwrap();
@@ -67,16 +72,19 @@ fn fixture() -> Fixture {
     let mounter = Arc::new(FakeMounter::new());
     let runner = Arc::new(FakeRunner::new());
     let state = NodeState::open(&dir.path().join("state")).unwrap();
+    let registry = Arc::new(registry);
     let ops = NodeOps::new(
-        Arc::new(registry),
+        registry.clone(),
         mounter.clone(),
         runner.clone(),
         state,
         crate::locks::OpLocks::new(),
-    );
+    )
+    .with_deadlines(deadlines);
     Fixture {
         dir,
-        ops,
+        ops: Arc::new(ops),
+        registry,
         mounter,
         runner,
         backend,
@@ -345,4 +353,209 @@ async fn concurrent_stage_is_aborted() {
             .kind,
         Kind::Aborted
     );
+}
+
+/// Mounts that hang in the kernel hold blocking threads, never the async
+/// workers: with four stages stuck in mount(2) on a two-worker runtime,
+/// Probe and publishes of another volume still answer at once, and each
+/// stuck stage fails with UNAVAILABLE at its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stuck_mounts_do_not_stall_other_calls() {
+    use crate::proto::identity_server::Identity;
+    use crate::service::{identity::IdentityService, Driver, Mode};
+    use std::time::Instant;
+
+    let deadlines = Deadlines {
+        quick: Duration::from_secs(5),
+        mount: Duration::from_millis(1500),
+    };
+    let f = fixture_with(deadlines);
+    // One volume staged normally, to publish while the others hang.
+    f.runner.expect("blkid", Reply::Fail(2, String::new()));
+    f.ops
+        .stage(stage_req(&f, AccessMode::SingleNodeMultiWriter))
+        .await
+        .unwrap();
+    let stuck_dir = f.dir.path().join("stuck");
+    f.mounter.hang_mounts_under(&stuck_dir);
+    let mut stuck = Vec::new();
+    for i in 0..4 {
+        let staging = stuck_dir.join(format!("s{i}"));
+        std::fs::create_dir_all(&staging).unwrap();
+        f.runner.expect("blkid", Reply::Fail(2, String::new()));
+        let ops = f.ops.clone();
+        let req = StageRequest {
+            volume_id: VolumeId::parse(&format!("rec:stuck{i}")).unwrap(),
+            staging_path: staging,
+            capability: mount_cap(AccessMode::SingleNodeWriter),
+            ctx: AttachContext::default(),
+        };
+        stuck.push(tokio::spawn(async move {
+            let started = Instant::now();
+            (ops.stage(req).await, started.elapsed())
+        }));
+    }
+    // Wait until all four sit in mount(2). (Were mounts run on the async
+    // workers, two stuck ones would keep the other two from ever starting.)
+    let waiting = Instant::now();
+    while f
+        .mounter
+        .calls()
+        .iter()
+        .filter(|(op, p)| *op == MountOp::MountFs && p.starts_with(&stuck_dir))
+        .count()
+        < 4
+    {
+        assert!(
+            waiting.elapsed() < Duration::from_secs(20),
+            "the stages never all reached mount(2): stuck mounts hold the workers"
+        );
+        std::thread::yield_now();
+        tokio::task::yield_now().await;
+    }
+
+    let driver = Arc::new(Driver {
+        name: "csi.ferrovol.io".into(),
+        version: "test".into(),
+        node_id: "n1".into(),
+        mode: Mode::All,
+        settings: Default::default(),
+        registry: f.registry.clone(),
+        node: f.ops.clone(),
+        controller: crate::plugin::ControllerOps::new(
+            f.registry.clone(),
+            crate::locks::OpLocks::new(),
+            "n1",
+            "topology.ferrovol.io/node",
+        ),
+        in_flight: Default::default(),
+    });
+    let identity = IdentityService(driver);
+    for i in 0..5 {
+        let t = Instant::now();
+        identity
+            .probe(tonic::Request::new(Default::default()))
+            .await
+            .unwrap();
+        let target = format!("t{i}");
+        f.ops
+            .publish(publish_req(
+                &f,
+                &target,
+                AccessMode::SingleNodeMultiWriter,
+                false,
+            ))
+            .await
+            .unwrap();
+        f.ops
+            .unpublish(&id(), &f.dir.path().join("pods").join(&target))
+            .await
+            .unwrap();
+        let took = t.elapsed();
+        assert!(
+            took < Duration::from_millis(100),
+            "probe + publish + unpublish took {took:?} with four mounts stuck"
+        );
+    }
+    for task in stuck {
+        let (result, took) = task.await.unwrap();
+        let err = result.unwrap_err();
+        assert_eq!(err.kind, Kind::Unavailable, "{}", err.message);
+        assert!(
+            err.message.contains("did not finish within 1.5s"),
+            "{}",
+            err.message
+        );
+        assert!(
+            took >= deadlines.mount && took < deadlines.mount * 3,
+            "{took:?}"
+        );
+    }
+    f.mounter.release_hung();
+}
+
+/// A remote filesystem is mounted by its helper in a child process, which
+/// the exec seam kills at the deadline; the failed stage leaves nothing.
+#[tokio::test]
+async fn remote_mounts_go_through_the_killable_helper() {
+    struct Remote;
+    #[async_trait::async_trait]
+    impl Backend for Remote {
+        fn name(&self) -> &str {
+            "net"
+        }
+        fn capabilities(&self) -> Capabilities {
+            Capabilities {
+                access_modes: vec![AccessMode::MultiNodeMultiWriter],
+                ..Default::default()
+            }
+        }
+        fn fs_types(&self) -> &'static [&'static str] {
+            &["nfs", "nfs4"]
+        }
+        async fn health(&self) -> Result<()> {
+            Ok(())
+        }
+        async fn node_attach(&self, _: &VolumeId, _: &AttachContext) -> Result<Attachment> {
+            Ok(Attachment::Remote {
+                source: "10.0.0.1:/export/vol".into(),
+                fs_type: "nfs".into(),
+                options: vec!["nfsvers=4.2".into()],
+            })
+        }
+        async fn node_detach(&self, _: &VolumeId, _: Option<&Attachment>) -> Result<()> {
+            Ok(())
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let staging = dir.path().join("staging");
+    std::fs::create_dir_all(&staging).unwrap();
+    let mut registry = Registry::new();
+    registry.register(Arc::new(Remote)).unwrap();
+    let mounter = Arc::new(FakeMounter::new());
+    let runner = Arc::new(FakeRunner::new());
+    let ops = NodeOps::new(
+        Arc::new(registry),
+        mounter.clone(),
+        runner.clone(),
+        NodeState::open(&dir.path().join("state")).unwrap(),
+        crate::locks::OpLocks::new(),
+    );
+    let req = |fs: &str| StageRequest {
+        volume_id: VolumeId::parse("net:v1").unwrap(),
+        staging_path: staging.clone(),
+        capability: VolumeCapability {
+            access: AccessType::Mount {
+                fs_type: fs.into(),
+                mount_flags: vec!["noatime".into()],
+            },
+            mode: AccessMode::MultiNodeMultiWriter,
+        },
+        ctx: AttachContext::default(),
+    };
+    // ext4 is not this backend's: refused before anything runs.
+    assert_eq!(
+        ops.stage(req("ext4")).await.unwrap_err().kind,
+        Kind::InvalidArgument
+    );
+    assert!(runner.lines().is_empty());
+
+    runner.expect("mount", Reply::Timeout);
+    let err = ops.stage(req("")).await.unwrap_err();
+    assert_eq!(err.kind, Kind::Unavailable, "{}", err.message);
+    let line = format!(
+        "mount -t nfs -o rw,noatime,nfsvers=4.2 -- 10.0.0.1:/export/vol {}",
+        staging.display()
+    );
+    assert_eq!(runner.lines(), [line]);
+    assert_eq!(runner.calls()[0].timeout, Deadlines::default().mount);
+    assert!(ops
+        .state()
+        .stage(&VolumeId::parse("net:v1").unwrap())
+        .is_none());
+    // Nothing is formatted and no mount(2) is made for a remote filesystem.
+    assert!(mounter
+        .calls()
+        .iter()
+        .all(|(op, _)| *op != MountOp::MountFs));
 }
