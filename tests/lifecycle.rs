@@ -831,3 +831,121 @@ async fn the_demo_client_drives_a_volume_through_its_life() {
         .entries
         .is_empty());
 }
+
+/// A restored snapshot and a clone of a mounted volume stage beside their
+/// source: each copy gets its own filesystem UUID before its first mount
+/// (the kernel refuses a second xfs with one UUID; btrfs mixes up two
+/// devices with one fsid), and both show the source's data.
+#[tokio::test]
+async fn copies_mount_beside_their_source_with_their_own_uuid() {
+    let h = Harness::start().await;
+    for fs in ["ext4", "xfs", "btrfs"] {
+        let cap = mount_cap(fs, SNW);
+        let source = h
+            .provision(&format!("src-{fs}"), 320 * MIB, cap.clone())
+            .await;
+        {
+            // fsync'd, not unmounted: the copy holds it in the journal/log.
+            use std::io::Write;
+            let mut f = std::fs::File::create(source.target.join("data")).unwrap();
+            write!(f, "written on {fs}").unwrap();
+            f.sync_all().unwrap();
+        }
+        // Snapshot and clone while the source stays mounted (a copy of a
+        // live filesystem: xfs's log is dirty in it).
+        let snap = h
+            .controller()
+            .create_snapshot(pb::CreateSnapshotRequest {
+                source_volume_id: source.id.clone(),
+                name: format!("snap-{fs}"),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .snapshot
+            .unwrap();
+        let mut copies = Vec::new();
+        for (name, src) in [
+            (
+                format!("restored-{fs}"),
+                pb::volume_content_source::Type::Snapshot(
+                    pb::volume_content_source::SnapshotSource {
+                        snapshot_id: snap.snapshot_id.clone(),
+                    },
+                ),
+            ),
+            (
+                format!("clone-{fs}"),
+                pb::volume_content_source::Type::Volume(pb::volume_content_source::VolumeSource {
+                    volume_id: source.id.clone(),
+                }),
+            ),
+        ] {
+            let mut req = create_req(&name, 0, cap.clone());
+            req.volume_content_source = Some(pb::VolumeContentSource { r#type: Some(src) });
+            let id = h
+                .controller()
+                .create_volume(req)
+                .await
+                .unwrap()
+                .into_inner()
+                .volume
+                .unwrap()
+                .volume_id;
+            let staging = h.path(&format!("kubelet/staging/{name}"));
+            std::fs::create_dir_all(&staging).unwrap();
+            let target = h.path(&format!("kubelet/pods/{name}"));
+            h.node()
+                .node_stage_volume(stage_req(&id, &staging, cap.clone()))
+                .await
+                .unwrap_or_else(|e| panic!("staging {name} beside its source: {e}"));
+            h.node()
+                .node_publish_volume(publish_req(&id, &staging, &target, cap.clone(), false))
+                .await
+                .unwrap();
+            assert_eq!(
+                std::fs::read_to_string(target.join("data")).unwrap(),
+                format!("written on {fs}"),
+                "{name}"
+            );
+            copies.push(Published {
+                id,
+                staging,
+                target,
+            });
+        }
+        // Three mounted filesystems, three UUIDs.
+        let mut uuids: Vec<String> = std::iter::once(&source)
+            .chain(copies.iter())
+            .map(|p| mounted_uuid(&p.staging))
+            .collect();
+        uuids.sort();
+        uuids.dedup();
+        assert_eq!(uuids.len(), 3, "{fs}: {uuids:?}");
+        for p in copies.iter().chain(std::iter::once(&source)) {
+            h.teardown(p).await;
+        }
+        h.controller()
+            .delete_snapshot(pb::DeleteSnapshotRequest {
+                snapshot_id: snap.snapshot_id,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    assert!(h.mounts().is_empty());
+    assert!(h.loop_devices().is_empty());
+}
+
+/// The UUID of the filesystem mounted at `path`, from its device.
+fn mounted_uuid(path: &std::path::Path) -> String {
+    let out = std::process::Command::new("findmnt")
+        .args(["-n", "-o", "UUID", "--mountpoint"])
+        .arg(path)
+        .output()
+        .unwrap();
+    let uuid = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    assert!(!uuid.is_empty(), "no UUID for {}", path.display());
+    uuid
+}

@@ -51,6 +51,10 @@ struct VolumeMeta {
     name: String,
     capacity_bytes: u64,
     source: Option<ContentSource>,
+    /// A copy whose filesystem still has its source's UUID (cleared at
+    /// its first stage, once the node gave it its own).
+    #[serde(default)]
+    copy_pending: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -419,6 +423,7 @@ impl Backend for FileBackend {
                 name: req.name.clone(),
                 capacity_bytes: size,
                 source: req.source.clone(),
+                copy_pending: req.source.is_some(),
             };
             write_json(&self.meta(&locator), &meta)?;
             std::fs::rename(&tmp, &image).map_err(io("move new image into place"))?;
@@ -622,6 +627,21 @@ impl Backend for FileBackend {
         }
         let path = self.loops.attach(&image).await?;
         Ok(Attachment::Device { path })
+    }
+
+    async fn node_copy_pending(&self, id: &VolumeId) -> Result<bool> {
+        self.own(id.backend())?;
+        Ok(read_json::<VolumeMeta>(&self.meta(id.locator()))?.is_some_and(|m| m.copy_pending))
+    }
+
+    async fn node_copy_done(&self, id: &VolumeId) -> Result<()> {
+        self.own(id.backend())?;
+        let path = self.meta(id.locator());
+        if let Some(mut meta) = read_json::<VolumeMeta>(&path)? {
+            meta.copy_pending = false;
+            write_json(&path, &meta)?;
+        }
+        Ok(())
     }
 
     async fn node_detach(&self, id: &VolumeId, attachment: Option<&Attachment>) -> Result<()> {

@@ -36,6 +36,9 @@ const CLASS_TAG: &str = "ferrovol-class:";
 const SOURCE_TAG: &str = "ferrovol-source:";
 /// On a new, empty volume: its start is wiped at first attach.
 const FRESH_TAG: &str = "ferrovol-fresh";
+/// On a copy (restored snapshot, clone): its filesystem still has the
+/// source's UUID; the node gives it its own at the first stage.
+const COPY_TAG: &str = "ferrovol-copy";
 /// The StorageClass parameter that picks a device class.
 pub const DEVICE_CLASS_PARAMETER: &str = "deviceClass";
 
@@ -727,6 +730,7 @@ impl Backend for LvmBackend {
         let mut tags = vec![TAG.to_string(), tag, format!("{CLASS_TAG}{}", class.name)];
         if let Some(src) = &source_lv {
             tags.push(format!("{SOURCE_TAG}{}", src.lv_name));
+            tags.push(COPY_TAG.into());
         } else {
             tags.push(FRESH_TAG.into());
         }
@@ -1145,6 +1149,26 @@ impl Backend for LvmBackend {
                 .await?;
         }
         Ok(Attachment::Device { path })
+    }
+
+    async fn node_copy_pending(&self, id: &VolumeId) -> Result<bool> {
+        let (class, lv_name) = self.split(id.locator())?;
+        Ok(self
+            .class_lv(class, lv_name)
+            .await?
+            .is_some_and(|lv| lv.has_tag(COPY_TAG)))
+    }
+
+    async fn node_copy_done(&self, id: &VolumeId) -> Result<()> {
+        let (class, lv_name) = self.split(id.locator())?;
+        self.runner
+            .run(self.lvm("lvchange").args([
+                "--deltag",
+                COPY_TAG,
+                &format!("{}/{lv_name}", class.volume_group),
+            ]))
+            .await?;
+        Ok(())
     }
 
     async fn node_detach(&self, id: &VolumeId, _attachment: Option<&Attachment>) -> Result<()> {

@@ -40,6 +40,70 @@ pub async fn probe(runner: &dyn CommandRunner, device: &Path) -> Result<Option<S
     }
 }
 
+/// The filesystem UUID on the device, if blkid finds one.
+pub async fn uuid(runner: &dyn CommandRunner, device: &Path) -> Result<Option<String>> {
+    let cmd = Command::new("blkid")
+        .args(["-p", "-o", "value", "-s", "UUID"])
+        .arg(path_arg(device)?)
+        .timeout(PROBE_TIMEOUT);
+    match runner.run(cmd).await {
+        Ok(out) => Ok(Some(out.stdout.trim().to_string()).filter(|u| !u.is_empty())),
+        Err(e) if e.exit_code() == Some(2) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The command that gives the filesystem on `device` a new random UUID,
+/// for a copy (a restored snapshot, a clone) that still carries its
+/// source's. `None` for filesystems without one to change.
+pub fn new_uuid_command(fs: &str, device: &Path) -> Result<Option<Command>> {
+    let dev = path_arg(device)?;
+    Ok(match fs {
+        "ext4" | "ext3" | "ext2" => Some(Command::new("tune2fs").args(["-U", "random"]).arg(dev)),
+        // Needs a clean log: the caller replays it first (a mount with
+        // `nouuid` and an unmount).
+        "xfs" => Some(Command::new("xfs_admin").args(["-U", "generate"]).arg(dev)),
+        // A new fsid, the metadata UUID kept: quick, whatever the size.
+        "btrfs" => Some(Command::new("btrfstune").arg("-m").arg(dev)),
+        _ => None,
+    }
+    .map(|c| c.timeout(GROW_TIMEOUT)))
+}
+
+/// Whether a btrfs filesystem holds a tree log (fsync'd writes not yet
+/// committed) that a mount must replay: changing its fsid first would
+/// make the log unreadable.
+pub async fn btrfs_log_pending(runner: &dyn CommandRunner, device: &Path) -> Result<bool> {
+    let out = runner
+        .run(
+            Command::new("btrfs")
+                .args(["inspect-internal", "dump-super"])
+                .arg(path_arg(device)?)
+                .timeout(PROBE_TIMEOUT),
+        )
+        .await?;
+    let root = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("log_root").map(str::trim))
+        .ok_or_else(|| Error::internal("btrfs dump-super shows no log_root"))?;
+    Ok(root != "0")
+}
+
+/// Checks and repairs an ext filesystem so its UUID can change (tune2fs
+/// wants a clean, checked filesystem). Exit codes 1 and 2 mean "fixed".
+pub async fn check_ext(runner: &dyn CommandRunner, device: &Path) -> Result<()> {
+    let cmd = Command::new("e2fsck")
+        .args(["-f", "-y"])
+        .arg(path_arg(device)?)
+        .timeout(MKFS_TIMEOUT);
+    match runner.run(cmd).await {
+        Ok(_) => Ok(()),
+        Err(e) if matches!(e.exit_code(), Some(1) | Some(2)) => Ok(()),
+        Err(e) => Err(Error::from(e).context("check the copied filesystem")),
+    }
+}
+
 /// Formats the device with `fs` unless it already holds something. A device
 /// holding another filesystem is an error, never formatted over.
 pub async fn format_if_unformatted(

@@ -281,6 +281,10 @@ impl NodeOps {
         let target = record.staging_path.clone();
         match &attachment {
             Attachment::Device { path } => {
+                if backend.node_copy_pending(&record.volume_id).await? {
+                    self.renew_fs_uuid(path, &target).await?;
+                    backend.node_copy_done(&record.volume_id).await?;
+                }
                 if !readonly {
                     fs::format_if_unformatted(self.runner.as_ref(), path, &fs).await?;
                 }
@@ -314,6 +318,86 @@ impl NodeOps {
                 .await
             }
         }
+    }
+
+    /// Gives the filesystem on a copied device a UUID of its own (see
+    /// [`Backend::node_copy_pending`]), and checks that it changed: some
+    /// tools report success without doing it. `scratch` is an empty
+    /// directory of ours (the staging path before the stage mount).
+    async fn renew_fs_uuid(&self, device: &Path, scratch: &Path) -> Result<()> {
+        let runner = self.runner.as_ref();
+        let Some(found) = fs::probe(runner, device).await? else {
+            return Ok(()); // never formatted: nothing to renew
+        };
+        let Some(cmd) = fs::new_uuid_command(&found, device)? else {
+            return Ok(());
+        };
+        let before = fs::uuid(runner, device).await?;
+        match found.as_str() {
+            "ext4" | "ext3" | "ext2" => fs::check_ext(runner, device).await?,
+            // A copy of a mounted xfs has a dirty log, which xfs_admin will
+            // not touch: a mount that ignores the duplicate UUID replays
+            // it, and the unmount leaves it clean.
+            "xfs" => {
+                self.replay_by_mount(device, scratch, "xfs", "nouuid")
+                    .await?
+            }
+            // A btrfs tree log must be replayed before the fsid changes.
+            // The kernel mounts a single-device copy beside its source
+            // under a temporary fsid (Linux 6.7 on); an older one would
+            // hand back the source's filesystem and leave the log, which
+            // the second check catches.
+            "btrfs" if fs::btrfs_log_pending(runner, device).await? => {
+                self.replay_by_mount(device, scratch, "btrfs", "").await?;
+                if fs::btrfs_log_pending(runner, device).await? {
+                    return Err(Error::precondition(format!(
+                        "the btrfs copy on {} holds a log that could not be replayed beside \
+                         its source; stage it where its source is not mounted",
+                        device.display()
+                    )));
+                }
+            }
+            _ => {}
+        }
+        runner
+            .run(cmd)
+            .await
+            .map_err(|e| Error::from(e).context("give the copied filesystem its own UUID"))?;
+        let after = fs::uuid(runner, device).await?;
+        if after.is_none() || after == before {
+            return Err(Error::internal(format!(
+                "the {found} filesystem on {} still has its source's UUID",
+                device.display()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Mounts and unmounts a device once, so the kernel replays its log.
+    async fn replay_by_mount(
+        &self,
+        device: &Path,
+        scratch: &Path,
+        fs: &str,
+        data: &str,
+    ) -> Result<()> {
+        let (dev, dir, fs_type) = (device.to_path_buf(), scratch.to_path_buf(), fs.to_string());
+        let options = MountOptions {
+            data: (!data.is_empty())
+                .then(|| data.to_string())
+                .into_iter()
+                .collect(),
+            ..Default::default()
+        };
+        self.off_worker(
+            format!("replaying the log of {}", device.display()),
+            self.deadlines.mount,
+            move |m| {
+                m.mount_fs(&dev, &dir, &fs_type, &options)?;
+                m.unmount(&dir).map(|_| ())
+            },
+        )
+        .await
     }
 
     async fn undo_stage(&self, backend: &dyn Backend, record: &StageRecord) -> Result<()> {

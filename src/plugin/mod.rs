@@ -196,6 +196,17 @@ pub trait Backend: Send + Sync {
     async fn node_attach(&self, _id: &VolumeId, _ctx: &AttachContext) -> Result<Attachment> {
         Err(self.unimplemented("attach volumes on the node"))
     }
+    /// Whether the volume is a copy (a restored snapshot, a clone) whose
+    /// filesystem still carries its source's UUID. The node gives it its
+    /// own before its first mount: the kernel refuses a second xfs with
+    /// one UUID, and btrfs confuses two devices with one fsid.
+    async fn node_copy_pending(&self, _id: &VolumeId) -> Result<bool> {
+        Ok(false)
+    }
+    /// Records that the copy's filesystem has its own UUID now.
+    async fn node_copy_done(&self, _id: &VolumeId) -> Result<()> {
+        Ok(())
+    }
     /// Releases what [`Backend::node_attach`] set up; idempotent. With no
     /// attachment (a stage interrupted before it was recorded) the backend
     /// releases whatever it may have set up for this volume.
