@@ -2,6 +2,7 @@
 //! loop-mounted image files.
 
 pub mod app;
+pub mod authority;
 pub mod backend;
 pub mod config;
 pub mod error;

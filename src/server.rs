@@ -148,7 +148,12 @@ pub async fn serve(
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o660))
                 .map_err(|e| Error::io(format!("chmod {}", path.display()), e))?;
             tracing::info!(endpoint = %format!("unix://{}", path.display()), driver = %driver.name, node = %driver.node_id, ?mode, "serving");
-            let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+            // Clients that send the socket path as :authority (kubelet
+            // before 1.26, csc, grpcio, grpc-java) get it fixed on the way in.
+            let incoming = tokio_stream::StreamExt::map(
+                tokio_stream::wrappers::UnixListenerStream::new(listener),
+                |conn| conn.map(crate::authority::AuthorityFix::new),
+            );
             let serving = router.serve_with_incoming_shutdown(incoming, stopped);
             tokio::select! {
                 r = serving => r.map_err(|e| Error::internal(format!("server: {e}"))),

@@ -949,3 +949,45 @@ fn mounted_uuid(path: &std::path::Path) -> String {
     assert!(!uuid.is_empty(), "no UUID for {}", path.display());
     uuid
 }
+
+/// Clients that send the socket path as `:authority` (kubelet before 1.26
+/// with the node-driver-registrar, csc, grpcio, grpc-java) reach every RPC
+/// of the three services, and get the answers a well-behaved client gets.
+/// Needs python3 with grpcio and grpcio-tools (`.ci/run` installs them).
+#[tokio::test]
+async fn clients_sending_the_socket_path_as_authority_reach_every_rpc() {
+    let h = Harness::start().await;
+    let run = |authority: &str| {
+        let out = std::process::Command::new("python3")
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/clients/csi_calls.py"
+            ))
+            .arg(h.socket())
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/proto/csi.proto"))
+            .arg(authority)
+            .output()
+            .expect("python3 runs (install grpcio and grpcio-tools)");
+        assert!(
+            out.status.success(),
+            "{authority}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // What a client with an authority the server takes gets: the reference.
+    let reference = run("localhost");
+    let lines: Vec<&str> = reference.lines().collect();
+    assert_eq!(lines.len(), 3 + 15 + 8, "{reference}");
+    assert!(lines.contains(&"Identity/Probe OK"), "{reference}");
+    assert!(lines.contains(&"Node/NodeGetInfo OK"), "{reference}");
+    assert!(
+        lines.contains(&"Controller/CreateVolume INVALID_ARGUMENT"),
+        "{reference}"
+    );
+    assert!(!reference.contains("INTERNAL"), "{reference}");
+    for authority in ["socket", "default"] {
+        assert_eq!(run(authority), reference, "authority mode {authority}");
+    }
+    assert!(!h.log().contains("malformed"), "{}", h.log());
+}
