@@ -4,8 +4,10 @@
 //!     cargo bench --bench driver            (as root)
 //!
 //! FERROVOL_BENCH_SECS (default 5) sets each phase's length,
-//! FERROVOL_BENCH_CLIENTS (default 8) the concurrency, FERROVOL_BENCH_MOUNTS
-//! (default 5000) the scale phases' size.
+//! FERROVOL_BENCH_CLIENTS (default 8) the concurrency (each client holds
+//! its own connection, as kubelet and each sidecar do), FERROVOL_BENCH_MOUNTS
+//! (default 5000) the mount scale phases' size, FERROVOL_BENCH_VOLUMES
+//! (default 10000) the pool size for the create and list phases.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -127,6 +129,9 @@ fn bind_baseline(dir: &Path, threads: usize, secs: u64) -> Figures {
 }
 
 fn row(name: &str, f: &Figures, baseline: Option<f64>, rss_kb: Option<u64>) {
+    // A phase that completed nothing measured nothing: fail, even in the
+    // smoke run.
+    assert!(f.ops > 0, "phase {name:?} completed no operation");
     let ratio = baseline
         .map(|b| format!("{:.1}% of syscall limit", 100.0 * f.rate() / b))
         .unwrap_or_default();
@@ -152,6 +157,7 @@ async fn main() {
     let secs = env_num("FERROVOL_BENCH_SECS", if full { 5 } else { 1 });
     let clients = env_num("FERROVOL_BENCH_CLIENTS", 8) as usize;
     let scale = env_num("FERROVOL_BENCH_MOUNTS", if full { 5000 } else { 200 }) as usize;
+    let pool_size = env_num("FERROVOL_BENCH_VOLUMES", if full { 10_000 } else { 300 }) as usize;
     let mut h = Harness::start_with_env(None, &[("RUST_LOG", "warn")]).await;
     println!(
         "ferrovol benchmarks: {clients} clients, {secs} s per phase, release build, driver pid {}",
@@ -167,15 +173,24 @@ async fn main() {
     row("baseline: bind mount(2)+umount2(2)", &base, None, None);
     let limit = base.rate();
 
-    // Probe.
+    // Probe. Each client has its own connection.
     h.reset_peak_rss();
-    let channels: Vec<_> = (0..clients).map(|_| h.channel.clone().unwrap()).collect();
+    let mut channels = Vec::new();
+    for _ in 0..clients {
+        channels.push(connect(&h.socket()).await.expect("a connection per client"));
+    }
     let probe = {
         let channels = channels.clone();
         drive(clients, secs, move |c, _| {
             let mut id = ferrovol::proto::identity_client::IdentityClient::new(channels[c].clone());
             async move {
-                id.probe(pb::ProbeRequest {}).await.unwrap();
+                let ready = id
+                    .probe(pb::ProbeRequest {})
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .ready;
+                assert_eq!(ready, Some(true), "Probe says the driver is not ready");
             }
         })
         .await
@@ -238,6 +253,25 @@ async fn main() {
         Some(h.status_kb("VmHWM")),
     );
     let publish_hwm = h.status_kb("VmHWM");
+    let shared = vec![h.channel.clone().unwrap(); clients];
+    let publish_shared = drive(
+        clients,
+        secs,
+        publish_cycle(
+            pods.clone(),
+            staging.clone(),
+            vol.volume_id.clone(),
+            cap.clone(),
+            shared,
+        ),
+    )
+    .await;
+    row(
+        "  the same, all clients on one connection",
+        &publish_shared,
+        Some(limit),
+        None,
+    );
 
     // Full lifecycles.
     h.reset_peak_rss();
@@ -291,6 +325,123 @@ async fn main() {
         None,
         Some(h.status_kb("VmHWM")),
     );
+
+    // A pool that grows: CreateVolume's rate as the pool fills, and a full
+    // ListVolumes walk in pages of 100 at the pool's largest.
+    let mut made = 0usize;
+    let mut create_rates = Vec::new();
+    let checkpoints: Vec<usize> = [pool_size / 10, pool_size]
+        .into_iter()
+        .filter(|n| *n > 0)
+        .collect();
+    for &upto in &checkpoints {
+        let batch = upto - made;
+        let next = Arc::new(std::sync::atomic::AtomicUsize::new(made));
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for channel in channels.iter().cloned() {
+            let next = next.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut ctl = ferrovol::proto::controller_client::ControllerClient::new(channel);
+                let mut samples = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    if i >= upto {
+                        break;
+                    }
+                    let t = Instant::now();
+                    ctl.create_volume(create_req(
+                        &format!("pool-{i:06}"),
+                        MIB,
+                        mount_cap("ext4", SNW),
+                    ))
+                    .await
+                    .unwrap();
+                    samples.push(t.elapsed());
+                }
+                samples
+            }));
+        }
+        let mut samples = Vec::new();
+        for t in tasks {
+            samples.extend(t.await.unwrap());
+        }
+        let f = Figures {
+            ops: samples.len(),
+            elapsed: started.elapsed(),
+            samples,
+        };
+        assert_eq!(f.ops, batch);
+        row(
+            &format!("CreateVolume, pool growing to {upto}"),
+            &f,
+            None,
+            None,
+        );
+        create_rates.push((upto, f.rate()));
+        made = upto;
+    }
+    let walk = |page: i32| {
+        let channel = channels[0].clone();
+        async move {
+            let mut ctl = ferrovol::proto::controller_client::ControllerClient::new(channel);
+            let started = Instant::now();
+            let (mut token, mut seen, mut pages) = (String::new(), 0usize, 0usize);
+            loop {
+                let r = ctl
+                    .list_volumes(pb::ListVolumesRequest {
+                        max_entries: page,
+                        starting_token: token,
+                    })
+                    .await
+                    .unwrap()
+                    .into_inner();
+                seen += r.entries.len();
+                pages += 1;
+                if r.next_token.is_empty() {
+                    break;
+                }
+                token = r.next_token;
+            }
+            (started.elapsed(), seen, pages)
+        }
+    };
+    let (took, seen, pages) = walk(100).await;
+    assert!(
+        seen >= pool_size,
+        "the walk saw {seen} of {pool_size} volumes"
+    );
+    println!(
+        "ListVolumes walk of {seen} volumes in {pages} pages of 100: {} ({:.3} ms per page)",
+        ms(took),
+        took.as_secs_f64() * 1000.0 / pages as f64
+    );
+    let list_walk = (seen, took);
+    {
+        let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for channel in channels.iter().cloned() {
+            let next = next.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut ctl = ferrovol::proto::controller_client::ControllerClient::new(channel);
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    if i >= made {
+                        break;
+                    }
+                    ctl.delete_volume(pb::DeleteVolumeRequest {
+                        volume_id: format!("file:pool-{i:06}"),
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+    }
 
     // Scale: publish latency with many mounts on the node.
     let single = |secs| {
@@ -398,5 +549,17 @@ async fn main() {
     println!("summary");
     println!("  publish+unpublish: {:.0} cycles/s at {clients} clients ({:.1}% of the bind syscall limit), p99 {}, driver peak RSS {:.1} MB",
         publish.rate(), 100.0 * publish.rate() / limit, ms(publish.pct(0.99)), publish_hwm as f64 / 1024.0);
+    println!(
+        "  publish+unpublish, all clients on one connection: {:.0} cycles/s",
+        publish_shared.rate()
+    );
+    for (n, rate) in &create_rates {
+        println!("  CreateVolume while the pool grows to {n}: {rate:.0}/s");
+    }
+    println!(
+        "  ListVolumes, a whole walk of {} volumes in pages of 100: {}",
+        list_walk.0,
+        ms(list_walk.1)
+    );
     println!("  targets: >= 2000 cycles/s, p99 < 10 ms, peak RSS < 8 MB, latency at {scale} mounts within 20% of 0");
 }
