@@ -191,17 +191,19 @@ mod tests {
     #[test]
     fn concurrent_attempts_admit_exactly_one() {
         let locks = OpLocks::new();
-        let barrier = std::sync::Arc::new(std::sync::Barrier::new(8));
+        // All eight try at once, and the winner holds on until every
+        // attempt has been made: no clock involved.
+        let start = std::sync::Arc::new(std::sync::Barrier::new(8));
+        let tried = std::sync::Arc::new(std::sync::Barrier::new(8));
         let handles: Vec<_> = (0..8)
             .map(|_| {
                 let locks = locks.clone();
-                let barrier = barrier.clone();
+                let (start, tried) = (start.clone(), tried.clone());
                 std::thread::spawn(move || {
-                    barrier.wait();
-                    locks.try_exclusive(&[k("vol:x")]).map(|g| {
-                        std::thread::sleep(std::time::Duration::from_millis(50));
-                        drop(g)
-                    })
+                    start.wait();
+                    let attempt = locks.try_exclusive(&[k("vol:x")]);
+                    tried.wait();
+                    attempt.map(drop)
                 })
             })
             .collect();

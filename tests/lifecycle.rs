@@ -561,9 +561,13 @@ async fn restart_between_stage_and_unstage() {
     assert!(h.loop_devices().is_empty());
 }
 
+/// While a stage of a volume is in flight, every other stage of it is
+/// refused with ABORTED at once (never queued), and the first completes.
 #[tokio::test]
 async fn concurrent_rpcs_on_one_volume_one_wins_others_aborted() {
-    let h = Harness::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gate = BlkidGate::new(dir.path());
+    let h = Harness::start_with_env(None, &[("PATH", gate.path.as_str())]).await;
     let cap = mount_cap("ext4", SNW);
     let vol = h
         .controller()
@@ -575,14 +579,16 @@ async fn concurrent_rpcs_on_one_volume_one_wins_others_aborted() {
         .unwrap();
     let staging = h.path("kubelet/staging/race");
     std::fs::create_dir_all(&staging).unwrap();
-    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(8));
+    let mut first = h.node();
+    let req = stage_req(&vol.volume_id, &staging, cap.clone());
+    let winner = tokio::spawn(async move { code(&first.node_stage_volume(req).await) });
+    // The first stage holds the volume while it sits in blkid.
+    gate.wait_entered().await;
     let mut tasks = Vec::new();
-    for _ in 0..8 {
+    for _ in 0..7 {
         let mut n = h.node();
         let req = stage_req(&vol.volume_id, &staging, cap.clone());
-        let barrier = barrier.clone();
         tasks.push(tokio::spawn(async move {
-            barrier.wait().await;
             code(&n.node_stage_volume(req).await)
         }));
     }
@@ -590,14 +596,9 @@ async fn concurrent_rpcs_on_one_volume_one_wins_others_aborted() {
     for t in tasks {
         codes.push(t.await.unwrap());
     }
-    let ok = codes.iter().filter(|c| **c == Code::Ok).count();
-    let aborted = codes.iter().filter(|c| **c == Code::Aborted).count();
-    assert!(ok >= 1, "{codes:?}");
-    assert!(
-        aborted >= 1,
-        "a stage that formats takes long enough that some calls must overlap: {codes:?}"
-    );
-    assert_eq!(ok + aborted, 8, "{codes:?}");
+    assert_eq!(codes, vec![Code::Aborted; 7]);
+    gate.release();
+    assert_eq!(winner.await.unwrap(), Code::Ok);
     assert_eq!(h.loop_devices().len(), 1);
     h.node()
         .node_unstage_volume(unstage_req(&vol.volume_id, &staging))

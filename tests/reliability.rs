@@ -9,6 +9,8 @@ use common::*;
 use ferrovol::proto as pb;
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tonic::Code;
 
@@ -273,8 +275,18 @@ async fn concurrency_storm_answers_allowed_codes_and_leaks_nothing() {
     assert_clean(&h);
 }
 
+/// Writes `data` to `path` and waits until it is on the device.
+fn write_synced(path: &Path, data: &str) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).unwrap();
+    f.write_all(data.as_bytes()).unwrap();
+    f.sync_all().unwrap();
+}
+
 /// One full lifecycle, each step retried until it succeeds (as a CO does).
-async fn lifecycle(h: &Harness, name: &str) {
+/// With `written`, the volume already holds the file an earlier attempt
+/// wrote, and it must still be there once the volume is published again.
+async fn lifecycle(h: &Harness, name: &str, written: bool) {
     let (mut c, mut n) = (h.controller(), h.node());
     let cap = mount_cap("ext4", SNW);
     let staging = h.path(&format!("kubelet/staging/{name}"));
@@ -294,7 +306,14 @@ async fn lifecycle(h: &Harness, name: &str) {
     n.node_publish_volume(publish_req(&id, &staging, &target, cap.clone(), false))
         .await
         .unwrap();
-    std::fs::write(target.join("f"), name).unwrap();
+    if written {
+        assert_eq!(
+            std::fs::read_to_string(target.join("f")).ok().as_deref(),
+            Some(name),
+            "{name}: data written before the crash is gone"
+        );
+    }
+    write_synced(&target.join("f"), name);
     c.create_snapshot(pb::CreateSnapshotRequest {
         source_volume_id: id.clone(),
         name: format!("{name}-snap"),
@@ -332,15 +351,20 @@ async fn crashes_at_random_points_lose_and_leak_nothing() {
     let mut h = Harness::start_with_env(None, &[("RUST_LOG", "info")]).await;
     // How long one undisturbed lifecycle takes, to aim the kills inside it.
     let t = Instant::now();
-    lifecycle(&h, "warmup").await;
+    lifecycle(&h, "warmup", false).await;
     let span = t.elapsed().as_micros() as u64;
     assert_clean(&h);
     for i in 0..iterations {
         let name = format!("crash-{i}");
         let kill_after = Duration::from_micros(rng.below(span.max(1)));
-        // Run the lifecycle against the driver and kill it part way.
+        // Run the lifecycle against the driver and kill it part way. What
+        // the driver confirmed before it died must survive it: the data
+        // written to the published volume, and a snapshot it reported.
         let pid = h.pid();
+        let wrote = Arc::new(AtomicBool::new(false));
+        let snapped = Arc::new(AtomicBool::new(false));
         let run = {
+            let (wrote, snapped) = (wrote.clone(), snapped.clone());
             let (mut c, mut n) = (h.controller(), h.node());
             let cap = mount_cap("ext4", SNW);
             let staging = h.path(&format!("kubelet/staging/{name}"));
@@ -368,13 +392,18 @@ async fn crashes_at_random_points_lose_and_leak_nothing() {
                 {
                     return;
                 }
-                let _ = c
-                    .create_snapshot(pb::CreateSnapshotRequest {
-                        source_volume_id: id.clone(),
-                        name: format!("{name}-snap"),
-                        ..Default::default()
-                    })
-                    .await;
+                write_synced(&target.join("f"), &name);
+                wrote.store(true, Ordering::SeqCst);
+                if c.create_snapshot(pb::CreateSnapshotRequest {
+                    source_volume_id: id.clone(),
+                    name: format!("{name}-snap"),
+                    ..Default::default()
+                })
+                .await
+                .is_ok()
+                {
+                    snapped.store(true, Ordering::SeqCst);
+                }
                 let _ = n.node_unpublish_volume(unpublish_req(&id, &target)).await;
                 let _ = n.node_unstage_volume(unstage_req(&id, &staging)).await;
             })
@@ -403,8 +432,19 @@ async fn crashes_at_random_points_lose_and_leak_nothing() {
             "iteration {i}: half-written records {bad:?}"
         );
         drop(state);
-        // The CO retries the whole lifecycle; every step completes.
-        tokio::time::timeout(RPC_LIMIT, lifecycle(&h, &name))
+        if snapped.load(Ordering::SeqCst) {
+            h.controller()
+                .get_snapshot(pb::GetSnapshotRequest {
+                    snapshot_id: format!("file:{name}-snap"),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_or_else(|e| panic!("iteration {i}: a reported snapshot is gone: {e}"));
+        }
+        // The CO retries the whole lifecycle; every step completes, and
+        // the data written before the crash is read back.
+        let written = wrote.load(Ordering::SeqCst);
+        tokio::time::timeout(RPC_LIMIT, lifecycle(&h, &name, written))
             .await
             .unwrap_or_else(|_| {
                 panic!("iteration {i} (kill after {kill_after:?}): lifecycle hung after restart")
@@ -683,22 +723,17 @@ async fn secrets_in_every_rpc_never_reach_logs_or_errors() {
 #[tokio::test]
 async fn sigterm_lets_the_call_in_flight_finish_then_exits_promptly() {
     let dir = tempfile::tempdir().unwrap();
-    let fakebin = dir.path().join("bin");
-    std::fs::create_dir_all(&fakebin).unwrap();
-    // A blkid that takes a while: the stage is in flight when SIGTERM comes.
-    let fake = fakebin.join("blkid");
-    std::fs::write(
-        &fake,
-        "#!/bin/bash\nsleep 1.5\nexec /usr/sbin/blkid \"$@\"\n",
+    let gate = BlkidGate::new(dir.path());
+    // A long grace period: the exit must not wait it out for the idle
+    // connection the test still holds.
+    let mut h = Harness::start_with_env(
+        None,
+        &[
+            ("PATH", gate.path.as_str()),
+            ("FERROVOL_SHUTDOWN_GRACE", "120"),
+        ],
     )
-    .unwrap();
-    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let path = format!(
-        "{}:{}",
-        fakebin.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let mut h = Harness::start_with_env(None, &[("PATH", path.as_str())]).await;
+    .await;
     let cap = mount_cap("ext4", SNW);
     let vol = h
         .controller()
@@ -713,21 +748,22 @@ async fn sigterm_lets_the_call_in_flight_finish_then_exits_promptly() {
     let mut n = h.node();
     let req = stage_req(&vol.volume_id, &staging, cap.clone());
     let call = tokio::spawn(async move { n.node_stage_volume(req).await });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The stage is in flight once it sits in blkid.
+    gate.wait_entered().await;
     let pid = nix::unistd::Pid::from_raw(h.pid() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-    let start = Instant::now();
+    gate.release();
     let answer = call.await.unwrap();
     assert!(answer.is_ok(), "the call in flight was cut: {answer:?}");
-    // The idle connection the test still holds does not delay the exit.
+    let finished = Instant::now();
     let mut child = h.child.take().unwrap();
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
             break s;
         }
         assert!(
-            start.elapsed() < Duration::from_secs(4),
-            "the driver lingered after its last call"
+            finished.elapsed() < Duration::from_secs(60),
+            "the driver waited out its grace period for an idle connection"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };

@@ -128,38 +128,43 @@ mod tests {
         assert_eq!(out.stdout, "hello");
     }
 
+    /// Live (not zombie) processes whose command line holds `tag`.
+    fn live_with(tag: &str) -> Vec<i32> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|pid| {
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+                String::from_utf8_lossy(&cmdline).contains(tag)
+                    && stat.split_whitespace().nth(2) != Some("Z")
+            })
+            .collect()
+    }
+
     #[tokio::test]
     async fn hung_child_is_killed_at_timeout() {
-        let dir = tempfile::tempdir().unwrap();
-        let pidfile = dir.path().join("pid");
-        let script = format!("echo $$ > {}; exec sleep 30", pidfile.display());
+        // The child renames itself to a unique tag, so the test can see it
+        // start and see it gone, without racing it for a pid file.
+        let tag = format!("ferrovol-hung-{}", std::process::id());
+        let runner = SystemRunner::default();
+        let cmd = Command::new("bash")
+            .args(["-c", &format!("exec -a {tag} sleep 30")])
+            .timeout(Duration::from_secs(3));
+        let run = tokio::spawn(async move { runner.run(cmd).await });
         let start = Instant::now();
-        let err = SystemRunner::default()
-            .run(
-                Command::new("sh")
-                    .args(["-c", &script])
-                    .timeout(Duration::from_millis(300)),
-            )
-            .await
-            .unwrap_err();
-        assert!(matches!(err, ExecError::Timeout { .. }), "{err}");
-        assert!(start.elapsed() < Duration::from_secs(5));
-        let pid: i32 = std::fs::read_to_string(&pidfile)
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
-        // The killed child must be gone (reaped, or at worst a zombie being reaped).
-        let mut gone = false;
-        for _ in 0..100 {
-            let status = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            if status.is_empty() || status.split_whitespace().nth(2) == Some("Z") {
-                gone = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        while live_with(&tag).is_empty() {
+            assert!(
+                start.elapsed() < Duration::from_secs(3),
+                "the child never started"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        assert!(gone, "child {pid} still running after its timeout");
+        let err = run.await.unwrap().unwrap_err();
+        assert!(matches!(err, ExecError::Timeout { .. }), "{err}");
+        // Killed and reaped by the time the timeout is reported.
+        assert!(live_with(&tag).is_empty(), "the child outlived its timeout");
     }
 
     #[tokio::test]

@@ -538,3 +538,58 @@ impl Harness {
         assert!(self.mounts().is_empty());
     }
 }
+
+/// A blkid on the driver's PATH that, the first time it runs, says so
+/// (a marker file) and waits until the test releases it: an RPC held in
+/// flight on an event, not on a clock.
+pub struct BlkidGate {
+    /// The PATH to give the driver.
+    pub path: String,
+    entered: std::path::PathBuf,
+    release: std::path::PathBuf,
+}
+
+impl BlkidGate {
+    pub fn new(dir: &Path) -> Self {
+        let bin = dir.join("gate-bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let entered = dir.join("gate-entered");
+        let release = dir.join("gate-release");
+        let script = format!(
+            "#!/bin/bash\nif [ ! -e {e} ]; then touch {e}; while [ ! -e {r} ]; do sleep 0.01; done; fi\nexec /usr/sbin/blkid \"$@\"\n",
+            e = entered.display(),
+            r = release.display()
+        );
+        let fake = bin.join("blkid");
+        std::fs::write(&fake, script).unwrap();
+        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let path = format!(
+            "{}:{}",
+            bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        BlkidGate {
+            path,
+            entered,
+            release,
+        }
+    }
+
+    /// Waits until a call sits in the gate.
+    pub async fn wait_entered(&self) {
+        let start = Instant::now();
+        while !self.entered.exists() {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "no call reached blkid"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Lets the held call go on.
+    pub fn release(&self) {
+        std::fs::write(&self.release, b"").unwrap();
+    }
+}
