@@ -326,8 +326,116 @@ async fn main() {
         Some(h.status_kb("VmHWM")),
     );
 
+    // Scale: publish latency with many mounts on the node.
+    let single = |secs| {
+        drive(
+            1,
+            secs,
+            publish_cycle(
+                pods.clone(),
+                staging.clone(),
+                vol.volume_id.clone(),
+                cap.clone(),
+                channels.clone(),
+            ),
+        )
+    };
+    let at_zero = single(secs).await;
+    let filler = h.path("filler");
+    let src = filler.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    for i in 0..scale {
+        let d = filler.join(format!("m{i}"));
+        std::fs::create_dir_all(&d).unwrap();
+        nix::mount::mount(
+            Some(&src),
+            &d,
+            None::<&str>,
+            nix::mount::MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .unwrap();
+    }
+    let at_scale = single(secs).await;
+    for i in 0..scale {
+        nix::mount::umount2(&filler.join(format!("m{i}")), nix::mount::MntFlags::empty()).unwrap();
+    }
+    row(
+        "publish+unpublish, 1 client, 0 other mounts",
+        &at_zero,
+        None,
+        None,
+    );
+    row(
+        &format!("publish+unpublish, 1 client, {scale} other mounts"),
+        &at_scale,
+        None,
+        None,
+    );
+    println!(
+        "  p50 latency at {scale} mounts is {:.0}% of that at 0",
+        100.0 * at_scale.pct(0.5).as_secs_f64() / at_zero.pct(0.5).as_secs_f64()
+    );
+
+    // Restart with many published volumes.
+    let targets: Vec<PathBuf> = (0..scale).map(|i| pods.join(format!("many-{i}"))).collect();
+    let publish_many = Instant::now();
+    {
+        let chunks: Vec<Vec<PathBuf>> = targets
+            .chunks(scale.div_ceil(clients))
+            .map(|c| c.to_vec())
+            .collect();
+        let mut tasks = Vec::new();
+        for (c, chunk) in chunks.into_iter().enumerate() {
+            let mut n =
+                ferrovol::proto::node_client::NodeClient::new(channels[c % channels.len()].clone());
+            let (id, staging, cap) = (vol.volume_id.clone(), staging.clone(), cap.clone());
+            tasks.push(tokio::spawn(async move {
+                for t in chunk {
+                    n.node_publish_volume(publish_req(&id, &staging, &t, cap.clone(), false))
+                        .await
+                        .unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+    }
+    println!(
+        "published {scale} targets in {:.1} s",
+        publish_many.elapsed().as_secs_f64()
+    );
+    h.kill();
+    let restart = Instant::now();
+    h.spawn().await;
+    let restart_time = restart.elapsed();
+    println!(
+        "restart with {scale} published volumes: Probe ready and state reconciled in {} (RSS {:.1} MB)",
+        ms(restart_time),
+        h.status_kb("VmRSS") as f64 / 1024.0
+    );
+    {
+        let mut n = h.node();
+        for t in &targets {
+            n.node_unpublish_volume(unpublish_req(&vol.volume_id, t))
+                .await
+                .unwrap();
+        }
+    }
+    h.node()
+        .node_unstage_volume(unstage_req(&vol.volume_id, &staging))
+        .await
+        .unwrap();
+
     // A pool that grows: CreateVolume's rate as the pool fills, and a full
-    // ListVolumes walk in pages of 100 at the pool's largest.
+    // ListVolumes walk in pages of 100 at the pool's largest. Last, because
+    // the filesystem under the pool is busy for a while after thousands of
+    // creates and deletes, which would slow every phase after it.
+    let mut channels = Vec::new();
+    for _ in 0..clients {
+        channels.push(connect(&h.socket()).await.expect("a connection per client"));
+    }
     let mut made = 0usize;
     let mut create_rates = Vec::new();
     let checkpoints: Vec<usize> = [pool_size / 10, pool_size]
@@ -442,108 +550,6 @@ async fn main() {
             t.await.unwrap();
         }
     }
-
-    // Scale: publish latency with many mounts on the node.
-    let single = |secs| {
-        drive(
-            1,
-            secs,
-            publish_cycle(
-                pods.clone(),
-                staging.clone(),
-                vol.volume_id.clone(),
-                cap.clone(),
-                channels.clone(),
-            ),
-        )
-    };
-    let at_zero = single(secs).await;
-    let filler = h.path("filler");
-    let src = filler.join("src");
-    std::fs::create_dir_all(&src).unwrap();
-    for i in 0..scale {
-        let d = filler.join(format!("m{i}"));
-        std::fs::create_dir_all(&d).unwrap();
-        nix::mount::mount(
-            Some(&src),
-            &d,
-            None::<&str>,
-            nix::mount::MsFlags::MS_BIND,
-            None::<&str>,
-        )
-        .unwrap();
-    }
-    let at_scale = single(secs).await;
-    for i in 0..scale {
-        nix::mount::umount2(&filler.join(format!("m{i}")), nix::mount::MntFlags::empty()).unwrap();
-    }
-    row(
-        "publish+unpublish, 1 client, 0 other mounts",
-        &at_zero,
-        None,
-        None,
-    );
-    row(
-        &format!("publish+unpublish, 1 client, {scale} other mounts"),
-        &at_scale,
-        None,
-        None,
-    );
-    println!(
-        "  p50 latency at {scale} mounts is {:.0}% of that at 0",
-        100.0 * at_scale.pct(0.5).as_secs_f64() / at_zero.pct(0.5).as_secs_f64()
-    );
-
-    // Restart with many published volumes.
-    let targets: Vec<PathBuf> = (0..scale).map(|i| pods.join(format!("many-{i}"))).collect();
-    let publish_many = Instant::now();
-    {
-        let chunks: Vec<Vec<PathBuf>> = targets
-            .chunks(scale.div_ceil(clients))
-            .map(|c| c.to_vec())
-            .collect();
-        let mut tasks = Vec::new();
-        for (c, chunk) in chunks.into_iter().enumerate() {
-            let mut n =
-                ferrovol::proto::node_client::NodeClient::new(channels[c % channels.len()].clone());
-            let (id, staging, cap) = (vol.volume_id.clone(), staging.clone(), cap.clone());
-            tasks.push(tokio::spawn(async move {
-                for t in chunk {
-                    n.node_publish_volume(publish_req(&id, &staging, &t, cap.clone(), false))
-                        .await
-                        .unwrap();
-                }
-            }));
-        }
-        for t in tasks {
-            t.await.unwrap();
-        }
-    }
-    println!(
-        "published {scale} targets in {:.1} s",
-        publish_many.elapsed().as_secs_f64()
-    );
-    h.kill();
-    let restart = Instant::now();
-    h.spawn().await;
-    let restart_time = restart.elapsed();
-    println!(
-        "restart with {scale} published volumes: Probe ready and state reconciled in {} (RSS {:.1} MB)",
-        ms(restart_time),
-        h.status_kb("VmRSS") as f64 / 1024.0
-    );
-    {
-        let mut n = h.node();
-        for t in &targets {
-            n.node_unpublish_volume(unpublish_req(&vol.volume_id, t))
-                .await
-                .unwrap();
-        }
-    }
-    h.node()
-        .node_unstage_volume(unstage_req(&vol.volume_id, &staging))
-        .await
-        .unwrap();
 
     println!();
     println!("summary");

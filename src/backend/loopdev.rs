@@ -232,17 +232,28 @@ mod tests {
         // The recorded device moved: the one really backing b.img is
         // detached, and detach waits until the kernel lets go of it.
         let backing = block.join("loop1/loop/backing_file");
-        let release = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            std::fs::remove_file(backing).unwrap();
-        });
-        let start = std::time::Instant::now();
+        runner.ok("losetup");
+        let released = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // The kernel lets go only after losetup ran (and a while later).
+        let release = {
+            let (runner, released) = (runner.clone(), released.clone());
+            tokio::spawn(async move {
+                while runner.calls().is_empty() {
+                    tokio::task::yield_now().await;
+                }
+                for _ in 0..5 {
+                    tokio::task::yield_now().await;
+                }
+                released.store(true, std::sync::atomic::Ordering::SeqCst);
+                std::fs::remove_file(backing).unwrap();
+            })
+        };
         loops
             .detach(Path::new("/dev/loop0"), Path::new("/pool/b.img"))
             .await
             .unwrap();
         assert!(
-            start.elapsed() >= Duration::from_millis(90),
+            released.load(std::sync::atomic::Ordering::SeqCst),
             "returned before the device was released"
         );
         release.await.unwrap();

@@ -1,5 +1,7 @@
 //! A scripted runner for unit tests: records every command and answers from a
-//! queue of replies matched by program name.
+//! queue of replies matched by program name. It is strict: a command nobody
+//! scripted fails (and fails the test), and so does a scripted reply that
+//! was never used, checked when the runner is dropped.
 
 use super::{Command, CommandRunner, ExecError, Output};
 use std::collections::VecDeque;
@@ -16,12 +18,12 @@ pub enum Reply {
     Timeout,
 }
 
-/// Answers commands from a script; unscripted commands succeed with empty
-/// output so tests only script what they assert on.
+/// Answers commands from a script, strictly.
 #[derive(Default)]
 pub struct FakeRunner {
     script: Mutex<VecDeque<(String, Reply)>>,
     calls: Mutex<Vec<Command>>,
+    unexpected: Mutex<Vec<String>>,
 }
 
 impl FakeRunner {
@@ -36,6 +38,11 @@ impl FakeRunner {
             .unwrap()
             .push_back((program.to_string(), reply));
         self
+    }
+
+    /// Queues a plain success (exit 0, no output) for `program`.
+    pub fn ok(&self, program: &str) -> &Self {
+        self.expect(program, Reply::Ok(String::new()))
     }
 
     /// Every command run so far.
@@ -59,7 +66,18 @@ impl CommandRunner for FakeRunner {
             pos.and_then(|i| script.remove(i)).map(|(_, r)| r)
         };
         let shown = command.to_string();
-        match reply.unwrap_or(Reply::Ok(String::new())) {
+        let Some(reply) = reply else {
+            self.unexpected.lock().unwrap().push(shown.clone());
+            return Err(ExecError::Failed {
+                command: shown,
+                output: Output {
+                    code: Some(127),
+                    stdout: String::new(),
+                    stderr: "the test scripted no reply for this command".into(),
+                },
+            });
+        };
+        match reply {
             Reply::Ok(stdout) => Ok(Output {
                 code: Some(0),
                 stdout: command.redact(&stdout),
@@ -78,5 +96,29 @@ impl CommandRunner for FakeRunner {
                 after: command.timeout,
             }),
         }
+    }
+}
+
+impl Drop for FakeRunner {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        let unexpected = self.unexpected.get_mut().unwrap();
+        assert!(
+            unexpected.is_empty(),
+            "commands run that the test did not script: {unexpected:#?}"
+        );
+        let unused: Vec<String> = self
+            .script
+            .get_mut()
+            .unwrap()
+            .iter()
+            .map(|(program, reply)| format!("{program}: {reply:?}"))
+            .collect();
+        assert!(
+            unused.is_empty(),
+            "scripted replies never used: {unused:#?}"
+        );
     }
 }

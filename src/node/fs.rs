@@ -161,6 +161,7 @@ mod tests {
     async fn formats_only_empty_devices() {
         let r = FakeRunner::new();
         r.expect("blkid", Reply::Fail(2, String::new()));
+        r.ok("mkfs.ext4");
         assert!(format_if_unformatted(&r, Path::new("/dev/loop1"), "ext4")
             .await
             .unwrap());
@@ -206,6 +207,7 @@ mod tests {
     #[tokio::test]
     async fn grow_uses_the_right_tool() {
         let r = FakeRunner::new();
+        r.ok("resize2fs").ok("xfs_growfs");
         grow(&r, "ext4", Path::new("/dev/loop2"), Path::new("/s"))
             .await
             .unwrap();

@@ -128,6 +128,7 @@ fn publish_req(f: &Fixture, target: &str, mode: AccessMode, readonly: bool) -> P
 async fn stage_formats_empty_device_and_mounts_once() {
     let f = fixture();
     f.runner.expect("blkid", Reply::Fail(2, String::new()));
+    f.runner.ok("mkfs.ext4");
     f.ops
         .stage(stage_req(&f, AccessMode::SingleNodeWriter))
         .await
@@ -372,6 +373,7 @@ async fn stuck_mounts_do_not_stall_other_calls() {
     let f = fixture_with(deadlines);
     // One volume staged normally, to publish while the others hang.
     f.runner.expect("blkid", Reply::Fail(2, String::new()));
+    f.runner.ok("mkfs.ext4");
     f.ops
         .stage(stage_req(&f, AccessMode::SingleNodeMultiWriter))
         .await
@@ -383,6 +385,7 @@ async fn stuck_mounts_do_not_stall_other_calls() {
         let staging = stuck_dir.join(format!("s{i}"));
         std::fs::create_dir_all(&staging).unwrap();
         f.runner.expect("blkid", Reply::Fail(2, String::new()));
+        f.runner.ok("mkfs.ext4");
         let ops = f.ops.clone();
         let req = StageRequest {
             volume_id: VolumeId::parse(&format!("rec:stuck{i}")).unwrap(),

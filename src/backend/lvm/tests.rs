@@ -321,6 +321,7 @@ async fn delete_is_idempotent_and_refuses_open_volumes() {
             "-wi-------",
         )])),
     );
+    r.ok("lvremove");
     b.delete_volume(
         &VolumeId::parse("lvm:fast.fv-idle").unwrap(),
         &Secrets::default(),
@@ -368,6 +369,7 @@ async fn expand_rounds_and_respects_limits() {
     let row = lv_row("fv-e", 8 * MIB, "ferrovol", "-wi-------");
     r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&row))));
     r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 100 * MIB)));
+    r.ok("lvextend");
     let b = backend(r.clone(), None);
     let id = VolumeId::parse("lvm:fast.fv-e").unwrap();
     assert_eq!(
@@ -425,6 +427,8 @@ async fn classic_snapshot_gets_a_sized_cow_and_clean_tags() {
     );
     r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 100 * MIB)));
     r.expect("lvcreate", Reply::Ok(String::new()));
+    // The origin's name tag came along and is taken off.
+    r.ok("lvchange");
     r.expect(
         "lvs",
         Reply::Ok(lvs_json(&[lv_row(
@@ -469,6 +473,7 @@ async fn first_attach_wipes_a_fresh_lv_once() {
             "-wi-------",
         )])),
     );
+    r.ok("lvchange").ok("wipefs").ok("dd").ok("lvchange");
     let b = backend(r.clone(), None);
     let id = VolumeId::parse("lvm:fast.fv-n").unwrap();
     let a = b.node_attach(&id, &AttachContext::default()).await.unwrap();
@@ -493,6 +498,7 @@ async fn first_attach_wipes_a_fresh_lv_once() {
             "-wi-a-----",
         )])),
     );
+    r.ok("lvchange");
     b.node_attach(&id, &AttachContext::default()).await.unwrap();
     assert_eq!(r.lines().len(), 7);
 }
@@ -508,6 +514,7 @@ async fn detach_deactivates_only_active_lvs() {
         "lvs",
         Reply::Ok(lvs_json(&[lv_row("fv-d", MIB, "ferrovol", "-wi-------")])),
     );
+    r.ok("lvchange");
     let b = backend(r.clone(), None);
     let id = VolumeId::parse("lvm:fast.fv-d").unwrap();
     b.node_detach(&id, None).await.unwrap();
@@ -610,6 +617,7 @@ async fn delete_refuses_origins_of_classic_snapshots_and_lvs_opened_meanwhile() 
             thin,
         ])),
     );
+    r.ok("lvremove");
     b.delete_volume(
         &VolumeId::parse("lvm:fast.fv-thin").unwrap(),
         &Secrets::default(),
