@@ -1,5 +1,9 @@
 //! ferrovol: a Kubernetes CSI driver for NFS, Ceph RBD, iSCSI, LVM and
 //! loop-mounted image files.
+//!
+//! No unsafe code but where a syscall has no safe wrapper; each such place
+//! allows it locally and says why.
+#![deny(unsafe_code)]
 
 pub mod app;
 pub mod authority;

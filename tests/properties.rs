@@ -199,7 +199,8 @@ fn backend_parameters_never_panic_and_unknown_keys_are_refused() {
     let mut rng = Rng::seeded("parameters");
     let lvm: ferrovol::backend::lvm::LvmSettings =
         toml::from_str("[[device_class]]\nname = \"fast\"\nvolume_group = \"vg0\"\n").unwrap();
-    let runner = std::sync::Arc::new(ferrovol::exec::FakeRunner::new());
+    // validate_parameters runs no command.
+    let runner = std::sync::Arc::new(ferrovol::exec::SystemRunner::default());
     let backend = ferrovol::backend::lvm::LvmBackend::new("lvm", lvm, runner).unwrap();
     for _ in 0..ROUNDS / 4 {
         let params: BTreeMap<String, String> = (0..rng.pick(3))

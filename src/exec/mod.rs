@@ -2,9 +2,11 @@
 //! [`CommandRunner`], which enforces a timeout (killing the child when it
 //! expires) and redacts secrets from everything it reports.
 
+#[cfg(test)]
 mod fake;
 mod system;
 
+#[cfg(test)]
 pub use fake::{FakeRunner, Reply};
 pub use system::SystemRunner;
 

@@ -34,6 +34,7 @@ impl CommandRunner for SystemRunner {
         // restarted driver's retry).
         // SAFETY: prctl is async-signal-safe and touches no memory of ours;
         // the closure allocates nothing.
+        #[allow(unsafe_code)]
         unsafe {
             cmd.pre_exec(|| {
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {

@@ -3,11 +3,13 @@
 //! error injection for unit tests. Bind mounts and read-only remounts are
 //! syscalls here, never an exec of `mount(8)`.
 
+#[cfg(test)]
 mod fake;
 mod helper;
 mod info;
 mod system;
 
+#[cfg(test)]
 pub use fake::{FakeMount, FakeMounter, MountOp};
 pub use helper::{helper_command, mount_with_helper};
 pub use info::{parse_mountinfo, MountInfo};

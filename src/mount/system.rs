@@ -5,7 +5,6 @@ use crate::error::{Error, Result};
 use nix::errno::Errno;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use std::path::Path;
-use sys_mount::{FilesystemType, Mount, MountFlags};
 
 /// Mounts for real in the driver's mount namespace.
 #[derive(Debug, Default, Clone)]
@@ -46,24 +45,24 @@ impl Mounter for SystemMounter {
         fstype: &str,
         options: &MountOptions,
     ) -> Result<()> {
-        let flags = MountFlags::from_bits_truncate(ms_flags(options).bits() as _);
         let data = options.data.join(",");
-        Mount::builder()
-            .fstype(FilesystemType::Manual(fstype))
-            .flags(flags)
-            .data(&data)
-            .mount(device, target)
-            .map(|_| ())
-            .map_err(|e| {
-                Error::io(
-                    format!(
-                        "mount {fstype} {} on {}",
-                        device.display(),
-                        target.display()
-                    ),
-                    e,
-                )
-            })
+        mount(
+            Some(device),
+            target,
+            Some(fstype),
+            ms_flags(options),
+            (!data.is_empty()).then_some(data.as_str()),
+        )
+        .map_err(|e| {
+            errno_error(
+                format!(
+                    "mount {fstype} {} on {}",
+                    device.display(),
+                    target.display()
+                ),
+                e,
+            )
+        })
     }
 
     fn bind(
@@ -127,6 +126,7 @@ impl Mounter for SystemMounter {
 /// Whether `path` is a mount root, from statx's STATX_ATTR_MOUNT_ROOT: one
 /// syscall whatever the number of mounts on the node. A missing path is not a
 /// mount point.
+#[allow(unsafe_code)] // statx(2) through libc: nix has no wrapper for it
 fn statx_mount_root(path: &Path) -> Result<bool> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
