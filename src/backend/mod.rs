@@ -1,7 +1,6 @@
 //! Backends: one module per kind of storage, each a [`crate::plugin::Backend`].
 
 pub mod file;
-pub mod loopdev;
 pub mod lvm;
 
 use crate::config::Config;

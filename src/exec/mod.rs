@@ -10,8 +10,9 @@ mod system;
 pub use fake::{FakeRunner, Reply};
 pub use system::SystemRunner;
 
-use crate::error::{Error, Kind};
+use crate::error::{Error, Kind, Result};
 use std::fmt;
+use std::path::Path;
 use std::time::Duration;
 
 /// Default time a command may run before it is killed.
@@ -183,6 +184,20 @@ impl From<ExecError> for Error {
         };
         Error::new(kind, err.to_string())
     }
+}
+
+/// A path as a command argument; refuses what a command could take for an
+/// option.
+pub fn path_arg(path: &Path) -> Result<String> {
+    let s = path
+        .to_str()
+        .ok_or_else(|| Error::invalid("path is not UTF-8"))?;
+    if !s.starts_with('/') {
+        return Err(Error::internal(format!(
+            "refusing relative path {s:?} as an argument"
+        )));
+    }
+    Ok(s.to_string())
 }
 
 /// Runs external commands. The system implementation spawns real processes;

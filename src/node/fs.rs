@@ -1,8 +1,7 @@
 //! Filesystems on block devices: probe, format (only when empty), grow.
 
-use crate::backend::loopdev::path_arg;
 use crate::error::{Error, Result};
-use crate::exec::{Command, CommandRunner};
+use crate::exec::{path_arg, Command, CommandRunner};
 use std::path::Path;
 use std::time::Duration;
 

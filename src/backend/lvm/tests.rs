@@ -3,6 +3,7 @@
 use super::*;
 use crate::error::Kind;
 use crate::exec::{FakeRunner, Reply};
+use std::time::UNIX_EPOCH;
 
 const MIB: u64 = 1 << 20;
 

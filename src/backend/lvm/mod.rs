@@ -9,10 +9,9 @@
 //! reports (`--reportformat json`); lvm's warnings on stderr are never taken
 //! for errors: only the exit status is.
 
-use super::loopdev::path_arg;
 use crate::config::Size;
 use crate::error::{Error, Result};
-use crate::exec::{Command, CommandRunner};
+use crate::exec::{path_arg, Command, CommandRunner};
 use crate::plugin::{
     is_dns_label, locator_for_name, AttachContext, Attachment, Backend, Capabilities, Capacity,
     ContentSource, CreateSnapshot, CreateVolume, Page, Secrets, SnapshotId, SnapshotInfo, VolumeId,
@@ -20,9 +19,8 @@ use crate::plugin::{
 };
 use serde::Deserialize;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 const LVM_TIMEOUT: Duration = Duration::from_secs(120);
 const COPY_TIMEOUT: Duration = Duration::from_secs(3600);
@@ -97,159 +95,12 @@ fn is_lvm_name(name: &str) -> bool {
         && name != ".."
 }
 
-// ---- JSON reports ----
+mod command;
+mod report;
 
-#[derive(Debug, Deserialize)]
-struct Report<T> {
-    report: Vec<T>,
-}
-
-#[derive(Debug, Deserialize)]
-struct LvSection {
-    #[serde(default)]
-    lv: Vec<Lv>,
-}
-
-#[derive(Debug, Deserialize)]
-struct VgSection {
-    #[serde(default)]
-    vg: Vec<Vg>,
-}
-
-/// One row of `lvs`.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-pub struct Lv {
-    pub lv_name: String,
-    pub vg_name: String,
-    pub lv_size: String,
-    #[serde(default)]
-    pub lv_tags: String,
-    #[serde(default)]
-    pub lv_attr: String,
-    #[serde(default)]
-    pub origin: String,
-    #[serde(default)]
-    pub pool_lv: String,
-    #[serde(default)]
-    pub lv_time: String,
-    #[serde(default)]
-    pub data_percent: String,
-}
-
-impl Lv {
-    fn size(&self) -> u64 {
-        self.lv_size.trim().parse().unwrap_or(0)
-    }
-    fn tags(&self) -> impl Iterator<Item = &str> {
-        self.lv_tags
-            .split(',')
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-    }
-    fn has_tag(&self, tag: &str) -> bool {
-        self.tags().any(|t| t == tag)
-    }
-    fn tag_value(&self, prefix: &str) -> Option<&str> {
-        self.tags().find_map(|t| t.strip_prefix(prefix))
-    }
-    /// The fifth attribute character: `a` when active.
-    fn active(&self) -> bool {
-        self.lv_attr.chars().nth(4) == Some('a')
-    }
-    /// The sixth: `o` when open (mounted or in use).
-    fn open(&self) -> bool {
-        self.lv_attr.chars().nth(5) == Some('o')
-    }
-    /// Problems the attributes show, if any.
-    fn problem(&self) -> Option<String> {
-        let a: Vec<char> = self.lv_attr.chars().collect();
-        match (a.get(4), a.get(8)) {
-            (Some('I'), _) => Some("snapshot is invalid".into()),
-            (Some(s), _) if *s != 'a' => Some(format!("LV is not active (attr {})", self.lv_attr)),
-            (_, Some('p')) => Some("LV is partial: a physical volume is missing".into()),
-            (_, Some('r')) => Some("LV needs a refresh".into()),
-            (_, Some('m')) => Some("LV has mismatches".into()),
-            (_, Some('X')) => Some("LV state is unknown".into()),
-            _ => None,
-        }
-    }
-    /// Creation time from `lv_time` (`2026-11-22 00:26:21 +0000`).
-    fn created(&self) -> SystemTime {
-        parse_lv_time(&self.lv_time).unwrap_or(UNIX_EPOCH)
-    }
-}
-
-/// One row of `vgs`.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-pub struct Vg {
-    pub vg_name: String,
-    pub vg_size: String,
-    pub vg_free: String,
-    pub vg_extent_size: String,
-}
-
-impl Vg {
-    fn size(&self) -> u64 {
-        self.vg_size.trim().parse().unwrap_or(0)
-    }
-    fn free(&self) -> u64 {
-        self.vg_free.trim().parse().unwrap_or(0)
-    }
-    fn extent(&self) -> u64 {
-        self.vg_extent_size
-            .trim()
-            .parse()
-            .unwrap_or(4 << 20)
-            .max(512)
-    }
-}
-
-/// Parses an `lvs` JSON report.
-pub fn parse_lvs(json: &str) -> Result<Vec<Lv>> {
-    let r: Report<LvSection> = serde_json::from_str(json)
-        .map_err(|e| Error::internal(format!("unreadable lvs report: {e}")))?;
-    Ok(r.report.into_iter().flat_map(|s| s.lv).collect())
-}
-
-/// Parses a `vgs` JSON report.
-pub fn parse_vgs(json: &str) -> Result<Vec<Vg>> {
-    let r: Report<VgSection> = serde_json::from_str(json)
-        .map_err(|e| Error::internal(format!("unreadable vgs report: {e}")))?;
-    Ok(r.report.into_iter().flat_map(|s| s.vg).collect())
-}
-
-fn parse_lv_time(text: &str) -> Option<SystemTime> {
-    // "YYYY-MM-DD HH:MM:SS +ZZZZ"
-    let mut parts = text.split_whitespace();
-    let date = parts.next()?;
-    let time = parts.next()?;
-    let zone = parts.next().unwrap_or("+0000");
-    let d: Vec<i64> = date
-        .split('-')
-        .map(|x| x.parse().ok())
-        .collect::<Option<_>>()?;
-    let t: Vec<i64> = time
-        .split(':')
-        .map(|x| x.parse().ok())
-        .collect::<Option<_>>()?;
-    if d.len() != 3 || t.len() != 3 || zone.len() != 5 {
-        return None;
-    }
-    let (y, m, day) = (d[0], d[1], d[2]);
-    // Days from civil (Howard Hinnant's algorithm).
-    let y2 = if m <= 2 { y - 1 } else { y };
-    let era = y2.div_euclid(400);
-    let yoe = y2 - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146097 + doe - 719468;
-    let sign = if zone.starts_with('-') { -1 } else { 1 };
-    let zh: i64 = zone[1..3].parse().ok()?;
-    let zm: i64 = zone[3..5].parse().ok()?;
-    let secs = days * 86400 + t[0] * 3600 + t[1] * 60 + t[2] - sign * (zh * 3600 + zm * 60);
-    (secs >= 0).then(|| UNIX_EPOCH + Duration::from_secs(secs as u64))
-}
+#[cfg(test)]
+use report::parse_lv_time;
+pub use report::{parse_lvs, parse_vgs, Lv, Vg};
 
 /// The tag value recording a CSI name: the name itself when it is plain
 /// enough for an LVM tag, else its full digest.
@@ -410,82 +261,6 @@ impl LvmBackend {
         Ok((self.class(class)?, lv))
     }
 
-    fn lvm(&self, tool: &str) -> Command {
-        let mut cmd = Command::new(tool)
-            .timeout(LVM_TIMEOUT)
-            .env("LVM_SUPPRESS_FD_WARNINGS", "1");
-        if !self.settings.lvm_config.is_empty() {
-            cmd = cmd.arg("--config").arg(self.settings.lvm_config.clone());
-        }
-        cmd
-    }
-
-    async fn lvs(&self, target: &str) -> Result<Vec<Lv>> {
-        let out = self
-            .runner
-            .run(self.lvm("lvs").args([
-                "--reportformat",
-                "json",
-                "--units",
-                "b",
-                "--nosuffix",
-                "-o",
-                "lv_name,vg_name,lv_size,lv_tags,lv_attr,origin,pool_lv,lv_time,data_percent",
-                target,
-            ]))
-            .await;
-        match out {
-            Ok(o) => parse_lvs(&o.stdout),
-            // lvs exits 5 when the named LV does not exist.
-            Err(e) if e.exit_code() == Some(5) && target.contains('/') => Ok(Vec::new()),
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    async fn lv(&self, vg: &str, lv: &str) -> Result<Option<Lv>> {
-        Ok(self
-            .lvs(&format!("{vg}/{lv}"))
-            .await?
-            .into_iter()
-            .find(|l| l.lv_name == lv && l.has_tag(TAG)))
-    }
-
-    async fn vg(&self, class: &DeviceClass) -> Result<Vg> {
-        let out = self
-            .runner
-            .run(self.lvm("vgs").args([
-                "--reportformat",
-                "json",
-                "--units",
-                "b",
-                "--nosuffix",
-                "-o",
-                "vg_name,vg_size,vg_free,vg_extent_size",
-                &class.volume_group,
-            ]))
-            .await?;
-        parse_vgs(&out.stdout)?
-            .into_iter()
-            .find(|v| v.vg_name == class.volume_group)
-            .ok_or_else(|| {
-                Error::precondition(format!("volume group {} not found", class.volume_group))
-            })
-    }
-
-    /// Thin pool: (size, free) in bytes.
-    async fn pool_space(&self, class: &DeviceClass, pool: &str) -> Result<(u64, u64)> {
-        let lvs = self.lvs(&format!("{}/{pool}", class.volume_group)).await?;
-        let p = lvs.into_iter().find(|l| l.lv_name == pool).ok_or_else(|| {
-            Error::precondition(format!("thin pool {}/{pool} not found", class.volume_group))
-        })?;
-        let used_pct: f64 = p.data_percent.trim().parse().unwrap_or(0.0);
-        let size = p.size();
-        Ok((
-            size,
-            ((size as f64) * (1.0 - used_pct / 100.0)).max(0.0) as u64,
-        ))
-    }
-
     fn volume_info(&self, class: &DeviceClass, lv: &Lv) -> Result<VolumeInfo> {
         let source = lv.tag_value(SOURCE_TAG).and_then(|s| {
             if s.starts_with("fvs-") {
@@ -552,16 +327,6 @@ impl LvmBackend {
         Ok(size)
     }
 
-    fn insufficient_space(e: Error) -> Error {
-        if e.message.contains("insufficient free space")
-            || e.message.contains("Insufficient free space")
-        {
-            Error::exhausted(e.message)
-        } else {
-            e
-        }
-    }
-
     /// The LV behind a content source, which must be ours and in `class`.
     async fn source_lv(
         &self,
@@ -584,46 +349,6 @@ impl LvmBackend {
             )));
         }
         self.class_lv(class, lv).await?.ok_or_else(missing)
-    }
-
-    /// Copies one LV's data into another (both active on this node).
-    async fn copy_lv(&self, vg: &str, from: &str, to: &str) -> Result<()> {
-        self.activate(vg, from).await?;
-        self.activate(vg, to).await?;
-        let src = format!("/dev/{vg}/{from}");
-        let dst = format!("/dev/{vg}/{to}");
-        self.runner
-            .run(
-                Command::new("dd")
-                    .args([
-                        format!("if={src}"),
-                        format!("of={dst}"),
-                        "bs=4M".into(),
-                        "conv=fsync,sparse".into(),
-                    ])
-                    .args(["status=none", "iflag=direct"])
-                    .timeout(COPY_TIMEOUT),
-            )
-            .await?;
-        Ok(())
-    }
-
-    async fn activate(&self, vg: &str, lv: &str) -> Result<PathBuf> {
-        // -K: thin snapshots skip activation by default.
-        self.runner
-            .run(
-                self.lvm("lvchange")
-                    .args(["-ay", "-K", "-y", &format!("{vg}/{lv}")]),
-            )
-            .await?;
-        Ok(PathBuf::from(format!("/dev/{vg}/{lv}")))
-    }
-
-    async fn deactivate(&self, vg: &str, lv: &str) -> Result<()> {
-        self.runner
-            .run(self.lvm("lvchange").args(["-an", &format!("{vg}/{lv}")]))
-            .await?;
-        Ok(())
     }
 }
 

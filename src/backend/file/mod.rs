@@ -8,14 +8,17 @@
 //! name and renamed into place after its metadata, so a crash never leaves a
 //! half-made volume that looks whole.
 
-use super::loopdev::{path_arg, LoopDevices};
+pub mod loopdev;
+
 use crate::config::Size;
 use crate::error::{Error, Result};
+use crate::exec::path_arg;
 use crate::exec::{Command, CommandRunner};
 use crate::plugin::{
     locator_for_name, AttachContext, Attachment, Backend, Capabilities, Capacity, ContentSource,
     CreateSnapshot, CreateVolume, Page, Secrets, SnapshotId, SnapshotInfo, VolumeId, VolumeInfo,
 };
+use loopdev::LoopDevices;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -2,7 +2,7 @@
 //! `losetup` (exec seam), with attachments read from sysfs.
 
 use crate::error::{Error, Result};
-use crate::exec::{Command, CommandRunner};
+use crate::exec::{path_arg, Command, CommandRunner};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -150,20 +150,6 @@ impl LoopDevices {
 fn backing_path(text: &str) -> &Path {
     let t = text.trim_end_matches('\n');
     Path::new(t.strip_suffix(" (deleted)").unwrap_or(t))
-}
-
-/// A path as a command argument; refuses what a command could take for an
-/// option.
-pub fn path_arg(path: &Path) -> Result<String> {
-    let s = path
-        .to_str()
-        .ok_or_else(|| Error::invalid("path is not UTF-8"))?;
-    if !s.starts_with('/') {
-        return Err(Error::internal(format!(
-            "refusing relative path {s:?} as an argument"
-        )));
-    }
-    Ok(s.to_string())
 }
 
 #[cfg(test)]

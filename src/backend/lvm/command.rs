@@ -1,0 +1,136 @@
+//! The lvm commands the backend runs, each through the exec seam with a
+//! timeout, reading JSON reports.
+
+use super::report::{parse_lvs, parse_vgs, Lv, Vg};
+use super::{DeviceClass, LvmBackend, COPY_TIMEOUT, LVM_TIMEOUT, TAG};
+use crate::error::{Error, Result};
+use crate::exec::Command;
+use std::path::PathBuf;
+
+impl LvmBackend {
+    pub(super) fn lvm(&self, tool: &str) -> Command {
+        let mut cmd = Command::new(tool)
+            .timeout(LVM_TIMEOUT)
+            .env("LVM_SUPPRESS_FD_WARNINGS", "1");
+        if !self.settings.lvm_config.is_empty() {
+            cmd = cmd.arg("--config").arg(self.settings.lvm_config.clone());
+        }
+        cmd
+    }
+
+    pub(super) async fn lvs(&self, target: &str) -> Result<Vec<Lv>> {
+        let out = self
+            .runner
+            .run(self.lvm("lvs").args([
+                "--reportformat",
+                "json",
+                "--units",
+                "b",
+                "--nosuffix",
+                "-o",
+                "lv_name,vg_name,lv_size,lv_tags,lv_attr,origin,pool_lv,lv_time,data_percent",
+                target,
+            ]))
+            .await;
+        match out {
+            Ok(o) => parse_lvs(&o.stdout),
+            // lvs exits 5 when the named LV does not exist.
+            Err(e) if e.exit_code() == Some(5) && target.contains('/') => Ok(Vec::new()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub(super) async fn lv(&self, vg: &str, lv: &str) -> Result<Option<Lv>> {
+        Ok(self
+            .lvs(&format!("{vg}/{lv}"))
+            .await?
+            .into_iter()
+            .find(|l| l.lv_name == lv && l.has_tag(TAG)))
+    }
+
+    pub(super) async fn vg(&self, class: &DeviceClass) -> Result<Vg> {
+        let out = self
+            .runner
+            .run(self.lvm("vgs").args([
+                "--reportformat",
+                "json",
+                "--units",
+                "b",
+                "--nosuffix",
+                "-o",
+                "vg_name,vg_size,vg_free,vg_extent_size",
+                &class.volume_group,
+            ]))
+            .await?;
+        parse_vgs(&out.stdout)?
+            .into_iter()
+            .find(|v| v.vg_name == class.volume_group)
+            .ok_or_else(|| {
+                Error::precondition(format!("volume group {} not found", class.volume_group))
+            })
+    }
+
+    /// Thin pool: (size, free) in bytes.
+    pub(super) async fn pool_space(&self, class: &DeviceClass, pool: &str) -> Result<(u64, u64)> {
+        let lvs = self.lvs(&format!("{}/{pool}", class.volume_group)).await?;
+        let p = lvs.into_iter().find(|l| l.lv_name == pool).ok_or_else(|| {
+            Error::precondition(format!("thin pool {}/{pool} not found", class.volume_group))
+        })?;
+        let used_pct: f64 = p.data_percent.trim().parse().unwrap_or(0.0);
+        let size = p.size();
+        Ok((
+            size,
+            ((size as f64) * (1.0 - used_pct / 100.0)).max(0.0) as u64,
+        ))
+    }
+
+    pub(super) fn insufficient_space(e: Error) -> Error {
+        if e.message.contains("insufficient free space")
+            || e.message.contains("Insufficient free space")
+        {
+            Error::exhausted(e.message)
+        } else {
+            e
+        }
+    }
+
+    /// Copies one LV's data into another (both active on this node).
+    pub(super) async fn copy_lv(&self, vg: &str, from: &str, to: &str) -> Result<()> {
+        self.activate(vg, from).await?;
+        self.activate(vg, to).await?;
+        let src = format!("/dev/{vg}/{from}");
+        let dst = format!("/dev/{vg}/{to}");
+        self.runner
+            .run(
+                Command::new("dd")
+                    .args([
+                        format!("if={src}"),
+                        format!("of={dst}"),
+                        "bs=4M".into(),
+                        "conv=fsync,sparse".into(),
+                    ])
+                    .args(["status=none", "iflag=direct"])
+                    .timeout(COPY_TIMEOUT),
+            )
+            .await?;
+        Ok(())
+    }
+
+    pub(super) async fn activate(&self, vg: &str, lv: &str) -> Result<PathBuf> {
+        // -K: thin snapshots skip activation by default.
+        self.runner
+            .run(
+                self.lvm("lvchange")
+                    .args(["-ay", "-K", "-y", &format!("{vg}/{lv}")]),
+            )
+            .await?;
+        Ok(PathBuf::from(format!("/dev/{vg}/{lv}")))
+    }
+
+    pub(super) async fn deactivate(&self, vg: &str, lv: &str) -> Result<()> {
+        self.runner
+            .run(self.lvm("lvchange").args(["-an", &format!("{vg}/{lv}")]))
+            .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,158 @@
+//! lvm's JSON reports (`lvs`/`vgs --reportformat json`), parsed into typed
+//! rows; the attributes and tags ferrovol reads from them.
+
+use crate::error::{Error, Result};
+use serde::Deserialize;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+#[derive(Debug, Deserialize)]
+struct Report<T> {
+    report: Vec<T>,
+}
+
+#[derive(Debug, Deserialize)]
+struct LvSection {
+    #[serde(default)]
+    lv: Vec<Lv>,
+}
+
+#[derive(Debug, Deserialize)]
+struct VgSection {
+    #[serde(default)]
+    vg: Vec<Vg>,
+}
+
+/// One row of `lvs`.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct Lv {
+    pub lv_name: String,
+    pub vg_name: String,
+    pub lv_size: String,
+    #[serde(default)]
+    pub lv_tags: String,
+    #[serde(default)]
+    pub lv_attr: String,
+    #[serde(default)]
+    pub origin: String,
+    #[serde(default)]
+    pub pool_lv: String,
+    #[serde(default)]
+    pub lv_time: String,
+    #[serde(default)]
+    pub data_percent: String,
+}
+
+impl Lv {
+    pub(super) fn size(&self) -> u64 {
+        self.lv_size.trim().parse().unwrap_or(0)
+    }
+    pub(super) fn tags(&self) -> impl Iterator<Item = &str> {
+        self.lv_tags
+            .split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+    }
+    pub(super) fn has_tag(&self, tag: &str) -> bool {
+        self.tags().any(|t| t == tag)
+    }
+    pub(super) fn tag_value(&self, prefix: &str) -> Option<&str> {
+        self.tags().find_map(|t| t.strip_prefix(prefix))
+    }
+    /// The fifth attribute character: `a` when active.
+    pub(super) fn active(&self) -> bool {
+        self.lv_attr.chars().nth(4) == Some('a')
+    }
+    /// The sixth: `o` when open (mounted or in use).
+    pub(super) fn open(&self) -> bool {
+        self.lv_attr.chars().nth(5) == Some('o')
+    }
+    /// Problems the attributes show, if any.
+    pub(super) fn problem(&self) -> Option<String> {
+        let a: Vec<char> = self.lv_attr.chars().collect();
+        match (a.get(4), a.get(8)) {
+            (Some('I'), _) => Some("snapshot is invalid".into()),
+            (Some(s), _) if *s != 'a' => Some(format!("LV is not active (attr {})", self.lv_attr)),
+            (_, Some('p')) => Some("LV is partial: a physical volume is missing".into()),
+            (_, Some('r')) => Some("LV needs a refresh".into()),
+            (_, Some('m')) => Some("LV has mismatches".into()),
+            (_, Some('X')) => Some("LV state is unknown".into()),
+            _ => None,
+        }
+    }
+    /// Creation time from `lv_time` (`2026-11-22 00:26:21 +0000`).
+    pub(super) fn created(&self) -> SystemTime {
+        parse_lv_time(&self.lv_time).unwrap_or(UNIX_EPOCH)
+    }
+}
+
+/// One row of `vgs`.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct Vg {
+    pub vg_name: String,
+    pub vg_size: String,
+    pub vg_free: String,
+    pub vg_extent_size: String,
+}
+
+impl Vg {
+    pub(super) fn size(&self) -> u64 {
+        self.vg_size.trim().parse().unwrap_or(0)
+    }
+    pub(super) fn free(&self) -> u64 {
+        self.vg_free.trim().parse().unwrap_or(0)
+    }
+    pub(super) fn extent(&self) -> u64 {
+        self.vg_extent_size
+            .trim()
+            .parse()
+            .unwrap_or(4 << 20)
+            .max(512)
+    }
+}
+
+/// Parses an `lvs` JSON report.
+pub fn parse_lvs(json: &str) -> Result<Vec<Lv>> {
+    let r: Report<LvSection> = serde_json::from_str(json)
+        .map_err(|e| Error::internal(format!("unreadable lvs report: {e}")))?;
+    Ok(r.report.into_iter().flat_map(|s| s.lv).collect())
+}
+
+/// Parses a `vgs` JSON report.
+pub fn parse_vgs(json: &str) -> Result<Vec<Vg>> {
+    let r: Report<VgSection> = serde_json::from_str(json)
+        .map_err(|e| Error::internal(format!("unreadable vgs report: {e}")))?;
+    Ok(r.report.into_iter().flat_map(|s| s.vg).collect())
+}
+
+pub(super) fn parse_lv_time(text: &str) -> Option<SystemTime> {
+    // "YYYY-MM-DD HH:MM:SS +ZZZZ"
+    let mut parts = text.split_whitespace();
+    let date = parts.next()?;
+    let time = parts.next()?;
+    let zone = parts.next().unwrap_or("+0000");
+    let d: Vec<i64> = date
+        .split('-')
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    let t: Vec<i64> = time
+        .split(':')
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    if d.len() != 3 || t.len() != 3 || zone.len() != 5 {
+        return None;
+    }
+    let (y, m, day) = (d[0], d[1], d[2]);
+    // Days from civil (Howard Hinnant's algorithm).
+    let y2 = if m <= 2 { y - 1 } else { y };
+    let era = y2.div_euclid(400);
+    let yoe = y2 - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146097 + doe - 719468;
+    let sign = if zone.starts_with('-') { -1 } else { 1 };
+    let zh: i64 = zone[1..3].parse().ok()?;
+    let zm: i64 = zone[3..5].parse().ok()?;
+    let secs = days * 86400 + t[0] * 3600 + t[1] * 60 + t[2] - sign * (zh * 3600 + zm * 60);
+    (secs >= 0).then(|| UNIX_EPOCH + Duration::from_secs(secs as u64))
+}
