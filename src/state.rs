@@ -76,10 +76,7 @@ pub struct NodeState {
 }
 
 fn digest_name(key: &str) -> String {
-    use sha2::Digest;
-    let d = sha2::Sha256::digest(key.as_bytes());
-    let hex: String = d.iter().take(16).map(|b| format!("{b:02x}")).collect();
-    format!("{hex}.json")
+    format!("{}.json", crate::plugin::digest_hex(key.as_bytes(), 16))
 }
 
 fn load_dir<T: for<'de> Deserialize<'de>>(dir: &Path) -> Result<Vec<T>> {

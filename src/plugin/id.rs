@@ -122,10 +122,7 @@ pub fn locator_for_name(name: &str) -> String {
     if is_locator(name) && name.len() <= 64 {
         return name.to_string();
     }
-    use sha2::Digest;
-    let digest = sha2::Sha256::digest(name.as_bytes());
-    let hex: String = digest.iter().take(20).map(|b| format!("{b:02x}")).collect();
-    format!("h-{hex}")
+    format!("h-{}", super::digest_hex(name.as_bytes(), 20))
 }
 
 /// Checks a CO-chosen name (volume or snapshot): required, at most 128 bytes,

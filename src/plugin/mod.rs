@@ -8,6 +8,7 @@ mod fields;
 mod id;
 mod registry;
 mod secrets;
+mod sizing;
 mod types;
 
 pub use controller::ControllerOps;
@@ -18,6 +19,7 @@ pub use id::{
 };
 pub use registry::Registry;
 pub use secrets::Secrets;
+pub use sizing::{check_existing, digest_hex, own_source, round_up, SizeRules};
 pub use types::*;
 
 /// The filesystems a block backend formats, grows and mounts.

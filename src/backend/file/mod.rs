@@ -15,8 +15,9 @@ use crate::error::{Error, Result};
 use crate::exec::path_arg;
 use crate::exec::{Command, CommandRunner};
 use crate::plugin::{
-    locator_for_name, AttachContext, Attachment, Backend, Capabilities, Capacity, ContentSource,
-    CreateSnapshot, CreateVolume, Page, Secrets, SnapshotId, SnapshotInfo, VolumeId, VolumeInfo,
+    check_existing, locator_for_name, own_source, AttachContext, Attachment, Backend, Capabilities,
+    Capacity, ContentSource, CreateSnapshot, CreateVolume, Page, Secrets, SizeRules, SnapshotId,
+    SnapshotInfo, VolumeId, VolumeInfo,
 };
 use loopdev::LoopDevices;
 use serde::{Deserialize, Serialize};
@@ -113,10 +114,6 @@ fn index_put(set: &Mutex<BTreeSet<String>>, locator: &str) {
 
 fn index_remove(set: &Mutex<BTreeSet<String>>, locator: &str) {
     set.lock().expect("pool index poisoned").remove(locator);
-}
-
-fn round_up(bytes: u64, to: u64) -> u64 {
-    bytes.div_ceil(to).saturating_mul(to)
 }
 
 fn io(context: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> Error {
@@ -295,35 +292,13 @@ impl FileBackend {
         Ok(())
     }
 
-    /// The size to create for a request, given the source's size if any.
-    fn size_for(&self, req: &CreateVolume, source_size: u64) -> Result<u64> {
-        let max = self.settings.max_volume_size.0;
-        let wanted = if req.required_bytes > 0 {
-            round_up(req.required_bytes, MIB)
-        } else if source_size > 0 {
-            source_size
-        } else if req.limit_bytes > 0 {
-            round_up(
-                self.settings.default_volume_size.0.min(req.limit_bytes),
-                MIB,
-            )
-            .min(req.limit_bytes / MIB * MIB)
-        } else {
-            self.settings.default_volume_size.0
-        };
-        let size = wanted.max(source_size);
-        if size == 0 || (req.limit_bytes > 0 && size > req.limit_bytes) {
-            return Err(Error::out_of_range(format!(
-                "no size in 1 MiB steps fits required {} and limit {} bytes (source {source_size})",
-                req.required_bytes, req.limit_bytes
-            )));
+    /// How this pool sizes volumes: whole MiB, up to its maximum.
+    fn size_rules(&self) -> SizeRules {
+        SizeRules {
+            step: MIB,
+            default: self.settings.default_volume_size.0,
+            max: Some(self.settings.max_volume_size.0),
         }
-        if size > max {
-            return Err(Error::out_of_range(format!(
-                "{size} bytes exceeds this pool's maximum volume size {max}"
-            )));
-        }
-        Ok(size)
     }
 }
 
@@ -362,25 +337,19 @@ impl Backend for FileBackend {
         // The source, if any: it must exist, and it sets the minimum size.
         let (source_image, source_size) = match &req.source {
             None => (None, 0),
-            Some(ContentSource::Snapshot(id)) => {
-                let meta = (id.backend() == self.name)
-                    .then(|| self.load_snapshot(id.locator()))
-                    .transpose()?
-                    .flatten()
-                    .ok_or_else(|| {
-                        Error::not_found(format!("source snapshot {id} does not exist"))
-                    })?;
-                (Some(self.snap_image(id.locator())), meta.size_bytes)
+            Some(src @ ContentSource::Snapshot(id)) => {
+                let locator = own_source(&self.name, src)?;
+                let meta = self.load_snapshot(locator)?.ok_or_else(|| {
+                    Error::not_found(format!("source snapshot {id} does not exist"))
+                })?;
+                (Some(self.snap_image(locator)), meta.size_bytes)
             }
-            Some(ContentSource::Volume(id)) => {
-                let (_, size) = (id.backend() == self.name)
-                    .then(|| self.load_volume(id.locator()))
-                    .transpose()?
-                    .flatten()
-                    .ok_or_else(|| {
-                        Error::not_found(format!("source volume {id} does not exist"))
-                    })?;
-                (Some(self.image(id.locator())), size)
+            Some(src @ ContentSource::Volume(id)) => {
+                let locator = own_source(&self.name, src)?;
+                let (_, size) = self.load_volume(locator)?.ok_or_else(|| {
+                    Error::not_found(format!("source volume {id} does not exist"))
+                })?;
+                (Some(self.image(locator)), size)
             }
         };
 
@@ -390,18 +359,13 @@ impl Backend for FileBackend {
                     "volume {locator} belongs to another name; choose a different name"
                 )));
             }
-            let fits =
-                size >= req.required_bytes && (req.limit_bytes == 0 || size <= req.limit_bytes);
-            if !fits || meta.source != req.source {
-                return Err(Error::already_exists(format!(
-                    "volume {:?} exists with {size} bytes and source {:?}, incompatible with this request",
-                    req.name, meta.source
-                )));
-            }
+            check_existing(req, size, meta.source.as_ref())?;
             return self.volume_info(&locator, meta, size);
         }
 
-        let size = self.size_for(req, source_size)?;
+        let size =
+            self.size_rules()
+                .new_volume(req.required_bytes, req.limit_bytes, source_size)?;
         // Images are sparse, but a volume the pool could never hold is refused
         // now rather than failing writes later.
         self.ensure_space(size)?;
@@ -500,20 +464,9 @@ impl Backend for FileBackend {
         let (mut meta, size) = self
             .load_volume(id.locator())?
             .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
-        let wanted = round_up(required, MIB);
-        if limit > 0 && wanted > limit {
-            return Err(Error::out_of_range(format!(
-                "{required} bytes rounded to 1 MiB exceeds the limit {limit}"
-            )));
-        }
-        if wanted <= size {
+        let Some(wanted) = self.size_rules().expansion(size, required, limit)? else {
             return Ok(size);
-        }
-        if wanted > self.settings.max_volume_size.0 {
-            return Err(Error::out_of_range(format!(
-                "{wanted} bytes exceeds the maximum volume size"
-            )));
-        }
+        };
         self.ensure_space(wanted - size)?;
         let image = self.image(id.locator());
         let f = std::fs::OpenOptions::new()
@@ -539,10 +492,11 @@ impl Backend for FileBackend {
             }
             return self.snapshot_info(&locator, meta);
         }
-        let (_, size) = (source.backend() == self.name)
-            .then(|| self.load_volume(source.locator()))
-            .transpose()?
-            .flatten()
+        let (_, size) = self
+            .load_volume(own_source(
+                &self.name,
+                &ContentSource::Volume(source.clone()),
+            )?)?
             .ok_or_else(|| Error::not_found(format!("source volume {source} does not exist")))?;
         let tmp = self.snapshots.join(format!(".{locator}.img.tmp"));
         let made = async {

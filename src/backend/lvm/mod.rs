@@ -13,9 +13,9 @@ use crate::config::Size;
 use crate::error::{Error, Result};
 use crate::exec::{path_arg, Command, CommandRunner};
 use crate::plugin::{
-    is_dns_label, locator_for_name, AttachContext, Attachment, Backend, Capabilities, Capacity,
-    ContentSource, CreateSnapshot, CreateVolume, Page, Secrets, SnapshotId, SnapshotInfo, VolumeId,
-    VolumeInfo,
+    check_existing, digest_hex, is_dns_label, locator_for_name, own_source, round_up,
+    AttachContext, Attachment, Backend, Capabilities, Capacity, ContentSource, CreateSnapshot,
+    CreateVolume, Page, Secrets, SizeRules, SnapshotId, SnapshotInfo, VolumeId, VolumeInfo,
 };
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -112,12 +112,7 @@ fn name_tag(name: &str) -> String {
     if plain {
         format!("{NAME_TAG}{name}")
     } else {
-        use sha2::Digest;
-        let d = sha2::Sha256::digest(name.as_bytes());
-        format!(
-            "{NAME_TAG}sha256-{}",
-            d.iter().map(|b| format!("{b:02x}")).collect::<String>()
-        )
+        format!("{NAME_TAG}sha256-{}", digest_hex(name.as_bytes(), 32))
     }
 }
 
@@ -295,54 +290,25 @@ impl LvmBackend {
         })
     }
 
-    fn round(&self, bytes: u64, extent: u64) -> u64 {
-        bytes.div_ceil(extent).saturating_mul(extent)
-    }
-
-    fn size_for(
-        &self,
-        class: &DeviceClass,
-        req: &CreateVolume,
-        extent: u64,
-        source_size: u64,
-    ) -> Result<u64> {
-        let wanted = if req.required_bytes > 0 {
-            req.required_bytes
-        } else if source_size > 0 {
-            source_size
-        } else {
-            class.default_volume_size.0
-        };
-        let mut size = self.round(wanted.max(source_size), extent);
-        if req.limit_bytes > 0 && size > req.limit_bytes {
-            // A smaller whole number of extents may still fit the range.
-            size = req.limit_bytes / extent * extent;
-            if size < req.required_bytes.max(source_size) || size == 0 {
-                return Err(Error::out_of_range(format!(
-                    "no size in {extent}-byte extents fits required {} and limit {} bytes",
-                    req.required_bytes, req.limit_bytes
-                )));
-            }
+    /// How a device class sizes volumes: whole extents.
+    fn size_rules(class: &DeviceClass, extent: u64) -> SizeRules {
+        SizeRules {
+            step: extent,
+            default: class.default_volume_size.0,
+            max: None,
         }
-        Ok(size)
     }
 
     /// The LV behind a content source, which must be ours and in `class`.
-    async fn source_lv(
-        &self,
-        class: &DeviceClass,
-        kind: &str,
-        shown: &str,
-        backend: &str,
-        locator: &str,
-    ) -> Result<Lv> {
+    async fn source_lv(&self, class: &DeviceClass, source: &ContentSource) -> Result<Lv> {
+        let (kind, shown) = match source {
+            ContentSource::Snapshot(id) => ("snapshot", id.to_string()),
+            ContentSource::Volume(id) => ("volume", id.to_string()),
+        };
         let missing = || Error::not_found(format!("source {kind} {shown} does not exist"));
-        let (c, lv) = (backend == self.name)
-            .then(|| self.split(locator))
-            .transpose()
-            .ok()
-            .flatten()
-            .ok_or_else(missing)?;
+        let (c, lv) = self
+            .split(own_source(&self.name, source)?)
+            .map_err(|_| missing())?;
         if c.name != class.name {
             return Err(Error::invalid(format!(
                 "source {kind} {shown} is in another device class"
@@ -390,32 +356,16 @@ impl Backend for LvmBackend {
 
         let (source_lv, source_size) = match &req.source {
             None => (None, 0),
-            Some(ContentSource::Snapshot(id)) => {
-                let snap = self
-                    .source_lv(
-                        &class,
-                        "snapshot",
-                        &id.to_string(),
-                        id.backend(),
-                        id.locator(),
-                    )
-                    .await?;
+            Some(src @ ContentSource::Snapshot(_)) => {
+                let snap = self.source_lv(&class, src).await?;
                 let size = snap
                     .tag_value("ferrovol-size:")
                     .and_then(|s| s.parse().ok())
                     .unwrap_or(snap.size());
                 (Some(snap), size)
             }
-            Some(ContentSource::Volume(id)) => {
-                let vol = self
-                    .source_lv(
-                        &class,
-                        "volume",
-                        &id.to_string(),
-                        id.backend(),
-                        id.locator(),
-                    )
-                    .await?;
+            Some(src @ ContentSource::Volume(_)) => {
+                let vol = self.source_lv(&class, src).await?;
                 let size = vol.size();
                 (Some(vol), size)
             }
@@ -437,21 +387,17 @@ impl Backend for LvmBackend {
                     req.name
                 )));
             }
-            let size = existing.size();
-            let fits =
-                size >= req.required_bytes && (req.limit_bytes == 0 || size <= req.limit_bytes);
             let info = self.volume_info(&class, &existing)?;
-            if !fits || info.source != req.source {
-                return Err(Error::already_exists(format!(
-                    "volume {:?} exists with {size} bytes and source {:?}, incompatible with this request",
-                    req.name, info.source
-                )));
-            }
+            check_existing(req, existing.size(), info.source.as_ref())?;
             return Ok(info);
         }
 
         let vg = self.vg(&class).await?;
-        let size = self.size_for(&class, req, vg.extent(), source_size)?;
+        let size = Self::size_rules(&class, vg.extent()).new_volume(
+            req.required_bytes,
+            req.limit_bytes,
+            source_size,
+        )?;
         let mut tags = vec![TAG.to_string(), tag, format!("{CLASS_TAG}{}", class.name)];
         if let Some(src) = &source_lv {
             tags.push(format!("{SOURCE_TAG}{}", src.lv_name));
@@ -667,15 +613,11 @@ impl Backend for LvmBackend {
             .await?
             .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
         let vg = self.vg(class).await?;
-        let wanted = self.round(required, vg.extent());
-        if limit > 0 && wanted > limit {
-            return Err(Error::out_of_range(format!(
-                "{required} bytes rounded to whole extents exceeds the limit {limit}"
-            )));
-        }
-        if wanted <= lv.size() {
+        let Some(wanted) =
+            Self::size_rules(class, vg.extent()).expansion(lv.size(), required, limit)?
+        else {
             return Ok(lv.size());
-        }
+        };
         if class.thin_pool.is_none() && wanted - lv.size() > vg.free() {
             return Err(Error::exhausted(format!(
                 "volume group {} has {} bytes free",
@@ -745,7 +687,7 @@ impl Backend for LvmBackend {
         let mut cmd = self.lvm("lvcreate").args(["-y", "-s", "-n", &snap_name]);
         if class.thin_pool.is_none() || src.pool_lv.is_empty() {
             let vg = self.vg(&class).await?;
-            let cow = self.round(src.size() * class.snapshot_size_percent / 100, vg.extent());
+            let cow = round_up(src.size() * class.snapshot_size_percent / 100, vg.extent());
             if cow > vg.free() {
                 return Err(Error::exhausted(format!(
                     "volume group {vg_name} has {} bytes free, the snapshot needs {cow}",
