@@ -4,6 +4,7 @@ use crate::backend::build_registry;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::exec::{CommandRunner, SystemRunner};
+use crate::host::{Host, SystemHost};
 use crate::locks::OpLocks;
 use crate::mount::{Mounter, SystemMounter};
 use crate::node::NodeOps;
@@ -64,7 +65,8 @@ pub fn build_with(
     std::fs::create_dir_all(&state_dir)
         .map_err(|e| Error::io(format!("create state dir {}", state_dir.display()), e))?;
     let config = Config::load(settings.config.as_deref(), &state_dir)?;
-    let registry = Arc::new(build_registry(&config, runner.clone())?);
+    let host: Arc<dyn Host> = Arc::new(SystemHost);
+    let registry = Arc::new(build_registry(&config, runner.clone(), host.clone())?);
     let state = NodeState::open(&state_dir)?;
     // One guard table for both services: an operation on a volume excludes
     // every other operation on it, whichever service it came through.
@@ -75,6 +77,7 @@ pub fn build_with(
         runner,
         state,
         locks.clone(),
+        host,
     ));
     let controller = ControllerOps::new(
         registry.clone(),

@@ -11,6 +11,7 @@ pub mod backend;
 pub mod config;
 pub mod error;
 pub mod exec;
+pub mod host;
 pub mod locks;
 pub mod mount;
 pub mod node;

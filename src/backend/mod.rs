@@ -6,11 +6,16 @@ pub mod lvm;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::exec::CommandRunner;
+use crate::host::Host;
 use crate::plugin::Registry;
 use std::sync::Arc;
 
 /// Builds the registry from the config: each `[[backend]]` by its type.
-pub fn build_registry(config: &Config, runner: Arc<dyn CommandRunner>) -> Result<Registry> {
+pub fn build_registry(
+    config: &Config,
+    runner: Arc<dyn CommandRunner>,
+    host: Arc<dyn Host>,
+) -> Result<Registry> {
     let mut registry = Registry::new();
     for bc in &config.backends {
         let backend: Arc<dyn crate::plugin::Backend> = match bc.kind.as_str() {
@@ -18,12 +23,12 @@ pub fn build_registry(config: &Config, runner: Arc<dyn CommandRunner>) -> Result
                 bc.name(),
                 bc.settings()?,
                 runner.clone(),
+                host.clone(),
             )?),
-            "lvm" => Arc::new(lvm::LvmBackend::new(
-                bc.name(),
-                bc.settings()?,
-                runner.clone(),
-            )?),
+            "lvm" => Arc::new(
+                lvm::LvmBackend::new(bc.name(), bc.settings()?, runner.clone())?
+                    .with_host(host.clone()),
+            ),
             other => {
                 return Err(Error::invalid(format!(
                     "backend {:?}: unknown type {other:?} (available: file, lvm)",

@@ -8,6 +8,7 @@ pub mod paths;
 
 use crate::error::{Error, Kind, Result};
 use crate::exec::CommandRunner;
+use crate::host::Host;
 use crate::locks::{self, OpGuard, OpLocks};
 use crate::mount::{MountOptions, Mounter};
 use crate::plugin::{
@@ -81,6 +82,7 @@ pub struct NodeOps {
     runner: Arc<dyn CommandRunner>,
     state: NodeState,
     locks: OpLocks,
+    host: Arc<dyn Host>,
     deadlines: Deadlines,
 }
 
@@ -91,6 +93,7 @@ impl NodeOps {
         runner: Arc<dyn CommandRunner>,
         state: NodeState,
         locks: OpLocks,
+        host: Arc<dyn Host>,
     ) -> Self {
         Self {
             registry,
@@ -98,6 +101,7 @@ impl NodeOps {
             runner,
             state,
             locks,
+            host,
             deadlines: Deadlines::default(),
         }
     }
@@ -194,7 +198,8 @@ impl NodeOps {
         backend
             .supports(&req.capability)
             .map_err(|e| Error::precondition(e.message))?;
-        paths::require_dir(&req.staging_path, "staging_target_path")?;
+        self.host
+            .require_dir(&req.staging_path, "staging_target_path")?;
 
         if let Some(existing) = self.state.stage(&req.volume_id) {
             if existing.staging_path != req.staging_path {
@@ -539,7 +544,7 @@ impl NodeOps {
             }
         };
         let options = MountOptions::parse(&flags, readonly)?;
-        paths::make_target(&req.target_path, is_block)?;
+        self.host.make_target(&req.target_path, is_block)?;
         self.state.put_publish(record)?;
         let target = req.target_path.clone();
         let bound = self
@@ -551,7 +556,7 @@ impl NodeOps {
             .await;
         if let Err(e) = bound {
             let _ = self.state.remove_publish(&req.target_path);
-            let _ = paths::remove_target(&req.target_path);
+            let _ = self.host.remove_target(&req.target_path);
             return Err(e);
         }
         Ok(())
@@ -573,16 +578,16 @@ impl NodeOps {
         }
         let mounted = self.is_mounted(target).await?;
         if record.is_none() && !mounted {
-            if !target.exists() {
+            if !self.host.exists(target) {
                 if let Ok(None) = backend.get_volume(id).await {
                     return Err(Error::not_found(format!("volume {id} does not exist")));
                 }
             }
-            paths::remove_target(target)?;
+            self.host.remove_target(target)?;
             return Ok(());
         }
         self.unmount_all(target).await?;
-        paths::remove_target(target)?;
+        self.host.remove_target(target)?;
         self.state.remove_publish(target)
     }
 
@@ -608,7 +613,7 @@ impl NodeOps {
                 .state
                 .publish(&path)
                 .is_some_and(|p| &p.volume_id == id);
-        if !known || std::fs::symlink_metadata(&path).is_err() {
+        if !known || !self.host.exists(&path) {
             return Err(not_here());
         }
         Ok((stage, path))
@@ -634,24 +639,19 @@ impl NodeOps {
                 }
                 // statvfs on a mount whose server is gone blocks: off the
                 // workers, within the deadline, like a mount-table call.
-                let p = volume_path.to_path_buf();
-                let st = self
+                let (p, host) = (volume_path.to_path_buf(), self.host.clone());
+                let usage = self
                     .off_worker(
                         format!("reading usage of {}", volume_path.display()),
                         self.deadlines.quick,
-                        move |_| {
-                            nix::sys::statvfs::statvfs(&p).map_err(|e| {
-                                Error::io("statvfs", std::io::Error::from_raw_os_error(e as i32))
-                            })
-                        },
+                        move |_| host.fs_usage(&p),
                     )
                     .await?;
-                let frsize = st.fragment_size() as u64;
-                stats.total_bytes = st.blocks() as u64 * frsize;
-                stats.available_bytes = Some(st.blocks_available() as u64 * frsize);
-                stats.used_bytes = Some((st.blocks() as u64 - st.blocks_free() as u64) * frsize);
-                stats.total_inodes = Some(st.files() as u64);
-                stats.free_inodes = Some(st.files_free() as u64);
+                stats.total_bytes = usage.total_bytes;
+                stats.available_bytes = Some(usage.available_bytes);
+                stats.used_bytes = Some(usage.total_bytes - usage.free_bytes);
+                stats.total_inodes = Some(usage.total_inodes);
+                stats.free_inodes = Some(usage.free_inodes);
             }
             AccessType::Block => {
                 // A publish target is the device itself; the staging path
@@ -660,7 +660,7 @@ impl NodeOps {
                     (Some(Attachment::Device { path }), true) => path.clone(),
                     _ => volume_path.to_path_buf(),
                 };
-                stats.total_bytes = paths::device_size(&device)?;
+                stats.total_bytes = self.host.device_size(&device)?;
             }
         }
         Ok(stats)

@@ -11,6 +11,8 @@ use std::sync::Mutex;
 struct Recorder {
     detached: Mutex<Vec<Option<Attachment>>>,
     fail_attach: Mutex<bool>,
+    /// What the device reports after a refresh.
+    device_size: Mutex<u64>,
 }
 
 #[async_trait::async_trait]
@@ -47,6 +49,9 @@ impl Backend for Recorder {
         self.detached.lock().unwrap().push(attachment.cloned());
         Ok(())
     }
+    async fn node_refresh_size(&self, _id: &VolumeId, _attachment: &Attachment) -> Result<u64> {
+        Ok(*self.device_size.lock().unwrap())
+    }
 }
 
 struct Fixture {
@@ -56,6 +61,7 @@ struct Fixture {
     mounter: Arc<FakeMounter>,
     runner: Arc<FakeRunner>,
     backend: Arc<Recorder>,
+    host: Arc<crate::host::FakeHost>,
 }
 
 fn fixture() -> Fixture {
@@ -73,12 +79,14 @@ fn fixture_with(deadlines: Deadlines) -> Fixture {
     let runner = Arc::new(FakeRunner::new());
     let state = NodeState::open(&dir.path().join("state")).unwrap();
     let registry = Arc::new(registry);
+    let host = Arc::new(crate::host::FakeHost::new());
     let ops = NodeOps::new(
         registry.clone(),
         mounter.clone(),
         runner.clone(),
         state,
         crate::locks::OpLocks::new(),
+        host.clone(),
     )
     .with_deadlines(deadlines);
     Fixture {
@@ -88,6 +96,7 @@ fn fixture_with(deadlines: Deadlines) -> Fixture {
         mounter,
         runner,
         backend,
+        host,
     }
 }
 
@@ -523,6 +532,7 @@ async fn remote_mounts_go_through_the_killable_helper() {
         runner.clone(),
         NodeState::open(&dir.path().join("state")).unwrap(),
         crate::locks::OpLocks::new(),
+        Arc::new(crate::host::SystemHost),
     );
     let req = |fs: &str| StageRequest {
         volume_id: VolumeId::parse("net:v1").unwrap(),
@@ -561,4 +571,116 @@ async fn remote_mounts_go_through_the_killable_helper() {
         .calls()
         .iter()
         .all(|(op, _)| *op != MountOp::MountFs));
+}
+
+const MIB: u64 = 1 << 20;
+
+fn usage(total: u64, free: u64, available: u64) -> crate::host::FsUsage {
+    crate::host::FsUsage {
+        total_bytes: total,
+        free_bytes: free,
+        available_bytes: available,
+        total_inodes: 1000,
+        free_inodes: 600,
+    }
+}
+
+#[tokio::test]
+async fn stats_come_from_the_filesystem_and_the_condition_from_the_mounts() {
+    let f = fixture();
+    f.runner.expect("blkid", Reply::Ok("TYPE=ext4\n".into()));
+    f.ops
+        .stage(stage_req(&f, AccessMode::SingleNodeWriter))
+        .await
+        .unwrap();
+    let staging = f.dir.path().join("staging");
+    f.host
+        .set_usage(&staging, usage(100 * MIB, 40 * MIB, 30 * MIB));
+    let s = f.ops.stats(&id(), staging.to_str().unwrap()).await.unwrap();
+    assert_eq!(
+        (s.total_bytes, s.available_bytes, s.used_bytes),
+        (100 * MIB, Some(30 * MIB), Some(60 * MIB))
+    );
+    assert_eq!((s.total_inodes, s.free_inodes), (Some(1000), Some(600)));
+    assert_eq!(s.abnormal, None);
+    // The staging mount goes away under the driver: abnormal, with why.
+    f.mounter.unmount(&staging).unwrap();
+    let s = f.ops.stats(&id(), staging.to_str().unwrap()).await.unwrap();
+    assert!(s.abnormal.unwrap().contains("is gone"));
+}
+
+#[tokio::test]
+async fn stats_and_expand_answer_not_found_for_what_is_not_there() {
+    let f = fixture();
+    let unknown = VolumeId::parse("rec:never-staged").unwrap();
+    // An unknown volume is NOT_FOUND, whatever the path looks like.
+    for path in ["some/path", "/x", "../../etc"] {
+        assert_eq!(
+            f.ops.stats(&unknown, path).await.unwrap_err().kind,
+            Kind::NotFound
+        );
+        assert_eq!(
+            f.ops.expand(&unknown, path, 0).await.unwrap_err().kind,
+            Kind::NotFound
+        );
+    }
+    f.runner.expect("blkid", Reply::Ok("TYPE=ext4\n".into()));
+    f.ops
+        .stage(stage_req(&f, AccessMode::SingleNodeWriter))
+        .await
+        .unwrap();
+    // A known volume at a path where it is not: NOT_FOUND too.
+    let elsewhere = f.dir.path().join("pods");
+    for path in [elsewhere.to_str().unwrap(), "relative", "/"] {
+        assert_eq!(
+            f.ops.stats(&id(), path).await.unwrap_err().kind,
+            Kind::NotFound,
+            "{path}"
+        );
+        assert_eq!(
+            f.ops.expand(&id(), path, 0).await.unwrap_err().kind,
+            Kind::NotFound,
+            "{path}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn expand_refreshes_the_device_then_grows_the_filesystem() {
+    let f = fixture();
+    f.runner.expect("blkid", Reply::Ok("TYPE=ext4\n".into()));
+    f.ops
+        .stage(stage_req(&f, AccessMode::SingleNodeWriter))
+        .await
+        .unwrap();
+    let staging = f.dir.path().join("staging");
+    *f.backend.device_size.lock().unwrap() = 200 * MIB;
+    // The device did not grow enough: the controller step is missing.
+    let err = f
+        .ops
+        .expand(&id(), staging.to_str().unwrap(), 300 * MIB)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, Kind::OutOfRange);
+    f.runner.ok("resize2fs");
+    let size = f
+        .ops
+        .expand(&id(), staging.to_str().unwrap(), 150 * MIB)
+        .await
+        .unwrap();
+    assert_eq!(size, 200 * MIB);
+    assert_eq!(f.runner.lines().last().unwrap(), "resize2fs /dev/fake0");
+}
+
+#[tokio::test]
+async fn block_stats_report_the_device_size() {
+    let f = fixture();
+    let mut req = stage_req(&f, AccessMode::SingleNodeWriter);
+    req.capability.access = AccessType::Block;
+    f.ops.stage(req).await.unwrap();
+    f.host.set_device_size(Path::new("/dev/fake0"), 64 * MIB);
+    let staging = f.dir.path().join("staging");
+    let s = f.ops.stats(&id(), staging.to_str().unwrap()).await.unwrap();
+    assert_eq!(s.total_bytes, 64 * MIB);
+    assert_eq!(s.available_bytes, None);
 }

@@ -14,6 +14,7 @@ use crate::config::Size;
 use crate::error::{Error, Result};
 use crate::exec::path_arg;
 use crate::exec::{Command, CommandRunner};
+use crate::host::Host;
 use crate::plugin::{
     check_existing, locator_for_name, own_source, AttachContext, Attachment, Backend, Capabilities,
     Capacity, ContentSource, CreateSnapshot, CreateVolume, Page, Secrets, SizeRules, SnapshotId,
@@ -76,6 +77,7 @@ pub struct FileBackend {
     volumes: PathBuf,
     snapshots: PathBuf,
     runner: Arc<dyn CommandRunner>,
+    host: Arc<dyn Host>,
     loops: LoopDevices,
     /// The locators in the pool, read once at start and kept as volumes
     /// and snapshots come and go, so a page of a listing reads only its
@@ -162,7 +164,12 @@ fn remove_if_exists(path: &Path) -> Result<()> {
 }
 
 impl FileBackend {
-    pub fn new(name: &str, settings: FileSettings, runner: Arc<dyn CommandRunner>) -> Result<Self> {
+    pub fn new(
+        name: &str,
+        settings: FileSettings,
+        runner: Arc<dyn CommandRunner>,
+        host: Arc<dyn Host>,
+    ) -> Result<Self> {
         crate::config::absolute(&settings.pool, "file pool")?;
         let volumes = settings.pool.join("volumes");
         let snapshots = settings.pool.join("snapshots");
@@ -191,6 +198,7 @@ impl FileBackend {
             runner,
             loops,
             index,
+            host,
         })
     }
 
@@ -261,9 +269,7 @@ impl FileBackend {
     }
 
     fn free_bytes(&self) -> Result<u64> {
-        let st = nix::sys::statvfs::statvfs(&self.settings.pool)
-            .map_err(|e| Error::io("statvfs pool", std::io::Error::from_raw_os_error(e as i32)))?;
-        Ok(st.blocks_available() as u64 * st.fragment_size() as u64)
+        Ok(self.host.fs_usage(&self.settings.pool)?.available_bytes)
     }
 
     fn ensure_space(&self, bytes: u64) -> Result<()> {
@@ -314,20 +320,10 @@ impl Backend for FileBackend {
 
     async fn health(&self) -> Result<()> {
         for d in [&self.volumes, &self.snapshots] {
-            let md = std::fs::metadata(d).map_err(io(format!("pool folder {}", d.display())))?;
-            if !md.is_dir() {
-                return Err(Error::precondition(format!(
-                    "{} is not a directory",
-                    d.display()
-                )));
-            }
+            self.host
+                .writable_dir(d)
+                .map_err(|e| Error::precondition(format!("pool folder: {}", e.message)))?;
         }
-        nix::unistd::access(&self.volumes, nix::unistd::AccessFlags::W_OK).map_err(|e| {
-            Error::precondition(format!(
-                "pool {} is not writable: {e}",
-                self.volumes.display()
-            ))
-        })?;
         Ok(())
     }
 
@@ -645,3 +641,6 @@ impl Backend for FileBackend {
         Ok(None)
     }
 }
+
+#[cfg(test)]
+mod tests;

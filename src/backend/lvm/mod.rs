@@ -12,6 +12,7 @@
 use crate::config::Size;
 use crate::error::{Error, Result};
 use crate::exec::{path_arg, Command, CommandRunner};
+use crate::host::{Host, SystemHost};
 use crate::plugin::{
     check_existing, digest_hex, is_dns_label, locator_for_name, own_source, round_up,
     AttachContext, Attachment, Backend, Capabilities, Capacity, ContentSource, CreateSnapshot,
@@ -121,6 +122,7 @@ pub struct LvmBackend {
     name: String,
     settings: LvmSettings,
     runner: Arc<dyn CommandRunner>,
+    host: Arc<dyn Host>,
     // No lock of its own: the operation guard covers every id an operation
     // touches, and lvm serializes changes to a volume group's metadata
     // itself. A create racing another for the last free extents fails in
@@ -175,7 +177,14 @@ impl LvmBackend {
             name: name.to_string(),
             settings,
             runner,
+            host: Arc::new(SystemHost),
         })
+    }
+
+    /// The same, on another host seam.
+    pub fn with_host(mut self, host: Arc<dyn Host>) -> Self {
+        self.host = host;
+        self
     }
 
     fn class(&self, name: &str) -> Result<&DeviceClass> {
@@ -864,7 +873,7 @@ impl Backend for LvmBackend {
                     .args(["--refresh", &format!("{}/{lv_name}", class.volume_group)]),
             )
             .await?;
-        crate::node::paths::device_size(path)
+        self.host.device_size(path)
     }
 
     async fn node_condition(

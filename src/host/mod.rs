@@ -1,0 +1,98 @@
+//! The host seam: the filesystem calls the node and the backends make
+//! besides mounts and commands (usage figures, device sizes, access checks,
+//! publish targets), behind a [`Host`] trait with a real implementation and
+//! a fake, so that what depends on them is unit-tested without root.
+
+#[cfg(test)]
+mod fake;
+
+#[cfg(test)]
+pub use fake::FakeHost;
+
+use crate::error::{Error, Result};
+use crate::node::paths;
+use std::path::Path;
+
+/// A filesystem's usage, as statvfs reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FsUsage {
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    /// Free to unprivileged users.
+    pub available_bytes: u64,
+    pub total_inodes: u64,
+    pub free_inodes: u64,
+}
+
+/// Filesystem calls on the node.
+pub trait Host: Send + Sync {
+    /// Usage of the filesystem holding `path`.
+    fn fs_usage(&self, path: &Path) -> Result<FsUsage>;
+    /// The size of a block device (or file) in bytes.
+    fn device_size(&self, path: &Path) -> Result<u64>;
+    /// Checks that `dir` is a directory this process may write in.
+    fn writable_dir(&self, dir: &Path) -> Result<()>;
+    /// Checks that `path` is a directory, not a symlink.
+    fn require_dir(&self, path: &Path, field: &str) -> Result<()>;
+    /// Creates a publish target: a directory, or a file for a block bind.
+    fn make_target(&self, path: &Path, block: bool) -> Result<()>;
+    /// Removes a publish target (never following a symlink).
+    fn remove_target(&self, path: &Path) -> Result<()>;
+    /// Whether anything (a symlink included) is at `path`.
+    fn exists(&self, path: &Path) -> bool;
+}
+
+/// The real host.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemHost;
+
+impl Host for SystemHost {
+    fn fs_usage(&self, path: &Path) -> Result<FsUsage> {
+        let st = nix::sys::statvfs::statvfs(path).map_err(|e| {
+            Error::io(
+                format!("statvfs {}", path.display()),
+                std::io::Error::from_raw_os_error(e as i32),
+            )
+        })?;
+        let frsize = st.fragment_size() as u64;
+        Ok(FsUsage {
+            total_bytes: st.blocks() as u64 * frsize,
+            free_bytes: st.blocks_free() as u64 * frsize,
+            available_bytes: st.blocks_available() as u64 * frsize,
+            total_inodes: st.files() as u64,
+            free_inodes: st.files_free() as u64,
+        })
+    }
+
+    fn device_size(&self, path: &Path) -> Result<u64> {
+        paths::device_size(path)
+    }
+
+    fn writable_dir(&self, dir: &Path) -> Result<()> {
+        let md = std::fs::metadata(dir).map_err(|e| Error::io(format!("{}", dir.display()), e))?;
+        if !md.is_dir() {
+            return Err(Error::precondition(format!(
+                "{} is not a directory",
+                dir.display()
+            )));
+        }
+        nix::unistd::access(dir, nix::unistd::AccessFlags::W_OK)
+            .map_err(|e| Error::precondition(format!("{} is not writable: {e}", dir.display())))
+    }
+
+    fn require_dir(&self, path: &Path, field: &str) -> Result<()> {
+        paths::require_dir(path, field)
+    }
+
+    fn make_target(&self, path: &Path, block: bool) -> Result<()> {
+        paths::make_target(path, block)
+    }
+
+    fn remove_target(&self, path: &Path) -> Result<()> {
+        paths::remove_target(path)
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        std::fs::symlink_metadata(path).is_ok()
+    }
+}
