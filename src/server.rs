@@ -94,7 +94,10 @@ pub async fn serve(
     grace: Duration,
 ) -> Result<()> {
     let mode = driver.mode;
-    let mut builder = tonic::transport::Server::builder();
+    // Every RPC is traced (span, in-flight count, one log line) by a layer.
+    let mut builder = tonic::transport::Server::builder().layer(
+        crate::service::trace::RpcLayer::new(driver.in_flight.clone()),
+    );
     let router = builder.add_service(IdentityServer::new(IdentityService(driver.clone())));
     let router = router
         .add_optional_service(

@@ -3,7 +3,7 @@
 //! takes the operation guard), and builds the response.
 
 use super::convert::{self, params};
-use super::{traced, Driver};
+use super::{respond, Driver};
 use crate::error::Error;
 use crate::plugin::controller::{NewSnapshot, NewVolume};
 use crate::plugin::{AccessMode, ControllerAttach, Secrets};
@@ -22,7 +22,7 @@ impl Controller for ControllerService {
         request: Request<pb::CreateVolumeRequest>,
     ) -> Result<Response<pb::CreateVolumeResponse>, Status> {
         let r = request.into_inner();
-        traced(&self.0, "CreateVolume", &r.name, async {
+        respond(&r.name, async {
             crate::plugin::validate_name("volume", &r.name)?;
             let capabilities = convert::capabilities(&r.volume_capabilities)?;
             let (required_bytes, limit_bytes) = convert::capacity_range(r.capacity_range.as_ref())?;
@@ -61,7 +61,7 @@ impl Controller for ControllerService {
         request: Request<pb::DeleteVolumeRequest>,
     ) -> Result<Response<pb::DeleteVolumeResponse>, Status> {
         let r = request.into_inner();
-        traced(&self.0, "DeleteVolume", &r.volume_id, async {
+        respond(&r.volume_id, async {
             self.0
                 .controller
                 .delete_volume(&r.volume_id, &Secrets::from(&r.secrets))
@@ -76,7 +76,7 @@ impl Controller for ControllerService {
         request: Request<pb::ControllerPublishVolumeRequest>,
     ) -> Result<Response<pb::ControllerPublishVolumeResponse>, Status> {
         let r = request.into_inner();
-        traced(&self.0, "ControllerPublishVolume", &r.volume_id, async {
+        respond(&r.volume_id, async {
             if !self.0.registry.capabilities().attach {
                 return Err(Error::unimplemented(
                     "no configured backend attaches volumes to nodes",
@@ -113,7 +113,7 @@ impl Controller for ControllerService {
         request: Request<pb::ControllerUnpublishVolumeRequest>,
     ) -> Result<Response<pb::ControllerUnpublishVolumeResponse>, Status> {
         let r = request.into_inner();
-        traced(&self.0, "ControllerUnpublishVolume", &r.volume_id, async {
+        respond(&r.volume_id, async {
             if !self.0.registry.capabilities().attach {
                 return Err(Error::unimplemented(
                     "no configured backend attaches volumes to nodes",
@@ -137,7 +137,7 @@ impl Controller for ControllerService {
         request: Request<pb::ValidateVolumeCapabilitiesRequest>,
     ) -> Result<Response<pb::ValidateVolumeCapabilitiesResponse>, Status> {
         let r = request.into_inner();
-        traced(&self.0, "ValidateVolumeCapabilities", &r.volume_id, async {
+        respond(&r.volume_id, async {
             let id = convert::volume_id(&r.volume_id)?;
             let caps = convert::capabilities(&r.volume_capabilities)?;
             let unsupported = self
@@ -169,7 +169,7 @@ impl Controller for ControllerService {
         request: Request<pb::ListVolumesRequest>,
     ) -> Result<Response<pb::ListVolumesResponse>, Status> {
         let r = request.into_inner();
-        traced(&self.0, "ListVolumes", "", async {
+        respond("", async {
             let page = self
                 .0
                 .controller
@@ -195,7 +195,7 @@ impl Controller for ControllerService {
         request: Request<pb::GetCapacityRequest>,
     ) -> Result<Response<pb::GetCapacityResponse>, Status> {
         let r = request.into_inner();
-        traced(&self.0, "GetCapacity", "", async {
+        respond("", async {
             let caps: Vec<_> = r
                 .volume_capabilities
                 .iter()
@@ -224,7 +224,7 @@ impl Controller for ControllerService {
         _: Request<pb::ControllerGetCapabilitiesRequest>,
     ) -> Result<Response<pb::ControllerGetCapabilitiesResponse>, Status> {
         let c = self.0.registry.capabilities();
-        traced(&self.0, "ControllerGetCapabilities", "", async {
+        respond("", async {
             use csc::rpc::Type as T;
             let mut types = Vec::new();
             if c.provision {
@@ -266,7 +266,7 @@ impl Controller for ControllerService {
         request: Request<pb::CreateSnapshotRequest>,
     ) -> Result<Response<pb::CreateSnapshotResponse>, Status> {
         let r = request.into_inner();
-        traced(&self.0, "CreateSnapshot", &r.source_volume_id, async {
+        respond(&r.source_volume_id, async {
             if r.source_volume_id.is_empty() {
                 return Err(Error::invalid("source_volume_id is required"));
             }
@@ -294,7 +294,7 @@ impl Controller for ControllerService {
         request: Request<pb::DeleteSnapshotRequest>,
     ) -> Result<Response<pb::DeleteSnapshotResponse>, Status> {
         let r = request.into_inner();
-        traced(&self.0, "DeleteSnapshot", &r.snapshot_id, async {
+        respond(&r.snapshot_id, async {
             self.0
                 .controller
                 .delete_snapshot(&r.snapshot_id, &Secrets::from(&r.secrets))
@@ -309,7 +309,7 @@ impl Controller for ControllerService {
         request: Request<pb::ListSnapshotsRequest>,
     ) -> Result<Response<pb::ListSnapshotsResponse>, Status> {
         let r = request.into_inner();
-        traced(&self.0, "ListSnapshots", &r.source_volume_id, async {
+        respond(&r.source_volume_id, async {
             let page = self
                 .0
                 .controller
@@ -339,7 +339,7 @@ impl Controller for ControllerService {
         request: Request<pb::GetSnapshotRequest>,
     ) -> Result<Response<pb::GetSnapshotResponse>, Status> {
         let r = request.into_inner();
-        traced(&self.0, "GetSnapshot", &r.snapshot_id, async {
+        respond(&r.snapshot_id, async {
             let id = convert::snapshot_id(&r.snapshot_id)?;
             let snap = self.0.controller.get_snapshot(&id).await?;
             Ok(pb::GetSnapshotResponse {
@@ -354,7 +354,7 @@ impl Controller for ControllerService {
         request: Request<pb::ControllerExpandVolumeRequest>,
     ) -> Result<Response<pb::ControllerExpandVolumeResponse>, Status> {
         let r = request.into_inner();
-        traced(&self.0, "ControllerExpandVolume", &r.volume_id, async {
+        respond(&r.volume_id, async {
             let id = convert::volume_id(&r.volume_id)?;
             let range = r
                 .capacity_range
@@ -390,7 +390,7 @@ impl Controller for ControllerService {
         request: Request<pb::ControllerGetVolumeRequest>,
     ) -> Result<Response<pb::ControllerGetVolumeResponse>, Status> {
         let r = request.into_inner();
-        traced(&self.0, "ControllerGetVolume", &r.volume_id, async {
+        respond(&r.volume_id, async {
             let id = convert::volume_id(&r.volume_id)?;
             let placed = self.0.controller.get_volume(&id).await?;
             Ok(pb::ControllerGetVolumeResponse {
@@ -406,7 +406,7 @@ impl Controller for ControllerService {
         request: Request<pb::ControllerModifyVolumeRequest>,
     ) -> Result<Response<pb::ControllerModifyVolumeResponse>, Status> {
         let r = request.into_inner();
-        traced(&self.0, "ControllerModifyVolume", &r.volume_id, async {
+        respond(&r.volume_id, async {
             Err::<pb::ControllerModifyVolumeResponse, _>(Error::unimplemented(
                 "no backend has mutable parameters",
             ))

@@ -1,6 +1,6 @@
 //! The Identity service.
 
-use super::{traced, Driver};
+use super::{respond, Driver};
 use crate::error::Error;
 use crate::proto::{self as pb, identity_server::Identity, plugin_capability as pc};
 use std::sync::Arc;
@@ -21,7 +21,7 @@ impl Identity for IdentityService {
         _: Request<pb::GetPluginInfoRequest>,
     ) -> Result<Response<pb::GetPluginInfoResponse>, Status> {
         let d = &self.0;
-        traced(&self.0, "GetPluginInfo", "", async {
+        respond("", async {
             Ok(pb::GetPluginInfoResponse {
                 name: d.name.clone(),
                 vendor_version: d.version.clone(),
@@ -36,7 +36,7 @@ impl Identity for IdentityService {
         _: Request<pb::GetPluginCapabilitiesRequest>,
     ) -> Result<Response<pb::GetPluginCapabilitiesResponse>, Status> {
         let caps = self.0.registry.capabilities();
-        traced(&self.0, "GetPluginCapabilities", "", async {
+        respond("", async {
             // The same set from every instance, whatever its mode.
             let mut out = vec![service(pc::service::Type::ControllerService)];
             if caps.node_local {
@@ -59,7 +59,7 @@ impl Identity for IdentityService {
         _: Request<pb::ProbeRequest>,
     ) -> Result<Response<pb::ProbeResponse>, Status> {
         let registry = self.0.registry.clone();
-        traced(&self.0, "Probe", "", async move {
+        respond("", async move {
             for b in registry.all() {
                 b.health().await.map_err(|e| {
                     Error::precondition(format!(

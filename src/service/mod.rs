@@ -6,6 +6,7 @@ pub mod controller;
 pub mod convert;
 pub mod identity;
 pub mod node;
+pub mod trace;
 
 use crate::config::NodeSettings;
 use crate::error::Result;
@@ -14,8 +15,6 @@ use crate::plugin::{ControllerOps, Registry};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
-use tracing::Instrument;
 
 /// Which services this process serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -39,15 +38,16 @@ impl Mode {
 #[derive(Debug, Default)]
 pub struct InFlight {
     count: std::sync::atomic::AtomicUsize,
+    idle: tokio::sync::Notify,
 }
 
 /// One RPC being served; counted until dropped.
-pub struct InFlightGuard<'a>(&'a InFlight);
+pub struct InFlightGuard(Arc<InFlight>);
 
 impl InFlight {
-    pub fn enter(&self) -> InFlightGuard<'_> {
+    pub fn enter(self: &Arc<Self>) -> InFlightGuard {
         self.count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        InFlightGuard(self)
+        InFlightGuard(self.clone())
     }
 
     pub fn count(&self) -> usize {
@@ -56,17 +56,26 @@ impl InFlight {
 
     /// Resolves once no RPC is being served.
     pub async fn idle(&self) {
-        while self.count() > 0 {
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        loop {
+            let notified = self.idle.notified();
+            if self.count() == 0 {
+                return;
+            }
+            notified.await;
         }
     }
 }
 
-impl Drop for InFlightGuard<'_> {
+impl Drop for InFlightGuard {
     fn drop(&mut self) {
-        self.0
+        if self
+            .0
             .count
-            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
+            == 1
+        {
+            self.0.idle.notify_waiters();
+        }
     }
 }
 
@@ -81,7 +90,7 @@ pub struct Driver {
     pub node: Arc<NodeOps>,
     pub controller: ControllerOps,
     /// RPCs being served right now.
-    pub in_flight: InFlight,
+    pub in_flight: Arc<InFlight>,
 }
 
 impl Driver {
@@ -101,36 +110,17 @@ pub fn version() -> String {
     }
 }
 
-/// Runs one RPC inside a span with its method and volume id, logs how it
-/// ended and how long it took, and turns its error into a gRPC status.
-/// Request bodies are never logged: they may carry secrets.
-pub async fn traced<T, F>(
-    driver: &Driver,
-    method: &'static str,
-    volume: &str,
-    fut: F,
-) -> Result<tonic::Response<T>, tonic::Status>
+/// Runs one RPC's work: records the volume it concerns in the RPC's span
+/// (opened by the [`trace::RpcLayer`]) and turns its error into a gRPC
+/// status, in the one place that does.
+pub async fn respond<T, F>(volume: &str, work: F) -> Result<tonic::Response<T>, tonic::Status>
 where
     F: Future<Output = Result<T>>,
 {
-    let span = tracing::info_span!("rpc", method, volume = %volume.escape_debug());
-    let _in_flight = driver.in_flight.enter();
-    async move {
-        let start = Instant::now();
-        let result = fut.await;
-        let ms = start.elapsed().as_secs_f64() * 1000.0;
-        match result {
-            Ok(v) => {
-                tracing::debug!(duration_ms = ms, "ok");
-                Ok(tonic::Response::new(v))
-            }
-            Err(e) => {
-                let status = e.to_status();
-                tracing::info!(duration_ms = ms, code = ?status.code(), error = %e.message, "failed");
-                Err(status)
-            }
-        }
+    if !volume.is_empty() {
+        tracing::Span::current().record("volume", tracing::field::display(volume.escape_debug()));
     }
-    .instrument(span)
-    .await
+    work.await
+        .map(tonic::Response::new)
+        .map_err(|e| e.to_status())
 }

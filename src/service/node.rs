@@ -1,7 +1,7 @@
 //! The Node service.
 
 use super::convert;
-use super::{traced, Driver};
+use super::{respond, Driver};
 use crate::error::Error;
 use crate::node::{paths, PublishRequest, StageRequest};
 use crate::plugin::AttachContext;
@@ -24,7 +24,7 @@ impl Node for NodeService {
         request: Request<pb::NodeStageVolumeRequest>,
     ) -> Result<Response<pb::NodeStageVolumeResponse>, Status> {
         let r = request.into_inner();
-        traced(&self.0, "NodeStageVolume", &r.volume_id, async {
+        respond(&r.volume_id, async {
             if r.volume_id.is_empty() {
                 return Err(Error::invalid("volume_id is required"));
             }
@@ -56,7 +56,7 @@ impl Node for NodeService {
         request: Request<pb::NodeUnstageVolumeRequest>,
     ) -> Result<Response<pb::NodeUnstageVolumeResponse>, Status> {
         let r = request.into_inner();
-        traced(&self.0, "NodeUnstageVolume", &r.volume_id, async {
+        respond(&r.volume_id, async {
             if r.volume_id.is_empty() {
                 return Err(Error::invalid("volume_id is required"));
             }
@@ -73,7 +73,7 @@ impl Node for NodeService {
         request: Request<pb::NodePublishVolumeRequest>,
     ) -> Result<Response<pb::NodePublishVolumeResponse>, Status> {
         let r = request.into_inner();
-        traced(&self.0, "NodePublishVolume", &r.volume_id, async {
+        respond(&r.volume_id, async {
             if r.volume_id.is_empty() {
                 return Err(Error::invalid("volume_id is required"));
             }
@@ -106,7 +106,7 @@ impl Node for NodeService {
         request: Request<pb::NodeUnpublishVolumeRequest>,
     ) -> Result<Response<pb::NodeUnpublishVolumeResponse>, Status> {
         let r = request.into_inner();
-        traced(&self.0, "NodeUnpublishVolume", &r.volume_id, async {
+        respond(&r.volume_id, async {
             if r.volume_id.is_empty() {
                 return Err(Error::invalid("volume_id is required"));
             }
@@ -123,7 +123,7 @@ impl Node for NodeService {
         request: Request<pb::NodeGetVolumeStatsRequest>,
     ) -> Result<Response<pb::NodeGetVolumeStatsResponse>, Status> {
         let r = request.into_inner();
-        traced(&self.0, "NodeGetVolumeStats", &r.volume_id, async {
+        respond(&r.volume_id, async {
             if r.volume_id.is_empty() {
                 return Err(Error::invalid("volume_id is required"));
             }
@@ -166,7 +166,7 @@ impl Node for NodeService {
         request: Request<pb::NodeExpandVolumeRequest>,
     ) -> Result<Response<pb::NodeExpandVolumeResponse>, Status> {
         let r = request.into_inner();
-        traced(&self.0, "NodeExpandVolume", &r.volume_id, async {
+        respond(&r.volume_id, async {
             if r.volume_id.is_empty() {
                 return Err(Error::invalid("volume_id is required"));
             }
@@ -195,7 +195,7 @@ impl Node for NodeService {
         _: Request<pb::NodeGetCapabilitiesRequest>,
     ) -> Result<Response<pb::NodeGetCapabilitiesResponse>, Status> {
         let c = self.0.registry.capabilities();
-        traced(&self.0, "NodeGetCapabilities", "", async {
+        respond("", async {
             use nsc::rpc::Type as T;
             let mut types = vec![T::StageUnstageVolume, T::GetVolumeStats, T::VolumeCondition];
             if c.expand {
@@ -222,7 +222,7 @@ impl Node for NodeService {
         _: Request<pb::NodeGetInfoRequest>,
     ) -> Result<Response<pb::NodeGetInfoResponse>, Status> {
         let d = &self.0;
-        traced(&self.0, "NodeGetInfo", "", async {
+        respond("", async {
             let topology = d.registry.capabilities().node_local.then(|| pb::Topology {
                 segments: d.topology(),
             });
