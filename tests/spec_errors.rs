@@ -664,3 +664,86 @@ async fn secrets_never_reach_logs_or_errors() {
     assert!(log.contains("CreateVolume"), "debug log was written");
     assert!(!log.contains(secret), "secret in the log:\n{log}");
 }
+
+/// What the stock sidecars send works: the external-snapshotter with
+/// `--extra-create-metadata` adds its own keys to CreateSnapshot's
+/// parameters (taken out, never refused); a key of no one is refused.
+#[tokio::test]
+async fn the_snapshotters_metadata_is_accepted() {
+    let h = Harness::start().await;
+    let mut c = h.controller();
+    let vol = c
+        .create_volume(create_req("meta", 16 * MIB, mount_cap("ext4", SNW)))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let snapshot = |parameters: &[(&str, &str)]| pb::CreateSnapshotRequest {
+        source_volume_id: vol.volume_id.clone(),
+        name: "snap-meta".into(),
+        parameters: parameters
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..Default::default()
+    };
+    let extra = [
+        ("csi.storage.k8s.io/volumesnapshot/name", "snap"),
+        ("csi.storage.k8s.io/volumesnapshot/namespace", "default"),
+        ("csi.storage.k8s.io/volumesnapshotcontent/name", "snapcontent-1"),
+    ];
+    let s = c.create_snapshot(snapshot(&extra)).await.unwrap().into_inner();
+    assert!(s.snapshot.unwrap().ready_to_use);
+    assert_eq!(
+        code(&c.create_snapshot(snapshot(&[("speed", "fast")])).await),
+        Code::InvalidArgument
+    );
+    c.delete_snapshot(pb::DeleteSnapshotRequest {
+        snapshot_id: "file:snap-meta".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    c.delete_volume(pb::DeleteVolumeRequest {
+        volume_id: vol.volume_id,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+}
+
+/// NodeGetVolumeStats and NodeExpandVolume for a volume this node does not
+/// know answer NOT_FOUND whatever the path looks like (what csi-sanity
+/// sends: a random id and `some/path`); a missing path is still
+/// INVALID_ARGUMENT.
+#[tokio::test]
+async fn unknown_volumes_are_not_found_before_the_path_is_judged() {
+    let h = Harness::start().await;
+    let mut n = h.node();
+    for path in ["some/path", "/nowhere", "../x"] {
+        let stats = n
+            .node_get_volume_stats(pb::NodeGetVolumeStatsRequest {
+                volume_id: "file:unknown-volume".into(),
+                volume_path: path.into(),
+                staging_target_path: String::new(),
+            })
+            .await;
+        assert_eq!(code(&stats), Code::NotFound, "stats {path}");
+        let expand = n
+            .node_expand_volume(pb::NodeExpandVolumeRequest {
+                volume_id: "file:unknown-volume".into(),
+                volume_path: path.into(),
+                ..Default::default()
+            })
+            .await;
+        assert_eq!(code(&expand), Code::NotFound, "expand {path}");
+    }
+    let no_path = n
+        .node_get_volume_stats(pb::NodeGetVolumeStatsRequest {
+            volume_id: "file:unknown-volume".into(),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(code(&no_path), Code::InvalidArgument);
+}
