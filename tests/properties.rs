@@ -5,7 +5,9 @@
 use ferrovol::config::Config;
 use ferrovol::mount::{parse_mountinfo, MountOptions};
 use ferrovol::node::paths;
-use ferrovol::plugin::{is_locator, locator_for_name, validate_name, SnapshotId, VolumeId};
+use ferrovol::plugin::{
+    is_locator, join_fields, locator_for_name, split_fields, validate_name, SnapshotId, VolumeId,
+};
 
 mod common;
 
@@ -102,6 +104,33 @@ fn id_parsing_never_panics_and_accepts_only_safe_ids() {
         let loc = locator_for_name(&name);
         assert!(is_locator(&loc) && loc.len() <= 100, "{name:?} -> {loc:?}");
         let _ = validate_name("volume", &name);
+    }
+}
+
+/// Structured locators: any fields that fit come back exactly, the result
+/// is always a safe locator inside an id's size, and decoding never accepts
+/// a locator that encoding would not produce.
+#[test]
+fn locator_fields_round_trip_and_stay_safe() {
+    let mut rng = Rng::seeded("fields");
+    for _ in 0..ROUNDS {
+        let n = 1 + rng.pick(3);
+        let fields: Vec<String> = (0..n).map(|_| rng.string(8)).collect();
+        let refs: Vec<&str> = fields.iter().map(String::as_str).collect();
+        match join_fields(&refs) {
+            Ok(locator) => {
+                assert!(is_locator(&locator), "{fields:?} -> {locator:?}");
+                assert!(VolumeId::new("nfs", &locator).is_ok(), "{locator:?}");
+                assert_eq!(split_fields(&locator, n).unwrap(), fields);
+            }
+            Err(e) => assert!(e.message.contains("bytes"), "{fields:?}: {}", e.message),
+        }
+        // Random text decodes only if it is the one encoding of its fields.
+        let raw = format!("v1.{}", rng.string(10));
+        if let Ok(decoded) = split_fields(&raw, 1 + raw.matches('.').count() - 1) {
+            let refs: Vec<&str> = decoded.iter().map(String::as_str).collect();
+            assert_eq!(join_fields(&refs).unwrap(), raw, "{raw:?} is not canonical");
+        }
     }
 }
 

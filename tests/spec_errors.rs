@@ -691,9 +691,16 @@ async fn the_snapshotters_metadata_is_accepted() {
     let extra = [
         ("csi.storage.k8s.io/volumesnapshot/name", "snap"),
         ("csi.storage.k8s.io/volumesnapshot/namespace", "default"),
-        ("csi.storage.k8s.io/volumesnapshotcontent/name", "snapcontent-1"),
+        (
+            "csi.storage.k8s.io/volumesnapshotcontent/name",
+            "snapcontent-1",
+        ),
     ];
-    let s = c.create_snapshot(snapshot(&extra)).await.unwrap().into_inner();
+    let s = c
+        .create_snapshot(snapshot(&extra))
+        .await
+        .unwrap()
+        .into_inner();
     assert!(s.snapshot.unwrap().ready_to_use);
     assert_eq!(
         code(&c.create_snapshot(snapshot(&[("speed", "fast")])).await),
