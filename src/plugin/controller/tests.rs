@@ -58,6 +58,8 @@ impl Memory {
     }
 
     fn saw(&self, op: &'static str, secrets: &Secrets) {
+        // A careless backend logs what it got: the values must not show.
+        tracing::info!(op, ?secrets, %secrets, "backend called");
         self.secrets_seen
             .lock()
             .unwrap()
@@ -242,6 +244,26 @@ fn secrets() -> Secrets {
 
 #[tokio::test]
 async fn secrets_reach_the_backend_for_every_rpc_that_carries_them() {
+    // Everything logged during the test, at every level.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
+
     let b = Arc::new(Memory::new("net", remote_attach()));
     let c = ops(vec![b.clone()]);
     let v = c
@@ -298,6 +320,12 @@ async fn secrets_reach_the_backend_for_every_rpc_that_carries_them() {
         assert_eq!(s.get("key"), Some("value-never-shown"), "{op}");
         assert!(!format!("{s:?} {s}").contains("never-shown"), "{op}");
     }
+    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    assert_eq!(log.matches("backend called").count(), 7, "{log}");
+    assert!(
+        !log.contains("never-shown"),
+        "a secret reached the log:\n{log}"
+    );
 }
 
 #[tokio::test]
