@@ -66,7 +66,12 @@ pub fn build_with(
         .map_err(|e| Error::io(format!("create state dir {}", state_dir.display()), e))?;
     let config = Config::load(settings.config.as_deref(), &state_dir)?;
     let host: Arc<dyn Host> = Arc::new(SystemHost);
-    let registry = Arc::new(build_registry(&config, runner.clone(), host.clone())?);
+    let registry = Arc::new(build_registry(
+        &config,
+        runner.clone(),
+        host.clone(),
+        &state_dir,
+    )?);
     let state = NodeState::open(&state_dir)?;
     // One guard table for both services: an operation on a volume excludes
     // every other operation on it, whichever service it came through.

@@ -2,6 +2,7 @@
 
 pub mod file;
 pub mod lvm;
+pub mod nfs;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -15,6 +16,7 @@ pub fn build_registry(
     config: &Config,
     runner: Arc<dyn CommandRunner>,
     host: Arc<dyn Host>,
+    state_dir: &std::path::Path,
 ) -> Result<Registry> {
     let mut registry = Registry::new();
     for bc in &config.backends {
@@ -29,9 +31,16 @@ pub fn build_registry(
                 lvm::LvmBackend::new(bc.name(), bc.settings()?, runner.clone())?
                     .with_host(host.clone()),
             ),
+            "nfs" => Arc::new(nfs::NfsBackend::new(
+                bc.name(),
+                bc.settings()?,
+                runner.clone(),
+                host.clone(),
+                state_dir.join("nfs").join(bc.name()),
+            )?),
             other => {
                 return Err(Error::invalid(format!(
-                    "backend {:?}: unknown type {other:?} (available: file, lvm)",
+                    "backend {:?}: unknown type {other:?} (available: file, lvm, nfs)",
                     bc.name()
                 )))
             }

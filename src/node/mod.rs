@@ -406,11 +406,56 @@ impl NodeOps {
     }
 
     async fn undo_stage(&self, backend: &dyn Backend, record: &StageRecord) -> Result<()> {
-        self.unmount_all(&record.staging_path).await?;
+        match &record.attachment {
+            Some(Attachment::Remote { .. }) => self.unmount_remote(&record.staging_path).await?,
+            _ => self.unmount_all(&record.staging_path).await?,
+        }
         backend
             .node_detach(&record.volume_id, record.attachment.as_ref())
             .await?;
         self.state.remove_stage(&record.volume_id)
+    }
+
+    /// Unmounts a remote filesystem at `path` with `umount`, forced, and
+    /// lazily when its server does not answer (a lazy unmount never waits
+    /// on it); whether it is still mounted comes from the mount table,
+    /// which never asks the server either.
+    async fn unmount_remote(&self, path: &Path) -> Result<()> {
+        let arg = crate::exec::path_arg(path)?;
+        for _ in 0..MAX_STACKED_MOUNTS {
+            let p = path.to_path_buf();
+            let mounted = self
+                .off_worker(
+                    format!("reading the mount table for {}", path.display()),
+                    self.deadlines.quick,
+                    move |m| Ok(m.mounts()?.iter().any(|i| i.mount_point == p)),
+                )
+                .await?;
+            if !mounted {
+                return Ok(());
+            }
+            let forced = self
+                .runner
+                .run(
+                    crate::exec::Command::new("umount")
+                        .args(["-f", &arg])
+                        .timeout(self.deadlines.quick),
+                )
+                .await;
+            if forced.is_err() {
+                self.runner
+                    .run(
+                        crate::exec::Command::new("umount")
+                            .args(["-l", &arg])
+                            .timeout(self.deadlines.quick),
+                    )
+                    .await?;
+            }
+        }
+        Err(Error::internal(format!(
+            "{} still mounted after {MAX_STACKED_MOUNTS} unmounts",
+            path.display()
+        )))
     }
 
     /// Unmounts everything stacked at `path`, off the async workers.

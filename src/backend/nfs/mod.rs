@@ -1,0 +1,703 @@
+//! The `nfs` backend: a volume is a subdirectory of an NFS export. The
+//! controller mounts the export in a private working directory to make,
+//! archive or remove subdirectories; each node mounts a volume's
+//! subdirectory once at its staging path and binds it into every pod, so
+//! the pods of a node share one NFS mount.
+//!
+//! Ids carry the server, the share and the subdirectory
+//! (`nfs:v1.<server>.<share>.<subdir>`, see [`crate::plugin::join_fields`]),
+//! so any controller replica serves any call and keeps no state of its own.
+//! What the share must remember (the CSI name, the size asked for, the
+//! delete policy) is a small record under `.ferrovol/volumes` on the share;
+//! a directory without a record is not ours and is never touched.
+
+mod share;
+
+use crate::error::{Error, Result};
+use crate::exec::{path_arg, Command, CommandRunner};
+use crate::host::Host;
+use crate::mount::MountOptions;
+use crate::plugin::{
+    check_existing, digest_hex, join_fields, locator_for_name, split_fields, AccessMode,
+    AttachContext, Attachment, Backend, Capabilities, Capacity, CreateVolume, Page, Secrets,
+    VolumeId, VolumeInfo,
+};
+use serde::{Deserialize, Serialize};
+use share::{blocking, check_subdir, ensure_dir, resolve, Held, ShareSpec, WorkMounts};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Where ferrovol keeps its records on a share.
+const META_DIR: &str = ".ferrovol";
+const REMOVE_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// What happens to a volume's directory when the volume is deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OnDelete {
+    /// Removed with everything in it.
+    #[default]
+    Delete,
+    /// Left as it is.
+    Retain,
+    /// Renamed aside (`.ferrovol/archive/<subdir>-<time>`), kept.
+    Archive,
+}
+
+impl OnDelete {
+    fn parse(text: &str) -> Result<Self> {
+        match text {
+            "delete" => Ok(OnDelete::Delete),
+            "retain" => Ok(OnDelete::Retain),
+            "archive" => Ok(OnDelete::Archive),
+            other => Err(Error::invalid(format!(
+                "onDelete {other:?} is not one of delete, retain, archive"
+            ))),
+        }
+    }
+}
+
+/// One export a backend serves.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ExportSettings {
+    /// How StorageClasses name it (`export` parameter).
+    pub name: String,
+    pub server: String,
+    /// The exported path (`/` for an NFSv4 pseudo-root).
+    pub share: String,
+    /// NFS protocol version (`nfsvers=`), e.g. "4.2", "3".
+    #[serde(default)]
+    pub version: Option<String>,
+    #[serde(default)]
+    pub mount_options: Vec<String>,
+}
+
+/// `[[backend]] type = "nfs"` settings.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NfsSettings {
+    #[serde(rename = "export", default)]
+    pub exports: Vec<ExportSettings>,
+    /// The export used when a StorageClass names none (default: the first).
+    #[serde(default)]
+    pub default_export: Option<String>,
+    #[serde(default)]
+    pub on_delete: OnDelete,
+    /// Mode of a new volume directory (TOML takes `0o2777`).
+    #[serde(default = "default_mode")]
+    pub directory_mode: u32,
+    /// The subdirectory template; `${pvc.metadata.name}`,
+    /// `${pvc.metadata.namespace}` and `${pv.metadata.name}` are filled from
+    /// what the provisioner passes with `--extra-create-metadata`.
+    #[serde(default = "default_sub_dir")]
+    pub sub_dir: String,
+    /// Mount options for servers a StorageClass names that no export lists.
+    #[serde(default)]
+    pub mount_options: Vec<String>,
+}
+
+fn default_mode() -> u32 {
+    0o777
+}
+
+fn default_sub_dir() -> String {
+    "${pv.metadata.name}".into()
+}
+
+/// The record of a volume, on the share.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct VolumeRecord {
+    name: String,
+    subdir: String,
+    capacity_bytes: u64,
+    on_delete: OnDelete,
+}
+
+/// Where a volume lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Location {
+    server: String,
+    share: String,
+    subdir: PathBuf,
+}
+
+/// Whether `server` is a host name, an IPv4 address or a bracketed IPv6
+/// address: nothing a mount helper could take for an option or a path.
+fn check_server(server: &str) -> Result<()> {
+    let ok = if let Some(inner) = server.strip_prefix('[').and_then(|s| s.strip_suffix(']')) {
+        !inner.is_empty()
+            && inner
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
+    } else {
+        !server.is_empty()
+            && server.len() <= 253
+            && server
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+            && !server.starts_with(['-', '.'])
+    };
+    if !ok {
+        return Err(Error::invalid(format!(
+            "NFS server {server:?} is not a host name or an IP address"
+        )));
+    }
+    Ok(())
+}
+
+/// Whether `share` is an absolute path of plain components.
+fn check_share(share: &str) -> Result<()> {
+    let ok = share.starts_with('/')
+        && share.len() <= 200
+        && share.split('/').all(|c| {
+            c.is_empty()
+                || (c != "."
+                    && c != ".."
+                    && c.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)))
+        });
+    if !ok {
+        return Err(Error::invalid(format!(
+            "NFS share {share:?} must be an absolute path of letters, digits, '.', '_' and '-'"
+        )));
+    }
+    Ok(())
+}
+
+/// `share` and `subdir` as one path on the server.
+fn remote_path(share: &str, subdir: &Path) -> String {
+    let base = share.trim_end_matches('/');
+    format!("{base}/{}", subdir.display())
+}
+
+/// The StorageClass parameters this backend takes.
+const PARAMETERS: &[&str] = &[
+    "export",
+    "server",
+    "share",
+    "subDir",
+    "onDelete",
+    "mountPermissions",
+];
+
+/// The backend.
+pub struct NfsBackend {
+    name: String,
+    settings: NfsSettings,
+    runner: Arc<dyn CommandRunner>,
+    host: Arc<dyn Host>,
+    mounts: Arc<WorkMounts>,
+}
+
+impl NfsBackend {
+    pub fn new(
+        name: &str,
+        settings: NfsSettings,
+        runner: Arc<dyn CommandRunner>,
+        host: Arc<dyn Host>,
+        work_dir: PathBuf,
+    ) -> Result<Self> {
+        let mut seen = Vec::new();
+        for e in &settings.exports {
+            if !crate::plugin::is_dns_label(&e.name) || seen.contains(&e.name) {
+                return Err(Error::invalid(format!(
+                    "nfs export {:?}: names are unique lowercase DNS labels",
+                    e.name
+                )));
+            }
+            seen.push(e.name.clone());
+            check_server(&e.server)?;
+            check_share(&e.share)?;
+            MountOptions::parse(&Self::options_of(e), false)
+                .map_err(|err| err.context(format!("nfs export {:?}", e.name)))?;
+        }
+        if let Some(d) = &settings.default_export {
+            if !seen.contains(d) {
+                return Err(Error::invalid(format!(
+                    "default_export {d:?} is not configured"
+                )));
+            }
+        }
+        MountOptions::parse(&settings.mount_options, false)?;
+        if settings.directory_mode > 0o7777 {
+            return Err(Error::invalid("directory_mode must be at most 0o7777"));
+        }
+        crate::config::absolute(&work_dir, "nfs working directory")?;
+        let mounts = WorkMounts::new(work_dir, runner.clone());
+        Ok(Self {
+            name: name.to_string(),
+            settings,
+            runner,
+            host,
+            mounts,
+        })
+    }
+
+    fn options_of(export: &ExportSettings) -> Vec<String> {
+        let mut o = export.mount_options.clone();
+        if let Some(v) = &export.version {
+            o.push(format!("nfsvers={v}"));
+        }
+        o
+    }
+
+    /// The mount options for a server and share: the export's that lists
+    /// them, else the backend's.
+    fn options_for(&self, server: &str, share: &str) -> Vec<String> {
+        self.settings
+            .exports
+            .iter()
+            .find(|e| e.server == server && e.share == share)
+            .map(Self::options_of)
+            .unwrap_or_else(|| self.settings.mount_options.clone())
+    }
+
+    fn spec(&self, server: &str, share: &str) -> ShareSpec {
+        ShareSpec {
+            source: format!("{server}:{share}"),
+            options: self.options_for(server, share),
+        }
+    }
+
+    /// The server and share a StorageClass picks.
+    fn export_for(&self, p: &BTreeMap<String, String>) -> Result<(String, String)> {
+        match (p.get("server"), p.get("share"), p.get("export")) {
+            (Some(server), Some(share), None) => {
+                check_server(server)?;
+                check_share(share)?;
+                Ok((server.clone(), share.clone()))
+            }
+            (None, None, named) => {
+                let wanted = named.or(self.settings.default_export.as_ref());
+                let export = match wanted {
+                    Some(n) => self.settings.exports.iter().find(|e| &e.name == n),
+                    None => self.settings.exports.first(),
+                }
+                .ok_or_else(|| {
+                    Error::invalid(format!(
+                        "no export {:?} is configured for backend {}",
+                        wanted.map(String::as_str).unwrap_or("(any)"),
+                        self.name
+                    ))
+                })?;
+                Ok((export.server.clone(), export.share.clone()))
+            }
+            _ => Err(Error::invalid(
+                "name an export, or both server and share, not a mix",
+            )),
+        }
+    }
+
+    /// The subdirectory for a new volume, from the template.
+    fn subdir_for(&self, req: &CreateVolume) -> Result<PathBuf> {
+        let template = req
+            .parameters
+            .get("subDir")
+            .unwrap_or(&self.settings.sub_dir);
+        let mut out = String::new();
+        let mut rest = template.as_str();
+        while let Some(start) = rest.find("${") {
+            out.push_str(&rest[..start]);
+            let end = rest[start..]
+                .find('}')
+                .ok_or_else(|| Error::invalid(format!("subDir {template:?}: unclosed ${{")))?;
+            let var = &rest[start + 2..start + end];
+            let key = match var {
+                "pvc.metadata.name" => "csi.storage.k8s.io/pvc/name",
+                "pvc.metadata.namespace" => "csi.storage.k8s.io/pvc/namespace",
+                "pv.metadata.name" => "csi.storage.k8s.io/pv/name",
+                other => {
+                    return Err(Error::invalid(format!(
+                        "subDir {template:?}: unknown variable {other:?}"
+                    )))
+                }
+            };
+            let value = match req.metadata.get(key) {
+                Some(v) => v.clone(),
+                // Without the provisioner's metadata (a hand call), the PV
+                // name is the CSI name, as the provisioner makes it.
+                None if var == "pv.metadata.name" => locator_for_name(&req.name),
+                None => {
+                    return Err(Error::invalid(format!(
+                        "subDir uses ${{{var}}}: run the provisioner with --extra-create-metadata"
+                    )))
+                }
+            };
+            out.push_str(&value);
+            rest = &rest[start + end + 1..];
+        }
+        out.push_str(rest);
+        check_subdir(&out)
+    }
+
+    fn location_for(&self, req: &CreateVolume) -> Result<Location> {
+        let (server, share) = self.export_for(&req.parameters)?;
+        Ok(Location {
+            server,
+            share,
+            subdir: self.subdir_for(req)?,
+        })
+    }
+
+    fn id_of(&self, loc: &Location) -> Result<VolumeId> {
+        let subdir = loc.subdir.to_string_lossy();
+        VolumeId::new(
+            &self.name,
+            &join_fields(&[&loc.server, &loc.share, &subdir])?,
+        )
+    }
+
+    /// Where the volume of an id lives; NOT_FOUND for ids this backend
+    /// never minted or whose fields are not safe.
+    fn locate(&self, id: &VolumeId) -> Result<Location> {
+        let not_ours = || Error::not_found(format!("volume {id} does not exist"));
+        let fields = split_fields(id.locator(), 3).map_err(|_| not_ours())?;
+        let [server, share, subdir]: [String; 3] = fields.try_into().map_err(|_| not_ours())?;
+        check_server(&server).map_err(|_| not_ours())?;
+        check_share(&share).map_err(|_| not_ours())?;
+        let subdir = check_subdir(&subdir).map_err(|_| not_ours())?;
+        Ok(Location {
+            server,
+            share,
+            subdir,
+        })
+    }
+
+    async fn hold(&self, loc: &Location) -> Result<Held> {
+        self.mounts.hold(&self.spec(&loc.server, &loc.share)).await
+    }
+
+    fn record_path(root: &Path, subdir: &Path) -> PathBuf {
+        root.join(META_DIR).join("volumes").join(format!(
+            "{}.json",
+            digest_hex(subdir.as_os_str().as_encoded_bytes(), 16)
+        ))
+    }
+
+    fn info(&self, loc: &Location, record: &VolumeRecord) -> Result<VolumeInfo> {
+        Ok(VolumeInfo {
+            id: self.id_of(loc)?,
+            capacity_bytes: record.capacity_bytes,
+            context: BTreeMap::new(),
+            source: None,
+        })
+    }
+
+    async fn read_record(root: &Path, subdir: &Path) -> Result<Option<VolumeRecord>> {
+        let path = Self::record_path(root, subdir);
+        blocking("reading a volume record", move || {
+            match std::fs::read(&path) {
+                Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+                    Error::internal(format!("corrupt record {}: {e}", path.display()))
+                }),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(Error::io(format!("read {}", path.display()), e)),
+            }
+        })
+        .await
+    }
+
+    async fn write_record(root: &Path, record: &VolumeRecord) -> Result<()> {
+        let path = Self::record_path(root, Path::new(&record.subdir));
+        let bytes =
+            serde_json::to_vec_pretty(record).map_err(|e| Error::internal(e.to_string()))?;
+        let root = root.to_path_buf();
+        blocking("writing a volume record", move || {
+            ensure_dir(&root, Path::new(".ferrovol/volumes"), 0o700)?;
+            crate::state::write_atomic(&path, &bytes)
+                .map_err(|e| Error::io(format!("write {}", path.display()), e))
+        })
+        .await
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for NfsBackend {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            provision: true,
+            attach: false,
+            device_mount: false,
+            expand: true,
+            snapshot: false,
+            clone: false,
+            block: false,
+            node_local: false,
+            access_modes: vec![
+                AccessMode::SingleNodeWriter,
+                AccessMode::SingleNodeReaderOnly,
+                AccessMode::MultiNodeReaderOnly,
+                AccessMode::MultiNodeSingleWriter,
+                AccessMode::MultiNodeMultiWriter,
+                AccessMode::SingleNodeSingleWriter,
+                AccessMode::SingleNodeMultiWriter,
+            ],
+        }
+    }
+
+    fn fs_types(&self) -> &'static [&'static str] {
+        &["nfs", "nfs4"]
+    }
+
+    async fn health(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn validate_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {
+        for (k, v) in parameters {
+            if !PARAMETERS.contains(&k.as_str()) {
+                return Err(Error::invalid(format!(
+                    "nfs backend: unknown parameter {k:?} (known: {})",
+                    PARAMETERS.join(", ")
+                )));
+            }
+            match k.as_str() {
+                "onDelete" => {
+                    OnDelete::parse(v)?;
+                }
+                "mountPermissions" => {
+                    u32::from_str_radix(v, 8)
+                        .ok()
+                        .filter(|m| *m <= 0o7777)
+                        .ok_or_else(|| {
+                            Error::invalid(format!("mountPermissions {v:?} is not an octal mode"))
+                        })?;
+                }
+                _ => {}
+            }
+        }
+        self.export_for(parameters).map(|_| ())
+    }
+
+    fn volume_id_for(&self, req: &CreateVolume) -> Result<VolumeId> {
+        self.id_of(&self.location_for(req)?)
+    }
+
+    async fn create_volume(&self, req: &CreateVolume) -> Result<VolumeInfo> {
+        let loc = self.location_for(req)?;
+        let on_delete = match req.parameters.get("onDelete") {
+            Some(v) => OnDelete::parse(v)?,
+            None => self.settings.on_delete,
+        };
+        let mode = match req.parameters.get("mountPermissions") {
+            Some(v) => u32::from_str_radix(v, 8).map_err(|_| Error::invalid("mountPermissions"))?,
+            None => self.settings.directory_mode,
+        };
+        let held = self.hold(&loc).await?;
+        if let Some(existing) = Self::read_record(&held.dir, &loc.subdir).await? {
+            if existing.name != req.name {
+                return Err(Error::already_exists(format!(
+                    "subdirectory {} belongs to volume {:?}",
+                    loc.subdir.display(),
+                    existing.name
+                )));
+            }
+            check_existing(req, existing.capacity_bytes, None)?;
+            return self.info(&loc, &existing);
+        }
+        let (root, subdir) = (held.dir.clone(), loc.subdir.clone());
+        let exists = {
+            let (root, subdir) = (root.clone(), subdir.clone());
+            blocking("inspecting the share", move || resolve(&root, &subdir)).await?
+        };
+        if exists.is_some() {
+            // A directory without our record: someone else's, never ours to take.
+            return Err(Error::already_exists(format!(
+                "{} already exists on {}:{} and was not made by ferrovol",
+                loc.subdir.display(),
+                loc.server,
+                loc.share
+            )));
+        }
+        let record = VolumeRecord {
+            name: req.name.clone(),
+            subdir: loc.subdir.to_string_lossy().into_owned(),
+            // What was asked for (0: no size named): advisory on NFS.
+            capacity_bytes: if req.required_bytes > 0 {
+                req.required_bytes
+            } else {
+                req.limit_bytes
+            },
+            on_delete,
+        };
+        // The record first: a crash in between leaves a record whose
+        // directory a retry makes, never a directory nobody claims.
+        Self::write_record(&root, &record).await?;
+        blocking("making the volume directory", move || {
+            ensure_dir(&root, &subdir, mode).map(|_| ())
+        })
+        .await?;
+        self.info(&loc, &record)
+    }
+
+    async fn delete_volume(&self, id: &VolumeId, _secrets: &Secrets) -> Result<()> {
+        let Ok(loc) = self.locate(id) else {
+            return Ok(());
+        };
+        let held = self.hold(&loc).await?;
+        let Some(record) = Self::read_record(&held.dir, &loc.subdir).await? else {
+            return Ok(()); // absent, or not ours
+        };
+        let found = {
+            let (root, subdir) = (held.dir.clone(), loc.subdir.clone());
+            blocking("inspecting the share", move || resolve(&root, &subdir)).await?
+        };
+        if let Some(dir) = found {
+            match record.on_delete {
+                OnDelete::Retain => {}
+                OnDelete::Delete => {
+                    // rm removes links themselves, never what they point at,
+                    // and stays on the share's filesystem.
+                    self.runner
+                        .run(
+                            Command::new("rm")
+                                .args(["-rf", "--one-file-system", "--"])
+                                .arg(path_arg(&dir)?)
+                                .timeout(REMOVE_TIMEOUT),
+                        )
+                        .await?;
+                }
+                OnDelete::Archive => {
+                    let stamp = SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .unwrap_or_default()
+                        .as_secs();
+                    let flat = record.subdir.replace('/', "_");
+                    let root = held.dir.clone();
+                    blocking("archiving the volume directory", move || {
+                        let archive = ensure_dir(&root, Path::new(".ferrovol/archive"), 0o700)?;
+                        let to = archive.join(format!("{flat}-{stamp}"));
+                        std::fs::rename(&dir, &to)
+                            .map_err(|e| Error::io(format!("archive {}", dir.display()), e))
+                    })
+                    .await?;
+                }
+            }
+        }
+        let path = Self::record_path(&held.dir, &loc.subdir);
+        blocking(
+            "removing the volume record",
+            move || match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(Error::io(format!("remove {}", path.display()), e))
+                }
+                _ => Ok(()),
+            },
+        )
+        .await
+    }
+
+    async fn get_volume(&self, id: &VolumeId) -> Result<Option<VolumeInfo>> {
+        let Ok(loc) = self.locate(id) else {
+            return Ok(None);
+        };
+        let held = self.hold(&loc).await?;
+        match Self::read_record(&held.dir, &loc.subdir).await? {
+            Some(r) => Ok(Some(self.info(&loc, &r)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The volumes on the configured exports (a server a StorageClass
+    /// names directly is not listed: the backend does not know of it).
+    async fn list_volumes(&self, page: &Page) -> Result<Vec<VolumeInfo>> {
+        let mut out = Vec::new();
+        for export in &self.settings.exports {
+            let spec = self.spec(&export.server, &export.share);
+            let held = self.mounts.hold(&spec).await?;
+            let dir = held.dir.join(META_DIR).join("volumes");
+            let records: Vec<VolumeRecord> = blocking("listing volume records", move || {
+                let mut records = Vec::new();
+                let entries = match std::fs::read_dir(&dir) {
+                    Ok(e) => e,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(records),
+                    Err(e) => return Err(Error::io(format!("read {}", dir.display()), e)),
+                };
+                for entry in entries.flatten() {
+                    if let Ok(bytes) = std::fs::read(entry.path()) {
+                        if let Ok(r) = serde_json::from_slice::<VolumeRecord>(&bytes) {
+                            records.push(r);
+                        }
+                    }
+                }
+                Ok(records)
+            })
+            .await?;
+            for r in records {
+                let Ok(subdir) = check_subdir(&r.subdir) else {
+                    continue;
+                };
+                let loc = Location {
+                    server: export.server.clone(),
+                    share: export.share.clone(),
+                    subdir,
+                };
+                if let Ok(info) = self.info(&loc, &r) {
+                    out.push(info);
+                }
+            }
+        }
+        Ok(page.apply(out, |v| v.id.locator()))
+    }
+
+    async fn capacity(&self, parameters: &BTreeMap<String, String>) -> Result<Capacity> {
+        let (server, share) = self.export_for(parameters)?;
+        let held = self.mounts.hold(&self.spec(&server, &share)).await?;
+        let (host, dir) = (self.host.clone(), held.dir.clone());
+        let usage = blocking("reading the share's usage", move || host.fs_usage(&dir)).await?;
+        Ok(Capacity {
+            available_bytes: usage.available_bytes,
+            maximum_volume_bytes: Some(usage.available_bytes),
+            minimum_volume_bytes: None,
+        })
+    }
+
+    /// Capacity on NFS is what the volume was asked for: recorded, and
+    /// grown here, but not enforced (every volume of an export shares its
+    /// space).
+    async fn expand_volume(
+        &self,
+        id: &VolumeId,
+        required: u64,
+        limit: u64,
+        _secrets: &Secrets,
+    ) -> Result<u64> {
+        let loc = self.locate(id)?;
+        let held = self.hold(&loc).await?;
+        let mut record = Self::read_record(&held.dir, &loc.subdir)
+            .await?
+            .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
+        if limit > 0 && required > limit {
+            return Err(Error::out_of_range("required_bytes exceeds limit_bytes"));
+        }
+        if required > record.capacity_bytes {
+            record.capacity_bytes = required;
+            Self::write_record(&held.dir, &record).await?;
+        }
+        Ok(record.capacity_bytes)
+    }
+
+    async fn node_attach(&self, id: &VolumeId, _ctx: &AttachContext) -> Result<Attachment> {
+        let loc = self.locate(id)?;
+        Ok(Attachment::Remote {
+            source: format!("{}:{}", loc.server, remote_path(&loc.share, &loc.subdir)),
+            fs_type: "nfs".into(),
+            options: self.options_for(&loc.server, &loc.share),
+        })
+    }
+
+    async fn node_detach(&self, _id: &VolumeId, _attachment: Option<&Attachment>) -> Result<()> {
+        // The staging mount is all there is, and the node unmounts it.
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

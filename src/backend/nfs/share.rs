@@ -1,0 +1,385 @@
+//! The controller's view of an NFS share: mounted in a private working
+//! directory through the mount helper (a child the exec seam kills at its
+//! deadline), shared by the calls that need it and released when idle; and
+//! directory work inside it that never follows a symlink out, run off the
+//! async workers with a deadline (a call on a share whose server went away
+//! blocks in the kernel).
+
+use crate::error::{Error, Result};
+use crate::exec::{path_arg, Command, CommandRunner};
+use crate::mount::{mount_with_helper, MountOptions};
+use std::collections::HashMap;
+use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long a share's mount waits unused before it is released.
+pub const IDLE: Duration = Duration::from_secs(60);
+/// Deadlines for mounting a share and for work inside it.
+pub const MOUNT_DEADLINE: Duration = Duration::from_secs(60);
+pub const WORK_DEADLINE: Duration = Duration::from_secs(120);
+
+/// Where and how to mount one share.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ShareSpec {
+    /// `server:/path`, as the mount helper takes it.
+    pub source: String,
+    pub options: Vec<String>,
+}
+
+struct Entry {
+    users: usize,
+    last_used: Instant,
+}
+
+/// The shares this controller has mounted, by working directory.
+pub struct WorkMounts {
+    root: PathBuf,
+    runner: Arc<dyn CommandRunner>,
+    table: Mutex<HashMap<PathBuf, Entry>>,
+    /// Serializes mounting and releasing (never held across work inside).
+    mounting: tokio::sync::Mutex<()>,
+    reaper_started: std::sync::atomic::AtomicBool,
+}
+
+/// A share held mounted while this lives.
+pub struct Held {
+    mounts: Arc<WorkMounts>,
+    pub dir: PathBuf,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut table = self.mounts.table.lock().expect("work mounts poisoned");
+        if let Some(e) = table.get_mut(&self.dir) {
+            e.users = e.users.saturating_sub(1);
+            e.last_used = Instant::now();
+        }
+    }
+}
+
+impl WorkMounts {
+    pub fn new(root: PathBuf, runner: Arc<dyn CommandRunner>) -> Arc<Self> {
+        Arc::new(WorkMounts {
+            root,
+            runner,
+            table: Mutex::new(HashMap::new()),
+            mounting: tokio::sync::Mutex::new(()),
+            reaper_started: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    fn dir_for(&self, spec: &ShareSpec) -> PathBuf {
+        self.root
+            .join(crate::plugin::digest_hex(spec.source.as_bytes(), 12))
+    }
+
+    /// Mounts the share (once; later callers share the mount) and holds it.
+    pub async fn hold(self: &Arc<Self>, spec: &ShareSpec) -> Result<Held> {
+        self.start_reaper();
+        let dir = self.dir_for(spec);
+        let _m = self.mounting.lock().await;
+        let mounted = {
+            let mut table = self.table.lock().expect("work mounts poisoned");
+            match table.get_mut(&dir) {
+                Some(e) => {
+                    e.users += 1;
+                    true
+                }
+                None => false,
+            }
+        };
+        if !mounted {
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+            // Left mounted by an earlier run: let it go first.
+            if mounted_at(&dir) {
+                let _ = self.unmount(&dir).await;
+            }
+            let options = MountOptions::parse(&spec.options, false)?;
+            mount_with_helper(
+                self.runner.as_ref(),
+                &spec.source,
+                &dir,
+                "nfs",
+                &options,
+                MOUNT_DEADLINE,
+            )
+            .await
+            .map_err(|e| e.context("mount the share"))?;
+            self.table.lock().expect("work mounts poisoned").insert(
+                dir.clone(),
+                Entry {
+                    users: 1,
+                    last_used: Instant::now(),
+                },
+            );
+        }
+        Ok(Held {
+            mounts: self.clone(),
+            dir,
+        })
+    }
+
+    /// Unmounts `dir`: forced, and lazily when the server does not answer
+    /// (a lazy unmount never waits on it).
+    async fn unmount(&self, dir: &Path) -> Result<()> {
+        let arg = path_arg(dir)?;
+        let forced = self
+            .runner
+            .run(
+                Command::new("umount")
+                    .args(["-f", &arg])
+                    .timeout(Duration::from_secs(20)),
+            )
+            .await;
+        if forced.is_err() {
+            self.runner
+                .run(
+                    Command::new("umount")
+                        .args(["-l", &arg])
+                        .timeout(Duration::from_secs(20)),
+                )
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Releases the shares unused for `idle`; returns how many.
+    pub async fn release_idle(&self, idle: Duration) -> usize {
+        let _m = self.mounting.lock().await;
+        let stale: Vec<PathBuf> = {
+            let table = self.table.lock().expect("work mounts poisoned");
+            table
+                .iter()
+                .filter(|(_, e)| e.users == 0 && e.last_used.elapsed() >= idle)
+                .map(|(d, _)| d.clone())
+                .collect()
+        };
+        for dir in &stale {
+            let _ = self.unmount(dir).await;
+            self.table.lock().expect("work mounts poisoned").remove(dir);
+            let _ = std::fs::remove_dir(dir);
+        }
+        stale.len()
+    }
+
+    /// How many shares are mounted now.
+    pub fn mounted(&self) -> usize {
+        self.table.lock().expect("work mounts poisoned").len()
+    }
+
+    fn start_reaper(self: &Arc<Self>) {
+        if self
+            .reaper_started
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(IDLE / 4).await;
+                let Some(mounts) = weak.upgrade() else { return };
+                mounts.release_idle(IDLE).await;
+            }
+        });
+    }
+}
+
+/// Whether something is mounted at `dir`, from the mount table (which
+/// never asks an NFS server anything).
+fn mounted_at(dir: &Path) -> bool {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|t| {
+            crate::mount::parse_mountinfo(&t)
+                .iter()
+                .any(|m| m.mount_point == dir)
+        })
+        .unwrap_or(false)
+}
+
+/// Runs filesystem work on a share off the async workers, within the
+/// deadline.
+pub async fn blocking<T: Send + 'static>(
+    what: &str,
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    match tokio::time::timeout(WORK_DEADLINE, tokio::task::spawn_blocking(work)).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(join)) => Err(Error::internal(format!("{what}: {join}"))),
+        Err(_) => Err(Error::unavailable(format!(
+            "{what} did not finish within {}s: is the NFS server answering?",
+            WORK_DEADLINE.as_secs()
+        ))),
+    }
+}
+
+/// Checks a subdirectory path from a request or a template: relative,
+/// normal components of `[A-Za-z0-9._-]`, none `.` or `..`, at most 8 deep.
+pub fn check_subdir(subdir: &str) -> Result<PathBuf> {
+    let bad = |why: &str| Error::invalid(format!("subdirectory {subdir:?} {why}"));
+    if subdir.is_empty() || subdir.len() > 200 {
+        return Err(bad("must be 1 to 200 bytes"));
+    }
+    // Judged as text: Path would quietly drop a `.` or an empty part.
+    let parts: Vec<&str> = subdir.split('/').collect();
+    for name in &parts {
+        if name.is_empty() || *name == "." || *name == ".." {
+            return Err(bad(
+                "must be a relative path of plain parts (no '', '.', '..')",
+            ));
+        }
+        let ok = name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+            && !name.starts_with('.');
+        if !ok {
+            return Err(bad(
+                "may hold only letters, digits, '.', '_', '-' and '/', no hidden parts",
+            ));
+        }
+    }
+    if parts.len() > 8 {
+        return Err(bad("is more than 8 levels deep"));
+    }
+    let path = Path::new(subdir);
+    debug_assert!(path.components().all(|c| matches!(c, Component::Normal(_))));
+    Ok(path.to_path_buf())
+}
+
+/// The directory `rel` under `root`, if every component exists and is a
+/// real directory (a symlink anywhere is refused: it could lead out of the
+/// share). `Ok(None)` when something on the way does not exist.
+pub fn resolve(root: &Path, rel: &Path) -> Result<Option<PathBuf>> {
+    let mut at = root.to_path_buf();
+    for c in rel.components() {
+        at.push(c);
+        match std::fs::symlink_metadata(&at) {
+            Ok(md) if md.file_type().is_symlink() => {
+                return Err(Error::precondition(format!(
+                    "{} is a symlink; ferrovol does not follow links on a share",
+                    at.display()
+                )))
+            }
+            Ok(md) if md.is_dir() => {}
+            Ok(_) => {
+                return Err(Error::precondition(format!(
+                    "{} is not a directory",
+                    at.display()
+                )))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(Error::io(format!("inspect {}", at.display()), e)),
+        }
+    }
+    Ok(Some(at))
+}
+
+/// Creates `rel` under `root` (and what leads to it) with `mode`, never
+/// through a symlink. Returns the directory.
+pub fn ensure_dir(root: &Path, rel: &Path, mode: u32) -> Result<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let mut at = root.to_path_buf();
+    for c in rel.components() {
+        at.push(c);
+        match std::fs::symlink_metadata(&at) {
+            Ok(md) if md.file_type().is_symlink() => {
+                return Err(Error::precondition(format!(
+                    "{} is a symlink; ferrovol does not follow links on a share",
+                    at.display()
+                )))
+            }
+            Ok(md) if md.is_dir() => continue,
+            Ok(_) => {
+                return Err(Error::precondition(format!(
+                    "{} is not a directory",
+                    at.display()
+                )))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(format!("inspect {}", at.display()), e)),
+        }
+        match std::fs::DirBuilder::new().mode(mode).create(&at) {
+            Ok(()) => {}
+            // Made meanwhile by someone else: checked on the next round.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(Error::io(format!("create {}", at.display()), e)),
+        }
+        // The umask must not narrow the mode asked for.
+        std::fs::set_permissions(&at, std::fs::Permissions::from_mode(mode))
+            .map_err(|e| Error::io(format!("chmod {}", at.display()), e))?;
+    }
+    resolve(root, rel)?.ok_or_else(|| Error::internal("a directory vanished as it was made"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Kind;
+
+    #[test]
+    fn subdirs_are_plain_relative_paths() {
+        for ok in ["pvc-1", "ns/pvc-1", "a.b_c-d/e"] {
+            assert!(check_subdir(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "/abs",
+            "../up",
+            "a/../b",
+            "a/./b",
+            ".hidden",
+            "a/.x",
+            "sp ace",
+            "a\nb",
+            "é",
+            "a/b/c/d/e/f/g/h/i",
+        ] {
+            assert_eq!(
+                check_subdir(bad).unwrap_err().kind,
+                Kind::InvalidArgument,
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn never_walks_through_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("share");
+        let outside = dir.path().join("outside");
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("ns")).unwrap();
+        let rel = Path::new("ns/pvc-1");
+        assert_eq!(
+            ensure_dir(&root, rel, 0o777).unwrap_err().kind,
+            Kind::FailedPrecondition
+        );
+        assert_eq!(
+            resolve(&root, rel).unwrap_err().kind,
+            Kind::FailedPrecondition
+        );
+        assert!(
+            !outside.join("pvc-1").exists(),
+            "made a directory outside the share"
+        );
+    }
+
+    #[test]
+    fn makes_directories_with_the_mode_asked() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let made = ensure_dir(dir.path(), Path::new("ns/pvc-1"), 0o2770).unwrap();
+        assert_eq!(made, dir.path().join("ns/pvc-1"));
+        let mode = std::fs::metadata(&made).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o2770);
+        // Again: found, not an error.
+        assert_eq!(
+            ensure_dir(dir.path(), Path::new("ns/pvc-1"), 0o2770).unwrap(),
+            made
+        );
+        assert_eq!(resolve(dir.path(), Path::new("ns/none")).unwrap(), None);
+    }
+}

@@ -1,0 +1,407 @@
+//! The nfs backend over a scripted runner: the "mounted" share is a plain
+//! temporary directory, so the directory work, records and policies run
+//! for real without an NFS server.
+
+use super::*;
+use crate::error::Kind;
+use crate::exec::{FakeRunner, Reply};
+use crate::host::SystemHost;
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    runner: Arc<FakeRunner>,
+    backend: NfsBackend,
+}
+
+fn fixture_with(extra: &str) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "{extra}[[export]]\nname = \"main\"\nserver = \"10.0.0.1\"\nshare = \"/export/k8s\"\nversion = \"4.2\"\n"
+    );
+    let settings: NfsSettings = toml::from_str(&text).unwrap();
+    let runner = Arc::new(FakeRunner::new());
+    let backend = NfsBackend::new(
+        "nfs",
+        settings,
+        runner.clone(),
+        Arc::new(SystemHost),
+        dir.path().join("work"),
+    )
+    .unwrap();
+    Fixture {
+        dir,
+        runner,
+        backend,
+    }
+}
+
+fn fixture() -> Fixture {
+    fixture_with("")
+}
+
+impl Fixture {
+    /// The working directory the share is "mounted" on (once, by the
+    /// first call that needs it).
+    fn share(&self) -> PathBuf {
+        let work = self.dir.path().join("work");
+        std::fs::read_dir(&work)
+            .unwrap()
+            .flatten()
+            .next()
+            .unwrap()
+            .path()
+    }
+}
+
+fn req(name: &str, meta: &[(&str, &str)], params: &[(&str, &str)]) -> CreateVolume {
+    let map = |kv: &[(&str, &str)]| {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    CreateVolume {
+        name: name.into(),
+        required_bytes: 1 << 30,
+        limit_bytes: 0,
+        capabilities: vec![],
+        parameters: map(params),
+        metadata: map(meta),
+        source: None,
+        secrets: Secrets::default(),
+    }
+}
+
+const PV: &str = "csi.storage.k8s.io/pv/name";
+const PVC: &str = "csi.storage.k8s.io/pvc/name";
+const NS: &str = "csi.storage.k8s.io/pvc/namespace";
+
+#[test]
+fn templates_fill_in_the_claim_and_refuse_hostile_names() {
+    let f = fixture();
+    let id = f
+        .backend
+        .volume_id_for(&req("pvc-1", &[(PV, "pvc-1234")], &[]))
+        .unwrap();
+    let loc = f.backend.locate(&id).unwrap();
+    assert_eq!(
+        (
+            loc.server.as_str(),
+            loc.share.as_str(),
+            loc.subdir.to_str().unwrap()
+        ),
+        ("10.0.0.1", "/export/k8s", "pvc-1234")
+    );
+    let t = [("subDir", "${pvc.metadata.namespace}/${pvc.metadata.name}")];
+    let ok = req("v", &[(NS, "team-a"), (PVC, "data")], &t);
+    assert_eq!(
+        f.backend.location_for(&ok).unwrap().subdir,
+        PathBuf::from("team-a/data")
+    );
+    // Without metadata a hand call gets the CSI name as the PV name.
+    assert_eq!(
+        f.backend
+            .location_for(&req("pvc-9", &[], &[]))
+            .unwrap()
+            .subdir,
+        PathBuf::from("pvc-9")
+    );
+    for hostile in ["..", "../etc", ".ssh", "a b", "x\n", "ü"] {
+        let r = req("v", &[(NS, hostile), (PVC, "data")], &t);
+        assert_eq!(
+            f.backend.location_for(&r).unwrap_err().kind,
+            Kind::InvalidArgument,
+            "{hostile:?}"
+        );
+    }
+    for bad in [
+        "${pvc.metadata.name}",
+        "${nope}",
+        "${pv.metadata.name",
+        "/abs",
+    ] {
+        let r = req("v", &[], &[("subDir", bad)]);
+        assert_eq!(
+            f.backend.location_for(&r).unwrap_err().kind,
+            Kind::InvalidArgument,
+            "{bad:?}"
+        );
+    }
+}
+
+#[test]
+fn ids_this_backend_did_not_mint_name_nothing() {
+    let f = fixture();
+    for raw in [
+        "nfs:pvc-1",
+        "nfs:v1.10_d0_d0_d1._sexport",           // two fields
+        "nfs:v1.-oremount._sexport.pvc",         // a server that is an option
+        "nfs:v1.10_d0_d0_d1.export.pvc",         // a relative share
+        "nfs:v1.10_d0_d0_d1._sexport._d_d_setc", // ../etc as subdir
+    ] {
+        let id = VolumeId::parse(raw).unwrap();
+        assert_eq!(
+            f.backend.locate(&id).unwrap_err().kind,
+            Kind::NotFound,
+            "{raw}"
+        );
+    }
+}
+
+#[test]
+fn configuration_is_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    for bad in [
+        "[[export]]\nname = \"m\"\nserver = \"-o x\"\nshare = \"/e\"\n",
+        "[[export]]\nname = \"m\"\nserver = \"h\"\nshare = \"e\"\n",
+        "[[export]]\nname = \"m\"\nserver = \"h\"\nshare = \"/e/../x\"\n",
+        "[[export]]\nname = \"m\"\nserver = \"h\"\nshare = \"/e\"\nmount_options = [\"a;b\"]\n",
+        "default_export = \"nope\"\n",
+        "directory_mode = 0o17777\n",
+    ] {
+        let settings: NfsSettings = toml::from_str(bad).unwrap();
+        assert!(
+            NfsBackend::new(
+                "nfs",
+                settings,
+                Arc::new(FakeRunner::new()),
+                Arc::new(SystemHost),
+                dir.path().to_path_buf()
+            )
+            .is_err(),
+            "{bad}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn creates_a_directory_and_a_record_and_answers_retries() {
+    let f = fixture_with("directory_mode = 0o2770\n");
+    f.runner.ok("mount");
+    let r = req("pvc-1", &[(PV, "pvc-1234")], &[]);
+    let v = f.backend.create_volume(&r).await.unwrap();
+    assert_eq!(v.id, f.backend.volume_id_for(&r).unwrap());
+    assert_eq!(v.capacity_bytes, 1 << 30);
+    // Mounted once through the helper, with the export's version.
+    let work = f.share();
+    assert_eq!(
+        f.runner.lines(),
+        [format!(
+            "mount -t nfs -o rw,nfsvers=4.2 -- 10.0.0.1:/export/k8s {}",
+            work.display()
+        )]
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(work.join("pvc-1234"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o7777, 0o2770);
+    // A retry finds it, without mounting again.
+    assert_eq!(f.backend.create_volume(&r).await.unwrap(), v);
+    assert_eq!(f.runner.lines().len(), 1);
+    assert_eq!(f.backend.mounts.mounted(), 1);
+    // Another name wanting the same directory is refused.
+    let other = req("pvc-2", &[(PV, "pvc-1234")], &[]);
+    assert_eq!(
+        f.backend.create_volume(&other).await.unwrap_err().kind,
+        Kind::AlreadyExists
+    );
+    // A directory nobody recorded is not taken over.
+    std::fs::create_dir(work.join("theirs")).unwrap();
+    let theirs = req("pvc-3", &[(PV, "theirs")], &[]);
+    assert_eq!(
+        f.backend.create_volume(&theirs).await.unwrap_err().kind,
+        Kind::AlreadyExists
+    );
+    // Listing reads the records on the share.
+    let listed = f.backend.list_volumes(&Page::all()).await.unwrap();
+    assert_eq!(listed, vec![v]);
+    // Idle shares are released (forced unmount).
+    f.runner.ok("umount");
+    assert_eq!(f.backend.mounts.release_idle(Duration::ZERO).await, 1);
+    assert_eq!(
+        f.runner.lines().last().unwrap(),
+        &format!("umount -f {}", work.display())
+    );
+}
+
+#[tokio::test]
+async fn a_symlink_on_the_share_never_leads_out() {
+    let f = fixture();
+    f.runner.ok("mount");
+    // Make the share exist, then plant a link where a namespace goes.
+    f.backend
+        .create_volume(&req("first", &[(PV, "first")], &[]))
+        .await
+        .unwrap();
+    let work = f.share();
+    let outside = f.dir.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    std::os::unix::fs::symlink(&outside, work.join("team-a")).unwrap();
+    let r = req(
+        "v",
+        &[(NS, "team-a"), (PVC, "data")],
+        &[("subDir", "${pvc.metadata.namespace}/${pvc.metadata.name}")],
+    );
+    assert_eq!(
+        f.backend.create_volume(&r).await.unwrap_err().kind,
+        Kind::FailedPrecondition
+    );
+    assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+}
+
+#[tokio::test]
+async fn delete_follows_the_policy_recorded_at_create() {
+    let f = fixture();
+    f.runner.ok("mount");
+    let create = |name: &str, policy: Option<&str>| {
+        let mut r = req(name, &[(PV, name)], &[]);
+        if let Some(p) = policy {
+            r.parameters.insert("onDelete".into(), p.into());
+        }
+        r
+    };
+    let none = Secrets::default();
+    let deleted = f.backend.create_volume(&create("del", None)).await.unwrap();
+    let retained = f
+        .backend
+        .create_volume(&create("keep", Some("retain")))
+        .await
+        .unwrap();
+    let archived = f
+        .backend
+        .create_volume(&create("arch", Some("archive")))
+        .await
+        .unwrap();
+    let work = f.share();
+    std::fs::write(work.join("arch/data"), b"x").unwrap();
+
+    f.runner.ok("rm");
+    f.backend.delete_volume(&deleted.id, &none).await.unwrap();
+    assert_eq!(
+        f.runner.lines().last().unwrap(),
+        &format!("rm -rf --one-file-system -- {}", work.join("del").display())
+    );
+    f.backend.delete_volume(&retained.id, &none).await.unwrap();
+    assert!(work.join("keep").is_dir(), "retained directory removed");
+    f.backend.delete_volume(&archived.id, &none).await.unwrap();
+    assert!(!work.join("arch").exists());
+    let archive: Vec<_> = std::fs::read_dir(work.join(".ferrovol/archive"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert_eq!(archive.len(), 1);
+    assert_eq!(std::fs::read(archive[0].path().join("data")).unwrap(), b"x");
+    // All three are gone as volumes; deleting again is fine.
+    for v in [&deleted, &retained, &archived] {
+        assert!(f.backend.get_volume(&v.id).await.unwrap().is_none());
+        f.backend.delete_volume(&v.id, &none).await.unwrap();
+    }
+    // A directory without a record is never deleted.
+    std::fs::create_dir(work.join("foreign")).unwrap();
+    let foreign = f.backend.volume_id_for(&create("foreign", None)).unwrap();
+    f.backend.delete_volume(&foreign, &none).await.unwrap();
+    assert!(work.join("foreign").is_dir());
+    // Only the one rm ran.
+    assert_eq!(
+        f.runner
+            .lines()
+            .iter()
+            .filter(|l| l.starts_with("rm"))
+            .count(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_mount_that_hangs_is_killed_and_reported() {
+    let f = fixture();
+    f.runner.expect("mount", Reply::Timeout);
+    let err = f
+        .backend
+        .create_volume(&req("pvc-1", &[(PV, "p")], &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, Kind::Unavailable, "{}", err.message);
+    assert!(err.message.contains("mount the share"), "{}", err.message);
+    assert_eq!(f.backend.mounts.mounted(), 0);
+    // The next attempt mounts again and works.
+    f.runner.ok("mount");
+    f.backend
+        .create_volume(&req("pvc-1", &[(PV, "p")], &[]))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn nodes_mount_the_subdirectory_with_the_exports_options() {
+    let f = fixture();
+    let id = f
+        .backend
+        .volume_id_for(&req(
+            "v",
+            &[(NS, "team"), (PVC, "db")],
+            &[("subDir", "${pvc.metadata.namespace}/${pvc.metadata.name}")],
+        ))
+        .unwrap();
+    let a = f
+        .backend
+        .node_attach(&id, &AttachContext::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        a,
+        Attachment::Remote {
+            source: "10.0.0.1:/export/k8s/team/db".into(),
+            fs_type: "nfs".into(),
+            options: vec!["nfsvers=4.2".into()],
+        }
+    );
+    // A StorageClass naming a server directly gets the backend's options.
+    let direct = f
+        .backend
+        .volume_id_for(&req(
+            "v",
+            &[(PV, "x")],
+            &[("server", "nfs.example.com"), ("share", "/")],
+        ))
+        .unwrap();
+    let Attachment::Remote { source, .. } = f
+        .backend
+        .node_attach(&direct, &AttachContext::default())
+        .await
+        .unwrap()
+    else {
+        panic!("not remote")
+    };
+    assert_eq!(source, "nfs.example.com:/x");
+}
+
+#[test]
+fn parameters_are_checked() {
+    let f = fixture();
+    let p = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    assert!(f.backend.validate_parameters(&p(&[])).is_ok());
+    assert!(f
+        .backend
+        .validate_parameters(&p(&[("onDelete", "archive"), ("mountPermissions", "2770")]))
+        .is_ok());
+    for bad in [
+        p(&[("onDelete", "shred")]),
+        p(&[("mountPermissions", "rwx")]),
+        p(&[("server", "h")]),
+        p(&[("server", "h"), ("share", "/s"), ("export", "main")]),
+        p(&[("export", "other")]),
+        p(&[("speed", "fast")]),
+    ] {
+        assert_eq!(
+            f.backend.validate_parameters(&bad).unwrap_err().kind,
+            Kind::InvalidArgument,
+            "{bad:?}"
+        );
+    }
+}
