@@ -7,7 +7,7 @@ use crate::exec::{CommandRunner, SystemRunner};
 use crate::host::{Host, SystemHost};
 use crate::locks::OpLocks;
 use crate::mount::{Mounter, SystemMounter};
-use crate::node::NodeOps;
+use crate::node::{Deadlines, NodeOps};
 use crate::plugin::ControllerOps;
 use crate::service::{Driver, Mode};
 use crate::state::NodeState;
@@ -76,14 +76,17 @@ pub fn build_with(
     // One guard table for both services: an operation on a volume excludes
     // every other operation on it, whichever service it came through.
     let locks = OpLocks::new();
-    let node = Arc::new(NodeOps::new(
-        registry.clone(),
-        mounter,
-        runner,
-        state,
-        locks.clone(),
-        host,
-    ));
+    let node = Arc::new(
+        NodeOps::new(
+            registry.clone(),
+            mounter,
+            runner,
+            state,
+            locks.clone(),
+            host,
+        )
+        .with_deadlines(Deadlines::default().capped(settings.command_timeout)),
+    );
     let controller = ControllerOps::new(
         registry.clone(),
         locks,

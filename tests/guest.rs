@@ -433,3 +433,210 @@ async fn guest_lvm_new_volume_never_exposes_old_data() {
     .await
     .unwrap();
 }
+
+/// The nfs backend against the kernel's NFS server on loopback: a volume is
+/// a subdirectory; two pods on a node share one staged NFS mount; delete,
+/// retain and archive; and a server that stops answering: stats return an
+/// abnormal condition within the deadline, Probe answers throughout,
+/// unstage lets go (forced, then lazy), and once the server is back the
+/// next stage works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_nfs_backend_lifecycle_policies_and_a_dead_server() {
+    require_guest();
+    let server = NfsServer::new();
+    let config = "[[backend]]\ntype = \"nfs\"\n\
+        [[backend.export]]\nname = \"main\"\nserver = \"127.0.0.1\"\nshare = \"/\"\nversion = \"4.2\"\n";
+    // Deadlines of 8 s keep the dead-server part short.
+    let h = Harness::start_with_env(Some(config), &[("FERROVOL_COMMAND_TIMEOUT", "8")]).await;
+    let (mut c, mut n) = (h.controller(), h.node());
+    let cap = mount_cap("", 5); // MULTI_NODE_MULTI_WRITER, the backend's default fs type
+    let create = |name: &str, params: &[(&str, &str)]| {
+        let mut r = create_req(name, 64 * MIB, cap.clone());
+        r.parameters = params
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        r.parameters
+            .insert("csi.storage.k8s.io/pv/name".into(), name.into());
+        r
+    };
+    let vol = c
+        .create_volume(create("pvc-nfs", &[]))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert!(vol.volume_id.starts_with("nfs:v1."), "{}", vol.volume_id);
+    assert!(server.export.join("pvc-nfs").is_dir());
+
+    // Two pods share one staged mount.
+    let staging = h.path("kubelet/staging/nfs");
+    std::fs::create_dir_all(&staging).unwrap();
+    n.node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
+        .await
+        .unwrap();
+    let targets: Vec<_> = ["a", "b"]
+        .iter()
+        .map(|t| h.path(&format!("kubelet/pods/nfs-{t}")))
+        .collect();
+    for t in &targets {
+        n.node_publish_volume(publish_req(&vol.volume_id, &staging, t, cap.clone(), false))
+            .await
+            .unwrap();
+    }
+    std::fs::write(targets[0].join("shared"), b"from pod a").unwrap();
+    assert_eq!(
+        std::fs::read(targets[1].join("shared")).unwrap(),
+        b"from pod a"
+    );
+    assert_eq!(
+        std::fs::read(server.export.join("pvc-nfs/shared")).unwrap(),
+        b"from pod a"
+    );
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let infos = ferrovol::mount::parse_mountinfo(&table);
+    let nfs: Vec<_> = infos
+        .iter()
+        .filter(|m| m.fstype.starts_with("nfs"))
+        .collect();
+    let stage_dev = &nfs.iter().find(|m| m.mount_point == staging).unwrap().dev;
+    for t in &targets {
+        let m = nfs
+            .iter()
+            .find(|m| &m.mount_point == t)
+            .expect("target mounted");
+        assert_eq!(&m.dev, stage_dev, "{} is not the staged mount", t.display());
+    }
+    let stats = n
+        .node_get_volume_stats(pb::NodeGetVolumeStatsRequest {
+            volume_id: vol.volume_id.clone(),
+            volume_path: targets[0].display().to_string(),
+            staging_target_path: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!stats.volume_condition.unwrap().abnormal);
+    assert!(stats.usage[0].total > 0);
+    for t in &targets {
+        n.node_unpublish_volume(unpublish_req(&vol.volume_id, t))
+            .await
+            .unwrap();
+    }
+    n.node_unstage_volume(unstage_req(&vol.volume_id, &staging))
+        .await
+        .unwrap();
+    assert!(
+        mounts_under(&h.path("kubelet")).is_empty(),
+        "{:?}",
+        mounts_under(&h.path("kubelet"))
+    );
+
+    // Delete policies.
+    let keep = c
+        .create_volume(create("pvc-keep", &[("onDelete", "retain")]))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let arch = c
+        .create_volume(create("pvc-arch", &[("onDelete", "archive")]))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    std::fs::write(server.export.join("pvc-arch/kept"), b"x").unwrap();
+    for v in [&vol, &keep, &arch] {
+        c.delete_volume(pb::DeleteVolumeRequest {
+            volume_id: v.volume_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    assert!(!server.export.join("pvc-nfs").exists());
+    assert!(server.export.join("pvc-keep").is_dir());
+    assert!(!server.export.join("pvc-arch").exists());
+    let archived: Vec<_> = std::fs::read_dir(server.export.join(".ferrovol/archive"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert_eq!(archived.len(), 1);
+    assert!(archived[0].path().join("kept").exists());
+
+    // The server stops answering while a volume is staged.
+    let dead = c
+        .create_volume(create("pvc-dead", &[]))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let staging = h.path("kubelet/staging/dead");
+    std::fs::create_dir_all(&staging).unwrap();
+    n.node_stage_volume(stage_req(&dead.volume_id, &staging, cap.clone()))
+        .await
+        .unwrap();
+    server.stop();
+    let started = std::time::Instant::now();
+    let mut n2 = h.node();
+    let stats_call = {
+        let (id, path) = (dead.volume_id.clone(), staging.display().to_string());
+        tokio::spawn(async move {
+            n2.node_get_volume_stats(pb::NodeGetVolumeStatsRequest {
+                volume_id: id,
+                volume_path: path,
+                staging_target_path: String::new(),
+            })
+            .await
+        })
+    };
+    // Probe answers while the stats call waits on the dead server.
+    let mut id = h.identity();
+    while !stats_call.is_finished() {
+        let t = std::time::Instant::now();
+        id.probe(pb::ProbeRequest {}).await.unwrap();
+        assert!(
+            t.elapsed() < Duration::from_millis(500),
+            "Probe took {:?}",
+            t.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(started.elapsed() < Duration::from_secs(60), "stats hung");
+    }
+    let stats = stats_call.await.unwrap().unwrap().into_inner();
+    let condition = stats.volume_condition.unwrap();
+    assert!(condition.abnormal, "{condition:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    // Unstage lets go of the dead mount.
+    n.node_unstage_volume(unstage_req(&dead.volume_id, &staging))
+        .await
+        .unwrap();
+    assert!(
+        mounts_under(&h.path("kubelet")).is_empty(),
+        "{:?}",
+        mounts_under(&h.path("kubelet"))
+    );
+    // The server comes back: the next stage works.
+    server.start();
+    n.node_stage_volume(stage_req(&dead.volume_id, &staging, cap.clone()))
+        .await
+        .unwrap();
+    n.node_unstage_volume(unstage_req(&dead.volume_id, &staging))
+        .await
+        .unwrap();
+    c.delete_volume(pb::DeleteVolumeRequest {
+        volume_id: dead.volume_id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+}

@@ -66,6 +66,19 @@ pub struct Deadlines {
     pub mount: Duration,
 }
 
+impl Deadlines {
+    /// The same, none longer than `cap` (`--command-timeout`).
+    pub fn capped(self, cap: Option<Duration>) -> Self {
+        match cap {
+            Some(cap) => Deadlines {
+                quick: self.quick.min(cap),
+                mount: self.mount.min(cap),
+            },
+            None => self,
+        }
+    }
+}
+
 impl Default for Deadlines {
     fn default() -> Self {
         Deadlines {
@@ -677,10 +690,22 @@ impl NodeOps {
         }
         match stage.capability.access {
             AccessType::Mount { .. } => {
-                if !self.is_mounted(&stage.staging_path).await? {
-                    stats.abnormal.get_or_insert_with(|| {
-                        format!("staging mount {} is gone", stage.staging_path.display())
-                    });
+                let remote = matches!(stage.attachment, Some(Attachment::Remote { .. }));
+                match self.is_mounted(&stage.staging_path).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        stats.abnormal.get_or_insert_with(|| {
+                            format!("staging mount {} is gone", stage.staging_path.display())
+                        });
+                    }
+                    // The server of a remote mount does not answer: say so,
+                    // within the deadline, rather than wait on it again.
+                    Err(e) if remote => {
+                        stats.abnormal =
+                            Some(format!("the filesystem does not answer: {}", e.message));
+                        return Ok(stats);
+                    }
+                    Err(e) => return Err(e),
                 }
                 // statvfs on a mount whose server is gone blocks: off the
                 // workers, within the deadline, like a mount-table call.
@@ -691,12 +716,24 @@ impl NodeOps {
                         self.deadlines.quick,
                         move |_| host.fs_usage(&p),
                     )
-                    .await?;
-                stats.total_bytes = usage.total_bytes;
-                stats.available_bytes = Some(usage.available_bytes);
-                stats.used_bytes = Some(usage.total_bytes - usage.free_bytes);
-                stats.total_inodes = Some(usage.total_inodes);
-                stats.free_inodes = Some(usage.free_inodes);
+                    .await;
+                match usage {
+                    Ok(usage) => {
+                        stats.total_bytes = usage.total_bytes;
+                        stats.available_bytes = Some(usage.available_bytes);
+                        stats.used_bytes = Some(usage.total_bytes - usage.free_bytes);
+                        stats.total_inodes = Some(usage.total_inodes);
+                        stats.free_inodes = Some(usage.free_inodes);
+                    }
+                    // A remote filesystem whose server does not answer (or
+                    // a stale handle) is an abnormal volume, not a failed
+                    // call: the answer comes within the deadline and says so.
+                    Err(e) if matches!(stage.attachment, Some(Attachment::Remote { .. })) => {
+                        stats.abnormal =
+                            Some(format!("the filesystem does not answer: {}", e.message));
+                    }
+                    Err(e) => return Err(e),
+                }
             }
             AccessType::Block => {
                 // A publish target is the device itself; the staging path

@@ -308,6 +308,17 @@ impl NfsServer {
         }
     }
 
+    /// Stops the server (the kernel's nfsd threads): clients stop getting
+    /// answers.
+    pub fn stop(&self) {
+        run("rpc.nfsd", &["0"]);
+    }
+
+    /// Starts it again.
+    pub fn start(&self) {
+        run("rpc.nfsd", &["--no-nfs-version", "3", "--no-udp", "4"]);
+    }
+
     /// The NFSv4 source for the export's root.
     pub fn source(&self) -> &'static str {
         "127.0.0.1:/"

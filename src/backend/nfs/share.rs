@@ -165,6 +165,7 @@ impl WorkMounts {
     }
 
     /// How many shares are mounted now.
+    #[cfg(test)]
     pub fn mounted(&self) -> usize {
         self.table.lock().expect("work mounts poisoned").len()
     }
