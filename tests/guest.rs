@@ -640,3 +640,140 @@ async fn guest_nfs_backend_lifecycle_policies_and_a_dead_server() {
     .await
     .unwrap();
 }
+
+/// nfs snapshots are archives on the share, ready once complete, listed
+/// from the share alone; a volume restored from one, and a clone, hold the
+/// source's files.
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_nfs_snapshot_restore_and_clone() {
+    require_guest();
+    let server = NfsServer::new();
+    let config = "[[backend]]\ntype = \"nfs\"\n\
+        [[backend.export]]\nname = \"main\"\nserver = \"127.0.0.1\"\nshare = \"/\"\n";
+    let h = Harness::start_with(Some(config)).await;
+    let mut c = h.controller();
+    let cap = mount_cap("nfs", 5);
+    let src = c
+        .create_volume(create_req("pvc-src", 64 * MIB, cap.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    std::fs::create_dir_all(server.export.join("pvc-src/sub")).unwrap();
+    std::fs::write(server.export.join("pvc-src/sub/f"), b"snapshotted").unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", server.export.join("pvc-src/link")).unwrap();
+    let snap = c
+        .create_snapshot(pb::CreateSnapshotRequest {
+            source_volume_id: src.volume_id.clone(),
+            name: "snap-1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    assert!(snap.ready_to_use);
+    assert_eq!(snap.size_bytes, 64 * MIB as i64);
+    // Changes after the snapshot are not in it.
+    std::fs::write(server.export.join("pvc-src/sub/f"), b"changed later").unwrap();
+    let listed = c
+        .list_snapshots(pb::ListSnapshotsRequest {
+            source_volume_id: src.volume_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.entries.len(), 1);
+    let got = c
+        .get_snapshot(pb::GetSnapshotRequest {
+            snapshot_id: snap.snapshot_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got.snapshot.unwrap().snapshot_id, snap.snapshot_id);
+
+    let from = |name: &str, source: pb::volume_content_source::Type| {
+        let mut r = create_req(name, 64 * MIB, cap.clone());
+        r.volume_content_source = Some(pb::VolumeContentSource {
+            r#type: Some(source),
+        });
+        r
+    };
+    let restored = c
+        .create_volume(from(
+            "pvc-restored",
+            pb::volume_content_source::Type::Snapshot(pb::volume_content_source::SnapshotSource {
+                snapshot_id: snap.snapshot_id.clone(),
+            }),
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(
+        std::fs::read(server.export.join("pvc-restored/sub/f")).unwrap(),
+        b"snapshotted"
+    );
+    let link = std::fs::read_link(server.export.join("pvc-restored/link")).unwrap();
+    assert_eq!(
+        link,
+        std::path::Path::new("/etc/passwd"),
+        "the link is kept as a link"
+    );
+    let cloned = c
+        .create_volume(from(
+            "pvc-clone",
+            pb::volume_content_source::Type::Volume(pb::volume_content_source::VolumeSource {
+                volume_id: src.volume_id.clone(),
+            }),
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(
+        std::fs::read(server.export.join("pvc-clone/sub/f")).unwrap(),
+        b"changed later"
+    );
+    // A staged clone reads its files over NFS.
+    let staging = h.path("kubelet/staging/clone");
+    std::fs::create_dir_all(&staging).unwrap();
+    let mut n = h.node();
+    n.node_stage_volume(stage_req(&cloned.volume_id, &staging, cap.clone()))
+        .await
+        .unwrap();
+    assert_eq!(
+        std::fs::read(staging.join("sub/f")).unwrap(),
+        b"changed later"
+    );
+    n.node_unstage_volume(unstage_req(&cloned.volume_id, &staging))
+        .await
+        .unwrap();
+    for id in [&src.volume_id, &restored.volume_id, &cloned.volume_id] {
+        c.delete_volume(pb::DeleteVolumeRequest {
+            volume_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    c.delete_snapshot(pb::DeleteSnapshotRequest {
+        snapshot_id: snap.snapshot_id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let left: Vec<_> = std::fs::read_dir(server.export.join(".ferrovol/snapshots"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

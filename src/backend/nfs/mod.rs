@@ -18,9 +18,9 @@ use crate::exec::{path_arg, Command, CommandRunner};
 use crate::host::Host;
 use crate::mount::MountOptions;
 use crate::plugin::{
-    check_existing, digest_hex, join_fields, locator_for_name, split_fields, AccessMode,
-    AttachContext, Attachment, Backend, Capabilities, Capacity, CreateVolume, Page, Secrets,
-    VolumeId, VolumeInfo,
+    check_existing, digest_hex, join_fields, locator_for_name, own_source, split_fields,
+    AccessMode, AttachContext, Attachment, Backend, Capabilities, Capacity, ContentSource,
+    CreateSnapshot, CreateVolume, Page, Secrets, SnapshotId, SnapshotInfo, VolumeId, VolumeInfo,
 };
 use serde::{Deserialize, Serialize};
 use share::{blocking, check_subdir, ensure_dir, resolve, Held, ShareSpec, WorkMounts};
@@ -32,6 +32,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// Where ferrovol keeps its records on a share.
 const META_DIR: &str = ".ferrovol";
 const REMOVE_TIMEOUT: Duration = Duration::from_secs(3600);
+/// Archiving, restoring or copying a volume's files.
+const COPY_TIMEOUT: Duration = Duration::from_secs(4 * 3600);
 
 /// What happens to a volume's directory when the volume is deleted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -114,6 +116,18 @@ struct VolumeRecord {
     subdir: String,
     capacity_bytes: u64,
     on_delete: OnDelete,
+    #[serde(default)]
+    source: Option<ContentSource>,
+}
+
+/// The record of a snapshot, beside its archive on the share.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct SnapshotRecord {
+    name: String,
+    source_volume: VolumeId,
+    /// The source's size: what a volume restored from it needs.
+    size_bytes: u64,
+    created_unix_secs: u64,
 }
 
 /// Where a volume lives.
@@ -382,7 +396,7 @@ impl NfsBackend {
             id: self.id_of(loc)?,
             capacity_bytes: record.capacity_bytes,
             context: BTreeMap::new(),
-            source: None,
+            source: record.source.clone(),
         })
     }
 
@@ -414,6 +428,125 @@ impl NfsBackend {
     }
 }
 
+impl NfsBackend {
+    fn snapshot_dir(root: &Path) -> PathBuf {
+        root.join(META_DIR).join("snapshots")
+    }
+
+    /// Where a snapshot lives: the share of its source, and its name's
+    /// locator. NOT_FOUND for ids this backend never minted.
+    fn locate_snapshot(&self, id: &SnapshotId) -> Result<(String, String, String)> {
+        let not_ours = || Error::not_found(format!("snapshot {id} does not exist"));
+        let fields = split_fields(id.locator(), 3).map_err(|_| not_ours())?;
+        let [server, share, name]: [String; 3] = fields.try_into().map_err(|_| not_ours())?;
+        check_server(&server).map_err(|_| not_ours())?;
+        check_share(&share).map_err(|_| not_ours())?;
+        if !crate::plugin::is_locator(&name) {
+            return Err(not_ours());
+        }
+        Ok((server, share, name))
+    }
+
+    fn snapshot_id(&self, server: &str, share: &str, locator: &str) -> Result<SnapshotId> {
+        SnapshotId::new(&self.name, &join_fields(&[server, share, locator])?)
+    }
+
+    async fn read_snapshot(root: &Path, locator: &str) -> Result<Option<SnapshotRecord>> {
+        let dir = Self::snapshot_dir(root);
+        let (record, archive) = (
+            dir.join(format!("{locator}.json")),
+            dir.join(format!("{locator}.tar.gz")),
+        );
+        blocking("reading a snapshot record", move || {
+            let bytes = match std::fs::read(&record) {
+                Ok(b) => b,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(Error::io(format!("read {}", record.display()), e)),
+            };
+            // Ready only once the archive is whole (it is renamed into
+            // place after the record is written).
+            if !archive.exists() {
+                return Ok(None);
+            }
+            serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| Error::internal(format!("corrupt record {}: {e}", record.display())))
+        })
+        .await
+    }
+
+    fn snapshot_info(
+        &self,
+        server: &str,
+        share: &str,
+        locator: &str,
+        r: &SnapshotRecord,
+    ) -> Result<SnapshotInfo> {
+        Ok(SnapshotInfo {
+            id: self.snapshot_id(server, share, locator)?,
+            source_volume: r.source_volume.clone(),
+            size_bytes: r.size_bytes,
+            created: UNIX_EPOCH + Duration::from_secs(r.created_unix_secs),
+            ready: true,
+        })
+    }
+
+    /// Fills a new volume's directory from its content source.
+    async fn fill_from(&self, source: &ContentSource, into: &Path) -> Result<()> {
+        let into_arg = path_arg(into)?;
+        match source {
+            ContentSource::Snapshot(id) => {
+                own_source(&self.name, source)?;
+                let (server, share, locator) = self.locate_snapshot(id)?;
+                let held = self.mounts.hold(&self.spec(&server, &share)).await?;
+                if Self::read_snapshot(&held.dir, &locator).await?.is_none() {
+                    return Err(Error::not_found(format!(
+                        "source snapshot {id} does not exist"
+                    )));
+                }
+                let archive = Self::snapshot_dir(&held.dir).join(format!("{locator}.tar.gz"));
+                self.runner
+                    .run(
+                        Command::new("tar")
+                            .args(["-xzpf"])
+                            .arg(path_arg(&archive)?)
+                            .args(["-C", &into_arg, "--numeric-owner"])
+                            .timeout(COPY_TIMEOUT),
+                    )
+                    .await
+                    .map_err(|e| Error::from(e).context("restore the snapshot"))?;
+            }
+            ContentSource::Volume(id) => {
+                own_source(&self.name, source)?;
+                let loc = self.locate(id)?;
+                let held = self.hold(&loc).await?;
+                if Self::read_record(&held.dir, &loc.subdir).await?.is_none() {
+                    return Err(Error::not_found(format!(
+                        "source volume {id} does not exist"
+                    )));
+                }
+                let (root, subdir) = (held.dir.clone(), loc.subdir.clone());
+                let from = blocking("inspecting the source", move || resolve(&root, &subdir))
+                    .await?
+                    .ok_or_else(|| {
+                        Error::not_found(format!("source volume {id} has no directory"))
+                    })?;
+                self.runner
+                    .run(
+                        Command::new("cp")
+                            .args(["-a", "--no-dereference", "--"])
+                            .arg(format!("{}/.", path_arg(&from)?))
+                            .arg(format!("{into_arg}/"))
+                            .timeout(COPY_TIMEOUT),
+                    )
+                    .await
+                    .map_err(|e| Error::from(e).context("copy the source volume"))?;
+            }
+        }
+        Ok(())
+    }
+}
+
 #[async_trait::async_trait]
 impl Backend for NfsBackend {
     fn name(&self) -> &str {
@@ -426,8 +559,8 @@ impl Backend for NfsBackend {
             attach: false,
             device_mount: false,
             expand: true,
-            snapshot: false,
-            clone: false,
+            snapshot: true,
+            clone: true,
             block: false,
             node_local: false,
             access_modes: vec![
@@ -499,7 +632,7 @@ impl Backend for NfsBackend {
                     existing.name
                 )));
             }
-            check_existing(req, existing.capacity_bytes, None)?;
+            check_existing(req, existing.capacity_bytes, req.source.as_ref())?;
             return self.info(&loc, &existing);
         }
         let (root, subdir) = (held.dir.clone(), loc.subdir.clone());
@@ -519,6 +652,7 @@ impl Backend for NfsBackend {
         let record = VolumeRecord {
             name: req.name.clone(),
             subdir: loc.subdir.to_string_lossy().into_owned(),
+            source: req.source.clone(),
             // What was asked for (0: no size named): advisory on NFS.
             capacity_bytes: if req.required_bytes > 0 {
                 req.required_bytes
@@ -530,10 +664,27 @@ impl Backend for NfsBackend {
         // The record first: a crash in between leaves a record whose
         // directory a retry makes, never a directory nobody claims.
         Self::write_record(&root, &record).await?;
-        blocking("making the volume directory", move || {
-            ensure_dir(&root, &subdir, mode).map(|_| ())
+        let made = blocking("making the volume directory", move || {
+            ensure_dir(&root, &subdir, mode)
         })
         .await?;
+        if let Some(source) = &req.source {
+            if let Err(e) = self.fill_from(source, &made).await {
+                // Leave nothing half-filled behind: the CO retries.
+                let _ = self
+                    .runner
+                    .run(
+                        Command::new("rm")
+                            .args(["-rf", "--one-file-system", "--"])
+                            .arg(path_arg(&made)?)
+                            .timeout(REMOVE_TIMEOUT),
+                    )
+                    .await;
+                let record_path = Self::record_path(&held.dir, &loc.subdir);
+                let _ = std::fs::remove_file(record_path);
+                return Err(e);
+            }
+        }
         self.info(&loc, &record)
     }
 
@@ -682,6 +833,165 @@ impl Backend for NfsBackend {
             Self::write_record(&held.dir, &record).await?;
         }
         Ok(record.capacity_bytes)
+    }
+
+    fn snapshot_id_for(&self, req: &CreateSnapshot) -> Result<SnapshotId> {
+        let loc = self.locate(&req.source)?;
+        self.snapshot_id(&loc.server, &loc.share, &locator_for_name(&req.name))
+    }
+
+    /// A compressed archive of the volume's directory on the share; ready
+    /// once the archive is complete (it is written under a temporary name
+    /// and renamed into place).
+    async fn create_snapshot(&self, req: &CreateSnapshot) -> Result<SnapshotInfo> {
+        let loc = self.locate(&req.source).map_err(|_| {
+            Error::not_found(format!("source volume {} does not exist", req.source))
+        })?;
+        let locator = locator_for_name(&req.name);
+        let held = self.hold(&loc).await?;
+        if let Some(existing) = Self::read_snapshot(&held.dir, &locator).await? {
+            if existing.name != req.name || existing.source_volume != req.source {
+                return Err(Error::already_exists(format!(
+                    "snapshot {:?} exists for another source volume ({})",
+                    req.name, existing.source_volume
+                )));
+            }
+            return self.snapshot_info(&loc.server, &loc.share, &locator, &existing);
+        }
+        let source = Self::read_record(&held.dir, &loc.subdir)
+            .await?
+            .ok_or_else(|| {
+                Error::not_found(format!("source volume {} does not exist", req.source))
+            })?;
+        let (root, subdir) = (held.dir.clone(), loc.subdir.clone());
+        let from = blocking("inspecting the source", move || resolve(&root, &subdir))
+            .await?
+            .ok_or_else(|| {
+                Error::not_found(format!("source volume {} has no directory", req.source))
+            })?;
+        let dir = {
+            let root = held.dir.clone();
+            blocking("making the snapshot folder", move || {
+                ensure_dir(&root, Path::new(".ferrovol/snapshots"), 0o700)
+            })
+            .await?
+        };
+        let tmp = dir.join(format!(".{locator}.tar.gz.tmp"));
+        let archived = self
+            .runner
+            .run(
+                Command::new("tar")
+                    .args(["-czf"])
+                    .arg(path_arg(&tmp)?)
+                    .args(["--one-file-system", "-C"])
+                    .arg(path_arg(&from)?)
+                    .arg(".")
+                    .timeout(COPY_TIMEOUT),
+            )
+            .await;
+        if let Err(e) = archived {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(Error::from(e).context("archive the volume"));
+        }
+        let record = SnapshotRecord {
+            name: req.name.clone(),
+            source_volume: req.source.clone(),
+            size_bytes: source.capacity_bytes,
+            created_unix_secs: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_secs(),
+        };
+        let bytes =
+            serde_json::to_vec_pretty(&record).map_err(|e| Error::internal(e.to_string()))?;
+        let final_archive = dir.join(format!("{locator}.tar.gz"));
+        let record_path = dir.join(format!("{locator}.json"));
+        blocking("completing the snapshot", move || {
+            crate::state::write_atomic(&record_path, &bytes)
+                .map_err(|e| Error::io(format!("write {}", record_path.display()), e))?;
+            std::fs::rename(&tmp, &final_archive)
+                .map_err(|e| Error::io(format!("move {} into place", final_archive.display()), e))
+        })
+        .await?;
+        self.snapshot_info(&loc.server, &loc.share, &locator, &record)
+    }
+
+    async fn delete_snapshot(&self, id: &SnapshotId, _secrets: &Secrets) -> Result<()> {
+        let Ok((server, share, locator)) = self.locate_snapshot(id) else {
+            return Ok(());
+        };
+        let held = self.mounts.hold(&self.spec(&server, &share)).await?;
+        let dir = Self::snapshot_dir(&held.dir);
+        blocking("removing the snapshot", move || {
+            for name in [format!("{locator}.tar.gz"), format!("{locator}.json")] {
+                match std::fs::remove_file(dir.join(&name)) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(Error::io(format!("remove {name}"), e))
+                    }
+                    _ => {}
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_snapshot(&self, id: &SnapshotId) -> Result<Option<SnapshotInfo>> {
+        let Ok((server, share, locator)) = self.locate_snapshot(id) else {
+            return Ok(None);
+        };
+        let held = self.mounts.hold(&self.spec(&server, &share)).await?;
+        match Self::read_snapshot(&held.dir, &locator).await? {
+            Some(r) => Ok(Some(self.snapshot_info(&server, &share, &locator, &r)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The snapshots on the configured exports, from the shares alone.
+    async fn list_snapshots(
+        &self,
+        source: Option<&VolumeId>,
+        page: &Page,
+    ) -> Result<Vec<SnapshotInfo>> {
+        let mut out = Vec::new();
+        for export in &self.settings.exports {
+            let held = self
+                .mounts
+                .hold(&self.spec(&export.server, &export.share))
+                .await?;
+            let dir = Self::snapshot_dir(&held.dir);
+            let locators: Vec<String> = blocking("listing snapshots", move || {
+                let entries = match std::fs::read_dir(&dir) {
+                    Ok(e) => e,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+                    Err(e) => return Err(Error::io(format!("read {}", dir.display()), e)),
+                };
+                Ok(entries
+                    .flatten()
+                    .filter_map(|e| {
+                        e.file_name()
+                            .to_str()
+                            .and_then(|n| n.strip_suffix(".tar.gz"))
+                            .filter(|l| crate::plugin::is_locator(l))
+                            .map(str::to_string)
+                    })
+                    .collect())
+            })
+            .await?;
+            for locator in locators {
+                if let Some(r) = Self::read_snapshot(&held.dir, &locator).await? {
+                    if source.is_none_or(|s| &r.source_volume == s) {
+                        out.push(self.snapshot_info(
+                            &export.server,
+                            &export.share,
+                            &locator,
+                            &r,
+                        )?);
+                    }
+                }
+            }
+        }
+        Ok(page.apply(out, |s| s.id.locator()))
     }
 
     async fn node_attach(&self, id: &VolumeId, _ctx: &AttachContext) -> Result<Attachment> {
