@@ -676,7 +676,7 @@ async fn guest_nfs_snapshot_restore_and_clone() {
         .snapshot
         .unwrap();
     assert!(snap.ready_to_use);
-    assert_eq!(snap.size_bytes, 64 * MIB as i64);
+    assert_eq!(snap.size_bytes, 64 * MIB);
     // Changes after the snapshot are not in it.
     std::fs::write(server.export.join("pvc-src/sub/f"), b"changed later").unwrap();
     let listed = c
