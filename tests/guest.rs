@@ -777,3 +777,70 @@ async fn guest_nfs_snapshot_restore_and_clone() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// A staged NFS mount whose directory is replaced on the server goes stale
+/// (ESTALE): the volume condition says so, a publish is refused with
+/// FAILED_PRECONDITION, and NodeStage mounts it again.
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_nfs_stale_mount_is_detected_and_remounted() {
+    require_guest();
+    let server = NfsServer::new();
+    let config = "[[backend]]\ntype = \"nfs\"\n\
+        [[backend.export]]\nname = \"main\"\nserver = \"127.0.0.1\"\nshare = \"/\"\n";
+    let h = Harness::start_with(Some(config)).await;
+    let (mut c, mut n) = (h.controller(), h.node());
+    let cap = mount_cap("nfs", 5);
+    let vol = c
+        .create_volume(create_req("pvc-stale", 64 * MIB, cap.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let staging = h.path("kubelet/staging/stale");
+    std::fs::create_dir_all(&staging).unwrap();
+    n.node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
+        .await
+        .unwrap();
+    // The directory is replaced on the server: the client's handle is stale.
+    let dir = server.export.join("pvc-stale");
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("new"), b"after").unwrap();
+    let stats = n
+        .node_get_volume_stats(pb::NodeGetVolumeStatsRequest {
+            volume_id: vol.volume_id.clone(),
+            volume_path: staging.display().to_string(),
+            staging_target_path: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let condition = stats.volume_condition.unwrap();
+    assert!(condition.abnormal, "{condition:?}");
+    let target = h.path("kubelet/pods/stale");
+    let publish = n
+        .node_publish_volume(publish_req(
+            &vol.volume_id,
+            &staging,
+            &target,
+            cap.clone(),
+            false,
+        ))
+        .await;
+    assert_eq!(
+        code(&publish),
+        tonic::Code::FailedPrecondition,
+        "{publish:?}"
+    );
+    // NodeStage again: remounted, and the new directory is what it shows.
+    n.node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(staging.join("new")).unwrap(), b"after");
+    n.node_unstage_volume(unstage_req(&vol.volume_id, &staging))
+        .await
+        .unwrap();
+    assert!(mounts_under(&h.path("kubelet")).is_empty());
+}

@@ -22,6 +22,11 @@ use std::time::Duration;
 /// How often unmount is retried on stacked mounts before giving up.
 const MAX_STACKED_MOUNTS: usize = 16;
 
+/// Whether an error is ESTALE: a handle the server no longer knows.
+fn is_stale(e: &Error) -> bool {
+    e.message.contains(&format!("(os error {})", libc::ESTALE))
+}
+
 /// A NodeStageVolume request, validated.
 #[derive(Debug, Clone)]
 pub struct StageRequest {
@@ -211,8 +216,6 @@ impl NodeOps {
         backend
             .supports(&req.capability)
             .map_err(|e| Error::precondition(e.message))?;
-        self.host
-            .require_dir(&req.staging_path, "staging_target_path")?;
 
         if let Some(existing) = self.state.stage(&req.volume_id) {
             if existing.staging_path != req.staging_path {
@@ -229,11 +232,27 @@ impl NodeOps {
                     req.staging_path.display()
                 )));
             }
-            if existing.attachment.is_some() && self.stage_complete(&existing).await? {
-                return Ok(());
+            if existing.attachment.is_some() {
+                match self.stage_complete(&existing).await {
+                    Ok(true) => return Ok(()),
+                    Ok(false) => {}
+                    // A remote mount gone stale (its directory was replaced
+                    // on the server): let it go and mount again.
+                    Err(e)
+                        if is_stale(&e)
+                            && matches!(existing.attachment, Some(Attachment::Remote { .. })) =>
+                    {
+                        tracing::warn!(volume = %req.volume_id, "stale staging mount: mounting again");
+                        self.unmount_remote(&existing.staging_path).await?;
+                    }
+                    Err(e) => return Err(e),
+                }
             }
             // An interrupted stage: carry on from where it stopped.
         }
+        // Checked after a stale mount there is let go.
+        self.host
+            .require_dir(&req.staging_path, "staging_target_path")?;
 
         let mut record = StageRecord {
             volume_id: req.volume_id.clone(),
@@ -602,6 +621,26 @@ impl NodeOps {
             }
         };
         let options = MountOptions::parse(&flags, readonly)?;
+        if let Some(Attachment::Remote { .. }) = &stage.attachment {
+            // A bind of a stale remote mount succeeds and serves nothing:
+            // look at the staged mount first.
+            match self.is_mounted(&stage.staging_path).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Err(Error::precondition(format!(
+                        "volume {} is not mounted at its staging path: stage it again",
+                        req.volume_id
+                    )))
+                }
+                Err(e) if is_stale(&e) => {
+                    return Err(Error::precondition(format!(
+                        "the staged mount of volume {} is stale (its directory changed on the server): stage it again",
+                        req.volume_id
+                    )))
+                }
+                Err(e) => return Err(e),
+            }
+        }
         self.host.make_target(&req.target_path, is_block)?;
         self.state.put_publish(record)?;
         let target = req.target_path.clone();
@@ -615,6 +654,12 @@ impl NodeOps {
         if let Err(e) = bound {
             let _ = self.state.remove_publish(&req.target_path);
             let _ = self.host.remove_target(&req.target_path);
+            if is_stale(&e) {
+                return Err(Error::precondition(format!(
+                    "the staged mount of volume {} is stale (its directory changed on the server): stage it again",
+                    req.volume_id
+                )));
+            }
             return Err(e);
         }
         Ok(())
