@@ -192,3 +192,47 @@ fn dockerfile_builds_from_the_tree() {
         assert!(text.contains(tool), "the image lacks {tool}");
     }
 }
+
+/// The nfs example config is accepted by the backend, and every parameter
+/// of the nfs StorageClasses passes its checks.
+#[test]
+fn nfs_storage_classes_match_the_example_config() {
+    use ferrovol::plugin::Backend;
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/nfs-config.toml"
+    ))
+    .unwrap();
+    let config = Config::parse(&text).unwrap();
+    let bc = &config.backends[0];
+    assert_eq!(bc.kind, "nfs");
+    let work = tempfile::tempdir().unwrap();
+    let backend = ferrovol::backend::nfs::NfsBackend::new(
+        bc.name(),
+        bc.settings().unwrap(),
+        std::sync::Arc::new(ferrovol::exec::SystemRunner::default()),
+        std::sync::Arc::new(ferrovol::host::SystemHost),
+        work.path().to_path_buf(),
+    )
+    .unwrap();
+    let all = docs("storageclass-nfs.yaml");
+    let classes = kind(&all, "StorageClass");
+    assert_eq!(classes.len(), 2);
+    for sc in classes {
+        let params = sc["parameters"].as_mapping().unwrap();
+        assert_eq!(params[&Value::from("backend")].as_str(), Some(bc.name()));
+        let own: std::collections::BTreeMap<String, String> = params
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.as_str().unwrap().to_string(),
+                    v.as_str().unwrap().to_string(),
+                )
+            })
+            .filter(|(k, _)| k != "backend")
+            .collect();
+        backend
+            .validate_parameters(&own)
+            .unwrap_or_else(|e| panic!("{:?}: {}", sc["metadata"]["name"], e.message));
+    }
+}
