@@ -844,3 +844,58 @@ async fn guest_nfs_stale_mount_is_detected_and_remounted() {
         .unwrap();
     assert!(mounts_under(&h.path("kubelet")).is_empty());
 }
+
+/// The nfs backend on an NFSv3 export (rpcbind, mountd, `nolock`).
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_nfs_backend_on_an_nfsv3_export() {
+    require_guest();
+    let server = NfsServer::with_v3();
+    let config = format!(
+        "[[backend]]\ntype = \"nfs\"\n\
+         [[backend.export]]\nname = \"v3\"\nserver = \"127.0.0.1\"\nshare = \"{}\"\n\
+         version = \"3\"\nmount_options = [\"nolock\"]\n",
+        server.export.display()
+    );
+    let h = Harness::start_with(Some(&config)).await;
+    let (mut c, mut n) = (h.controller(), h.node());
+    let cap = mount_cap("nfs", 5);
+    let vol = c
+        .create_volume(create_req("pvc-v3", 64 * MIB, cap.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let staging = h.path("kubelet/staging/v3");
+    std::fs::create_dir_all(&staging).unwrap();
+    n.node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
+        .await
+        .unwrap();
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let staged = ferrovol::mount::parse_mountinfo(&table)
+        .into_iter()
+        .find(|m| m.mount_point == staging)
+        .expect("staged");
+    assert_eq!(staged.fstype, "nfs", "an NFSv3 mount");
+    assert!(
+        staged.super_options.iter().any(|o| o == "vers=3"),
+        "{:?}",
+        staged.super_options
+    );
+    std::fs::write(staging.join("f"), b"over v3").unwrap();
+    assert_eq!(
+        std::fs::read(server.export.join("pvc-v3/f")).unwrap(),
+        b"over v3"
+    );
+    n.node_unstage_volume(unstage_req(&vol.volume_id, &staging))
+        .await
+        .unwrap();
+    c.delete_volume(pb::DeleteVolumeRequest {
+        volume_id: vol.volume_id,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert!(!server.export.join("pvc-v3").exists());
+}

@@ -277,35 +277,63 @@ impl Drop for IscsiTarget {
     }
 }
 
-/// The kernel NFS server (NFSv4 only, no rpcbind) exporting a tmpfs folder
-/// as the NFSv4 root.
+/// The kernel NFS server exporting a tmpfs folder: NFSv4 only without
+/// rpcbind (the folder is the NFSv4 root), or, with [`NfsServer::with_v3`],
+/// NFSv3 as well, with rpcbind and mountd serving it.
 pub struct NfsServer {
     pub export: PathBuf,
     pub dir: tempfile::TempDir,
     mountd: Child,
+    rpcbind: Option<Child>,
 }
 
 impl NfsServer {
     pub fn new() -> Self {
+        Self::start_server(false)
+    }
+
+    /// NFSv3 and v4 (v3 needs rpcbind; clients mount with `nolock`).
+    pub fn with_v3() -> Self {
+        Self::start_server(true)
+    }
+
+    fn start_server(v3: bool) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let export = dir.path().join("export");
         std::fs::create_dir_all(&export).unwrap();
         if !Path::new("/proc/fs/nfsd/versions").exists() {
             run("mount", &["-t", "nfsd", "nfsd", "/proc/fs/nfsd"]);
         }
+        let rpcbind = v3.then(|| {
+            std::fs::create_dir_all("/run/rpcbind").unwrap();
+            let child = daemon("rpcbind", &["-f", "-w"]);
+            wait_for("rpcbind", Duration::from_secs(30), || {
+                std::process::Command::new("rpcinfo")
+                    .args(["-p", "127.0.0.1"])
+                    .output()
+                    .is_ok_and(|o| o.status.success())
+            });
+            child
+        });
         let line = format!(
             "{} 127.0.0.1(rw,no_root_squash,insecure,fsid=0,no_subtree_check)\n",
             export.display()
         );
         std::fs::write("/etc/exports", line).unwrap();
         run("exportfs", &["-ra"]);
-        let mountd = daemon("rpc.mountd", &["--foreground", "--no-udp", "-N", "3"]);
-        run("rpc.nfsd", &["--no-nfs-version", "3", "--no-udp", "4"]);
-        NfsServer {
+        let mountd = if v3 {
+            daemon("rpc.mountd", &["--foreground", "--no-udp"])
+        } else {
+            daemon("rpc.mountd", &["--foreground", "--no-udp", "-N", "3"])
+        };
+        let server = NfsServer {
             export,
             dir,
             mountd,
-        }
+            rpcbind,
+        };
+        server.start();
+        server
     }
 
     /// Stops the server (the kernel's nfsd threads): clients stop getting
@@ -316,7 +344,11 @@ impl NfsServer {
 
     /// Starts it again.
     pub fn start(&self) {
-        run("rpc.nfsd", &["--no-nfs-version", "3", "--no-udp", "4"]);
+        if self.rpcbind.is_some() {
+            run("rpc.nfsd", &["--no-udp", "4"]);
+        } else {
+            run("rpc.nfsd", &["--no-nfs-version", "3", "--no-udp", "4"]);
+        }
     }
 
     /// The NFSv4 source for the export's root.
@@ -331,6 +363,10 @@ impl Drop for NfsServer {
         try_run("exportfs", &["-ua"]);
         let _ = self.mountd.kill();
         let _ = self.mountd.wait();
+        if let Some(mut r) = self.rpcbind.take() {
+            let _ = r.kill();
+            let _ = r.wait();
+        }
     }
 }
 
