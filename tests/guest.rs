@@ -899,3 +899,94 @@ async fn guest_nfs_backend_on_an_nfsv3_export() {
     .unwrap();
     assert!(!server.export.join("pvc-v3").exists());
 }
+
+/// An export on XFS with project quotas that the controller reaches
+/// locally: each volume's capacity is enforced (writing past it fails with
+/// ENOSPC), the client sees the quota as the filesystem's size, and
+/// ControllerExpandVolume raises the limit.
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_nfs_capacity_is_an_xfs_project_quota() {
+    require_guest();
+    let server = NfsServer::on_xfs_with_quotas();
+    let config = format!(
+        "[[backend]]\ntype = \"nfs\"\n\
+         [[backend.export]]\nname = \"xfs\"\nserver = \"127.0.0.1\"\nshare = \"/\"\n\
+         xfs_quota_path = \"{}\"\n",
+        server.export.display()
+    );
+    let h = Harness::start_with(Some(&config)).await;
+    let (mut c, mut n) = (h.controller(), h.node());
+    let cap = mount_cap("nfs", 5);
+    let vol = c
+        .create_volume(create_req("pvc-quota", 32 * MIB, cap.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let staging = h.path("kubelet/staging/quota");
+    std::fs::create_dir_all(&staging).unwrap();
+    n.node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
+        .await
+        .unwrap();
+    let total = |n: &mut ferrovol::proto::node_client::NodeClient<_>| {
+        let req = pb::NodeGetVolumeStatsRequest {
+            volume_id: vol.volume_id.clone(),
+            volume_path: staging.display().to_string(),
+            staging_target_path: String::new(),
+        };
+        let mut n = n.clone();
+        async move {
+            n.node_get_volume_stats(req)
+                .await
+                .unwrap()
+                .into_inner()
+                .usage[0]
+                .total
+        }
+    };
+    assert_eq!(total(&mut n).await, 32 * MIB, "the client sees the quota");
+    // Writing past the capacity fails.
+    let write = |name: &str, mib: usize| {
+        use std::io::Write;
+        let mut f = std::fs::File::create(staging.join(name))?;
+        let chunk = vec![7u8; 1 << 20];
+        for _ in 0..mib {
+            f.write_all(&chunk)?;
+        }
+        f.sync_all()
+    };
+    let err = write("big", 48).unwrap_err();
+    assert!(
+        err.raw_os_error() == Some(libc::ENOSPC) || err.raw_os_error() == Some(libc::EDQUOT),
+        "{err}"
+    );
+    std::fs::remove_file(staging.join("big")).unwrap();
+    // Grown: the new limit holds, and is what the client sees.
+    let grown = c
+        .controller_expand_volume(pb::ControllerExpandVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            capacity_range: Some(pb::CapacityRange {
+                required_bytes: 96 * MIB,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(grown.capacity_bytes, 96 * MIB);
+    assert!(!grown.node_expansion_required);
+    assert_eq!(total(&mut n).await, 96 * MIB);
+    write("big", 48).unwrap();
+    n.node_unstage_volume(unstage_req(&vol.volume_id, &staging))
+        .await
+        .unwrap();
+    c.delete_volume(pb::DeleteVolumeRequest {
+        volume_id: vol.volume_id,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+}

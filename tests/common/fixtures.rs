@@ -285,22 +285,42 @@ pub struct NfsServer {
     pub dir: tempfile::TempDir,
     mountd: Child,
     rpcbind: Option<Child>,
+    /// The loop device of an XFS export, when it has one.
+    xfs_loop: Option<String>,
 }
 
 impl NfsServer {
     pub fn new() -> Self {
-        Self::start_server(false)
+        Self::start_server(false, false)
     }
 
     /// NFSv3 and v4 (v3 needs rpcbind; clients mount with `nolock`).
     pub fn with_v3() -> Self {
-        Self::start_server(true)
+        Self::start_server(true, false)
     }
 
-    fn start_server(v3: bool) -> Self {
+    /// NFSv4, exporting an XFS filesystem mounted with project quotas.
+    pub fn on_xfs_with_quotas() -> Self {
+        Self::start_server(false, true)
+    }
+
+    fn start_server(v3: bool, xfs: bool) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let export = dir.path().join("export");
         std::fs::create_dir_all(&export).unwrap();
+        let xfs_loop = xfs.then(|| {
+            let image = dir.path().join("xfs.img");
+            std::fs::File::create(&image)
+                .unwrap()
+                .set_len(512 << 20)
+                .unwrap();
+            let dev = run("losetup", &["-f", "--show", image.to_str().unwrap()])
+                .trim()
+                .to_string();
+            run("mkfs.xfs", &["-q", &dev]);
+            run("mount", &["-o", "prjquota", &dev, export.to_str().unwrap()]);
+            dev
+        });
         if !Path::new("/proc/fs/nfsd/versions").exists() {
             run("mount", &["-t", "nfsd", "nfsd", "/proc/fs/nfsd"]);
         }
@@ -331,6 +351,7 @@ impl NfsServer {
             dir,
             mountd,
             rpcbind,
+            xfs_loop,
         };
         server.start();
         server
@@ -366,6 +387,10 @@ impl Drop for NfsServer {
         if let Some(mut r) = self.rpcbind.take() {
             let _ = r.kill();
             let _ = r.wait();
+        }
+        if let Some(dev) = self.xfs_loop.take() {
+            try_run("umount", &[self.export.to_str().unwrap()]);
+            try_run("losetup", &["-d", &dev]);
         }
     }
 }

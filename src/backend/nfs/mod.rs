@@ -75,6 +75,14 @@ pub struct ExportSettings {
     pub version: Option<String>,
     #[serde(default)]
     pub mount_options: Vec<String>,
+    /// Where the exported directory is on this machine, when it is an XFS
+    /// filesystem mounted with project quotas (`prjquota`) that the
+    /// controller can reach (it runs on the NFS server, or mounts the
+    /// export's filesystem): each volume's capacity is then enforced with
+    /// an XFS project quota on its subdirectory. Without it capacity is
+    /// advisory.
+    #[serde(default)]
+    pub xfs_quota_path: Option<PathBuf>,
 }
 
 /// `[[backend]] type = "nfs"` settings.
@@ -118,6 +126,10 @@ struct VolumeRecord {
     on_delete: OnDelete,
     #[serde(default)]
     source: Option<ContentSource>,
+    /// The XFS project that enforces the capacity, when the export has
+    /// quotas.
+    #[serde(default)]
+    project_id: Option<u32>,
 }
 
 /// The record of a snapshot, beside its archive on the share.
@@ -227,6 +239,20 @@ impl NfsBackend {
             check_share(&e.share)?;
             MountOptions::parse(&Self::options_of(e), false)
                 .map_err(|err| err.context(format!("nfs export {:?}", e.name)))?;
+            if let Some(q) = &e.xfs_quota_path {
+                let plain = q.is_absolute()
+                    && q.to_str().is_some_and(|t| {
+                        t.bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b"/._-".contains(&b))
+                    })
+                    && !q.components().any(|c| c == std::path::Component::ParentDir);
+                if !plain {
+                    return Err(Error::invalid(format!(
+                        "nfs export {:?}: xfs_quota_path must be an absolute path of plain characters",
+                        e.name
+                    )));
+                }
+            }
         }
         if let Some(d) = &settings.default_export {
             if !seen.contains(d) {
@@ -425,6 +451,85 @@ impl NfsBackend {
                 .map_err(|e| Error::io(format!("write {}", path.display()), e))
         })
         .await
+    }
+}
+
+/// XFS project quotas on an export's filesystem, reached locally.
+impl NfsBackend {
+    /// The local path of the export (server, share), when it has quotas.
+    fn quota_path(&self, server: &str, share: &str) -> Option<&Path> {
+        self.settings
+            .exports
+            .iter()
+            .find(|e| e.server == server && e.share == share)
+            .and_then(|e| e.xfs_quota_path.as_deref())
+    }
+
+    /// The project id of a volume: from its subdirectory, never 0.
+    fn project_id(subdir: &Path) -> u32 {
+        let hex = digest_hex(subdir.as_os_str().as_encoded_bytes(), 4);
+        (u32::from_str_radix(&hex, 16).unwrap_or(1) & 0x7fff_ffff).max(1)
+    }
+
+    /// Runs one xfs_quota expert command on the filesystem holding `path`.
+    async fn xfs_quota(&self, path: &Path, command: String) -> Result<()> {
+        let mount = self
+            .runner
+            .run(
+                Command::new("findmnt")
+                    .args(["-n", "-o", "TARGET", "-T"])
+                    .arg(path_arg(path)?)
+                    .timeout(Duration::from_secs(30)),
+            )
+            .await?;
+        let mount = mount.stdout.trim().to_string();
+        if mount.is_empty() {
+            return Err(Error::internal(format!(
+                "no filesystem holds {}",
+                path.display()
+            )));
+        }
+        self.runner
+            .run(
+                Command::new("xfs_quota")
+                    .args(["-x", "-c", &command])
+                    .arg(mount)
+                    .timeout(Duration::from_secs(120)),
+            )
+            .await
+            .map_err(|e| Error::from(e).context("set the volume's XFS project quota"))?;
+        Ok(())
+    }
+
+    /// Puts a volume's directory under its project and limits it.
+    async fn apply_quota(&self, loc: &Location, project: u32, bytes: u64) -> Result<()> {
+        let Some(base) = self.quota_path(&loc.server, &loc.share) else {
+            return Ok(());
+        };
+        let (base, subdir) = (base.to_path_buf(), loc.subdir.clone());
+        let dir = blocking("finding the volume on the local filesystem", move || {
+            resolve(&base, &subdir)
+        })
+        .await?
+        .ok_or_else(|| {
+            Error::precondition(format!(
+                "{} is not under the export's local path: check xfs_quota_path",
+                loc.subdir.display()
+            ))
+        })?;
+        let dir_arg = path_arg(&dir)?;
+        self.xfs_quota(&dir, format!("project -s -p {dir_arg} {project}"))
+            .await?;
+        self.set_limit(loc, project, bytes).await
+    }
+
+    async fn set_limit(&self, loc: &Location, project: u32, bytes: u64) -> Result<()> {
+        let Some(base) = self.quota_path(&loc.server, &loc.share) else {
+            return Ok(());
+        };
+        let base = base.to_path_buf();
+        self.xfs_quota(&base, format!("limit -p bhard={bytes} {project}"))
+            .await
     }
 }
 
@@ -653,7 +758,11 @@ impl Backend for NfsBackend {
             name: req.name.clone(),
             subdir: loc.subdir.to_string_lossy().into_owned(),
             source: req.source.clone(),
-            // What was asked for (0: no size named): advisory on NFS.
+            project_id: self
+                .quota_path(&loc.server, &loc.share)
+                .map(|_| Self::project_id(&loc.subdir)),
+            // What was asked for (0: no size named): enforced with a
+            // project quota where the export has them, else advisory.
             capacity_bytes: if req.required_bytes > 0 {
                 req.required_bytes
             } else {
@@ -685,6 +794,10 @@ impl Backend for NfsBackend {
                 return Err(e);
             }
         }
+        if let (Some(project), true) = (record.project_id, record.capacity_bytes > 0) {
+            self.apply_quota(&loc, project, record.capacity_bytes)
+                .await?;
+        }
         self.info(&loc, &record)
     }
 
@@ -704,6 +817,9 @@ impl Backend for NfsBackend {
             match record.on_delete {
                 OnDelete::Retain => {}
                 OnDelete::Delete => {
+                    if let Some(project) = record.project_id {
+                        self.set_limit(&loc, project, 0).await?;
+                    }
                     // rm removes links themselves, never what they point at,
                     // and stays on the share's filesystem.
                     self.runner
@@ -829,6 +945,9 @@ impl Backend for NfsBackend {
             return Err(Error::out_of_range("required_bytes exceeds limit_bytes"));
         }
         if required > record.capacity_bytes {
+            if let Some(project) = record.project_id {
+                self.set_limit(&loc, project, required).await?;
+            }
             record.capacity_bytes = required;
             Self::write_record(&held.dir, &record).await?;
         }
