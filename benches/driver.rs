@@ -154,6 +154,13 @@ async fn main() {
     // `cargo bench` passes --bench; `cargo test --all-targets` runs this
     // binary without it, as a short smoke run that keeps the code honest.
     let full = std::env::args().any(|a| a == "--bench");
+    if std::env::var("FERROVOL_BENCH_NFS").as_deref() == Ok("1") {
+        return nfs_phase(
+            env_num("FERROVOL_BENCH_SECS", 5),
+            env_num("FERROVOL_BENCH_CLIENTS", 8) as usize,
+        )
+        .await;
+    }
     let secs = env_num("FERROVOL_BENCH_SECS", if full { 5 } else { 1 });
     let clients = env_num("FERROVOL_BENCH_CLIENTS", 8) as usize;
     let scale = env_num("FERROVOL_BENCH_MOUNTS", if full { 5000 } else { 200 }) as usize;
@@ -568,4 +575,84 @@ async fn main() {
         ms(list_walk.1)
     );
     println!("  targets: >= 2000 cycles/s, p99 < 10 ms, peak RSS < 8 MB, latency at {scale} mounts within 20% of 0");
+}
+
+/// Publish + unpublish on a staged NFS volume beside the same on a staged
+/// file volume, in one driver: publish is a bind mount either way, so the
+/// two should match. Needs an NFS server and client: it runs in the
+/// real-kernel guest (`tests/guest/bench-nfs`), whose emulated CPU makes
+/// the absolute figures small; the ratio is the point.
+async fn nfs_phase(secs: u64, clients: usize) {
+    common::fixtures::require_guest();
+    let server = common::fixtures::NfsServer::new();
+    let config = "[[backend]]\ntype = \"file\"\n\
+        pool = \"@DIR@/pool\"\n\
+        [[backend]]\ntype = \"nfs\"\n\
+        [[backend.export]]\nname = \"main\"\nserver = \"127.0.0.1\"\nshare = \"/\"\n";
+    let h = Harness::start_with_env(Some(config), &[("RUST_LOG", "warn")]).await;
+    let mut channels = Vec::new();
+    for _ in 0..clients {
+        channels.push(connect(&h.socket()).await.unwrap());
+    }
+    println!("ferrovol nfs benchmark (in the guest): {clients} clients, {secs} s per phase");
+    let mut rates = Vec::new();
+    for (backend, fs, mode) in [("file", "ext4", SNMW), ("nfs", "nfs", 5)] {
+        let cap = mount_cap(fs, mode);
+        let mut req = create_req(&format!("bench-{backend}"), 64 * MIB, cap.clone());
+        req.parameters.insert("backend".into(), backend.into());
+        let vol = h
+            .controller()
+            .create_volume(req)
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        let staging = h.path(&format!("kubelet/staging/{backend}"));
+        std::fs::create_dir_all(&staging).unwrap();
+        h.node()
+            .node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
+            .await
+            .unwrap();
+        let (pods, id, chans) = (
+            h.path("kubelet/pods"),
+            vol.volume_id.clone(),
+            channels.clone(),
+        );
+        let f = drive(clients, secs, move |c, i| {
+            let mut n = ferrovol::proto::node_client::NodeClient::new(chans[c].clone());
+            let target = pods.join(format!("{c}-{i}"));
+            let (id, staging, cap) = (id.clone(), staging.clone(), cap.clone());
+            async move {
+                n.node_publish_volume(publish_req(&id, &staging, &target, cap, false))
+                    .await
+                    .unwrap();
+                n.node_unpublish_volume(unpublish_req(&id, &target))
+                    .await
+                    .unwrap();
+            }
+        })
+        .await;
+        row(
+            &format!("publish+unpublish, staged {backend} volume"),
+            &f,
+            None,
+            None,
+        );
+        rates.push(f.rate());
+        h.node()
+            .node_unstage_volume(unstage_req(
+                &vol.volume_id,
+                &h.path(&format!("kubelet/staging/{backend}")),
+            ))
+            .await
+            .unwrap();
+    }
+    println!(
+        "  nfs publish cycles run at {:.0}% of the file backend's",
+        100.0 * rates[1] / rates[0]
+    );
+    // The driver (and its mounts of the share) go before the server.
+    drop(h);
+    drop(server);
 }

@@ -35,6 +35,8 @@ pub struct FakeMounter {
     /// server does in the kernel) until [`FakeMounter::release_hung`].
     hang: Mutex<Option<PathBuf>>,
     hung: Condvar,
+    /// Paths whose filesystem answers ESTALE.
+    stale: Mutex<Vec<PathBuf>>,
 }
 
 impl FakeMounter {
@@ -51,6 +53,12 @@ impl FakeMounter {
     /// until [`FakeMounter::release_hung`] (then it fails with EIO).
     pub fn hang_mounts_under(&self, prefix: &Path) {
         *self.hang.lock().unwrap() = Some(prefix.to_path_buf());
+    }
+
+    /// Makes `path` answer ESTALE, as a remote mount whose directory was
+    /// replaced on the server does.
+    pub fn set_stale(&self, path: &Path) {
+        self.stale.lock().unwrap().push(path.to_path_buf());
     }
 
     /// Lets every hung mount_fs return.
@@ -182,6 +190,12 @@ impl Mounter for FakeMounter {
     }
 
     fn is_mount_point(&self, path: &Path) -> Result<bool> {
+        if self.stale.lock().unwrap().iter().any(|p| p == path) {
+            return Err(Error::io(
+                format!("statx {}", path.display()),
+                std::io::Error::from_raw_os_error(libc::ESTALE),
+            ));
+        }
         Ok(self.table.lock().unwrap().contains_key(path))
     }
 

@@ -684,3 +684,100 @@ async fn block_stats_report_the_device_size() {
     assert_eq!(s.total_bytes, 64 * MIB);
     assert_eq!(s.available_bytes, None);
 }
+
+/// A remote staging mount gone stale: the volume condition says so, and a
+/// publish is refused with FAILED_PRECONDITION (a bind of it would serve
+/// nothing).
+#[tokio::test]
+async fn a_stale_remote_stage_is_abnormal_and_refuses_publish() {
+    struct Share;
+    #[async_trait::async_trait]
+    impl Backend for Share {
+        fn name(&self) -> &str {
+            "net"
+        }
+        fn capabilities(&self) -> Capabilities {
+            Capabilities {
+                access_modes: vec![AccessMode::MultiNodeMultiWriter],
+                ..Default::default()
+            }
+        }
+        fn fs_types(&self) -> &'static [&'static str] {
+            &["nfs"]
+        }
+        async fn health(&self) -> Result<()> {
+            Ok(())
+        }
+        async fn node_attach(&self, _: &VolumeId, _: &AttachContext) -> Result<Attachment> {
+            Ok(Attachment::Remote {
+                source: "10.0.0.1:/export/vol".into(),
+                fs_type: "nfs".into(),
+                options: vec![],
+            })
+        }
+        async fn node_detach(&self, _: &VolumeId, _: Option<&Attachment>) -> Result<()> {
+            Ok(())
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let staging = dir.path().join("staging");
+    std::fs::create_dir_all(&staging).unwrap();
+    let mut registry = Registry::new();
+    registry.register(Arc::new(Share)).unwrap();
+    let mounter = Arc::new(FakeMounter::new());
+    let runner = Arc::new(FakeRunner::new());
+    let host = Arc::new(crate::host::FakeHost::new());
+    let ops = NodeOps::new(
+        Arc::new(registry),
+        mounter.clone(),
+        runner.clone(),
+        NodeState::open(&dir.path().join("state")).unwrap(),
+        crate::locks::OpLocks::new(),
+        host.clone(),
+    );
+    let id = VolumeId::parse("net:v1").unwrap();
+    let cap = VolumeCapability {
+        access: AccessType::Mount {
+            fs_type: String::new(),
+            mount_flags: vec![],
+        },
+        mode: AccessMode::MultiNodeMultiWriter,
+    };
+    runner.ok("mount");
+    ops.stage(StageRequest {
+        volume_id: id.clone(),
+        staging_path: staging.clone(),
+        capability: cap.clone(),
+        ctx: AttachContext::default(),
+    })
+    .await
+    .unwrap();
+    // What the helper mounted, as the mount table would show it; then the
+    // server replaces the directory.
+    mounter
+        .mount_fs(
+            Path::new("10.0.0.1:/export/vol"),
+            &staging,
+            "nfs",
+            &MountOptions::default(),
+        )
+        .unwrap();
+    mounter.set_stale(&staging);
+    let stats = ops.stats(&id, staging.to_str().unwrap()).await.unwrap();
+    let why = stats.abnormal.expect("abnormal");
+    assert!(why.contains("Stale file handle"), "{why}");
+    let target = dir.path().join("pods/t");
+    let err = ops
+        .publish(PublishRequest {
+            volume_id: id.clone(),
+            staging_path: staging.clone(),
+            target_path: target.clone(),
+            capability: cap,
+            readonly: false,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, Kind::FailedPrecondition, "{}", err.message);
+    assert!(err.message.contains("stale"), "{}", err.message);
+    assert!(!target.exists(), "nothing is left at the target");
+}
