@@ -55,6 +55,10 @@ pub struct StageRecord {
     pub attachment: Option<Attachment>,
     /// The filesystem mounted at the staging path (mount access only).
     pub fs_type: Option<String>,
+    /// What ferrovol mounted at the staging path, as statx saw it right
+    /// after: compared before a mount there is taken for ours.
+    #[serde(default)]
+    pub mounted: Option<crate::mount::MountId>,
 }
 
 /// A published target.
@@ -245,6 +249,7 @@ mod tests {
                 path: "/dev/loop3".into(),
             }),
             fs_type: Some("ext4".into()),
+            mounted: None,
         }
     }
 

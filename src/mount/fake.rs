@@ -1,6 +1,6 @@
 //! An in-memory mounter for unit tests, with error injection.
 
-use super::{MountInfo, MountOptions, Mounter};
+use super::{MountId, MountInfo, MountOptions, Mounter};
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -22,7 +22,19 @@ pub struct FakeMount {
     pub readonly: bool,
     pub bind: bool,
     pub options: MountOptions,
+    pub id: MountId,
 }
+
+/// A stable fake device number for a source path.
+fn fake_dev(source: &Path) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    source.hash(&mut h);
+    h.finish() | 1
+}
+
+/// The fake devtmpfs that device nodes live on.
+const DEVTMPFS: u64 = 6;
 
 /// Keeps a mount table in memory. Mount points must exist on disk (tests use
 /// temporary directories) so path checks behave as on a real node.
@@ -53,6 +65,21 @@ impl FakeMounter {
     /// until [`FakeMounter::release_hung`] (then it fails with EIO).
     pub fn hang_mounts_under(&self, prefix: &Path) {
         *self.hang.lock().unwrap() = Some(prefix.to_path_buf());
+    }
+
+    /// Puts a foreign mount (someone else's tmpfs) at `target`.
+    pub fn mount_foreign(&self, target: &Path) {
+        self.push(
+            target,
+            FakeMount {
+                source: "tmpfs".into(),
+                fstype: "tmpfs".into(),
+                readonly: false,
+                bind: false,
+                options: MountOptions::default(),
+                id: MountId { dev: 99, rdev: 0 },
+            },
+        );
     }
 
     /// Makes `path` answer ESTALE, as a remote mount whose directory was
@@ -146,6 +173,10 @@ impl Mounter for FakeMounter {
                 readonly: options.readonly,
                 bind: false,
                 options: options.clone(),
+                id: MountId {
+                    dev: fake_dev(device),
+                    rdev: 0,
+                },
             },
         );
         Ok(())
@@ -159,10 +190,18 @@ impl Mounter for FakeMounter {
         options: &MountOptions,
     ) -> Result<()> {
         self.check(MountOp::Bind, target)?;
-        let fstype = self
-            .get(source)
-            .map(|m| m.fstype)
-            .unwrap_or_else(|| "none".into());
+        // A bind of a mount shows that mount's filesystem; a bind of a
+        // device node shows devtmpfs, and the node's device as rdev.
+        let (fstype, id) = match self.get(source) {
+            Some(m) => (m.fstype, m.id),
+            None => (
+                "devtmpfs".to_string(),
+                MountId {
+                    dev: DEVTMPFS,
+                    rdev: fake_dev(source),
+                },
+            ),
+        };
         self.push(
             target,
             FakeMount {
@@ -171,6 +210,7 @@ impl Mounter for FakeMounter {
                 readonly,
                 bind: true,
                 options: options.clone(),
+                id,
             },
         );
         Ok(())
@@ -189,14 +229,30 @@ impl Mounter for FakeMounter {
         Ok(true)
     }
 
-    fn is_mount_point(&self, path: &Path) -> Result<bool> {
+    fn node_id(&self, path: &Path) -> Result<MountId> {
+        Ok(match self.get(path) {
+            Some(m) => m.id,
+            None => MountId {
+                dev: DEVTMPFS,
+                rdev: fake_dev(path),
+            },
+        })
+    }
+
+    fn mounted(&self, path: &Path) -> Result<Option<MountId>> {
         if self.stale.lock().unwrap().iter().any(|p| p == path) {
             return Err(Error::io(
                 format!("statx {}", path.display()),
                 std::io::Error::from_raw_os_error(libc::ESTALE),
             ));
         }
-        Ok(self.table.lock().unwrap().contains_key(path))
+        Ok(self
+            .table
+            .lock()
+            .unwrap()
+            .get(path)
+            .and_then(|stack| stack.last())
+            .map(|m| m.id))
     }
 
     fn mounts(&self) -> Result<Vec<MountInfo>> {

@@ -96,6 +96,17 @@ impl MountOptions {
     }
 }
 
+/// What is mounted at a path, as one `statx` of it tells: the device number
+/// of its filesystem, and, for a device node bound there (a raw block
+/// publish), the device it stands for. Recorded when ferrovol mounts, and
+/// compared before anything is taken for "already done" or unmounted, so
+/// a foreign mount is never mistaken for ours.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct MountId {
+    pub dev: u64,
+    pub rdev: u64,
+}
+
 /// Mount operations on the node.
 pub trait Mounter: Send + Sync {
     /// Mounts a filesystem of `fstype` from `device` on the directory `target`.
@@ -119,7 +130,15 @@ pub trait Mounter: Send + Sync {
     /// nothing was mounted at `target`.
     fn unmount(&self, target: &Path) -> Result<bool>;
     /// Whether `path` is the root of a mount (cheap: no mount table scan).
-    fn is_mount_point(&self, path: &Path) -> Result<bool>;
+    fn is_mount_point(&self, path: &Path) -> Result<bool> {
+        Ok(self.mounted(path)?.is_some())
+    }
+    /// What is mounted at `path`; `None` when it is not a mount root. One
+    /// `statx`, whatever the number of mounts.
+    fn mounted(&self, path: &Path) -> Result<Option<MountId>>;
+    /// The device numbers of any path (a device node, say), mount root or
+    /// not: what a bind of it shows.
+    fn node_id(&self, path: &Path) -> Result<MountId>;
     /// The mount table of this process's namespace.
     fn mounts(&self) -> Result<Vec<MountInfo>>;
     /// The entry for the mount rooted at `target`, if any.

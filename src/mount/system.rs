@@ -1,6 +1,6 @@
 //! The real mounter: mount(2), umount2(2), statx(2) and mountinfo.
 
-use super::{parse_mountinfo, MountInfo, MountOptions, Mounter};
+use super::{parse_mountinfo, MountId, MountInfo, MountOptions, Mounter};
 use crate::error::{Error, Result};
 use nix::errno::Errno;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
@@ -112,8 +112,18 @@ impl Mounter for SystemMounter {
         }
     }
 
-    fn is_mount_point(&self, path: &Path) -> Result<bool> {
+    fn mounted(&self, path: &Path) -> Result<Option<MountId>> {
         statx_mount_root(path)
+    }
+
+    fn node_id(&self, path: &Path) -> Result<MountId> {
+        use std::os::unix::fs::MetadataExt;
+        let md = std::fs::metadata(path).map_err(|e| Error::io(format!("stat {}", path.display()), e))?;
+        let split = |d: u64| ((nix::sys::stat::major(d)) << 32) | nix::sys::stat::minor(d);
+        Ok(MountId {
+            dev: split(md.dev()),
+            rdev: split(md.rdev()),
+        })
     }
 
     fn mounts(&self) -> Result<Vec<MountInfo>> {
@@ -123,11 +133,12 @@ impl Mounter for SystemMounter {
     }
 }
 
-/// Whether `path` is a mount root, from statx's STATX_ATTR_MOUNT_ROOT: one
-/// syscall whatever the number of mounts on the node. A missing path is not a
-/// mount point.
+/// What is mounted at `path`, from one statx: STATX_ATTR_MOUNT_ROOT says
+/// whether it is a mount root, whatever the number of mounts on the node,
+/// and the device numbers say what it is. A missing path is not a mount
+/// point.
 #[allow(unsafe_code)] // statx(2) through libc: nix has no wrapper for it
-fn statx_mount_root(path: &Path) -> Result<bool> {
+fn statx_mount_root(path: &Path) -> Result<Option<MountId>> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|_| Error::invalid("path contains NUL"))?;
@@ -146,20 +157,26 @@ fn statx_mount_root(path: &Path) -> Result<bool> {
     if rc != 0 {
         let err = std::io::Error::last_os_error();
         return match err.kind() {
-            std::io::ErrorKind::NotFound => Ok(false),
+            std::io::ErrorKind::NotFound => Ok(None),
             _ => Err(Error::io(format!("statx {}", path.display()), err)),
         };
     }
     // SAFETY: statx returned 0, so it filled the buffer.
     let st = unsafe { buf.assume_init() };
+    let id = MountId {
+        dev: ((st.stx_dev_major as u64) << 32) | st.stx_dev_minor as u64,
+        rdev: ((st.stx_rdev_major as u64) << 32) | st.stx_rdev_minor as u64,
+    };
     let attr = libc::STATX_ATTR_MOUNT_ROOT as u64;
-    if st.stx_attributes_mask & attr != 0 {
-        return Ok(st.stx_attributes & attr != 0);
-    }
-    // Kernels before 5.8 lack the attribute: fall back to the mount table.
-    let text = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| Error::io("read mountinfo", e))?;
-    Ok(parse_mountinfo(&text).iter().any(|m| m.mount_point == path))
+    let root = if st.stx_attributes_mask & attr != 0 {
+        st.stx_attributes & attr != 0
+    } else {
+        // Kernels before 5.8 lack the attribute: fall back to the mount table.
+        let text = std::fs::read_to_string("/proc/self/mountinfo")
+            .map_err(|e| Error::io("read mountinfo", e))?;
+        parse_mountinfo(&text).iter().any(|m| m.mount_point == path)
+    };
+    Ok(root.then_some(id))
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use crate::error::{Error, Kind, Result};
 use crate::exec::CommandRunner;
 use crate::host::Host;
 use crate::locks::{self, OpGuard, OpLocks};
-use crate::mount::{MountOptions, Mounter};
+use crate::mount::{MountId, MountInfo, MountOptions, Mounter};
 use crate::plugin::{
     AccessType, AttachContext, Attachment, Backend, Registry, VolumeCapability, VolumeId,
 };
@@ -21,6 +21,35 @@ use std::time::Duration;
 
 /// How often unmount is retried on stacked mounts before giving up.
 const MAX_STACKED_MOUNTS: usize = 16;
+
+/// What a stage record finds at its staging path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Presence {
+    /// Its own mount (or, for block access, nothing needed).
+    Ours,
+    /// Nothing mounted.
+    Absent,
+    /// Its own remote mount, gone stale.
+    Stale,
+    /// Something else's mount.
+    Foreign,
+}
+
+/// The error for a path where another's filesystem is mounted.
+fn foreign(path: &Path) -> Error {
+    Error::precondition(format!(
+        "another filesystem is mounted at {}; ferrovol does not use or unmount what it did not mount",
+        path.display()
+    ))
+}
+
+/// The source string the kernel shows for a stage's mount.
+fn mount_source(att: &Attachment) -> String {
+    match att {
+        Attachment::Device { path } => path.display().to_string(),
+        Attachment::Remote { source, .. } => source.clone(),
+    }
+}
 
 /// Whether an error is ESTALE: a handle the server no longer knows.
 fn is_stale(e: &Error) -> bool {
@@ -233,19 +262,18 @@ impl NodeOps {
                 )));
             }
             if existing.attachment.is_some() {
-                match self.stage_complete(&existing).await {
-                    Ok(true) => return Ok(()),
-                    Ok(false) => {}
+                match self.stage_presence(&existing).await? {
+                    Presence::Ours => return Ok(()),
+                    Presence::Absent => {}
                     // A remote mount gone stale (its directory was replaced
                     // on the server): let it go and mount again.
-                    Err(e)
-                        if is_stale(&e)
-                            && matches!(existing.attachment, Some(Attachment::Remote { .. })) =>
-                    {
+                    Presence::Stale => {
                         tracing::warn!(volume = %req.volume_id, "stale staging mount: mounting again");
                         self.unmount_remote(&existing.staging_path).await?;
                     }
-                    Err(e) => return Err(e),
+                    Presence::Foreign => {
+                        return Err(foreign(&existing.staging_path));
+                    }
                 }
             }
             // An interrupted stage: carry on from where it stopped.
@@ -260,6 +288,7 @@ impl NodeOps {
             capability: req.capability.clone(),
             attachment: None,
             fs_type: None,
+            mounted: None,
         };
         if let AccessType::Mount {
             fs_type,
@@ -287,11 +316,69 @@ impl NodeOps {
         Ok(())
     }
 
-    async fn stage_complete(&self, record: &StageRecord) -> Result<bool> {
-        match record.capability.access {
-            AccessType::Mount { .. } => self.is_mounted(&record.staging_path).await,
-            AccessType::Block => Ok(true),
+    /// What is at a stage record's staging path: its own mount, nothing,
+    /// a stale remote mount of its own, or something else's.
+    async fn stage_presence(&self, record: &StageRecord) -> Result<Presence> {
+        if matches!(record.capability.access, AccessType::Block) {
+            return Ok(Presence::Ours);
         }
+        let Some(attachment) = &record.attachment else {
+            return Ok(Presence::Absent);
+        };
+        let path = &record.staging_path;
+        if let Attachment::Remote { source, .. } = attachment {
+            // Judged from the mount table (it never asks the server);
+            // then one statx says whether the handle is stale.
+            return Ok(match self.top_entry(path).await? {
+                None => Presence::Absent,
+                Some(e) if &e.source != source => Presence::Foreign,
+                Some(_) => match self.mount_id(path).await {
+                    Ok(_) => Presence::Ours,
+                    Err(e) if is_stale(&e) => Presence::Stale,
+                    Err(e) => return Err(e),
+                },
+            });
+        }
+        let Some(id) = self.mount_id(path).await? else {
+            return Ok(Presence::Absent);
+        };
+        Ok(match record.mounted {
+            Some(ours) if ours == id => Presence::Ours,
+            Some(_) => Presence::Foreign,
+            // Mounted but not yet recorded (a crash in between, or a record
+            // older than this check): ours if it is our device's.
+            None => match self.top_entry(path).await? {
+                Some(e) if e.source == mount_source(attachment) => {
+                    let mut updated = record.clone();
+                    updated.mounted = Some(id);
+                    self.state.put_stage(updated)?;
+                    Presence::Ours
+                }
+                _ => Presence::Foreign,
+            },
+        })
+    }
+
+    /// What is mounted at `path` (one statx, off the workers).
+    async fn mount_id(&self, path: &Path) -> Result<Option<MountId>> {
+        let p = path.to_path_buf();
+        self.off_worker(
+            format!("checking what is mounted at {}", path.display()),
+            self.deadlines.quick,
+            move |m| m.mounted(&p),
+        )
+        .await
+    }
+
+    /// The topmost mount-table entry at `path`.
+    async fn top_entry(&self, path: &Path) -> Result<Option<MountInfo>> {
+        let p = path.to_path_buf();
+        self.off_worker(
+            format!("reading the mount table for {}", path.display()),
+            self.deadlines.quick,
+            move |m| Ok(m.mounts()?.into_iter().rev().find(|i| i.mount_point == p)),
+        )
+        .await
     }
 
     async fn finish_stage(
@@ -312,8 +399,11 @@ impl NodeOps {
             .unwrap_or_else(|| fs::DEFAULT_FS.into());
         let readonly = record.capability.mode.is_readonly();
         let options = MountOptions::parse(mount_flags, readonly)?;
-        if self.is_mounted(&record.staging_path).await? {
-            return Ok(());
+        match self.stage_presence(record).await? {
+            Presence::Ours => return Ok(()),
+            Presence::Absent => {}
+            Presence::Stale => self.unmount_remote(&record.staging_path).await?,
+            Presence::Foreign => return Err(foreign(&record.staging_path)),
         }
         let target = record.staging_path.clone();
         match &attachment {
@@ -326,12 +416,16 @@ impl NodeOps {
                     fs::format_if_unformatted(self.runner.as_ref(), path, &fs).await?;
                 }
                 let device = path.clone();
+                let at = target.clone();
                 self.off_worker(
                     format!("mounting {} on {}", device.display(), target.display()),
                     self.deadlines.mount,
-                    move |m| m.mount_fs(&device, &target, &fs, &options),
+                    move |m| m.mount_fs(&device, &at, &fs, &options),
                 )
-                .await
+                .await?;
+                // What we mounted, so it is never mistaken for another's.
+                record.mounted = self.mount_id(&target).await?;
+                self.state.put_stage(record.clone())
             }
             Attachment::Remote {
                 source,
@@ -438,9 +532,28 @@ impl NodeOps {
     }
 
     async fn undo_stage(&self, backend: &dyn Backend, record: &StageRecord) -> Result<()> {
-        match &record.attachment {
-            Some(Attachment::Remote { .. }) => self.unmount_remote(&record.staging_path).await?,
-            _ => self.unmount_all(&record.staging_path).await?,
+        // Only our own mount is unmounted; another's there stays.
+        for _ in 0..MAX_STACKED_MOUNTS {
+            match self.stage_presence(record).await? {
+                Presence::Ours if matches!(record.capability.access, AccessType::Block) => break,
+                Presence::Ours | Presence::Stale => match &record.attachment {
+                    Some(Attachment::Remote { .. }) => {
+                        self.unmount_remote(&record.staging_path).await?
+                    }
+                    _ => self.unmount_once(&record.staging_path).await?,
+                },
+                Presence::Absent => break,
+                Presence::Foreign => {
+                    if self.ours_below(record).await? {
+                        return Err(Error::precondition(format!(
+                            "another filesystem is mounted over volume {}'s at {}; ferrovol leaves it alone",
+                            record.volume_id,
+                            record.staging_path.display()
+                        )));
+                    }
+                    break;
+                }
+            }
         }
         backend
             .node_detach(&record.volume_id, record.attachment.as_ref())
@@ -490,36 +603,68 @@ impl NodeOps {
         )))
     }
 
-    /// Unmounts everything stacked at `path`, off the async workers.
-    async fn unmount_all(&self, path: &Path) -> Result<()> {
-        let p = path.to_path_buf();
+    /// What a publish target of this stage shows when it is ours: the
+    /// staged filesystem (mount access), or the attached device's node
+    /// (block access).
+    async fn target_identity(&self, stage: &StageRecord) -> Result<Option<MountId>> {
+        match (&stage.capability.access, &stage.attachment) {
+            (AccessType::Block, Some(Attachment::Device { path })) => {
+                let p = path.clone();
+                self.off_worker(
+                    format!("identifying {}", path.display()),
+                    self.deadlines.quick,
+                    move |m| m.node_id(&p).map(Some),
+                )
+                .await
+            }
+            (AccessType::Mount { .. }, _) => match stage.mounted {
+                Some(id) => Ok(Some(id)),
+                None => self.mount_id(&stage.staging_path).await,
+            },
+            _ => Ok(None),
+        }
+    }
+
+    /// Whether a mount of the record's own source sits anywhere at its
+    /// staging path (under another's).
+    async fn ours_below(&self, record: &StageRecord) -> Result<bool> {
+        let Some(att) = &record.attachment else {
+            return Ok(false);
+        };
+        let (p, source) = (record.staging_path.clone(), mount_source(att));
         self.off_worker(
-            format!("unmounting {}", path.display()),
+            format!("reading the mount table for {}", record.staging_path.display()),
             self.deadlines.quick,
             move |m| {
-                for _ in 0..MAX_STACKED_MOUNTS {
-                    if !m.is_mount_point(&p)? {
-                        return Ok(());
-                    }
-                    m.unmount(&p)?;
-                }
-                Err(Error::internal(format!(
-                    "{} still mounted after {MAX_STACKED_MOUNTS} unmounts",
-                    p.display()
-                )))
+                Ok(m.mounts()?
+                    .iter()
+                    .any(|i| i.mount_point == p && i.source == source))
             },
         )
         .await
     }
+
+    /// Unmounts the topmost mount at `path`, off the async workers.
+    async fn unmount_once(&self, path: &Path) -> Result<()> {
+        let p = path.to_path_buf();
+        self.off_worker(
+            format!("unmounting {}", path.display()),
+            self.deadlines.quick,
+            move |m| m.unmount(&p).map(|_| ()),
+        )
+        .await
+    }
+
 
     /// NodeUnstageVolume.
     pub async fn unstage(&self, id: &VolumeId, staging_path: &Path) -> Result<()> {
         let _guard = self.lock_volume(id)?;
         let backend = self.backend(id)?.clone();
         let Some(record) = self.state.stage(id) else {
-            // Not staged as far as we know. Still release anything a stage
-            // interrupted before its first record may have left.
-            self.unmount_all(staging_path).await?;
+            // Not staged as far as we know (the record is written before
+            // anything is set up, so nothing of ours is mounted there):
+            // release what the backend may hold, unmount nothing.
+            let _ = staging_path;
             return backend.node_detach(id, None).await;
         };
         if record.staging_path != staging_path {
@@ -590,8 +735,10 @@ impl NodeOps {
                     req.target_path.display()
                 )));
             }
-            if self.is_mounted(&req.target_path).await? {
-                return Ok(());
+            match self.mount_id(&req.target_path).await? {
+                Some(id) if Some(id) == self.target_identity(&stage).await? => return Ok(()),
+                Some(_) => return Err(foreign(&req.target_path)),
+                None => {}
             }
         } else {
             let others = self.state.publishes_of(&req.volume_id);
@@ -601,6 +748,10 @@ impl NodeOps {
                     req.volume_id,
                     others[0].target_path.display()
                 )));
+            }
+            // Never bind over another's mount.
+            if self.mount_id(&req.target_path).await?.is_some() {
+                return Err(foreign(&req.target_path));
             }
         }
 
@@ -679,8 +830,13 @@ impl NodeOps {
                 )));
             }
         }
-        let mounted = self.is_mounted(target).await?;
-        if record.is_none() && !mounted {
+        let mounted = self.mount_id(target).await?;
+        let Some(record) = record else {
+            if mounted.is_some() {
+                // Not published by us: whatever is mounted there is
+                // another's, and stays.
+                return Ok(());
+            }
             if !self.host.exists(target) {
                 if let Ok(None) = backend.get_volume(id).await {
                     return Err(Error::not_found(format!("volume {id} does not exist")));
@@ -688,9 +844,26 @@ impl NodeOps {
             }
             self.host.remove_target(target)?;
             return Ok(());
+        };
+        // Unmount our bind (and only ours); leave another's in place.
+        let expected = match self.state.stage(id) {
+            Some(stage) => self.target_identity(&stage).await?,
+            None => None,
+        };
+        let mut current = mounted;
+        for _ in 0..MAX_STACKED_MOUNTS {
+            match current {
+                Some(m) if Some(m) == expected => {
+                    self.unmount_once(target).await?;
+                    current = self.mount_id(target).await?;
+                }
+                _ => break,
+            }
         }
-        self.unmount_all(target).await?;
-        self.host.remove_target(target)?;
+        if current.is_none() {
+            self.host.remove_target(target)?;
+        }
+        let _ = record;
         self.state.remove_publish(target)
     }
 

@@ -781,3 +781,83 @@ async fn a_stale_remote_stage_is_abnormal_and_refuses_publish() {
     assert!(err.message.contains("stale"), "{}", err.message);
     assert!(!target.exists(), "nothing is left at the target");
 }
+
+/// Another's filesystem at a staging path or a target is never taken for
+/// ours, used, or unmounted.
+#[tokio::test]
+async fn foreign_mounts_are_refused_and_left_alone() {
+    let f = fixture();
+    let staging = f.dir.path().join("staging");
+    // Someone's tmpfs sits where the volume should be staged.
+    f.mounter.mount_foreign(&staging);
+    // Refused before the device is probed or formatted.
+    let err = f
+        .ops
+        .stage(stage_req(&f, AccessMode::SingleNodeWriter))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, Kind::FailedPrecondition, "{}", err.message);
+    assert_eq!(f.mounter.get(&staging).unwrap().fstype, "tmpfs", "left in place");
+    assert!(f.ops.state().stage(&id()).is_none(), "nothing recorded");
+    assert_eq!(f.backend.detached.lock().unwrap().len(), 1, "our device released");
+    // Unstage and unpublish with nothing of ours there: OK, tmpfs untouched.
+    f.ops.unstage(&id(), &staging).await.unwrap();
+    let target = f.dir.path().join("pods/t");
+    f.mounter.mount_foreign(&target);
+    f.ops.unpublish(&id(), &target).await.unwrap();
+    assert_eq!(f.mounter.get(&staging).unwrap().fstype, "tmpfs");
+    assert_eq!(f.mounter.get(&target).unwrap().fstype, "tmpfs");
+
+    // Staged for real elsewhere; a publish onto the foreign target is refused.
+    f.mounter.unmount(&staging).unwrap();
+    f.runner.expect("blkid", Reply::Ok("TYPE=ext4\n".into()));
+    f.ops
+        .stage(stage_req(&f, AccessMode::SingleNodeMultiWriter))
+        .await
+        .unwrap();
+    let err = f
+        .ops
+        .publish(publish_req(&f, "t", AccessMode::SingleNodeMultiWriter, false))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, Kind::FailedPrecondition, "{}", err.message);
+    assert_eq!(f.mounter.get(&target).unwrap().fstype, "tmpfs");
+
+    // Our staged mount replaced by another's under the driver: a repeated
+    // stage refuses it, and unstage leaves it.
+    f.mounter.unmount(&staging).unwrap();
+    f.mounter.mount_foreign(&staging);
+    let err = f
+        .ops
+        .stage(stage_req(&f, AccessMode::SingleNodeMultiWriter))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, Kind::FailedPrecondition, "{}", err.message);
+    f.ops.unstage(&id(), &staging).await.unwrap();
+    assert_eq!(f.mounter.get(&staging).unwrap().fstype, "tmpfs");
+}
+
+/// A published target whose bind was replaced by another's mount is not
+/// "already published", and unpublish leaves the other mount alone.
+#[tokio::test]
+async fn a_replaced_target_is_not_ours() {
+    let f = fixture();
+    f.runner.expect("blkid", Reply::Ok("TYPE=ext4\n".into()));
+    f.ops
+        .stage(stage_req(&f, AccessMode::SingleNodeMultiWriter))
+        .await
+        .unwrap();
+    let req = || publish_req(&f, "t", AccessMode::SingleNodeMultiWriter, false);
+    f.ops.publish(req()).await.unwrap();
+    f.ops.publish(req()).await.unwrap(); // ours: idempotent
+    let target = f.dir.path().join("pods/t");
+    f.mounter.unmount(&target).unwrap();
+    f.mounter.mount_foreign(&target);
+    assert_eq!(
+        f.ops.publish(req()).await.unwrap_err().kind,
+        Kind::FailedPrecondition
+    );
+    f.ops.unpublish(&id(), &target).await.unwrap();
+    assert_eq!(f.mounter.get(&target).unwrap().fstype, "tmpfs");
+    assert!(f.ops.state().publish(&target).is_none());
+}
