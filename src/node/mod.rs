@@ -211,7 +211,24 @@ impl NodeOps {
     pub fn reconcile(&self) -> Result<(usize, usize)> {
         let mut dropped = 0;
         for p in self.state.publishes() {
-            if !self.mounter.is_mount_point(&p.target_path)? {
+            // Kept only where the mount there is still ours: gone, or
+            // another's since, the record goes (and the mount stays).
+            let expected = self.state.stage(&p.volume_id).and_then(|stage| {
+                match (&stage.capability.access, &stage.attachment) {
+                    (AccessType::Block, Some(Attachment::Device { path })) => {
+                        self.mounter.node_id(path).ok()
+                    }
+                    (AccessType::Mount { .. }, _) => stage.mounted,
+                    _ => None,
+                }
+            });
+            let ours = match (self.mounter.mounted(&p.target_path)?, expected) {
+                (Some(found), Some(want)) => found == want,
+                // A record from before identities were kept: as before.
+                (Some(_), None) => true,
+                (None, _) => false,
+            };
+            if !ours {
                 self.state.remove_publish(&p.target_path)?;
                 dropped += 1;
             }
