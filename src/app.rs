@@ -66,6 +66,9 @@ pub fn build_with(
         .map_err(|e| Error::io(format!("create state dir {}", state_dir.display()), e))?;
     let config = Config::load(settings.config.as_deref(), &state_dir)?;
     let host: Arc<dyn Host> = Arc::new(SystemHost);
+    for p in &config.node.allowed_paths {
+        crate::config::absolute(p, "node.allowed_paths entry")?;
+    }
     let registry = Arc::new(build_registry(
         &config,
         runner.clone(),
@@ -85,7 +88,8 @@ pub fn build_with(
             locks.clone(),
             host,
         )
-        .with_deadlines(Deadlines::default().capped(settings.command_timeout)),
+        .with_deadlines(Deadlines::default().capped(settings.command_timeout))
+        .with_allowed_paths(config.node.allowed_paths.clone()),
     );
     let controller = ControllerOps::new(
         registry.clone(),

@@ -26,6 +26,10 @@ pub struct NodeSettings {
     pub max_volumes_per_node: i64,
     /// The topology key whose value is this node's id.
     pub topology_key: String,
+    /// Where staging paths and publish targets may be (absolute path
+    /// prefixes, checked on the resolved path); empty: anywhere. The
+    /// manifests set it to the kubelet root.
+    pub allowed_paths: Vec<PathBuf>,
 }
 
 impl Default for NodeSettings {
@@ -33,6 +37,7 @@ impl Default for NodeSettings {
         Self {
             max_volumes_per_node: 256,
             topology_key: "topology.ferrovol.io/node".into(),
+            allowed_paths: Vec::new(),
         }
     }
 }

@@ -40,6 +40,35 @@ pub trait Host: Send + Sync {
     fn remove_target(&self, path: &Path) -> Result<()>;
     /// Whether anything (a symlink included) is at `path`.
     fn exists(&self, path: &Path) -> bool;
+    /// Whether `path` holds nothing: missing, an empty directory, or an
+    /// empty file (a symlink counts as empty here: it is refused by the
+    /// path checks).
+    fn is_empty(&self, path: &Path) -> Result<bool> {
+        match std::fs::symlink_metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+            Err(e) => Err(Error::io(format!("inspect {}", path.display()), e)),
+            // A symlink is refused as such where paths are checked.
+            Ok(md) if md.file_type().is_symlink() => Ok(true),
+            Ok(md) if md.is_dir() => Ok(std::fs::read_dir(path)
+                .map_err(|e| Error::io(format!("read {}", path.display()), e))?
+                .next()
+                .is_none()),
+            Ok(md) => Ok(md.is_file() && md.len() == 0),
+        }
+    }
+    /// `path` with every symlink on the way resolved (its last part need
+    /// not exist).
+    fn resolve(&self, path: &Path) -> Result<std::path::PathBuf> {
+        let parent = path
+            .parent()
+            .ok_or_else(|| Error::invalid(format!("{} has no parent", path.display())))?;
+        let name = path
+            .file_name()
+            .ok_or_else(|| Error::invalid(format!("{} has no name", path.display())))?;
+        let base = std::fs::canonicalize(parent)
+            .map_err(|e| Error::io(format!("resolve {}", parent.display()), e))?;
+        Ok(base.join(name))
+    }
 }
 
 /// The real host.

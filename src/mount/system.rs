@@ -118,7 +118,8 @@ impl Mounter for SystemMounter {
 
     fn node_id(&self, path: &Path) -> Result<MountId> {
         use std::os::unix::fs::MetadataExt;
-        let md = std::fs::metadata(path).map_err(|e| Error::io(format!("stat {}", path.display()), e))?;
+        let md = std::fs::metadata(path)
+            .map_err(|e| Error::io(format!("stat {}", path.display()), e))?;
         let split = |d: u64| ((nix::sys::stat::major(d)) << 32) | nix::sys::stat::minor(d);
         Ok(MountId {
             dev: split(md.dev()),

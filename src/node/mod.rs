@@ -131,6 +131,8 @@ pub struct NodeOps {
     locks: OpLocks,
     host: Arc<dyn Host>,
     deadlines: Deadlines,
+    /// Where staging paths and targets may be; empty: anywhere.
+    allowed_paths: Vec<PathBuf>,
 }
 
 impl NodeOps {
@@ -150,7 +152,40 @@ impl NodeOps {
             locks,
             host,
             deadlines: Deadlines::default(),
+            allowed_paths: Vec::new(),
         }
+    }
+
+    /// The same, with staging paths and targets kept under these prefixes.
+    pub fn with_allowed_paths(mut self, prefixes: Vec<PathBuf>) -> Self {
+        // Judged against resolved paths, so resolve the prefixes too.
+        self.allowed_paths = prefixes
+            .into_iter()
+            .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
+            .collect();
+        self
+    }
+
+    /// Refuses a staging path or target outside the allowed prefixes,
+    /// judged on the path with its symlinks resolved, before anything is
+    /// created or mounted.
+    fn check_allowed(&self, path: &Path, field: &str) -> Result<()> {
+        if self.allowed_paths.is_empty() {
+            return Ok(());
+        }
+        let resolved = self.host.resolve(path)?;
+        if self.allowed_paths.iter().any(|p| resolved.starts_with(p)) {
+            return Ok(());
+        }
+        Err(Error::invalid(format!(
+            "{field} {} is outside the paths this node mounts under ({})",
+            resolved.display(),
+            self.allowed_paths
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )))
     }
 
     /// The same, with other deadlines for mount-table calls.
@@ -248,6 +283,7 @@ impl NodeOps {
     pub async fn stage(&self, req: StageRequest) -> Result<()> {
         let _guard = self.lock_volume(&req.volume_id)?;
         let backend = self.backend(&req.volume_id)?.clone();
+        self.check_allowed(&req.staging_path, "staging_target_path")?;
         if let AccessType::Mount { fs_type, .. } = &req.capability.access {
             // A filesystem this backend never serves is a bad request, not
             // a capability this volume lacks.
@@ -298,6 +334,16 @@ impl NodeOps {
         // Checked after a stale mount there is let go.
         self.host
             .require_dir(&req.staging_path, "staging_target_path")?;
+        // A staging directory handed over for a new stage is empty; one that
+        // holds anything is someone's, and is not mounted over.
+        if self.mount_id(&req.staging_path).await?.is_none()
+            && !self.host.is_empty(&req.staging_path)?
+        {
+            return Err(Error::precondition(format!(
+                "staging_target_path {} is not empty; ferrovol mounts only on an empty directory",
+                req.staging_path.display()
+            )));
+        }
 
         let mut record = StageRecord {
             volume_id: req.volume_id.clone(),
@@ -650,7 +696,10 @@ impl NodeOps {
         };
         let (p, source) = (record.staging_path.clone(), mount_source(att));
         self.off_worker(
-            format!("reading the mount table for {}", record.staging_path.display()),
+            format!(
+                "reading the mount table for {}",
+                record.staging_path.display()
+            ),
             self.deadlines.quick,
             move |m| {
                 Ok(m.mounts()?
@@ -671,7 +720,6 @@ impl NodeOps {
         )
         .await
     }
-
 
     /// NodeUnstageVolume.
     pub async fn unstage(&self, id: &VolumeId, staging_path: &Path) -> Result<()> {
@@ -706,6 +754,7 @@ impl NodeOps {
     pub async fn publish(&self, req: PublishRequest) -> Result<()> {
         let _guard = self.lock_target(&req.volume_id, &req.target_path)?;
         let backend = self.backend(&req.volume_id)?.clone();
+        self.check_allowed(&req.target_path, "target_path")?;
         backend
             .supports(&req.capability)
             .map_err(|e| Error::precondition(e.message))?;
@@ -766,9 +815,16 @@ impl NodeOps {
                     others[0].target_path.display()
                 )));
             }
-            // Never bind over another's mount.
+            // Never bind over another's mount, nor onto anything that
+            // holds something.
             if self.mount_id(&req.target_path).await?.is_some() {
                 return Err(foreign(&req.target_path));
+            }
+            if !self.host.is_empty(&req.target_path)? {
+                return Err(Error::precondition(format!(
+                    "target_path {} is not empty; ferrovol publishes only onto an empty directory or file",
+                    req.target_path.display()
+                )));
             }
         }
 

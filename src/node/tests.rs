@@ -797,9 +797,17 @@ async fn foreign_mounts_are_refused_and_left_alone() {
         .await
         .unwrap_err();
     assert_eq!(err.kind, Kind::FailedPrecondition, "{}", err.message);
-    assert_eq!(f.mounter.get(&staging).unwrap().fstype, "tmpfs", "left in place");
+    assert_eq!(
+        f.mounter.get(&staging).unwrap().fstype,
+        "tmpfs",
+        "left in place"
+    );
     assert!(f.ops.state().stage(&id()).is_none(), "nothing recorded");
-    assert_eq!(f.backend.detached.lock().unwrap().len(), 1, "our device released");
+    assert_eq!(
+        f.backend.detached.lock().unwrap().len(),
+        1,
+        "our device released"
+    );
     // Unstage and unpublish with nothing of ours there: OK, tmpfs untouched.
     f.ops.unstage(&id(), &staging).await.unwrap();
     let target = f.dir.path().join("pods/t");
@@ -817,7 +825,12 @@ async fn foreign_mounts_are_refused_and_left_alone() {
         .unwrap();
     let err = f
         .ops
-        .publish(publish_req(&f, "t", AccessMode::SingleNodeMultiWriter, false))
+        .publish(publish_req(
+            &f,
+            "t",
+            AccessMode::SingleNodeMultiWriter,
+            false,
+        ))
         .await
         .unwrap_err();
     assert_eq!(err.kind, Kind::FailedPrecondition, "{}", err.message);
