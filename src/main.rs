@@ -53,6 +53,16 @@ enum Command {
         /// Seconds in-flight calls get to finish at shutdown.
         #[arg(long, env = "FERROVOL_SHUTDOWN_GRACE", default_value_t = 30)]
         shutdown_grace: u64,
+        /// TLS for a tcp:// endpoint: the server's certificate (PEM).
+        #[arg(long, env = "FERROVOL_TLS_CERT")]
+        tls_cert: Option<PathBuf>,
+        /// The server's private key (PEM).
+        #[arg(long, env = "FERROVOL_TLS_KEY")]
+        tls_key: Option<PathBuf>,
+        /// The CA that signs client certificates (PEM); clients must present
+        /// one (mutual TLS).
+        #[arg(long, env = "FERROVOL_TLS_CLIENT_CA")]
+        tls_client_ca: Option<PathBuf>,
     },
 }
 
@@ -90,6 +100,9 @@ fn main() -> std::process::ExitCode {
         log_format,
         command_timeout,
         shutdown_grace,
+        tls_cert,
+        tls_key,
+        tls_client_ca,
     } = cli.command;
     init_logging(log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -99,6 +112,8 @@ fn main() -> std::process::ExitCode {
         .expect("tokio runtime");
     let result = runtime.block_on(async move {
         let endpoint = Endpoint::parse(&endpoint)?;
+        let tls = server::TlsFiles::from_flags(tls_cert, tls_key, tls_client_ca)?;
+        server::check_endpoint(&endpoint, tls.as_ref())?;
         let node_id = match node_id {
             Some(n) => n,
             None => nix::unistd::gethostname()
@@ -117,6 +132,7 @@ fn main() -> std::process::ExitCode {
         server::serve(
             driver,
             endpoint,
+            tls,
             shutdown_signal(),
             Duration::from_secs(shutdown_grace),
         )

@@ -52,6 +52,64 @@ impl Endpoint {
     }
 }
 
+/// The files of mutual TLS on a TCP endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: PathBuf,
+}
+
+impl TlsFiles {
+    /// All three flags, or none.
+    pub fn from_flags(
+        cert: Option<PathBuf>,
+        key: Option<PathBuf>,
+        client_ca: Option<PathBuf>,
+    ) -> Result<Option<Self>> {
+        match (cert, key, client_ca) {
+            (None, None, None) => Ok(None),
+            (Some(cert), Some(key), Some(client_ca)) => Ok(Some(TlsFiles {
+                cert,
+                key,
+                client_ca,
+            })),
+            _ => Err(Error::invalid(
+                "TLS needs all of --tls-cert, --tls-key and --tls-client-ca (clients must present a certificate)",
+            )),
+        }
+    }
+
+    fn config(&self) -> Result<tonic::transport::ServerTlsConfig> {
+        let read =
+            |p: &Path| std::fs::read(p).map_err(|e| Error::io(format!("read {}", p.display()), e));
+        Ok(tonic::transport::ServerTlsConfig::new()
+            .identity(tonic::transport::Identity::from_pem(
+                read(&self.cert)?,
+                read(&self.key)?,
+            ))
+            .client_ca_root(tonic::transport::Certificate::from_pem(read(
+                &self.client_ca,
+            )?)))
+    }
+}
+
+/// The node API mounts as root and has no authentication of its own: a TCP
+/// endpoint serves only on a loopback address unless mutual TLS is set up,
+/// and TLS is for TCP endpoints only. Refusals name the flags.
+pub fn check_endpoint(endpoint: &Endpoint, tls: Option<&TlsFiles>) -> Result<()> {
+    match (endpoint, tls) {
+        (Endpoint::Tcp(addr), None) if !addr.ip().is_loopback() => Err(Error::invalid(format!(
+            "refusing to serve tcp://{addr} without TLS: the node API mounts filesystems as root; \
+             use a loopback address, a unix socket, or --tls-cert, --tls-key and --tls-client-ca"
+        ))),
+        (Endpoint::Unix(_), Some(_)) => Err(Error::invalid(
+            "--tls-cert, --tls-key and --tls-client-ca apply to tcp:// endpoints; a unix socket is guarded by its file mode",
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Clears the way for a unix socket at `path`: a stale socket (nobody
 /// answering) is removed; a live one, or anything that is not a socket, is
 /// refused.
@@ -90,14 +148,22 @@ pub fn prepare_socket(path: &Path) -> Result<()> {
 pub async fn serve(
     driver: Arc<Driver>,
     endpoint: Endpoint,
+    tls: Option<TlsFiles>,
     shutdown: impl Future<Output = ()>,
     grace: Duration,
 ) -> Result<()> {
     let mode = driver.mode;
+    check_endpoint(&endpoint, tls.as_ref())?;
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(files) = &tls {
+        builder = builder
+            .tls_config(files.config()?)
+            .map_err(|e| Error::invalid(format!("TLS: {e}")))?;
+    }
     // Every RPC is traced (span, in-flight count, one log line) by a layer.
-    let mut builder = tonic::transport::Server::builder().layer(
-        crate::service::trace::RpcLayer::new(driver.in_flight.clone()),
-    );
+    let mut builder = builder.layer(crate::service::trace::RpcLayer::new(
+        driver.in_flight.clone(),
+    ));
     let router = builder.add_service(IdentityServer::new(IdentityService(driver.clone())));
     let router = router
         .add_optional_service(

@@ -204,3 +204,208 @@ async fn mounts_go_only_onto_empty_paths_under_the_allowed_prefixes() {
         .unwrap();
     assert!(h.loop_devices().is_empty() && h.mounts().is_empty());
 }
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA, a server certificate for localhost/127.0.0.1 and a client
+/// certificate, made with the openssl CLI.
+fn make_certs(dir: &Path) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=ferrovol-test-ca",
+        ],
+    );
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+    )
+    .unwrap();
+    // Extensions make the certificates X.509 v3, which rustls requires.
+    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+    for (name, ext) in [
+        ("server", Some("server.ext")),
+        ("client", Some("client.ext")),
+    ] {
+        let (key, csr, crt) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.crt"),
+        );
+        openssl(
+            dir,
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                &key,
+                "-out",
+                &csr,
+                "-subj",
+                &format!("/CN={name}"),
+            ],
+        );
+        let mut args = vec![
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &crt,
+            "-days",
+            "1",
+        ];
+        if let Some(e) = ext {
+            args.extend(["-extfile", e]);
+        }
+        openssl(dir, &args);
+    }
+}
+
+async fn tls_probe(port: u16, certs: &Path, with_client_cert: bool) -> Result<bool, String> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+    let read = |f: &str| std::fs::read(certs.join(f)).unwrap();
+    let mut tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(read("ca.crt")))
+        .domain_name("localhost");
+    if with_client_cert {
+        tls = tls.identity(Identity::from_pem(read("client.crt"), read("client.key")));
+    }
+    let channel = Endpoint::from_shared(format!("https://127.0.0.1:{port}"))
+        .unwrap()
+        .tls_config(tls)
+        .map_err(|e| e.to_string())?
+        .connect()
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut id = ferrovol::proto::identity_client::IdentityClient::new(channel);
+    id.probe(ferrovol::proto::ProbeRequest {})
+        .await
+        .map(|r| r.into_inner().ready == Some(true))
+        .map_err(|e| e.to_string())
+}
+
+/// A TCP endpoint serves the network only with mutual TLS: a non-loopback
+/// address without TLS is refused at start, naming the flags; with TLS, a
+/// client without a certificate is refused and one with a certificate is
+/// served.
+#[tokio::test]
+async fn tcp_serves_the_network_only_with_mutual_tls() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let port = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let bin = env!("CARGO_BIN_EXE_ferrovol");
+    let state = dir.path().join("state");
+    let refused = std::process::Command::new(bin)
+        .args([
+            "serve",
+            "--endpoint",
+            &format!("tcp://0.0.0.0:{}", port()),
+            "--node-id",
+            "n",
+            "--state-dir",
+        ])
+        .arg(&state)
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("--tls-cert") && stderr.contains("loopback"),
+        "{stderr}"
+    );
+
+    make_certs(dir.path());
+    let port = port();
+    /// Kills the driver however the test ends.
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let child = std::process::Command::new(bin)
+        .args([
+            "serve",
+            "--endpoint",
+            &format!("tcp://127.0.0.1:{port}"),
+            "--node-id",
+            "n",
+            "--state-dir",
+        ])
+        .arg(&state)
+        .arg("--tls-cert")
+        .arg(dir.path().join("server.crt"))
+        .arg("--tls-key")
+        .arg(dir.path().join("server.key"))
+        .arg("--tls-client-ca")
+        .arg(dir.path().join("ca.crt"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut child = Killed(child);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let served = loop {
+        match tls_probe(port, dir.path(), true).await {
+            Ok(ready) => break ready,
+            Err(e) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "never served over TLS: {e}"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let without = tls_probe(port, dir.path(), false).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.0.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = child.0.wait().unwrap();
+    assert!(served, "Probe with a client certificate");
+    assert!(
+        without.is_err(),
+        "a client without a certificate was served: {without:?}"
+    );
+    assert!(status.success(), "{status:?}");
+}
