@@ -990,3 +990,75 @@ async fn guest_nfs_capacity_is_an_xfs_project_quota() {
     .await
     .unwrap();
 }
+
+/// A thick LV's extents are zeroed when it is deleted: a new block volume
+/// on the same extents reads back no byte of the old tenant's data.
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_lvm_deleted_volumes_leave_no_data_on_their_extents() {
+    require_guest();
+    // Room for one 32 MiB volume: the next one gets the same extents.
+    let _vg = LvmVg::new("fvrecycle", 40);
+    let config = "[[backend]]\ntype = \"lvm\"\n[[backend.device_class]]\nname = \"d\"\nvolume_group = \"fvrecycle\"\n";
+    let h = Harness::start_with(Some(config)).await;
+    let (mut c, mut n) = (h.controller(), h.node());
+    let cap = block_cap(SNW);
+    for (round, name) in ["old-tenant", "new-tenant"].iter().enumerate() {
+        let vol = c
+            .create_volume(create_req(name, 32 * MIB, cap.clone()))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        let staging = h.path(&format!("kubelet/staging/{name}"));
+        std::fs::create_dir_all(&staging).unwrap();
+        n.node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
+            .await
+            .unwrap();
+        let target = h.path(&format!("kubelet/pods/{name}"));
+        n.node_publish_volume(publish_req(
+            &vol.volume_id,
+            &staging,
+            &target,
+            cap.clone(),
+            false,
+        ))
+        .await
+        .unwrap();
+        if round == 0 {
+            // The old tenant fills its whole device with a pattern.
+            use std::io::Write;
+            let mut dev = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&target)
+                .unwrap();
+            let chunk = vec![0xABu8; 1 << 20];
+            for _ in 0..32 {
+                dev.write_all(&chunk).unwrap();
+            }
+            dev.sync_all().unwrap();
+        } else {
+            // The new tenant reads every byte: none of it.
+            let data = std::fs::read(&target).unwrap();
+            assert_eq!(data.len() as i64, 32 * MIB);
+            let leaked = data.iter().filter(|b| **b == 0xAB).count();
+            assert_eq!(
+                leaked, 0,
+                "{leaked} bytes of the old tenant's pattern are readable"
+            );
+        }
+        n.node_unpublish_volume(unpublish_req(&vol.volume_id, &target))
+            .await
+            .unwrap();
+        n.node_unstage_volume(unstage_req(&vol.volume_id, &staging))
+            .await
+            .unwrap();
+        c.delete_volume(pb::DeleteVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+}

@@ -29,6 +29,11 @@ const COPY_TIMEOUT: Duration = Duration::from_secs(3600);
 const TAG: &str = "ferrovol";
 /// The tag carrying the CSI name (or its digest).
 const NAME_TAG: &str = "ferrovol-name:";
+/// On an LV being deleted: its extents are being zeroed (a retried delete
+/// zeroes again, so the extents never go back to the pool unwiped).
+const DELETING_TAG: &str = "ferrovol-deleting";
+/// Zeroing a whole LV takes a while on a big one.
+const ZERO_TIMEOUT: Duration = Duration::from_secs(6 * 3600);
 /// The device class an LV belongs to (classes may share a volume group).
 const CLASS_TAG: &str = "ferrovol-class:";
 /// On a snapshot: the volume it was taken from.
@@ -548,6 +553,42 @@ impl Backend for LvmBackend {
                 snap.lv_name
             )));
         }
+        if lv.pool_lv.is_empty() {
+            // A thick LV's extents go back to the volume group and the next
+            // LV gets them as they are: zero them first, so no tenant ever
+            // reads another's data. Thin pools zero new chunks themselves.
+            let target = format!("{}/{lv_name}", class.volume_group);
+            if !lv.has_tag(DELETING_TAG) {
+                self.runner
+                    .run(
+                        self.lvm("lvchange")
+                            .args(["--addtag", DELETING_TAG, &target]),
+                    )
+                    .await?;
+            }
+            let device = self.activate(&class.volume_group, lv_name).await?;
+            self.runner
+                .run(
+                    Command::new("blkdiscard")
+                        .args(["--zeroout"])
+                        .arg(path_arg(&device)?)
+                        .timeout(ZERO_TIMEOUT),
+                )
+                .await
+                .map_err(|e| {
+                    let e = Error::from(e);
+                    // blkdiscard opens the device exclusively: busy means in use.
+                    if e.message.contains("busy") {
+                        Error::precondition(format!(
+                            "volume {id} is in use on this node; unstage it first ({})",
+                            e.message
+                        ))
+                    } else {
+                        e.context("zero the volume's extents before they are freed")
+                    }
+                })?;
+            self.deactivate(&class.volume_group, lv_name).await?;
+        }
         self.runner
             .run(
                 self.lvm("lvremove")
@@ -790,6 +831,7 @@ impl Backend for LvmBackend {
         let lv = self
             .class_lv(class, lv_name)
             .await?
+            .filter(|lv| !lv.has_tag(DELETING_TAG))
             .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
         let path = self.activate(&vg, lv_name).await?;
         if lv.has_tag(FRESH_TAG) {

@@ -322,14 +322,29 @@ async fn delete_is_idempotent_and_refuses_open_volumes() {
             "-wi-------",
         )])),
     );
-    r.ok("lvremove");
+    // A thick LV: tagged, activated, zeroed, deactivated, then removed.
+    r.ok("lvchange")
+        .ok("lvchange")
+        .ok("blkdiscard")
+        .ok("lvchange")
+        .ok("lvremove");
     b.delete_volume(
         &VolumeId::parse("lvm:fast.fv-idle").unwrap(),
         &Secrets::default(),
     )
     .await
     .unwrap();
-    assert_eq!(r.lines().last().unwrap(), "lvremove -y vg0/fv-idle");
+    let lines = r.lines();
+    assert_eq!(
+        lines[lines.len() - 5..],
+        [
+            "lvchange --addtag ferrovol-deleting vg0/fv-idle",
+            "lvchange -ay -K -y vg0/fv-idle",
+            "blkdiscard --zeroout /dev/vg0/fv-idle",
+            "lvchange -an vg0/fv-idle",
+            "lvremove -y vg0/fv-idle"
+        ]
+    );
 }
 
 #[tokio::test]
@@ -614,7 +629,8 @@ async fn delete_refuses_origins_of_classic_snapshots_and_lvs_opened_meanwhile() 
     r.expect(
         "lvs",
         Reply::Ok(lvs_json(&[
-            lv_row("fv-thin", MIB, "ferrovol", "Vwi-a-tz--"),
+            lv_row("fv-thin", MIB, "ferrovol,ferrovol-class:fast", "Vwi-a-tz--")
+                .replace(r#""pool_lv":"""#, r#""pool_lv":"pool""#),
             thin,
         ])),
     );
@@ -636,6 +652,39 @@ async fn delete_refuses_origins_of_classic_snapshots_and_lvs_opened_meanwhile() 
             "-wi-a-----",
         )])),
     );
+    // Zeroing opens the device exclusively: in use, it is refused, and
+    // nothing is removed.
+    r.ok("lvchange").ok("lvchange");
+    r.expect(
+        "blkdiscard",
+        Reply::Fail(
+            1,
+            "blkdiscard: cannot open /dev/vg0/fv-race: Device or resource busy".into(),
+        ),
+    );
+    let err = b
+        .delete_volume(
+            &VolumeId::parse("lvm:fast.fv-race").unwrap(),
+            &Secrets::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, Kind::FailedPrecondition, "{}", err.message);
+    assert!(!r
+        .lines()
+        .iter()
+        .any(|l| l.contains("lvremove -y vg0/fv-race")));
+    // Opened between zeroing and lvremove: lvm's refusal is FAILED_PRECONDITION.
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row(
+            "fv-race",
+            MIB,
+            "ferrovol,ferrovol-deleting",
+            "-wi-a-----",
+        )])),
+    );
+    r.ok("lvchange").ok("blkdiscard").ok("lvchange");
     r.expect(
         "lvremove",
         Reply::Fail(5, "  Logical volume vg0/fv-race in use.".into()),
