@@ -14,7 +14,8 @@ use tonic::Code;
 fn config(vg: &str) -> String {
     format!(
         "[[backend]]\ntype = \"lvm\"\nlvm_config = '{LVM_NO_ACTIVATION}'\n\
-         [[backend.device_class]]\nname = \"fast\"\nvolume_group = \"{vg}\"\n"
+         [[backend.device_class]]\nname = \"fast\"\nvolume_group = \"{vg}\"\n\
+         zero_on_delete = false\n"
     )
 }
 

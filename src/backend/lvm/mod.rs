@@ -80,6 +80,16 @@ pub struct DeviceClass {
     /// Size of a volume whose request names none.
     #[serde(default = "default_size")]
     pub default_volume_size: Size,
+    /// Zero a thick LV's extents before they go back to the volume group
+    /// (default true). Turn it off only where the storage below zeroes
+    /// freed space itself, or where LVs cannot be activated (a
+    /// metadata-only test).
+    #[serde(default = "zero_default")]
+    pub zero_on_delete: bool,
+}
+
+fn zero_default() -> bool {
+    true
 }
 
 fn default_snapshot_percent() -> u64 {
@@ -553,7 +563,7 @@ impl Backend for LvmBackend {
                 snap.lv_name
             )));
         }
-        if lv.pool_lv.is_empty() {
+        if lv.pool_lv.is_empty() && class.zero_on_delete {
             // A thick LV's extents go back to the volume group and the next
             // LV gets them as they are: zero them first, so no tenant ever
             // reads another's data. Thin pools zero new chunks themselves.

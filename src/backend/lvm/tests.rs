@@ -32,6 +32,7 @@ fn backend(runner: Arc<FakeRunner>, thin: Option<&str>) -> LvmBackend {
             thin_pool: thin.map(str::to_string),
             snapshot_size_percent: 25,
             default_volume_size: Size(1 << 30),
+            zero_on_delete: true,
         }],
         deactivate_on_unstage: true,
         lvm_config: String::new(),
@@ -568,6 +569,7 @@ fn parameters_and_settings_are_validated() {
             thin_pool: None,
             snapshot_size_percent: 25,
             default_volume_size: Size(1),
+            zero_on_delete: true,
         }],
         deactivate_on_unstage: true,
         lvm_config: String::new(),
@@ -711,6 +713,7 @@ fn shared_vg_backend(runner: Arc<FakeRunner>) -> LvmBackend {
         thin_pool: pool.map(str::to_string),
         snapshot_size_percent: 25,
         default_volume_size: Size(1 << 30),
+        zero_on_delete: true,
     };
     let settings = LvmSettings {
         default_device_class: None,
