@@ -13,6 +13,26 @@ use crate::error::{Error, Result};
 use crate::node::paths;
 use std::path::Path;
 
+/// Runs a filesystem or mount-table call on the blocking pool, within
+/// `deadline`: a call that blocks in the kernel (on an unreachable server)
+/// holds one blocking thread, never an async worker, and the caller gets
+/// UNAVAILABLE at the deadline.
+pub async fn off_worker<T: Send + 'static>(
+    what: &str,
+    deadline: std::time::Duration,
+    call: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    match tokio::time::timeout(deadline, tokio::task::spawn_blocking(call)).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(join)) => Err(Error::internal(format!("{what}: {join}"))),
+        Err(_) => Err(Error::unavailable(format!(
+            "{what} did not finish within {:.1}s; the call is stuck in the kernel \
+             (often on an unreachable server): try again when it answers",
+            deadline.as_secs_f64()
+        ))),
+    }
+}
+
 /// A filesystem's usage, as statvfs reports it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FsUsage {

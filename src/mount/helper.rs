@@ -56,6 +56,26 @@ pub async fn mount_with_helper(
         .map_err(|e| Error::from(e).context(format!("mount {fs_type} {source}")))
 }
 
+/// Unmounts a (remote) filesystem at `target` with `umount`: forced, and
+/// lazily when the forced unmount fails or outlives `deadline` (a lazy
+/// unmount never waits on the server).
+pub async fn unmount_with_helper(
+    runner: &dyn CommandRunner,
+    target: &Path,
+    deadline: Duration,
+) -> Result<()> {
+    let arg = crate::exec::path_arg(target)?;
+    let umount = |flag: &str| {
+        Command::new("umount")
+            .args([flag, arg.as_str()])
+            .timeout(deadline)
+    };
+    if runner.run(umount("-f")).await.is_err() {
+        runner.run(umount("-l")).await?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

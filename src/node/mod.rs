@@ -201,16 +201,7 @@ impl NodeOps {
         F: FnOnce(&dyn Mounter) -> Result<T> + Send + 'static,
     {
         let mounter = self.mounter.clone();
-        let task = tokio::task::spawn_blocking(move || call(mounter.as_ref()));
-        match tokio::time::timeout(deadline, task).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(join)) => Err(Error::internal(format!("{what}: {join}"))),
-            Err(_) => Err(Error::unavailable(format!(
-                "{what} did not finish within {:.1}s; the call is stuck in the kernel \
-                 (often on an unreachable server): try again when it answers",
-                deadline.as_secs_f64()
-            ))),
-        }
+        crate::host::off_worker(&what, deadline, move || call(mounter.as_ref())).await
     }
 
     async fn is_mounted(&self, path: &Path) -> Result<bool> {
@@ -629,7 +620,6 @@ impl NodeOps {
     /// on it); whether it is still mounted comes from the mount table,
     /// which never asks the server either.
     async fn unmount_remote(&self, path: &Path) -> Result<()> {
-        let arg = crate::exec::path_arg(path)?;
         for _ in 0..MAX_STACKED_MOUNTS {
             let p = path.to_path_buf();
             let mounted = self
@@ -642,23 +632,8 @@ impl NodeOps {
             if !mounted {
                 return Ok(());
             }
-            let forced = self
-                .runner
-                .run(
-                    crate::exec::Command::new("umount")
-                        .args(["-f", &arg])
-                        .timeout(self.deadlines.quick),
-                )
-                .await;
-            if forced.is_err() {
-                self.runner
-                    .run(
-                        crate::exec::Command::new("umount")
-                            .args(["-l", &arg])
-                            .timeout(self.deadlines.quick),
-                    )
-                    .await?;
-            }
+            crate::mount::unmount_with_helper(self.runner.as_ref(), path, self.deadlines.quick)
+                .await?;
         }
         Err(Error::internal(format!(
             "{} still mounted after {MAX_STACKED_MOUNTS} unmounts",
@@ -729,7 +704,6 @@ impl NodeOps {
             // Not staged as far as we know (the record is written before
             // anything is set up, so nothing of ours is mounted there):
             // release what the backend may hold, unmount nothing.
-            let _ = staging_path;
             return backend.node_detach(id, None).await;
         };
         if record.staging_path != staging_path {
@@ -904,7 +878,7 @@ impl NodeOps {
             }
         }
         let mounted = self.mount_id(target).await?;
-        let Some(record) = record else {
+        if record.is_none() {
             if mounted.is_some() {
                 // Not published by us: whatever is mounted there is
                 // another's, and stays.
@@ -917,7 +891,7 @@ impl NodeOps {
             }
             self.host.remove_target(target)?;
             return Ok(());
-        };
+        }
         // Unmount our bind (and only ours); leave another's in place.
         let expected = match self.state.stage(id) {
             Some(stage) => self.target_identity(&stage).await?,
@@ -936,7 +910,6 @@ impl NodeOps {
         if current.is_none() {
             self.host.remove_target(target)?;
         }
-        let _ = record;
         self.state.remove_publish(target)
     }
 

@@ -122,6 +122,17 @@ fn cursor(token: &str) -> Result<Option<(String, String)>> {
     Ok(Some((backend.to_string(), locator.to_string())))
 }
 
+/// An id from a request to delete or release something: one that cannot be
+/// ours names nothing (`None`: done); a missing or oversized one is still
+/// INVALID_ARGUMENT.
+fn known<T>(parsed: Result<T>) -> Result<Option<T>> {
+    match parsed {
+        Ok(id) => Ok(Some(id)),
+        Err(e) if e.kind == Kind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 fn max_entries(max: i32) -> Result<usize> {
     match max {
         m if m < 0 => Err(Error::invalid("max_entries must not be negative")),
@@ -236,10 +247,8 @@ impl ControllerOps {
 
     /// DeleteVolume. An id that cannot be ours names nothing: done.
     pub async fn delete_volume(&self, raw_id: &str, secrets: &Secrets) -> Result<()> {
-        let id = match VolumeId::parse(raw_id) {
-            Ok(id) => id,
-            Err(e) if e.kind == Kind::NotFound => return Ok(()),
-            Err(e) => return Err(e),
+        let Some(id) = known(VolumeId::parse(raw_id))? else {
+            return Ok(());
         };
         let Some(backend) = self.backend(id.backend()) else {
             return Ok(());
@@ -320,10 +329,8 @@ impl ControllerOps {
         node_id: Option<&str>,
         secrets: &Secrets,
     ) -> Result<()> {
-        let id = match VolumeId::parse(raw_id) {
-            Ok(id) => id,
-            Err(e) if e.kind == Kind::NotFound => return Ok(()),
-            Err(e) => return Err(e),
+        let Some(id) = known(VolumeId::parse(raw_id))? else {
+            return Ok(());
         };
         let Some(backend) = self.backend(id.backend()) else {
             return Ok(());
@@ -457,10 +464,8 @@ impl ControllerOps {
 
     /// DeleteSnapshot. An id that cannot be ours names nothing: done.
     pub async fn delete_snapshot(&self, raw_id: &str, secrets: &Secrets) -> Result<()> {
-        let id = match SnapshotId::parse(raw_id) {
-            Ok(id) => id,
-            Err(e) if e.kind == Kind::NotFound => return Ok(()),
-            Err(e) => return Err(e),
+        let Some(id) = known(SnapshotId::parse(raw_id))? else {
+            return Ok(());
         };
         let Some(backend) = self.backend(id.backend()) else {
             return Ok(());

@@ -6,7 +6,7 @@
 //! blocks in the kernel).
 
 use crate::error::{Error, Result};
-use crate::exec::{path_arg, Command, CommandRunner};
+use crate::exec::CommandRunner;
 use crate::mount::{mount_with_helper, MountOptions};
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
@@ -124,25 +124,7 @@ impl WorkMounts {
     /// Unmounts `dir`: forced, and lazily when the server does not answer
     /// (a lazy unmount never waits on it).
     async fn unmount(&self, dir: &Path) -> Result<()> {
-        let arg = path_arg(dir)?;
-        let forced = self
-            .runner
-            .run(
-                Command::new("umount")
-                    .args(["-f", &arg])
-                    .timeout(Duration::from_secs(20)),
-            )
-            .await;
-        if forced.is_err() {
-            self.runner
-                .run(
-                    Command::new("umount")
-                        .args(["-l", &arg])
-                        .timeout(Duration::from_secs(20)),
-                )
-                .await?;
-        }
-        Ok(())
+        crate::mount::unmount_with_helper(self.runner.as_ref(), dir, Duration::from_secs(20)).await
     }
 
     /// Releases the shares unused for `idle`; returns how many.
@@ -206,14 +188,7 @@ pub async fn blocking<T: Send + 'static>(
     what: &str,
     work: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> Result<T> {
-    match tokio::time::timeout(WORK_DEADLINE, tokio::task::spawn_blocking(work)).await {
-        Ok(Ok(result)) => result,
-        Ok(Err(join)) => Err(Error::internal(format!("{what}: {join}"))),
-        Err(_) => Err(Error::unavailable(format!(
-            "{what} did not finish within {}s: is the NFS server answering?",
-            WORK_DEADLINE.as_secs()
-        ))),
-    }
+    crate::host::off_worker(what, WORK_DEADLINE, work).await
 }
 
 /// Checks a subdirectory path from a request or a template: relative,
