@@ -128,6 +128,16 @@ impl<S> AuthorityFix<S> {
                 return Ok(());
             }
             let len = u32::from_be_bytes([0, self.input[0], self.input[1], self.input[2]]) as usize;
+            if len > MAX_FRAME {
+                // Larger than the server allows: it will refuse the frame
+                // and close the connection, so hand it over now instead of
+                // buffering up to 16 MiB of a client's junk.
+                if let Some(block) = self.block.take() {
+                    self.output.extend(block.original);
+                }
+                self.mode = Mode::Raw;
+                continue;
+            }
             if self.input.len() < FRAME_HEADER + len {
                 return Ok(());
             }

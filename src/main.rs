@@ -63,6 +63,16 @@ enum Command {
         /// one (mutual TLS).
         #[arg(long, env = "FERROVOL_TLS_CLIENT_CA")]
         tls_client_ca: Option<PathBuf>,
+        /// Client connections open at once; more wait until one closes.
+        #[arg(long, env = "FERROVOL_MAX_CONNECTIONS", default_value_t = 256)]
+        max_connections: usize,
+        /// Concurrent calls on one connection (HTTP/2 streams).
+        #[arg(long, env = "FERROVOL_MAX_STREAMS", default_value_t = 64)]
+        max_streams: u32,
+        /// Seconds a new connection has to start talking HTTP/2 before it is
+        /// closed.
+        #[arg(long, env = "FERROVOL_HANDSHAKE_TIMEOUT", default_value_t = 10)]
+        handshake_timeout: u64,
     },
 }
 
@@ -88,6 +98,19 @@ async fn shutdown_signal() {
     }
 }
 
+/// Every connection, mount helper and device is a descriptor: take the hard
+/// limit, as the connection cap and the backends are sized against it.
+fn raise_file_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                tracing::warn!(error = %e, soft, hard, "could not raise the open-file limit");
+            }
+        }
+    }
+}
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let Command::Serve {
@@ -103,8 +126,12 @@ fn main() -> std::process::ExitCode {
         tls_cert,
         tls_key,
         tls_client_ca,
+        max_connections,
+        max_streams,
+        handshake_timeout,
     } = cli.command;
     init_logging(log_format);
+    raise_file_limit();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -133,6 +160,11 @@ fn main() -> std::process::ExitCode {
             driver,
             endpoint,
             tls,
+            server::Limits {
+                max_connections,
+                max_streams,
+                handshake_timeout: Duration::from_secs(handshake_timeout),
+            },
             shutdown_signal(),
             Duration::from_secs(shutdown_grace),
         )

@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use ferrovol::proto::{self as pb, identity_client::IdentityClient};
 use std::path::Path;
 use tonic::Code;
 
@@ -408,4 +409,177 @@ async fn tcp_serves_the_network_only_with_mutual_tls() {
         "a client without a certificate was served: {without:?}"
     );
     assert!(status.success(), "{status:?}");
+}
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Connects to a unix socket, retrying while the driver's accept queue is
+/// full (a driver at its connection cap stops accepting for a moment).
+async fn connect_when_queued(socket: &Path) -> tokio::net::UnixStream {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match tokio::net::UnixStream::connect(socket).await {
+            Ok(s) => return s,
+            Err(e) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "could not connect for 60 s: {e}"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        }
+    }
+}
+
+/// Reads until the driver closes the connection; panics if it is still
+/// open after `within`.
+async fn closed_by_driver(mut s: tokio::net::UnixStream, within: std::time::Duration, what: &str) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 4096];
+    let closed = tokio::time::timeout(within, async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the driver kept a {what} connection open");
+}
+
+/// 3,000 connections at once, half of them garbage (random bytes, a valid
+/// HTTP/2 preface followed by junk, or nothing at all): the driver drops the
+/// garbage (the silent ones at its handshake timeout), serves the others,
+/// answers a client that was there before the flood without delay, and its
+/// peak memory stays under the stated bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn connection_floods_cost_bounded_memory() {
+    const CONNECTIONS: usize = 3000;
+    /// How much the driver's resident memory may grow at its peak during
+    /// the flood (without the connection cap it grows by about 13 MiB).
+    const GROWTH_KB: u64 = 8 * 1024;
+    let h = Harness::start_with_env(
+        None,
+        &[
+            ("FERROVOL_MAX_CONNECTIONS", "64"),
+            ("FERROVOL_HANDSHAKE_TIMEOUT", "2"),
+            ("RUST_LOG", "info"),
+        ],
+    )
+    .await;
+    let socket = h.socket();
+    let rss_before = h.status_kb("VmRSS");
+    h.reset_peak_rss();
+
+    // A client connected before the flood keeps calling Probe.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let mut id = h.identity();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut worst = std::time::Duration::ZERO;
+            let mut calls = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let t = std::time::Instant::now();
+                let r = id.probe(pb::ProbeRequest {}).await;
+                assert!(r.is_ok(), "Probe during the flood: {r:?}");
+                worst = worst.max(t.elapsed());
+                calls += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            (calls, worst)
+        })
+    };
+
+    let mut rng = Rng::seeded("connection_floods_cost_bounded_memory");
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..CONNECTIONS {
+        let socket = socket.clone();
+        let mut junk = vec![0u8; 1024 + rng.below(8192) as usize];
+        for b in junk.iter_mut() {
+            *b = rng.next() as u8;
+        }
+        tasks.spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            let limit = std::time::Duration::from_secs(60);
+            match i % 6 {
+                // Random bytes.
+                0 => {
+                    let mut s = connect_when_queued(&socket).await;
+                    let _ = s.write_all(&junk).await;
+                    closed_by_driver(s, limit, "garbage").await;
+                }
+                // The HTTP/2 preface, then a frame header announcing 16 MiB
+                // and junk.
+                2 => {
+                    let mut s = connect_when_queued(&socket).await;
+                    let _ = s.write_all(PREFACE).await;
+                    let _ = s.write_all(&[0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 1]).await;
+                    let _ = s.write_all(&junk).await;
+                    closed_by_driver(s, limit, "oversized-frame").await;
+                }
+                // The preface, then junk as a DATA frame where SETTINGS
+                // must come.
+                4 => {
+                    let mut s = connect_when_queued(&socket).await;
+                    let _ = s.write_all(PREFACE).await;
+                    let len = junk.len().min(16_384) as u32;
+                    let mut frame = len.to_be_bytes()[1..].to_vec();
+                    frame.extend([0, 0, 0, 0, 0, 0]);
+                    frame.extend(&junk[..len as usize]);
+                    let _ = s.write_all(&frame).await;
+                    closed_by_driver(s, limit, "junk-frame").await;
+                }
+                // Well-behaved clients: connect, Probe, stay a moment, leave.
+                _ => {
+                    let ch = loop {
+                        if let Ok(ch) = connect(&socket).await {
+                            break ch;
+                        }
+                        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                    };
+                    let r = IdentityClient::new(ch.clone())
+                        .probe(pb::ProbeRequest {})
+                        .await;
+                    assert!(r.is_ok(), "a well-behaved client's Probe: {r:?}");
+                    // Stay a moment, as a client between calls does.
+                    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                    drop(ch);
+                }
+            }
+        });
+    }
+    // And some that connect and say nothing: dropped at the handshake
+    // timeout, so they cannot hold the connection slots.
+    for _ in 0..100 {
+        let socket = socket.clone();
+        tasks.spawn(async move {
+            let s = connect_when_queued(&socket).await;
+            closed_by_driver(s, std::time::Duration::from_secs(60), "silent").await;
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (calls, worst) = watcher.await.unwrap();
+    let peak = h.status_kb("VmHWM");
+    let rss_after = h.status_kb("VmRSS");
+    println!(
+        "flood: rss before {rss_before} kB, peak {peak} kB, after {rss_after} kB; \
+         watcher: {calls} Probes, slowest {worst:?}"
+    );
+    assert!(calls > 0);
+    assert!(
+        worst < std::time::Duration::from_secs(1),
+        "a client connected before the flood waited {worst:?}"
+    );
+    assert!(
+        peak < rss_before + GROWTH_KB,
+        "peak memory {peak} kB during the flood, from {rss_before} kB (bound: {GROWTH_KB} kB more)"
+    );
+    // Still serving afterwards.
+    let r = h.identity().probe(pb::ProbeRequest {}).await;
+    assert!(r.is_ok(), "{r:?}");
 }

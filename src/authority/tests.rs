@@ -118,7 +118,13 @@ async fn a_socket_path_authority_becomes_localhost_in_every_request() {
     third.extend(b"big");
     third.extend(loona_hpack::encoder::encode_integer(big.len(), 7));
     third.extend(big.as_bytes());
-    input.extend(frame(HEADERS, END_HEADERS, 5, &third));
+    // Sent as a client must: in frames no larger than the server allows.
+    let parts: Vec<&[u8]> = third.chunks(MAX_FRAME).collect();
+    for (i, part) in parts.iter().enumerate() {
+        let kind = if i == 0 { HEADERS } else { CONTINUATION };
+        let flags = if i == parts.len() - 1 { END_HEADERS } else { 0 };
+        input.extend(frame(kind, flags, 5, part));
+    }
 
     let out = through_fix(input).await;
     let (frames, blocks) = server_view(&out);
@@ -171,4 +177,22 @@ async fn an_acceptable_authority_passes_byte_for_byte() {
 async fn not_http2_passes_untouched() {
     let input = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec();
     assert_eq!(through_fix(input.clone()).await, input);
+}
+
+/// A frame header announcing more than the server accepts is handed over at
+/// once (the server refuses it and closes), not buffered while the client
+/// trickles in up to 16 MiB.
+#[tokio::test]
+async fn an_oversized_frame_is_passed_on_without_waiting_for_it() {
+    let (mut client, server) = tokio::io::duplex(1 << 16);
+    let mut fix = AuthorityFix::new(server);
+    let mut input = PREFACE.to_vec();
+    input.extend([0xff, 0xff, 0xff, 0x0, 0x0, 0, 0, 0, 1, 0xaa]);
+    client.write_all(&input).await.unwrap();
+    let mut got = vec![0u8; input.len()];
+    tokio::time::timeout(std::time::Duration::from_secs(5), fix.read_exact(&mut got))
+        .await
+        .expect("the fix held the oversized frame back")
+        .unwrap();
+    assert_eq!(got, input);
 }

@@ -15,6 +15,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub mod limits;
+pub use limits::Limits;
+
 /// Where the driver listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Endpoint {
@@ -149,12 +152,19 @@ pub async fn serve(
     driver: Arc<Driver>,
     endpoint: Endpoint,
     tls: Option<TlsFiles>,
+    limits: Limits,
     shutdown: impl Future<Output = ()>,
     grace: Duration,
 ) -> Result<()> {
     let mode = driver.mode;
     check_endpoint(&endpoint, tls.as_ref())?;
-    let mut builder = tonic::transport::Server::builder();
+    limits.check()?;
+    // Streams per connection are an HTTP/2 setting (clients queue beyond
+    // it); keepalive pings find peers that vanished without closing.
+    let mut builder = tonic::transport::Server::builder()
+        .max_concurrent_streams(limits.max_streams)
+        .http2_keepalive_interval(Some(Duration::from_secs(60)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)));
     if let Some(files) = &tls {
         builder = builder
             .tls_config(files.config()?)
@@ -219,10 +229,7 @@ pub async fn serve(
             tracing::info!(endpoint = %format!("unix://{}", path.display()), driver = %driver.name, node = %driver.node_id, ?mode, "serving");
             // Clients that send the socket path as :authority (kubelet
             // before 1.26, csc, grpcio, grpc-java) get it fixed on the way in.
-            let incoming = tokio_stream::StreamExt::map(
-                tokio_stream::wrappers::UnixListenerStream::new(listener),
-                |conn| conn.map(crate::authority::AuthorityFix::new),
-            );
+            let incoming = limits::incoming(listener, limits, crate::authority::AuthorityFix::new);
             let serving = router.serve_with_incoming_shutdown(incoming, stopped);
             tokio::select! {
                 r = serving => r.map_err(|e| Error::internal(format!("server: {e}"))),
@@ -230,8 +237,12 @@ pub async fn serve(
             }
         }
         Endpoint::Tcp(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| Error::io(format!("bind {addr}"), e))?;
             tracing::info!(endpoint = %format!("tcp://{addr}"), driver = %driver.name, ?mode, "serving");
-            let serving = router.serve_with_shutdown(addr, stopped);
+            let incoming = limits::incoming(listener, limits, |conn| conn);
+            let serving = router.serve_with_incoming_shutdown(incoming, stopped);
             tokio::select! {
                 r = serving => r.map_err(|e| Error::internal(format!("server: {e}"))),
                 _ = drained => Ok(()),
