@@ -72,16 +72,20 @@ impl LvmBackend {
 
     /// Thin pool: (size, free) in bytes.
     pub(super) async fn pool_space(&self, class: &DeviceClass, pool: &str) -> Result<(u64, u64)> {
-        let lvs = self.lvs(&format!("{}/{pool}", class.volume_group)).await?;
-        let p = lvs.into_iter().find(|l| l.lv_name == pool).ok_or_else(|| {
-            Error::precondition(format!("thin pool {}/{pool} not found", class.volume_group))
-        })?;
+        let p = self.pool(class, pool).await?;
         let used_pct: f64 = p.data_percent.trim().parse().unwrap_or(0.0);
         let size = p.size();
         Ok((
             size,
             ((size as f64) * (1.0 - used_pct / 100.0)).max(0.0) as u64,
         ))
+    }
+
+    pub(super) async fn pool(&self, class: &DeviceClass, pool: &str) -> Result<Lv> {
+        let lvs = self.lvs(&format!("{}/{pool}", class.volume_group)).await?;
+        lvs.into_iter().find(|l| l.lv_name == pool).ok_or_else(|| {
+            Error::precondition(format!("thin pool {}/{pool} not found", class.volume_group))
+        })
     }
 
     pub(super) fn insufficient_space(e: Error) -> Error {

@@ -80,10 +80,10 @@ pub struct DeviceClass {
     /// Size of a volume whose request names none.
     #[serde(default = "default_size")]
     pub default_volume_size: Size,
-    /// Zero a thick LV's extents before they go back to the volume group
-    /// (default true). Turn it off only where the storage below zeroes
-    /// freed space itself, or where LVs cannot be activated (a
-    /// metadata-only test).
+    /// Zero a thick LV's extents before they go back to the volume group,
+    /// and refuse thin pools that do not zero new chunks (default true).
+    /// Turn it off only where the storage below zeroes freed space itself,
+    /// or where LVs cannot be activated (a metadata-only test).
     #[serde(default = "zero_default")]
     pub zero_on_delete: bool,
 }
@@ -338,7 +338,76 @@ impl LvmBackend {
                 "source {kind} {shown} is in another device class"
             )));
         }
-        self.class_lv(class, lv).await?.ok_or_else(missing)
+        self.class_lv(class, lv)
+            .await?
+            .filter(|lv| !lv.has_tag(DELETING_TAG))
+            .ok_or_else(missing)
+    }
+
+    /// Zeroes the extents of a thick LV that is being deleted (a classic
+    /// snapshot is split from its origin first, so its own extents, the
+    /// origin's old blocks, are what is zeroed). The LV is tagged first: an
+    /// interrupted delete zeroes again when retried, and nothing stages or
+    /// restores from it meanwhile.
+    async fn zero_extents(&self, class: &DeviceClass, lv: &Lv, what: &str) -> Result<()> {
+        let target = format!("{}/{}", class.volume_group, lv.lv_name);
+        if !lv.has_tag(DELETING_TAG) {
+            self.runner
+                .run(
+                    self.lvm("lvchange")
+                        .args(["--addtag", DELETING_TAG, &target]),
+                )
+                .await?;
+        }
+        if lv.lv_attr.starts_with('s') {
+            self.runner
+                .run(
+                    self.lvm("lvconvert")
+                        .args(["-y", "--splitsnapshot", &target]),
+                )
+                .await?;
+        }
+        let device = self.activate(&class.volume_group, &lv.lv_name).await?;
+        self.runner
+            .run(
+                Command::new("blkdiscard")
+                    .args(["--zeroout"])
+                    .arg(path_arg(&device)?)
+                    .timeout(ZERO_TIMEOUT),
+            )
+            .await
+            .map_err(|e| {
+                let e = Error::from(e);
+                // blkdiscard opens the device exclusively: busy means in use.
+                if e.message.contains("busy") {
+                    Error::precondition(format!(
+                        "{what} is in use on this node; unstage it first ({})",
+                        e.message
+                    ))
+                } else {
+                    e.context("zero the extents before they are freed")
+                }
+            })?;
+        self.deactivate(&class.volume_group, &lv.lv_name).await
+    }
+
+    async fn remove_lv(&self, class: &DeviceClass, lv_name: &str) -> Result<()> {
+        self.runner
+            .run(
+                self.lvm("lvremove")
+                    .args(["-y", &format!("{}/{lv_name}", class.volume_group)]),
+            )
+            .await
+            .map_err(|e| {
+                let e = Error::from(e);
+                // Opened between our check and lvremove (a stage racing it).
+                if e.message.contains("in use") {
+                    Error::precondition(e.message)
+                } else {
+                    e
+                }
+            })?;
+        Ok(())
     }
 }
 
@@ -465,8 +534,20 @@ impl Backend for LvmBackend {
                 }
             }
             (Some(pool), None) => {
-                // The pool must exist; thin volumes may overcommit its space.
-                self.pool_space(&class, pool).await?;
+                // The pool must exist (thin volumes may overcommit its
+                // space) and zero the chunks it hands out: without that, a
+                // write into a new chunk leaves the rest of it showing
+                // whatever the chunk last held, another tenant's data.
+                let p = self.pool(&class, pool).await?;
+                if !p.zeroes_new_chunks() && class.zero_on_delete {
+                    return Err(Error::precondition(format!(
+                        "thin pool {vg_name}/{pool} does not zero new chunks, so a new volume \
+                         could read a previous tenant's data: turn it on with \
+                         `lvchange --zero y {vg_name}/{pool}` (or set zero_on_delete = false \
+                         for class {:?} if the storage below zeroes freed space)",
+                        class.name
+                    )));
+                }
                 self.runner
                     .run(
                         self.lvm("lvcreate")
@@ -567,54 +648,10 @@ impl Backend for LvmBackend {
             // A thick LV's extents go back to the volume group and the next
             // LV gets them as they are: zero them first, so no tenant ever
             // reads another's data. Thin pools zero new chunks themselves.
-            let target = format!("{}/{lv_name}", class.volume_group);
-            if !lv.has_tag(DELETING_TAG) {
-                self.runner
-                    .run(
-                        self.lvm("lvchange")
-                            .args(["--addtag", DELETING_TAG, &target]),
-                    )
-                    .await?;
-            }
-            let device = self.activate(&class.volume_group, lv_name).await?;
-            self.runner
-                .run(
-                    Command::new("blkdiscard")
-                        .args(["--zeroout"])
-                        .arg(path_arg(&device)?)
-                        .timeout(ZERO_TIMEOUT),
-                )
-                .await
-                .map_err(|e| {
-                    let e = Error::from(e);
-                    // blkdiscard opens the device exclusively: busy means in use.
-                    if e.message.contains("busy") {
-                        Error::precondition(format!(
-                            "volume {id} is in use on this node; unstage it first ({})",
-                            e.message
-                        ))
-                    } else {
-                        e.context("zero the volume's extents before they are freed")
-                    }
-                })?;
-            self.deactivate(&class.volume_group, lv_name).await?;
+            self.zero_extents(class, &lv, &format!("volume {id}"))
+                .await?;
         }
-        self.runner
-            .run(
-                self.lvm("lvremove")
-                    .args(["-y", &format!("{}/{lv_name}", class.volume_group)]),
-            )
-            .await
-            .map_err(|e| {
-                let e = Error::from(e);
-                // Opened between our check and lvremove (a stage racing it).
-                if e.message.contains("in use") {
-                    Error::precondition(e.message)
-                } else {
-                    e
-                }
-            })?;
-        Ok(())
+        self.remove_lv(class, lv_name).await
     }
 
     async fn get_volume(&self, id: &VolumeId) -> Result<Option<VolumeInfo>> {
@@ -793,16 +830,19 @@ impl Backend for LvmBackend {
         if !lv_name.starts_with("fvs-") {
             return Ok(());
         }
-        if self.class_lv(class, lv_name).await?.is_none() {
+        let Some(lv) = self.class_lv(class, lv_name).await? else {
             return Ok(());
+        };
+        // A classic snapshot's own extents hold copies of the origin's old
+        // blocks: zeroed before they go back to the volume group, as a
+        // thick volume's are. (A thin snapshot's chunks stay in the pool,
+        // which zeroes them when it hands them out again.)
+        let classic = lv.lv_attr.starts_with('s') || lv.has_tag(DELETING_TAG);
+        if classic && lv.pool_lv.is_empty() && class.zero_on_delete {
+            self.zero_extents(class, &lv, &format!("snapshot {id}"))
+                .await?;
         }
-        self.runner
-            .run(
-                self.lvm("lvremove")
-                    .args(["-y", &format!("{}/{lv_name}", class.volume_group)]),
-            )
-            .await?;
-        Ok(())
+        self.remove_lv(class, lv_name).await
     }
 
     async fn get_snapshot(&self, id: &SnapshotId) -> Result<Option<SnapshotInfo>> {
@@ -813,8 +853,8 @@ impl Backend for LvmBackend {
             return Ok(None);
         }
         match self.class_lv(class, lv_name).await? {
-            Some(lv) => Ok(Some(self.snapshot_info(class, &lv)?)),
-            None => Ok(None),
+            Some(lv) if !lv.has_tag(DELETING_TAG) => Ok(Some(self.snapshot_info(class, &lv)?)),
+            _ => Ok(None),
         }
     }
 
@@ -825,7 +865,7 @@ impl Backend for LvmBackend {
     ) -> Result<Vec<SnapshotInfo>> {
         let mut out = Vec::new();
         for (class, lv) in self.all_lvs().await? {
-            if lv.lv_name.starts_with("fvs-") {
+            if lv.lv_name.starts_with("fvs-") && !lv.has_tag(DELETING_TAG) {
                 let snap = self.snapshot_info(class, &lv)?;
                 if source.is_none_or(|s| &snap.source_volume == s) {
                     out.push(snap);

@@ -66,6 +66,11 @@ impl Lv {
     pub(super) fn open(&self) -> bool {
         self.lv_attr.chars().nth(5) == Some('o')
     }
+    /// The eighth, on a thin pool: `z` when newly provisioned chunks are
+    /// zeroed before use.
+    pub(super) fn zeroes_new_chunks(&self) -> bool {
+        self.lv_attr.chars().nth(7) == Some('z')
+    }
     /// Problems the attributes show, if any.
     pub(super) fn problem(&self) -> Option<String> {
         let a: Vec<char> = self.lv_attr.chars().collect();

@@ -270,6 +270,27 @@ async fn thin_volumes_go_in_the_pool() {
     );
 }
 
+/// A pool that hands out chunks without zeroing them (attr `twi-a-t---`)
+/// would show a new volume the rest of a previous tenant's chunk: refused
+/// before anything is created.
+#[tokio::test]
+async fn a_thin_pool_that_does_not_zero_is_refused() {
+    let r = Arc::new(FakeRunner::new());
+    r.expect("lvs", Reply::Fail(5, String::new()));
+    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 0)));
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row("pool", 200 * MIB, "", "twi-a-t---")])),
+    );
+    let e = backend(r.clone(), Some("pool"))
+        .create_volume(&create("t", 8 * MIB, 0))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::FailedPrecondition, "{e}");
+    assert!(e.message.contains("lvchange --zero y vg0/pool"), "{e}");
+    assert!(!r.lines().iter().any(|l| l.starts_with("lvcreate")));
+}
+
 #[tokio::test]
 async fn delete_is_idempotent_and_refuses_open_volumes() {
     let r = Arc::new(FakeRunner::new());
@@ -861,4 +882,68 @@ async fn capacity_is_per_class_on_a_shared_group() {
     // 512 MiB pool, a quarter used.
     assert_eq!(thin.available_bytes, 384 * MIB);
     assert_eq!(thin.maximum_volume_bytes, Some(512 * MIB));
+}
+
+/// A classic snapshot's extents hold the origin's old blocks: it is tagged,
+/// split from its origin, zeroed and only then removed; a delete retried
+/// after the split zeroes again and skips the split; while it is being
+/// deleted it is neither listed nor usable as a source.
+#[tokio::test]
+async fn classic_snapshots_are_split_and_zeroed_before_removal() {
+    let r = Arc::new(FakeRunner::new());
+    let b = backend(r.clone(), None);
+    let id = SnapshotId::parse("lvm:fast.fvs-s1").unwrap();
+    let snap = lv_row(
+        "fvs-s1",
+        MIB,
+        "ferrovol,ferrovol-source:fv-a,ferrovol-size:1048576",
+        "swi-a-s---",
+    );
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&snap))));
+    // The split fails (say, lvm is busy): nothing is removed.
+    r.ok("lvchange")
+        .expect("lvconvert", Reply::Fail(5, "busy".into()));
+    assert!(b.delete_snapshot(&id, &Secrets::default()).await.is_err());
+    assert!(!r.lines().iter().any(|l| l.starts_with("lvremove")));
+
+    // Retried after a split that happened: a plain LV with the tag.
+    let split = lv_row(
+        "fvs-s1",
+        MIB,
+        "ferrovol,ferrovol-source:fv-a,ferrovol-size:1048576,ferrovol-deleting",
+        "-wi-------",
+    );
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&split))));
+    assert!(
+        b.get_snapshot(&id).await.unwrap().is_none(),
+        "hidden while deleting"
+    );
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&split))));
+    r.ok("lvchange")
+        .ok("blkdiscard")
+        .ok("lvchange")
+        .ok("lvremove");
+    b.delete_snapshot(&id, &Secrets::default()).await.unwrap();
+    let lines = r.lines();
+    assert_eq!(
+        lines[..3],
+        [
+            "lvs --reportformat json --units b --nosuffix -o lv_name,vg_name,lv_size,lv_tags,lv_attr,origin,pool_lv,lv_time,data_percent vg0/fvs-s1",
+            "lvchange --addtag ferrovol-deleting vg0/fvs-s1",
+            "lvconvert -y --splitsnapshot vg0/fvs-s1",
+        ]
+    );
+    assert_eq!(
+        lines[lines.len() - 4..],
+        [
+            "lvchange -ay -K -y vg0/fvs-s1",
+            "blkdiscard --zeroout /dev/vg0/fvs-s1",
+            "lvchange -an vg0/fvs-s1",
+            "lvremove -y vg0/fvs-s1"
+        ]
+    );
+    assert_eq!(
+        lines.iter().filter(|l| l.contains("splitsnapshot")).count(),
+        1
+    );
 }
