@@ -648,7 +648,7 @@ impl Backend for LvmBackend {
             // A thick LV's extents go back to the volume group and the next
             // LV gets them as they are: zero them first, so no tenant ever
             // reads another's data. Thin pools zero new chunks themselves.
-            self.zero_extents(class, &lv, &format!("volume {id}"))
+            self.zero_extents(class, lv, &format!("volume {id}"))
                 .await?;
         }
         self.remove_lv(class, lv_name).await
