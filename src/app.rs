@@ -75,6 +75,36 @@ pub fn build_with(
         host.clone(),
         &state_dir,
     )?);
+    // A node tells controllers what its backends need to know of it (an
+    // iSCSI initiator name) in its node id: `<name>/<suffix>`.
+    let mut node_id = settings.node_id.clone();
+    if node_id.contains('/') {
+        return Err(Error::invalid("node id must not contain '/'"));
+    }
+    if settings.mode.node() {
+        let mut suffixes = Vec::new();
+        for b in registry.all() {
+            if let Some(s) = b.node_id_suffix()? {
+                if !suffixes.contains(&s) {
+                    suffixes.push(s);
+                }
+            }
+        }
+        match suffixes.as_slice() {
+            [] => {}
+            [one] => node_id = format!("{node_id}/{one}"),
+            _ => {
+                return Err(Error::invalid(
+                    "backends disagree on this node's initiator name",
+                ))
+            }
+        }
+        if node_id.len() > 256 {
+            return Err(Error::invalid(
+                "node id with the initiator name is over 256 bytes",
+            ));
+        }
+    }
     let state = NodeState::open(&state_dir)?;
     // One guard table for both services: an operation on a volume excludes
     // every other operation on it, whichever service it came through.
@@ -91,12 +121,8 @@ pub fn build_with(
         .with_deadlines(Deadlines::default().capped(settings.command_timeout))
         .with_allowed_paths(config.node.allowed_paths.clone()),
     );
-    let controller = ControllerOps::new(
-        registry.clone(),
-        locks,
-        &settings.node_id,
-        &config.node.topology_key,
-    );
+    let controller =
+        ControllerOps::new(registry.clone(), locks, &node_id, &config.node.topology_key);
     if settings.mode.node() {
         let (dropped, unmounted) = node.reconcile()?;
         tracing::info!(
@@ -110,7 +136,7 @@ pub fn build_with(
     Ok(Arc::new(Driver {
         name: settings.driver_name.clone(),
         version: crate::service::version(),
-        node_id: settings.node_id.clone(),
+        node_id,
         mode: settings.mode,
         settings: config.node.clone(),
         registry,

@@ -1,10 +1,11 @@
 //! Backends: one module per kind of storage, each a [`crate::plugin::Backend`].
 
 pub mod file;
+pub mod iscsi;
 pub mod lvm;
 pub mod nfs;
 
-use crate::config::Config;
+use crate::config::{BackendConfig, Config};
 use crate::error::{Error, Result};
 use crate::exec::CommandRunner;
 use crate::host::Host;
@@ -20,31 +21,7 @@ pub fn build_registry(
 ) -> Result<Registry> {
     let mut registry = Registry::new();
     for bc in &config.backends {
-        let backend: Arc<dyn crate::plugin::Backend> = match bc.kind.as_str() {
-            "file" => Arc::new(file::FileBackend::new(
-                bc.name(),
-                bc.settings()?,
-                runner.clone(),
-                host.clone(),
-            )?),
-            "lvm" => Arc::new(
-                lvm::LvmBackend::new(bc.name(), bc.settings()?, runner.clone())?
-                    .with_host(host.clone()),
-            ),
-            "nfs" => Arc::new(nfs::NfsBackend::new(
-                bc.name(),
-                bc.settings()?,
-                runner.clone(),
-                host.clone(),
-                state_dir.join("nfs").join(bc.name()),
-            )?),
-            other => {
-                return Err(Error::invalid(format!(
-                    "backend {:?}: unknown type {other:?} (available: file, lvm, nfs)",
-                    bc.name()
-                )))
-            }
-        };
+        let backend = build_backend(bc, &runner, &host, state_dir)?;
         registry
             .register(backend)
             .map_err(|e| e.context("config"))?;
@@ -53,4 +30,64 @@ pub fn build_registry(
         registry.set_default(name)?;
     }
     Ok(registry)
+}
+
+/// One backend from its config table.
+fn build_backend(
+    bc: &BackendConfig,
+    runner: &Arc<dyn CommandRunner>,
+    host: &Arc<dyn Host>,
+    state_dir: &std::path::Path,
+) -> Result<Arc<dyn crate::plugin::Backend>> {
+    Ok(match bc.kind.as_str() {
+        "file" => Arc::new(file::FileBackend::new(
+            bc.name(),
+            bc.settings()?,
+            runner.clone(),
+            host.clone(),
+        )?),
+        "lvm" => Arc::new(
+            lvm::LvmBackend::new(bc.name(), bc.settings()?, runner.clone())?
+                .with_host(host.clone()),
+        ),
+        "nfs" => Arc::new(nfs::NfsBackend::new(
+            bc.name(),
+            bc.settings()?,
+            runner.clone(),
+            host.clone(),
+            state_dir.join("nfs").join(bc.name()),
+        )?),
+        "iscsi" => {
+            let settings: iscsi::IscsiSettings = bc.settings()?;
+            // The store is private to this backend: built here, never
+            // registered, so its volumes are reachable only as LUNs.
+            let store = match &settings.store {
+                Some(store) if !matches!(store.kind.as_str(), "file" | "lvm") => {
+                    return Err(Error::invalid(format!(
+                        "backend {:?}: the store must be of type file or lvm",
+                        bc.name()
+                    )))
+                }
+                Some(store) => {
+                    let mut store = store.clone();
+                    store.name = Some(format!("{}-store", bc.name()));
+                    Some(build_backend(&store, runner, host, state_dir)?)
+                }
+                None => None,
+            };
+            Arc::new(iscsi::IscsiBackend::new(
+                bc.name(),
+                settings,
+                runner.clone(),
+                store,
+                iscsi::store_dir(state_dir, bc.name()),
+            )?)
+        }
+        other => {
+            return Err(Error::invalid(format!(
+                "backend {:?}: unknown type {other:?} (available: file, lvm, nfs, iscsi)",
+                bc.name()
+            )))
+        }
+    })
 }

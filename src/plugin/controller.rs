@@ -157,7 +157,10 @@ impl ControllerOps {
 
     /// This node's topology segment.
     pub fn node_topology(&self) -> Topology {
-        HashMap::from([(self.topology_key.clone(), self.node_id.clone())])
+        HashMap::from([(
+            self.topology_key.clone(),
+            super::node_name(&self.node_id).to_string(),
+        )])
     }
 
     fn topology_of(&self, backend: &dyn Backend) -> Option<Topology> {
@@ -312,7 +315,9 @@ impl ControllerOps {
         if backend.capabilities().attach {
             return backend.controller_attach(id, &req).await;
         }
-        if backend.capabilities().node_local && req.node_id != self.node_id {
+        if backend.capabilities().node_local
+            && super::node_name(&req.node_id) != super::node_name(&self.node_id)
+        {
             return Err(Error::not_found(format!(
                 "volume {id} lives on node {}; node {:?} cannot reach it",
                 self.node_id, req.node_id

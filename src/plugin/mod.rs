@@ -22,6 +22,17 @@ pub use secrets::Secrets;
 pub use sizing::{check_existing, digest_hex, own_source, round_up, SizeRules};
 pub use types::*;
 
+/// The node's name in a node id (`<name>` or `<name>/<suffix>`): the
+/// topology value, and what node-local volumes are compared with.
+pub fn node_name(node_id: &str) -> &str {
+    node_id.split_once('/').map_or(node_id, |(n, _)| n)
+}
+
+/// The suffix of a node id (see [`Backend::node_id_suffix`]).
+pub fn node_initiator(node_id: &str) -> Option<&str> {
+    node_id.split_once('/').map(|(_, s)| s)
+}
+
 /// The filesystems a block backend formats, grows and mounts.
 pub const BLOCK_FS_TYPES: &[&str] = &["ext4", "ext3", "xfs", "btrfs"];
 
@@ -39,6 +50,13 @@ pub trait Backend: Send + Sync {
     fn capabilities(&self) -> Capabilities;
     /// Whether the backend can serve requests now (for Probe).
     async fn health(&self) -> Result<()>;
+
+    /// What this node must tell controllers about itself for this backend
+    /// (an iSCSI initiator name), carried in the node id after the node's
+    /// name: `<name>/<suffix>`. Asked once, at start, on nodes.
+    fn node_id_suffix(&self) -> Result<Option<String>> {
+        Ok(None)
+    }
 
     /// Which access types and modes this backend can serve.
     fn supports(&self, capability: &VolumeCapability) -> Result<()> {

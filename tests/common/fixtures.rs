@@ -615,3 +615,79 @@ impl Drop for CephCluster {
         let _ = self.mon.wait();
     }
 }
+
+/// A tgtd of its own (control port and iSCSI port chosen free), for the
+/// iscsi backend to drive. Works on the host (tgtd is user space) and in
+/// the guest.
+pub struct Tgtd {
+    pub control_port: u32,
+    pub port: u16,
+    child: Option<Child>,
+}
+
+impl Tgtd {
+    pub fn new() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let control_port = 1000 + (std::process::id() % 5000);
+        let mut t = Tgtd {
+            control_port,
+            port,
+            child: None,
+        };
+        t.start();
+        t
+    }
+
+    pub fn portal(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn tgtadm(&self, args: &[&str]) -> String {
+        let c = self.control_port.to_string();
+        let mut all = vec!["-C", c.as_str(), "--lld", "iscsi"];
+        all.extend_from_slice(args);
+        run("tgtadm", &all)
+    }
+
+    /// Starts tgtd and waits until it answers on its control port.
+    pub fn start(&mut self) {
+        let child = Command::new("tgtd")
+            .args([
+                "-f",
+                "-C",
+                &self.control_port.to_string(),
+                "--iscsi",
+                &format!("portal=127.0.0.1:{}", self.port),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("tgtd");
+        self.child = Some(child);
+        let c = self.control_port.to_string();
+        wait_for("tgtd", Duration::from_secs(30), || {
+            Command::new("tgtadm")
+                .args(["-C", &c, "--lld", "iscsi", "--op", "show", "--mode", "sys"])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        });
+    }
+
+    /// Kills tgtd: everything it served is gone (tgt keeps nothing).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Tgtd {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

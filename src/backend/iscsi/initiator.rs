@@ -1,0 +1,438 @@
+//! The node side: open-iscsi through `iscsiadm` (exec seam, timeouts), the
+//! node record's CHAP settings written to its file (a secret never goes on
+//! a command line), and the LUN's disk found through sysfs.
+
+use crate::error::{Error, Result};
+use crate::exec::{path_arg, Command, CommandRunner};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// iscsiadm's exit codes that mean "already so".
+const NO_OBJECTS: i32 = 21;
+const SESSION_EXISTS: i32 = 15;
+const LOGIN_AUTH_FAILED: i32 = 24;
+
+/// This node's initiator name, from open-iscsi's file.
+pub fn initiator_name(file: &Path) -> Result<String> {
+    let text = std::fs::read_to_string(file).map_err(|e| {
+        Error::io(
+            format!("read the initiator name from {}", file.display()),
+            e,
+        )
+    })?;
+    let name = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.strip_prefix("InitiatorName="))
+        .map(str::trim)
+        .ok_or_else(|| Error::invalid(format!("{} has no InitiatorName=", file.display())))?;
+    if !super::is_iqn(name) {
+        return Err(Error::invalid(format!(
+            "{}: initiator name {name:?} is not an iqn. name",
+            file.display()
+        )));
+    }
+    Ok(name.to_string())
+}
+
+/// One open-iscsi session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Session {
+    pub sid: u32,
+    pub portal: String,
+    pub iqn: String,
+}
+
+/// Parses `iscsiadm -m session`: `tcp: [3] 127.0.0.1:3260,1 iqn... (non-flash)`.
+pub fn parse_sessions(text: &str) -> Vec<Session> {
+    text.lines()
+        .filter_map(|l| {
+            let mut parts = l.split_whitespace();
+            let _transport = parts.next()?;
+            let sid = parts
+                .next()?
+                .strip_prefix('[')?
+                .strip_suffix(']')?
+                .parse()
+                .ok()?;
+            let portal = parts.next()?.rsplit_once(',')?.0.to_string();
+            let iqn = parts.next()?.to_string();
+            Some(Session { sid, portal, iqn })
+        })
+        .collect()
+}
+
+pub struct Initiator<'a> {
+    pub runner: &'a dyn CommandRunner,
+    pub node_db: &'a Path,
+    pub sysfs: &'a Path,
+    pub timeout: Duration,
+}
+
+use super::Chap;
+
+impl Initiator<'_> {
+    fn iscsiadm(&self) -> Command {
+        Command::new("iscsiadm").timeout(Duration::from_secs(30))
+    }
+
+    /// Runs iscsiadm; `Ok(false)` when it says there is nothing to act on
+    /// (or it is already done, for the codes in `already`).
+    async fn run(&self, cmd: Command, already: &[i32]) -> Result<bool> {
+        match self.runner.run(cmd).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.exit_code().is_some_and(|c| already.contains(&c)) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub async fn sessions(&self, iqn: &str) -> Result<Vec<Session>> {
+        match self
+            .runner
+            .run(self.iscsiadm().args(["-m", "session"]))
+            .await
+        {
+            Ok(out) => Ok(parse_sessions(&out.stdout)
+                .into_iter()
+                .filter(|s| s.iqn == iqn)
+                .collect()),
+            Err(e) if e.exit_code() == Some(NO_OBJECTS) => Ok(Vec::new()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Logs in to `iqn` (reusing a session that exists, after a restart)
+    /// and returns LUN `lun`'s disk.
+    pub async fn attach(
+        &self,
+        iqn: &str,
+        portals: &[&str],
+        lun: u32,
+        incoming: Option<&Chap>,
+        outgoing: Option<&Chap>,
+    ) -> Result<PathBuf> {
+        let session = match self.sessions(iqn).await?.into_iter().next() {
+            Some(s) => s,
+            None => self.login(iqn, portals, incoming, outgoing).await?,
+        };
+        self.wait_for_disk(&session, lun).await
+    }
+
+    async fn login(
+        &self,
+        iqn: &str,
+        portals: &[&str],
+        incoming: Option<&Chap>,
+        outgoing: Option<&Chap>,
+    ) -> Result<Session> {
+        let mut last = None;
+        for portal in portals {
+            let node = |cmd: Command| cmd.args(["-m", "node", "-T", iqn, "-p", portal]);
+            self.run(node(self.iscsiadm()).args(["-o", "new"]), &[SESSION_EXISTS])
+                .await?;
+            self.run(
+                node(self.iscsiadm()).args(["-o", "update", "-n", "node.startup", "-v", "manual"]),
+                &[],
+            )
+            .await?;
+            self.write_auth(iqn, portal, incoming, outgoing)?;
+            let login = node(self.iscsiadm()).arg("--login").timeout(self.timeout);
+            match self.runner.run(login).await {
+                Ok(_) => {}
+                Err(e) if e.exit_code() == Some(SESSION_EXISTS) => {}
+                Err(e) => {
+                    let auth = e.exit_code() == Some(LOGIN_AUTH_FAILED);
+                    let err = Error::from(e);
+                    last = Some(if auth {
+                        Error::precondition(format!(
+                            "the target refused this node's CHAP credentials: {}",
+                            err.message
+                        ))
+                    } else {
+                        err
+                    });
+                    continue;
+                }
+            }
+            if let Some(s) = self.sessions(iqn).await?.into_iter().next() {
+                return Ok(s);
+            }
+        }
+        // Nothing logged in: no record of ours left behind.
+        self.run(
+            self.iscsiadm()
+                .args(["-m", "node", "-T", iqn, "-o", "delete"]),
+            &[NO_OBJECTS],
+        )
+        .await?;
+        Err(last.unwrap_or_else(|| Error::unavailable(format!("no session to {iqn}"))))
+    }
+
+    /// The node record files of `iqn` at `portal` (open-iscsi keeps one per
+    /// portal and portal group: `<db>/<iqn>/<host>,<port>,<tpgt>/default`).
+    fn records(&self, iqn: &str, portal: &str) -> Result<Vec<PathBuf>> {
+        let dir = self.node_db.join(iqn);
+        let (host, port) = portal.rsplit_once(':').unwrap_or((portal, "3260"));
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let prefix = format!("{host},{port},");
+        let entries = std::fs::read_dir(&dir)
+            .map_err(|e| Error::io(format!("read node records in {}", dir.display()), e))?;
+        let mut out = Vec::new();
+        for e in entries.flatten() {
+            if !e.file_name().to_string_lossy().starts_with(&prefix) {
+                continue;
+            }
+            let p = e.path();
+            out.push(if p.is_dir() { p.join("default") } else { p });
+        }
+        Ok(out)
+    }
+
+    /// Sets (or clears) the record's CHAP settings by editing its file, so
+    /// the secret never appears on a command line.
+    fn write_auth(
+        &self,
+        iqn: &str,
+        portal: &str,
+        incoming: Option<&Chap>,
+        outgoing: Option<&Chap>,
+    ) -> Result<()> {
+        let records = self.records(iqn, portal)?;
+        if records.is_empty() {
+            return Err(Error::internal(format!(
+                "iscsiadm made no node record for {iqn} at {portal} under {}",
+                self.node_db.display()
+            )));
+        }
+        for path in records {
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+            let mut lines: Vec<String> = text
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("node.session.auth."))
+                .map(str::to_string)
+                .collect();
+            let mut auth = vec![format!(
+                "node.session.auth.authmethod = {}",
+                if incoming.is_some() { "CHAP" } else { "None" }
+            )];
+            if let Some((u, p)) = incoming {
+                auth.push(format!("node.session.auth.username = {u}"));
+                auth.push(format!("node.session.auth.password = {p}"));
+            }
+            if let Some((u, p)) = outgoing {
+                auth.push(format!("node.session.auth.username_in = {u}"));
+                auth.push(format!("node.session.auth.password_in = {p}"));
+            }
+            let at = lines
+                .iter()
+                .position(|l| l.starts_with("# END RECORD"))
+                .unwrap_or(lines.len());
+            lines.splice(at..at, auth);
+            let mut body = lines.join("\n");
+            body.push('\n');
+            write_private(&path, body.as_bytes())?;
+        }
+        Ok(())
+    }
+
+    fn session_dir(&self, sid: u32) -> PathBuf {
+        self.sysfs
+            .join("class/iscsi_session")
+            .join(format!("session{sid}"))
+    }
+
+    /// The disk of LUN `lun` in session `sid`, if the kernel made it.
+    pub fn disk(&self, sid: u32, lun: u32) -> Option<String> {
+        let device = self.session_dir(sid).join("device");
+        for target in std::fs::read_dir(&device).ok()?.flatten() {
+            if !target.file_name().to_string_lossy().starts_with("target") {
+                continue;
+            }
+            for unit in std::fs::read_dir(target.path()).ok()?.flatten() {
+                let name = unit.file_name().to_string_lossy().into_owned();
+                if name.rsplit(':').next().and_then(|l| l.parse::<u32>().ok()) != Some(lun)
+                    || name.split(':').count() != 4
+                {
+                    continue;
+                }
+                let block = unit.path().join("block");
+                if let Some(disk) = std::fs::read_dir(block).ok()?.flatten().next() {
+                    return Some(disk.file_name().to_string_lossy().into_owned());
+                }
+            }
+        }
+        None
+    }
+
+    /// Every disk of session `sid`.
+    fn disks(&self, sid: u32) -> Vec<String> {
+        let mut out = Vec::new();
+        let device = self.session_dir(sid).join("device");
+        let Ok(targets) = std::fs::read_dir(device) else {
+            return out;
+        };
+        for target in targets.flatten() {
+            let Ok(units) = std::fs::read_dir(target.path()) else {
+                continue;
+            };
+            for unit in units.flatten() {
+                if let Ok(disks) = std::fs::read_dir(unit.path().join("block")) {
+                    out.extend(
+                        disks
+                            .flatten()
+                            .map(|d| d.file_name().to_string_lossy().into_owned()),
+                    );
+                }
+            }
+        }
+        out
+    }
+
+    /// Waits (polling sysfs, bounded) for the LUN's disk; asks for a rescan
+    /// once if it is slow to appear.
+    async fn wait_for_disk(&self, session: &Session, lun: u32) -> Result<PathBuf> {
+        let start = Instant::now();
+        let mut rescanned = false;
+        loop {
+            if let Some(disk) = self.disk(session.sid, lun) {
+                let dev = PathBuf::from("/dev").join(&disk);
+                if dev.exists() || self.sysfs != Path::new("/sys") {
+                    return Ok(dev);
+                }
+            }
+            if start.elapsed() >= self.timeout {
+                return Err(Error::unavailable(format!(
+                    "LUN {lun} of {} did not appear within {:?}",
+                    session.iqn, self.timeout
+                )));
+            }
+            if !rescanned && start.elapsed() >= self.timeout / 3 {
+                rescanned = true;
+                let sid = session.sid.to_string();
+                self.run(
+                    self.iscsiadm()
+                        .args(["-m", "session", "-r", &sid, "--rescan"]),
+                    &[],
+                )
+                .await?;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Flushes and removes the disks of every session to `iqn`, logs out,
+    /// and deletes the node records. Nothing there is success.
+    pub async fn detach(&self, iqn: &str) -> Result<()> {
+        for session in self.sessions(iqn).await? {
+            for disk in self.disks(session.sid) {
+                let dev = PathBuf::from("/dev").join(&disk);
+                if dev.exists() {
+                    self.run(
+                        Command::new("blockdev")
+                            .args(["--flushbufs", &path_arg(&dev)?])
+                            .timeout(Duration::from_secs(60)),
+                        &[],
+                    )
+                    .await?;
+                }
+                let delete = self.sysfs.join("block").join(&disk).join("device/delete");
+                match std::fs::write(&delete, "1") {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(Error::io(format!("write {}", delete.display()), e)),
+                }
+            }
+            let sid = session.sid.to_string();
+            self.run(
+                self.iscsiadm()
+                    .args(["-m", "session", "-r", &sid, "--logout"]),
+                &[NO_OBJECTS],
+            )
+            .await?;
+        }
+        self.run(
+            self.iscsiadm()
+                .args(["-m", "node", "-T", iqn, "-o", "delete"]),
+            &[NO_OBJECTS],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Rescans the session so the disk shows the LUN's new size; returns it.
+    pub async fn rescan(&self, iqn: &str) -> Result<u64> {
+        let session = self
+            .sessions(iqn)
+            .await?
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::precondition(format!("no iSCSI session to {iqn}")))?;
+        let sid = session.sid.to_string();
+        self.run(
+            self.iscsiadm()
+                .args(["-m", "session", "-r", &sid, "--rescan"]),
+            &[],
+        )
+        .await?;
+        let mut size = 0;
+        for disk in self.disks(session.sid) {
+            let rescan = self.sysfs.join("block").join(&disk).join("device/rescan");
+            std::fs::write(&rescan, "1")
+                .map_err(|e| Error::io(format!("write {}", rescan.display()), e))?;
+            let sectors =
+                std::fs::read_to_string(self.sysfs.join("block").join(&disk).join("size"))
+                    .map_err(|e| Error::io(format!("size of {disk}"), e))?;
+            size = size.max(sectors.trim().parse::<u64>().unwrap_or(0) * 512);
+        }
+        Ok(size)
+    }
+
+    /// Why the volume's session or disk is not healthy, if it is not.
+    pub async fn condition(&self, iqn: &str, device: &Path) -> Result<Option<String>> {
+        let Some(session) = self.sessions(iqn).await?.into_iter().next() else {
+            return Ok(Some(format!("no iSCSI session to {iqn}")));
+        };
+        let state = std::fs::read_to_string(self.session_dir(session.sid).join("state"))
+            .unwrap_or_default();
+        if state.trim() != "LOGGED_IN" {
+            return Ok(Some(format!(
+                "iSCSI session {} to {iqn} is {}",
+                session.sid,
+                if state.trim().is_empty() {
+                    "gone"
+                } else {
+                    state.trim()
+                }
+            )));
+        }
+        let disk = device.file_name().map(|d| d.to_string_lossy().into_owned());
+        if disk.is_none_or(|d| !self.disks(session.sid).contains(&d)) {
+            return Ok(Some(format!(
+                "{} is no longer a disk of the session",
+                device.display()
+            )));
+        }
+        Ok(None)
+    }
+}
+
+/// Writes a file only root can read, atomically.
+fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("ferrovol-tmp");
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(|e| Error::io(format!("write {}", path.display()), e))
+}

@@ -1,0 +1,881 @@
+//! The `iscsi` backend: volumes served as iSCSI LUNs, one target per
+//! volume, with a controller that really grants access.
+//!
+//! Controller side (where the target server runs): the backing store is a
+//! private backend of another type (`[backend.store]`, a `file` pool or an
+//! `lvm` device class), driven exactly as a node drives it: create, attach
+//! (a loop device or an active LV), expand, snapshot, delete. Each volume
+//! gets target `<iqn_prefix>:<volume>` with the store's device as LUN 1;
+//! ControllerPublish adds the node's initiator name (carried in its node
+//! id) to the target's ACL and sets CHAP from the secrets; what was made is
+//! recorded under the state dir, so targets are rebuilt when the target
+//! server lost them (tgt keeps nothing across its own restart).
+//!
+//! Node side: open-iscsi (`iscsiadm`) logs in to exactly the published
+//! target with manual startup, CHAP secrets written into the node record
+//! (never on a command line), finds the LUN's disk through sysfs, and undoes
+//! it all at unstage. See `initiator.rs`.
+
+mod initiator;
+pub mod target;
+#[cfg(test)]
+mod tests;
+
+use crate::config::BackendConfig;
+use crate::error::{Error, Result};
+use crate::exec::CommandRunner;
+use crate::plugin::{
+    digest_hex, AccessMode, AttachContext, Attachment, Backend, Capabilities, Capacity,
+    ContentSource, ControllerAttach, CreateSnapshot, CreateVolume, Page, Secrets, SnapshotId,
+    SnapshotInfo, VolumeId, VolumeInfo,
+};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use target::{Target, TargetState, Tgt};
+
+/// Secrets keys: CHAP the initiator answers (ControllerPublish sets the
+/// account on the target, NodeStage logs in with it)...
+pub const CHAP_USER: &str = "chapUsername";
+pub const CHAP_PASSWORD: &str = "chapPassword";
+/// ...and mutual CHAP, the target's answer to the initiator.
+pub const MUTUAL_USER: &str = "chapMutualUsername";
+pub const MUTUAL_PASSWORD: &str = "chapMutualPassword";
+
+/// Publish context keys.
+const CTX_PORTALS: &str = "portals";
+const CTX_IQN: &str = "iqn";
+const CTX_LUN: &str = "lun";
+
+/// How often Probe checks that the target server still has every target.
+const RECONCILE_EVERY: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiSettings {
+    /// Targets are named `<iqn_prefix>:<volume>`; the node logs in only to
+    /// targets under it.
+    pub iqn_prefix: String,
+    /// `host:port` of the target server as nodes reach it (the publish
+    /// context carries them).
+    #[serde(default)]
+    pub portals: Vec<String>,
+    /// The backing store (controller side): a backend table of its own.
+    pub store: Option<BackendConfig>,
+    /// tgtd's control port (`tgtadm -C`) and socket directory.
+    #[serde(default)]
+    pub control_port: u32,
+    #[serde(default = "default_tgt_socket_dir")]
+    pub tgt_socket_dir: PathBuf,
+    /// Where this node's initiator name is (node side).
+    #[serde(default = "default_initiator_file")]
+    pub initiator_name_file: PathBuf,
+    /// open-iscsi's node records (node side).
+    #[serde(default = "default_node_db")]
+    pub node_db: PathBuf,
+    /// How long a login may take, and the LUN's disk to appear (seconds).
+    #[serde(default = "default_login_timeout")]
+    pub login_timeout: u64,
+}
+
+fn default_tgt_socket_dir() -> PathBuf {
+    "/var/run/tgtd".into()
+}
+fn default_initiator_file() -> PathBuf {
+    "/etc/iscsi/initiatorname.iscsi".into()
+}
+fn default_node_db() -> PathBuf {
+    "/etc/iscsi/nodes".into()
+}
+fn default_login_timeout() -> u64 {
+    30
+}
+
+/// What the controller made for a volume, persisted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Record {
+    iqn: String,
+    /// The store's device behind LUN 1.
+    device: PathBuf,
+    attachment: Attachment,
+    /// Initiator names ControllerPublish allowed.
+    initiators: BTreeSet<String>,
+    /// CHAP accounts bound to the target (names only; passwords are kept
+    /// in memory and never written).
+    incoming_user: Option<String>,
+    outgoing_user: Option<String>,
+}
+
+pub struct IscsiBackend {
+    name: String,
+    settings: IscsiSettings,
+    runner: Arc<dyn CommandRunner>,
+    target: Arc<dyn Target>,
+    store: Option<Arc<dyn Backend>>,
+    records: PathBuf,
+    /// One target-server change at a time (tids are picked from what it
+    /// reports).
+    admin: tokio::sync::Mutex<()>,
+    /// CHAP passwords last given, by account, for rebuilding targets.
+    passwords: Mutex<HashMap<String, String>>,
+    last_reconcile: Mutex<Option<Instant>>,
+    sysfs: PathBuf,
+}
+
+/// Whether `s` is a valid iSCSI qualified name we accept (the `iqn.`
+/// form, lowercase).
+pub fn is_iqn(s: &str) -> bool {
+    s.len() <= 223
+        && s.starts_with("iqn.")
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-.:".contains(&b))
+}
+
+/// A portal `host:port`: an IPv4 address or DNS name, or `[v6]`, and a
+/// port.
+pub fn is_portal(s: &str) -> bool {
+    let Some((host, port)) = s.rsplit_once(':') else {
+        return false;
+    };
+    if port.parse::<u16>().is_err() || host.is_empty() || host.len() > 253 {
+        return false;
+    }
+    if let Some(v6) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        return v6.parse::<std::net::Ipv6Addr>().is_ok();
+    }
+    host.bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+        && !host.starts_with('-')
+}
+
+/// CHAP names: printable, no separators tgt or iscsiadm would split on.
+fn check_chap_user(user: &str) -> Result<()> {
+    if user.is_empty()
+        || user.len() > 64
+        || !user
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._:@-".contains(&b))
+    {
+        return Err(Error::invalid(
+            "CHAP user name: 1 to 64 of a-z, A-Z, 0-9, '.', '_', ':', '@', '-'",
+        ));
+    }
+    Ok(())
+}
+
+/// CHAP secrets: 12 to 64 printable characters without spaces, ',' or
+/// '=' (the error never shows the value).
+fn check_chap_password(password: &str) -> Result<()> {
+    if password.len() < 12
+        || password.len() > 64
+        || !password
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && b != b',' && b != b'=')
+    {
+        return Err(Error::invalid(
+            "CHAP secret: 12 to 64 printable characters without spaces, ',' or '='",
+        ));
+    }
+    Ok(())
+}
+
+/// The CHAP pairs in a secrets map: (incoming, outgoing), each checked.
+pub fn chap_from(
+    secrets: &Secrets,
+) -> Result<(Option<(String, String)>, Option<(String, String)>)> {
+    let pair = |u: &str, p: &str| -> Result<Option<Chap>> {
+        match (secrets.get(u), secrets.get(p)) {
+            (None, None) => Ok(None),
+            (Some(user), Some(password)) => {
+                check_chap_user(user)?;
+                check_chap_password(password)?;
+                Ok(Some((user.to_string(), password.to_string())))
+            }
+            _ => Err(Error::invalid(format!("secrets: {u} and {p} go together"))),
+        }
+    };
+    let incoming = pair(CHAP_USER, CHAP_PASSWORD)?;
+    let outgoing = pair(MUTUAL_USER, MUTUAL_PASSWORD)?;
+    if outgoing.is_some() && incoming.is_none() {
+        return Err(Error::invalid(
+            "secrets: mutual CHAP needs CHAP in the other direction too",
+        ));
+    }
+    Ok((incoming, outgoing))
+}
+
+impl IscsiBackend {
+    pub fn new(
+        name: &str,
+        settings: IscsiSettings,
+        runner: Arc<dyn CommandRunner>,
+        store: Option<Arc<dyn Backend>>,
+        state_dir: PathBuf,
+    ) -> Result<Self> {
+        let bad = |what: &str| Error::invalid(format!("backend {name:?}: {what}"));
+        if !is_iqn(&settings.iqn_prefix) || settings.iqn_prefix.len() > 160 {
+            return Err(bad(
+                "iqn_prefix must be an iqn. name (lowercase, at most 160 bytes)",
+            ));
+        }
+        if let Some(p) = settings.portals.iter().find(|p| !is_portal(p)) {
+            return Err(bad(&format!("portal {p:?} is not host:port")));
+        }
+        if store.is_some() && settings.portals.is_empty() {
+            return Err(bad("a controller (with a store) needs at least one portal"));
+        }
+        for (what, p) in [
+            ("tgt_socket_dir", &settings.tgt_socket_dir),
+            ("initiator_name_file", &settings.initiator_name_file),
+            ("node_db", &settings.node_db),
+        ] {
+            crate::config::absolute(p, what)?;
+        }
+        let target = Arc::new(Tgt::new(
+            runner.clone(),
+            settings.control_port,
+            settings.tgt_socket_dir.clone(),
+        ));
+        Ok(IscsiBackend {
+            name: name.to_string(),
+            settings,
+            runner,
+            target,
+            store,
+            records: state_dir,
+            admin: tokio::sync::Mutex::new(()),
+            passwords: Mutex::new(HashMap::new()),
+            last_reconcile: Mutex::new(None),
+            sysfs: "/sys".into(),
+        })
+    }
+
+    #[cfg(test)]
+    fn with_target(mut self, target: Arc<dyn Target>) -> Self {
+        self.target = target;
+        self
+    }
+
+    #[cfg(test)]
+    fn with_sysfs(mut self, sysfs: PathBuf) -> Self {
+        self.sysfs = sysfs;
+        self
+    }
+
+    fn store(&self) -> Result<&Arc<dyn Backend>> {
+        self.store.as_ref().ok_or_else(|| {
+            Error::precondition(format!(
+                "backend {}: no [backend.store] here; volumes are managed by the controller that has one",
+                self.name
+            ))
+        })
+    }
+
+    /// The target name of a volume: the prefix and the locator when it is
+    /// a valid name part, else a digest of it.
+    pub fn iqn_for(prefix: &str, locator: &str) -> String {
+        let clean = locator
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-.".contains(&b));
+        if clean && prefix.len() + 1 + locator.len() <= 223 {
+            format!("{prefix}:{locator}")
+        } else {
+            format!("{prefix}:v-{}", digest_hex(locator.as_bytes(), 16))
+        }
+    }
+
+    fn iqn(&self, id: &VolumeId) -> String {
+        Self::iqn_for(&self.settings.iqn_prefix, id.locator())
+    }
+
+    fn own_volume(&self, id: &VolumeId) -> Result<()> {
+        if id.backend() != self.name {
+            return Err(Error::not_found(format!(
+                "volume {id} is not an {} volume",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+
+    fn to_store(&self, id: &VolumeId) -> Result<VolumeId> {
+        VolumeId::new(self.store()?.name(), id.locator())
+    }
+    fn id_from_store(&self, id: &VolumeId) -> Result<VolumeId> {
+        VolumeId::new(&self.name, id.locator())
+    }
+    fn snap_to_store(&self, id: &SnapshotId) -> Result<SnapshotId> {
+        SnapshotId::new(self.store()?.name(), id.locator())
+    }
+    fn snap_from_store(&self, id: &SnapshotId) -> Result<SnapshotId> {
+        SnapshotId::new(&self.name, id.locator())
+    }
+
+    fn volume_from_store(&self, mut v: VolumeInfo) -> Result<VolumeInfo> {
+        v.id = self.id_from_store(&v.id)?;
+        v.source = match v.source {
+            Some(ContentSource::Volume(s)) => Some(ContentSource::Volume(self.id_from_store(&s)?)),
+            Some(ContentSource::Snapshot(s)) => {
+                Some(ContentSource::Snapshot(self.snap_from_store(&s)?))
+            }
+            None => None,
+        };
+        Ok(v)
+    }
+
+    fn snapshot_from_store(&self, mut s: SnapshotInfo) -> Result<SnapshotInfo> {
+        s.id = self.snap_from_store(&s.id)?;
+        s.source_volume = self.id_from_store(&s.source_volume)?;
+        Ok(s)
+    }
+
+    fn record_path(&self, id: &VolumeId) -> PathBuf {
+        self.records.join(format!("{}.json", id.locator()))
+    }
+
+    fn load(&self, id: &VolumeId) -> Result<Option<Record>> {
+        let path = self.record_path(id);
+        match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| Error::internal(format!("{}: {e}", path.display()))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::io(format!("read {}", path.display()), e)),
+        }
+    }
+
+    fn save(&self, id: &VolumeId, record: &Record) -> Result<()> {
+        std::fs::create_dir_all(&self.records)
+            .map_err(|e| Error::io(format!("create {}", self.records.display()), e))?;
+        let bytes =
+            serde_json::to_vec_pretty(record).map_err(|e| Error::internal(e.to_string()))?;
+        let path = self.record_path(id);
+        crate::state::write_atomic(&path, &bytes)
+            .map_err(|e| Error::io(format!("write {}", path.display()), e))
+    }
+
+    fn forget(&self, id: &VolumeId) -> Result<()> {
+        match std::fs::remove_file(self.record_path(id)) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::io("remove target record", e)),
+        }
+    }
+
+    fn password(&self, user: &str) -> Option<String> {
+        self.passwords.lock().unwrap().get(user).cloned()
+    }
+
+    /// Makes sure account `user` exists on the server with the password
+    /// given now (remembered for rebuilding).
+    async fn ensure_account(&self, user: &str, password: &str) -> Result<()> {
+        let known = self.password(user);
+        let exists = self.target.accounts().await?.iter().any(|a| a == user);
+        if exists && known.as_deref() != Some(password) && known.is_some() {
+            return Err(Error::precondition(format!(
+                "CHAP account {user:?} exists on the target server with another secret; \
+                 use one secret per account name"
+            )));
+        }
+        if !exists {
+            self.target.new_account(user, password).await?;
+        }
+        self.passwords
+            .lock()
+            .unwrap()
+            .insert(user.to_string(), password.to_string());
+        Ok(())
+    }
+
+    /// The volume's target, made again (with its LUN, ACL and accounts)
+    /// if the server lost it. A target whose CHAP secret is not known here
+    /// (the driver restarted too) is made with an empty ACL: closed until
+    /// the next ControllerPublish brings the secret.
+    async fn ensure_target(
+        &self,
+        id: &VolumeId,
+        record: &mut Record,
+        targets: &[TargetState],
+    ) -> Result<u32> {
+        if let Some(t) = targets.iter().find(|t| t.iqn == record.iqn) {
+            return Ok(t.tid);
+        }
+        let store = self.store()?;
+        let store_id = self.to_store(id)?;
+        let attachment = store
+            .node_attach(&store_id, &AttachContext::default())
+            .await?;
+        let Attachment::Device { path } = &attachment else {
+            return Err(Error::internal("the store gave no block device"));
+        };
+        record.device = path.clone();
+        record.attachment = attachment.clone();
+        let tid = targets.iter().map(|t| t.tid).max().unwrap_or(0) + 1;
+        self.target.create(tid, &record.iqn, &record.device).await?;
+        let mut open = true;
+        for (user, outgoing) in [
+            (&record.incoming_user, false),
+            (&record.outgoing_user, true),
+        ] {
+            let Some(user) = user else { continue };
+            match self.password(user) {
+                Some(password) => {
+                    self.ensure_account(user, &password).await?;
+                    self.target.bind_account(tid, user, outgoing).await?;
+                }
+                None => open = false,
+            }
+        }
+        if open {
+            for initiator in &record.initiators {
+                self.target.allow(tid, initiator).await?;
+            }
+        } else {
+            tracing::warn!(volume = %id, iqn = %record.iqn,
+                "target rebuilt without its ACL: its CHAP secret is not known since a restart; \
+                 the next ControllerPublish opens it");
+        }
+        tracing::info!(volume = %id, iqn = %record.iqn, tid, "target rebuilt");
+        Ok(tid)
+    }
+
+    /// Rebuilds every recorded target the server lost.
+    async fn reconcile(&self) -> Result<()> {
+        let _admin = self.admin.lock().await;
+        let mut targets = self.target.targets().await?;
+        let entries = match std::fs::read_dir(&self.records) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(Error::io("read target records", e)),
+        };
+        let mut locators: Vec<String> = entries
+            .flatten()
+            .filter_map(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .strip_suffix(".json")
+                    .map(str::to_string)
+            })
+            .collect();
+        locators.sort();
+        for locator in locators {
+            let Ok(id) = VolumeId::new(&self.name, &locator) else {
+                continue;
+            };
+            let Some(mut record) = self.load(&id)? else {
+                continue;
+            };
+            if !targets.iter().any(|t| t.iqn == record.iqn) {
+                self.ensure_target(&id, &mut record, &targets).await?;
+                self.save(&id, &record)?;
+                targets = self.target.targets().await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The node's initiator name, from the node id the node reported.
+    fn initiator_of(node_id: &str) -> Result<&str> {
+        match crate::plugin::node_initiator(node_id) {
+            Some(i) if is_iqn(i) => Ok(i),
+            _ => Err(Error::not_found(format!(
+                "node {node_id:?} reported no iSCSI initiator name (is an iscsi backend configured on it?)"
+            ))),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for IscsiBackend {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let store = self.store.as_ref().map(|s| s.capabilities());
+        Capabilities {
+            provision: true,
+            attach: true,
+            device_mount: true,
+            expand: store.as_ref().is_none_or(|c| c.expand),
+            snapshot: store.as_ref().is_some_and(|c| c.snapshot),
+            clone: store.as_ref().is_some_and(|c| c.clone),
+            block: true,
+            node_local: false,
+            access_modes: vec![
+                AccessMode::SingleNodeWriter,
+                AccessMode::SingleNodeReaderOnly,
+                AccessMode::SingleNodeSingleWriter,
+                AccessMode::SingleNodeMultiWriter,
+            ],
+        }
+    }
+
+    async fn health(&self) -> Result<()> {
+        if self.store.is_none() {
+            return Ok(());
+        }
+        let due = {
+            let mut last = self.last_reconcile.lock().unwrap();
+            let due = last.is_none_or(|t| t.elapsed() >= RECONCILE_EVERY);
+            if due {
+                *last = Some(Instant::now());
+            }
+            due
+        };
+        if due {
+            self.reconcile().await?;
+        }
+        Ok(())
+    }
+
+    fn node_id_suffix(&self) -> Result<Option<String>> {
+        initiator::initiator_name(&self.settings.initiator_name_file).map(Some)
+    }
+
+    fn volume_id_for(&self, req: &CreateVolume) -> Result<VolumeId> {
+        self.id_from_store(&self.store()?.volume_id_for(req)?)
+    }
+
+    fn snapshot_id_for(&self, req: &CreateSnapshot) -> Result<SnapshotId> {
+        let mut r = req.clone();
+        r.source = self.to_store(&req.source)?;
+        self.snap_from_store(&self.store()?.snapshot_id_for(&r)?)
+    }
+
+    fn validate_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {
+        self.store()?.validate_parameters(parameters)
+    }
+
+    fn validate_snapshot_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {
+        self.store()?.validate_snapshot_parameters(parameters)
+    }
+
+    async fn create_volume(&self, req: &CreateVolume) -> Result<VolumeInfo> {
+        let store = self.store()?;
+        let mut r = req.clone();
+        r.source = match &req.source {
+            Some(ContentSource::Volume(v)) => {
+                self.own_volume(v)
+                    .map_err(|_| Error::not_found(format!("source volume {v} does not exist")))?;
+                Some(ContentSource::Volume(self.to_store(v)?))
+            }
+            Some(ContentSource::Snapshot(s)) => {
+                if s.backend() != self.name {
+                    return Err(Error::not_found(format!(
+                        "source snapshot {s} does not exist"
+                    )));
+                }
+                Some(ContentSource::Snapshot(self.snap_to_store(s)?))
+            }
+            None => None,
+        };
+        let info = store.create_volume(&r).await?;
+        let info = self.volume_from_store(info)?;
+        let id = info.id.clone();
+        let _admin = self.admin.lock().await;
+        let mut record = match self.load(&id)? {
+            Some(r) => r,
+            None => Record {
+                iqn: self.iqn(&id),
+                device: PathBuf::new(),
+                attachment: Attachment::Device {
+                    path: PathBuf::new(),
+                },
+                initiators: BTreeSet::new(),
+                incoming_user: None,
+                outgoing_user: None,
+            },
+        };
+        let targets = self.target.targets().await?;
+        self.ensure_target(&id, &mut record, &targets).await?;
+        self.save(&id, &record)?;
+        Ok(info)
+    }
+
+    async fn delete_volume(&self, id: &VolumeId, secrets: &Secrets) -> Result<()> {
+        if id.backend() != self.name {
+            return Ok(());
+        }
+        let store = self.store()?;
+        let store_id = self.to_store(id)?;
+        let _admin = self.admin.lock().await;
+        let record = self.load(id)?;
+        let iqn = record
+            .as_ref()
+            .map(|r| r.iqn.clone())
+            .unwrap_or_else(|| self.iqn(id));
+        let targets = self.target.targets().await?;
+        if let Some(t) = targets.iter().find(|t| t.iqn == iqn) {
+            if !t.sessions.is_empty() {
+                return Err(Error::precondition(format!(
+                    "volume {id} is in use: logged in from {}",
+                    t.sessions.join(", ")
+                )));
+            }
+            self.target.delete(t.tid).await?;
+        }
+        store
+            .node_detach(&store_id, record.as_ref().map(|r| &r.attachment))
+            .await?;
+        store.delete_volume(&store_id, secrets).await?;
+        self.forget(id)
+    }
+
+    async fn get_volume(&self, id: &VolumeId) -> Result<Option<VolumeInfo>> {
+        if id.backend() != self.name {
+            return Ok(None);
+        }
+        match self.store()?.get_volume(&self.to_store(id)?).await? {
+            Some(v) => Ok(Some(self.volume_from_store(v)?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn list_volumes(&self, page: &Page) -> Result<Vec<VolumeInfo>> {
+        self.store()?
+            .list_volumes(page)
+            .await?
+            .into_iter()
+            .map(|v| self.volume_from_store(v))
+            .collect()
+    }
+
+    async fn capacity(&self, parameters: &BTreeMap<String, String>) -> Result<Capacity> {
+        self.store()?.capacity(parameters).await
+    }
+
+    async fn expand_volume(
+        &self,
+        id: &VolumeId,
+        required: u64,
+        limit: u64,
+        secrets: &Secrets,
+    ) -> Result<u64> {
+        self.own_volume(id)?;
+        let store = self.store()?;
+        let store_id = self.to_store(id)?;
+        let size = store
+            .expand_volume(&store_id, required, limit, secrets)
+            .await?;
+        let _admin = self.admin.lock().await;
+        let mut record = self
+            .load(id)?
+            .ok_or_else(|| Error::not_found(format!("volume {id} has no target")))?;
+        let targets = self.target.targets().await?;
+        let tid = self.ensure_target(id, &mut record, &targets).await?;
+        store
+            .node_refresh_size(&store_id, &record.attachment)
+            .await?;
+        self.target.refresh(tid, &record.device).await?;
+        self.save(id, &record)?;
+        Ok(size)
+    }
+
+    async fn create_snapshot(&self, req: &CreateSnapshot) -> Result<SnapshotInfo> {
+        self.own_volume(&req.source).map_err(|_| {
+            Error::not_found(format!("source volume {} does not exist", req.source))
+        })?;
+        let mut r = req.clone();
+        r.source = self.to_store(&req.source)?;
+        self.snapshot_from_store(self.store()?.create_snapshot(&r).await?)
+    }
+
+    async fn delete_snapshot(&self, id: &SnapshotId, secrets: &Secrets) -> Result<()> {
+        if id.backend() != self.name {
+            return Ok(());
+        }
+        self.store()?
+            .delete_snapshot(&self.snap_to_store(id)?, secrets)
+            .await
+    }
+
+    async fn get_snapshot(&self, id: &SnapshotId) -> Result<Option<SnapshotInfo>> {
+        if id.backend() != self.name {
+            return Ok(None);
+        }
+        match self.store()?.get_snapshot(&self.snap_to_store(id)?).await? {
+            Some(s) => Ok(Some(self.snapshot_from_store(s)?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn list_snapshots(
+        &self,
+        source: Option<&VolumeId>,
+        page: &Page,
+    ) -> Result<Vec<SnapshotInfo>> {
+        let source = match source {
+            Some(s) if s.backend() != self.name => return Ok(Vec::new()),
+            Some(s) => Some(self.to_store(s)?),
+            None => None,
+        };
+        self.store()?
+            .list_snapshots(source.as_ref(), page)
+            .await?
+            .into_iter()
+            .map(|s| self.snapshot_from_store(s))
+            .collect()
+    }
+
+    async fn controller_attach(
+        &self,
+        id: &VolumeId,
+        req: &ControllerAttach,
+    ) -> Result<BTreeMap<String, String>> {
+        self.own_volume(id)?;
+        let initiator = Self::initiator_of(&req.node_id)?.to_string();
+        let (incoming, outgoing) = chap_from(&req.secrets)?;
+        let _admin = self.admin.lock().await;
+        let mut record = self
+            .load(id)?
+            .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
+        let targets = self.target.targets().await?;
+        let tid = self.ensure_target(id, &mut record, &targets).await?;
+        // CHAP first, so the ACL never opens a target that should ask.
+        for (pair, outgoing_dir, slot) in [
+            (&incoming, false, &mut record.incoming_user),
+            (&outgoing, true, &mut record.outgoing_user),
+        ] {
+            match pair {
+                Some((user, password)) => {
+                    self.ensure_account(user, password).await?;
+                    if let Some(old) = slot.as_ref().filter(|o| *o != user) {
+                        self.target.unbind_account(tid, old, outgoing_dir).await?;
+                    }
+                    self.target.bind_account(tid, user, outgoing_dir).await?;
+                    *slot = Some(user.clone());
+                }
+                None => {
+                    if let Some(old) = slot.as_ref() {
+                        return Err(Error::precondition(format!(
+                            "volume {id} is published with CHAP account {old:?}; \
+                             ControllerPublish must bring the same secrets"
+                        )));
+                    }
+                }
+            }
+        }
+        // The ACL may lag (a target rebuilt closed): make it whole again.
+        for known in &record.initiators {
+            self.target.allow(tid, known).await?;
+        }
+        self.target.allow(tid, &initiator).await?;
+        record.initiators.insert(initiator);
+        self.save(id, &record)?;
+        Ok(BTreeMap::from([
+            (CTX_PORTALS.to_string(), self.settings.portals.join(",")),
+            (CTX_IQN.to_string(), record.iqn.clone()),
+            (CTX_LUN.to_string(), "1".to_string()),
+        ]))
+    }
+
+    async fn controller_detach(
+        &self,
+        id: &VolumeId,
+        node_id: Option<&str>,
+        _secrets: &Secrets,
+    ) -> Result<()> {
+        if id.backend() != self.name {
+            return Ok(());
+        }
+        let _admin = self.admin.lock().await;
+        let Some(mut record) = self.load(id)? else {
+            return Ok(());
+        };
+        let gone: Vec<String> = match node_id {
+            Some(n) => match crate::plugin::node_initiator(n) {
+                Some(i) => vec![i.to_string()],
+                None => return Ok(()),
+            },
+            None => record.initiators.iter().cloned().collect(),
+        };
+        let targets = self.target.targets().await?;
+        if let Some(t) = targets.iter().find(|t| t.iqn == record.iqn) {
+            for i in &gone {
+                if t.allowed.contains(i) {
+                    self.target.disallow(t.tid, i).await?;
+                }
+            }
+        }
+        for i in &gone {
+            record.initiators.remove(i);
+        }
+        self.save(id, &record)
+    }
+
+    // ---- node ----
+
+    async fn node_attach(&self, id: &VolumeId, ctx: &AttachContext) -> Result<Attachment> {
+        self.own_volume(id)?;
+        let iqn = ctx.publish_context.get(CTX_IQN).ok_or_else(|| {
+            Error::invalid("publish context has no iqn: was the volume ControllerPublished?")
+        })?;
+        if *iqn != self.iqn(id) {
+            return Err(Error::invalid(format!(
+                "publish context names target {iqn:?}, not this volume's"
+            )));
+        }
+        let portals: Vec<&str> = ctx
+            .publish_context
+            .get(CTX_PORTALS)
+            .map(|p| p.split(',').filter(|p| !p.is_empty()).collect())
+            .unwrap_or_default();
+        if portals.is_empty() || portals.iter().any(|p| !is_portal(p)) {
+            return Err(Error::invalid(
+                "publish context: portals must be host:port, comma-separated",
+            ));
+        }
+        let lun: u32 = ctx
+            .publish_context
+            .get(CTX_LUN)
+            .and_then(|l| l.parse().ok())
+            .ok_or_else(|| Error::invalid("publish context: lun must be a number"))?;
+        let (incoming, outgoing) = chap_from(&ctx.secrets)?;
+        let path = self
+            .initiator()
+            .attach(iqn, &portals, lun, incoming.as_ref(), outgoing.as_ref())
+            .await?;
+        Ok(Attachment::Device { path })
+    }
+
+    async fn node_detach(&self, id: &VolumeId, _attachment: Option<&Attachment>) -> Result<()> {
+        self.own_volume(id)?;
+        self.initiator().detach(&self.iqn(id)).await
+    }
+
+    async fn node_refresh_size(&self, id: &VolumeId, _attachment: &Attachment) -> Result<u64> {
+        self.own_volume(id)?;
+        self.initiator().rescan(&self.iqn(id)).await
+    }
+
+    async fn node_condition(
+        &self,
+        id: &VolumeId,
+        attachment: &Attachment,
+    ) -> Result<Option<String>> {
+        self.own_volume(id)?;
+        let Attachment::Device { path } = attachment else {
+            return Ok(Some("unexpected attachment".into()));
+        };
+        self.initiator().condition(&self.iqn(id), path).await
+    }
+}
+
+impl IscsiBackend {
+    fn initiator(&self) -> initiator::Initiator<'_> {
+        initiator::Initiator {
+            runner: self.runner.as_ref(),
+            node_db: &self.settings.node_db,
+            sysfs: &self.sysfs,
+            timeout: Duration::from_secs(self.settings.login_timeout),
+        }
+    }
+}
+
+/// Where a store's records live when it is the iscsi backend's.
+pub fn store_dir(state_dir: &Path, name: &str) -> PathBuf {
+    state_dir.join("iscsi").join(name)
+}

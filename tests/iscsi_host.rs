@@ -1,0 +1,238 @@
+//! The iscsi backend's controller path on the host, through the binary,
+//! against a real tgtd on loopback (tgt is user space; the host kernel has
+//! no iSCSI initiator, so access is checked from the outside with
+//! libiscsi's user-space tools). The node path runs in the guest. Needs
+//! root, tgt and libiscsi-bin.
+
+mod common;
+
+use common::fixtures::Tgtd;
+use common::*;
+use ferrovol::proto as pb;
+use std::collections::HashMap;
+use std::process::Command;
+use tonic::Code;
+
+const NODE_A: &str = "iqn.2026-11.io.ferrovol.test:node-a";
+const NODE_B: &str = "iqn.2026-11.io.ferrovol.test:node-b";
+const SECRET: &str = "sesame-0123456789";
+
+fn config(t: &Tgtd, initiator_file: &std::path::Path) -> String {
+    format!(
+        "[[backend]]\ntype = \"iscsi\"\niqn_prefix = \"iqn.2026-11.io.ferrovol.test\"\n\
+         portals = [\"{}\"]\ncontrol_port = {}\ninitiator_name_file = \"{}\"\n\
+         [backend.store]\ntype = \"file\"\npool = \"@DIR@/pool\"\n",
+        t.portal(),
+        t.control_port,
+        initiator_file.display()
+    )
+}
+
+/// Whether `initiator` can read LUN 1's capacity (a login, an INQUIRY
+/// and a READ CAPACITY), with CHAP when `chap` is given. Returns the
+/// size in bytes on success.
+fn capacity_as(t: &Tgtd, iqn: &str, initiator: &str, chap: Option<(&str, &str)>) -> Option<u64> {
+    let url = match chap {
+        Some((user, _)) => format!("iscsi://{user}@{}/{iqn}/1", t.portal()),
+        None => format!("iscsi://{}/{iqn}/1", t.portal()),
+    };
+    let mut cmd = Command::new("iscsi-readcapacity16");
+    cmd.args(["-i", initiator, &url]);
+    if let Some((_, password)) = chap {
+        // libiscsi reads the secret from the environment: not on argv.
+        cmd.env("LIBISCSI_CHAP_PASSWORD", password);
+    }
+    let out = cmd.output().expect("iscsi-readcapacity16 (libiscsi-bin)");
+    if !out.status.success() {
+        return None;
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Total size:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+fn secrets(user: &str, password: &str) -> HashMap<String, String> {
+    HashMap::from([
+        ("chapUsername".to_string(), user.to_string()),
+        ("chapPassword".to_string(), password.to_string()),
+    ])
+}
+
+fn publish(id: &str, initiator: &str, secret: &str) -> pb::ControllerPublishVolumeRequest {
+    pb::ControllerPublishVolumeRequest {
+        volume_id: id.into(),
+        node_id: format!("node/{initiator}"),
+        volume_capability: Some(mount_cap("ext4", SNW)),
+        secrets: secrets("alice", secret),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn iscsi_controller_grants_access_on_a_real_tgtd() {
+    require_root();
+    let mut t = Tgtd::new();
+    let names = tempfile::tempdir().unwrap();
+    let initiator_file = names.path().join("initiatorname.iscsi");
+    std::fs::write(
+        &initiator_file,
+        "## this node\nInitiatorName=iqn.2026-11.io.ferrovol.test:this-node\n",
+    )
+    .unwrap();
+    let h = Harness::start_with(Some(&config(&t, &initiator_file))).await;
+    // The node id carries the initiator name.
+    let info = h
+        .node()
+        .node_get_info(pb::NodeGetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        info.node_id,
+        "test-node/iqn.2026-11.io.ferrovol.test:this-node"
+    );
+    let mut c = h.controller();
+
+    // ControllerPublish is advertised.
+    let caps = c
+        .controller_get_capabilities(pb::ControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        format!("{caps:?}").contains("PublishUnpublishVolume"),
+        "{caps:?}"
+    );
+
+    let vol = c
+        .create_volume(create_req("pvc-iscsi", 16 * MIB, mount_cap("ext4", SNW)))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let id = vol.volume_id.clone();
+    assert!(id.starts_with("iscsi:"), "{id}");
+    let shown = t.tgtadm(&["--op", "show", "--mode", "target"]);
+    assert!(shown.contains("iqn.2026-11.io.ferrovol.test:"), "{shown}");
+    // A retried create finds the same target.
+    let again = c
+        .create_volume(create_req("pvc-iscsi", 16 * MIB, mount_cap("ext4", SNW)))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(again.volume_id, id);
+    assert_eq!(
+        t.tgtadm(&["--op", "show", "--mode", "target"])
+            .matches("Target ")
+            .count(),
+        1
+    );
+
+    // Before publish nobody gets in.
+    let ctx = c
+        .controller_publish_volume(publish(&id, NODE_A, SECRET))
+        .await
+        .unwrap()
+        .into_inner()
+        .publish_context;
+    let iqn = ctx["iqn"].clone();
+    assert_eq!(ctx["portals"], t.portal());
+    assert_eq!(ctx["lun"], "1");
+    // Idempotent.
+    c.controller_publish_volume(publish(&id, NODE_A, SECRET))
+        .await
+        .unwrap();
+
+    // From the outside: the published initiator with the secret gets in;
+    // another initiator, or a wrong secret, or no CHAP, does not.
+    assert_eq!(
+        capacity_as(&t, &iqn, NODE_A, Some(("alice", SECRET))),
+        Some(16 << 20)
+    );
+    assert_eq!(capacity_as(&t, &iqn, NODE_B, Some(("alice", SECRET))), None);
+    assert_eq!(
+        capacity_as(&t, &iqn, NODE_A, Some(("alice", "wrong-secret-0000"))),
+        None
+    );
+    assert_eq!(capacity_as(&t, &iqn, NODE_A, None), None);
+
+    // The secret never reached the log.
+    assert!(!h.log().contains(SECRET));
+
+    // Expansion grows the store and the LUN shows it.
+    let grown = c
+        .controller_expand_volume(pb::ControllerExpandVolumeRequest {
+            volume_id: id.clone(),
+            capacity_range: Some(pb::CapacityRange {
+                required_bytes: 32 * MIB,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(grown.capacity_bytes, 32 * MIB);
+    assert!(grown.node_expansion_required);
+    assert_eq!(
+        capacity_as(&t, &iqn, NODE_A, Some(("alice", SECRET))),
+        Some(32 << 20)
+    );
+
+    // tgtd restarts and forgets everything: the next publish rebuilds the
+    // target with its LUN, ACL and CHAP.
+    t.kill();
+    t.start();
+    assert_eq!(capacity_as(&t, &iqn, NODE_A, Some(("alice", SECRET))), None);
+    c.controller_publish_volume(publish(&id, NODE_A, SECRET))
+        .await
+        .unwrap();
+    assert_eq!(
+        capacity_as(&t, &iqn, NODE_A, Some(("alice", SECRET))),
+        Some(32 << 20)
+    );
+    assert_eq!(capacity_as(&t, &iqn, NODE_B, Some(("alice", SECRET))), None);
+
+    // Unpublish takes the node off the ACL; twice is fine.
+    for _ in 0..2 {
+        c.controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
+            volume_id: id.clone(),
+            node_id: format!("node/{NODE_A}"),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    assert_eq!(capacity_as(&t, &iqn, NODE_A, Some(("alice", SECRET))), None);
+
+    // A node that reported no initiator name is not a node of this backend.
+    let r = c
+        .controller_publish_volume(pb::ControllerPublishVolumeRequest {
+            node_id: "plain-node".into(),
+            ..publish(&id, NODE_A, SECRET)
+        })
+        .await;
+    assert_eq!(code(&r), Code::NotFound, "{r:?}");
+    let r = c
+        .controller_publish_volume(publish("iscsi:no-such-volume", NODE_A, SECRET))
+        .await;
+    assert_eq!(code(&r), Code::NotFound, "{r:?}");
+
+    // Delete removes target, device and image; twice is fine.
+    for _ in 0..2 {
+        c.delete_volume(pb::DeleteVolumeRequest {
+            volume_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    assert!(!t
+        .tgtadm(&["--op", "show", "--mode", "target"])
+        .contains("Target "));
+    assert!(h.loop_devices().is_empty(), "{:?}", h.loop_devices());
+}
