@@ -181,10 +181,11 @@ fn check_chap_password(password: &str) -> Result<()> {
     Ok(())
 }
 
+/// A CHAP pair: user name and secret.
+pub type Chap = (String, String);
+
 /// The CHAP pairs in a secrets map: (incoming, outgoing), each checked.
-pub fn chap_from(
-    secrets: &Secrets,
-) -> Result<(Option<(String, String)>, Option<(String, String)>)> {
+pub fn chap_from(secrets: &Secrets) -> Result<(Option<Chap>, Option<Chap>)> {
     let pair = |u: &str, p: &str| -> Result<Option<Chap>> {
         match (secrets.get(u), secrets.get(p)) {
             (None, None) => Ok(None),
