@@ -1188,3 +1188,291 @@ async fn guest_lvm_thin_volumes_never_show_freed_chunks() {
         "the control round saw no old data: the check above proves nothing"
     );
 }
+
+/// The iscsi backend end to end with open-iscsi against tgtd: CHAP and
+/// mutual CHAP, a mounted and a raw block volume, a driver restart between
+/// stage and unstage (the session is found, not logged in twice),
+/// expansion seen by the node, delete refused while logged in, a wrong
+/// secret refused at stage with nothing left behind, unstage after the
+/// target dropped the LUN, and no session, disk or node record left.
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_iscsi_backend_full_lifecycle() {
+    require_guest();
+    let tgtd = Tgtd::new();
+    let _iscsid = Iscsid::new();
+    let prefix = "iqn.2026-11.io.ferrovol.guest";
+    let config = format!(
+        "[[backend]]\ntype = \"iscsi\"\niqn_prefix = \"{prefix}\"\nportals = [\"{}\"]\n\
+         control_port = {}\n[backend.store]\ntype = \"file\"\npool = \"@DIR@/pool\"\n",
+        tgtd.portal(),
+        tgtd.control_port
+    );
+    let mut h = Harness::start_with(Some(&config)).await;
+    let node_id = h
+        .node()
+        .node_get_info(pb::NodeGetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .node_id;
+    assert!(node_id.starts_with("test-node/iqn."), "{node_id}");
+    let secrets = HashMap::from([
+        ("chapUsername".to_string(), "guest-user".to_string()),
+        ("chapPassword".to_string(), "guest-secret-0001".to_string()),
+        ("chapMutualUsername".to_string(), "target-user".to_string()),
+        (
+            "chapMutualPassword".to_string(),
+            "target-secret-002".to_string(),
+        ),
+    ]);
+    let ours =
+        |lines: Vec<String>| -> usize { lines.iter().filter(|l| l.contains(prefix)).count() };
+
+    // A mounted volume.
+    let cap = mount_cap("ext4", SNW);
+    let vol = h
+        .controller()
+        .create_volume(create_req("pvc-iscsi-fs", 32 * MIB, cap.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let id = vol.volume_id.clone();
+    let ctx = h
+        .controller()
+        .controller_publish_volume(pb::ControllerPublishVolumeRequest {
+            volume_id: id.clone(),
+            node_id: node_id.clone(),
+            volume_capability: Some(cap.clone()),
+            secrets: secrets.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .publish_context;
+    let staging = h.path("kubelet/staging/fs");
+    let target = h.path("kubelet/pods/fs");
+    std::fs::create_dir_all(&staging).unwrap();
+    let stage = |secrets: HashMap<String, String>| pb::NodeStageVolumeRequest {
+        publish_context: ctx.clone(),
+        secrets,
+        ..stage_req(&id, &staging, cap.clone())
+    };
+
+    // A wrong secret: refused, no session and no record left.
+    let mut wrong = secrets.clone();
+    wrong.insert("chapPassword".into(), "not-the-secret-9".into());
+    let r = h.node().node_stage_volume(stage(wrong)).await;
+    assert_eq!(code(&r), tonic::Code::FailedPrecondition, "{r:?}");
+    assert!(format!("{r:?}").contains("CHAP"), "{r:?}");
+    assert_eq!(ours(Iscsid::sessions()), 0);
+    // A target that answers with the wrong mutual secret is not trusted.
+    let mut wrong = secrets.clone();
+    wrong.insert("chapMutualPassword".into(), "not-the-target-9".into());
+    let r = h.node().node_stage_volume(stage(wrong)).await;
+    assert!(r.is_err(), "a wrong mutual CHAP secret was accepted");
+    assert_eq!(ours(Iscsid::sessions()), 0);
+    let records = std::process::Command::new("iscsiadm")
+        .args(["-m", "node"])
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&records.stdout).contains(prefix));
+
+    h.node()
+        .node_stage_volume(stage(secrets.clone()))
+        .await
+        .unwrap();
+    assert_eq!(ours(Iscsid::sessions()), 1);
+    let record = run(
+        "iscsiadm",
+        &["-m", "node", "-T", &ctx["iqn"], "-p", &tgtd.portal()],
+    );
+    assert!(record.contains("node.startup = manual"), "{record}");
+    h.node()
+        .node_publish_volume(publish_req(&id, &staging, &target, cap.clone(), false))
+        .await
+        .unwrap();
+    std::fs::write(target.join("data"), b"over iSCSI with CHAP").unwrap();
+
+    // Delete is refused while the node is logged in.
+    let r = h
+        .controller()
+        .delete_volume(pb::DeleteVolumeRequest {
+            volume_id: id.clone(),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(code(&r), tonic::Code::FailedPrecondition, "{r:?}");
+
+    // Expansion: the controller grows the LUN, the node rescans and grows
+    // the filesystem.
+    let before = h.total_bytes(&id, &target).await;
+    h.controller()
+        .controller_expand_volume(pb::ControllerExpandVolumeRequest {
+            volume_id: id.clone(),
+            capacity_range: Some(pb::CapacityRange {
+                required_bytes: 64 * MIB,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    h.node()
+        .node_expand_volume(pb::NodeExpandVolumeRequest {
+            volume_id: id.clone(),
+            volume_path: target.display().to_string(),
+            staging_target_path: staging.display().to_string(),
+            capacity_range: Some(pb::CapacityRange {
+                required_bytes: 64 * MIB,
+                limit_bytes: 0,
+            }),
+            volume_capability: Some(cap.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let after = h.total_bytes(&id, &target).await;
+    assert!(after > before + 16 * MIB, "{before} -> {after}");
+
+    // A driver restart between stage and unstage: a repeated stage finds
+    // the session instead of logging in twice, and unstage undoes it all.
+    h.kill();
+    h.spawn().await;
+    h.node()
+        .node_stage_volume(stage(secrets.clone()))
+        .await
+        .unwrap();
+    assert_eq!(ours(Iscsid::sessions()), 1);
+    assert_eq!(
+        std::fs::read(target.join("data")).unwrap(),
+        b"over iSCSI with CHAP"
+    );
+    h.node()
+        .node_unpublish_volume(unpublish_req(&id, &target))
+        .await
+        .unwrap();
+    h.node()
+        .node_unstage_volume(unstage_req(&id, &staging))
+        .await
+        .unwrap();
+    assert_eq!(ours(Iscsid::sessions()), 0);
+    let nodes = std::process::Command::new("iscsiadm")
+        .args(["-m", "node"])
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&nodes.stdout).contains(prefix));
+
+    // A raw block volume, published as the device; then the target drops
+    // the LUN while it is staged, and unstage still cleans up.
+    let bcap = block_cap(SNW);
+    let bvol = h
+        .controller()
+        .create_volume(create_req("pvc-iscsi-block", 16 * MIB, bcap.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let bid = bvol.volume_id.clone();
+    let bctx = h
+        .controller()
+        .controller_publish_volume(pb::ControllerPublishVolumeRequest {
+            volume_id: bid.clone(),
+            node_id: node_id.clone(),
+            volume_capability: Some(bcap.clone()),
+            secrets: secrets.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .publish_context;
+    let bstaging = h.path("kubelet/staging/block");
+    let btarget = h.path("kubelet/pods/block");
+    std::fs::create_dir_all(&bstaging).unwrap();
+    h.node()
+        .node_stage_volume(pb::NodeStageVolumeRequest {
+            publish_context: bctx.clone(),
+            secrets: secrets.clone(),
+            ..stage_req(&bid, &bstaging, bcap.clone())
+        })
+        .await
+        .unwrap();
+    h.node()
+        .node_publish_volume(publish_req(&bid, &bstaging, &btarget, bcap.clone(), false))
+        .await
+        .unwrap();
+    {
+        use std::io::{Read, Seek, Write};
+        let mut dev = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&btarget)
+            .unwrap();
+        dev.write_all(b"raw block over iSCSI").unwrap();
+        dev.sync_all().unwrap();
+        dev.seek(std::io::SeekFrom::Start(0)).unwrap();
+        let mut back = [0u8; 20];
+        dev.read_exact(&mut back).unwrap();
+        assert_eq!(&back, b"raw block over iSCSI");
+        assert_eq!(dev.seek(std::io::SeekFrom::End(0)).unwrap(), 16 << 20);
+    }
+    // The target drops the LUN under the node.
+    let tid = tgtd
+        .tgtadm(&["--op", "show", "--mode", "target"])
+        .lines()
+        .find(|l| l.contains(&bctx["iqn"]))
+        .and_then(|l| l.strip_prefix("Target "))
+        .and_then(|l| l.split(':').next())
+        .unwrap()
+        .to_string();
+    tgtd.tgtadm(&[
+        "--op",
+        "delete",
+        "--mode",
+        "logicalunit",
+        "--tid",
+        &tid,
+        "--lun",
+        "1",
+    ]);
+    h.node()
+        .node_unpublish_volume(unpublish_req(&bid, &btarget))
+        .await
+        .unwrap();
+    h.node()
+        .node_unstage_volume(unstage_req(&bid, &bstaging))
+        .await
+        .unwrap();
+    assert_eq!(ours(Iscsid::sessions()), 0);
+
+    // Clean up through the controller: nothing of ours left anywhere.
+    for v in [&id, &bid] {
+        h.controller()
+            .controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
+                volume_id: v.to_string(),
+                node_id: node_id.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        h.controller()
+            .delete_volume(pb::DeleteVolumeRequest {
+                volume_id: v.to_string(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    assert!(!tgtd
+        .tgtadm(&["--op", "show", "--mode", "target"])
+        .contains("Target "));
+    let sessions_left = std::fs::read_dir("/sys/class/iscsi_session")
+        .map(|d| d.flatten().count())
+        .unwrap_or(0);
+    assert_eq!(sessions_left, 0, "iSCSI sessions left in sysfs");
+}

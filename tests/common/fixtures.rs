@@ -691,3 +691,40 @@ impl Drop for Tgtd {
         self.kill();
     }
 }
+
+/// open-iscsi's daemon, for the node side of the iscsi backend.
+pub struct Iscsid {
+    child: Child,
+}
+
+impl Iscsid {
+    pub fn new() -> Self {
+        let child = daemon("iscsid", &["-f"]);
+        wait_for("iscsid", Duration::from_secs(30), || {
+            Command::new("iscsiadm")
+                .args(["-m", "session"])
+                .output()
+                .is_ok_and(|o| o.status.code() != Some(20))
+        });
+        Iscsid { child }
+    }
+
+    /// The sessions iscsiadm lists (`tcp: [sid] portal,tpgt iqn ...`).
+    pub fn sessions() -> Vec<String> {
+        let out = Command::new("iscsiadm")
+            .args(["-m", "session"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl Drop for Iscsid {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

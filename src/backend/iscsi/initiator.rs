@@ -175,12 +175,16 @@ impl Initiator<'_> {
         let dir = self.node_db.join(iqn);
         let (host, port) = portal.rsplit_once(':').unwrap_or((portal, "3260"));
         let host = host.trim_start_matches('[').trim_end_matches(']');
-        let prefix = format!("{host},{port},");
+        // `<host>,<port>` when made with `-o new`, `<host>,<port>,<tpgt>`
+        // when found by discovery.
+        let exact = format!("{host},{port}");
+        let prefix = format!("{exact},");
         let entries = std::fs::read_dir(&dir)
             .map_err(|e| Error::io(format!("read node records in {}", dir.display()), e))?;
         let mut out = Vec::new();
         for e in entries.flatten() {
-            if !e.file_name().to_string_lossy().starts_with(&prefix) {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name != exact && !name.starts_with(&prefix) {
                 continue;
             }
             let p = e.path();
