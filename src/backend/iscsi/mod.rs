@@ -254,12 +254,6 @@ impl IscsiBackend {
     }
 
     #[cfg(test)]
-    fn with_target(mut self, target: Arc<dyn Target>) -> Self {
-        self.target = target;
-        self
-    }
-
-    #[cfg(test)]
     fn with_sysfs(mut self, sysfs: PathBuf) -> Self {
         self.sysfs = sysfs;
         self

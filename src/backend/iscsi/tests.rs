@@ -1,1 +1,938 @@
+//! The iscsi backend over the scripted runner, with tgtadm and iscsiadm
+//! outputs captured from the real tools, an in-memory store, a fake tgtd
+//! management socket and a fake sysfs tree.
 
+use super::initiator::{parse_sessions, Session};
+use super::target::{ipc_request, parse_targets};
+use super::*;
+use crate::error::Kind;
+use crate::exec::{FakeRunner, Reply};
+use crate::plugin::{locator_for_name, AccessType, VolumeCapability};
+use std::sync::Mutex as StdMutex;
+
+/// `tgtadm --op show --mode target` with a logged-in initiator, as tgt
+/// 1.0.85 prints it.
+const SHOWN: &str = "Target 1: iqn.2026-11.io.ferrovol:cap
+    System information:
+        Driver: iscsi
+        State: ready
+    I_T nexus information:
+        I_T nexus: 1
+            Initiator: iqn.1993-08.org.debian:01:a4a389dc8c9 alias: ferrovol-guest
+            Connection: 0
+                IP Address: 127.0.0.1
+    LUN information:
+        LUN: 0
+            Type: controller
+            SCSI ID: IET     00010000
+            SCSI SN: beaf10
+            Size: 0 MB, Block size: 1
+            Online: Yes
+            Backing store type: null
+            Backing store path: None
+            Backing store flags: 
+        LUN: 1
+            Type: disk
+            SCSI ID: IET     00010001
+            SCSI SN: beaf11
+            Size: 8 MB, Block size: 512
+            Backing store type: rdwr
+            Backing store path: /dev/loop0
+            Backing store flags: 
+    Account information:
+        alice
+        bob (outgoing)
+    ACL information:
+        10.0.0.1
+        iqn.2026-11.io.test:node-a
+Target 2: iqn.2026-11.io.ferrovol:idle
+    System information:
+        Driver: iscsi
+        State: ready
+    I_T nexus information:
+    LUN information:
+    Account information:
+    ACL information:
+";
+
+#[test]
+fn target_listing_is_parsed() {
+    let t = parse_targets(SHOWN);
+    assert_eq!(t.len(), 2);
+    assert_eq!(t[0].tid, 1);
+    assert_eq!(t[0].iqn, "iqn.2026-11.io.ferrovol:cap");
+    assert_eq!(t[0].sessions, ["iqn.1993-08.org.debian:01:a4a389dc8c9"]);
+    assert_eq!(t[0].luns, [(1, PathBuf::from("/dev/loop0"))]);
+    assert_eq!(
+        t[0].accounts,
+        [("alice".to_string(), false), ("bob".to_string(), true)]
+    );
+    assert_eq!(t[0].allowed, ["iqn.2026-11.io.test:node-a"]);
+    assert_eq!(t[1].tid, 2);
+    assert!(t[1].sessions.is_empty() && t[1].luns.is_empty() && t[1].allowed.is_empty());
+}
+
+#[test]
+fn session_listing_is_parsed() {
+    let s = parse_sessions(
+        "tcp: [1] 127.0.0.1:3299,1 iqn.2026-11.io.ferrovol:cap (non-flash)\n\
+         tcp: [12] [::1]:3260,1 iqn.2026-11.io.ferrovol:v6 (non-flash)\n",
+    );
+    assert_eq!(
+        s,
+        [
+            Session {
+                sid: 1,
+                portal: "127.0.0.1:3299".into(),
+                iqn: "iqn.2026-11.io.ferrovol:cap".into()
+            },
+            Session {
+                sid: 12,
+                portal: "[::1]:3260".into(),
+                iqn: "iqn.2026-11.io.ferrovol:v6".into()
+            }
+        ]
+    );
+    assert!(parse_sessions("iscsiadm: No active sessions.\n").is_empty());
+}
+
+/// The request bytes are what tgtadm itself writes (captured with strace
+/// from tgtadm 1.0.85 creating account alice).
+#[test]
+fn management_requests_match_tgtadm() {
+    let req = ipc_request(7, 0, "user=alice,password=s3cretpass");
+    assert_eq!(req.len(), 151);
+    assert_eq!(&req[0..8], &[7, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(&req[8..13], b"iscsi");
+    assert!(req[13..72].iter().all(|b| *b == 0));
+    assert_eq!(&req[72..80], &[0x97, 0, 0, 0, 0xff, 0xff, 0xff, 0xff]);
+    assert!(req[80..88].iter().all(|b| *b == 0));
+    assert!(req[88..96].iter().all(|b| *b == 0xff));
+    assert!(req[96..120].iter().all(|b| *b == 0));
+    assert_eq!(&req[120..], b"user=alice,password=s3cretpass\0");
+}
+
+#[test]
+fn names_portals_and_chap_are_checked() {
+    assert!(is_iqn("iqn.2026-11.io.ferrovol:a-b.c"));
+    assert!(!is_iqn("iqn.2026-11.io.ferrovol:A"));
+    assert!(!is_iqn("iqn.x:a b"));
+    assert!(!is_iqn("eui.02004567A425678D"));
+    for ok in ["127.0.0.1:3260", "storage.example.com:3260", "[::1]:3260"] {
+        assert!(is_portal(ok), "{ok}");
+    }
+    for bad in [
+        "127.0.0.1",
+        "-x:1",
+        "a:b",
+        "[zz]:3260",
+        "a b:1",
+        "host:99999",
+    ] {
+        assert!(!is_portal(bad), "{bad}");
+    }
+    assert_eq!(
+        IscsiBackend::iqn_for("iqn.2026-11.io.f", "pvc-1"),
+        "iqn.2026-11.io.f:pvc-1"
+    );
+    let odd = IscsiBackend::iqn_for("iqn.2026-11.io.f", "PVC_1");
+    assert!(
+        odd.starts_with("iqn.2026-11.io.f:v-") && is_iqn(&odd),
+        "{odd}"
+    );
+
+    let s = |pairs: &[(&str, &str)]| {
+        Secrets::new(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+    };
+    assert_eq!(chap_from(&s(&[])).unwrap(), (None, None));
+    let e = chap_from(&s(&[(CHAP_USER, "u"), (CHAP_PASSWORD, "short-one")])).unwrap_err();
+    assert_eq!(e.kind, Kind::InvalidArgument);
+    assert!(!e.message.contains("short-one"), "{e}");
+    let e = chap_from(&s(&[(CHAP_USER, "u")])).unwrap_err();
+    assert_eq!(e.kind, Kind::InvalidArgument);
+    let e = chap_from(&s(&[
+        (MUTUAL_USER, "t"),
+        (MUTUAL_PASSWORD, "0123456789abc"),
+    ]))
+    .unwrap_err();
+    assert!(e.message.contains("mutual"), "{e}");
+    let e = chap_from(&s(&[(CHAP_USER, "u"), (CHAP_PASSWORD, "has,comma-1234")])).unwrap_err();
+    assert!(!e.message.contains("has,comma"), "{e}");
+}
+
+/// A store that keeps volumes in memory and records what it is asked.
+#[derive(Default)]
+struct MemStore {
+    sizes: StdMutex<BTreeMap<String, u64>>,
+    calls: StdMutex<Vec<String>>,
+}
+
+impl MemStore {
+    fn calls(&self) -> Vec<String> {
+        self.calls.lock().unwrap().clone()
+    }
+    fn note(&self, s: String) {
+        self.calls.lock().unwrap().push(s);
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for MemStore {
+    fn name(&self) -> &str {
+        "iscsi-store"
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::node_local_block_device()
+    }
+    async fn health(&self) -> Result<()> {
+        Ok(())
+    }
+    fn validate_parameters(&self, _: &BTreeMap<String, String>) -> Result<()> {
+        Ok(())
+    }
+    async fn create_volume(&self, req: &CreateVolume) -> Result<VolumeInfo> {
+        let locator = locator_for_name(&req.name);
+        self.note(format!("create {locator}"));
+        let size = *self
+            .sizes
+            .lock()
+            .unwrap()
+            .entry(locator.clone())
+            .or_insert(req.required_bytes);
+        Ok(VolumeInfo {
+            id: VolumeId::new("iscsi-store", &locator)?,
+            capacity_bytes: size,
+            context: BTreeMap::new(),
+            source: None,
+        })
+    }
+    async fn delete_volume(&self, id: &VolumeId, _: &Secrets) -> Result<()> {
+        self.note(format!("delete {id}"));
+        self.sizes.lock().unwrap().remove(id.locator());
+        Ok(())
+    }
+    async fn expand_volume(
+        &self,
+        id: &VolumeId,
+        required: u64,
+        _: u64,
+        _: &Secrets,
+    ) -> Result<u64> {
+        self.note(format!("expand {id} {required}"));
+        self.sizes
+            .lock()
+            .unwrap()
+            .insert(id.locator().into(), required);
+        Ok(required)
+    }
+    async fn node_attach(&self, id: &VolumeId, _: &AttachContext) -> Result<Attachment> {
+        self.note(format!("attach {id}"));
+        Ok(Attachment::Device {
+            path: "/dev/loop7".into(),
+        })
+    }
+    async fn node_detach(&self, id: &VolumeId, a: Option<&Attachment>) -> Result<()> {
+        self.note(format!("detach {id} {}", a.is_some()));
+        Ok(())
+    }
+    async fn node_refresh_size(&self, id: &VolumeId, _: &Attachment) -> Result<u64> {
+        self.note(format!("refresh {id}"));
+        Ok(self.sizes.lock().unwrap()[id.locator()])
+    }
+}
+
+/// A tgtd management socket that answers every request with `err` and
+/// keeps what it was sent.
+fn fake_tgtd(dir: &Path, err: u32) -> Arc<StdMutex<Vec<Vec<u8>>>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::UnixListener::bind(dir.join("socket.0")).unwrap();
+    let got = Arc::new(StdMutex::new(Vec::new()));
+    let seen = got.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let mut header = vec![0u8; 120];
+            s.read_exact(&mut header).await.unwrap();
+            let len = u32::from_ne_bytes(header[72..76].try_into().unwrap()) as usize;
+            let mut rest = vec![0u8; len - 120];
+            s.read_exact(&mut rest).await.unwrap();
+            header.extend(rest);
+            seen.lock().unwrap().push(header);
+            let mut rsp = err.to_ne_bytes().to_vec();
+            rsp.extend(8u32.to_ne_bytes());
+            s.write_all(&rsp).await.unwrap();
+        }
+    });
+    got
+}
+
+struct Setup {
+    dir: tempfile::TempDir,
+    runner: Arc<FakeRunner>,
+    store: Arc<MemStore>,
+}
+
+impl Setup {
+    fn new() -> Self {
+        Setup {
+            dir: tempfile::tempdir().unwrap(),
+            runner: Arc::new(FakeRunner::new()),
+            store: Arc::new(MemStore::default()),
+        }
+    }
+
+    fn settings(&self) -> IscsiSettings {
+        IscsiSettings {
+            iqn_prefix: "iqn.2026-11.io.ferrovol".into(),
+            portals: vec!["10.0.0.5:3260".into()],
+            store: None,
+            control_port: 0,
+            tgt_socket_dir: self.dir.path().to_path_buf(),
+            initiator_name_file: self.dir.path().join("initiatorname.iscsi"),
+            node_db: self.dir.path().join("nodes"),
+            login_timeout: 2,
+        }
+    }
+
+    fn backend(&self) -> IscsiBackend {
+        IscsiBackend::new(
+            "iscsi",
+            self.settings(),
+            self.runner.clone(),
+            Some(self.store.clone()),
+            self.dir.path().join("records"),
+        )
+        .unwrap()
+        .with_sysfs(self.dir.path().join("sys"))
+    }
+
+    /// A node-side backend (no store).
+    fn node(&self) -> IscsiBackend {
+        IscsiBackend::new(
+            "iscsi",
+            self.settings(),
+            self.runner.clone(),
+            None,
+            self.dir.path().join("records"),
+        )
+        .unwrap()
+        .with_sysfs(self.dir.path().join("sys"))
+    }
+}
+
+fn create(name: &str) -> CreateVolume {
+    CreateVolume {
+        name: name.into(),
+        required_bytes: 8 << 20,
+        limit_bytes: 0,
+        capabilities: vec![VolumeCapability {
+            access: AccessType::Block,
+            mode: AccessMode::SingleNodeWriter,
+        }],
+        parameters: BTreeMap::new(),
+        metadata: BTreeMap::new(),
+        source: None,
+        secrets: Secrets::default(),
+    }
+}
+
+fn target_row(
+    tid: u32,
+    iqn: &str,
+    sessions: &[&str],
+    allowed: &[&str],
+    accounts: &[&str],
+) -> String {
+    let mut t = format!("Target {tid}: {iqn}\n    System information:\n        Driver: iscsi\n    I_T nexus information:\n");
+    for (i, s) in sessions.iter().enumerate() {
+        t += &format!(
+            "        I_T nexus: {}\n            Initiator: {s} alias: n\n",
+            i + 1
+        );
+    }
+    t += "    LUN information:\n        LUN: 1\n            Backing store path: /dev/loop7\n    Account information:\n";
+    for a in accounts {
+        t += &format!("        {a}\n");
+    }
+    t += "    ACL information:\n";
+    for a in allowed {
+        t += &format!("        {a}\n");
+    }
+    t
+}
+
+const IQN: &str = "iqn.2026-11.io.ferrovol:pvc-1";
+const NODE: &str = "worker-1/iqn.1993-08.org.debian:01:aa";
+const INITIATOR: &str = "iqn.1993-08.org.debian:01:aa";
+
+fn attach_req(secrets: &[(&str, &str)]) -> ControllerAttach {
+    ControllerAttach {
+        node_id: NODE.into(),
+        capability: VolumeCapability {
+            access: AccessType::Block,
+            mode: AccessMode::SingleNodeWriter,
+        },
+        readonly: false,
+        volume_context: BTreeMap::new(),
+        secrets: Secrets::new(
+            secrets
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        ),
+    }
+}
+
+#[tokio::test]
+async fn create_makes_one_target_and_a_retry_finds_it() {
+    let s = Setup::new();
+    let b = s.backend();
+    s.runner
+        .expect(
+            "tgtadm",
+            Reply::Ok(target_row(4, "iqn.other:x", &[], &[], &[])),
+        )
+        .ok("tgtadm")
+        .ok("tgtadm");
+    let v = b.create_volume(&create("pvc-1")).await.unwrap();
+    assert_eq!(v.id.to_string(), "iscsi:pvc-1");
+    let lines = s.runner.lines();
+    assert_eq!(
+        lines[1],
+        format!("tgtadm -C 0 --lld iscsi --op new --mode target --tid 5 --targetname {IQN}")
+    );
+    assert_eq!(
+        lines[2],
+        "tgtadm -C 0 --lld iscsi --op new --mode logicalunit --tid 5 --lun 1 --backing-store /dev/loop7"
+    );
+    assert_eq!(
+        s.store.calls(),
+        ["create pvc-1", "attach iscsi-store:pvc-1"]
+    );
+
+    // Retried: the target is there, nothing is made again.
+    s.runner
+        .expect("tgtadm", Reply::Ok(target_row(5, IQN, &[], &[], &[])));
+    b.create_volume(&create("pvc-1")).await.unwrap();
+    assert_eq!(s.runner.lines().len(), 4);
+
+    // A LUN that cannot be made leaves no target behind.
+    s.runner
+        .expect("tgtadm", Reply::Ok(String::new()))
+        .ok("tgtadm")
+        .expect("tgtadm", Reply::Fail(22, "tgtadm: invalid request".into()))
+        .ok("tgtadm");
+    assert!(b.create_volume(&create("pvc-2")).await.is_err());
+    assert!(s
+        .runner
+        .lines()
+        .last()
+        .unwrap()
+        .ends_with("--op delete --mode target --tid 1"));
+}
+
+#[tokio::test]
+async fn publish_sets_chap_then_the_acl_and_unpublish_takes_it_back() {
+    let s = Setup::new();
+    let sent = fake_tgtd(s.dir.path(), 0);
+    let b = s.backend();
+    s.runner
+        .expect("tgtadm", Reply::Ok(String::new()))
+        .ok("tgtadm")
+        .ok("tgtadm");
+    b.create_volume(&create("pvc-1")).await.unwrap();
+    let id = VolumeId::parse("iscsi:pvc-1").unwrap();
+    let chap = [
+        (CHAP_USER, "alice"),
+        (CHAP_PASSWORD, "alice-secret-01"),
+        (MUTUAL_USER, "target"),
+        (MUTUAL_PASSWORD, "target-secret-02"),
+    ];
+    s.runner
+        .expect("tgtadm", Reply::Ok(target_row(1, IQN, &[], &[], &[])))
+        .expect("tgtadm", Reply::Ok("Account list:\n".into()))
+        .ok("tgtadm")
+        .expect("tgtadm", Reply::Ok("Account list:\n    alice\n".into()))
+        .ok("tgtadm")
+        .ok("tgtadm");
+    let ctx = b.controller_attach(&id, &attach_req(&chap)).await.unwrap();
+    assert_eq!(ctx["iqn"], IQN);
+    assert_eq!(ctx["portals"], "10.0.0.5:3260");
+    assert_eq!(ctx["lun"], "1");
+    let lines = s.runner.lines();
+    let n = lines.len();
+    assert_eq!(
+        lines[n - 4..],
+        [
+            "tgtadm -C 0 --lld iscsi --op bind --mode account --tid 1 --user alice".to_string(),
+            "tgtadm -C 0 --lld iscsi --op show --mode account".to_string(),
+            "tgtadm -C 0 --lld iscsi --op bind --mode account --tid 1 --user target --outgoing"
+                .to_string(),
+            format!("tgtadm -C 0 --lld iscsi --op bind --mode target --tid 1 --initiator-name {INITIATOR}"),
+        ]
+    );
+    // The secrets went over the management socket only.
+    assert!(lines.iter().all(|l| !l.contains("secret")), "{lines:#?}");
+    let sent = sent.lock().unwrap().clone();
+    assert_eq!(sent.len(), 2);
+    assert!(sent[0].ends_with(b"user=alice,password=alice-secret-01\0"));
+    assert!(sent[1].ends_with(b"user=target,password=target-secret-02\0"));
+
+    // Published again without CHAP: refused, the account stays.
+    s.runner.expect(
+        "tgtadm",
+        Reply::Ok(target_row(1, IQN, &[], &[INITIATOR], &["alice"])),
+    );
+    let e = b
+        .controller_attach(&id, &attach_req(&[]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::FailedPrecondition);
+
+    // A node without an initiator name, and an unknown volume: NOT_FOUND.
+    let mut plain = attach_req(&chap);
+    plain.node_id = "worker-2".into();
+    assert_eq!(
+        b.controller_attach(&id, &plain).await.unwrap_err().kind,
+        Kind::NotFound
+    );
+    let unknown = VolumeId::parse("iscsi:nope").unwrap();
+    assert_eq!(
+        b.controller_attach(&unknown, &attach_req(&chap))
+            .await
+            .unwrap_err()
+            .kind,
+        Kind::NotFound
+    );
+
+    // Unpublish removes the initiator; again, and for an unknown volume,
+    // it is a no-op.
+    s.runner
+        .expect(
+            "tgtadm",
+            Reply::Ok(target_row(1, IQN, &[], &[INITIATOR], &["alice"])),
+        )
+        .ok("tgtadm");
+    b.controller_detach(&id, Some(NODE), &Secrets::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        s.runner.lines().last().unwrap(),
+        &format!("tgtadm -C 0 --lld iscsi --op unbind --mode target --tid 1 --initiator-name {INITIATOR}")
+    );
+    s.runner.expect(
+        "tgtadm",
+        Reply::Ok(target_row(1, IQN, &[], &[], &["alice"])),
+    );
+    b.controller_detach(&id, Some(NODE), &Secrets::default())
+        .await
+        .unwrap();
+    b.controller_detach(&unknown, Some(NODE), &Secrets::default())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn delete_is_refused_while_logged_in_and_cleans_up_after() {
+    let s = Setup::new();
+    let b = s.backend();
+    s.runner
+        .expect("tgtadm", Reply::Ok(String::new()))
+        .ok("tgtadm")
+        .ok("tgtadm");
+    b.create_volume(&create("pvc-1")).await.unwrap();
+    let id = VolumeId::parse("iscsi:pvc-1").unwrap();
+    s.runner.expect(
+        "tgtadm",
+        Reply::Ok(target_row(1, IQN, &[INITIATOR], &[INITIATOR], &[])),
+    );
+    let e = b.delete_volume(&id, &Secrets::default()).await.unwrap_err();
+    assert_eq!(e.kind, Kind::FailedPrecondition);
+    assert!(e.message.contains(INITIATOR), "{e}");
+    assert!(!s.store.calls().iter().any(|c| c.starts_with("delete")));
+
+    s.runner
+        .expect(
+            "tgtadm",
+            Reply::Ok(target_row(1, IQN, &[], &[INITIATOR], &[])),
+        )
+        .ok("tgtadm");
+    b.delete_volume(&id, &Secrets::default()).await.unwrap();
+    assert!(s
+        .runner
+        .lines()
+        .last()
+        .unwrap()
+        .ends_with("--op delete --mode target --tid 1"));
+    assert_eq!(
+        s.store.calls()[2..],
+        ["detach iscsi-store:pvc-1 true", "delete iscsi-store:pvc-1"]
+    );
+    assert!(b.load(&id).unwrap().is_none());
+    // Gone already: success, and the store is still asked to make sure.
+    s.runner.expect("tgtadm", Reply::Ok(String::new()));
+    b.delete_volume(&id, &Secrets::default()).await.unwrap();
+}
+
+/// tgtd lost its targets and the driver restarted (the CHAP secret is not
+/// known): the target comes back with its LUN but a closed ACL, and the
+/// next publish with the secret opens it.
+#[tokio::test]
+async fn a_lost_target_is_rebuilt_closed_until_the_secret_comes_back() {
+    let s = Setup::new();
+    let _sent = fake_tgtd(s.dir.path(), 0);
+    let id = VolumeId::parse("iscsi:pvc-1").unwrap();
+    {
+        let b = s.backend();
+        b.save(
+            &id,
+            &Record {
+                iqn: IQN.into(),
+                device: "/dev/loop7".into(),
+                attachment: Attachment::Device {
+                    path: "/dev/loop7".into(),
+                },
+                initiators: BTreeSet::from([INITIATOR.to_string()]),
+                incoming_user: Some("alice".into()),
+                outgoing_user: None,
+            },
+        )
+        .unwrap();
+    }
+    let b = s.backend();
+    s.runner
+        .expect("tgtadm", Reply::Ok(String::new()))
+        .ok("tgtadm")
+        .ok("tgtadm")
+        .expect("tgtadm", Reply::Ok(target_row(1, IQN, &[], &[], &[])));
+    b.health().await.unwrap();
+    let lines = s.runner.lines();
+    assert!(lines[1].contains("--op new --mode target --tid 1"));
+    assert!(lines[2].contains("--op new --mode logicalunit"));
+    assert!(
+        !lines.iter().any(|l| l.contains("--initiator-name")),
+        "{lines:#?}"
+    );
+    // Probe does not check again for a while.
+    b.health().await.unwrap();
+    assert_eq!(s.runner.lines().len(), lines.len());
+
+    s.runner
+        .expect("tgtadm", Reply::Ok(target_row(1, IQN, &[], &[], &[])))
+        .expect("tgtadm", Reply::Ok("Account list:\n".into()))
+        .ok("tgtadm")
+        .ok("tgtadm")
+        .ok("tgtadm");
+    b.controller_attach(
+        &id,
+        &attach_req(&[(CHAP_USER, "alice"), (CHAP_PASSWORD, "alice-secret-01")]),
+    )
+    .await
+    .unwrap();
+    assert!(s
+        .runner
+        .lines()
+        .last()
+        .unwrap()
+        .ends_with(&format!("--initiator-name {INITIATOR}")));
+}
+
+#[tokio::test]
+async fn expansion_grows_the_store_and_refreshes_the_lun() {
+    let s = Setup::new();
+    let b = s.backend();
+    s.runner
+        .expect("tgtadm", Reply::Ok(String::new()))
+        .ok("tgtadm")
+        .ok("tgtadm");
+    b.create_volume(&create("pvc-1")).await.unwrap();
+    let id = VolumeId::parse("iscsi:pvc-1").unwrap();
+    s.runner
+        .expect(
+            "tgtadm",
+            Reply::Ok(target_row(3, IQN, &[INITIATOR], &[INITIATOR], &[])),
+        )
+        .ok("tgtadm")
+        .ok("tgtadm")
+        .ok("tgtadm")
+        .ok("tgtadm");
+    assert_eq!(
+        b.expand_volume(&id, 16 << 20, 0, &Secrets::default())
+            .await
+            .unwrap(),
+        16 << 20
+    );
+    let lines = s.runner.lines();
+    let n = lines.len();
+    assert_eq!(
+        lines[n - 4..],
+        [
+            "tgtadm -C 0 --lld iscsi --op update --mode target --tid 3 --name state --value offline",
+            "tgtadm -C 0 --lld iscsi --op delete --mode logicalunit --tid 3 --lun 1",
+            "tgtadm -C 0 --lld iscsi --op new --mode logicalunit --tid 3 --lun 1 --backing-store /dev/loop7",
+            "tgtadm -C 0 --lld iscsi --op update --mode target --tid 3 --name state --value ready",
+        ]
+    );
+    assert!(s
+        .store
+        .calls()
+        .contains(&"refresh iscsi-store:pvc-1".to_string()));
+
+    // The new LUN cannot be made: the target still goes back online.
+    s.runner
+        .expect("tgtadm", Reply::Ok(target_row(3, IQN, &[], &[], &[])))
+        .ok("tgtadm")
+        .ok("tgtadm")
+        .expect("tgtadm", Reply::Fail(22, "tgtadm: out of memory".into()))
+        .ok("tgtadm");
+    assert!(b
+        .expand_volume(&id, 32 << 20, 0, &Secrets::default())
+        .await
+        .is_err());
+    assert!(s.runner.lines().last().unwrap().ends_with("--value ready"));
+}
+
+/// A fake sysfs: session `sid` with LUN 1 as disk `disk`.
+fn sysfs_session(root: &Path, sid: u32, disk: &str, state: &str, sectors: u64) {
+    let session = root.join(format!("sys/class/iscsi_session/session{sid}"));
+    let unit = session.join("device/target2:0:0/2:0:0:1/block").join(disk);
+    std::fs::create_dir_all(&unit).unwrap();
+    std::fs::create_dir_all(session.join("device/target2:0:0/2:0:0:0")).unwrap();
+    std::fs::write(session.join("state"), format!("{state}\n")).unwrap();
+    let block = root.join("sys/block").join(disk);
+    std::fs::create_dir_all(block.join("device")).unwrap();
+    std::fs::write(block.join("size"), format!("{sectors}\n")).unwrap();
+}
+
+fn stage_ctx(secrets: &[(&str, &str)]) -> AttachContext {
+    AttachContext {
+        publish_context: BTreeMap::from([
+            ("iqn".to_string(), IQN.to_string()),
+            ("portals".to_string(), "10.0.0.5:3260".to_string()),
+            ("lun".to_string(), "1".to_string()),
+        ]),
+        volume_context: BTreeMap::new(),
+        secrets: Secrets::new(
+            secrets
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        ),
+        readonly: false,
+    }
+}
+
+const SESSION: &str = "tcp: [4] 10.0.0.5:3260,1 iqn.2026-11.io.ferrovol:pvc-1 (non-flash)\n";
+
+#[tokio::test]
+async fn stage_logs_in_with_chap_from_the_record_file() {
+    let s = Setup::new();
+    let b = s.node();
+    let id = VolumeId::parse("iscsi:pvc-1").unwrap();
+    let record_dir = s.dir.path().join("nodes").join(IQN);
+    std::fs::create_dir_all(&record_dir).unwrap();
+    let record = record_dir.join("10.0.0.5,3260");
+    std::fs::write(
+        &record,
+        "# BEGIN RECORD 2.1.8\nnode.name = x\nnode.session.auth.authmethod = None\n# END RECORD\n",
+    )
+    .unwrap();
+    sysfs_session(s.dir.path(), 4, "sdc", "LOGGED_IN", 16384);
+    s.runner
+        .expect(
+            "iscsiadm",
+            Reply::Fail(21, "iscsiadm: No active sessions.".into()),
+        )
+        .ok("iscsiadm")
+        .ok("iscsiadm")
+        .ok("iscsiadm")
+        .expect("iscsiadm", Reply::Ok(SESSION.into()));
+    let a = b
+        .node_attach(
+            &id,
+            &stage_ctx(&[(CHAP_USER, "alice"), (CHAP_PASSWORD, "alice-secret-01")]),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        a,
+        Attachment::Device {
+            path: "/dev/sdc".into()
+        }
+    );
+    let lines = s.runner.lines();
+    assert_eq!(
+        lines[1..4],
+        [
+            format!("iscsiadm -m node -T {IQN} -p 10.0.0.5:3260 -o new"),
+            format!(
+                "iscsiadm -m node -T {IQN} -p 10.0.0.5:3260 -o update -n node.startup -v manual"
+            ),
+            format!("iscsiadm -m node -T {IQN} -p 10.0.0.5:3260 --login"),
+        ]
+    );
+    assert!(lines.iter().all(|l| !l.contains("secret")));
+    let text = std::fs::read_to_string(&record).unwrap();
+    assert!(text.contains("node.session.auth.authmethod = CHAP\nnode.session.auth.username = alice\nnode.session.auth.password = alice-secret-01\n# END RECORD"), "{text}");
+    assert!(!text.contains("authmethod = None"));
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&record).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+
+    // After a restart the session is found: no second login.
+    s.runner.expect("iscsiadm", Reply::Ok(SESSION.into()));
+    b.node_attach(&id, &stage_ctx(&[])).await.unwrap();
+    assert_eq!(s.runner.lines().len(), lines.len() + 1);
+
+    // A publish context for another volume's target is refused.
+    let mut other = stage_ctx(&[]);
+    other
+        .publish_context
+        .insert("iqn".into(), "iqn.2026-11.io.ferrovol:pvc-2".into());
+    assert_eq!(
+        b.node_attach(&id, &other).await.unwrap_err().kind,
+        Kind::InvalidArgument
+    );
+    let mut bad = stage_ctx(&[]);
+    bad.publish_context
+        .insert("portals".into(), "10.0.0.5:3260,-oops".into());
+    assert_eq!(
+        b.node_attach(&id, &bad).await.unwrap_err().kind,
+        Kind::InvalidArgument
+    );
+}
+
+#[tokio::test]
+async fn a_refused_login_leaves_no_record() {
+    let s = Setup::new();
+    let b = s.node();
+    let id = VolumeId::parse("iscsi:pvc-1").unwrap();
+    let record_dir = s.dir.path().join("nodes").join(IQN);
+    std::fs::create_dir_all(&record_dir).unwrap();
+    std::fs::write(record_dir.join("10.0.0.5,3260"), "node.name = x\n").unwrap();
+    s.runner
+        .expect("iscsiadm", Reply::Fail(21, String::new()))
+        .ok("iscsiadm")
+        .ok("iscsiadm")
+        .expect(
+            "iscsiadm",
+            Reply::Fail(
+                24,
+                "iscsiadm: initiator reported error (24 - iSCSI login failed due to authorization failure)".into(),
+            ),
+        )
+        .ok("iscsiadm");
+    let e = b
+        .node_attach(
+            &id,
+            &stage_ctx(&[(CHAP_USER, "alice"), (CHAP_PASSWORD, "wrong-secret-01")]),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::FailedPrecondition);
+    assert!(
+        e.message.contains("CHAP") && !e.message.contains("wrong-secret"),
+        "{e}"
+    );
+    assert_eq!(
+        s.runner.lines().last().unwrap(),
+        &format!("iscsiadm -m node -T {IQN} -o delete")
+    );
+}
+
+#[tokio::test]
+async fn unstage_removes_disks_logs_out_and_is_idempotent() {
+    let s = Setup::new();
+    let b = s.node();
+    let id = VolumeId::parse("iscsi:pvc-1").unwrap();
+    sysfs_session(s.dir.path(), 4, "sdc", "LOGGED_IN", 16384);
+    // /dev/sdc does not exist here: no flush, but the disk is deleted.
+    s.runner
+        .expect("iscsiadm", Reply::Ok(SESSION.into()))
+        .ok("iscsiadm")
+        .ok("iscsiadm");
+    b.node_detach(&id, None).await.unwrap();
+    assert_eq!(
+        std::fs::read_to_string(s.dir.path().join("sys/block/sdc/device/delete")).unwrap(),
+        "1"
+    );
+    let lines = s.runner.lines();
+    assert_eq!(
+        lines[1..],
+        [
+            "iscsiadm -m session -r 4 --logout".to_string(),
+            format!("iscsiadm -m node -T {IQN} -o delete"),
+        ]
+    );
+    // Nothing there: still success; another target's session untouched.
+    s.runner
+        .expect(
+            "iscsiadm",
+            Reply::Ok("tcp: [9] 10.0.0.5:3260,1 iqn.2026-11.io.other:x (non-flash)\n".into()),
+        )
+        .expect(
+            "iscsiadm",
+            Reply::Fail(21, "iscsiadm: No records found".into()),
+        );
+    b.node_detach(&id, None).await.unwrap();
+    assert!(!s.runner.lines().iter().any(|l| l.contains("-r 9")));
+}
+
+#[tokio::test]
+async fn rescan_and_condition_read_the_session() {
+    let s = Setup::new();
+    let b = s.node();
+    let id = VolumeId::parse("iscsi:pvc-1").unwrap();
+    sysfs_session(s.dir.path(), 4, "sdc", "LOGGED_IN", 32768);
+    s.runner
+        .expect("iscsiadm", Reply::Ok(SESSION.into()))
+        .ok("iscsiadm");
+    let dev = Attachment::Device {
+        path: "/dev/sdc".into(),
+    };
+    assert_eq!(b.node_refresh_size(&id, &dev).await.unwrap(), 16 << 20);
+    assert_eq!(
+        std::fs::read_to_string(s.dir.path().join("sys/block/sdc/device/rescan")).unwrap(),
+        "1"
+    );
+
+    s.runner.expect("iscsiadm", Reply::Ok(SESSION.into()));
+    assert_eq!(b.node_condition(&id, &dev).await.unwrap(), None);
+    sysfs_session(s.dir.path(), 4, "sdc", "FAILED", 32768);
+    s.runner.expect("iscsiadm", Reply::Ok(SESSION.into()));
+    let c = b.node_condition(&id, &dev).await.unwrap().unwrap();
+    assert!(c.contains("FAILED"), "{c}");
+    s.runner.expect("iscsiadm", Reply::Fail(21, String::new()));
+    let c = b.node_condition(&id, &dev).await.unwrap().unwrap();
+    assert!(c.contains("no iSCSI session"), "{c}");
+    sysfs_session(s.dir.path(), 4, "sdc", "LOGGED_IN", 32768);
+    s.runner.expect("iscsiadm", Reply::Ok(SESSION.into()));
+    let gone = Attachment::Device {
+        path: "/dev/sdz".into(),
+    };
+    assert!(b.node_condition(&id, &gone).await.unwrap().is_some());
+}
+
+#[test]
+fn the_initiator_name_is_read_and_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("initiatorname.iscsi");
+    std::fs::write(
+        &f,
+        "## comment\nInitiatorName=iqn.1993-08.org.debian:01:abc\n",
+    )
+    .unwrap();
+    assert_eq!(
+        initiator::initiator_name(&f).unwrap(),
+        "iqn.1993-08.org.debian:01:abc"
+    );
+    std::fs::write(&f, "InitiatorName=not a name\n").unwrap();
+    assert!(initiator::initiator_name(&f).is_err());
+    assert!(initiator::initiator_name(&dir.path().join("missing")).is_err());
+}
