@@ -349,12 +349,25 @@ impl Initiator<'_> {
                 }
             }
             let sid = session.sid.to_string();
-            self.run(
-                self.iscsiadm()
-                    .args(["-m", "session", "-r", &sid, "--logout"]),
-                &[NO_OBJECTS],
-            )
-            .await?;
+            let logout = self
+                .run(
+                    self.iscsiadm()
+                        .args(["-m", "session", "-r", &sid, "--logout"]),
+                    &[NO_OBJECTS],
+                )
+                .await;
+            // A session that ended meanwhile answers "could not get session
+            // info": gone is what was wanted.
+            if let Err(e) = logout {
+                if self
+                    .sessions(iqn)
+                    .await?
+                    .iter()
+                    .any(|s| s.sid == session.sid)
+                {
+                    return Err(e);
+                }
+            }
         }
         self.run(
             self.iscsiadm()
