@@ -236,3 +236,108 @@ async fn iscsi_controller_grants_access_on_a_real_tgtd() {
         .contains("Target "));
     assert!(h.loop_devices().is_empty(), "{:?}", h.loop_devices());
 }
+
+/// One driver with file, lvm and iscsi backends: ControllerPublish is
+/// advertised, and each backend answers it as it should: the node-local
+/// ones with an empty context on their own node and NOT_FOUND for another,
+/// iscsi with the target to log in to; unpublish is idempotent for all.
+#[tokio::test]
+async fn a_mixed_deployment_answers_controller_publish_per_backend() {
+    require_root();
+    use common::fixtures::{LvmVg, LVM_NO_ACTIVATION};
+    let t = Tgtd::new();
+    let names = tempfile::tempdir().unwrap();
+    let initiator_file = names.path().join("initiatorname.iscsi");
+    std::fs::write(&initiator_file, "InitiatorName=iqn.2026-11.io.ferrovol.test:mixed\n").unwrap();
+    let vg_name = format!("fvmixed{}", std::process::id());
+    let _vg = LvmVg::with_config(&vg_name, 64, LVM_NO_ACTIVATION);
+    let config = format!(
+        "default_backend = \"file\"\n\
+         [[backend]]\ntype = \"file\"\npool = \"@DIR@/files\"\n\
+         [[backend]]\ntype = \"lvm\"\nlvm_config = '{LVM_NO_ACTIVATION}'\n\
+         [[backend.device_class]]\nname = \"fast\"\nvolume_group = \"{vg_name}\"\nzero_on_delete = false\n\
+         {}",
+        config(&t, &initiator_file)
+    );
+    let h = Harness::start_with(Some(&config)).await;
+    let mut c = h.controller();
+    let caps = c
+        .controller_get_capabilities(pb::ControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(format!("{caps:?}").contains("PublishUnpublishVolume"), "{caps:?}");
+    let me = h
+        .node()
+        .node_get_info(pb::NodeGetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(me.node_id, "test-node/iqn.2026-11.io.ferrovol.test:mixed");
+    // The topology value stays the plain node name.
+    assert_eq!(
+        me.accessible_topology.unwrap().segments["topology.ferrovol.io/node"],
+        "test-node"
+    );
+    let other = "other-node/iqn.2026-11.io.ferrovol.test:other";
+
+    let mut ids = Vec::new();
+    for (name, backend) in [("pvc-f", "file"), ("pvc-l", "lvm"), ("pvc-i", "iscsi")] {
+        let mut req = create_req(name, 8 * MIB, mount_cap("ext4", SNW));
+        req.parameters = HashMap::from([("backend".to_string(), backend.to_string())]);
+        if backend == "lvm" {
+            req.parameters.insert("deviceClass".into(), "fast".into());
+        }
+        let vol = c.create_volume(req).await.unwrap().into_inner().volume.unwrap();
+        assert!(vol.volume_id.starts_with(&format!("{backend}:")), "{}", vol.volume_id);
+        ids.push((backend, vol.volume_id));
+    }
+    for (backend, id) in &ids {
+        let here = c
+            .controller_publish_volume(pb::ControllerPublishVolumeRequest {
+                node_id: me.node_id.clone(),
+                ..publish(id, "unused", SECRET)
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .publish_context;
+        let there = c
+            .controller_publish_volume(pb::ControllerPublishVolumeRequest {
+                node_id: other.into(),
+                ..publish(id, "unused", SECRET)
+            })
+            .await;
+        match *backend {
+            "iscsi" => {
+                assert!(here["iqn"].starts_with("iqn.2026-11.io.ferrovol.test:"), "{here:?}");
+                let there = there.unwrap().into_inner().publish_context;
+                assert_eq!(there["iqn"], here["iqn"]);
+                let shown = t.tgtadm(&["--op", "show", "--mode", "target"]);
+                assert!(shown.contains("iqn.2026-11.io.ferrovol.test:mixed"), "{shown}");
+                assert!(shown.contains("iqn.2026-11.io.ferrovol.test:other"), "{shown}");
+            }
+            _ => {
+                assert!(here.is_empty(), "{backend}: {here:?}");
+                assert_eq!(code(&there), Code::NotFound, "{backend}: {there:?}");
+            }
+        }
+        for _ in 0..2 {
+            c.controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
+                volume_id: id.clone(),
+                node_id: me.node_id.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        }
+    }
+    for (_, id) in &ids {
+        c.delete_volume(pb::DeleteVolumeRequest {
+            volume_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+}

@@ -632,7 +632,10 @@ impl Tgtd {
             .local_addr()
             .unwrap()
             .port();
-        let control_port = 1000 + (std::process::id() % 5000);
+        // Unique per test process and per fixture (tests run in parallel).
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let control_port = 1000 + (std::process::id() % 5000) * 8 + n % 8;
         let mut t = Tgtd {
             control_port,
             port,
