@@ -236,3 +236,55 @@ fn nfs_storage_classes_match_the_example_config() {
             .unwrap_or_else(|e| panic!("{:?}: {}", sc["metadata"]["name"], e.message));
     }
 }
+
+/// The iscsi example config builds (with its lvm store), the StorageClass's
+/// own parameters pass the backend's checks, and the example Secret holds
+/// exactly the keys the backend reads.
+#[test]
+fn iscsi_storage_class_and_secret_match_the_example_config() {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/iscsi-config.toml"
+    ))
+    .unwrap();
+    let config = Config::parse(&text).unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let registry = ferrovol::backend::build_registry(
+        &config,
+        std::sync::Arc::new(ferrovol::exec::SystemRunner::default()),
+        std::sync::Arc::new(ferrovol::host::SystemHost),
+        state.path(),
+    )
+    .unwrap();
+    let backend = registry.get("iscsi").expect("an iscsi backend");
+    assert!(backend.capabilities().attach);
+    let all = docs("storageclass-iscsi.yaml");
+    let sc = kind(&all, "StorageClass")[0];
+    let params = sc["parameters"].as_mapping().unwrap();
+    assert_eq!(params[&Value::from("backend")].as_str(), Some("iscsi"));
+    let own: std::collections::BTreeMap<String, String> = params
+        .iter()
+        .map(|(k, v)| (k.as_str().unwrap().to_string(), v.as_str().unwrap().to_string()))
+        .filter(|(k, _)| k != "backend" && !k.starts_with("csi.storage.k8s.io/"))
+        .collect();
+    backend.validate_parameters(&own).unwrap();
+    let secret = kind(&all, "Secret")[0];
+    let mut keys: Vec<&str> = secret["stringData"]
+        .as_mapping()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str().unwrap())
+        .collect();
+    keys.sort();
+    use ferrovol::backend::iscsi::{CHAP_PASSWORD, CHAP_USER, MUTUAL_PASSWORD, MUTUAL_USER};
+    let mut want = vec![CHAP_USER, CHAP_PASSWORD, MUTUAL_USER, MUTUAL_PASSWORD];
+    want.sort();
+    assert_eq!(keys, want);
+    // Both secrets the backend reads are named by the class.
+    for key in ["controller-publish-secret-name", "node-stage-secret-name"] {
+        assert_eq!(
+            params[&Value::from(format!("csi.storage.k8s.io/{key}"))].as_str(),
+            secret["metadata"]["name"].as_str()
+        );
+    }
+}
