@@ -264,7 +264,12 @@ fn iscsi_storage_class_and_secret_match_the_example_config() {
     assert_eq!(params[&Value::from("backend")].as_str(), Some("iscsi"));
     let own: std::collections::BTreeMap<String, String> = params
         .iter()
-        .map(|(k, v)| (k.as_str().unwrap().to_string(), v.as_str().unwrap().to_string()))
+        .map(|(k, v)| {
+            (
+                k.as_str().unwrap().to_string(),
+                v.as_str().unwrap().to_string(),
+            )
+        })
         .filter(|(k, _)| k != "backend" && !k.starts_with("csi.storage.k8s.io/"))
         .collect();
     backend.validate_parameters(&own).unwrap();

@@ -1476,3 +1476,173 @@ async fn guest_iscsi_backend_full_lifecycle() {
         .unwrap_or(0);
     assert_eq!(sessions_left, 0, "iSCSI sessions left in sysfs");
 }
+
+/// Two portals with `multipath = true`: the node logs in through both and
+/// stages a dm-multipath map over the two disks; expansion reaches the
+/// map; the volume goes on when one path goes away; unstage flushes the map and
+/// leaves no session, disk or record.
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_iscsi_multipath_over_two_portals() {
+    require_guest();
+    let tgtd = Tgtd::new();
+    // A second portal on another loopback address.
+    let second = format!("127.0.0.2:{}", tgtd.port);
+    tgtd.tgtadm(&[
+        "--op",
+        "new",
+        "--mode",
+        "portal",
+        "--param",
+        &format!("portal={second}"),
+    ]);
+    let _iscsid = Iscsid::new();
+    let prefix = "iqn.2026-11.io.ferrovol.mpath";
+    let config = format!(
+        "[[backend]]\ntype = \"iscsi\"\niqn_prefix = \"{prefix}\"\nportals = [\"{}\", \"{second}\"]\n\
+         control_port = {}\nmultipath = true\n[backend.store]\ntype = \"file\"\npool = \"@DIR@/pool\"\n",
+        tgtd.portal(),
+        tgtd.control_port
+    );
+    let h = Harness::start_with(Some(&config)).await;
+    let node_id = h
+        .node()
+        .node_get_info(pb::NodeGetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .node_id;
+    let cap = mount_cap("ext4", SNW);
+    let id = h
+        .controller()
+        .create_volume(create_req("pvc-mpath", 32 * MIB, cap.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let ctx = h
+        .controller()
+        .controller_publish_volume(pb::ControllerPublishVolumeRequest {
+            volume_id: id.clone(),
+            node_id: node_id.clone(),
+            volume_capability: Some(cap.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .publish_context;
+    let staging = h.path("kubelet/staging/mp");
+    let target = h.path("kubelet/pods/mp");
+    std::fs::create_dir_all(&staging).unwrap();
+    h.node()
+        .node_stage_volume(pb::NodeStageVolumeRequest {
+            publish_context: ctx.clone(),
+            ..stage_req(&id, &staging, cap.clone())
+        })
+        .await
+        .unwrap();
+    let sessions: Vec<String> = Iscsid::sessions()
+        .into_iter()
+        .filter(|l| l.contains(prefix))
+        .collect();
+    assert_eq!(sessions.len(), 2, "{sessions:?}");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = mounts
+        .lines()
+        .find(|l| l.contains(staging.to_str().unwrap()))
+        .expect("staged");
+    assert!(
+        line.contains("/dev/mapper/") || line.contains(" /dev/dm-"),
+        "{line}"
+    );
+    h.node()
+        .node_publish_volume(publish_req(&id, &staging, &target, cap.clone(), false))
+        .await
+        .unwrap();
+    std::fs::write(target.join("data"), b"over two paths").unwrap();
+
+    // Expansion reaches the map.
+    let before = h.total_bytes(&id, &target).await;
+    h.controller()
+        .controller_expand_volume(pb::ControllerExpandVolumeRequest {
+            volume_id: id.clone(),
+            capacity_range: Some(pb::CapacityRange {
+                required_bytes: 64 * MIB,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    h.node()
+        .node_expand_volume(pb::NodeExpandVolumeRequest {
+            volume_id: id.clone(),
+            volume_path: target.display().to_string(),
+            staging_target_path: staging.display().to_string(),
+            capacity_range: Some(pb::CapacityRange {
+                required_bytes: 64 * MIB,
+                limit_bytes: 0,
+            }),
+            volume_capability: Some(cap.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let after = h.total_bytes(&id, &target).await;
+    assert!(after > before + 16 * MIB, "{before} -> {after}");
+
+    // One path goes away: the volume goes on through the other.
+    let sid = sessions[1]
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .trim_matches(|c| c == '[' || c == ']')
+        .to_string();
+    run("iscsiadm", &["-m", "session", "-r", &sid, "--logout"]);
+    std::fs::write(target.join("more"), b"after a path went away").unwrap();
+    run("sync", &[]);
+    assert_eq!(
+        std::fs::read(target.join("data")).unwrap(),
+        b"over two paths"
+    );
+
+    h.node()
+        .node_unpublish_volume(unpublish_req(&id, &target))
+        .await
+        .unwrap();
+    h.node()
+        .node_unstage_volume(unstage_req(&id, &staging))
+        .await
+        .unwrap();
+    assert_eq!(
+        Iscsid::sessions()
+            .iter()
+            .filter(|l| l.contains(prefix))
+            .count(),
+        0
+    );
+    let maps = std::fs::read_dir("/dev/mapper")
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name() != "control")
+        .count();
+    assert_eq!(maps, 0, "a multipath map was left behind");
+    h.controller()
+        .controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
+            volume_id: id.clone(),
+            node_id: node_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    h.controller()
+        .delete_volume(pb::DeleteVolumeRequest {
+            volume_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}

@@ -248,7 +248,11 @@ async fn a_mixed_deployment_answers_controller_publish_per_backend() {
     let t = Tgtd::new();
     let names = tempfile::tempdir().unwrap();
     let initiator_file = names.path().join("initiatorname.iscsi");
-    std::fs::write(&initiator_file, "InitiatorName=iqn.2026-11.io.ferrovol.test:mixed\n").unwrap();
+    std::fs::write(
+        &initiator_file,
+        "InitiatorName=iqn.2026-11.io.ferrovol.test:mixed\n",
+    )
+    .unwrap();
     let vg_name = format!("fvmixed{}", std::process::id());
     let _vg = LvmVg::with_config(&vg_name, 64, LVM_NO_ACTIVATION);
     let config = format!(
@@ -266,7 +270,10 @@ async fn a_mixed_deployment_answers_controller_publish_per_backend() {
         .await
         .unwrap()
         .into_inner();
-    assert!(format!("{caps:?}").contains("PublishUnpublishVolume"), "{caps:?}");
+    assert!(
+        format!("{caps:?}").contains("PublishUnpublishVolume"),
+        "{caps:?}"
+    );
     let me = h
         .node()
         .node_get_info(pb::NodeGetInfoRequest {})
@@ -288,8 +295,18 @@ async fn a_mixed_deployment_answers_controller_publish_per_backend() {
         if backend == "lvm" {
             req.parameters.insert("deviceClass".into(), "fast".into());
         }
-        let vol = c.create_volume(req).await.unwrap().into_inner().volume.unwrap();
-        assert!(vol.volume_id.starts_with(&format!("{backend}:")), "{}", vol.volume_id);
+        let vol = c
+            .create_volume(req)
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        assert!(
+            vol.volume_id.starts_with(&format!("{backend}:")),
+            "{}",
+            vol.volume_id
+        );
         ids.push((backend, vol.volume_id));
     }
     for (backend, id) in &ids {
@@ -310,12 +327,21 @@ async fn a_mixed_deployment_answers_controller_publish_per_backend() {
             .await;
         match *backend {
             "iscsi" => {
-                assert!(here["iqn"].starts_with("iqn.2026-11.io.ferrovol.test:"), "{here:?}");
+                assert!(
+                    here["iqn"].starts_with("iqn.2026-11.io.ferrovol.test:"),
+                    "{here:?}"
+                );
                 let there = there.unwrap().into_inner().publish_context;
                 assert_eq!(there["iqn"], here["iqn"]);
                 let shown = t.tgtadm(&["--op", "show", "--mode", "target"]);
-                assert!(shown.contains("iqn.2026-11.io.ferrovol.test:mixed"), "{shown}");
-                assert!(shown.contains("iqn.2026-11.io.ferrovol.test:other"), "{shown}");
+                assert!(
+                    shown.contains("iqn.2026-11.io.ferrovol.test:mixed"),
+                    "{shown}"
+                );
+                assert!(
+                    shown.contains("iqn.2026-11.io.ferrovol.test:other"),
+                    "{shown}"
+                );
             }
             _ => {
                 assert!(here.is_empty(), "{backend}: {here:?}");

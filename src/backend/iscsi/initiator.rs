@@ -36,6 +36,13 @@ pub fn initiator_name(file: &Path) -> Result<String> {
     Ok(name.to_string())
 }
 
+/// Whether two `host:port` portals are the same (an IPv6 host in brackets
+/// or not).
+fn same_portal(a: &str, b: &str) -> bool {
+    let norm = |p: &str| p.replace(['[', ']'], "");
+    norm(a) == norm(b)
+}
+
 /// One open-iscsi session.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Session {
@@ -65,6 +72,8 @@ pub fn parse_sessions(text: &str) -> Vec<Session> {
 
 pub struct Initiator<'a> {
     pub runner: &'a dyn CommandRunner,
+    /// Log in through every portal and use a dm-multipath map over them.
+    pub multipath: bool,
     pub node_db: &'a Path,
     pub sysfs: &'a Path,
     pub timeout: Duration,
@@ -103,7 +112,8 @@ impl Initiator<'_> {
     }
 
     /// Logs in to `iqn` (reusing a session that exists, after a restart)
-    /// and returns LUN `lun`'s disk.
+    /// and returns LUN `lun`'s disk. With multipath, logs in through every
+    /// portal and returns the multipath map over the disks.
     pub async fn attach(
         &self,
         iqn: &str,
@@ -112,61 +122,156 @@ impl Initiator<'_> {
         incoming: Option<&Chap>,
         outgoing: Option<&Chap>,
     ) -> Result<PathBuf> {
-        let session = match self.sessions(iqn).await?.into_iter().next() {
-            Some(s) => s,
-            None => self.login(iqn, portals, incoming, outgoing).await?,
-        };
-        self.wait_for_disk(&session, lun).await
+        let mut sessions = self.sessions(iqn).await?;
+        let mut last = None;
+        for portal in portals {
+            let have = sessions.iter().any(|s| same_portal(&s.portal, portal));
+            if have || (!self.multipath && !sessions.is_empty()) {
+                continue;
+            }
+            match self.login(iqn, portal, incoming, outgoing).await {
+                Ok(()) => sessions = self.sessions(iqn).await?,
+                Err(e) => last = Some(e),
+            }
+        }
+        if sessions.is_empty() {
+            // Nothing logged in: no record of ours left behind.
+            self.run(
+                self.iscsiadm()
+                    .args(["-m", "node", "-T", iqn, "-o", "delete"]),
+                &[NO_OBJECTS],
+            )
+            .await?;
+            return Err(last.unwrap_or_else(|| Error::unavailable(format!("no session to {iqn}"))));
+        }
+        if let Some(e) = last {
+            tracing::warn!(target_name = iqn, error = %e.message, "a portal refused the login; going on with the others");
+        }
+        if !self.multipath {
+            return self.wait_for_disk(&sessions[0], lun).await;
+        }
+        let mut disks = Vec::new();
+        for session in &sessions {
+            disks.push(self.wait_for_disk(session, lun).await?);
+        }
+        self.map(&disks).await
     }
 
     async fn login(
         &self,
         iqn: &str,
-        portals: &[&str],
+        portal: &str,
         incoming: Option<&Chap>,
         outgoing: Option<&Chap>,
-    ) -> Result<Session> {
-        let mut last = None;
-        for portal in portals {
-            let node = |cmd: Command| cmd.args(["-m", "node", "-T", iqn, "-p", portal]);
-            self.run(node(self.iscsiadm()).args(["-o", "new"]), &[SESSION_EXISTS])
-                .await?;
-            self.run(
-                node(self.iscsiadm()).args(["-o", "update", "-n", "node.startup", "-v", "manual"]),
-                &[],
-            )
+    ) -> Result<()> {
+        let node = |cmd: Command| cmd.args(["-m", "node", "-T", iqn, "-p", portal]);
+        self.run(node(self.iscsiadm()).args(["-o", "new"]), &[SESSION_EXISTS])
             .await?;
-            self.write_auth(iqn, portal, incoming, outgoing)?;
-            let login = node(self.iscsiadm()).arg("--login").timeout(self.timeout);
-            match self.runner.run(login).await {
-                Ok(_) => {}
-                Err(e) if e.exit_code() == Some(SESSION_EXISTS) => {}
-                Err(e) => {
-                    let auth = e.exit_code() == Some(LOGIN_AUTH_FAILED);
-                    let err = Error::from(e);
-                    last = Some(if auth {
-                        Error::precondition(format!(
-                            "the target refused this node's CHAP credentials: {}",
-                            err.message
-                        ))
-                    } else {
-                        err
-                    });
-                    continue;
-                }
-            }
-            if let Some(s) = self.sessions(iqn).await?.into_iter().next() {
-                return Ok(s);
-            }
-        }
-        // Nothing logged in: no record of ours left behind.
         self.run(
-            self.iscsiadm()
-                .args(["-m", "node", "-T", iqn, "-o", "delete"]),
-            &[NO_OBJECTS],
+            node(self.iscsiadm()).args(["-o", "update", "-n", "node.startup", "-v", "manual"]),
+            &[],
         )
         .await?;
-        Err(last.unwrap_or_else(|| Error::unavailable(format!("no session to {iqn}"))))
+        self.write_auth(iqn, portal, incoming, outgoing)?;
+        let login = node(self.iscsiadm()).arg("--login").timeout(self.timeout);
+        match self.runner.run(login).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.exit_code() == Some(SESSION_EXISTS) => Ok(()),
+            Err(e) => {
+                let auth = e.exit_code() == Some(LOGIN_AUTH_FAILED);
+                let err = Error::from(e);
+                // This portal's record goes; the others' stay.
+                self.run(node(self.iscsiadm()).args(["-o", "delete"]), &[NO_OBJECTS])
+                    .await?;
+                Err(if auth {
+                    Error::precondition(format!(
+                        "the target refused this node's CHAP credentials: {}",
+                        err.message
+                    ))
+                } else {
+                    err
+                })
+            }
+        }
+    }
+
+    /// The multipath map over `disks` (all paths to one LUN), made by
+    /// `multipath` when there is none yet.
+    async fn map(&self, disks: &[PathBuf]) -> Result<PathBuf> {
+        let names: Vec<String> = disks
+            .iter()
+            .filter_map(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .collect();
+        if let Some(map) = self.holder(&names) {
+            return Ok(PathBuf::from("/dev/mapper").join(map));
+        }
+        self.run(
+            Command::new("multipath")
+                .arg(path_arg(&disks[0])?)
+                .timeout(Duration::from_secs(60)),
+            &[],
+        )
+        .await?;
+        let start = Instant::now();
+        loop {
+            if let Some(map) = self.holder(&names) {
+                return Ok(PathBuf::from("/dev/mapper").join(map));
+            }
+            if start.elapsed() >= self.timeout {
+                return Err(Error::unavailable(format!(
+                    "no multipath map over {} appeared within {:?}",
+                    names.join(", "),
+                    self.timeout
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The name of the multipath map holding any of `disks`.
+    fn holder(&self, disks: &[String]) -> Option<String> {
+        for disk in disks {
+            let holders = self.sysfs.join("block").join(disk).join("holders");
+            let Ok(holders) = std::fs::read_dir(holders) else {
+                continue;
+            };
+            for h in holders.flatten() {
+                let dm = h.file_name().to_string_lossy().into_owned();
+                let Ok(name) =
+                    std::fs::read_to_string(self.sysfs.join("block").join(&dm).join("dm/name"))
+                else {
+                    continue;
+                };
+                let name = name.trim();
+                if !name.is_empty()
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+                {
+                    return Some(name.to_string());
+                }
+            }
+        }
+        None
+    }
+
+    /// The dm device (`dm-N`) of map `name`, by its holders.
+    fn map_dm(&self, disks: &[String], name: &str) -> Option<String> {
+        for disk in disks {
+            let holders = self.sysfs.join("block").join(disk).join("holders");
+            let Ok(holders) = std::fs::read_dir(holders) else {
+                continue;
+            };
+            for h in holders.flatten() {
+                let dm = h.file_name().to_string_lossy().into_owned();
+                let n = std::fs::read_to_string(self.sysfs.join("block").join(&dm).join("dm/name"))
+                    .unwrap_or_default();
+                if n.trim() == name {
+                    return Some(dm);
+                }
+            }
+        }
+        None
     }
 
     /// The node record files of `iqn` at `portal` (open-iscsi keeps one per
@@ -329,7 +434,25 @@ impl Initiator<'_> {
     /// Flushes and removes the disks of every session to `iqn`, logs out,
     /// and deletes the node records. Nothing there is success.
     pub async fn detach(&self, iqn: &str) -> Result<()> {
-        for session in self.sessions(iqn).await? {
+        let sessions = self.sessions(iqn).await?;
+        let all: Vec<String> = sessions.iter().flat_map(|s| self.disks(s.sid)).collect();
+        while let Some(map) = self.holder(&all) {
+            // The map over this target's disks goes first (refused while
+            // something holds it open).
+            self.run(
+                Command::new("multipath")
+                    .args(["-f", &map])
+                    .timeout(Duration::from_secs(60)),
+                &[],
+            )
+            .await?;
+            if self.holder(&all).as_deref() == Some(map.as_str()) {
+                return Err(Error::internal(format!(
+                    "multipath map {map} is still there"
+                )));
+            }
+        }
+        for session in sessions {
             for disk in self.disks(session.sid) {
                 let dev = PathBuf::from("/dev").join(&disk);
                 if dev.exists() {
@@ -394,7 +517,20 @@ impl Initiator<'_> {
         )
         .await?;
         let mut size = 0;
-        for disk in self.disks(session.sid) {
+        let mut disks = Vec::new();
+        for s in self.sessions(iqn).await? {
+            if s.sid != session.sid {
+                let sid = s.sid.to_string();
+                self.run(
+                    self.iscsiadm()
+                        .args(["-m", "session", "-r", &sid, "--rescan"]),
+                    &[],
+                )
+                .await?;
+            }
+            disks.extend(self.disks(s.sid));
+        }
+        for disk in disks.clone() {
             let rescan = self.sysfs.join("block").join(&disk).join("device/rescan");
             std::fs::write(&rescan, "1")
                 .map_err(|e| Error::io(format!("write {}", rescan.display()), e))?;
@@ -402,6 +538,22 @@ impl Initiator<'_> {
                 std::fs::read_to_string(self.sysfs.join("block").join(&disk).join("size"))
                     .map_err(|e| Error::io(format!("size of {disk}"), e))?;
             size = size.max(sectors.trim().parse::<u64>().unwrap_or(0) * 512);
+        }
+        if let Some(map) = self.holder(&disks) {
+            // The map takes its size from its paths when reloaded.
+            self.run(
+                Command::new("multipath")
+                    .args(["-r", &map])
+                    .timeout(Duration::from_secs(60)),
+                &[],
+            )
+            .await?;
+            let dm = self.map_dm(&disks, &map).ok_or_else(|| {
+                Error::internal(format!("multipath map {map} vanished during the rescan"))
+            })?;
+            let sectors = std::fs::read_to_string(self.sysfs.join("block").join(&dm).join("size"))
+                .map_err(|e| Error::io(format!("size of {map}"), e))?;
+            size = sectors.trim().parse::<u64>().unwrap_or(0) * 512;
         }
         Ok(size)
     }
@@ -425,6 +577,25 @@ impl Initiator<'_> {
             )));
         }
         let disk = device.file_name().map(|d| d.to_string_lossy().into_owned());
+        if device.starts_with("/dev/mapper") {
+            let mut disks = Vec::new();
+            for s in self.sessions(iqn).await? {
+                let state = std::fs::read_to_string(self.session_dir(s.sid).join("state"))
+                    .unwrap_or_default();
+                if state.trim() != "LOGGED_IN" {
+                    return Ok(Some(format!(
+                        "path {} of {iqn} is down ({})",
+                        s.portal,
+                        state.trim()
+                    )));
+                }
+                disks.extend(self.disks(s.sid));
+            }
+            if self.holder(&disks).as_deref() != disk.as_deref() {
+                return Ok(Some(format!("multipath map {} is gone", device.display())));
+            }
+            return Ok(None);
+        }
         if disk.is_none_or(|d| !self.disks(session.sid).contains(&d)) {
             return Ok(Some(format!(
                 "{} is no longer a disk of the session",

@@ -75,6 +75,10 @@ pub struct IscsiSettings {
     /// open-iscsi's node records (node side).
     #[serde(default = "default_node_db")]
     pub node_db: PathBuf,
+    /// Log in through every portal and stage a dm-multipath map over the
+    /// paths (needs multipath-tools on the node).
+    #[serde(default)]
+    pub multipath: bool,
     /// How long a login may take, and the LUN's disk to appear (seconds).
     #[serde(default = "default_login_timeout")]
     pub login_timeout: u64,
@@ -664,7 +668,9 @@ impl Backend for IscsiBackend {
         store
             .node_refresh_size(&store_id, &record.attachment)
             .await?;
-        self.target.refresh(tid, &record.device).await?;
+        self.target
+            .refresh(tid, &record.iqn, &record.device)
+            .await?;
         self.save(id, &record)?;
         Ok(size)
     }
@@ -863,6 +869,7 @@ impl IscsiBackend {
     fn initiator(&self) -> initiator::Initiator<'_> {
         initiator::Initiator {
             runner: self.runner.as_ref(),
+            multipath: self.settings.multipath,
             node_db: &self.settings.node_db,
             sysfs: &self.sysfs,
             timeout: Duration::from_secs(self.settings.login_timeout),

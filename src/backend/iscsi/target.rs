@@ -34,7 +34,7 @@ pub trait Target: Send + Sync {
     /// Removes target `tid`; refused by the server while sessions exist.
     async fn delete(&self, tid: u32) -> Result<()>;
     /// Makes LUN 1 report the backing store's current size.
-    async fn refresh(&self, tid: u32, backing: &Path) -> Result<()>;
+    async fn refresh(&self, tid: u32, iqn: &str, backing: &Path) -> Result<()>;
     async fn allow(&self, tid: u32, initiator: &str) -> Result<()>;
     async fn disallow(&self, tid: u32, initiator: &str) -> Result<()>;
     /// The CHAP account names the server knows.
@@ -68,6 +68,28 @@ impl Tgt {
         Command::new("tgtadm")
             .args(["-C", &self.control_port.to_string(), "--lld", "iscsi"])
             .timeout(TGTADM_TIMEOUT)
+    }
+
+    /// Gives LUN 1 of `tid` an identity of its own, from the target name:
+    /// tgt's default is made from the target and LUN numbers, which repeat
+    /// across target servers and over time, and multipath would take two
+    /// volumes with one identity for two paths to one disk.
+    async fn identify(&self, tid: &str, iqn: &str) -> Result<()> {
+        let serial = serial_for(iqn);
+        self.run(self.tgtadm().args([
+            "--op",
+            "update",
+            "--mode",
+            "logicalunit",
+            "--tid",
+            tid,
+            "--lun",
+            "1",
+            "--params",
+            &format!("scsi_id=fv{serial},scsi_sn={serial}"),
+        ]))
+        .await
+        .map(|_| ())
     }
 
     async fn run(&self, cmd: Command) -> Result<String> {
@@ -121,6 +143,10 @@ impl Target for Tgt {
                 &path_arg(backing)?,
             ]))
             .await;
+        let added = match added {
+            Ok(_) => self.identify(&tid, iqn).await,
+            Err(e) => Err(e),
+        };
         if let Err(e) = added {
             // No half-made target left behind.
             let _ = self
@@ -149,7 +175,7 @@ impl Target for Tgt {
         .await
     }
 
-    async fn refresh(&self, tid: u32, backing: &Path) -> Result<()> {
+    async fn refresh(&self, tid: u32, iqn: &str, backing: &Path) -> Result<()> {
         // tgt reads a backing store's size when the LUN is made: the LUN is
         // taken offline, made again on the same store with the same SCSI
         // identity, and put back online, so initiators see a capacity
@@ -186,7 +212,8 @@ impl Target for Tgt {
                 "--backing-store",
                 &path_arg(backing)?,
             ]))
-            .await
+            .await?;
+            self.identify(&tid_s, iqn).await
         }
         .await;
         let online = self.run(state("ready")).await;
@@ -283,6 +310,12 @@ impl Target for Tgt {
         self.change(cmd, &["can't find", "not found", "doesn't exist"])
             .await
     }
+}
+
+/// LUN 1's serial number (16 hex digits) for a target name; its SCSI
+/// identity (the NAA name the initiator's WWID comes from) follows it.
+pub fn serial_for(iqn: &str) -> String {
+    crate::plugin::digest_hex(iqn.as_bytes(), 8)
 }
 
 /// Parses `tgtadm --op show --mode target`.

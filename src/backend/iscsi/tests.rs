@@ -294,6 +294,7 @@ impl Setup {
             tgt_socket_dir: self.dir.path().to_path_buf(),
             initiator_name_file: self.dir.path().join("initiatorname.iscsi"),
             node_db: self.dir.path().join("nodes"),
+            multipath: false,
             login_timeout: 2,
         }
     }
@@ -397,6 +398,7 @@ async fn create_makes_one_target_and_a_retry_finds_it() {
             Reply::Ok(target_row(4, "iqn.other:x", &[], &[], &[])),
         )
         .ok("tgtadm")
+        .ok("tgtadm")
         .ok("tgtadm");
     let v = b.create_volume(&create("pvc-1")).await.unwrap();
     assert_eq!(v.id.to_string(), "iscsi:pvc-1");
@@ -409,6 +411,13 @@ async fn create_makes_one_target_and_a_retry_finds_it() {
         lines[2],
         "tgtadm -C 0 --lld iscsi --op new --mode logicalunit --tid 5 --lun 1 --backing-store /dev/loop7"
     );
+    // LUN 1 gets an identity of its own, from the target name.
+    let serial = target::serial_for(IQN);
+    assert_eq!(serial.len(), 16);
+    assert_eq!(
+        lines[3],
+        format!("tgtadm -C 0 --lld iscsi --op update --mode logicalunit --tid 5 --lun 1 --params scsi_id=fv{serial},scsi_sn={serial}")
+    );
     assert_eq!(
         s.store.calls(),
         ["create pvc-1", "attach iscsi-store:pvc-1"]
@@ -418,7 +427,7 @@ async fn create_makes_one_target_and_a_retry_finds_it() {
     s.runner
         .expect("tgtadm", Reply::Ok(target_row(5, IQN, &[], &[], &[])));
     b.create_volume(&create("pvc-1")).await.unwrap();
-    assert_eq!(s.runner.lines().len(), 4);
+    assert_eq!(s.runner.lines().len(), 5);
 
     // A LUN that cannot be made leaves no target behind.
     s.runner
@@ -442,6 +451,7 @@ async fn publish_sets_chap_then_the_acl_and_unpublish_takes_it_back() {
     let b = s.backend();
     s.runner
         .expect("tgtadm", Reply::Ok(String::new()))
+        .ok("tgtadm")
         .ok("tgtadm")
         .ok("tgtadm");
     b.create_volume(&create("pvc-1")).await.unwrap();
@@ -543,6 +553,7 @@ async fn delete_is_refused_while_logged_in_and_cleans_up_after() {
     s.runner
         .expect("tgtadm", Reply::Ok(String::new()))
         .ok("tgtadm")
+        .ok("tgtadm")
         .ok("tgtadm");
     b.create_volume(&create("pvc-1")).await.unwrap();
     let id = VolumeId::parse("iscsi:pvc-1").unwrap();
@@ -608,6 +619,7 @@ async fn a_lost_target_is_rebuilt_closed_until_the_secret_comes_back() {
         .expect("tgtadm", Reply::Ok(String::new()))
         .ok("tgtadm")
         .ok("tgtadm")
+        .ok("tgtadm")
         .expect("tgtadm", Reply::Ok(target_row(1, IQN, &[], &[], &[])));
     b.health().await.unwrap();
     let lines = s.runner.lines();
@@ -648,6 +660,7 @@ async fn expansion_grows_the_store_and_refreshes_the_lun() {
     s.runner
         .expect("tgtadm", Reply::Ok(String::new()))
         .ok("tgtadm")
+        .ok("tgtadm")
         .ok("tgtadm");
     b.create_volume(&create("pvc-1")).await.unwrap();
     let id = VolumeId::parse("iscsi:pvc-1").unwrap();
@@ -656,6 +669,7 @@ async fn expansion_grows_the_store_and_refreshes_the_lun() {
             "tgtadm",
             Reply::Ok(target_row(3, IQN, &[INITIATOR], &[INITIATOR], &[])),
         )
+        .ok("tgtadm")
         .ok("tgtadm")
         .ok("tgtadm")
         .ok("tgtadm")
@@ -668,13 +682,15 @@ async fn expansion_grows_the_store_and_refreshes_the_lun() {
     );
     let lines = s.runner.lines();
     let n = lines.len();
+    let serial = target::serial_for(IQN);
     assert_eq!(
-        lines[n - 4..],
+        lines[n - 5..],
         [
-            "tgtadm -C 0 --lld iscsi --op update --mode target --tid 3 --name state --value offline",
-            "tgtadm -C 0 --lld iscsi --op delete --mode logicalunit --tid 3 --lun 1",
-            "tgtadm -C 0 --lld iscsi --op new --mode logicalunit --tid 3 --lun 1 --backing-store /dev/loop7",
-            "tgtadm -C 0 --lld iscsi --op update --mode target --tid 3 --name state --value ready",
+            "tgtadm -C 0 --lld iscsi --op update --mode target --tid 3 --name state --value offline".to_string(),
+            "tgtadm -C 0 --lld iscsi --op delete --mode logicalunit --tid 3 --lun 1".to_string(),
+            "tgtadm -C 0 --lld iscsi --op new --mode logicalunit --tid 3 --lun 1 --backing-store /dev/loop7".to_string(),
+            format!("tgtadm -C 0 --lld iscsi --op update --mode logicalunit --tid 3 --lun 1 --params scsi_id=fv{serial},scsi_sn={serial}"),
+            "tgtadm -C 0 --lld iscsi --op update --mode target --tid 3 --name state --value ready".to_string(),
         ]
     );
     assert!(s
@@ -827,6 +843,7 @@ async fn a_refused_login_leaves_no_record() {
                 "iscsiadm: initiator reported error (24 - iSCSI login failed due to authorization failure)".into(),
             ),
         )
+        .ok("iscsiadm")
         .ok("iscsiadm");
     let e = b
         .node_attach(
@@ -840,9 +857,13 @@ async fn a_refused_login_leaves_no_record() {
         e.message.contains("CHAP") && !e.message.contains("wrong-secret"),
         "{e}"
     );
+    let lines = s.runner.lines();
     assert_eq!(
-        s.runner.lines().last().unwrap(),
-        &format!("iscsiadm -m node -T {IQN} -o delete")
+        lines[lines.len() - 2..],
+        [
+            format!("iscsiadm -m node -T {IQN} -p 10.0.0.5:3260 -o delete"),
+            format!("iscsiadm -m node -T {IQN} -o delete"),
+        ]
     );
 }
 
@@ -892,7 +913,8 @@ async fn rescan_and_condition_read_the_session() {
     sysfs_session(s.dir.path(), 4, "sdc", "LOGGED_IN", 32768);
     s.runner
         .expect("iscsiadm", Reply::Ok(SESSION.into()))
-        .ok("iscsiadm");
+        .ok("iscsiadm")
+        .expect("iscsiadm", Reply::Ok(SESSION.into()));
     let dev = Attachment::Device {
         path: "/dev/sdc".into(),
     };
@@ -935,4 +957,125 @@ fn the_initiator_name_is_read_and_checked() {
     std::fs::write(&f, "InitiatorName=not a name\n").unwrap();
     assert!(initiator::initiator_name(&f).is_err());
     assert!(initiator::initiator_name(&dir.path().join("missing")).is_err());
+}
+
+/// With multipath: a login through each portal, the map made over the two
+/// disks (found through their holders), and at unstage the map flushed
+/// before the disks go and the sessions end.
+#[tokio::test]
+async fn multipath_logs_in_everywhere_and_stages_the_map() {
+    let s = Setup::new();
+    let mut settings = s.settings();
+    settings.multipath = true;
+    settings.portals = vec!["10.0.0.5:3260".into(), "10.0.0.6:3260".into()];
+    let b = IscsiBackend::new(
+        "iscsi",
+        settings,
+        s.runner.clone(),
+        None,
+        s.dir.path().join("r"),
+    )
+    .unwrap()
+    .with_sysfs(s.dir.path().join("sys"));
+    let id = VolumeId::parse("iscsi:pvc-1").unwrap();
+    sysfs_session(s.dir.path(), 4, "sdc", "LOGGED_IN", 16384);
+    sysfs_session(s.dir.path(), 5, "sdd", "LOGGED_IN", 16384);
+    let both = format!("{SESSION}tcp: [5] 10.0.0.6:3260,1 {IQN} (non-flash)\n");
+    let record_dir = s.dir.path().join("nodes").join(IQN);
+    std::fs::create_dir_all(&record_dir).unwrap();
+    std::fs::write(record_dir.join("10.0.0.6,3260"), "node.name = x\n").unwrap();
+    // One path is there (after a restart); the other is logged in now.
+    s.runner
+        .expect("iscsiadm", Reply::Ok(SESSION.into()))
+        .ok("iscsiadm")
+        .ok("iscsiadm")
+        .ok("iscsiadm")
+        .expect("iscsiadm", Reply::Ok(both.clone()))
+        .ok("multipath");
+    // The kernel makes the map a moment after `multipath` runs.
+    let sys = s.dir.path().join("sys");
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for disk in ["sdc", "sdd"] {
+            std::fs::create_dir_all(sys.join("block").join(disk).join("holders/dm-3")).unwrap();
+        }
+        std::fs::create_dir_all(sys.join("block/dm-3/dm")).unwrap();
+        std::fs::write(sys.join("block/dm-3/dm/name"), "360000000000000f0aa\n").unwrap();
+    });
+    let mut ctx = stage_ctx(&[]);
+    ctx.publish_context
+        .insert("portals".into(), "10.0.0.5:3260,10.0.0.6:3260".into());
+    let a = b.node_attach(&id, &ctx).await.unwrap();
+    assert_eq!(
+        a,
+        Attachment::Device {
+            path: "/dev/mapper/360000000000000f0aa".into()
+        }
+    );
+    let lines = s.runner.lines();
+    assert_eq!(
+        lines[3],
+        format!("iscsiadm -m node -T {IQN} -p 10.0.0.6:3260 --login")
+    );
+    assert_eq!(lines.last().unwrap(), "multipath /dev/sdc");
+
+    // Healthy; then a path down shows.
+    s.runner.expect("iscsiadm", Reply::Ok(both.clone()));
+    s.runner.expect("iscsiadm", Reply::Ok(both.clone()));
+    let map = Attachment::Device {
+        path: "/dev/mapper/360000000000000f0aa".into(),
+    };
+    assert_eq!(b.node_condition(&id, &map).await.unwrap(), None);
+    std::fs::write(
+        s.dir.path().join("sys/class/iscsi_session/session5/state"),
+        "FAILED\n",
+    )
+    .unwrap();
+    s.runner.expect("iscsiadm", Reply::Ok(both.clone()));
+    s.runner.expect("iscsiadm", Reply::Ok(both.clone()));
+    let c = b.node_condition(&id, &map).await.unwrap().unwrap();
+    assert!(c.contains("10.0.0.6:3260") && c.contains("down"), "{c}");
+
+    // Unstage flushes the map first; a map that stays (held open) stops it
+    // before any disk or session is touched.
+    s.runner
+        .expect("iscsiadm", Reply::Ok(both.clone()))
+        .ok("multipath");
+    let e = b.node_detach(&id, Some(&map)).await.unwrap_err();
+    assert!(e.message.contains("still there"), "{e}");
+    assert_eq!(
+        s.runner.lines().last().unwrap(),
+        "multipath -f 360000000000000f0aa"
+    );
+    // Once it is gone, the disks and both sessions go.
+    for disk in ["sdc", "sdd"] {
+        std::fs::remove_dir_all(
+            s.dir
+                .path()
+                .join("sys/block")
+                .join(disk)
+                .join("holders/dm-3"),
+        )
+        .unwrap();
+    }
+    s.runner
+        .expect("iscsiadm", Reply::Ok(both.clone()))
+        .ok("iscsiadm")
+        .ok("iscsiadm")
+        .ok("iscsiadm");
+    b.node_detach(&id, Some(&map)).await.unwrap();
+    let lines = s.runner.lines();
+    let n = lines.len();
+    assert_eq!(
+        lines[n - 4..n - 1],
+        [
+            "iscsiadm -m session".to_string(),
+            "iscsiadm -m session -r 4 --logout".to_string(),
+            "iscsiadm -m session -r 5 --logout".to_string(),
+        ]
+    );
+    assert_eq!(
+        lines.last().unwrap(),
+        &format!("iscsiadm -m node -T {IQN} -o delete")
+    );
 }
