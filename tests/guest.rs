@@ -1646,3 +1646,107 @@ async fn guest_iscsi_multipath_over_two_portals() {
         .await
         .unwrap();
 }
+
+/// The iscsi backend over an lvm store: the LUN is an LV (activated on the
+/// controller, zeroed when deleted), staged on the node over open-iscsi.
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_iscsi_over_an_lvm_store() {
+    require_guest();
+    let tgtd = Tgtd::new();
+    let _iscsid = Iscsid::new();
+    let _vg = LvmVg::new("fviscsi", 64);
+    let prefix = "iqn.2026-11.io.ferrovol.lvm";
+    let config = format!(
+        "[[backend]]\ntype = \"iscsi\"\niqn_prefix = \"{prefix}\"\nportals = [\"{}\"]\n\
+         control_port = {}\n[backend.store]\ntype = \"lvm\"\n\
+         [[backend.store.device_class]]\nname = \"luns\"\nvolume_group = \"fviscsi\"\n",
+        tgtd.portal(),
+        tgtd.control_port
+    );
+    let h = Harness::start_with(Some(&config)).await;
+    let node_id = h
+        .node()
+        .node_get_info(pb::NodeGetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .node_id;
+    let cap = mount_cap("ext4", SNW);
+    let mut req = create_req("pvc-lun", 24 * MIB, cap.clone());
+    req.parameters.insert("deviceClass".into(), "luns".into());
+    let vol = h
+        .controller()
+        .create_volume(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let id = vol.volume_id.clone();
+    assert_eq!(id, "iscsi:luns.fv-pvc-lun");
+    let shown = tgtd.tgtadm(&["--op", "show", "--mode", "target"]);
+    assert!(
+        shown.contains("Backing store path: /dev/fviscsi/fv-pvc-lun"),
+        "{shown}"
+    );
+    let ctx = h
+        .controller()
+        .controller_publish_volume(pb::ControllerPublishVolumeRequest {
+            volume_id: id.clone(),
+            node_id: node_id.clone(),
+            volume_capability: Some(cap.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .publish_context;
+    let staging = h.path("kubelet/staging/lun");
+    let target = h.path("kubelet/pods/lun");
+    std::fs::create_dir_all(&staging).unwrap();
+    h.node()
+        .node_stage_volume(pb::NodeStageVolumeRequest {
+            publish_context: ctx,
+            ..stage_req(&id, &staging, cap.clone())
+        })
+        .await
+        .unwrap();
+    h.node()
+        .node_publish_volume(publish_req(&id, &staging, &target, cap.clone(), false))
+        .await
+        .unwrap();
+    std::fs::write(target.join("f"), b"an LV behind a LUN").unwrap();
+    assert_eq!(
+        std::fs::read(target.join("f")).unwrap(),
+        b"an LV behind a LUN"
+    );
+    h.node()
+        .node_unpublish_volume(unpublish_req(&id, &target))
+        .await
+        .unwrap();
+    h.node()
+        .node_unstage_volume(unstage_req(&id, &staging))
+        .await
+        .unwrap();
+    h.controller()
+        .controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
+            volume_id: id.clone(),
+            node_id,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    h.controller()
+        .delete_volume(pb::DeleteVolumeRequest {
+            volume_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let lvs = run("lvs", &["--noheadings", "-o", "lv_name", "fviscsi"]);
+    assert!(lvs.trim().is_empty(), "LVs left: {lvs}");
+    assert!(!tgtd
+        .tgtadm(&["--op", "show", "--mode", "target"])
+        .contains("Target "));
+}
