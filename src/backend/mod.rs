@@ -4,6 +4,7 @@ pub mod file;
 pub mod iscsi;
 pub mod lvm;
 pub mod nfs;
+pub mod rbd;
 
 use crate::config::{BackendConfig, Config};
 use crate::error::{Error, Result};
@@ -57,6 +58,12 @@ fn build_backend(
             host.clone(),
             state_dir.join("nfs").join(bc.name()),
         )?),
+        "rbd" => Arc::new(rbd::RbdBackend::new(
+            bc.name(),
+            bc.settings()?,
+            runner.clone(),
+            state_dir.join("rbd").join(bc.name()),
+        )?),
         "iscsi" => {
             let settings: iscsi::IscsiSettings = bc.settings()?;
             // The store is private to this backend: built here, never
@@ -85,7 +92,7 @@ fn build_backend(
         }
         other => {
             return Err(Error::invalid(format!(
-                "backend {:?}: unknown type {other:?} (available: file, lvm, nfs, iscsi)",
+                "backend {:?}: unknown type {other:?} (available: file, lvm, nfs, iscsi, rbd)",
                 bc.name()
             )))
         }

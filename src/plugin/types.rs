@@ -219,6 +219,8 @@ pub struct AttachContext {
     pub volume_context: BTreeMap<String, String>,
     pub secrets: Secrets,
     pub readonly: bool,
+    /// This node's id (as NodeGetInfo reports it).
+    pub node_id: String,
 }
 
 /// What node attach set up, persisted in the node state so it can be undone

@@ -36,6 +36,7 @@ impl Node for NodeService {
                 volume_context: ordered(&r.volume_context),
                 secrets: crate::plugin::Secrets::from(&r.secrets),
                 readonly: capability.mode.is_readonly(),
+                node_id: self.0.node_id.clone(),
             };
             self.0
                 .node

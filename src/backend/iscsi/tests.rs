@@ -739,6 +739,7 @@ fn stage_ctx(secrets: &[(&str, &str)]) -> AttachContext {
                 .collect(),
         ),
         readonly: false,
+        node_id: NODE.into(),
     }
 }
 

@@ -1,0 +1,1094 @@
+//! The `rbd` backend: block volumes from a Ceph cluster, through the `rbd`
+//! command line (JSON reports, the exec seam's timeouts; see the README
+//! for why not librbd).
+//!
+//! A volume is image `fv-<name>` in a pool (and namespace) the config
+//! allows; its CSI name, source and attachments are image metadata, so
+//! any controller replica sees them. A snapshot is an image of its own,
+//! `fvs-<name>`: a clone (format 2) of a moment of its source, with one
+//! snapshot `base` that restores clone from, so volumes and snapshots can
+//! be deleted in any order. An image that still has clone children goes
+//! to the trash instead and is purged once they are gone. Clone chains are
+//! flattened past `max_clone_depth`.
+
+mod cli;
+#[cfg(test)]
+mod tests;
+
+use crate::error::{Error, Kind, Result};
+use crate::exec::CommandRunner;
+use crate::plugin::{
+    check_existing, join_fields, locator_for_name, node_name, split_fields, AccessMode, AccessType,
+    AttachContext, Attachment, Backend, Capabilities, ContentSource, ControllerAttach,
+    CreateSnapshot, CreateVolume, Page, Secrets, SizeRules, SnapshotId, SnapshotInfo,
+    VolumeCapability, VolumeId, VolumeInfo,
+};
+use cli::{check_name, Creds, Rbd, Spec};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Secrets keys (as ceph-csi names them).
+pub const USER_ID: &str = "userID";
+pub const USER_KEY: &str = "userKey";
+
+const MIB: u64 = 1 << 20;
+const META_NAME: &str = "ferrovol.name";
+const META_SOURCE: &str = "ferrovol.source";
+const META_CREATED: &str = "ferrovol.created";
+/// `ferrovol.node.<node name>` = `single` | `multi`: who may use the image.
+const META_NODE: &str = "ferrovol.node.";
+/// The snapshot of a snapshot image that restores clone from.
+const BASE: &str = "base";
+/// The volume context key that carries map options to the node.
+const CTX_MAP_OPTIONS: &str = "mapOptions";
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RbdSettings {
+    /// Names the cluster in volume ids.
+    pub cluster_id: String,
+    /// `host:port` of the monitors.
+    pub monitors: Vec<String>,
+    /// The pools volumes may live in; the first is the default.
+    pub pools: Vec<String>,
+    /// The controller's own cephx user and keyring file, for calls that
+    /// carry no secrets (ListVolumes, GetSnapshot, ...). Calls with
+    /// secrets use those.
+    pub user: Option<String>,
+    pub keyring: Option<PathBuf>,
+    /// Flatten a clone whose chain of parents is longer than this.
+    #[serde(default = "default_depth")]
+    pub max_clone_depth: u32,
+    /// Features of new images (krbd supports `layering` everywhere).
+    #[serde(default = "default_features")]
+    pub image_features: String,
+    /// Options for `rbd device map` on nodes.
+    #[serde(default)]
+    pub map_options: String,
+}
+
+fn default_depth() -> u32 {
+    4
+}
+fn default_features() -> String {
+    "layering".into()
+}
+
+/// The StorageClass parameters of a volume.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Params {
+    pool: String,
+    namespace: String,
+    data_pool: String,
+    features: String,
+    map_options: String,
+}
+
+pub struct RbdBackend {
+    name: String,
+    settings: RbdSettings,
+    runner: Arc<dyn CommandRunner>,
+    /// Where private keyrings are written for one call.
+    keys: PathBuf,
+    sysfs: PathBuf,
+}
+
+fn check_features(f: &str) -> Result<()> {
+    for feature in f.split(',') {
+        if !matches!(
+            feature,
+            "layering"
+                | "exclusive-lock"
+                | "object-map"
+                | "fast-diff"
+                | "deep-flatten"
+                | "journaling"
+        ) {
+            return Err(Error::invalid(format!(
+                "imageFeatures: unknown feature {feature:?}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn check_map_options(o: &str) -> Result<()> {
+    if o.len() > 256
+        || !o
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_=,.-".contains(&b))
+    {
+        return Err(Error::invalid(
+            "mapOptions: comma-separated krbd options (a-z, 0-9, '_', '=', '.', '-')",
+        ));
+    }
+    Ok(())
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl RbdBackend {
+    pub fn new(
+        name: &str,
+        settings: RbdSettings,
+        runner: Arc<dyn CommandRunner>,
+        state_dir: PathBuf,
+    ) -> Result<Self> {
+        let bad = |what: String| Error::invalid(format!("backend {name:?}: {what}"));
+        check_name("cluster_id", &settings.cluster_id, false).map_err(|e| bad(e.message))?;
+        // `[v1:|v2:]host:port`: the messenger protocol when the port does
+        // not tell it (6789 is v1, 3300 v2).
+        let monitor_ok = |m: &str| {
+            let addr = m
+                .strip_prefix("v1:")
+                .or_else(|| m.strip_prefix("v2:"))
+                .unwrap_or(m);
+            crate::backend::iscsi::is_portal(addr)
+        };
+        if settings.monitors.is_empty() || settings.monitors.iter().any(|m| !monitor_ok(m)) {
+            return Err(bad("monitors must be [v1:|v2:]host:port".into()));
+        }
+        if settings.pools.is_empty() {
+            return Err(bad("pools must name at least one pool".into()));
+        }
+        for p in &settings.pools {
+            check_name("pool", p, false).map_err(|e| bad(e.message))?;
+        }
+        check_features(&settings.image_features).map_err(|e| bad(e.message))?;
+        check_map_options(&settings.map_options).map_err(|e| bad(e.message))?;
+        match (&settings.user, &settings.keyring) {
+            (Some(u), Some(k)) => {
+                cli::check_user(u).map_err(|e| bad(e.message))?;
+                crate::config::absolute(k, "keyring")?;
+            }
+            (None, None) => {}
+            _ => return Err(bad("user and keyring go together".into())),
+        }
+        Ok(RbdBackend {
+            name: name.into(),
+            settings,
+            runner,
+            keys: state_dir.join("keys"),
+            sysfs: "/sys".into(),
+        })
+    }
+
+    #[cfg(test)]
+    fn with_sysfs(mut self, sysfs: PathBuf) -> Self {
+        self.sysfs = sysfs;
+        self
+    }
+
+    fn rbd(&self) -> Rbd<'_> {
+        Rbd {
+            runner: self.runner.as_ref(),
+            monitors: &self.settings.monitors,
+        }
+    }
+
+    /// Credentials: the call's secrets, else the config's own user.
+    fn creds(&self, secrets: &Secrets) -> Result<Creds> {
+        match (secrets.get(USER_ID), secrets.get(USER_KEY)) {
+            (Some(user), Some(key)) => Creds::from_key(user, key, &self.keys),
+            (None, None) => match (&self.settings.user, &self.settings.keyring) {
+                (Some(user), Some(keyring)) => Creds::from_file(user, keyring),
+                _ => Err(Error::invalid(format!(
+                    "backend {}: secrets {USER_ID} and {USER_KEY} are required (or set user and keyring in the config)",
+                    self.name
+                ))),
+            },
+            _ => Err(Error::invalid(format!(
+                "secrets: {USER_ID} and {USER_KEY} go together"
+            ))),
+        }
+    }
+
+    fn params(&self, parameters: &BTreeMap<String, String>) -> Result<Params> {
+        let mut p = Params {
+            pool: self.settings.pools[0].clone(),
+            features: self.settings.image_features.clone(),
+            ..Default::default()
+        };
+        for (k, v) in parameters {
+            match k.as_str() {
+                "pool" => p.pool = v.clone(),
+                "radosNamespace" => p.namespace = v.clone(),
+                "dataPool" => p.data_pool = v.clone(),
+                "imageFeatures" => p.features = v.clone(),
+                "mapOptions" => p.map_options = v.clone(),
+                other => {
+                    return Err(Error::invalid(format!(
+                        "rbd backend: unknown parameter {other:?} (known: pool, radosNamespace, dataPool, imageFeatures, mapOptions)"
+                    )))
+                }
+            }
+        }
+        if !self.settings.pools.contains(&p.pool) {
+            return Err(Error::invalid(format!(
+                "pool {:?} is not one this backend may use ({})",
+                p.pool,
+                self.settings.pools.join(", ")
+            )));
+        }
+        check_name("radosNamespace", &p.namespace, true)?;
+        check_name("dataPool", &p.data_pool, true)?;
+        check_features(&p.features)?;
+        check_map_options(&p.map_options)?;
+        Ok(p)
+    }
+
+    fn locator(&self, spec: &Spec) -> Result<String> {
+        join_fields(&[
+            &self.settings.cluster_id,
+            &spec.pool,
+            &spec.namespace,
+            &spec.image,
+        ])
+    }
+
+    /// The image an id names, checked: this cluster, an allowed pool, and
+    /// a name of the kind expected (`fv-` volumes, `fvs-` snapshots).
+    fn spec(&self, locator: &str, prefix: &str) -> Result<Spec> {
+        let f = split_fields(locator, 4)?;
+        let missing = || Error::not_found(format!("{locator:?} is not an image of this backend"));
+        if f[0] != self.settings.cluster_id || !self.settings.pools.contains(&f[1]) {
+            return Err(missing());
+        }
+        check_name("namespace", &f[2], true).map_err(|_| missing())?;
+        check_name("image", &f[3], false).map_err(|_| missing())?;
+        if !f[3].starts_with(prefix) || (prefix == "fv-" && f[3].starts_with("fvs-")) {
+            return Err(missing());
+        }
+        Ok(Spec {
+            pool: f[1].clone(),
+            namespace: f[2].clone(),
+            image: f[3].clone(),
+        })
+    }
+
+    fn volume_spec(&self, id: &VolumeId) -> Result<Spec> {
+        if id.backend() != self.name {
+            return Err(Error::not_found(format!(
+                "volume {id} is not an {} volume",
+                self.name
+            )));
+        }
+        self.spec(id.locator(), "fv-")
+    }
+
+    fn snapshot_spec(&self, id: &SnapshotId) -> Result<Spec> {
+        if id.backend() != self.name {
+            return Err(Error::not_found(format!(
+                "snapshot {id} is not an {} snapshot",
+                self.name
+            )));
+        }
+        self.spec(id.locator(), "fvs-")
+    }
+
+    fn size_rules() -> SizeRules {
+        SizeRules {
+            step: MIB,
+            default: 1 << 30,
+            max: None,
+        }
+    }
+
+    /// How many parents the image has.
+    async fn depth(&self, creds: &Creds, spec: &Spec) -> Result<u32> {
+        let mut depth = 0;
+        let mut cur = self.rbd().info(creds, spec).await?;
+        while let Some(parent) = cur.and_then(|i| i.parent) {
+            depth += 1;
+            if depth > 64 {
+                break;
+            }
+            cur = self
+                .rbd()
+                .info(
+                    creds,
+                    &Spec {
+                        pool: parent.pool,
+                        namespace: parent.pool_namespace,
+                        image: parent.image,
+                    },
+                )
+                .await?;
+        }
+        Ok(depth)
+    }
+
+    async fn flatten_if_deep(&self, creds: &Creds, spec: &Spec) -> Result<()> {
+        if self.depth(creds, spec).await? > self.settings.max_clone_depth {
+            self.rbd().flatten(creds, spec).await?;
+        }
+        Ok(())
+    }
+
+    /// Clones `from` (an image's snapshot `snap`) into `to`.
+    async fn clone_from(
+        &self,
+        creds: &Creds,
+        from: &Spec,
+        snap: &str,
+        to: &Spec,
+        params: Option<&Params>,
+    ) -> Result<()> {
+        let parent = format!("{}@{snap}", from.arg());
+        let to_arg = to.arg();
+        let mut args = vec![
+            "clone",
+            "--rbd-default-clone-format",
+            "2",
+            parent.as_str(),
+            to_arg.as_str(),
+        ];
+        if let Some(p) = params {
+            args.extend(["--image-feature", p.features.as_str()]);
+            if !p.data_pool.is_empty() {
+                args.extend(["--data-pool", p.data_pool.as_str()]);
+            }
+        }
+        self.rbd().run(creds, &args).await.map(|_| ())
+    }
+
+    /// A point-in-time clone of image `from` as `to`: a snapshot of `from`,
+    /// a clone of it, and the snapshot removed again (format 2 clones keep
+    /// what they need).
+    async fn copy_of(
+        &self,
+        creds: &Creds,
+        from: &Spec,
+        to: &Spec,
+        params: Option<&Params>,
+    ) -> Result<()> {
+        let snap = format!("tmp-{}", to.image);
+        let at = format!("{}@{snap}", from.arg());
+        match self.rbd().run(creds, &["snap", "create", &at]).await {
+            Ok(_) => {}
+            Err(e) if e.kind == Kind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        let cloned = self.clone_from(creds, from, &snap, to, params).await;
+        let removed = self.rbd().run(creds, &["snap", "rm", &at]).await;
+        cloned?;
+        removed.map(|_| ())
+    }
+
+    /// Removes an image, or moves it to the trash when clones still need
+    /// it; then purges what the trash holds of ours that nothing needs.
+    async fn remove(&self, creds: &Creds, spec: &Spec) -> Result<()> {
+        match self.rbd().run(creds, &["rm", &spec.arg()]).await {
+            Ok(_) => {}
+            Err(e) if e.kind == Kind::NotFound => {}
+            Err(e) if e.message.contains("snapshots") || e.message.contains("status 39") => {
+                self.rbd().run(creds, &["trash", "mv", &spec.arg()]).await?;
+                tracing::info!(image = %spec.arg(), "image has clones: moved to the trash until they are gone");
+            }
+            Err(e) => return Err(e),
+        }
+        self.purge_trash(creds, spec).await;
+        Ok(())
+    }
+
+    /// Tries to remove each of our images in the pool's trash; those that
+    /// clones still need stay.
+    async fn purge_trash(&self, creds: &Creds, pool: &Spec) {
+        let Ok(entries) = self.rbd().trash(creds, pool).await else {
+            return;
+        };
+        for e in entries {
+            if !(e.name.starts_with("fv-") || e.name.starts_with("fvs-")) {
+                continue;
+            }
+            let target = format!("{}/{}", pool.pool_arg(), e.id);
+            if self
+                .rbd()
+                .run(creds, &["trash", "rm", &target])
+                .await
+                .is_ok()
+            {
+                tracing::info!(image = %e.name, "purged from the trash");
+            }
+        }
+    }
+
+    fn volume_info(
+        &self,
+        spec: &Spec,
+        size: u64,
+        meta: &BTreeMap<String, String>,
+        params: Option<&Params>,
+    ) -> Result<VolumeInfo> {
+        let source = meta.get(META_SOURCE).and_then(|s| {
+            if let Ok(v) = VolumeId::parse(s) {
+                return Some(ContentSource::Volume(v));
+            }
+            SnapshotId::parse(s).ok().map(ContentSource::Snapshot)
+        });
+        let mut context = BTreeMap::new();
+        if let Some(p) = params.filter(|p| !p.map_options.is_empty()) {
+            context.insert(CTX_MAP_OPTIONS.to_string(), p.map_options.clone());
+        }
+        Ok(VolumeInfo {
+            id: VolumeId::new(&self.name, &self.locator(spec)?)?,
+            capacity_bytes: size,
+            context,
+            source,
+        })
+    }
+
+    fn snapshot_info(
+        &self,
+        spec: &Spec,
+        size: u64,
+        meta: &BTreeMap<String, String>,
+    ) -> Result<SnapshotInfo> {
+        let source = meta
+            .get(META_SOURCE)
+            .and_then(|s| VolumeId::parse(s).ok())
+            .ok_or_else(|| {
+                Error::internal(format!("snapshot image {} has no source", spec.arg()))
+            })?;
+        let created = meta
+            .get(META_CREATED)
+            .and_then(|s| s.parse::<u64>().ok())
+            .map(|s| UNIX_EPOCH + Duration::from_secs(s))
+            .unwrap_or(UNIX_EPOCH);
+        Ok(SnapshotInfo {
+            id: SnapshotId::new(&self.name, &self.locator(spec)?)?,
+            source_volume: source,
+            size_bytes: size,
+            created,
+            ready: true,
+        })
+    }
+
+    /// Every pool and namespace this backend may have images in.
+    async fn places(&self, creds: &Creds) -> Result<Vec<Spec>> {
+        let mut out = Vec::new();
+        for pool in &self.settings.pools {
+            out.push(Spec {
+                pool: pool.clone(),
+                namespace: String::new(),
+                image: String::new(),
+            });
+            let listed = self
+                .rbd()
+                .run(creds, &["namespace", "ls", pool, "--format", "json"])
+                .await?;
+            #[derive(Deserialize)]
+            struct Ns {
+                name: String,
+            }
+            let names: Vec<Ns> = serde_json::from_str(listed.trim()).unwrap_or_default();
+            for ns in names {
+                out.push(Spec {
+                    pool: pool.clone(),
+                    namespace: ns.name,
+                    image: String::new(),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Our images whose names start with `prefix`, with their sizes and
+    /// locators, sorted by locator.
+    async fn images(&self, creds: &Creds, prefix: &str) -> Result<Vec<(String, Spec, u64)>> {
+        let mut out = Vec::new();
+        for place in self.places(creds).await? {
+            for row in self.rbd().list(creds, &place).await? {
+                let ours = row.image.starts_with(prefix)
+                    && !(prefix == "fv-" && row.image.starts_with("fvs-"));
+                if ours {
+                    let spec = place.with_image(&row.image);
+                    out.push((self.locator(&spec)?, spec, row.size));
+                }
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
+    /// Makes image `to` (under its temporary name) ours: its metadata set,
+    /// then renamed into place, so an image under a final name always
+    /// carries its CSI name.
+    async fn finish(
+        &self,
+        creds: &Creds,
+        tmp: &Spec,
+        to: &Spec,
+        meta: &[(&str, &str)],
+    ) -> Result<()> {
+        for (k, v) in meta {
+            self.rbd().set_meta(creds, tmp, k, v).await?;
+        }
+        self.rbd()
+            .run(creds, &["rename", &tmp.arg(), &to.arg()])
+            .await
+            .map(|_| ())
+    }
+
+    /// Clears a leftover temporary image of ours (a create cut short).
+    async fn clear_tmp(&self, creds: &Creds, tmp: &Spec, name: &str) -> Result<()> {
+        if self.rbd().info(creds, tmp).await?.is_none() {
+            return Ok(());
+        }
+        let meta = self.rbd().meta(creds, tmp).await.unwrap_or_default();
+        if meta.get(META_NAME).is_some_and(|n| n != name) {
+            return Err(Error::precondition(format!(
+                "image {} is another request's work in progress",
+                tmp.arg()
+            )));
+        }
+        self.rbd().run(creds, &["rm", &tmp.arg()]).await.map(|_| ())
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for RbdBackend {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            provision: true,
+            attach: true,
+            device_mount: true,
+            expand: true,
+            snapshot: true,
+            clone: true,
+            block: true,
+            node_local: false,
+            access_modes: vec![
+                AccessMode::SingleNodeWriter,
+                AccessMode::SingleNodeReaderOnly,
+                AccessMode::SingleNodeSingleWriter,
+                AccessMode::SingleNodeMultiWriter,
+                AccessMode::MultiNodeMultiWriter,
+            ],
+        }
+    }
+
+    fn supports(&self, capability: &VolumeCapability) -> Result<()> {
+        if capability.mode == AccessMode::MultiNodeMultiWriter
+            && !matches!(capability.access, AccessType::Block)
+        {
+            return Err(Error::invalid(
+                "rbd: MULTI_NODE_MULTI_WRITER only for raw block volumes (a filesystem on one image cannot be mounted by two nodes)",
+            ));
+        }
+        if !self.capabilities().access_modes.contains(&capability.mode) {
+            return Err(Error::invalid(format!(
+                "rbd does not support access mode {:?}",
+                capability.mode
+            )));
+        }
+        if let AccessType::Mount { fs_type, .. } = &capability.access {
+            if !fs_type.is_empty() && !self.fs_types().contains(&fs_type.as_str()) {
+                return Err(Error::invalid(format!(
+                    "rbd does not serve fs_type {fs_type:?}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    async fn health(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn validate_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {
+        self.params(parameters).map(|_| ())
+    }
+
+    fn volume_id_for(&self, req: &CreateVolume) -> Result<VolumeId> {
+        let p = self.params(&req.parameters)?;
+        let spec = Spec {
+            pool: p.pool,
+            namespace: p.namespace,
+            image: format!("fv-{}", locator_for_name(&req.name)),
+        };
+        VolumeId::new(&self.name, &self.locator(&spec)?)
+    }
+
+    fn snapshot_id_for(&self, req: &CreateSnapshot) -> Result<SnapshotId> {
+        let src = self.volume_spec(&req.source)?;
+        let spec = src.with_image(&format!("fvs-{}", locator_for_name(&req.name)));
+        SnapshotId::new(&self.name, &self.locator(&spec)?)
+    }
+
+    async fn create_volume(&self, req: &CreateVolume) -> Result<VolumeInfo> {
+        let p = self.params(&req.parameters)?;
+        let creds = self.creds(&req.secrets)?;
+        let spec = Spec {
+            pool: p.pool.clone(),
+            namespace: p.namespace.clone(),
+            image: format!("fv-{}", locator_for_name(&req.name)),
+        };
+        if let Some(info) = self.rbd().info(&creds, &spec).await? {
+            let meta = self.rbd().meta(&creds, &spec).await?;
+            if meta.get(META_NAME) != Some(&req.name) {
+                return Err(Error::already_exists(format!(
+                    "image {} exists and is not volume {:?}",
+                    spec.arg(),
+                    req.name
+                )));
+            }
+            let v = self.volume_info(&spec, info.size, &meta, Some(&p))?;
+            check_existing(req, info.size, v.source.as_ref())?;
+            return Ok(v);
+        }
+        let tmp = spec.with_image(&format!("tmp-{}", spec.image));
+        self.clear_tmp(&creds, &tmp, &req.name).await?;
+        let source_id = req.source.as_ref().map(|s| match s {
+            ContentSource::Volume(v) => v.to_string(),
+            ContentSource::Snapshot(s) => s.to_string(),
+        });
+        let source_size = match &req.source {
+            None => 0,
+            Some(ContentSource::Volume(v)) => {
+                let from = self
+                    .volume_spec(v)
+                    .map_err(|_| Error::not_found(format!("source volume {v} does not exist")))?;
+                let info =
+                    self.rbd().info(&creds, &from).await?.ok_or_else(|| {
+                        Error::not_found(format!("source volume {v} does not exist"))
+                    })?;
+                self.copy_of(&creds, &from, &tmp, Some(&p)).await?;
+                info.size
+            }
+            Some(ContentSource::Snapshot(s)) => {
+                let from = self
+                    .snapshot_spec(s)
+                    .map_err(|_| Error::not_found(format!("source snapshot {s} does not exist")))?;
+                let info = self.rbd().info(&creds, &from).await?.ok_or_else(|| {
+                    Error::not_found(format!("source snapshot {s} does not exist"))
+                })?;
+                self.clone_from(&creds, &from, BASE, &tmp, Some(&p)).await?;
+                info.size
+            }
+        };
+        let size =
+            match Self::size_rules().new_volume(req.required_bytes, req.limit_bytes, source_size) {
+                Ok(s) => s,
+                Err(e) => {
+                    if source_size > 0 {
+                        let _ = self.rbd().run(&creds, &["rm", &tmp.arg()]).await;
+                    }
+                    return Err(e);
+                }
+            };
+        let size_arg = format!("{}M", size / MIB);
+        if req.source.is_none() {
+            let tmp_arg = tmp.arg();
+            let mut args = vec![
+                "create",
+                tmp_arg.as_str(),
+                "--size",
+                size_arg.as_str(),
+                "--image-feature",
+                p.features.as_str(),
+            ];
+            if !p.data_pool.is_empty() {
+                args.extend(["--data-pool", p.data_pool.as_str()]);
+            }
+            self.rbd().run(&creds, &args).await?;
+        } else {
+            self.flatten_if_deep(&creds, &tmp).await?;
+            if size > source_size {
+                self.rbd()
+                    .run(&creds, &["resize", &tmp.arg(), "--size", &size_arg])
+                    .await?;
+            }
+        }
+        let mut meta = vec![(META_NAME, req.name.as_str())];
+        if let Some(s) = &source_id {
+            meta.push((META_SOURCE, s.as_str()));
+        }
+        self.finish(&creds, &tmp, &spec, &meta).await?;
+        let meta: BTreeMap<String, String> = meta
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        self.volume_info(&spec, size, &meta, Some(&p))
+    }
+
+    async fn delete_volume(&self, id: &VolumeId, secrets: &Secrets) -> Result<()> {
+        let Ok(spec) = self.volume_spec(id) else {
+            return Ok(());
+        };
+        let creds = self.creds(secrets)?;
+        if self.rbd().info(&creds, &spec).await?.is_none() {
+            self.purge_trash(&creds, &spec).await;
+            return Ok(());
+        }
+        let meta = self.rbd().meta(&creds, &spec).await?;
+        if !meta.contains_key(META_NAME) {
+            return Err(Error::precondition(format!(
+                "image {} was not made by ferrovol; not deleting it",
+                spec.arg()
+            )));
+        }
+        let watchers = self.rbd().watchers(&creds, &spec).await?;
+        if !watchers.is_empty() {
+            let at: Vec<&str> = watchers.iter().map(|w| w.address.as_str()).collect();
+            return Err(Error::precondition(format!(
+                "volume {id} is in use (mapped by {})",
+                at.join(", ")
+            )));
+        }
+        self.remove(&creds, &spec).await
+    }
+
+    async fn get_volume(&self, id: &VolumeId) -> Result<Option<VolumeInfo>> {
+        let Ok(spec) = self.volume_spec(id) else {
+            return Ok(None);
+        };
+        let creds = self.creds(&Secrets::default())?;
+        let Some(info) = self.rbd().info(&creds, &spec).await? else {
+            return Ok(None);
+        };
+        let meta = self.rbd().meta(&creds, &spec).await?;
+        if !meta.contains_key(META_NAME) {
+            return Ok(None);
+        }
+        Ok(Some(self.volume_info(&spec, info.size, &meta, None)?))
+    }
+
+    async fn list_volumes(&self, page: &Page) -> Result<Vec<VolumeInfo>> {
+        let creds = self.creds(&Secrets::default())?;
+        let all = self.images(&creds, "fv-").await?;
+        let rows: Vec<_> = all
+            .into_iter()
+            .filter(|(l, _, _)| page.admits(l))
+            .take(page.limit)
+            .collect();
+        rows.iter()
+            .map(|(_, spec, size)| self.volume_info(spec, *size, &BTreeMap::new(), None))
+            .collect()
+    }
+
+    async fn expand_volume(
+        &self,
+        id: &VolumeId,
+        required: u64,
+        limit: u64,
+        secrets: &Secrets,
+    ) -> Result<u64> {
+        let spec = self.volume_spec(id)?;
+        let creds = self.creds(secrets)?;
+        let info = self
+            .rbd()
+            .info(&creds, &spec)
+            .await?
+            .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
+        match Self::size_rules().expansion(info.size, required, limit)? {
+            None => Ok(info.size),
+            Some(size) => {
+                self.rbd()
+                    .run(
+                        &creds,
+                        &["resize", &spec.arg(), "--size", &format!("{}M", size / MIB)],
+                    )
+                    .await?;
+                Ok(size)
+            }
+        }
+    }
+
+    async fn create_snapshot(&self, req: &CreateSnapshot) -> Result<SnapshotInfo> {
+        let src = self.volume_spec(&req.source).map_err(|_| {
+            Error::not_found(format!("source volume {} does not exist", req.source))
+        })?;
+        let creds = self.creds(&req.secrets)?;
+        let spec = src.with_image(&format!("fvs-{}", locator_for_name(&req.name)));
+        let source = req.source.to_string();
+        if let Some(info) = self.rbd().info(&creds, &spec).await? {
+            let meta = self.rbd().meta(&creds, &spec).await?;
+            if meta.get(META_NAME) != Some(&req.name) || meta.get(META_SOURCE) != Some(&source) {
+                return Err(Error::already_exists(format!(
+                    "snapshot {:?} exists for another source volume",
+                    req.name
+                )));
+            }
+            return self.snapshot_info(&spec, info.size, &meta);
+        }
+        let src_info = self.rbd().info(&creds, &src).await?.ok_or_else(|| {
+            Error::not_found(format!("source volume {} does not exist", req.source))
+        })?;
+        let tmp = spec.with_image(&format!("tmp-{}", spec.image));
+        self.clear_tmp(&creds, &tmp, &req.name).await?;
+        self.copy_of(&creds, &src, &tmp, None).await?;
+        self.flatten_if_deep(&creds, &tmp).await?;
+        self.rbd()
+            .run(
+                &creds,
+                &["snap", "create", &format!("{}@{BASE}", tmp.arg())],
+            )
+            .await?;
+        let created = now_secs().to_string();
+        let meta = [
+            (META_NAME, req.name.as_str()),
+            (META_SOURCE, source.as_str()),
+            (META_CREATED, created.as_str()),
+        ];
+        self.finish(&creds, &tmp, &spec, &meta).await?;
+        let meta: BTreeMap<String, String> = meta
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        self.snapshot_info(&spec, src_info.size, &meta)
+    }
+
+    async fn delete_snapshot(&self, id: &SnapshotId, secrets: &Secrets) -> Result<()> {
+        let Ok(spec) = self.snapshot_spec(id) else {
+            return Ok(());
+        };
+        let creds = self.creds(secrets)?;
+        if self.rbd().info(&creds, &spec).await?.is_none() {
+            self.purge_trash(&creds, &spec).await;
+            return Ok(());
+        }
+        // Its `base` snapshot goes first (format 2: to the snapshot trash
+        // while restored volumes still need it).
+        match self
+            .rbd()
+            .run(&creds, &["snap", "rm", &format!("{}@{BASE}", spec.arg())])
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if e.kind == Kind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        self.remove(&creds, &spec).await
+    }
+
+    async fn get_snapshot(&self, id: &SnapshotId) -> Result<Option<SnapshotInfo>> {
+        let Ok(spec) = self.snapshot_spec(id) else {
+            return Ok(None);
+        };
+        let creds = self.creds(&Secrets::default())?;
+        let Some(info) = self.rbd().info(&creds, &spec).await? else {
+            return Ok(None);
+        };
+        let meta = self.rbd().meta(&creds, &spec).await?;
+        if !meta.contains_key(META_NAME) {
+            return Ok(None);
+        }
+        Ok(Some(self.snapshot_info(&spec, info.size, &meta)?))
+    }
+
+    async fn list_snapshots(
+        &self,
+        source: Option<&VolumeId>,
+        page: &Page,
+    ) -> Result<Vec<SnapshotInfo>> {
+        let creds = self.creds(&Secrets::default())?;
+        let mut out = Vec::new();
+        for (locator, spec, size) in self.images(&creds, "fvs-").await? {
+            if !page.admits(&locator) {
+                continue;
+            }
+            let meta = self.rbd().meta(&creds, &spec).await?;
+            if !meta.contains_key(META_NAME) {
+                continue;
+            }
+            let snap = self.snapshot_info(&spec, size, &meta)?;
+            if source.is_none_or(|s| &snap.source_volume == s) {
+                out.push(snap);
+                if out.len() >= page.limit {
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn controller_attach(
+        &self,
+        id: &VolumeId,
+        req: &ControllerAttach,
+    ) -> Result<BTreeMap<String, String>> {
+        let spec = self.volume_spec(id)?;
+        let creds = self.creds(&req.secrets)?;
+        let node = node_name(&req.node_id);
+        check_name("node name", node, false)?;
+        if self.rbd().info(&creds, &spec).await?.is_none() {
+            return Err(Error::not_found(format!("volume {id} does not exist")));
+        }
+        let meta = self.rbd().meta(&creds, &spec).await?;
+        let multi = req.capability.mode == AccessMode::MultiNodeMultiWriter;
+        for (key, mode) in &meta {
+            let Some(other) = key.strip_prefix(META_NODE) else {
+                continue;
+            };
+            if other == node {
+                continue;
+            }
+            if !multi || mode != "multi" {
+                return Err(Error::precondition(format!(
+                    "volume {id} is published to node {other}; a single-node volume is used by one node at a time"
+                )));
+            }
+        }
+        self.rbd()
+            .set_meta(
+                &creds,
+                &spec,
+                &format!("{META_NODE}{node}"),
+                if multi { "multi" } else { "single" },
+            )
+            .await?;
+        Ok(BTreeMap::new())
+    }
+
+    async fn controller_detach(
+        &self,
+        id: &VolumeId,
+        node_id: Option<&str>,
+        secrets: &Secrets,
+    ) -> Result<()> {
+        let Ok(spec) = self.volume_spec(id) else {
+            return Ok(());
+        };
+        let creds = self.creds(secrets)?;
+        if self.rbd().info(&creds, &spec).await?.is_none() {
+            return Ok(());
+        }
+        let meta = self.rbd().meta(&creds, &spec).await?;
+        for key in meta.keys().filter(|k| k.starts_with(META_NODE)) {
+            let holder = &key[META_NODE.len()..];
+            if node_id.is_none_or(|n| node_name(n) == holder) {
+                self.rbd().remove_meta(&creds, &spec, key).await?;
+            }
+        }
+        Ok(())
+    }
+
+    // ---- node ----
+
+    async fn node_attach(&self, id: &VolumeId, ctx: &AttachContext) -> Result<Attachment> {
+        let spec = self.volume_spec(id)?;
+        let creds = self.creds(&ctx.secrets)?;
+        let node = node_name(&ctx.node_id);
+        // Fenced: an image published to other nodes only is not mapped here.
+        let meta = self.rbd().meta(&creds, &spec).await?;
+        let holders: Vec<&str> = meta
+            .keys()
+            .filter_map(|k| k.strip_prefix(META_NODE))
+            .collect();
+        if !holders.is_empty() && !holders.contains(&node) {
+            return Err(Error::precondition(format!(
+                "volume {id} is published to {}, not to this node ({node})",
+                holders.join(", ")
+            )));
+        }
+        if let Some(m) = self.find_mapping(&spec).await? {
+            return Ok(Attachment::Device { path: m });
+        }
+        let mut options = self.settings.map_options.clone();
+        if let Some(o) = ctx.volume_context.get(CTX_MAP_OPTIONS) {
+            check_map_options(o)?;
+            if !options.is_empty() {
+                options.push(',');
+            }
+            options.push_str(o);
+        }
+        if ctx.readonly {
+            if !options.is_empty() {
+                options.push(',');
+            }
+            options.push_str("ro");
+        }
+        let path = self.rbd().map(&creds, &spec, &options).await?;
+        Ok(Attachment::Device { path })
+    }
+
+    async fn node_detach(&self, id: &VolumeId, _attachment: Option<&Attachment>) -> Result<()> {
+        let spec = self.volume_spec(id)?;
+        while let Some(dev) = self.find_mapping(&spec).await? {
+            match self.rbd().unmap(&dev).await {
+                Ok(()) => {}
+                Err(e) if e.kind == Kind::NotFound => {}
+                Err(e) => {
+                    // Gone meanwhile is what was wanted.
+                    if self.find_mapping(&spec).await?.as_ref() == Some(&dev) {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn node_refresh_size(&self, id: &VolumeId, attachment: &Attachment) -> Result<u64> {
+        self.volume_spec(id)?;
+        let Attachment::Device { path } = attachment else {
+            return Err(Error::internal("rbd volumes are block devices"));
+        };
+        // krbd follows the image's header: the new size is there once the
+        // resize is done.
+        let dev = path
+            .file_name()
+            .map(|d| d.to_string_lossy().into_owned())
+            .ok_or_else(|| Error::internal("no device name"))?;
+        let sectors = std::fs::read_to_string(self.sysfs.join("block").join(&dev).join("size"))
+            .map_err(|e| Error::io(format!("size of {dev}"), e))?;
+        Ok(sectors.trim().parse::<u64>().unwrap_or(0) * 512)
+    }
+
+    async fn node_condition(
+        &self,
+        id: &VolumeId,
+        attachment: &Attachment,
+    ) -> Result<Option<String>> {
+        let spec = self.volume_spec(id)?;
+        let Attachment::Device { path } = attachment else {
+            return Ok(Some("unexpected attachment".into()));
+        };
+        if self.find_mapping(&spec).await?.as_ref() != Some(path) {
+            return Ok(Some(format!(
+                "{} is no longer mapped to {}",
+                path.display(),
+                spec.arg()
+            )));
+        }
+        // With credentials of its own, the node also asks the cluster
+        // (bounded by the command timeout).
+        if let Ok(creds) = self.creds(&Secrets::default()) {
+            if let Err(e) = self.rbd().watchers(&creds, &spec).await {
+                return Ok(Some(format!("the cluster does not answer: {}", e.message)));
+            }
+        }
+        Ok(None)
+    }
+}
+
+impl RbdBackend {
+    /// The device this node has the image mapped at, if any.
+    async fn find_mapping(&self, spec: &Spec) -> Result<Option<PathBuf>> {
+        Ok(self
+            .rbd()
+            .mapped()
+            .await?
+            .into_iter()
+            .find(|m| {
+                m.pool == spec.pool
+                    && m.namespace == spec.namespace
+                    && m.name == spec.image
+                    && (m.snap.is_empty() || m.snap == "-")
+            })
+            .map(|m| PathBuf::from(m.device)))
+    }
+}

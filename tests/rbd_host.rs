@@ -1,0 +1,349 @@
+//! The rbd backend's controller path on the host, through the binary,
+//! against the single-node Ceph fixture (the rbd CLI needs no kernel
+//! module; mapping runs in the guest). Needs root and Debian's ceph-mon,
+//! ceph-osd and ceph-common.
+
+mod common;
+
+use common::fixtures::CephCluster;
+use common::*;
+use ferrovol::proto as pb;
+use std::collections::HashMap;
+use tonic::Code;
+
+pub fn rbd_config(c: &CephCluster) -> String {
+    format!(
+        "[[backend]]\ntype = \"rbd\"\ncluster_id = \"test\"\nmonitors = [\"v1:{}\"]\npools = [\"rbd\"]\n\
+         user = \"ferrovol\"\nkeyring = \"{}\"\nmax_clone_depth = 2\n",
+        c.mon_addr,
+        c.client_keyring.display()
+    )
+}
+
+fn secrets(c: &CephCluster) -> HashMap<String, String> {
+    HashMap::from([
+        ("userID".to_string(), "ferrovol".to_string()),
+        ("userKey".to_string(), c.client_key()),
+    ])
+}
+
+fn images(c: &CephCluster) -> Vec<String> {
+    let out = c.rbd(&["ls", "rbd", "--format", "json"]);
+    let mut v: Vec<String> = serde_json::from_str(&out).unwrap();
+    v.sort();
+    v
+}
+
+#[tokio::test]
+async fn rbd_controller_on_a_real_cluster() {
+    require_root();
+    let cluster = CephCluster::new();
+    let h = Harness::start_with(Some(&rbd_config(&cluster))).await;
+    let mut c = h.controller();
+    let cap = mount_cap("ext4", SNW);
+    let mut req = create_req("pvc-rbd", 10 * MIB + 1, cap.clone());
+    req.secrets = secrets(&cluster);
+
+    // Wrong and missing secrets.
+    let mut wrong = req.clone();
+    wrong.secrets.insert(
+        "userKey".into(),
+        "AQBad0BhAAAAABAAbadbadbadbadbadbadbadbQ==".into(),
+    );
+    let r = c.create_volume(wrong).await;
+    assert!(r.is_err(), "{r:?}");
+    let mut half = req.clone();
+    half.secrets.remove("userKey");
+    assert_eq!(code(&c.create_volume(half).await), Code::InvalidArgument);
+    assert!(images(&cluster).is_empty());
+
+    let vol = c
+        .create_volume(req.clone())
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert!(
+        vol.volume_id.starts_with("rbd:v1.test.rbd."),
+        "{}",
+        vol.volume_id
+    );
+    assert_eq!(vol.capacity_bytes, 11 * MIB, "rounded up to whole MiB");
+    assert_eq!(images(&cluster), ["fv-pvc-rbd"]);
+    assert_eq!(
+        cluster
+            .rbd(&["image-meta", "get", "rbd/fv-pvc-rbd", "ferrovol.name"])
+            .trim(),
+        "pvc-rbd"
+    );
+    // Retried: the same; a different size: ALREADY_EXISTS.
+    let again = c
+        .create_volume(req.clone())
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(again.volume_id, vol.volume_id);
+    let mut bigger = req.clone();
+    bigger.capacity_range = Some(pb::CapacityRange {
+        required_bytes: 100 * MIB,
+        limit_bytes: 0,
+    });
+    assert_eq!(code(&c.create_volume(bigger).await), Code::AlreadyExists);
+    // A pool the config does not allow.
+    let mut other_pool = req.clone();
+    other_pool.parameters.insert("pool".into(), "other".into());
+    assert_eq!(
+        code(&c.create_volume(other_pool).await),
+        Code::InvalidArgument
+    );
+
+    // Expansion.
+    let grown = c
+        .controller_expand_volume(pb::ControllerExpandVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            capacity_range: Some(pb::CapacityRange {
+                required_bytes: 20 * MIB,
+                limit_bytes: 0,
+            }),
+            secrets: secrets(&cluster),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(grown.capacity_bytes, 20 * MIB);
+    let info: serde_json::Value =
+        serde_json::from_str(&cluster.rbd(&["info", "rbd/fv-pvc-rbd", "--format", "json"]))
+            .unwrap();
+    assert_eq!(info["size"], 20 << 20);
+
+    // Fencing: published to node a; node b is refused until a lets go.
+    let publish = |node: &str| pb::ControllerPublishVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        node_id: node.into(),
+        volume_capability: Some(cap.clone()),
+        secrets: secrets(&cluster),
+        ..Default::default()
+    };
+    c.controller_publish_volume(publish("node-a"))
+        .await
+        .unwrap();
+    c.controller_publish_volume(publish("node-a"))
+        .await
+        .unwrap();
+    let r = c.controller_publish_volume(publish("node-b")).await;
+    assert_eq!(code(&r), Code::FailedPrecondition, "{r:?}");
+    let unpublish = |node: &str| pb::ControllerUnpublishVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        node_id: node.into(),
+        secrets: secrets(&cluster),
+    };
+    c.controller_unpublish_volume(unpublish("node-a"))
+        .await
+        .unwrap();
+    c.controller_unpublish_volume(unpublish("node-a"))
+        .await
+        .unwrap();
+    c.controller_publish_volume(publish("node-b"))
+        .await
+        .unwrap();
+    c.controller_unpublish_volume(unpublish("node-b"))
+        .await
+        .unwrap();
+
+    // Snapshots, a restore and a clone chain past the flatten depth.
+    let snap = c
+        .create_snapshot(pb::CreateSnapshotRequest {
+            source_volume_id: vol.volume_id.clone(),
+            name: "snap-1".into(),
+            secrets: secrets(&cluster),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    assert!(snap.ready_to_use);
+    assert_eq!(snap.source_volume_id, vol.volume_id);
+    let got = c
+        .list_snapshots(pb::ListSnapshotsRequest {
+            snapshot_id: snap.snapshot_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got.entries.len(), 1);
+    let from_snap = |name: &str, id: &str, snapshot: bool| {
+        let mut r = create_req(name, 0, cap.clone());
+        r.secrets = secrets(&cluster);
+        r.volume_content_source = Some(pb::VolumeContentSource {
+            r#type: Some(if snapshot {
+                pb::volume_content_source::Type::Snapshot(
+                    pb::volume_content_source::SnapshotSource {
+                        snapshot_id: id.into(),
+                    },
+                )
+            } else {
+                pb::volume_content_source::Type::Volume(pb::volume_content_source::VolumeSource {
+                    volume_id: id.into(),
+                })
+            }),
+        });
+        r
+    };
+    let restored = c
+        .create_volume(from_snap("pvc-restored", &snap.snapshot_id, true))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(restored.capacity_bytes, 20 * MIB);
+    // A chain of clones: each a clone of the last; past depth 2 the new
+    // one is flattened (no parent).
+    let mut last = restored.volume_id.clone();
+    for i in 0..3 {
+        let v = c
+            .create_volume(from_snap(&format!("pvc-chain-{i}"), &last, false))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        last = v.volume_id;
+    }
+    // No image's chain of parents is longer than max_clone_depth (2), and
+    // the first clone past it was flattened.
+    let depth = |image: &str| {
+        let mut n = 0;
+        let mut cur = image.to_string();
+        loop {
+            let info: serde_json::Value = serde_json::from_str(&cluster.rbd(&[
+                "info",
+                &format!("rbd/{cur}"),
+                "--format",
+                "json",
+            ]))
+            .unwrap();
+            match info.get("parent") {
+                Some(p) if p["trash"] == false => {
+                    n += 1;
+                    cur = p["image"].as_str().unwrap().to_string();
+                }
+                Some(_) => return n + 1,
+                None => return n,
+            }
+        }
+    };
+    assert_eq!(depth("fv-pvc-restored"), 2);
+    assert_eq!(depth("fv-pvc-chain-0"), 0, "past the depth: flattened");
+    for image in images(&cluster) {
+        assert!(depth(&image) <= 2, "{image}");
+    }
+
+    // The source volume goes while its snapshot and clones live on: the
+    // image waits in the trash, and the snapshot still restores.
+    let del = |id: &str| pb::DeleteVolumeRequest {
+        volume_id: id.into(),
+        secrets: secrets(&cluster),
+    };
+    c.delete_volume(del(&vol.volume_id)).await.unwrap();
+    c.delete_volume(del(&vol.volume_id)).await.unwrap();
+    assert!(!images(&cluster).contains(&"fv-pvc-rbd".to_string()));
+    c.create_volume(from_snap("pvc-restored-2", &snap.snapshot_id, true))
+        .await
+        .unwrap();
+
+    // ListVolumes pages through everything.
+    let mut seen = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = c
+            .list_volumes(pb::ListVolumesRequest {
+                max_entries: 2,
+                starting_token: token.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        seen.extend(
+            page.entries
+                .into_iter()
+                .map(|e| e.volume.unwrap().volume_id),
+        );
+        if page.next_token.is_empty() {
+            break;
+        }
+        token = page.next_token;
+    }
+    assert_eq!(seen.len(), 5, "{seen:?}");
+
+    // A mapped image (a watcher) refuses its delete.
+    let watcher = std::process::Command::new("rbd")
+        .args([
+            "-c",
+            cluster.conf.to_str().unwrap(),
+            "--id",
+            "ferrovol",
+            "--keyring",
+            cluster.client_keyring.to_str().unwrap(),
+            "watch",
+            "rbd/fv-pvc-restored",
+        ])
+        // It watches until its input ends.
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    /// Ends the watcher: its input closed, it unwatches and exits (killed
+    /// only if it does not).
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            drop(self.0.stdin.take());
+            for _ in 0..100 {
+                if matches!(self.0.try_wait(), Ok(Some(_))) {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let watcher = Kill(watcher);
+    let status = || cluster.rbd(&["status", "rbd/fv-pvc-restored", "--format", "json"]);
+    common::fixtures::wait_for("the watcher", std::time::Duration::from_secs(30), || {
+        status().contains("address")
+    });
+    let r = c.delete_volume(del(&restored.volume_id)).await;
+    assert_eq!(code(&r), Code::FailedPrecondition, "{r:?}");
+    drop(watcher);
+
+    // Everything goes, in any order; the trash empties once nothing needs
+    // what it holds.
+    c.delete_snapshot(pb::DeleteSnapshotRequest {
+        snapshot_id: snap.snapshot_id.clone(),
+        secrets: secrets(&cluster),
+    })
+    .await
+    .unwrap();
+    for id in seen {
+        c.delete_volume(del(&id)).await.unwrap();
+    }
+    assert!(images(&cluster).is_empty(), "{:?}", images(&cluster));
+    // One more delete purges what the trash still holds of ours.
+    c.delete_volume(del(&vol.volume_id)).await.unwrap();
+    let trash = cluster.rbd(&["trash", "ls", "rbd", "--format", "json"]);
+    assert_eq!(trash.trim(), "[]", "{trash}");
+    assert!(
+        !h.log().contains(&cluster.client_key()),
+        "the key reached the log"
+    );
+}
