@@ -1750,3 +1750,306 @@ async fn guest_iscsi_over_an_lvm_store() {
         .tgtadm(&["--op", "show", "--mode", "target"])
         .contains("Target "));
 }
+
+/// The rbd backend with krbd: a mounted volume and a raw block one, data
+/// written before a snapshot read back from a restore and from a clone, a
+/// driver restart between stage and unstage (the mapping is found, not
+/// made twice), expansion seen by the node, the fencing refusal for a
+/// node the volume is not published to, and nothing left mapped.
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_rbd_backend_full_lifecycle() {
+    require_guest();
+    let cluster = CephCluster::new();
+    let config = format!(
+        "[[backend]]\ntype = \"rbd\"\ncluster_id = \"guest\"\nmonitors = [\"v1:{}\"]\npools = [\"rbd\"]\n\
+         user = \"ferrovol\"\nkeyring = \"{}\"\n",
+        cluster.mon_addr,
+        cluster.client_keyring.display()
+    );
+    let mut h = Harness::start_with(Some(&config)).await;
+    let secrets = HashMap::from([
+        ("userID".to_string(), "ferrovol".to_string()),
+        ("userKey".to_string(), cluster.client_key()),
+    ]);
+    let mapped = || -> usize {
+        let out = run("rbd", &["device", "list", "--format", "json"]);
+        serde_json::from_str::<Vec<serde_json::Value>>(if out.trim().is_empty() {
+            "[]"
+        } else {
+            &out
+        })
+        .unwrap()
+        .len()
+    };
+    let cap = mount_cap("ext4", SNW);
+    let create = |name: &str, source: Option<pb::volume_content_source::Type>| {
+        let mut r = create_req(name, 32 * MIB, cap.clone());
+        r.secrets = secrets.clone();
+        r.volume_content_source = source.map(|t| pb::VolumeContentSource { r#type: Some(t) });
+        r
+    };
+    let id = h
+        .controller()
+        .create_volume(create("pvc-rbd", None))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let publish =
+        |id: &str, node: &str, cap: pb::VolumeCapability| pb::ControllerPublishVolumeRequest {
+            volume_id: id.into(),
+            node_id: node.into(),
+            volume_capability: Some(cap),
+            secrets: secrets.clone(),
+            ..Default::default()
+        };
+    let stage = |id: &str, staging: &std::path::Path, cap: pb::VolumeCapability| {
+        pb::NodeStageVolumeRequest {
+            secrets: secrets.clone(),
+            ..stage_req(id, staging, cap)
+        }
+    };
+
+    // Published to another node: this node refuses to map it.
+    h.controller()
+        .controller_publish_volume(publish(&id, "other-node", cap.clone()))
+        .await
+        .unwrap();
+    let staging = h.path("kubelet/staging/rbd");
+    let target = h.path("kubelet/pods/rbd");
+    std::fs::create_dir_all(&staging).unwrap();
+    let r = h
+        .node()
+        .node_stage_volume(stage(&id, &staging, cap.clone()))
+        .await;
+    assert_eq!(code(&r), tonic::Code::FailedPrecondition, "{r:?}");
+    assert_eq!(mapped(), 0);
+    h.controller()
+        .controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
+            volume_id: id.clone(),
+            node_id: "other-node".into(),
+            secrets: secrets.clone(),
+        })
+        .await
+        .unwrap();
+    h.controller()
+        .controller_publish_volume(publish(&id, "test-node", cap.clone()))
+        .await
+        .unwrap();
+    h.node()
+        .node_stage_volume(stage(&id, &staging, cap.clone()))
+        .await
+        .unwrap();
+    h.node()
+        .node_publish_volume(publish_req(&id, &staging, &target, cap.clone(), false))
+        .await
+        .unwrap();
+    std::fs::write(target.join("data"), b"before the snapshot").unwrap();
+    run("sync", &[]);
+
+    // A snapshot; data after it must not show in restores.
+    let snap = h
+        .controller()
+        .create_snapshot(pb::CreateSnapshotRequest {
+            source_volume_id: id.clone(),
+            name: "snap-rbd".into(),
+            secrets: secrets.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    std::fs::write(target.join("data"), b"after the snapshot!").unwrap();
+
+    // Expansion seen by the node.
+    let before = h.total_bytes(&id, &target).await;
+    h.controller()
+        .controller_expand_volume(pb::ControllerExpandVolumeRequest {
+            volume_id: id.clone(),
+            capacity_range: Some(pb::CapacityRange {
+                required_bytes: 64 * MIB,
+                limit_bytes: 0,
+            }),
+            secrets: secrets.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    h.node()
+        .node_expand_volume(pb::NodeExpandVolumeRequest {
+            volume_id: id.clone(),
+            volume_path: target.display().to_string(),
+            staging_target_path: staging.display().to_string(),
+            capacity_range: Some(pb::CapacityRange {
+                required_bytes: 64 * MIB,
+                limit_bytes: 0,
+            }),
+            volume_capability: Some(cap.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let after = h.total_bytes(&id, &target).await;
+    assert!(after > before + 16 * MIB, "{before} -> {after}");
+
+    // A driver restart between stage and unstage.
+    h.kill();
+    h.spawn().await;
+    h.node()
+        .node_stage_volume(stage(&id, &staging, cap.clone()))
+        .await
+        .unwrap();
+    assert_eq!(mapped(), 1, "mapped twice");
+    h.node()
+        .node_unpublish_volume(unpublish_req(&id, &target))
+        .await
+        .unwrap();
+    h.node()
+        .node_unstage_volume(unstage_req(&id, &staging))
+        .await
+        .unwrap();
+    assert_eq!(mapped(), 0);
+    h.node()
+        .node_unstage_volume(unstage_req(&id, &staging))
+        .await
+        .unwrap();
+
+    // The restore and the clone read what was there at each moment.
+    let restored = h
+        .controller()
+        .create_volume(create(
+            "pvc-restored",
+            Some(pb::volume_content_source::Type::Snapshot(
+                pb::volume_content_source::SnapshotSource {
+                    snapshot_id: snap.snapshot_id.clone(),
+                },
+            )),
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let cloned = h
+        .controller()
+        .create_volume(create(
+            "pvc-cloned",
+            Some(pb::volume_content_source::Type::Volume(
+                pb::volume_content_source::VolumeSource {
+                    volume_id: id.clone(),
+                },
+            )),
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    for (v, want) in [
+        (&restored, &b"before the snapshot"[..]),
+        (&cloned, &b"after the snapshot!"[..]),
+    ] {
+        let st = h.path(&format!("kubelet/staging/{}", &v[v.len() - 8..]));
+        let tg = h.path(&format!("kubelet/pods/{}", &v[v.len() - 8..]));
+        std::fs::create_dir_all(&st).unwrap();
+        h.node()
+            .node_stage_volume(stage(v, &st, cap.clone()))
+            .await
+            .unwrap();
+        h.node()
+            .node_publish_volume(publish_req(v, &st, &tg, cap.clone(), false))
+            .await
+            .unwrap();
+        assert_eq!(std::fs::read(tg.join("data")).unwrap(), want, "{v}");
+        h.node()
+            .node_unpublish_volume(unpublish_req(v, &tg))
+            .await
+            .unwrap();
+        h.node()
+            .node_unstage_volume(unstage_req(v, &st))
+            .await
+            .unwrap();
+    }
+
+    // A raw block volume, published as the device.
+    let bcap = block_cap(SNW);
+    let mut breq = create_req("pvc-rbd-block", 8 * MIB, bcap.clone());
+    breq.secrets = secrets.clone();
+    let bid = h
+        .controller()
+        .create_volume(breq)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let bst = h.path("kubelet/staging/rbd-block");
+    let btg = h.path("kubelet/pods/rbd-block");
+    std::fs::create_dir_all(&bst).unwrap();
+    h.node()
+        .node_stage_volume(stage(&bid, &bst, bcap.clone()))
+        .await
+        .unwrap();
+    h.node()
+        .node_publish_volume(publish_req(&bid, &bst, &btg, bcap.clone(), false))
+        .await
+        .unwrap();
+    {
+        use std::io::{Read, Seek, Write};
+        let mut dev = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&btg)
+            .unwrap();
+        dev.write_all(b"raw rbd").unwrap();
+        dev.sync_all().unwrap();
+        dev.seek(std::io::SeekFrom::Start(0)).unwrap();
+        let mut back = [0u8; 7];
+        dev.read_exact(&mut back).unwrap();
+        assert_eq!(&back, b"raw rbd");
+    }
+    // Mapped (a watcher): the delete is refused.
+    let r = h
+        .controller()
+        .delete_volume(pb::DeleteVolumeRequest {
+            volume_id: bid.clone(),
+            secrets: secrets.clone(),
+        })
+        .await;
+    assert_eq!(code(&r), tonic::Code::FailedPrecondition, "{r:?}");
+    h.node()
+        .node_unpublish_volume(unpublish_req(&bid, &btg))
+        .await
+        .unwrap();
+    h.node()
+        .node_unstage_volume(unstage_req(&bid, &bst))
+        .await
+        .unwrap();
+    assert_eq!(mapped(), 0);
+
+    for v in [&id, &restored, &cloned, &bid] {
+        h.controller()
+            .delete_volume(pb::DeleteVolumeRequest {
+                volume_id: v.to_string(),
+                secrets: secrets.clone(),
+            })
+            .await
+            .unwrap();
+    }
+    h.controller()
+        .delete_snapshot(pb::DeleteSnapshotRequest {
+            snapshot_id: snap.snapshot_id.clone(),
+            secrets: secrets.clone(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(cluster.rbd(&["ls", "rbd"]).trim(), "");
+}
