@@ -1,1 +1,496 @@
+//! The rbd backend over the scripted runner, with `rbd` outputs captured
+//! from Ceph 16 (Debian bookworm).
 
+use super::*;
+use crate::exec::{FakeRunner, Reply};
+
+const KEY: &str = "AQBad0BhAAAAABAAbadbadbadbadbadbadbadbQ==";
+
+/// `rbd info --format json` of a fresh image, and of a clone.
+fn info(name: &str, size: u64) -> String {
+    format!(
+        r#"{{"name":"{name}","id":"102e3ea2dccd","size":{size},"objects":4,"order":22,"object_size":4194304,"snapshot_count":0,"block_name_prefix":"rbd_data.102e3ea2dccd","format":2,"features":["layering"],"op_features":[],"flags":[],"create_timestamp":"Sun Nov 22 11:18:07 2026","access_timestamp":"Sun Nov 22 11:18:07 2026","modify_timestamp":"Sun Nov 22 11:18:07 2026"}}"#
+    )
+}
+fn clone_info(name: &str, parent: &str) -> String {
+    format!(
+        r#"{{"name":"{name}","id":"104019085c61","size":16777216,"objects":4,"order":22,"object_size":4194304,"snapshot_count":0,"block_name_prefix":"rbd_data.104019085c61","format":2,"features":["layering","operations"],"op_features":["clone-child"],"flags":[],"create_timestamp":"Sun Nov 22 11:18:08 2026","access_timestamp":"Sun Nov 22 11:18:08 2026","modify_timestamp":"Sun Nov 22 11:18:08 2026","parent":{{"pool":"rbd","pool_namespace":"","image":"{parent}","id":"102e3ea2dccd","snapshot":"s1","trash":false,"overlap":16777216}}}}"#
+    )
+}
+const NO_IMAGE: &str = "rbd: error opening image nope: (2) No such file or directory";
+
+fn backend(r: Arc<FakeRunner>, dir: &std::path::Path, own_user: bool) -> RbdBackend {
+    let settings = RbdSettings {
+        cluster_id: "c1".into(),
+        monitors: vec!["v1:10.0.0.1:6789".into()],
+        pools: vec!["rbd".into(), "fast".into()],
+        user: own_user.then(|| "ferrovol".into()),
+        keyring: own_user.then(|| "/etc/ferrovol/keyring".into()),
+        max_clone_depth: 1,
+        image_features: "layering".into(),
+        map_options: "queue_depth=128".into(),
+    };
+    RbdBackend::new("rbd", settings, r, dir.to_path_buf())
+        .unwrap()
+        .with_sysfs(dir.join("sys"))
+}
+
+fn secrets() -> Secrets {
+    Secrets::new(BTreeMap::from([
+        (USER_ID.to_string(), "ferrovol".to_string()),
+        (USER_KEY.to_string(), KEY.to_string()),
+    ]))
+}
+
+fn create(name: &str) -> CreateVolume {
+    CreateVolume {
+        name: name.into(),
+        required_bytes: 10 * MIB + 1,
+        limit_bytes: 0,
+        capabilities: vec![],
+        parameters: BTreeMap::new(),
+        metadata: BTreeMap::new(),
+        source: None,
+        secrets: secrets(),
+    }
+}
+
+/// The rbd arguments after the connection options.
+fn ops(r: &FakeRunner) -> Vec<String> {
+    r.lines()
+        .iter()
+        .map(|l| match l.split_once(" --rados-osd-op-timeout 30 ") {
+            Some((_, rest)) => rest.to_string(),
+            None => l.trim_start_matches("rbd ").to_string(),
+        })
+        .collect()
+}
+
+#[test]
+fn parameters_and_ids_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = backend(Arc::new(FakeRunner::new()), dir.path(), false);
+    let p = |pairs: &[(&str, &str)]| {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<BTreeMap<_, _>>()
+    };
+    b.validate_parameters(&p(&[
+        ("pool", "fast"),
+        ("radosNamespace", "team-a"),
+        ("imageFeatures", "layering,exclusive-lock"),
+        ("mapOptions", "ms_mode=crc"),
+    ]))
+    .unwrap();
+    for bad in [
+        p(&[("pool", "other")]),
+        p(&[("size", "1")]),
+        p(&[("radosNamespace", "../x")]),
+        p(&[("imageFeatures", "magic")]),
+        p(&[("mapOptions", "a b")]),
+        p(&[("dataPool", "-x")]),
+    ] {
+        assert_eq!(
+            b.validate_parameters(&bad).unwrap_err().kind,
+            Kind::InvalidArgument,
+            "{bad:?}"
+        );
+    }
+    let id = b.volume_id_for(&create("pvc-1")).unwrap();
+    assert_eq!(id.to_string(), "rbd:v1.c1.rbd._e.fv-pvc-1");
+    assert_eq!(b.volume_spec(&id).unwrap().arg(), "rbd/fv-pvc-1");
+    for other in [
+        "rbd:v1.c2.rbd._e.fv-x",
+        "rbd:v1.c1.elsewhere._e.fv-x",
+        "rbd:v1.c1.rbd._e.fvs-x",
+        "rbd:v1.c1.rbd._e.someone",
+    ] {
+        assert!(
+            b.volume_spec(&VolumeId::parse(other).unwrap()).is_err(),
+            "{other}"
+        );
+    }
+    assert!(RbdBackend::new(
+        "rbd",
+        RbdSettings {
+            monitors: vec!["10.0.0.1".into()],
+            ..b.settings.clone()
+        },
+        Arc::new(FakeRunner::new()),
+        dir.path().into()
+    )
+    .is_err());
+}
+
+#[tokio::test]
+async fn secrets_reach_rbd_in_a_private_keyring_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = Arc::new(FakeRunner::new());
+    let b = backend(r.clone(), dir.path(), false);
+    // Missing, half, and malformed secrets; no config user to fall back on.
+    let e = b
+        .delete_volume(
+            &VolumeId::parse("rbd:v1.c1.rbd._e.fv-x").unwrap(),
+            &Secrets::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::InvalidArgument);
+    let mut half = create("pvc-1");
+    half.secrets = Secrets::new(BTreeMap::from([(
+        USER_ID.to_string(),
+        "ferrovol".to_string(),
+    )]));
+    assert_eq!(
+        b.create_volume(&half).await.unwrap_err().kind,
+        Kind::InvalidArgument
+    );
+    let mut bad = create("pvc-1");
+    bad.secrets = Secrets::new(BTreeMap::from([
+        (USER_ID.to_string(), "ferrovol".to_string()),
+        (USER_KEY.to_string(), "not a key; rm -rf".to_string()),
+    ]));
+    let e = b.create_volume(&bad).await.unwrap_err();
+    assert!(!e.message.contains("rm -rf"), "{e}");
+    assert!(r.lines().is_empty());
+
+    // A call with secrets: the key is in a 0600 keyring named on argv,
+    // gone after the call.
+    r.expect("rbd", Reply::Fail(2, NO_IMAGE.into()))
+        .expect("rbd", Reply::Ok("[]".into()));
+    let id = VolumeId::parse("rbd:v1.c1.rbd._e.fv-gone").unwrap();
+    b.delete_volume(&id, &secrets()).await.unwrap();
+    let line = &r.lines()[0];
+    assert!(
+        line.starts_with("rbd -c /dev/null -m v1:10.0.0.1:6789 --id ferrovol --keyring "),
+        "{line}"
+    );
+    assert!(!line.contains(KEY));
+    let keyring = line
+        .split(" --keyring ")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap();
+    assert!(
+        !std::path::Path::new(keyring).exists(),
+        "the keyring was left behind"
+    );
+}
+
+#[tokio::test]
+async fn create_names_the_image_only_when_it_is_complete() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = Arc::new(FakeRunner::new());
+    let b = backend(r.clone(), dir.path(), false);
+    r.expect("rbd", Reply::Fail(2, NO_IMAGE.into()))
+        .expect("rbd", Reply::Fail(2, NO_IMAGE.into()))
+        .ok("rbd")
+        .ok("rbd")
+        .ok("rbd");
+    let v = b.create_volume(&create("pvc-1")).await.unwrap();
+    assert_eq!(v.capacity_bytes, 11 * MIB);
+    assert_eq!(
+        ops(&r),
+        [
+            "info rbd/fv-pvc-1 --format json",
+            "info rbd/tmp-fv-pvc-1 --format json",
+            "create rbd/tmp-fv-pvc-1 --size 11M --image-feature layering",
+            "image-meta set rbd/tmp-fv-pvc-1 ferrovol.name pvc-1",
+            "rename rbd/tmp-fv-pvc-1 rbd/fv-pvc-1",
+        ]
+    );
+
+    // Retried: found by its metadata; another name's image is not taken.
+    r.expect("rbd", Reply::Ok(info("fv-pvc-1", 11 * MIB)))
+        .expect("rbd", Reply::Ok(r#"{"ferrovol.name":"pvc-1"}"#.into()));
+    assert_eq!(b.create_volume(&create("pvc-1")).await.unwrap().id, v.id);
+    r.expect("rbd", Reply::Ok(info("fv-pvc-1", 11 * MIB)))
+        .expect("rbd", Reply::Ok(r#"{"ferrovol.name":"other"}"#.into()));
+    assert_eq!(
+        b.create_volume(&create("pvc-1")).await.unwrap_err().kind,
+        Kind::AlreadyExists
+    );
+
+    // A create cut short left its temporary image: cleared, then made.
+    r.expect("rbd", Reply::Fail(2, NO_IMAGE.into()))
+        .expect("rbd", Reply::Ok(info("tmp-fv-pvc-2", 11 * MIB)))
+        .expect("rbd", Reply::Ok(r#"{"ferrovol.name":"pvc-2"}"#.into()))
+        .ok("rbd")
+        .ok("rbd")
+        .ok("rbd")
+        .ok("rbd");
+    b.create_volume(&create("pvc-2")).await.unwrap();
+    assert!(ops(&r).contains(&"rm rbd/tmp-fv-pvc-2".to_string()));
+}
+
+#[tokio::test]
+async fn clones_past_the_depth_are_flattened() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = Arc::new(FakeRunner::new());
+    let b = backend(r.clone(), dir.path(), false);
+    let mut req = create("pvc-copy");
+    req.required_bytes = 0;
+    req.source = Some(ContentSource::Volume(
+        VolumeId::parse("rbd:v1.c1.rbd._e.fv-src").unwrap(),
+    ));
+    r.expect("rbd", Reply::Fail(2, NO_IMAGE.into()))
+        .expect("rbd", Reply::Fail(2, NO_IMAGE.into()))
+        .expect("rbd", Reply::Ok(clone_info("fv-src", "fv-root")))
+        .ok("rbd") // snap create
+        .ok("rbd") // clone
+        .ok("rbd") // snap rm
+        // depth: tmp -> fv-src -> fv-root: 2 > 1
+        .expect("rbd", Reply::Ok(clone_info("tmp-fv-pvc-copy", "fv-src")))
+        .expect("rbd", Reply::Ok(clone_info("fv-src", "fv-root")))
+        .expect("rbd", Reply::Ok(info("fv-root", 16 << 20)))
+        .ok("rbd") // flatten
+        .ok("rbd") // meta name
+        .ok("rbd") // meta source
+        .ok("rbd"); // rename
+    let v = b.create_volume(&req).await.unwrap();
+    assert_eq!(v.capacity_bytes, 16 << 20);
+    let o = ops(&r);
+    assert_eq!(o[3], "snap create rbd/fv-src@tmp-tmp-fv-pvc-copy");
+    assert_eq!(
+        o[4],
+        "clone --rbd-default-clone-format 2 rbd/fv-src@tmp-tmp-fv-pvc-copy rbd/tmp-fv-pvc-copy --image-feature layering"
+    );
+    assert_eq!(o[5], "snap rm rbd/fv-src@tmp-tmp-fv-pvc-copy");
+    assert_eq!(o[9], "flatten rbd/tmp-fv-pvc-copy");
+    assert_eq!(
+        o[11],
+        "image-meta set rbd/tmp-fv-pvc-copy ferrovol.source rbd:v1.c1.rbd._e.fv-src"
+    );
+}
+
+#[tokio::test]
+async fn deletes_refuse_watchers_and_trash_what_clones_need() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = Arc::new(FakeRunner::new());
+    let b = backend(r.clone(), dir.path(), false);
+    let id = VolumeId::parse("rbd:v1.c1.rbd._e.fv-a").unwrap();
+    let ours = r#"{"ferrovol.name":"a"}"#;
+    r.expect("rbd", Reply::Ok(info("fv-a", MIB)))
+        .expect("rbd", Reply::Ok(ours.into()))
+        .expect(
+            "rbd",
+            Reply::Ok(
+                r#"{"watchers":[{"address":"10.0.0.9:0/2391","client":4231,"cookie":1}]}"#.into(),
+            ),
+        );
+    let e = b.delete_volume(&id, &secrets()).await.unwrap_err();
+    assert_eq!(e.kind, Kind::FailedPrecondition);
+    assert!(e.message.contains("10.0.0.9"), "{e}");
+    assert!(!ops(&r).iter().any(|l| l.starts_with("rm ")));
+
+    // Clones need it: to the trash; then the purge tries what is there.
+    r.expect("rbd", Reply::Ok(info("fv-a", MIB)))
+        .expect("rbd", Reply::Ok(ours.into()))
+        .expect("rbd", Reply::Ok(r#"{"watchers":[]}"#.into()))
+        .expect("rbd", Reply::Fail(39, "rbd: image has snapshots with linked clones - these must be deleted or flattened before the image can be removed.".into()))
+        .ok("rbd")
+        .expect("rbd", Reply::Ok(r#"[{"id":"102e3ea2dccd","name":"fv-a"},{"id":"99","name":"not-ours"}]"#.into()))
+        .expect("rbd", Reply::Fail(39, "rbd: image has snapshots with linked clones".into()));
+    b.delete_volume(&id, &secrets()).await.unwrap();
+    let o = ops(&r);
+    let n = o.len();
+    assert_eq!(
+        o[n - 4..],
+        [
+            "rm rbd/fv-a",
+            "trash mv rbd/fv-a",
+            "trash ls rbd --format json",
+            "trash rm rbd/102e3ea2dccd",
+        ]
+    );
+
+    // An image ferrovol did not make is never deleted.
+    r.expect("rbd", Reply::Ok(info("fv-a", MIB)))
+        .expect("rbd", Reply::Ok("{}".into()));
+    assert_eq!(
+        b.delete_volume(&id, &secrets()).await.unwrap_err().kind,
+        Kind::FailedPrecondition
+    );
+    // Gone: success (and the trash is looked at).
+    r.expect("rbd", Reply::Fail(2, NO_IMAGE.into()))
+        .expect("rbd", Reply::Ok("[]".into()));
+    b.delete_volume(&id, &secrets()).await.unwrap();
+}
+
+fn attach(node: &str, mode: AccessMode) -> ControllerAttach {
+    ControllerAttach {
+        node_id: node.into(),
+        capability: VolumeCapability {
+            access: AccessType::Block,
+            mode,
+        },
+        readonly: false,
+        volume_context: BTreeMap::new(),
+        secrets: secrets(),
+    }
+}
+
+#[tokio::test]
+async fn publish_fences_single_node_volumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = Arc::new(FakeRunner::new());
+    let b = backend(r.clone(), dir.path(), false);
+    let id = VolumeId::parse("rbd:v1.c1.rbd._e.fv-a").unwrap();
+    let held = r#"{"ferrovol.name":"a","ferrovol.node.node-a":"single"}"#;
+    r.expect("rbd", Reply::Ok(info("fv-a", MIB)))
+        .expect("rbd", Reply::Ok(held.into()));
+    let e = b
+        .controller_attach(&id, &attach("node-b", AccessMode::SingleNodeWriter))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::FailedPrecondition);
+    assert!(e.message.contains("node-a"), "{e}");
+    // The holder again: idempotent (the key set again).
+    r.expect("rbd", Reply::Ok(info("fv-a", MIB)))
+        .expect("rbd", Reply::Ok(held.into()))
+        .ok("rbd");
+    b.controller_attach(&id, &attach("node-a/iqn.x:y", AccessMode::SingleNodeWriter))
+        .await
+        .unwrap();
+    assert_eq!(
+        ops(&r).last().unwrap(),
+        "image-meta set rbd/fv-a ferrovol.node.node-a single"
+    );
+    // Multi-node block: several holders, all multi.
+    let multi = r#"{"ferrovol.name":"a","ferrovol.node.node-a":"multi"}"#;
+    r.expect("rbd", Reply::Ok(info("fv-a", MIB)))
+        .expect("rbd", Reply::Ok(multi.into()))
+        .ok("rbd");
+    b.controller_attach(&id, &attach("node-b", AccessMode::MultiNodeMultiWriter))
+        .await
+        .unwrap();
+    // Unpublish removes only that node's key; unknown volume is fine.
+    r.expect("rbd", Reply::Ok(info("fv-a", MIB)))
+        .expect("rbd", Reply::Ok(r#"{"ferrovol.name":"a","ferrovol.node.node-a":"multi","ferrovol.node.node-b":"multi"}"#.into()))
+        .ok("rbd");
+    b.controller_detach(&id, Some("node-b"), &secrets())
+        .await
+        .unwrap();
+    assert_eq!(
+        ops(&r).last().unwrap(),
+        "image-meta remove rbd/fv-a ferrovol.node.node-b"
+    );
+    r.expect("rbd", Reply::Fail(2, NO_IMAGE.into()));
+    b.controller_detach(&id, Some("node-b"), &secrets())
+        .await
+        .unwrap();
+    // Filesystems on one image are never multi-node.
+    let fs = VolumeCapability {
+        access: AccessType::Mount {
+            fs_type: "ext4".into(),
+            mount_flags: vec![],
+        },
+        mode: AccessMode::MultiNodeMultiWriter,
+    };
+    assert_eq!(b.supports(&fs).unwrap_err().kind, Kind::InvalidArgument);
+}
+
+const MAPPED: &str =
+    r#"[{"id":"0","pool":"rbd","namespace":"","name":"fv-a","snap":"-","device":"/dev/rbd0"}]"#;
+
+fn stage_ctx(node: &str) -> AttachContext {
+    AttachContext {
+        publish_context: BTreeMap::new(),
+        volume_context: BTreeMap::from([("mapOptions".to_string(), "ms_mode=crc".to_string())]),
+        secrets: secrets(),
+        readonly: true,
+        node_id: node.into(),
+    }
+}
+
+#[tokio::test]
+async fn the_node_maps_only_what_is_published_to_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = Arc::new(FakeRunner::new());
+    let b = backend(r.clone(), dir.path(), false);
+    let id = VolumeId::parse("rbd:v1.c1.rbd._e.fv-a").unwrap();
+    r.expect(
+        "rbd",
+        Reply::Ok(r#"{"ferrovol.name":"a","ferrovol.node.node-a":"single"}"#.into()),
+    );
+    let e = b.node_attach(&id, &stage_ctx("node-b")).await.unwrap_err();
+    assert_eq!(e.kind, Kind::FailedPrecondition);
+    assert!(!ops(&r).iter().any(|l| l.contains("map")));
+
+    // Published here: mapped with the config's, the class's and read-only
+    // options.
+    r.expect(
+        "rbd",
+        Reply::Ok(r#"{"ferrovol.name":"a","ferrovol.node.node-a":"single"}"#.into()),
+    )
+    .expect("rbd", Reply::Ok("[]".into()))
+    .expect("rbd", Reply::Ok("/dev/rbd3\n".into()));
+    let a = b.node_attach(&id, &stage_ctx("node-a")).await.unwrap();
+    assert_eq!(
+        a,
+        Attachment::Device {
+            path: "/dev/rbd3".into()
+        }
+    );
+    assert_eq!(
+        ops(&r).last().unwrap(),
+        "device map rbd/fv-a --options queue_depth=128,ms_mode=crc,ro"
+    );
+    // After a restart: the mapping is found.
+    r.expect("rbd", Reply::Ok(r#"{"ferrovol.name":"a"}"#.into()))
+        .expect("rbd", Reply::Ok(MAPPED.into()));
+    let a = b.node_attach(&id, &stage_ctx("node-a")).await.unwrap();
+    assert_eq!(
+        a,
+        Attachment::Device {
+            path: "/dev/rbd0".into()
+        }
+    );
+
+    // Unstage unmaps; not mapped is success.
+    r.expect("rbd", Reply::Ok(MAPPED.into()))
+        .ok("rbd")
+        .expect("rbd", Reply::Ok("[]".into()));
+    b.node_detach(&id, Some(&a)).await.unwrap();
+    assert!(r.lines().iter().any(|l| l == "rbd device unmap /dev/rbd0"));
+    r.expect("rbd", Reply::Ok(String::new()));
+    b.node_detach(&id, None).await.unwrap();
+
+    // Condition: the mapping gone is abnormal.
+    r.expect("rbd", Reply::Ok("[]".into()));
+    let c = b.node_condition(&id, &a).await.unwrap().unwrap();
+    assert!(c.contains("no longer mapped"), "{c}");
+    // Size after a resize, from sysfs.
+    std::fs::create_dir_all(dir.path().join("sys/block/rbd0")).unwrap();
+    std::fs::write(dir.path().join("sys/block/rbd0/size"), "40960\n").unwrap();
+    assert_eq!(b.node_refresh_size(&id, &a).await.unwrap(), 20 * MIB);
+}
+
+#[tokio::test]
+async fn expansion_rounds_up_and_never_shrinks() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = Arc::new(FakeRunner::new());
+    let b = backend(r.clone(), dir.path(), true);
+    let id = VolumeId::parse("rbd:v1.c1.rbd._e.fv-a").unwrap();
+    r.expect("rbd", Reply::Ok(info("fv-a", 16 * MIB))).ok("rbd");
+    assert_eq!(
+        b.expand_volume(&id, 20 * MIB + 5, 0, &Secrets::default())
+            .await
+            .unwrap(),
+        21 * MIB
+    );
+    assert_eq!(ops(&r).last().unwrap(), "resize rbd/fv-a --size 21M");
+    // The config's own user when the call has no secrets.
+    assert!(r.lines()[0].contains("--keyring /etc/ferrovol/keyring"));
+    r.expect("rbd", Reply::Ok(info("fv-a", 32 * MIB)));
+    assert_eq!(
+        b.expand_volume(&id, 8 * MIB, 0, &Secrets::default())
+            .await
+            .unwrap(),
+        32 * MIB
+    );
+    assert!(!ops(&r).last().unwrap().starts_with("resize"));
+}
