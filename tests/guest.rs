@@ -1789,9 +1789,11 @@ async fn guest_rbd_backend_full_lifecycle() {
         r.volume_content_source = source.map(|t| pb::VolumeContentSource { r#type: Some(t) });
         r
     };
+    let mut first = create("pvc-rbd", None);
+    first.parameters = HashMap::from([("mkfsOptions".to_string(), "-L rbdvol".to_string())]);
     let id = h
         .controller()
-        .create_volume(create("pvc-rbd", None))
+        .create_volume(first)
         .await
         .unwrap()
         .into_inner()
@@ -1849,6 +1851,13 @@ async fn guest_rbd_backend_full_lifecycle() {
         .unwrap();
     std::fs::write(target.join("data"), b"before the snapshot").unwrap();
     run("sync", &[]);
+    // The class's mkfs options reached mkfs.
+    let source = run(
+        "findmnt",
+        &["-n", "-o", "SOURCE", staging.to_str().unwrap()],
+    );
+    let label = run("blkid", &["-s", "LABEL", "-o", "value", source.trim()]);
+    assert_eq!(label.trim(), "rbdvol");
 
     // A snapshot; data after it must not show in restores.
     let snap = h

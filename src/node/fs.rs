@@ -103,12 +103,39 @@ pub async fn check_ext(runner: &dyn CommandRunner, device: &Path) -> Result<()> 
     }
 }
 
+/// The volume context key whose value is extra options for mkfs (from a
+/// StorageClass parameter of the backend).
+pub const MKFS_OPTIONS: &str = "mkfsOptions";
+
+/// Parses extra mkfs options: whitespace-separated, each an option
+/// (`-x`, `-x=v`, `--long`) or a plain value, of letters, digits and
+/// `=,._:-` only, at most 16 of them. Nothing from a request reaches mkfs
+/// otherwise.
+pub fn mkfs_options(text: &str) -> Result<Vec<String>> {
+    let words: Vec<String> = text.split_whitespace().map(str::to_string).collect();
+    if words.len() > 16
+        || words.iter().any(|w| {
+            w.len() > 64
+                || !w
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"=,._:-".contains(&b))
+        })
+    {
+        return Err(Error::invalid(
+            "mkfsOptions: at most 16 words of letters, digits and =,._:- (no paths)",
+        ));
+    }
+    Ok(words)
+}
+
 /// Formats the device with `fs` unless it already holds something. A device
-/// holding another filesystem is an error, never formatted over.
+/// holding another filesystem is an error, never formatted over. `extra`
+/// comes from [`mkfs_options`].
 pub async fn format_if_unformatted(
     runner: &dyn CommandRunner,
     device: &Path,
     fs: &str,
+    extra: &[String],
 ) -> Result<bool> {
     match probe(runner, device).await? {
         Some(found) if found == fs => Ok(false),
@@ -121,9 +148,16 @@ pub async fn format_if_unformatted(
             let cmd = match fs {
                 "ext4" | "ext3" => Command::new(format!("mkfs.{fs}"))
                     .args(["-F", "-q", "-m", "0"])
+                    .args(extra.iter().cloned())
                     .arg(dev),
-                "xfs" => Command::new("mkfs.xfs").args(["-q"]).arg(dev),
-                "btrfs" => Command::new("mkfs.btrfs").args(["-q"]).arg(dev),
+                "xfs" => Command::new("mkfs.xfs")
+                    .args(["-q"])
+                    .args(extra.iter().cloned())
+                    .arg(dev),
+                "btrfs" => Command::new("mkfs.btrfs")
+                    .args(["-q"])
+                    .args(extra.iter().cloned())
+                    .arg(dev),
                 other => return Err(Error::invalid(format!("cannot format {other}"))),
             };
             runner.run(cmd.timeout(MKFS_TIMEOUT)).await?;
@@ -152,6 +186,23 @@ pub async fn grow(
 }
 
 #[cfg(test)]
+mod mkfs_option_tests {
+    use super::*;
+
+    #[test]
+    fn mkfs_options_are_words_without_paths() {
+        assert_eq!(
+            mkfs_options(" -E  lazy_itable_init=0,nodiscard -N 4096 ").unwrap(),
+            ["-E", "lazy_itable_init=0,nodiscard", "-N", "4096"]
+        );
+        assert!(mkfs_options("").unwrap().is_empty());
+        for bad in ["-d /etc/passwd", "-O $(reboot)", "a;b", "x\\y"] {
+            assert!(mkfs_options(bad).is_err(), "{bad}");
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::exec::{FakeRunner, Reply};
@@ -161,9 +212,11 @@ mod tests {
         let r = FakeRunner::new();
         r.expect("blkid", Reply::Fail(2, String::new()));
         r.ok("mkfs.ext4");
-        assert!(format_if_unformatted(&r, Path::new("/dev/loop1"), "ext4")
-            .await
-            .unwrap());
+        assert!(
+            format_if_unformatted(&r, Path::new("/dev/loop1"), "ext4", &[])
+                .await
+                .unwrap()
+        );
         assert_eq!(
             r.lines(),
             vec![
@@ -174,9 +227,11 @@ mod tests {
 
         let r = FakeRunner::new();
         r.expect("blkid", Reply::Ok("DEVNAME=/dev/loop1\nTYPE=ext4\n".into()));
-        assert!(!format_if_unformatted(&r, Path::new("/dev/loop1"), "ext4")
-            .await
-            .unwrap());
+        assert!(
+            !format_if_unformatted(&r, Path::new("/dev/loop1"), "ext4", &[])
+                .await
+                .unwrap()
+        );
         assert_eq!(r.calls().len(), 1);
     }
 
@@ -185,7 +240,7 @@ mod tests {
         for out in ["TYPE=xfs\n", "PTTYPE=gpt\n", "DEVNAME=/dev/x\n"] {
             let r = FakeRunner::new();
             r.expect("blkid", Reply::Ok(out.into()));
-            let err = format_if_unformatted(&r, Path::new("/dev/loop1"), "ext4")
+            let err = format_if_unformatted(&r, Path::new("/dev/loop1"), "ext4", &[])
                 .await
                 .unwrap_err();
             assert_eq!(err.kind, crate::error::Kind::FailedPrecondition, "{out}");
@@ -197,9 +252,11 @@ mod tests {
     async fn probe_errors_other_than_empty_are_errors() {
         let r = FakeRunner::new();
         r.expect("blkid", Reply::Fail(4, "blkid: cannot open".into()));
-        assert!(format_if_unformatted(&r, Path::new("/dev/loop1"), "ext4")
-            .await
-            .is_err());
+        assert!(
+            format_if_unformatted(&r, Path::new("/dev/loop1"), "ext4", &[])
+                .await
+                .is_err()
+        );
         assert_eq!(r.calls().len(), 1);
     }
 

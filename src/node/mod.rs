@@ -467,7 +467,12 @@ impl NodeOps {
                     backend.node_copy_done(&record.volume_id).await?;
                 }
                 if !readonly {
-                    fs::format_if_unformatted(self.runner.as_ref(), path, &fs).await?;
+                    let extra = fs::mkfs_options(
+                        ctx.volume_context
+                            .get(fs::MKFS_OPTIONS)
+                            .map_or("", String::as_str),
+                    )?;
+                    fs::format_if_unformatted(self.runner.as_ref(), path, &fs, &extra).await?;
                 }
                 let device = path.clone();
                 let at = target.clone();

@@ -85,6 +85,7 @@ struct Params {
     data_pool: String,
     features: String,
     map_options: String,
+    mkfs_options: String,
 }
 
 pub struct RbdBackend {
@@ -224,9 +225,10 @@ impl RbdBackend {
                 "dataPool" => p.data_pool = v.clone(),
                 "imageFeatures" => p.features = v.clone(),
                 "mapOptions" => p.map_options = v.clone(),
+                "mkfsOptions" => p.mkfs_options = v.clone(),
                 other => {
                     return Err(Error::invalid(format!(
-                        "rbd backend: unknown parameter {other:?} (known: pool, radosNamespace, dataPool, imageFeatures, mapOptions)"
+                        "rbd backend: unknown parameter {other:?} (known: pool, radosNamespace, dataPool, imageFeatures, mapOptions, mkfsOptions)"
                     )))
                 }
             }
@@ -242,6 +244,7 @@ impl RbdBackend {
         check_name("dataPool", &p.data_pool, true)?;
         check_features(&p.features)?;
         check_map_options(&p.map_options)?;
+        crate::node::fs::mkfs_options(&p.mkfs_options)?;
         Ok(p)
     }
 
@@ -435,8 +438,16 @@ impl RbdBackend {
             SnapshotId::parse(s).ok().map(ContentSource::Snapshot)
         });
         let mut context = BTreeMap::new();
-        if let Some(p) = params.filter(|p| !p.map_options.is_empty()) {
-            context.insert(CTX_MAP_OPTIONS.to_string(), p.map_options.clone());
+        if let Some(p) = params {
+            if !p.map_options.is_empty() {
+                context.insert(CTX_MAP_OPTIONS.to_string(), p.map_options.clone());
+            }
+            if !p.mkfs_options.is_empty() {
+                context.insert(
+                    crate::node::fs::MKFS_OPTIONS.to_string(),
+                    p.mkfs_options.clone(),
+                );
+            }
         }
         Ok(VolumeInfo {
             id: VolumeId::new(&self.name, &self.locator(spec)?)?,
