@@ -1791,15 +1791,21 @@ async fn guest_rbd_backend_full_lifecycle() {
     };
     let mut first = create("pvc-rbd", None);
     first.parameters = HashMap::from([("mkfsOptions".to_string(), "-L rbdvol".to_string())]);
-    let id = h
+    let vol = h
         .controller()
         .create_volume(first)
         .await
         .unwrap()
         .into_inner()
         .volume
-        .unwrap()
-        .volume_id;
+        .unwrap();
+    let vol_context = vol.volume_context.clone();
+    let id = vol.volume_id;
+    assert_eq!(
+        vol_context.get("mkfsOptions").map(String::as_str),
+        Some("-L rbdvol")
+    );
+    let vol_id_for_context = id.clone();
     let publish =
         |id: &str, node: &str, cap: pb::VolumeCapability| pb::ControllerPublishVolumeRequest {
             volume_id: id.into(),
@@ -1808,9 +1814,16 @@ async fn guest_rbd_backend_full_lifecycle() {
             secrets: secrets.clone(),
             ..Default::default()
         };
+    // The node gets each volume's context, as kubelet passes the PV's
+    // volume attributes.
     let stage = |id: &str, staging: &std::path::Path, cap: pb::VolumeCapability| {
         pb::NodeStageVolumeRequest {
             secrets: secrets.clone(),
+            volume_context: if id == vol_id_for_context {
+                vol_context.clone()
+            } else {
+                HashMap::new()
+            },
             ..stage_req(id, staging, cap)
         }
     };
