@@ -293,3 +293,56 @@ fn iscsi_storage_class_and_secret_match_the_example_config() {
         );
     }
 }
+
+/// The rbd example config builds, the StorageClass's own parameters pass
+/// the backend's checks, every secret the CO can send is named, and the
+/// example Secret holds the keys the backend reads.
+#[test]
+fn rbd_storage_class_and_secret_match_the_example_config() {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/rbd-config.toml"
+    ))
+    .unwrap();
+    let config = Config::parse(&text).unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let registry = ferrovol::backend::build_registry(
+        &config,
+        std::sync::Arc::new(ferrovol::exec::SystemRunner::default()),
+        std::sync::Arc::new(ferrovol::host::SystemHost),
+        state.path(),
+    )
+    .unwrap();
+    let backend = registry.get("rbd").expect("an rbd backend");
+    let all = docs("storageclass-rbd.yaml");
+    let sc = kind(&all, "StorageClass")[0];
+    let params = sc["parameters"].as_mapping().unwrap();
+    let own: std::collections::BTreeMap<String, String> = params
+        .iter()
+        .map(|(k, v)| (k.as_str().unwrap().to_string(), v.as_str().unwrap().to_string()))
+        .filter(|(k, _)| k != "backend" && !k.starts_with("csi.storage.k8s.io/"))
+        .collect();
+    backend.validate_parameters(&own).unwrap();
+    let secret = kind(&all, "Secret")[0];
+    let name = secret["metadata"]["name"].as_str();
+    for key in [
+        "provisioner-secret-name",
+        "controller-publish-secret-name",
+        "controller-expand-secret-name",
+        "node-stage-secret-name",
+    ] {
+        assert_eq!(
+            params[&Value::from(format!("csi.storage.k8s.io/{key}"))].as_str(),
+            name,
+            "{key}"
+        );
+    }
+    let vsc = kind(&all, "VolumeSnapshotClass")[0];
+    assert_eq!(
+        vsc["parameters"]["csi.storage.k8s.io/snapshotter-secret-name"].as_str(),
+        name
+    );
+    let data = secret["stringData"].as_mapping().unwrap();
+    use ferrovol::backend::rbd::{USER_ID, USER_KEY};
+    assert!(data.contains_key(&Value::from(USER_ID)) && data.contains_key(&Value::from(USER_KEY)));
+}
