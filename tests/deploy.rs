@@ -319,7 +319,12 @@ fn rbd_storage_class_and_secret_match_the_example_config() {
     let params = sc["parameters"].as_mapping().unwrap();
     let own: std::collections::BTreeMap<String, String> = params
         .iter()
-        .map(|(k, v)| (k.as_str().unwrap().to_string(), v.as_str().unwrap().to_string()))
+        .map(|(k, v)| {
+            (
+                k.as_str().unwrap().to_string(),
+                v.as_str().unwrap().to_string(),
+            )
+        })
         .filter(|(k, _)| k != "backend" && !k.starts_with("csi.storage.k8s.io/"))
         .collect();
     backend.validate_parameters(&own).unwrap();

@@ -221,9 +221,9 @@ fn classify(e: ExecError) -> Error {
     match e.exit_code() {
         Some(ENOENT) => Error::not_found(text),
         Some(EEXIST) => Error::already_exists(text),
-        Some(1) | Some(13)
-            if text.contains("Permission denied") || text.contains("not permitted") =>
-        {
+        // EACCES: cephx refused the key; EPERM: the user may not do it.
+        Some(13) => Error::invalid(format!("the cluster refused the credentials: {text}")),
+        Some(1) if text.contains("not permitted") => {
             Error::invalid(format!("the cluster refused the credentials: {text}"))
         }
         _ if matches!(e, ExecError::Timeout { .. }) => Error::unavailable(text),
