@@ -349,5 +349,5 @@ fn rbd_storage_class_and_secret_match_the_example_config() {
     );
     let data = secret["stringData"].as_mapping().unwrap();
     use ferrovol::backend::rbd::{USER_ID, USER_KEY};
-    assert!(data.contains_key(&Value::from(USER_ID)) && data.contains_key(&Value::from(USER_KEY)));
+    assert!(data.contains_key(Value::from(USER_ID)) && data.contains_key(Value::from(USER_KEY)));
 }
