@@ -8,6 +8,8 @@
 //! its own connection, as kubelet and each sidecar do), FERROVOL_BENCH_MOUNTS
 //! (default 5000) the mount scale phases' size, FERROVOL_BENCH_VOLUMES
 //! (default 10000) the pool size for the create and list phases.
+//! FERROVOL_BENCH_METRICS=1 runs the driver with metrics on (served on a
+//! free local port, scraped once a second during the run), to compare.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -165,7 +167,35 @@ async fn main() {
     let clients = env_num("FERROVOL_BENCH_CLIENTS", 8) as usize;
     let scale = env_num("FERROVOL_BENCH_MOUNTS", if full { 5000 } else { 200 }) as usize;
     let pool_size = env_num("FERROVOL_BENCH_VOLUMES", if full { 10_000 } else { 300 }) as usize;
-    let mut h = Harness::start_with_env(None, &[("RUST_LOG", "warn")]).await;
+    let metrics_port = (env_num("FERROVOL_BENCH_METRICS", 0) == 1).then(|| {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    });
+    let metrics_addr = metrics_port.map(|p| format!("127.0.0.1:{p}"));
+    let mut env = vec![("RUST_LOG", "warn")];
+    if let Some(a) = &metrics_addr {
+        env.push(("FERROVOL_METRICS_ADDR", a.as_str()));
+    }
+    let mut h = Harness::start_with_env(None, &env).await;
+    if let Some(port) = metrics_port {
+        println!("metrics on: scraped from 127.0.0.1:{port} every second");
+        // A scraper, as Prometheus would be.
+        std::thread::spawn(move || loop {
+            if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+                use std::io::{Read, Write};
+                let _ = write!(
+                    s,
+                    "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                );
+                let mut sink = Vec::new();
+                let _ = s.read_to_end(&mut sink);
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        });
+    }
     println!(
         "ferrovol benchmarks: {clients} clients, {secs} s per phase, release build, driver pid {}",
         h.pid()

@@ -24,6 +24,8 @@ pub struct Settings {
     pub config: Option<PathBuf>,
     /// An upper bound on every external command's timeout.
     pub command_timeout: Option<std::time::Duration>,
+    /// Record metrics (they are served on `--metrics-addr`).
+    pub metrics: bool,
 }
 
 /// Checks a driver name: DNS-style, at most 63 characters.
@@ -51,6 +53,22 @@ pub fn build(settings: &Settings) -> Result<Arc<Driver>> {
     build_with(settings, Arc::new(runner), Arc::new(SystemMounter))
 }
 
+/// Metrics, when asked for, and the runner that times commands for them.
+fn metered(
+    settings: &Settings,
+    runner: Arc<dyn CommandRunner>,
+) -> (Arc<dyn CommandRunner>, Option<Arc<crate::metrics::Metrics>>) {
+    if !settings.metrics {
+        return (runner, None);
+    }
+    let metrics = Arc::new(crate::metrics::Metrics::new());
+    let runner = Arc::new(crate::metrics::MeteredRunner {
+        inner: runner,
+        metrics: metrics.clone(),
+    });
+    (runner, Some(metrics))
+}
+
 /// Builds the driver on the given seams.
 pub fn build_with(
     settings: &Settings,
@@ -58,6 +76,7 @@ pub fn build_with(
     mounter: Arc<dyn Mounter>,
 ) -> Result<Arc<Driver>> {
     validate_driver_name(&settings.driver_name)?;
+    let (runner, metrics) = metered(settings, runner);
     if settings.node_id.is_empty() || settings.node_id.len() > 128 {
         return Err(Error::invalid("node id must be 1 to 128 bytes"));
     }
@@ -143,6 +162,8 @@ pub fn build_with(
         node,
         controller,
         in_flight: Default::default(),
+        metrics,
+        serving: Default::default(),
     }))
 }
 

@@ -13,6 +13,7 @@ pub mod error;
 pub mod exec;
 pub mod host;
 pub mod locks;
+pub mod metrics;
 pub mod mount;
 pub mod node;
 pub mod plugin;

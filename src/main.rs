@@ -73,14 +73,22 @@ enum Command {
         /// closed.
         #[arg(long, env = "FERROVOL_HANDSHAKE_TIMEOUT", default_value_t = 10)]
         handshake_timeout: u64,
+        /// host:port to serve Prometheus metrics (/metrics), /healthz and
+        /// /readyz on, over plain HTTP; off by default.
+        #[arg(long, env = "FERROVOL_METRICS_ADDR")]
+        metrics_addr: Option<std::net::SocketAddr>,
     },
 }
 
 fn init_logging(format: LogFormat) {
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    use std::io::IsTerminal;
+    // Colour only where a person reads a terminal, never into a file or
+    // a pipe (what `kubectl logs` shows).
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Human => builder.init(),
@@ -129,6 +137,7 @@ fn main() -> std::process::ExitCode {
         max_connections,
         max_streams,
         handshake_timeout,
+        metrics_addr,
     } = cli.command;
     init_logging(log_format);
     raise_file_limit();
@@ -154,8 +163,12 @@ fn main() -> std::process::ExitCode {
             state_dir,
             config,
             command_timeout: command_timeout.map(Duration::from_secs),
+            metrics: metrics_addr.is_some(),
         };
         let driver = app::build(&settings)?;
+        if let Some(addr) = metrics_addr {
+            ferrovol::metrics::serve(addr, driver.clone()).await?;
+        }
         server::serve(
             driver,
             endpoint,

@@ -441,6 +441,8 @@ async fn stuck_mounts_do_not_stall_other_calls() {
             "topology.ferrovol.io/node",
         ),
         in_flight: Default::default(),
+        metrics: None,
+        serving: Default::default(),
     });
     let identity = IdentityService(driver);
     for i in 0..5 {

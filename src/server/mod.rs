@@ -173,6 +173,7 @@ pub async fn serve(
     // Every RPC is traced (span, in-flight count, one log line) by a layer.
     let mut builder = builder.layer(crate::service::trace::RpcLayer::new(
         driver.in_flight.clone(),
+        driver.metrics.clone(),
     ));
     let router = builder.add_service(IdentityServer::new(IdentityService(driver.clone())));
     let router = router
@@ -227,6 +228,9 @@ pub async fn serve(
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o660))
                 .map_err(|e| Error::io(format!("chmod {}", path.display()), e))?;
             tracing::info!(endpoint = %format!("unix://{}", path.display()), driver = %driver.name, node = %driver.node_id, ?mode, "serving");
+            driver
+                .serving
+                .store(true, std::sync::atomic::Ordering::Relaxed);
             // Clients that send the socket path as :authority (kubelet
             // before 1.26, csc, grpcio, grpc-java) get it fixed on the way in.
             let incoming = limits::incoming(listener, limits, crate::authority::AuthorityFix::new);
@@ -241,6 +245,9 @@ pub async fn serve(
                 .await
                 .map_err(|e| Error::io(format!("bind {addr}"), e))?;
             tracing::info!(endpoint = %format!("tcp://{addr}"), driver = %driver.name, ?mode, "serving");
+            driver
+                .serving
+                .store(true, std::sync::atomic::Ordering::Relaxed);
             let incoming = limits::incoming(listener, limits, |conn| conn);
             let serving = router.serve_with_incoming_shutdown(incoming, stopped);
             tokio::select! {

@@ -1,7 +1,6 @@
 //! The Identity service.
 
 use super::{respond, Driver};
-use crate::error::Error;
 use crate::proto::{self as pb, identity_server::Identity, plugin_capability as pc};
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
@@ -58,17 +57,9 @@ impl Identity for IdentityService {
         &self,
         _: Request<pb::ProbeRequest>,
     ) -> Result<Response<pb::ProbeResponse>, Status> {
-        let registry = self.0.registry.clone();
+        let driver = self.0.clone();
         respond("", async move {
-            for b in registry.all() {
-                b.health().await.map_err(|e| {
-                    Error::precondition(format!(
-                        "backend {} is not healthy: {}",
-                        b.name(),
-                        e.message
-                    ))
-                })?;
-            }
+            driver.health().await?;
             Ok(pb::ProbeResponse { ready: Some(true) })
         })
         .await

@@ -91,9 +91,27 @@ pub struct Driver {
     pub controller: ControllerOps,
     /// RPCs being served right now.
     pub in_flight: Arc<InFlight>,
+    /// Recorded when `--metrics-addr` is set.
+    pub metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// Set once the endpoint accepts calls (`/readyz`).
+    pub serving: std::sync::atomic::AtomicBool,
 }
 
 impl Driver {
+    /// What Probe answers: every backend healthy.
+    pub async fn health(&self) -> crate::error::Result<()> {
+        for b in self.registry.all() {
+            b.health().await.map_err(|e| {
+                crate::error::Error::precondition(format!(
+                    "backend {} is not healthy: {}",
+                    b.name(),
+                    e.message
+                ))
+            })?;
+        }
+        Ok(())
+    }
+
     /// This node's topology segment.
     pub fn topology(&self) -> HashMap<String, String> {
         self.controller.node_topology()

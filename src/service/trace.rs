@@ -6,6 +6,7 @@
 //! looked at: they may carry secrets.
 
 use super::InFlight;
+use crate::metrics::Metrics;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -18,11 +19,26 @@ use tracing::Instrument;
 #[derive(Clone)]
 pub struct RpcLayer {
     in_flight: Arc<InFlight>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl RpcLayer {
-    pub fn new(in_flight: Arc<InFlight>) -> Self {
-        Self { in_flight }
+    pub fn new(in_flight: Arc<InFlight>, metrics: Option<Arc<Metrics>>) -> Self {
+        Self { in_flight, metrics }
+    }
+}
+
+/// How loudly a failed call is logged: the server's own failures as
+/// errors or warnings, the client's mistakes and retries below INFO, what
+/// the operator may want to know in between.
+pub fn failure_level(code: tonic::Code) -> tracing::Level {
+    use tonic::Code::*;
+    match code {
+        Internal | Unknown | DataLoss => tracing::Level::ERROR,
+        Unavailable | DeadlineExceeded | ResourceExhausted | Cancelled => tracing::Level::WARN,
+        FailedPrecondition | AlreadyExists | OutOfRange | Unimplemented | PermissionDenied
+        | Unauthenticated => tracing::Level::INFO,
+        InvalidArgument | NotFound | Aborted | Ok => tracing::Level::DEBUG,
     }
 }
 
@@ -33,6 +49,7 @@ impl<S> Layer<S> for RpcLayer {
         RpcService {
             inner,
             in_flight: self.in_flight.clone(),
+            metrics: self.metrics.clone(),
         }
     }
 }
@@ -42,6 +59,7 @@ impl<S> Layer<S> for RpcLayer {
 pub struct RpcService<S> {
     inner: S,
     in_flight: Arc<InFlight>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -76,28 +94,78 @@ where
             .to_string();
         let span = tracing::info_span!("rpc", method = %method, volume = tracing::field::Empty);
         let in_flight = self.in_flight.enter();
+        let metrics = self.metrics.clone();
+        if let Some(m) = &metrics {
+            m.in_flight.inc();
+        }
         let call = inner.call(request);
         Box::pin(
             async move {
                 let start = Instant::now();
                 let result = call.await;
                 drop(in_flight);
-                let ms = start.elapsed().as_secs_f64() * 1000.0;
-                match &result {
+                let took = start.elapsed();
+                let ms = took.as_secs_f64() * 1000.0;
+                let code = match &result {
                     Ok(response) => match tonic::Status::from_header_map(response.headers()) {
-                        Some(status) if status.code() != tonic::Code::Ok => tracing::info!(
-                            duration_ms = ms,
-                            code = ?status.code(),
-                            error = %status.message(),
-                            "failed"
-                        ),
-                        _ => tracing::debug!(duration_ms = ms, "ok"),
+                        Some(status) if status.code() != tonic::Code::Ok => {
+                            let code = status.code();
+                            macro_rules! failed {
+                                ($level:expr) => {
+                                    tracing::event!(
+                                        $level,
+                                        duration_ms = ms,
+                                        code = ?code,
+                                        error = %status.message(),
+                                        "failed"
+                                    )
+                                };
+                            }
+                            match failure_level(code) {
+                                tracing::Level::ERROR => failed!(tracing::Level::ERROR),
+                                tracing::Level::WARN => failed!(tracing::Level::WARN),
+                                tracing::Level::INFO => failed!(tracing::Level::INFO),
+                                _ => failed!(tracing::Level::DEBUG),
+                            }
+                            code
+                        }
+                        _ => {
+                            tracing::debug!(duration_ms = ms, "ok");
+                            tonic::Code::Ok
+                        }
                     },
-                    Err(e) => tracing::warn!(duration_ms = ms, error = %e, "transport error"),
+                    Err(e) => {
+                        tracing::warn!(duration_ms = ms, error = %e, "transport error");
+                        tonic::Code::Unavailable
+                    }
+                };
+                if let Some(m) = &metrics {
+                    m.in_flight.dec();
+                    m.rpc(&method, code, took);
                 }
                 result
             }
             .instrument(span),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_failures_are_loud_and_client_mistakes_quiet() {
+        use tonic::Code;
+        assert_eq!(failure_level(Code::Internal), tracing::Level::ERROR);
+        assert_eq!(failure_level(Code::Unavailable), tracing::Level::WARN);
+        assert_eq!(failure_level(Code::ResourceExhausted), tracing::Level::WARN);
+        assert_eq!(
+            failure_level(Code::FailedPrecondition),
+            tracing::Level::INFO
+        );
+        for quiet in [Code::InvalidArgument, Code::NotFound, Code::Aborted] {
+            assert_eq!(failure_level(quiet), tracing::Level::DEBUG, "{quiet:?}");
+        }
     }
 }

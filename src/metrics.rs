@@ -1,0 +1,243 @@
+//! Prometheus metrics: per-RPC counts and latency by method and gRPC code,
+//! RPCs in flight, external command durations and failures by command,
+//! volumes staged and published; served with `/healthz` (what Probe
+//! answers) and `/readyz` (serving) on `--metrics-addr`. Recording is a
+//! few atomic operations on the RPC path; the text is made only when
+//! scraped, by the `prometheus-client` crate.
+
+use crate::exec::{Command, CommandRunner, ExecError, Output};
+use crate::service::Driver;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RpcLabels {
+    pub method: String,
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CommandLabels {
+    pub command: String,
+}
+
+fn rpc_histogram() -> Histogram {
+    // 100 µs to about 26 s.
+    Histogram::new(exponential_buckets(0.0001, 4.0, 10))
+}
+
+fn command_histogram() -> Histogram {
+    // 1 ms to about 4.4 min.
+    Histogram::new(exponential_buckets(0.001, 4.0, 10))
+}
+
+/// The driver's metrics.
+pub struct Metrics {
+    registry: Registry,
+    rpcs: Family<RpcLabels, Counter>,
+    rpc_seconds: Family<RpcLabels, Histogram, fn() -> Histogram>,
+    pub in_flight: Gauge,
+    commands: Family<CommandLabels, Histogram, fn() -> Histogram>,
+    command_failures: Family<CommandLabels, Counter>,
+    staged: Gauge,
+    published: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("ferrovol");
+        let rpcs = Family::<RpcLabels, Counter>::default();
+        let rpc_seconds =
+            Family::<RpcLabels, Histogram, fn() -> Histogram>::new_with_constructor(rpc_histogram);
+        let in_flight = Gauge::default();
+        let commands = Family::<CommandLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+            command_histogram,
+        );
+        let command_failures = Family::<CommandLabels, Counter>::default();
+        let staged = Gauge::default();
+        let published = Gauge::default();
+        registry.register(
+            "rpcs",
+            "CSI calls served, by method and gRPC code",
+            rpcs.clone(),
+        );
+        registry.register(
+            "rpc_duration_seconds",
+            "How long CSI calls took, by method and gRPC code",
+            rpc_seconds.clone(),
+        );
+        registry.register(
+            "rpcs_in_flight",
+            "CSI calls being served",
+            in_flight.clone(),
+        );
+        registry.register(
+            "command_duration_seconds",
+            "How long external commands ran, by program",
+            commands.clone(),
+        );
+        registry.register(
+            "command_failures",
+            "External commands that failed or timed out, by program",
+            command_failures.clone(),
+        );
+        registry.register(
+            "volumes_staged",
+            "Volumes staged on this node",
+            staged.clone(),
+        );
+        registry.register(
+            "volumes_published",
+            "Volume publications (targets) on this node",
+            published.clone(),
+        );
+        Metrics {
+            registry,
+            rpcs,
+            rpc_seconds,
+            in_flight,
+            commands,
+            command_failures,
+            staged,
+            published,
+        }
+    }
+
+    /// One finished CSI call.
+    pub fn rpc(&self, method: &str, code: tonic::Code, took: Duration) {
+        let labels = RpcLabels {
+            method: method.to_string(),
+            code: format!("{code:?}"),
+        };
+        self.rpcs.get_or_create(&labels).inc();
+        self.rpc_seconds
+            .get_or_create(&labels)
+            .observe(took.as_secs_f64());
+    }
+
+    /// One finished external command.
+    pub fn command(&self, program: &str, took: Duration, ok: bool) {
+        let labels = CommandLabels {
+            command: program.rsplit('/').next().unwrap_or(program).to_string(),
+        };
+        self.commands
+            .get_or_create(&labels)
+            .observe(took.as_secs_f64());
+        if !ok {
+            self.command_failures.get_or_create(&labels).inc();
+        }
+    }
+
+    /// The exposition text, with the node's counts as they are now.
+    pub fn render(&self, driver: &Driver) -> String {
+        if driver.mode.node() {
+            let state = driver.node.state();
+            self.staged.set(state.stages().len() as i64);
+            self.published.set(state.publishes().len() as i64);
+        }
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String does not fail");
+        out
+    }
+}
+
+/// A command runner that times every command it runs.
+pub struct MeteredRunner {
+    pub inner: Arc<dyn CommandRunner>,
+    pub metrics: Arc<Metrics>,
+}
+
+#[async_trait::async_trait]
+impl CommandRunner for MeteredRunner {
+    async fn run(&self, command: Command) -> Result<Output, ExecError> {
+        let program = command.program.clone();
+        let start = Instant::now();
+        let result = self.inner.run(command).await;
+        self.metrics
+            .command(&program, start.elapsed(), result.is_ok());
+        result
+    }
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `addr` until the process
+/// ends.
+pub async fn serve(addr: std::net::SocketAddr, driver: Arc<Driver>) -> crate::error::Result<()> {
+    use http_body_util::Full;
+    use hyper::body::Bytes;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| crate::error::Error::io(format!("bind metrics address {addr}"), e))?;
+    tracing::info!(%addr, "serving metrics, /healthz and /readyz");
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let driver = driver.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(
+                    move |req: hyper::Request<hyper::body::Incoming>| {
+                        let driver = driver.clone();
+                        async move {
+                            let (status, kind, body) = answer(&driver, req.uri().path()).await;
+                            Ok::<_, std::convert::Infallible>(
+                                hyper::Response::builder()
+                                    .status(status)
+                                    .header("content-type", kind)
+                                    .body(Full::new(Bytes::from(body)))
+                                    .expect("a valid response"),
+                            )
+                        }
+                    },
+                );
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(Duration::from_secs(10))
+                    .serve_connection(io, service)
+                    .await;
+            });
+        }
+    });
+    Ok(())
+}
+
+const TEXT: &str = "text/plain; charset=utf-8";
+
+async fn answer(driver: &Driver, path: &str) -> (u16, &'static str, String) {
+    match path {
+        "/metrics" => match &driver.metrics {
+            Some(m) => (
+                200,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                m.render(driver),
+            ),
+            None => (404, TEXT, "metrics are off\n".into()),
+        },
+        "/healthz" => match driver.health().await {
+            Ok(()) => (200, TEXT, "ok\n".into()),
+            Err(e) => (503, TEXT, format!("{}\n", e.message)),
+        },
+        "/readyz" => {
+            if driver.serving.load(std::sync::atomic::Ordering::Relaxed) {
+                (200, TEXT, "ready\n".into())
+            } else {
+                (503, TEXT, "not serving yet\n".into())
+            }
+        }
+        _ => (404, TEXT, "not found\n".into()),
+    }
+}
