@@ -26,6 +26,8 @@ pub struct Settings {
     pub command_timeout: Option<std::time::Duration>,
     /// Record metrics (they are served on `--metrics-addr`).
     pub metrics: bool,
+    /// Offer ControllerExpandVolume (off: nodes grow node-local volumes).
+    pub controller_expansion: bool,
 }
 
 /// Checks a driver name: DNS-style, at most 63 characters.
@@ -164,6 +166,7 @@ pub fn build_with(
         in_flight: Default::default(),
         metrics,
         serving: Default::default(),
+        controller_expansion: settings.controller_expansion,
     }))
 }
 

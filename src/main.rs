@@ -77,6 +77,12 @@ enum Command {
         /// /readyz on, over plain HTTP; off by default.
         #[arg(long, env = "FERROVOL_METRICS_ADDR")]
         metrics_addr: Option<std::net::SocketAddr>,
+        /// Do not offer ControllerExpandVolume: the external-resizer then
+        /// leaves expansion to kubelet, and NodeExpandVolume grows a
+        /// node-local LV or image on its node (for the node-local driver's
+        /// central controller).
+        #[arg(long, env = "FERROVOL_NO_CONTROLLER_EXPANSION")]
+        no_controller_expansion: bool,
     },
 }
 
@@ -138,6 +144,7 @@ fn main() -> std::process::ExitCode {
         max_streams,
         handshake_timeout,
         metrics_addr,
+        no_controller_expansion,
     } = cli.command;
     init_logging(log_format);
     raise_file_limit();
@@ -164,6 +171,7 @@ fn main() -> std::process::ExitCode {
             config,
             command_timeout: command_timeout.map(Duration::from_secs),
             metrics: metrics_addr.is_some(),
+            controller_expansion: !no_controller_expansion,
         };
         let driver = app::build(&settings)?;
         if let Some(addr) = metrics_addr {

@@ -2075,3 +2075,54 @@ async fn guest_rbd_backend_full_lifecycle() {
         .unwrap();
     assert_eq!(cluster.rbd(&["ls", "rbd"]).trim(), "");
 }
+
+/// Node-local expansion on lvm without controller expansion: the node
+/// grows the LV (lvextend) and then the mounted ext4, as kubelet asks it
+/// to when the resizer finds no ControllerExpandVolume.
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_lvm_volume_grows_on_the_node() {
+    require_guest();
+    let _vg = LvmVg::new("fvnodegrow", 256);
+    let config = "[[backend]]\ntype = \"lvm\"\n[[backend.device_class]]\nname = \"d\"\nvolume_group = \"fvnodegrow\"\n";
+    let h = Harness::start_with_env(
+        Some(config),
+        &[("FERROVOL_NO_CONTROLLER_EXPANSION", "true")],
+    )
+    .await;
+    let cap = mount_cap("ext4", SNW);
+    let p = h.provision("pvc-nodegrow", 64 * MIB, cap.clone()).await;
+    let before = h.total_bytes(&p.id, &p.target).await;
+    let grown = h
+        .node()
+        .node_expand_volume(pb::NodeExpandVolumeRequest {
+            volume_id: p.id.clone(),
+            volume_path: p.target.display().to_string(),
+            capacity_range: Some(pb::CapacityRange {
+                required_bytes: 128 * MIB,
+                limit_bytes: 0,
+            }),
+            volume_capability: Some(cap.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(grown.capacity_bytes, 128 * MIB);
+    let lv = run(
+        "lvs",
+        &[
+            "--noheadings",
+            "--units",
+            "b",
+            "--nosuffix",
+            "-o",
+            "lv_size",
+            "fvnodegrow",
+        ],
+    );
+    assert_eq!(lv.trim().parse::<i64>().unwrap(), 128 * MIB);
+    let after = h.total_bytes(&p.id, &p.target).await;
+    assert!(after > before + 48 * MIB, "{before} -> {after}");
+    h.teardown(&p).await;
+}

@@ -1019,7 +1019,13 @@ impl NodeOps {
 
     /// NodeExpandVolume: the device learns its new size, then the filesystem
     /// grows online. Returns the volume's size.
-    pub async fn expand(&self, id: &VolumeId, raw_path: &str, required: u64) -> Result<u64> {
+    pub async fn expand(
+        &self,
+        id: &VolumeId,
+        raw_path: &str,
+        required: u64,
+        limit: u64,
+    ) -> Result<u64> {
         let (stage, _path) = self.locate(id, raw_path)?;
         let _guard = self.lock_volume(id)?;
         let backend = self.backend(id)?.clone();
@@ -1027,7 +1033,16 @@ impl NodeOps {
             .attachment
             .clone()
             .ok_or_else(|| Error::precondition(format!("volume {id} has no attached device")))?;
-        let size = backend.node_refresh_size(id, &attachment).await?;
+        let mut size = backend.node_refresh_size(id, &attachment).await?;
+        // A node-local volume lives here: when no controller grew it (the
+        // node-local driver offers no controller expansion, so the resizer
+        // leaves it all to kubelet), the node grows the LV or image itself.
+        if required > 0 && size < required && backend.capabilities().node_local {
+            backend
+                .expand_volume(id, required, limit, &crate::plugin::Secrets::default())
+                .await?;
+            size = backend.node_refresh_size(id, &attachment).await?;
+        }
         if required > 0 && size < required {
             return Err(Error::out_of_range(format!(
                 "the device has {size} bytes, fewer than the {required} asked; expand the volume first"

@@ -443,6 +443,7 @@ async fn stuck_mounts_do_not_stall_other_calls() {
         in_flight: Default::default(),
         metrics: None,
         serving: Default::default(),
+        controller_expansion: true,
     });
     let identity = IdentityService(driver);
     for i in 0..5 {
@@ -622,7 +623,7 @@ async fn stats_and_expand_answer_not_found_for_what_is_not_there() {
             Kind::NotFound
         );
         assert_eq!(
-            f.ops.expand(&unknown, path, 0).await.unwrap_err().kind,
+            f.ops.expand(&unknown, path, 0, 0).await.unwrap_err().kind,
             Kind::NotFound
         );
     }
@@ -640,7 +641,7 @@ async fn stats_and_expand_answer_not_found_for_what_is_not_there() {
             "{path}"
         );
         assert_eq!(
-            f.ops.expand(&id(), path, 0).await.unwrap_err().kind,
+            f.ops.expand(&id(), path, 0, 0).await.unwrap_err().kind,
             Kind::NotFound,
             "{path}"
         );
@@ -660,14 +661,14 @@ async fn expand_refreshes_the_device_then_grows_the_filesystem() {
     // The device did not grow enough: the controller step is missing.
     let err = f
         .ops
-        .expand(&id(), staging.to_str().unwrap(), 300 * MIB)
+        .expand(&id(), staging.to_str().unwrap(), 300 * MIB, 0)
         .await
         .unwrap_err();
     assert_eq!(err.kind, Kind::OutOfRange);
     f.runner.ok("resize2fs");
     let size = f
         .ops
-        .expand(&id(), staging.to_str().unwrap(), 150 * MIB)
+        .expand(&id(), staging.to_str().unwrap(), 150 * MIB, 0)
         .await
         .unwrap();
     assert_eq!(size, 200 * MIB);

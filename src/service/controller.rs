@@ -244,7 +244,7 @@ impl Controller for ControllerService {
             if c.clone {
                 types.push(T::CloneVolume);
             }
-            if c.expand {
+            if c.expand && self.0.controller_expansion {
                 types.push(T::ExpandVolume);
             }
             if c.access_modes.contains(&AccessMode::SingleNodeMultiWriter) {
@@ -354,7 +354,13 @@ impl Controller for ControllerService {
         request: Request<pb::ControllerExpandVolumeRequest>,
     ) -> Result<Response<pb::ControllerExpandVolumeResponse>, Status> {
         let r = request.into_inner();
+        let offered = self.0.controller_expansion;
         respond(&r.volume_id, async {
+            if !offered {
+                return Err(Error::unimplemented(
+                    "this driver grows volumes on the node (--no-controller-expansion)",
+                ));
+            }
             let id = convert::volume_id(&r.volume_id)?;
             let range = r
                 .capacity_range

@@ -95,6 +95,9 @@ pub struct Driver {
     pub metrics: Option<Arc<crate::metrics::Metrics>>,
     /// Set once the endpoint accepts calls (`/readyz`).
     pub serving: std::sync::atomic::AtomicBool,
+    /// Whether ControllerExpandVolume is offered; without it the resizer
+    /// leaves expansion to NodeExpandVolume.
+    pub controller_expansion: bool,
 }
 
 impl Driver {

@@ -174,7 +174,7 @@ impl Node for NodeService {
             if r.volume_path.is_empty() {
                 return Err(Error::invalid("volume_path is required"));
             }
-            let (required, _limit) = convert::capacity_range(r.capacity_range.as_ref())?;
+            let (required, limit) = convert::capacity_range(r.capacity_range.as_ref())?;
             if let Some(cap) = &r.volume_capability {
                 convert::capability(cap)?;
             }
@@ -182,7 +182,7 @@ impl Node for NodeService {
             let size = self
                 .0
                 .node
-                .expand(&volume_id, &r.volume_path, required)
+                .expand(&volume_id, &r.volume_path, required, limit)
                 .await?;
             Ok(pb::NodeExpandVolumeResponse {
                 capacity_bytes: size as i64,
