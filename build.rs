@@ -16,6 +16,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // `ferrovol client --output json` prints answers as they are.
+        .type_attribute(".csi.v1", "#[derive(serde::Serialize)]")
+        .field_attribute(
+            ".csi.v1.Snapshot.creation_time",
+            "#[serde(serialize_with = \"crate::client::timestamp\")]",
+        )
         .compile_fds(descriptors)?;
 
     // The git revision, when this is built from a checkout, goes into the

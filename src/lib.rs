@@ -8,6 +8,7 @@
 pub mod app;
 pub mod authority;
 pub mod backend;
+pub mod client;
 pub mod config;
 pub mod error;
 pub mod exec;

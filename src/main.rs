@@ -22,6 +22,9 @@ enum LogFormat {
 
 #[derive(Subcommand)]
 enum Command {
+    /// A CSI client for any driver: every RPC, text or JSON answers, exit
+    /// status 10 + the gRPC code of a failed call.
+    Client(ferrovol::client::Args),
     /// Serve the CSI services.
     Serve {
         /// unix:///path/csi.sock or tcp://host:port
@@ -127,6 +130,13 @@ fn raise_file_limit() {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    if let Command::Client(args) = cli.command {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        return std::process::ExitCode::from(runtime.block_on(ferrovol::client::run(args)) as u8);
+    }
     let Command::Serve {
         endpoint,
         node_id,
@@ -145,7 +155,10 @@ fn main() -> std::process::ExitCode {
         handshake_timeout,
         metrics_addr,
         no_controller_expansion,
-    } = cli.command;
+    } = cli.command
+    else {
+        unreachable!("the client returned above")
+    };
     init_logging(log_format);
     raise_file_limit();
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -800,14 +800,15 @@ async fn serves_over_tcp_too() {
     assert!(status.success(), "{status:?}");
 }
 
-/// The README's demo client works against the driver.
+/// The README's walk (`ferrovol client lifecycle`) works against the driver.
 #[tokio::test]
-async fn the_demo_client_drives_a_volume_through_its_life() {
+async fn the_client_lifecycle_walk_drives_a_volume_through_its_life() {
     let h = Harness::start().await;
-    let example = env!("CARGO_BIN_EXE_ferrovol-demo");
     let work = h.path("example-work");
-    let out = tokio::process::Command::new(example)
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_ferrovol"))
+        .args(["client", "--endpoint"])
         .arg(format!("unix://{}", h.socket().display()))
+        .args(["lifecycle", "--work"])
         .arg(&work)
         .output()
         .await

@@ -1,40 +1,19 @@
-//! A small CSI client: drives one volume through its whole life against a
-//! running ferrovol (create, stage, publish, write, expand, snapshot,
-//! restore, unpublish, unstage, delete), printing each step.
-//!
-//!     cargo run --bin ferrovol-demo -- [unix:///run/ferrovol/csi.sock] [work dir]
-//!
-//! Run it as root on the node that runs the driver; the work dir (default
-//! /var/tmp/ferrovol-demo) holds the staging and target paths.
+//! `ferrovol client lifecycle`: one volume through its whole life against a
+//! running driver (create, stage, publish, write, expand, snapshot,
+//! restore, unpublish, unstage, delete), printing each step. Run it as root
+//! on the driver's node; the work dir holds the staging and target paths.
 
-use ferrovol::proto::controller_client::ControllerClient;
-use ferrovol::proto::identity_client::IdentityClient;
-use ferrovol::proto::node_client::NodeClient;
-use ferrovol::proto::{self as pb, volume_capability as vc};
-use std::path::{Path, PathBuf};
-use tonic::transport::{Channel, Endpoint, Uri};
+use crate::proto::controller_client::ControllerClient;
+use crate::proto::identity_client::IdentityClient;
+use crate::proto::node_client::NodeClient;
+use crate::proto::{self as pb, volume_capability as vc};
+use std::collections::HashMap;
+use std::path::Path;
+use tonic::transport::Channel;
+use tonic::Status;
 
-type Error = Box<dyn std::error::Error>;
-
-async fn connect(endpoint: &str) -> Result<Channel, Error> {
-    if let Some(path) = endpoint.strip_prefix("unix://") {
-        let path = PathBuf::from(path);
-        let channel = Endpoint::try_from("http://[::]:50051")?
-            .connect_with_connector(tower::service_fn(move |_: Uri| {
-                let path = path.clone();
-                async move {
-                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                        tokio::net::UnixStream::connect(path).await?,
-                    ))
-                }
-            }))
-            .await?;
-        return Ok(channel);
-    }
-    let addr = endpoint.strip_prefix("tcp://").unwrap_or(endpoint);
-    Ok(Endpoint::from_shared(format!("http://{addr}"))?
-        .connect()
-        .await?)
+fn local(e: std::io::Error) -> Status {
+    Status::internal(format!("on this machine: {e}"))
 }
 
 fn capability() -> pb::VolumeCapability {
@@ -53,19 +32,11 @@ fn path(p: &Path) -> String {
     p.display().to_string()
 }
 
-#[tokio::main]
-async fn main() -> Result<(), Error> {
-    let args: Vec<String> = std::env::args().collect();
-    let endpoint = args
-        .get(1)
-        .cloned()
-        .unwrap_or_else(|| "unix:///run/ferrovol/csi.sock".into());
-    let work = PathBuf::from(
-        args.get(2)
-            .cloned()
-            .unwrap_or_else(|| "/var/tmp/ferrovol-demo".into()),
-    );
-    let channel = connect(&endpoint).await?;
+pub async fn walk(
+    channel: Channel,
+    work: &Path,
+    secrets: HashMap<String, String>,
+) -> Result<(), Status> {
     let (mut id, mut c, mut n) = (
         IdentityClient::new(channel.clone()),
         ControllerClient::new(channel.clone()),
@@ -81,23 +52,24 @@ async fn main() -> Result<(), Error> {
     let size = 64 << 20;
     let vol = c
         .create_volume(pb::CreateVolumeRequest {
-            name: "demo-volume".into(),
+            name: "lifecycle-volume".into(),
             capacity_range: Some(pb::CapacityRange {
                 required_bytes: size,
                 limit_bytes: 0,
             }),
             volume_capabilities: vec![cap.clone()],
+            secrets: secrets.clone(),
             ..Default::default()
         })
         .await?
         .into_inner()
         .volume
-        .ok_or("no volume in the answer")?;
+        .ok_or_else(|| Status::internal("no volume in the answer"))?;
     println!("created {} ({} bytes)", vol.volume_id, vol.capacity_bytes);
 
     let staging = work.join("staging");
     let target = work.join("pod");
-    std::fs::create_dir_all(&staging)?;
+    std::fs::create_dir_all(&staging).map_err(local)?;
     n.node_stage_volume(pb::NodeStageVolumeRequest {
         volume_id: vol.volume_id.clone(),
         staging_target_path: path(&staging),
@@ -114,7 +86,7 @@ async fn main() -> Result<(), Error> {
         ..Default::default()
     })
     .await?;
-    std::fs::write(target.join("hello.txt"), "hello from ferrovol\n")?;
+    std::fs::write(target.join("hello.txt"), "hello from ferrovol\n").map_err(local)?;
     println!("published at {} and wrote hello.txt", target.display());
 
     let range = Some(pb::CapacityRange {
@@ -165,17 +137,17 @@ async fn main() -> Result<(), Error> {
     let snap = c
         .create_snapshot(pb::CreateSnapshotRequest {
             source_volume_id: vol.volume_id.clone(),
-            name: "demo-snapshot".into(),
+            name: "lifecycle-snapshot".into(),
             ..Default::default()
         })
         .await?
         .into_inner()
         .snapshot
-        .ok_or("no snapshot in the answer")?;
+        .ok_or_else(|| Status::internal("no snapshot in the answer"))?;
     println!("snapshot {}", snap.snapshot_id);
     let restored = c
         .create_volume(pb::CreateVolumeRequest {
-            name: "demo-restored".into(),
+            name: "lifecycle-restored".into(),
             volume_capabilities: vec![cap.clone()],
             volume_content_source: Some(pb::VolumeContentSource {
                 r#type: Some(pb::volume_content_source::Type::Snapshot(
@@ -189,7 +161,7 @@ async fn main() -> Result<(), Error> {
         .await?
         .into_inner()
         .volume
-        .ok_or("no volume in the answer")?;
+        .ok_or_else(|| Status::internal("no volume in the answer"))?;
     println!("restored into {}", restored.volume_id);
 
     n.node_unpublish_volume(pb::NodeUnpublishVolumeRequest {
@@ -216,7 +188,7 @@ async fn main() -> Result<(), Error> {
     })
     .await?;
     let _ = std::fs::remove_dir(&staging);
-    let _ = std::fs::remove_dir(&work);
+    let _ = std::fs::remove_dir(work);
     println!("deleted both volumes and the snapshot: done");
     Ok(())
 }

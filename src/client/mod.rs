@@ -1,0 +1,817 @@
+//! `ferrovol client`: a CSI command-line client on the driver's own
+//! generated code, for any CSI driver on a unix socket or TCP. Every RPC of
+//! the Identity, Controller and Node services (this CSI version has no
+//! group controller service), answers as text or JSON, and an exit status
+//! that tells the gRPC code: 0 for OK, 10 + the code for a failed call
+//! (13 INVALID_ARGUMENT, 15 NOT_FOUND, 19 FAILED_PRECONDITION, ...), 1 when
+//! the driver cannot be reached, 2 for a usage error.
+
+mod walk;
+
+use crate::proto::controller_client::ControllerClient;
+use crate::proto::identity_client::IdentityClient;
+use crate::proto::node_client::NodeClient;
+use crate::proto::{self as pb, volume_capability as vc};
+use clap::{Args as ClapArgs, Subcommand, ValueEnum};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// Serializes a snapshot's creation time as `seconds.nanos`.
+pub fn timestamp<S: serde::Serializer>(
+    t: &Option<prost_types::Timestamp>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match t {
+        Some(t) => s.serialize_str(&format!("{}.{:09}", t.seconds, t.nanos)),
+        None => s.serialize_none(),
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Output {
+    Text,
+    Json,
+}
+
+#[derive(ClapArgs)]
+pub struct Args {
+    /// The driver: unix:///path/csi.sock or tcp://host:port.
+    #[arg(
+        long,
+        env = "CSI_ENDPOINT",
+        default_value = "unix:///run/ferrovol/csi.sock"
+    )]
+    pub endpoint: String,
+    /// How answers are printed.
+    #[arg(long, value_enum, default_value = "text")]
+    pub output: Output,
+    /// Secrets for the call: a JSON object, or `key=value` / `key: value`
+    /// lines. Never printed.
+    #[arg(long)]
+    pub secrets_file: Option<PathBuf>,
+    /// Seconds a call may take.
+    #[arg(long, default_value_t = 120)]
+    pub timeout: u64,
+    #[command(subcommand)]
+    pub call: Call,
+}
+
+/// A volume capability from flags.
+#[derive(ClapArgs, Clone)]
+pub struct Cap {
+    /// A raw block volume (default: a mounted filesystem).
+    #[arg(long)]
+    pub block: bool,
+    /// The filesystem of a mounted volume (empty: the driver's default).
+    #[arg(long, default_value = "")]
+    pub fs_type: String,
+    /// A mount flag (repeatable).
+    #[arg(long = "mount-flag")]
+    pub mount_flags: Vec<String>,
+    #[arg(long, value_enum, default_value = "single-node-writer")]
+    pub mode: Mode,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Mode {
+    SingleNodeWriter,
+    SingleNodeReaderOnly,
+    MultiNodeReaderOnly,
+    MultiNodeSingleWriter,
+    MultiNodeMultiWriter,
+    SingleNodeSingleWriter,
+    SingleNodeMultiWriter,
+}
+
+impl Cap {
+    fn build(&self) -> pb::VolumeCapability {
+        use vc::access_mode::Mode as M;
+        let mode = match self.mode {
+            Mode::SingleNodeWriter => M::SingleNodeWriter,
+            Mode::SingleNodeReaderOnly => M::SingleNodeReaderOnly,
+            Mode::MultiNodeReaderOnly => M::MultiNodeReaderOnly,
+            Mode::MultiNodeSingleWriter => M::MultiNodeSingleWriter,
+            Mode::MultiNodeMultiWriter => M::MultiNodeMultiWriter,
+            Mode::SingleNodeSingleWriter => M::SingleNodeSingleWriter,
+            Mode::SingleNodeMultiWriter => M::SingleNodeMultiWriter,
+        };
+        pb::VolumeCapability {
+            access_type: Some(if self.block {
+                vc::AccessType::Block(vc::BlockVolume {})
+            } else {
+                vc::AccessType::Mount(vc::MountVolume {
+                    fs_type: self.fs_type.clone(),
+                    mount_flags: self.mount_flags.clone(),
+                    ..Default::default()
+                })
+            }),
+            access_mode: Some(vc::AccessMode { mode: mode as i32 }),
+        }
+    }
+}
+
+/// `key=value`.
+#[derive(Clone, Debug)]
+pub struct Kv(pub String, pub String);
+
+impl std::str::FromStr for Kv {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        s.split_once('=')
+            .map(|(k, v)| Kv(k.to_string(), v.to_string()))
+            .ok_or_else(|| format!("{s:?} is not key=value"))
+    }
+}
+
+fn map(kvs: &[Kv]) -> HashMap<String, String> {
+    kvs.iter().map(|Kv(k, v)| (k.clone(), v.clone())).collect()
+}
+
+/// Bytes, with an optional K, M, G, T (powers of 1000) or Ki, Mi, Gi, Ti
+/// (powers of 1024) suffix.
+#[derive(Clone, Copy, Debug)]
+pub struct Size(pub i64);
+
+impl std::str::FromStr for Size {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let digits = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+        let unit = &s[digits.len()..];
+        let n: i64 = digits.parse().map_err(|_| format!("{s:?} is not a size"))?;
+        let m: i64 = match unit {
+            "" => 1,
+            "K" => 1000,
+            "M" => 1000_i64.pow(2),
+            "G" => 1000_i64.pow(3),
+            "T" => 1000_i64.pow(4),
+            "Ki" => 1 << 10,
+            "Mi" => 1 << 20,
+            "Gi" => 1 << 30,
+            "Ti" => 1 << 40,
+            _ => return Err(format!("{s:?}: unknown unit {unit:?}")),
+        };
+        n.checked_mul(m)
+            .map(Size)
+            .ok_or_else(|| format!("{s:?} is too large"))
+    }
+}
+
+fn range(size: Option<Size>, limit: Option<Size>) -> Option<pb::CapacityRange> {
+    (size.is_some() || limit.is_some()).then(|| pb::CapacityRange {
+        required_bytes: size.map_or(0, |s| s.0),
+        limit_bytes: limit.map_or(0, |s| s.0),
+    })
+}
+
+/// `key=value,key=value`: one topology segment set.
+#[derive(Clone, Debug)]
+pub struct Topo(pub HashMap<String, String>);
+
+impl std::str::FromStr for Topo {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        s.split(',')
+            .map(|p| p.parse::<Kv>().map(|Kv(k, v)| (k, v)))
+            .collect::<Result<_, _>>()
+            .map(Topo)
+    }
+}
+
+#[derive(Subcommand)]
+pub enum Call {
+    /// GetPluginInfo.
+    PluginInfo,
+    /// GetPluginCapabilities.
+    PluginCapabilities,
+    /// Probe.
+    Probe,
+    /// CreateVolume.
+    CreateVolume {
+        name: String,
+        #[arg(long)]
+        size: Option<Size>,
+        #[arg(long)]
+        limit: Option<Size>,
+        #[command(flatten)]
+        cap: Cap,
+        /// A StorageClass parameter (repeatable).
+        #[arg(long = "param")]
+        params: Vec<Kv>,
+        #[arg(long, conflicts_with = "from_volume")]
+        from_snapshot: Option<String>,
+        #[arg(long)]
+        from_volume: Option<String>,
+        /// A requisite topology segment set, key=value,... (repeatable).
+        #[arg(long)]
+        requisite: Vec<Topo>,
+        /// A preferred topology segment set (repeatable).
+        #[arg(long)]
+        preferred: Vec<Topo>,
+        /// Mutable parameters (repeatable key=value).
+        #[arg(long = "mutable-param")]
+        mutable: Vec<Kv>,
+    },
+    /// DeleteVolume.
+    DeleteVolume { id: String },
+    /// ControllerPublishVolume.
+    ControllerPublish {
+        id: String,
+        #[arg(long)]
+        node: String,
+        #[command(flatten)]
+        cap: Cap,
+        #[arg(long)]
+        readonly: bool,
+        /// Volume context (repeatable key=value).
+        #[arg(long = "context")]
+        context: Vec<Kv>,
+    },
+    /// ControllerUnpublishVolume (all nodes without --node).
+    ControllerUnpublish {
+        id: String,
+        #[arg(long)]
+        node: Option<String>,
+    },
+    /// ValidateVolumeCapabilities.
+    ValidateCapabilities {
+        id: String,
+        #[command(flatten)]
+        cap: Cap,
+        #[arg(long = "context")]
+        context: Vec<Kv>,
+        #[arg(long = "param")]
+        params: Vec<Kv>,
+    },
+    /// ListVolumes (one page).
+    ListVolumes {
+        #[arg(long, default_value_t = 0)]
+        max_entries: i32,
+        #[arg(long, default_value = "")]
+        starting_token: String,
+    },
+    /// GetCapacity.
+    GetCapacity {
+        #[arg(long = "param")]
+        params: Vec<Kv>,
+        #[arg(long)]
+        topology: Option<Topo>,
+    },
+    /// ControllerGetCapabilities.
+    ControllerCapabilities,
+    /// CreateSnapshot.
+    CreateSnapshot {
+        name: String,
+        #[arg(long)]
+        source: String,
+        #[arg(long = "param")]
+        params: Vec<Kv>,
+    },
+    /// DeleteSnapshot.
+    DeleteSnapshot { id: String },
+    /// ListSnapshots (one page).
+    ListSnapshots {
+        #[arg(long, default_value = "")]
+        snapshot_id: String,
+        #[arg(long, default_value = "")]
+        source: String,
+        #[arg(long, default_value_t = 0)]
+        max_entries: i32,
+        #[arg(long, default_value = "")]
+        starting_token: String,
+    },
+    /// GetSnapshot.
+    GetSnapshot { id: String },
+    /// ControllerExpandVolume.
+    ControllerExpand {
+        id: String,
+        #[arg(long)]
+        size: Size,
+        #[arg(long)]
+        limit: Option<Size>,
+    },
+    /// ControllerGetVolume.
+    GetVolume { id: String },
+    /// ControllerModifyVolume.
+    ModifyVolume {
+        id: String,
+        #[arg(long = "mutable-param")]
+        mutable: Vec<Kv>,
+    },
+    /// NodeStageVolume.
+    Stage {
+        id: String,
+        #[arg(long)]
+        staging: String,
+        #[command(flatten)]
+        cap: Cap,
+        #[arg(long = "publish-context")]
+        publish_context: Vec<Kv>,
+        #[arg(long = "context")]
+        context: Vec<Kv>,
+    },
+    /// NodeUnstageVolume.
+    Unstage {
+        id: String,
+        #[arg(long)]
+        staging: String,
+    },
+    /// NodePublishVolume.
+    Publish {
+        id: String,
+        #[arg(long)]
+        target: String,
+        #[arg(long, default_value = "")]
+        staging: String,
+        #[command(flatten)]
+        cap: Cap,
+        #[arg(long)]
+        readonly: bool,
+        #[arg(long = "publish-context")]
+        publish_context: Vec<Kv>,
+        #[arg(long = "context")]
+        context: Vec<Kv>,
+    },
+    /// NodeUnpublishVolume.
+    Unpublish {
+        id: String,
+        #[arg(long)]
+        target: String,
+    },
+    /// NodeGetVolumeStats.
+    Stats {
+        id: String,
+        #[arg(long)]
+        path: String,
+        #[arg(long, default_value = "")]
+        staging: String,
+    },
+    /// NodeExpandVolume.
+    NodeExpand {
+        id: String,
+        #[arg(long)]
+        path: String,
+        #[arg(long, default_value = "")]
+        staging: String,
+        #[arg(long)]
+        size: Size,
+    },
+    /// NodeGetCapabilities.
+    NodeCapabilities,
+    /// NodeGetInfo.
+    NodeInfo,
+    /// Drives one volume through its whole life on this node (create,
+    /// stage, publish, write, expand, snapshot, restore, unpublish,
+    /// unstage, delete), printing each step. Run it as root on the driver's
+    /// node.
+    Lifecycle {
+        /// Holds the staging and target paths.
+        #[arg(long, default_value = "/var/tmp/ferrovol-lifecycle")]
+        work: PathBuf,
+    },
+}
+
+/// Connects to `endpoint` (unix:// or tcp://).
+pub async fn connect(endpoint: &str) -> Result<Channel, String> {
+    if let Some(path) = endpoint.strip_prefix("unix://") {
+        let path = PathBuf::from(path);
+        return Endpoint::try_from("http://[::]:50051")
+            .map_err(|e| e.to_string())?
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let path = path.clone();
+                async move {
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                        tokio::net::UnixStream::connect(path).await?,
+                    ))
+                }
+            }))
+            .await
+            .map_err(|e| format!("cannot reach {endpoint}: {e}"));
+    }
+    let addr = endpoint
+        .strip_prefix("tcp://")
+        .ok_or_else(|| format!("endpoint {endpoint:?} must start with unix:// or tcp://"))?;
+    Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| e.to_string())?
+        .connect()
+        .await
+        .map_err(|e| format!("cannot reach {endpoint}: {e}"))
+}
+
+/// Reads a secrets file: a JSON object, or `key=value` / `key: value`
+/// lines (blank lines and `#` comments skipped).
+pub fn read_secrets(path: &std::path::Path) -> Result<HashMap<String, String>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("secrets file {}: {e}", path.display()))?;
+    if text.trim_start().starts_with('{') {
+        return serde_json::from_str(&text)
+            .map_err(|e| format!("secrets file {}: {e}", path.display()));
+    }
+    let mut out = HashMap::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (k, v) = line
+            .split_once('=')
+            .or_else(|| line.split_once(':'))
+            .ok_or_else(|| {
+                format!(
+                    "secrets file {}: line {} is not key=value",
+                    path.display(),
+                    n + 1
+                )
+            })?;
+        out.insert(k.trim().to_string(), v.trim().to_string());
+    }
+    Ok(out)
+}
+
+/// Prints an answer.
+fn print<T: serde::Serialize>(output: Output, answer: &T) {
+    let value = serde_json::to_value(answer).unwrap_or(serde_json::Value::Null);
+    match output {
+        Output::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&value).unwrap_or_default()
+        ),
+        Output::Text => {
+            let mut lines = Vec::new();
+            text(&value, "", &mut lines);
+            if lines.is_empty() {
+                println!("ok");
+            }
+            for l in lines {
+                println!("{l}");
+            }
+        }
+    }
+}
+
+/// `path: value` lines, skipping empty values.
+fn text(v: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+    use serde_json::Value as V;
+    let join = |k: &str| {
+        if path.is_empty() {
+            k.to_string()
+        } else {
+            format!("{path}.{k}")
+        }
+    };
+    match v {
+        V::Object(m) => {
+            for (k, v) in m {
+                text(v, &join(k), out);
+            }
+        }
+        V::Array(a) => {
+            for (i, v) in a.iter().enumerate() {
+                text(v, &format!("{path}[{i}]"), out);
+            }
+        }
+        V::Null => {}
+        V::String(s) if s.is_empty() => {}
+        V::String(s) => out.push(format!("{path}: {s}")),
+        other => out.push(format!("{path}: {other}")),
+    }
+}
+
+/// Runs one call; returns the process exit status.
+pub async fn run(args: Args) -> i32 {
+    let secrets = match &args.secrets_file {
+        Some(p) => match read_secrets(p) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("ferrovol client: {e}");
+                return 2;
+            }
+        },
+        None => HashMap::new(),
+    };
+    let channel = match connect(&args.endpoint).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("ferrovol client: {e}");
+            return 1;
+        }
+    };
+    let deadline = std::time::Duration::from_secs(args.timeout);
+    let result = tokio::time::timeout(deadline, call(&args, channel, secrets)).await;
+    match result {
+        Err(_) => {
+            eprintln!("ferrovol client: no answer within {}s", args.timeout);
+            10 + tonic::Code::DeadlineExceeded as i32
+        }
+        Ok(Ok(())) => 0,
+        Ok(Err(status)) => {
+            eprintln!("ferrovol client: {:?}: {}", status.code(), status.message());
+            10 + status.code() as i32
+        }
+    }
+}
+
+async fn call(
+    args: &Args,
+    channel: Channel,
+    secrets: HashMap<String, String>,
+) -> Result<(), tonic::Status> {
+    let out = args.output;
+    let mut id = IdentityClient::new(channel.clone());
+    let mut c = ControllerClient::new(channel.clone());
+    let mut n = NodeClient::new(channel.clone());
+    macro_rules! show {
+        ($e:expr) => {{
+            let answer = $e.await?.into_inner();
+            print(out, &answer);
+        }};
+    }
+    match &args.call {
+        Call::PluginInfo => show!(id.get_plugin_info(pb::GetPluginInfoRequest {})),
+        Call::PluginCapabilities => {
+            use pb::plugin_capability as pc;
+            let a = id
+                .get_plugin_capabilities(pb::GetPluginCapabilitiesRequest {})
+                .await?
+                .into_inner();
+            let names: Vec<String> = a
+                .capabilities
+                .iter()
+                .filter_map(|c| match c.r#type.as_ref()? {
+                    pc::Type::Service(s) => Some(format!(
+                        "SERVICE:{}",
+                        pc::service::Type::try_from(s.r#type).ok()?.as_str_name()
+                    )),
+                    pc::Type::VolumeExpansion(e) => Some(format!(
+                        "VOLUME_EXPANSION:{}",
+                        pc::volume_expansion::Type::try_from(e.r#type)
+                            .ok()?
+                            .as_str_name()
+                    )),
+                })
+                .collect();
+            print(out, &serde_json::json!({ "capabilities": names }));
+        }
+        Call::Probe => show!(id.probe(pb::ProbeRequest {})),
+        Call::CreateVolume {
+            name,
+            size,
+            limit,
+            cap,
+            params,
+            from_snapshot,
+            from_volume,
+            requisite,
+            preferred,
+            mutable,
+        } => {
+            use pb::volume_content_source as vcs;
+            let source = match (from_snapshot, from_volume) {
+                (Some(s), _) => Some(vcs::Type::Snapshot(vcs::SnapshotSource {
+                    snapshot_id: s.clone(),
+                })),
+                (_, Some(v)) => Some(vcs::Type::Volume(vcs::VolumeSource {
+                    volume_id: v.clone(),
+                })),
+                _ => None,
+            };
+            let topo = |t: &[Topo]| {
+                t.iter()
+                    .map(|t| pb::Topology {
+                        segments: t.0.clone(),
+                    })
+                    .collect::<Vec<_>>()
+            };
+            let accessibility =
+                (!requisite.is_empty() || !preferred.is_empty()).then(|| pb::TopologyRequirement {
+                    requisite: topo(requisite),
+                    preferred: topo(preferred),
+                });
+            show!(c.create_volume(pb::CreateVolumeRequest {
+                name: name.clone(),
+                capacity_range: range(*size, *limit),
+                volume_capabilities: vec![cap.build()],
+                parameters: map(params),
+                secrets,
+                volume_content_source: source.map(|t| pb::VolumeContentSource { r#type: Some(t) }),
+                accessibility_requirements: accessibility,
+                mutable_parameters: map(mutable),
+            }))
+        }
+        Call::DeleteVolume { id: v } => show!(c.delete_volume(pb::DeleteVolumeRequest {
+            volume_id: v.clone(),
+            secrets,
+        })),
+        Call::ControllerPublish {
+            id: v,
+            node,
+            cap,
+            readonly,
+            context,
+        } => show!(
+            c.controller_publish_volume(pb::ControllerPublishVolumeRequest {
+                volume_id: v.clone(),
+                node_id: node.clone(),
+                volume_capability: Some(cap.build()),
+                readonly: *readonly,
+                secrets,
+                volume_context: map(context),
+            })
+        ),
+        Call::ControllerUnpublish { id: v, node } => {
+            show!(
+                c.controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
+                    volume_id: v.clone(),
+                    node_id: node.clone().unwrap_or_default(),
+                    secrets,
+                })
+            )
+        }
+        Call::ValidateCapabilities {
+            id: v,
+            cap,
+            context,
+            params,
+        } => show!(
+            c.validate_volume_capabilities(pb::ValidateVolumeCapabilitiesRequest {
+                volume_id: v.clone(),
+                volume_context: map(context),
+                volume_capabilities: vec![cap.build()],
+                parameters: map(params),
+                secrets,
+                ..Default::default()
+            })
+        ),
+        Call::ListVolumes {
+            max_entries,
+            starting_token,
+        } => show!(c.list_volumes(pb::ListVolumesRequest {
+            max_entries: *max_entries,
+            starting_token: starting_token.clone(),
+        })),
+        Call::GetCapacity { params, topology } => show!(c.get_capacity(pb::GetCapacityRequest {
+            parameters: map(params),
+            accessible_topology: topology.as_ref().map(|t| pb::Topology {
+                segments: t.0.clone()
+            }),
+            ..Default::default()
+        })),
+        Call::ControllerCapabilities => {
+            use pb::controller_service_capability as csc;
+            let a = c
+                .controller_get_capabilities(pb::ControllerGetCapabilitiesRequest {})
+                .await?
+                .into_inner();
+            let names: Vec<&str> = a
+                .capabilities
+                .iter()
+                .filter_map(|c| match c.r#type.as_ref()? {
+                    csc::Type::Rpc(r) => csc::rpc::Type::try_from(r.r#type)
+                        .ok()
+                        .map(|t| t.as_str_name()),
+                })
+                .collect();
+            print(out, &serde_json::json!({ "capabilities": names }));
+        }
+        Call::CreateSnapshot {
+            name,
+            source,
+            params,
+        } => show!(c.create_snapshot(pb::CreateSnapshotRequest {
+            source_volume_id: source.clone(),
+            name: name.clone(),
+            secrets,
+            parameters: map(params),
+        })),
+        Call::DeleteSnapshot { id: s } => show!(c.delete_snapshot(pb::DeleteSnapshotRequest {
+            snapshot_id: s.clone(),
+            secrets,
+        })),
+        Call::ListSnapshots {
+            snapshot_id,
+            source,
+            max_entries,
+            starting_token,
+        } => show!(c.list_snapshots(pb::ListSnapshotsRequest {
+            max_entries: *max_entries,
+            starting_token: starting_token.clone(),
+            source_volume_id: source.clone(),
+            snapshot_id: snapshot_id.clone(),
+            secrets,
+        })),
+        Call::GetSnapshot { id: s } => show!(c.get_snapshot(pb::GetSnapshotRequest {
+            snapshot_id: s.clone(),
+            secrets,
+        })),
+        Call::ControllerExpand { id: v, size, limit } => {
+            show!(
+                c.controller_expand_volume(pb::ControllerExpandVolumeRequest {
+                    volume_id: v.clone(),
+                    capacity_range: range(Some(*size), *limit),
+                    secrets,
+                    ..Default::default()
+                })
+            )
+        }
+        Call::GetVolume { id: v } => {
+            show!(c.controller_get_volume(pb::ControllerGetVolumeRequest {
+                volume_id: v.clone(),
+            }))
+        }
+        Call::ModifyVolume { id: v, mutable } => {
+            show!(
+                c.controller_modify_volume(pb::ControllerModifyVolumeRequest {
+                    volume_id: v.clone(),
+                    secrets,
+                    mutable_parameters: map(mutable),
+                })
+            )
+        }
+        Call::Stage {
+            id: v,
+            staging,
+            cap,
+            publish_context,
+            context,
+        } => show!(n.node_stage_volume(pb::NodeStageVolumeRequest {
+            volume_id: v.clone(),
+            publish_context: map(publish_context),
+            staging_target_path: staging.clone(),
+            volume_capability: Some(cap.build()),
+            secrets,
+            volume_context: map(context),
+        })),
+        Call::Unstage { id: v, staging } => {
+            show!(n.node_unstage_volume(pb::NodeUnstageVolumeRequest {
+                volume_id: v.clone(),
+                staging_target_path: staging.clone(),
+            }))
+        }
+        Call::Publish {
+            id: v,
+            target,
+            staging,
+            cap,
+            readonly,
+            publish_context,
+            context,
+        } => show!(n.node_publish_volume(pb::NodePublishVolumeRequest {
+            volume_id: v.clone(),
+            publish_context: map(publish_context),
+            staging_target_path: staging.clone(),
+            target_path: target.clone(),
+            volume_capability: Some(cap.build()),
+            readonly: *readonly,
+            secrets,
+            volume_context: map(context),
+        })),
+        Call::Unpublish { id: v, target } => {
+            show!(n.node_unpublish_volume(pb::NodeUnpublishVolumeRequest {
+                volume_id: v.clone(),
+                target_path: target.clone(),
+            }))
+        }
+        Call::Stats {
+            id: v,
+            path,
+            staging,
+        } => show!(n.node_get_volume_stats(pb::NodeGetVolumeStatsRequest {
+            volume_id: v.clone(),
+            volume_path: path.clone(),
+            staging_target_path: staging.clone(),
+        })),
+        Call::NodeExpand {
+            id: v,
+            path,
+            staging,
+            size,
+        } => show!(n.node_expand_volume(pb::NodeExpandVolumeRequest {
+            volume_id: v.clone(),
+            volume_path: path.clone(),
+            capacity_range: range(Some(*size), None),
+            staging_target_path: staging.clone(),
+            secrets,
+            ..Default::default()
+        })),
+        Call::NodeCapabilities => {
+            use pb::node_service_capability as nsc;
+            let a = n
+                .node_get_capabilities(pb::NodeGetCapabilitiesRequest {})
+                .await?
+                .into_inner();
+            let names: Vec<&str> = a
+                .capabilities
+                .iter()
+                .filter_map(|c| match c.r#type.as_ref()? {
+                    nsc::Type::Rpc(r) => nsc::rpc::Type::try_from(r.r#type)
+                        .ok()
+                        .map(|t| t.as_str_name()),
+                })
+                .collect();
+            print(out, &serde_json::json!({ "capabilities": names }));
+        }
+        Call::NodeInfo => show!(n.node_get_info(pb::NodeGetInfoRequest {})),
+        Call::Lifecycle { work } => walk::walk(channel, work, secrets).await?,
+    }
+    Ok(())
+}
