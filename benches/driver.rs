@@ -10,6 +10,11 @@
 //! (default 10000) the pool size for the create and list phases.
 //! FERROVOL_BENCH_METRICS=1 runs the driver with metrics on (served on a
 //! free local port, scraped once a second during the run), to compare.
+//! FERROVOL_BENCH_METRICS=compare runs only the publish phase on two
+//! drivers side by side, one with metrics (scraped every second) and one
+//! without, in alternating rounds (FERROVOL_BENCH_ROUNDS, default 8), and
+//! prints each round and the median ratio: the drift of the machine falls
+//! on both alike.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -160,6 +165,14 @@ async fn main() {
         return nfs_phase(
             env_num("FERROVOL_BENCH_SECS", 5),
             env_num("FERROVOL_BENCH_CLIENTS", 8) as usize,
+        )
+        .await;
+    }
+    if std::env::var("FERROVOL_BENCH_METRICS").as_deref() == Ok("compare") {
+        return metrics_compare(
+            env_num("FERROVOL_BENCH_SECS", if full { 3 } else { 1 }),
+            env_num("FERROVOL_BENCH_CLIENTS", 8) as usize,
+            env_num("FERROVOL_BENCH_ROUNDS", if full { 8 } else { 2 }) as usize,
         )
         .await;
     }
@@ -612,6 +625,155 @@ async fn main() {
 /// two should match. Needs an NFS server and client: it runs in the
 /// real-kernel guest (`tests/guest/bench-nfs`), whose emulated CPU makes
 /// the absolute figures small; the ratio is the point.
+/// One driver of the metrics comparison, with one staged volume and a
+/// connection per client.
+struct PublishRig {
+    h: Harness,
+    id: String,
+    staging: PathBuf,
+    cap: pb::VolumeCapability,
+    channels: Vec<tonic::transport::Channel>,
+    round: usize,
+}
+
+impl PublishRig {
+    async fn start(clients: usize, metrics_port: Option<u16>) -> Self {
+        let addr = metrics_port.map(|p| format!("127.0.0.1:{p}"));
+        let mut env = vec![("RUST_LOG", "warn")];
+        if let Some(a) = &addr {
+            env.push(("FERROVOL_METRICS_ADDR", a.as_str()));
+        }
+        let h = Harness::start_with_env(None, &env).await;
+        let cap = mount_cap("ext4", SNMW);
+        let vol = h
+            .controller()
+            .create_volume(create_req("bench-pub", 64 * MIB, cap.clone()))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        let staging = h.path("kubelet/staging/bench");
+        std::fs::create_dir_all(&staging).unwrap();
+        h.node()
+            .node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
+            .await
+            .unwrap();
+        let mut channels = Vec::new();
+        for _ in 0..clients {
+            channels.push(connect(&h.socket()).await.unwrap());
+        }
+        Self {
+            h,
+            id: vol.volume_id,
+            staging,
+            cap,
+            channels,
+            round: 0,
+        }
+    }
+
+    /// Publish+unpublish cycles for `secs`; cycles per second.
+    async fn round(&mut self, secs: u64) -> f64 {
+        self.round += 1;
+        let pods = self.h.path(&format!("kubelet/pods/r{}", self.round));
+        std::fs::create_dir_all(&pods).unwrap();
+        let (id, staging, cap, channels) = (
+            self.id.clone(),
+            self.staging.clone(),
+            self.cap.clone(),
+            self.channels.clone(),
+        );
+        let clients = channels.len();
+        let dir = pods.clone();
+        let rate = drive(clients, secs, move |c, i| {
+            let mut n = ferrovol::proto::node_client::NodeClient::new(channels[c].clone());
+            let target = pods.join(format!("c{c}-{i}"));
+            let (id, staging, cap) = (id.clone(), staging.clone(), cap.clone());
+            async move {
+                n.node_publish_volume(publish_req(&id, &staging, &target, cap, false))
+                    .await
+                    .unwrap();
+                n.node_unpublish_volume(unpublish_req(&id, &target))
+                    .await
+                    .unwrap();
+            }
+        })
+        .await
+        .rate();
+        // Empty targets left behind would slow later rounds down.
+        std::fs::remove_dir_all(dir).unwrap();
+        rate
+    }
+}
+
+/// Publish cycles/s with and without metrics, in alternating rounds on two
+/// drivers that run side by side (the idle one costs nothing).
+async fn metrics_compare(secs: u64, clients: usize, rounds: usize) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut off = PublishRig::start(clients, None).await;
+    let mut on = PublishRig::start(clients, Some(port)).await;
+    let scrapes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = scrapes.clone();
+    std::thread::spawn(move || loop {
+        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            use std::io::{Read, Write};
+            let _ = write!(
+                s,
+                "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            );
+            let mut body = String::new();
+            if s.read_to_string(&mut body).is_ok() && body.contains("ferrovol_rpcs_total") {
+                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    });
+    println!(
+        "metrics on vs off: publish+unpublish cycles/s, {clients} clients, {secs} s rounds, alternating"
+    );
+    // A warm-up round each, not counted.
+    off.round(1).await;
+    on.round(1).await;
+    let mut ratios = Vec::new();
+    let (mut sum_off, mut sum_on) = (0.0, 0.0);
+    for r in 0..rounds {
+        // Alternate which goes first, so neither always runs warm.
+        let (a, b) = if r % 2 == 0 {
+            let a = off.round(secs).await;
+            (a, on.round(secs).await)
+        } else {
+            let b = on.round(secs).await;
+            (off.round(secs).await, b)
+        };
+        sum_off += a;
+        sum_on += b;
+        ratios.push(b / a);
+        println!(
+            "  round {}: off {a:>8.0}  on {b:>8.0}  on/off {:.3}",
+            r + 1,
+            b / a
+        );
+    }
+    ratios.sort_by(|x, y| x.partial_cmp(y).unwrap());
+    let median = ratios[ratios.len() / 2];
+    println!(
+        "  mean off {:.0}, mean on {:.0}; median on/off {median:.3} ({:+.1}%); {} scrapes answered",
+        sum_off / rounds as f64,
+        sum_on / rounds as f64,
+        (median - 1.0) * 100.0,
+        scrapes.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    assert!(
+        scrapes.load(std::sync::atomic::Ordering::Relaxed) > 0 || rounds * secs as usize <= 1,
+        "the metrics endpoint was never scraped"
+    );
+}
+
 async fn nfs_phase(secs: u64, clients: usize) {
     common::fixtures::require_guest();
     let server = common::fixtures::NfsServer::new();

@@ -139,7 +139,11 @@ impl Config {
             let text = std::fs::read_to_string(file)
                 .map_err(|e| Error::io(format!("read config {}", file.display()), e))?;
             let fragment: Fragment = toml::from_str(&text).map_err(|e| {
-                Error::invalid(format!("config {}: {}", file.display(), e.to_string().trim()))
+                Error::invalid(format!(
+                    "config {}: {}",
+                    file.display(),
+                    e.to_string().trim()
+                ))
             })?;
             let twice = |what: &str, first: &Path| {
                 Error::invalid(format!(
@@ -286,7 +290,10 @@ mod tests {
             "[node]\nmax_volumes_per_node = 7\nallowed_paths = [\"/var/lib/kubelet\"]\n",
         );
         write("lvm.toml", "[[backend]]\ntype = \"lvm\"\n");
-        write("file.toml", "default_backend = \"file\"\n[[backend]]\ntype = \"file\"\npool = \"/p\"\n");
+        write(
+            "file.toml",
+            "default_backend = \"file\"\n[[backend]]\ntype = \"file\"\npool = \"/p\"\n",
+        );
         // What a mounted ConfigMap also holds, and other files: ignored.
         std::fs::create_dir(dir.path().join("..data")).unwrap();
         write("..data/x.toml", "bogus = 1");
@@ -303,8 +310,15 @@ mod tests {
         std::fs::remove_file(dir.path().join("zz.toml")).unwrap();
         write("zz.toml", "default_backend = \"lvm\"\n");
         let e = Config::load(Some(dir.path()), Path::new("/state")).unwrap_err();
-        assert!(e.message.contains("default_backend is set in both"), "{}", e.message);
-        write("zz.toml", "[[backend]]\ntype = \"file\"\nbogus_key = 1\n[oops]\n");
+        assert!(
+            e.message.contains("default_backend is set in both"),
+            "{}",
+            e.message
+        );
+        write(
+            "zz.toml",
+            "[[backend]]\ntype = \"file\"\nbogus_key = 1\n[oops]\n",
+        );
         let e = Config::load(Some(dir.path()), Path::new("/state")).unwrap_err();
         assert!(e.message.contains("zz.toml"), "{}", e.message);
 

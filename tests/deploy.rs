@@ -217,7 +217,10 @@ fn every_overlay_validates_against_the_kubernetes_api_schemas() {
             _ => {}
         }
     }
-    let text: Vec<String> = bad.iter().map(|d| serde_yaml::to_string(d).unwrap()).collect();
+    let text: Vec<String> = bad
+        .iter()
+        .map(|d| serde_yaml::to_string(d).unwrap())
+        .collect();
     let f = dir.path().join("bad.yaml");
     std::fs::write(&f, text.join("---\n")).unwrap();
     let (ok, log) = validate(&[f]);
@@ -298,10 +301,7 @@ fn node_plugins_register_the_socket_they_serve() {
             for host in ["/dev", "/sys"] {
                 assert_eq!(host_path_at(ds, f, host), Some(host), "{host}");
             }
-            assert_eq!(
-                flag(f, "endpoint").as_deref(),
-                Some("unix:///csi/csi.sock")
-            );
+            assert_eq!(flag(f, "endpoint").as_deref(), Some("unix:///csi/csi.sock"));
             let socket_dir = host_path_at(ds, f, "/csi").unwrap();
             assert_eq!(socket_dir, format!("/var/lib/kubelet/plugins/{driver}"));
             let reg = container(ds, "node-driver-registrar");
@@ -318,10 +318,16 @@ fn node_plugins_register_the_socket_they_serve() {
                 flag(probe, "health-port").unwrap().parse::<i64>().unwrap(),
                 port(f, "healthz")
             );
-            assert_eq!(f["livenessProbe"]["httpGet"]["port"].as_str(), Some("healthz"));
+            assert_eq!(
+                f["livenessProbe"]["httpGet"]["port"].as_str(),
+                Some("healthz")
+            );
             let metrics = flag(f, "metrics-addr").unwrap();
             assert!(metrics.ends_with(&format!(":{}", port(f, "metrics"))));
-            assert_eq!(f["readinessProbe"]["httpGet"]["path"].as_str(), Some("/readyz"));
+            assert_eq!(
+                f["readinessProbe"]["httpGet"]["path"].as_str(),
+                Some("/readyz")
+            );
             // Both node plugins can share a host network: their ports differ.
             if driver == REMOTE {
                 assert_ne!(port(f, "healthz"), 9808);
@@ -385,7 +391,10 @@ fn components_add_the_host_paths_their_backends_use() {
                 pod(ctl)["nodeSelector"]["ferrovol.io/iscsi-target"].as_str(),
                 Some("true")
             );
-            assert_eq!(host_path_at(ctl, cf, "/var/run/tgtd"), Some("/var/run/tgtd"));
+            assert_eq!(
+                host_path_at(ctl, cf, "/var/run/tgtd"),
+                Some("/var/run/tgtd")
+            );
         }
         if has("rbd") {
             // The keyring the rbd config names is in the mounted Secret.
@@ -401,9 +410,18 @@ fn components_add_the_host_paths_their_backends_use() {
                 .unwrap()
                 .contains("key = "));
         }
-        for want in ["csi-provisioner", "csi-attacher", "csi-resizer", "csi-snapshotter"] {
+        for want in [
+            "csi-provisioner",
+            "csi-attacher",
+            "csi-resizer",
+            "csi-snapshotter",
+        ] {
             let c = container(ctl, want);
-            assert_eq!(flag(c, "leader-election").as_deref(), Some("true"), "{want}");
+            assert_eq!(
+                flag(c, "leader-election").as_deref(),
+                Some("true"),
+                "{want}"
+            );
         }
         assert_eq!(
             ctl["spec"]["strategy"]["type"].as_str(),
@@ -449,7 +467,9 @@ fn every_reference_resolves() {
                 .any(|c| flag(c, "leader-election").as_deref() == Some("true"));
             if elects {
                 let role = r.kind("RoleBinding").into_iter().find(|b| {
-                    seq(&b["subjects"]).iter().any(|x| x["name"].as_str() == Some(sa))
+                    seq(&b["subjects"])
+                        .iter()
+                        .any(|x| x["name"].as_str() == Some(sa))
                 });
                 let role = r.named("Role", s(&role.expect("a RoleBinding")["roleRef"]["name"]));
                 assert!(serde_yaml::to_string(role).unwrap().contains("leases"));
@@ -460,7 +480,11 @@ fn every_reference_resolves() {
             .iter()
             .map(|sc| &sc["parameters"])
             .collect();
-        params.extend(r.kind("VolumeSnapshotClass").iter().map(|v| &v["parameters"]));
+        params.extend(
+            r.kind("VolumeSnapshotClass")
+                .iter()
+                .map(|v| &v["parameters"]),
+        );
         for p in params {
             for (k, v) in p.as_mapping().into_iter().flatten() {
                 let k = s(k);
@@ -520,9 +544,9 @@ fn sidecar_flags_exist_in_their_releases() {
                 if c["name"].as_str() == Some("ferrovol") {
                     continue;
                 }
-                let release = releases
-                    .get(image)
-                    .unwrap_or_else(|| panic!("{}: {image} is not a known sidecar release", r.name));
+                let release = releases.get(image).unwrap_or_else(|| {
+                    panic!("{}: {image} is not a known sidecar release", r.name)
+                });
                 let a = args(c);
                 assert!(a.iter().all(|a| a.starts_with("--")), "{a:?}");
                 let unknown = unknown_flags(&a, release);
@@ -582,7 +606,11 @@ fn ferrovol_flags_exist_in_the_binary() {
             let a = args(container(w, "ferrovol"));
             assert_eq!(a[0], "serve");
             let unknown = unknown_flags(&a[1..], &known);
-            assert!(unknown.is_empty(), "{}: ferrovol has no {unknown:?}", r.name);
+            assert!(
+                unknown.is_empty(),
+                "{}: ferrovol has no {unknown:?}",
+                r.name
+            );
         }
     }
 }
@@ -639,14 +667,21 @@ fn classes_and_configs_agree() {
             .unwrap_or_else(|e| panic!("{:?}: {}", sc["metadata"]["name"], e.message));
     }
     // The node plugins' configs build too (the iscsi nodes without a store).
-    let node = registry(s(&volume(r.named("DaemonSet", "ferrovol-node"), "config")["configMap"]
-        ["name"]));
+    let node = registry(s(
+        &volume(r.named("DaemonSet", "ferrovol-node"), "config")["configMap"]["name"]
+    ));
     for b in ["nfs", "iscsi", "rbd"] {
         assert!(node.get(b).is_some(), "node config lacks {b}");
     }
     let ctl = registry(&controller_config(REMOTE));
-    assert!(ctl.get("iscsi").unwrap().capabilities().snapshot, "the store snapshots");
-    assert!(!node.get("iscsi").unwrap().capabilities().snapshot, "nodes have no store");
+    assert!(
+        ctl.get("iscsi").unwrap().capabilities().snapshot,
+        "the store snapshots"
+    );
+    assert!(
+        !node.get("iscsi").unwrap().capabilities().snapshot,
+        "nodes have no store"
+    );
 
     let keys = |secret: &str| -> BTreeSet<String> {
         r.named("Secret", secret)["stringData"]
@@ -753,7 +788,10 @@ async fn start_container(r: &Rendered, w: &Value) -> Started {
                     .unwrap();
                 text = text.replacen(
                     "type = \"iscsi\"\n",
-                    &format!("type = \"iscsi\"\ninitiator_name_file = \"{}\"\n", file.display()),
+                    &format!(
+                        "type = \"iscsi\"\ninitiator_name_file = \"{}\"\n",
+                        file.display()
+                    ),
                     1,
                 );
             }
@@ -791,7 +829,9 @@ async fn start_container(r: &Rendered, w: &Value) -> Started {
     let user = pod(w)["securityContext"]["runAsUser"].as_i64();
     let mut cmd = match user {
         Some(uid) => {
-            let gid = pod(w)["securityContext"]["runAsGroup"].as_i64().unwrap_or(uid);
+            let gid = pod(w)["securityContext"]["runAsGroup"]
+                .as_i64()
+                .unwrap_or(uid);
             nix::unistd::chown(
                 dir.path(),
                 Some(nix::unistd::Uid::from_raw(uid as u32)),
@@ -835,7 +875,11 @@ async fn start_container(r: &Rendered, w: &Value) -> Started {
         }
         if let Ok(ch) = common::connect(&socket).await {
             let mut id = pb::identity_client::IdentityClient::new(ch.clone());
-            if id.get_plugin_info(pb::GetPluginInfoRequest {}).await.is_ok() {
+            if id
+                .get_plugin_info(pb::GetPluginInfoRequest {})
+                .await
+                .is_ok()
+            {
                 break ch;
             }
         }
@@ -873,13 +917,24 @@ async fn ferrovol_containers_start_from_their_manifest_args() {
                 .await
                 .unwrap()
                 .into_inner();
-            assert!(r.drivers().contains(&info.name), "{overlay}/{name}: {}", info.name);
+            assert!(
+                r.drivers().contains(&info.name),
+                "{overlay}/{name}: {}",
+                info.name
+            );
             if w["kind"].as_str() == Some("DaemonSet") {
-                let reg = flag(container(w, "node-driver-registrar"), "kubelet-registration-path")
-                    .unwrap();
+                let reg = flag(
+                    container(w, "node-driver-registrar"),
+                    "kubelet-registration-path",
+                )
+                .unwrap();
                 assert!(reg.contains(&format!("/{}/", info.name)));
             }
-            assert_eq!(http_status(started.metrics, "/readyz"), 200, "{overlay}/{name}");
+            assert_eq!(
+                http_status(started.metrics, "/readyz"),
+                200,
+                "{overlay}/{name}"
+            );
             let plugin = format!(
                 "{:?}",
                 id.get_plugin_capabilities(pb::GetPluginCapabilitiesRequest {})
@@ -1008,7 +1063,10 @@ fn dockerfile_builds_the_release_binary_into_a_runtime_with_the_backends_tools()
     let run = programs_the_code_runs();
     let known: BTreeSet<&str> = PROGRAMS.iter().map(|(p, _)| *p).collect();
     let unknown: Vec<&String> = run.iter().filter(|p| !known.contains(p.as_str())).collect();
-    assert!(unknown.is_empty(), "programs with no package in the image: {unknown:?}");
+    assert!(
+        unknown.is_empty(),
+        "programs with no package in the image: {unknown:?}"
+    );
     let stale: Vec<&str> = known
         .iter()
         .filter(|p| !run.contains(**p) && !INDIRECT.contains(p))
