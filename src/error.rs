@@ -24,6 +24,10 @@ pub enum Kind {
 pub struct Error {
     pub kind: Kind,
     pub message: String,
+    /// The OS error number behind it, when a system call failed: callers
+    /// that must tell one errno from another (ESTALE) ask this, never the
+    /// message.
+    pub os_error: Option<i32>,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -33,6 +37,7 @@ impl Error {
         Self {
             kind,
             message: message.into(),
+            os_error: None,
         }
     }
     pub fn invalid(message: impl Into<String>) -> Self {
@@ -73,7 +78,10 @@ impl Error {
             std::io::ErrorKind::StorageFull => Kind::ResourceExhausted,
             _ => Kind::Internal,
         };
-        Self::new(kind, format!("{context}: {err}"))
+        Self {
+            os_error: err.raw_os_error(),
+            ..Self::new(kind, format!("{context}: {err}"))
+        }
     }
 
     /// Prefixes the message with context, keeping the kind.
@@ -81,6 +89,7 @@ impl Error {
         Self {
             kind: self.kind,
             message: format!("{context}: {}", self.message),
+            os_error: self.os_error,
         }
     }
 

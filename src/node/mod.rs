@@ -53,7 +53,7 @@ fn mount_source(att: &Attachment) -> String {
 
 /// Whether an error is ESTALE: a handle the server no longer knows.
 fn is_stale(e: &Error) -> bool {
-    e.message.contains(&format!("(os error {})", libc::ESTALE))
+    e.os_error == Some(libc::ESTALE)
 }
 
 /// A NodeStageVolume request, validated.
