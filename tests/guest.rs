@@ -1647,6 +1647,163 @@ async fn guest_iscsi_multipath_over_two_portals() {
         .unwrap();
 }
 
+/// An iscsi clone of an xfs volume mounts beside its source on one node:
+/// the copy, made on the controller, still carries the source's UUID (xfs
+/// refuses a second mount of one UUID); ControllerPublish hands the node a
+/// token, the node gives the copy its own UUID before mounting it, and the
+/// next ControllerPublish sees that and sends no token.
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_iscsi_clone_mounts_beside_its_source() {
+    require_guest();
+    let tgtd = Tgtd::new();
+    let _iscsid = Iscsid::new();
+    let prefix = "iqn.2026-11.io.ferrovol.copy";
+    let config = format!(
+        "[[backend]]\ntype = \"iscsi\"\niqn_prefix = \"{prefix}\"\nportals = [\"{}\"]\n\
+         control_port = {}\n[backend.store]\ntype = \"file\"\npool = \"@DIR@/pool\"\n",
+        tgtd.portal(),
+        tgtd.control_port
+    );
+    let h = Harness::start_with(Some(&config)).await;
+    let node_id = h
+        .node()
+        .node_get_info(pb::NodeGetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .node_id;
+    let cap = mount_cap("xfs", SNW);
+    let publish = |id: String| {
+        let (h, node_id, cap) = (&h, node_id.clone(), cap.clone());
+        async move {
+            h.controller()
+                .controller_publish_volume(pb::ControllerPublishVolumeRequest {
+                    volume_id: id,
+                    node_id,
+                    volume_capability: Some(cap),
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .publish_context
+        }
+    };
+    let unpublish = |id: String| {
+        let (h, node_id) = (&h, node_id.clone());
+        async move {
+            h.controller()
+                .controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
+                    volume_id: id,
+                    node_id,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
+    };
+    let src = h
+        .controller()
+        .create_volume(create_req("pvc-src", 300 * MIB, cap.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let ctx = publish(src.clone()).await;
+    assert!(!ctx.contains_key("fsCopy"), "{ctx:?}");
+    let staging = h.path("kubelet/staging/src");
+    std::fs::create_dir_all(&staging).unwrap();
+    h.node()
+        .node_stage_volume(pb::NodeStageVolumeRequest {
+            publish_context: ctx,
+            ..stage_req(&src, &staging, cap.clone())
+        })
+        .await
+        .unwrap();
+    std::fs::write(staging.join("f"), b"written before the clone").unwrap();
+    run("sync", &[]);
+
+    let mut req = create_req("pvc-copy", 300 * MIB, cap.clone());
+    req.volume_content_source = Some(pb::VolumeContentSource {
+        r#type: Some(pb::volume_content_source::Type::Volume(
+            pb::volume_content_source::VolumeSource {
+                volume_id: src.clone(),
+            },
+        )),
+    });
+    let copy = h
+        .controller()
+        .create_volume(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let ctx = publish(copy.clone()).await;
+    assert!(ctx.contains_key("fsCopy"), "the node is told: {ctx:?}");
+    let copy_staging = h.path("kubelet/staging/copy");
+    std::fs::create_dir_all(&copy_staging).unwrap();
+    h.node()
+        .node_stage_volume(pb::NodeStageVolumeRequest {
+            publish_context: ctx.clone(),
+            ..stage_req(&copy, &copy_staging, cap.clone())
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        std::fs::read(copy_staging.join("f")).unwrap(),
+        b"written before the clone"
+    );
+    let uuid_of = |dir: &std::path::Path| {
+        let dev = run("findmnt", &["-n", "-o", "SOURCE", dir.to_str().unwrap()]);
+        run("blkid", &["-p", "-o", "value", "-s", "UUID", dev.trim()])
+            .trim()
+            .to_string()
+    };
+    let (a, b) = (uuid_of(&staging), uuid_of(&copy_staging));
+    assert!(!a.is_empty() && a != b, "{a} vs {b}");
+    // Staged again under the same publish context: not renewed twice.
+    h.node()
+        .node_stage_volume(pb::NodeStageVolumeRequest {
+            publish_context: ctx,
+            ..stage_req(&copy, &copy_staging, cap.clone())
+        })
+        .await
+        .unwrap();
+    assert_eq!(uuid_of(&copy_staging), b);
+    h.node()
+        .node_unstage_volume(unstage_req(&copy, &copy_staging))
+        .await
+        .unwrap();
+    unpublish(copy.clone()).await;
+    // The controller sees the device's own UUID now: no token any more.
+    let ctx = publish(copy.clone()).await;
+    assert!(!ctx.contains_key("fsCopy"), "{ctx:?}");
+    unpublish(copy.clone()).await;
+
+    h.node()
+        .node_unstage_volume(unstage_req(&src, &staging))
+        .await
+        .unwrap();
+    unpublish(src.clone()).await;
+    for id in [copy, src] {
+        h.controller()
+            .delete_volume(pb::DeleteVolumeRequest {
+                volume_id: id,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    assert!(!tgtd
+        .tgtadm(&["--op", "show", "--mode", "target"])
+        .contains("Target "));
+}
+
 /// The iscsi backend over an lvm store: the LUN is an LV (activated on the
 /// controller, zeroed when deleted), staged on the node over open-iscsi.
 #[tokio::test]

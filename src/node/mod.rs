@@ -462,9 +462,9 @@ impl NodeOps {
         let target = record.staging_path.clone();
         match &attachment {
             Attachment::Device { path } => {
-                if backend.node_copy_pending(&record.volume_id).await? {
+                if backend.node_copy_pending(&record.volume_id, ctx).await? {
                     self.renew_fs_uuid(path, &target).await?;
-                    backend.node_copy_done(&record.volume_id).await?;
+                    backend.node_copy_done(&record.volume_id, ctx).await?;
                 }
                 if !readonly {
                     let extra = fs::mkfs_options(

@@ -220,11 +220,13 @@ pub trait Backend: Send + Sync {
     /// filesystem still carries its source's UUID. The node gives it its
     /// own before its first mount: the kernel refuses a second xfs with
     /// one UUID, and btrfs confuses two devices with one fsid.
-    async fn node_copy_pending(&self, _id: &VolumeId) -> Result<bool> {
+    /// `ctx` is the stage's: a backend whose copies live behind a
+    /// controller (iscsi) learns it from the publish context.
+    async fn node_copy_pending(&self, _id: &VolumeId, _ctx: &AttachContext) -> Result<bool> {
         Ok(false)
     }
     /// Records that the copy's filesystem has its own UUID now.
-    async fn node_copy_done(&self, _id: &VolumeId) -> Result<()> {
+    async fn node_copy_done(&self, _id: &VolumeId, _ctx: &AttachContext) -> Result<()> {
         Ok(())
     }
     /// Releases what [`Backend::node_attach`] set up; idempotent. With no

@@ -582,12 +582,12 @@ impl Backend for FileBackend {
         Ok(Attachment::Device { path })
     }
 
-    async fn node_copy_pending(&self, id: &VolumeId) -> Result<bool> {
+    async fn node_copy_pending(&self, id: &VolumeId, _ctx: &AttachContext) -> Result<bool> {
         self.own(id.backend())?;
         Ok(read_json::<VolumeMeta>(&self.meta(id.locator()))?.is_some_and(|m| m.copy_pending))
     }
 
-    async fn node_copy_done(&self, id: &VolumeId) -> Result<()> {
+    async fn node_copy_done(&self, id: &VolumeId, _ctx: &AttachContext) -> Result<()> {
         self.own(id.backend())?;
         let path = self.meta(id.locator());
         if let Some(mut meta) = read_json::<VolumeMeta>(&path)? {

@@ -48,6 +48,9 @@ pub const MUTUAL_PASSWORD: &str = "chapMutualPassword";
 const CTX_PORTALS: &str = "portals";
 const CTX_IQN: &str = "iqn";
 const CTX_LUN: &str = "lun";
+/// A copy (a restored snapshot, a clone) whose filesystem still carries its
+/// source's UUID: a token the node renews it under once.
+const CTX_FS_COPY: &str = "fsCopy";
 
 /// How often Probe checks that the target server still has every target.
 const RECONCILE_EVERY: Duration = Duration::from_secs(30);
@@ -110,6 +113,33 @@ struct Record {
     /// in memory and never written).
     incoming_user: Option<String>,
     outgoing_user: Option<String>,
+    /// A copy whose filesystem UUID is still its source's: the nodes renew
+    /// it (the store is here, the filesystem is mounted there).
+    #[serde(default)]
+    copy: Option<FsCopy>,
+}
+
+/// A copy waiting for its own filesystem UUID.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct FsCopy {
+    /// Handed to nodes in the publish context; a node renews once per token.
+    token: String,
+    /// The UUID it was made with (its source's): once the device shows
+    /// another, the renewal is done.
+    uuid: String,
+}
+
+/// A fresh token for a copy.
+fn copy_token() -> Result<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/uuid")
+        .map(|t| t.trim().to_string())
+        .map_err(|e| Error::io("read a random uuid", e))
+}
+
+/// Whether a publish context's copy token is one ferrovol could have made
+/// (it is written to a file on the node).
+fn is_token(t: &str) -> bool {
+    !t.is_empty() && t.len() <= 64 && t.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
 }
 
 pub struct IscsiBackend {
@@ -586,11 +616,13 @@ impl Backend for IscsiBackend {
                 initiators: BTreeSet::new(),
                 incoming_user: None,
                 outgoing_user: None,
+                copy: None,
             },
         };
         let targets = self.target.targets().await?;
         self.ensure_target(&id, &mut record, &targets).await?;
         self.save(&id, &record)?;
+        self.take_over_copy(&id, &mut record).await?;
         Ok(info)
     }
 
@@ -765,12 +797,17 @@ impl Backend for IscsiBackend {
         }
         self.target.allow(tid, &initiator).await?;
         record.initiators.insert(initiator);
+        self.check_copy(id, &mut record).await?;
         self.save(id, &record)?;
-        Ok(BTreeMap::from([
+        let mut ctx = BTreeMap::from([
             (CTX_PORTALS.to_string(), self.settings.portals.join(",")),
             (CTX_IQN.to_string(), record.iqn.clone()),
             (CTX_LUN.to_string(), "1".to_string()),
-        ]))
+        ]);
+        if let Some(copy) = &record.copy {
+            ctx.insert(CTX_FS_COPY.to_string(), copy.token.clone());
+        }
+        Ok(ctx)
     }
 
     async fn controller_detach(
@@ -842,9 +879,43 @@ impl Backend for IscsiBackend {
         Ok(Attachment::Device { path })
     }
 
+    async fn node_copy_pending(&self, id: &VolumeId, ctx: &AttachContext) -> Result<bool> {
+        self.own_volume(id)?;
+        let Some(token) = ctx.publish_context.get(CTX_FS_COPY) else {
+            return Ok(false);
+        };
+        if !is_token(token) {
+            return Err(Error::invalid(format!(
+                "publish context: {CTX_FS_COPY} is not a token ferrovol makes"
+            )));
+        }
+        match std::fs::read_to_string(self.renewed_path(id)) {
+            Ok(done) => Ok(done.trim() != token),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+            Err(e) => Err(Error::io("read the copy's renewal mark", e)),
+        }
+    }
+
+    async fn node_copy_done(&self, id: &VolumeId, ctx: &AttachContext) -> Result<()> {
+        self.own_volume(id)?;
+        let Some(token) = ctx.publish_context.get(CTX_FS_COPY).filter(|t| is_token(t)) else {
+            return Ok(());
+        };
+        let path = self.renewed_path(id);
+        std::fs::create_dir_all(path.parent().unwrap())
+            .map_err(|e| Error::io("create the renewal marks' folder", e))?;
+        crate::state::write_atomic(&path, token.as_bytes())
+            .map_err(|e| Error::io(format!("write {}", path.display()), e))
+    }
+
     async fn node_detach(&self, id: &VolumeId, _attachment: Option<&Attachment>) -> Result<()> {
         self.own_volume(id)?;
-        self.initiator().detach(&self.iqn(id)).await
+        self.initiator().detach(&self.iqn(id)).await?;
+        match std::fs::remove_file(self.renewed_path(id)) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::io("remove the copy's renewal mark", e)),
+        }
     }
 
     async fn node_refresh_size(&self, id: &VolumeId, _attachment: &Attachment) -> Result<u64> {
@@ -866,6 +937,47 @@ impl Backend for IscsiBackend {
 }
 
 impl IscsiBackend {
+    /// Node side: the token under which this node renewed a copy's UUID.
+    fn renewed_path(&self, id: &VolumeId) -> PathBuf {
+        self.records.join("renewed").join(id.locator())
+    }
+
+    /// Controller side, at CreateVolume: a copy the store just made (a
+    /// restored snapshot, a clone) still carries its source's filesystem
+    /// UUID. The record takes it over from the store with that UUID and a
+    /// token, which ControllerPublish hands to the nodes.
+    async fn take_over_copy(&self, id: &VolumeId, record: &mut Record) -> Result<()> {
+        let store = self.store()?;
+        let store_id = self.to_store(id)?;
+        let none = AttachContext::default();
+        if record.copy.is_some() || !store.node_copy_pending(&store_id, &none).await? {
+            return Ok(());
+        }
+        if let Some(uuid) = crate::node::fs::uuid(self.runner.as_ref(), &record.device).await? {
+            record.copy = Some(FsCopy {
+                token: copy_token()?,
+                uuid,
+            });
+            // Recorded before the store forgets it.
+            self.save(id, record)?;
+        }
+        store.node_copy_done(&store_id, &none).await
+    }
+
+    /// Controller side, at ControllerPublish: once the device shows a UUID
+    /// of its own, a node has renewed it and the copy is let go.
+    async fn check_copy(&self, id: &VolumeId, record: &mut Record) -> Result<()> {
+        let Some(copy) = &record.copy else {
+            return Ok(());
+        };
+        let now = crate::node::fs::uuid(self.runner.as_ref(), &record.device).await?;
+        if now.is_some_and(|u| u != copy.uuid) {
+            tracing::info!(volume = %id, "the copy's filesystem has its own UUID now");
+            record.copy = None;
+        }
+        Ok(())
+    }
+
     fn initiator(&self) -> initiator::Initiator<'_> {
         initiator::Initiator {
             runner: self.runner.as_ref(),

@@ -170,6 +170,8 @@ fn names_portals_and_chap_are_checked() {
 struct MemStore {
     sizes: StdMutex<BTreeMap<String, u64>>,
     calls: StdMutex<Vec<String>>,
+    /// Copies whose filesystem UUID is still their source's.
+    copies: StdMutex<BTreeSet<String>>,
 }
 
 impl MemStore {
@@ -198,6 +200,9 @@ impl Backend for MemStore {
     async fn create_volume(&self, req: &CreateVolume) -> Result<VolumeInfo> {
         let locator = locator_for_name(&req.name);
         self.note(format!("create {locator}"));
+        if req.source.is_some() {
+            self.copies.lock().unwrap().insert(locator.clone());
+        }
         let size = *self
             .sizes
             .lock()
@@ -243,6 +248,14 @@ impl Backend for MemStore {
     async fn node_refresh_size(&self, id: &VolumeId, _: &Attachment) -> Result<u64> {
         self.note(format!("refresh {id}"));
         Ok(self.sizes.lock().unwrap()[id.locator()])
+    }
+    async fn node_copy_pending(&self, id: &VolumeId, _: &AttachContext) -> Result<bool> {
+        Ok(self.copies.lock().unwrap().contains(id.locator()))
+    }
+    async fn node_copy_done(&self, id: &VolumeId, _: &AttachContext) -> Result<()> {
+        self.note(format!("copy done {id}"));
+        self.copies.lock().unwrap().remove(id.locator());
+        Ok(())
     }
 }
 
@@ -610,6 +623,7 @@ async fn a_lost_target_is_rebuilt_closed_until_the_secret_comes_back() {
                 initiators: BTreeSet::from([INITIATOR.to_string()]),
                 incoming_user: Some("alice".into()),
                 outgoing_user: None,
+                copy: None,
             },
         )
         .unwrap();
@@ -1079,4 +1093,124 @@ async fn multipath_logs_in_everywhere_and_stages_the_map() {
         lines.last().unwrap(),
         &format!("iscsiadm -m node -T {IQN} -o delete")
     );
+}
+
+/// A copy made on the controller still has its source's filesystem UUID;
+/// the nodes mount it, so they renew it: ControllerPublish hands them a
+/// token until the controller sees the device with a UUID of its own, and
+/// each node renews once per token.
+#[tokio::test]
+async fn a_copy_is_renewed_by_its_node_once_and_then_let_go() {
+    let s = Setup::new();
+    let _sent = fake_tgtd(s.dir.path(), 0);
+    let b = s.backend();
+    s.runner
+        .expect("tgtadm", Reply::Ok(String::new()))
+        .ok("tgtadm")
+        .ok("tgtadm")
+        .ok("tgtadm");
+    b.create_volume(&create("pvc-src")).await.unwrap();
+    let src_iqn = b.iqn(&VolumeId::parse("iscsi:pvc-src").unwrap());
+    // A clone: the store marks it; CreateVolume takes it over with the
+    // UUID it carries.
+    let mut req = create("pvc-copy");
+    req.source = Some(ContentSource::Volume(
+        VolumeId::parse("iscsi:pvc-src").unwrap(),
+    ));
+    s.runner
+        .expect("tgtadm", Reply::Ok(target_row(1, &src_iqn, &[], &[], &[])))
+        .ok("tgtadm")
+        .ok("tgtadm")
+        .ok("tgtadm")
+        .expect("blkid", Reply::Ok("1111-2222\n".into()));
+    b.create_volume(&req).await.unwrap();
+    assert!(
+        s.store.copies.lock().unwrap().is_empty(),
+        "the record has it now"
+    );
+    assert!(s
+        .store
+        .calls()
+        .contains(&"copy done iscsi-store:pvc-copy".to_string()));
+    let id = VolumeId::parse("iscsi:pvc-copy").unwrap();
+    let iqn = b.iqn(&id);
+    assert_eq!(
+        b.load(&id).unwrap().unwrap().copy.unwrap().uuid,
+        "1111-2222"
+    );
+
+    // Published: the device still shows the source's UUID, so the token goes
+    // to the node.
+    s.runner
+        .expect("tgtadm", Reply::Ok(target_row(2, &iqn, &[], &[], &[])))
+        .ok("tgtadm")
+        .expect("blkid", Reply::Ok("1111-2222\n".into()));
+    let ctx = b.controller_attach(&id, &attach_req(&[])).await.unwrap();
+    let token = ctx.get(CTX_FS_COPY).expect("a copy token").clone();
+    assert!(is_token(&token), "{token}");
+    assert!(s
+        .runner
+        .lines()
+        .last()
+        .unwrap()
+        .starts_with("blkid -p -o value -s UUID /dev/loop7"));
+
+    // The node renews under that token once.
+    let node = s.node();
+    let stage = AttachContext {
+        publish_context: ctx.clone(),
+        ..AttachContext::default()
+    };
+    assert!(node.node_copy_pending(&id, &stage).await.unwrap());
+    node.node_copy_done(&id, &stage).await.unwrap();
+    assert!(
+        !node.node_copy_pending(&id, &stage).await.unwrap(),
+        "a restage does not renew again"
+    );
+    let mut other = stage.clone();
+    other
+        .publish_context
+        .insert(CTX_FS_COPY.into(), "0000-1111".into());
+    assert!(
+        node.node_copy_pending(&id, &other).await.unwrap(),
+        "a new token renews again"
+    );
+    let mut bad = stage.clone();
+    bad.publish_context
+        .insert(CTX_FS_COPY.into(), "../../x".into());
+    assert_eq!(
+        node.node_copy_pending(&id, &bad).await.unwrap_err().kind,
+        Kind::InvalidArgument
+    );
+    // Not a copy: nothing to renew.
+    let mut plain = stage.clone();
+    plain.publish_context.remove(CTX_FS_COPY);
+    assert!(!node.node_copy_pending(&id, &plain).await.unwrap());
+
+    // Published again after the renewal: the device shows its own UUID, the
+    // copy is let go and no token is sent.
+    s.runner
+        .expect(
+            "tgtadm",
+            Reply::Ok(target_row(2, &iqn, &[], &[INITIATOR], &[])),
+        )
+        .ok("tgtadm")
+        .ok("tgtadm")
+        .expect("blkid", Reply::Ok("3333-4444\n".into()));
+    let ctx = b.controller_attach(&id, &attach_req(&[])).await.unwrap();
+    assert!(!ctx.contains_key(CTX_FS_COPY), "{ctx:?}");
+    assert!(b.load(&id).unwrap().unwrap().copy.is_none());
+    // And later publishes ask nothing more of the device.
+    let before = s.runner.lines().len();
+    s.runner
+        .expect(
+            "tgtadm",
+            Reply::Ok(target_row(2, &iqn, &[], &[INITIATOR], &[])),
+        )
+        .ok("tgtadm")
+        .ok("tgtadm");
+    b.controller_attach(&id, &attach_req(&[])).await.unwrap();
+    assert!(s.runner.lines()[before..]
+        .iter()
+        .all(|l| !l.starts_with("blkid")));
 }

@@ -919,7 +919,7 @@ impl Backend for LvmBackend {
         Ok(Attachment::Device { path })
     }
 
-    async fn node_copy_pending(&self, id: &VolumeId) -> Result<bool> {
+    async fn node_copy_pending(&self, id: &VolumeId, _ctx: &AttachContext) -> Result<bool> {
         let (class, lv_name) = self.split(id.locator())?;
         Ok(self
             .class_lv(class, lv_name)
@@ -927,7 +927,7 @@ impl Backend for LvmBackend {
             .is_some_and(|lv| lv.has_tag(COPY_TAG)))
     }
 
-    async fn node_copy_done(&self, id: &VolumeId) -> Result<()> {
+    async fn node_copy_done(&self, id: &VolumeId, _ctx: &AttachContext) -> Result<()> {
         let (class, lv_name) = self.split(id.locator())?;
         self.runner
             .run(self.lvm("lvchange").args([
