@@ -2028,6 +2028,13 @@ async fn guest_rbd_backend_full_lifecycle() {
     );
     let label = run("blkid", &["-s", "LABEL", "-o", "value", source.trim()]);
     assert_eq!(label.trim(), "rbdvol");
+    let uuid_of = |dev: &str| {
+        run("blkid", &["-p", "-s", "UUID", "-o", "value", dev.trim()])
+            .trim()
+            .to_string()
+    };
+    let source_uuid = uuid_of(&source);
+    assert!(!source_uuid.is_empty());
 
     // A snapshot; data after it must not show in restores.
     let snap = h
@@ -2147,6 +2154,10 @@ async fn guest_rbd_backend_full_lifecycle() {
             .await
             .unwrap();
         assert_eq!(std::fs::read(tg.join("data")).unwrap(), want, "{v}");
+        // A copy gets a filesystem UUID of its own at its first stage.
+        let dev = run("findmnt", &["-n", "-o", "SOURCE", st.to_str().unwrap()]);
+        let own = uuid_of(&dev);
+        assert!(!own.is_empty() && own != source_uuid, "{v}: {own}");
         h.node()
             .node_unpublish_volume(unpublish_req(v, &tg))
             .await

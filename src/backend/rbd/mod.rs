@@ -38,6 +38,9 @@ const MIB: u64 = 1 << 20;
 const META_NAME: &str = "ferrovol.name";
 const META_SOURCE: &str = "ferrovol.source";
 const META_CREATED: &str = "ferrovol.created";
+/// On a copy (a restore, a clone) whose filesystem still carries its
+/// source's UUID, until the node that first stages it renews it.
+const META_FS_COPY: &str = "ferrovol.fscopy";
 /// `ferrovol.node.<node name>` = `single` | `multi`: who may use the image.
 const META_NODE: &str = "ferrovol.node.";
 /// The snapshot of a snapshot image that restores clone from.
@@ -726,6 +729,7 @@ impl Backend for RbdBackend {
         let mut meta = vec![(META_NAME, req.name.as_str())];
         if let Some(s) = &source_id {
             meta.push((META_SOURCE, s.as_str()));
+            meta.push((META_FS_COPY, "1"));
         }
         self.finish(&creds, &tmp, &spec, &meta).await?;
         let meta: BTreeMap<String, String> = meta
@@ -1024,6 +1028,27 @@ impl Backend for RbdBackend {
         }
         let path = self.rbd().map(&creds, &spec, &options).await?;
         Ok(Attachment::Device { path })
+    }
+
+    async fn node_copy_pending(&self, id: &VolumeId, ctx: &AttachContext) -> Result<bool> {
+        // Mapped read-only: the UUID cannot change here; a writer's stage
+        // renews it.
+        if ctx.readonly {
+            return Ok(false);
+        }
+        let spec = self.volume_spec(id)?;
+        let creds = self.creds(&ctx.secrets)?;
+        Ok(self
+            .rbd()
+            .meta(&creds, &spec)
+            .await?
+            .contains_key(META_FS_COPY))
+    }
+
+    async fn node_copy_done(&self, id: &VolumeId, ctx: &AttachContext) -> Result<()> {
+        let spec = self.volume_spec(id)?;
+        let creds = self.creds(&ctx.secrets)?;
+        self.rbd().remove_meta(&creds, &spec, META_FS_COPY).await
     }
 
     async fn node_detach(&self, id: &VolumeId, _attachment: Option<&Attachment>) -> Result<()> {

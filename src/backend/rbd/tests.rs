@@ -249,6 +249,7 @@ async fn clones_past_the_depth_are_flattened() {
         .ok("rbd") // flatten
         .ok("rbd") // meta name
         .ok("rbd") // meta source
+        .ok("rbd") // meta fscopy
         .ok("rbd"); // rename
     let v = b.create_volume(&req).await.unwrap();
     assert_eq!(v.capacity_bytes, 16 << 20);
@@ -263,6 +264,11 @@ async fn clones_past_the_depth_are_flattened() {
     assert_eq!(
         o[11],
         "image-meta set rbd/tmp-fv-pvc-copy ferrovol.source rbd:v1.c1.rbd._e.fv-src"
+    );
+    // A copy: its filesystem still has the source's UUID.
+    assert_eq!(
+        o[12],
+        "image-meta set rbd/tmp-fv-pvc-copy ferrovol.fscopy 1"
     );
 }
 
@@ -493,4 +499,43 @@ async fn expansion_rounds_up_and_never_shrinks() {
         32 * MIB
     );
     assert!(!ops(&r).last().unwrap().starts_with("resize"));
+}
+
+/// A copy's filesystem UUID is renewed by the node that stages it first:
+/// the image says so in its metadata, and the mark is removed after.
+#[tokio::test]
+async fn a_copy_is_marked_until_a_node_renews_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = Arc::new(FakeRunner::new());
+    let b = backend(r.clone(), dir.path(), false);
+    let id = VolumeId::parse("rbd:v1.c1.rbd._e.fv-copy").unwrap();
+    // Mapped read-only: nothing can be renewed, nothing is asked.
+    assert!(!b
+        .node_copy_pending(&id, &stage_ctx("node-a"))
+        .await
+        .unwrap());
+    assert!(r.lines().is_empty());
+    let ctx = AttachContext {
+        readonly: false,
+        ..stage_ctx("node-a")
+    };
+    r.expect(
+        "rbd",
+        Reply::Ok(r#"{"ferrovol.name":"copy","ferrovol.fscopy":"1"}"#.into()),
+    );
+    assert!(b.node_copy_pending(&id, &ctx).await.unwrap());
+    r.ok("rbd");
+    b.node_copy_done(&id, &ctx).await.unwrap();
+    assert_eq!(
+        ops(&r).last().unwrap(),
+        "image-meta remove rbd/fv-copy ferrovol.fscopy"
+    );
+    r.expect("rbd", Reply::Ok(r#"{"ferrovol.name":"copy"}"#.into()));
+    assert!(!b.node_copy_pending(&id, &ctx).await.unwrap());
+    // The node's own key went to rbd in a keyring file, never in argv.
+    assert!(
+        r.lines().iter().all(|l| !l.contains("AQ")),
+        "{:?}",
+        r.lines()
+    );
 }
