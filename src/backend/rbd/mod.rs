@@ -542,7 +542,18 @@ impl RbdBackend {
         tmp: &Spec,
         to: &Spec,
         meta: &[(&str, &str)],
+        copied: bool,
     ) -> Result<()> {
+        if copied {
+            // A clone comes with its parent's metadata: a new image carries
+            // only its own (no fencing key of a node it was never
+            // published to, no parent's name or dates).
+            for key in self.rbd().meta(creds, tmp).await?.keys() {
+                if key.starts_with("ferrovol.") && !meta.iter().any(|(k, _)| k == key) {
+                    self.rbd().remove_meta(creds, tmp, key).await?;
+                }
+            }
+        }
         for (k, v) in meta {
             self.rbd().set_meta(creds, tmp, k, v).await?;
         }
@@ -731,7 +742,8 @@ impl Backend for RbdBackend {
             meta.push((META_SOURCE, s.as_str()));
             meta.push((META_FS_COPY, "1"));
         }
-        self.finish(&creds, &tmp, &spec, &meta).await?;
+        self.finish(&creds, &tmp, &spec, &meta, req.source.is_some())
+            .await?;
         let meta: BTreeMap<String, String> = meta
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -858,7 +870,7 @@ impl Backend for RbdBackend {
             (META_SOURCE, source.as_str()),
             (META_CREATED, created.as_str()),
         ];
-        self.finish(&creds, &tmp, &spec, &meta).await?;
+        self.finish(&creds, &tmp, &spec, &meta, true).await?;
         let meta: BTreeMap<String, String> = meta
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))

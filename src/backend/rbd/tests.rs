@@ -247,6 +247,16 @@ async fn clones_past_the_depth_are_flattened() {
         .expect("rbd", Reply::Ok(clone_info("fv-src", "fv-root")))
         .expect("rbd", Reply::Ok(info("fv-root", 16 << 20)))
         .ok("rbd") // flatten
+        // What the clone inherited from its parent.
+        .expect(
+            "rbd",
+            Reply::Ok(
+                r#"{"ferrovol.created":"1","ferrovol.name":"src","ferrovol.node.node-a":"single","other.key":"x"}"#
+                    .into(),
+            ),
+        )
+        .ok("rbd") // remove created
+        .ok("rbd") // remove node-a
         .ok("rbd") // meta name
         .ok("rbd") // meta source
         .ok("rbd") // meta fscopy
@@ -261,13 +271,22 @@ async fn clones_past_the_depth_are_flattened() {
     );
     assert_eq!(o[5], "snap rm rbd/fv-src@tmp-tmp-fv-pvc-copy");
     assert_eq!(o[9], "flatten rbd/tmp-fv-pvc-copy");
+    // The parent's own keys do not come along: not its date, and above all
+    // not its fencing (the copy is published nowhere); others' keys stay.
     assert_eq!(
-        o[11],
+        o[11..13],
+        [
+            "image-meta remove rbd/tmp-fv-pvc-copy ferrovol.created",
+            "image-meta remove rbd/tmp-fv-pvc-copy ferrovol.node.node-a",
+        ]
+    );
+    assert_eq!(
+        o[14],
         "image-meta set rbd/tmp-fv-pvc-copy ferrovol.source rbd:v1.c1.rbd._e.fv-src"
     );
     // A copy: its filesystem still has the source's UUID.
     assert_eq!(
-        o[12],
+        o[15],
         "image-meta set rbd/tmp-fv-pvc-copy ferrovol.fscopy 1"
     );
 }
