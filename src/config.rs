@@ -6,7 +6,7 @@ use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
 /// The whole config file.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     #[serde(default)]
@@ -86,8 +86,7 @@ impl BackendConfig {
 impl Config {
     /// Parses config text.
     pub fn parse(text: &str) -> Result<Self> {
-        toml::from_str(text)
-            .map_err(|e| Error::invalid(format!("config: {}", e.to_string().trim())))
+        parse_toml(text)
     }
 
     /// Reads the config file (or the `*.toml` files of a config directory),
@@ -95,16 +94,8 @@ impl Config {
     pub fn load(path: Option<&Path>, state_dir: &Path) -> Result<Self> {
         let mut config = match path {
             Some(p) if p.is_dir() => Self::load_dir(p)?,
-            Some(p) => {
-                let text = std::fs::read_to_string(p)
-                    .map_err(|e| Error::io(format!("read config {}", p.display()), e))?;
-                Self::parse(&text).map_err(|e| e.context(p.display()))?
-            }
-            None => Config {
-                node: NodeSettings::default(),
-                default_backend: None,
-                backends: Vec::new(),
-            },
+            Some(p) => read_toml(p)?,
+            None => Config::default(),
         };
         if config.backends.is_empty() {
             config.backends.push(Self::default_file_backend(state_dir));
@@ -128,23 +119,11 @@ impl Config {
             })
             .collect();
         files.sort();
-        let mut config = Config {
-            node: NodeSettings::default(),
-            default_backend: None,
-            backends: Vec::new(),
-        };
+        let mut config = Config::default();
         let mut node_from: Option<PathBuf> = None;
         let mut default_from: Option<PathBuf> = None;
         for file in &files {
-            let text = std::fs::read_to_string(file)
-                .map_err(|e| Error::io(format!("read config {}", file.display()), e))?;
-            let fragment: Fragment = toml::from_str(&text).map_err(|e| {
-                Error::invalid(format!(
-                    "config {}: {}",
-                    file.display(),
-                    e.to_string().trim()
-                ))
-            })?;
+            let fragment: Fragment = read_toml(file)?;
             let twice = |what: &str, first: &Path| {
                 Error::invalid(format!(
                     "config: {what} is set in both {} and {}",
@@ -183,6 +162,18 @@ impl Config {
             settings,
         }
     }
+}
+
+/// Parses config text into `T`.
+fn parse_toml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T> {
+    toml::from_str(text).map_err(|e| Error::invalid(format!("config: {}", e.to_string().trim())))
+}
+
+/// Reads and parses one config file; errors name it.
+fn read_toml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::io(format!("read config {}", path.display()), e))?;
+    parse_toml(&text).map_err(|e| e.context(path.display()))
 }
 
 /// Parses a size: a byte count, or a number with a K/M/G/T suffix (powers of

@@ -129,6 +129,23 @@ struct FsCopy {
     uuid: String,
 }
 
+/// Writes one of the backend's files atomically, making its folder first.
+fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+    crate::state::write_atomic(path, bytes)
+        .map_err(|e| Error::io(format!("write {}", path.display()), e))
+}
+
+/// Removes one of the backend's files; one already gone is fine.
+fn remove_file(path: &Path, what: &str) -> Result<()> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(what, e)),
+    }
+}
+
 /// A fresh token for a copy.
 fn copy_token() -> Result<String> {
     std::fs::read_to_string("/proc/sys/kernel/random/uuid")
@@ -376,21 +393,13 @@ impl IscsiBackend {
     }
 
     fn save(&self, id: &VolumeId, record: &Record) -> Result<()> {
-        std::fs::create_dir_all(&self.records)
-            .map_err(|e| Error::io(format!("create {}", self.records.display()), e))?;
         let bytes =
             serde_json::to_vec_pretty(record).map_err(|e| Error::internal(e.to_string()))?;
-        let path = self.record_path(id);
-        crate::state::write_atomic(&path, &bytes)
-            .map_err(|e| Error::io(format!("write {}", path.display()), e))
+        write_file(&self.record_path(id), &bytes)
     }
 
     fn forget(&self, id: &VolumeId) -> Result<()> {
-        match std::fs::remove_file(self.record_path(id)) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(Error::io("remove target record", e)),
-        }
+        remove_file(&self.record_path(id), "remove target record")
     }
 
     fn password(&self, user: &str) -> Option<String> {
@@ -901,21 +910,13 @@ impl Backend for IscsiBackend {
         let Some(token) = ctx.publish_context.get(CTX_FS_COPY).filter(|t| is_token(t)) else {
             return Ok(());
         };
-        let path = self.renewed_path(id);
-        std::fs::create_dir_all(path.parent().unwrap())
-            .map_err(|e| Error::io("create the renewal marks' folder", e))?;
-        crate::state::write_atomic(&path, token.as_bytes())
-            .map_err(|e| Error::io(format!("write {}", path.display()), e))
+        write_file(&self.renewed_path(id), token.as_bytes())
     }
 
     async fn node_detach(&self, id: &VolumeId, _attachment: Option<&Attachment>) -> Result<()> {
         self.own_volume(id)?;
         self.initiator().detach(&self.iqn(id)).await?;
-        match std::fs::remove_file(self.renewed_path(id)) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(Error::io("remove the copy's renewal mark", e)),
-        }
+        remove_file(&self.renewed_path(id), "remove the copy's renewal mark")
     }
 
     async fn node_refresh_size(&self, id: &VolumeId, _attachment: &Attachment) -> Result<u64> {
