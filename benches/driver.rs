@@ -180,34 +180,11 @@ async fn main() {
     let clients = env_num("FERROVOL_BENCH_CLIENTS", 8) as usize;
     let scale = env_num("FERROVOL_BENCH_MOUNTS", if full { 5000 } else { 200 }) as usize;
     let pool_size = env_num("FERROVOL_BENCH_VOLUMES", if full { 10_000 } else { 300 }) as usize;
-    let metrics_port = (env_num("FERROVOL_BENCH_METRICS", 0) == 1).then(|| {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    });
-    let metrics_addr = metrics_port.map(|p| format!("127.0.0.1:{p}"));
-    let mut env = vec![("RUST_LOG", "warn")];
-    if let Some(a) = &metrics_addr {
-        env.push(("FERROVOL_METRICS_ADDR", a.as_str()));
-    }
-    let mut h = Harness::start_with_env(None, &env).await;
+    let metrics_port = (env_num("FERROVOL_BENCH_METRICS", 0) == 1).then(free_port);
+    let mut h = start_driver(metrics_port).await;
     if let Some(port) = metrics_port {
         println!("metrics on: scraped from 127.0.0.1:{port} every second");
-        // A scraper, as Prometheus would be.
-        std::thread::spawn(move || loop {
-            if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
-                use std::io::{Read, Write};
-                let _ = write!(
-                    s,
-                    "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-                );
-                let mut sink = Vec::new();
-                let _ = s.read_to_end(&mut sink);
-            }
-            std::thread::sleep(Duration::from_secs(1));
-        });
+        spawn_scraper(port);
     }
     println!(
         "ferrovol benchmarks: {clients} clients, {secs} s per phase, release build, driver pid {}",
@@ -248,41 +225,8 @@ async fn main() {
     row("Probe", &probe, None, Some(h.status_kb("VmHWM")));
 
     // Publish + unpublish on one staged volume.
-    let cap = mount_cap("ext4", SNMW);
-    let vol = h
-        .controller()
-        .create_volume(create_req("bench-pub", 64 * MIB, cap.clone()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
-    let staging = h.path("kubelet/staging/bench");
-    std::fs::create_dir_all(&staging).unwrap();
-    h.node()
-        .node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
-        .await
-        .unwrap();
+    let (volume_id, staging, cap) = stage_bench_volume(&h).await;
     let pods = h.path("kubelet/pods");
-    let publish_cycle = |pods: PathBuf,
-                         staging: PathBuf,
-                         id: String,
-                         cap: pb::VolumeCapability,
-                         channels: Vec<tonic::transport::Channel>| {
-        move |c: usize, i: usize| {
-            let mut n = ferrovol::proto::node_client::NodeClient::new(channels[c].clone());
-            let target = pods.join(format!("c{c}-{i}"));
-            let (id, staging, cap) = (id.clone(), staging.clone(), cap.clone());
-            async move {
-                n.node_publish_volume(publish_req(&id, &staging, &target, cap, false))
-                    .await
-                    .unwrap();
-                n.node_unpublish_volume(unpublish_req(&id, &target))
-                    .await
-                    .unwrap();
-            }
-        }
-    };
     h.reset_peak_rss();
     let publish = drive(
         clients,
@@ -290,7 +234,7 @@ async fn main() {
         publish_cycle(
             pods.clone(),
             staging.clone(),
-            vol.volume_id.clone(),
+            volume_id.clone(),
             cap.clone(),
             channels.clone(),
         ),
@@ -310,7 +254,7 @@ async fn main() {
         publish_cycle(
             pods.clone(),
             staging.clone(),
-            vol.volume_id.clone(),
+            volume_id.clone(),
             cap.clone(),
             shared,
         ),
@@ -384,7 +328,7 @@ async fn main() {
             publish_cycle(
                 pods.clone(),
                 staging.clone(),
-                vol.volume_id.clone(),
+                volume_id.clone(),
                 cap.clone(),
                 channels.clone(),
             ),
@@ -439,7 +383,7 @@ async fn main() {
         for (c, chunk) in chunks.into_iter().enumerate() {
             let mut n =
                 ferrovol::proto::node_client::NodeClient::new(channels[c % channels.len()].clone());
-            let (id, staging, cap) = (vol.volume_id.clone(), staging.clone(), cap.clone());
+            let (id, staging, cap) = (volume_id.clone(), staging.clone(), cap.clone());
             tasks.push(tokio::spawn(async move {
                 for t in chunk {
                     n.node_publish_volume(publish_req(&id, &staging, &t, cap.clone(), false))
@@ -468,13 +412,13 @@ async fn main() {
     {
         let mut n = h.node();
         for t in &targets {
-            n.node_unpublish_volume(unpublish_req(&vol.volume_id, t))
+            n.node_unpublish_volume(unpublish_req(&volume_id, t))
                 .await
                 .unwrap();
         }
     }
     h.node()
-        .node_unstage_volume(unstage_req(&vol.volume_id, &staging))
+        .node_unstage_volume(unstage_req(&volume_id, &staging))
         .await
         .unwrap();
 
@@ -625,6 +569,81 @@ async fn main() {
 /// two should match. Needs an NFS server and client: it runs in the
 /// real-kernel guest (`tests/guest/bench-nfs`), whose emulated CPU makes
 /// the absolute figures small; the ratio is the point.
+/// Starts the driver, quiet, with metrics on `metrics_port` if given.
+async fn start_driver(metrics_port: Option<u16>) -> Harness {
+    let addr = metrics_port.map(|p| format!("127.0.0.1:{p}"));
+    let mut env = vec![("RUST_LOG", "warn")];
+    if let Some(a) = &addr {
+        env.push(("FERROVOL_METRICS_ADDR", a.as_str()));
+    }
+    Harness::start_with_env(None, &env).await
+}
+
+/// Scrapes `/metrics` every second, as Prometheus would; counts the
+/// answers that carry the driver's metrics.
+fn spawn_scraper(port: u16) -> Arc<std::sync::atomic::AtomicUsize> {
+    let scrapes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = scrapes.clone();
+    std::thread::spawn(move || loop {
+        if let Ok((200, body)) = http_get(port, "/metrics") {
+            if body.contains("ferrovol_rpcs_total") {
+                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    });
+    scrapes
+}
+
+/// The publish phases' volume: created and staged; (id, staging path,
+/// capability).
+async fn stage_bench_volume(h: &Harness) -> (String, PathBuf, pb::VolumeCapability) {
+    let cap = mount_cap("ext4", SNMW);
+    let id = h
+        .controller()
+        .create_volume(create_req("bench-pub", 64 * MIB, cap.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let staging = h.path("kubelet/staging/bench");
+    std::fs::create_dir_all(&staging).unwrap();
+    h.node()
+        .node_stage_volume(stage_req(&id, &staging, cap.clone()))
+        .await
+        .unwrap();
+    (id, staging, cap)
+}
+
+/// One publish+unpublish cycle per call, client `c` on its own
+/// connection, each at a fresh target under `pods`.
+fn publish_cycle(
+    pods: PathBuf,
+    staging: PathBuf,
+    id: String,
+    cap: pb::VolumeCapability,
+    channels: Vec<tonic::transport::Channel>,
+) -> impl Fn(usize, usize) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+       + Send
+       + Sync
+       + 'static {
+    move |c: usize, i: usize| {
+        let mut n = ferrovol::proto::node_client::NodeClient::new(channels[c].clone());
+        let target = pods.join(format!("c{c}-{i}"));
+        let (id, staging, cap) = (id.clone(), staging.clone(), cap.clone());
+        Box::pin(async move {
+            n.node_publish_volume(publish_req(&id, &staging, &target, cap, false))
+                .await
+                .unwrap();
+            n.node_unpublish_volume(unpublish_req(&id, &target))
+                .await
+                .unwrap();
+        })
+    }
+}
+
 /// One driver of the metrics comparison, with one staged volume and a
 /// connection per client.
 struct PublishRig {
@@ -638,34 +657,15 @@ struct PublishRig {
 
 impl PublishRig {
     async fn start(clients: usize, metrics_port: Option<u16>) -> Self {
-        let addr = metrics_port.map(|p| format!("127.0.0.1:{p}"));
-        let mut env = vec![("RUST_LOG", "warn")];
-        if let Some(a) = &addr {
-            env.push(("FERROVOL_METRICS_ADDR", a.as_str()));
-        }
-        let h = Harness::start_with_env(None, &env).await;
-        let cap = mount_cap("ext4", SNMW);
-        let vol = h
-            .controller()
-            .create_volume(create_req("bench-pub", 64 * MIB, cap.clone()))
-            .await
-            .unwrap()
-            .into_inner()
-            .volume
-            .unwrap();
-        let staging = h.path("kubelet/staging/bench");
-        std::fs::create_dir_all(&staging).unwrap();
-        h.node()
-            .node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
-            .await
-            .unwrap();
+        let h = start_driver(metrics_port).await;
+        let (id, staging, cap) = stage_bench_volume(&h).await;
         let mut channels = Vec::new();
         for _ in 0..clients {
             channels.push(connect(&h.socket()).await.unwrap());
         }
         Self {
             h,
-            id: vol.volume_id,
+            id,
             staging,
             cap,
             channels,
@@ -685,24 +685,15 @@ impl PublishRig {
             self.channels.clone(),
         );
         let clients = channels.len();
-        let dir = pods.clone();
-        let rate = drive(clients, secs, move |c, i| {
-            let mut n = ferrovol::proto::node_client::NodeClient::new(channels[c].clone());
-            let target = pods.join(format!("c{c}-{i}"));
-            let (id, staging, cap) = (id.clone(), staging.clone(), cap.clone());
-            async move {
-                n.node_publish_volume(publish_req(&id, &staging, &target, cap, false))
-                    .await
-                    .unwrap();
-                n.node_unpublish_volume(unpublish_req(&id, &target))
-                    .await
-                    .unwrap();
-            }
-        })
+        let rate = drive(
+            clients,
+            secs,
+            publish_cycle(pods.clone(), staging, id, cap, channels),
+        )
         .await
         .rate();
         // Empty targets left behind would slow later rounds down.
-        std::fs::remove_dir_all(dir).unwrap();
+        std::fs::remove_dir_all(pods).unwrap();
         rate
     }
 }
@@ -710,29 +701,10 @@ impl PublishRig {
 /// Publish cycles/s with and without metrics, in alternating rounds on two
 /// drivers that run side by side (the idle one costs nothing).
 async fn metrics_compare(secs: u64, clients: usize, rounds: usize) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let mut off = PublishRig::start(clients, None).await;
     let mut on = PublishRig::start(clients, Some(port)).await;
-    let scrapes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counted = scrapes.clone();
-    std::thread::spawn(move || loop {
-        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
-            use std::io::{Read, Write};
-            let _ = write!(
-                s,
-                "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-            );
-            let mut body = String::new();
-            if s.read_to_string(&mut body).is_ok() && body.contains("ferrovol_rpcs_total") {
-                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
-        }
-        std::thread::sleep(Duration::from_secs(1));
-    });
+    let scrapes = spawn_scraper(port);
     println!(
         "metrics on vs off: publish+unpublish cycles/s, {clients} clients, {secs} s rounds, alternating"
     );

@@ -726,25 +726,6 @@ fn classes_and_configs_agree() {
     );
 }
 
-/// A free TCP port on loopback.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// One plain HTTP GET; the status code.
-fn http_status(port: u16, path: &str) -> u16 {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
-    let mut out = String::new();
-    stream.read_to_string(&mut out).unwrap();
-    out.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
-
 /// Runs one ferrovol container of a rendered overlay from its own args:
 /// the pod's paths become temporary ones, the ConfigMap it mounts is
 /// written out, `$(VAR)`s from the pod's fields are filled in, and a pod
@@ -772,7 +753,7 @@ async fn start_container(r: &Rendered, w: &Value) -> Started {
     std::fs::create_dir_all(&state).unwrap();
     std::fs::create_dir_all(&config).unwrap();
     let socket = dir.path().join("csi.sock");
-    let metrics = free_port();
+    let metrics = common::free_port();
     let pod_state = flag(f, "state-dir").unwrap();
     if let Some(cm) = flag(f, "config") {
         let m = mount(f, &cm).expect("the config dir is mounted");
@@ -931,7 +912,7 @@ async fn ferrovol_containers_start_from_their_manifest_args() {
                 assert!(reg.contains(&format!("/{}/", info.name)));
             }
             assert_eq!(
-                http_status(started.metrics, "/readyz"),
+                common::http_get(started.metrics, "/readyz").unwrap().0,
                 200,
                 "{overlay}/{name}"
             );
@@ -1011,7 +992,7 @@ fn user_of(started: &Started) -> u32 {
 }
 
 #[test]
-fn dockerfile_builds_the_release_binary_into_a_runtime_with_the_backends_tools() {
+fn dockerfile_is_multi_stage_non_root_lint_clean_and_installs_exactly_the_backends_tools() {
     let text = std::fs::read_to_string(root().join("Dockerfile")).unwrap();
     let mut copied = 0;
     for line in text

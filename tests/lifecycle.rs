@@ -755,11 +755,7 @@ async fn modes_serve_only_their_services() {
 async fn serves_over_tcp_too() {
     require_root();
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ferrovol"))
         .args([
             "serve",

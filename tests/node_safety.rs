@@ -324,13 +324,7 @@ async fn tls_probe(port: u16, certs: &Path, with_client_cert: bool) -> Result<bo
 async fn tcp_serves_the_network_only_with_mutual_tls() {
     require_root();
     let dir = tempfile::tempdir().unwrap();
-    let port = || {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    };
+    let port = free_port;
     let bin = env!("CARGO_BIN_EXE_ferrovol");
     let state = dir.path().join("state");
     let refused = std::process::Command::new(bin)

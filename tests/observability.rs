@@ -5,24 +5,10 @@ mod common;
 
 use common::*;
 use ferrovol::proto as pb;
-use std::io::{Read, Write};
 
 /// GET `path` over plain HTTP; returns (status, body).
 fn get(port: u16, path: &str) -> (u16, String) {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let status = text[9..12].parse().unwrap();
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
+    http_get(port, path).unwrap()
 }
 
 /// The value of one sample line (`name{labels} value`), if present.
@@ -35,11 +21,7 @@ fn sample(text: &str, prefix: &str) -> Option<f64> {
 
 #[tokio::test]
 async fn metrics_health_and_quiet_uncoloured_logs() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     let h = Harness::start_with_env(
         None,

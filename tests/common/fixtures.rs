@@ -408,14 +408,6 @@ pub struct CephCluster {
     osd: Option<Child>,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn uuid() -> String {
     std::fs::read_to_string("/proc/sys/kernel/random/uuid")
         .unwrap()
@@ -432,7 +424,7 @@ impl CephCluster {
             std::fs::create_dir_all(d.join(sub)).unwrap();
         }
         let fsid = uuid();
-        let mon_addr = format!("127.0.0.1:{}", free_port());
+        let mon_addr = format!("127.0.0.1:{}", super::free_port());
         let conf = d.join("ceph.conf");
         let admin = d.join("admin.keyring");
         std::fs::write(
@@ -627,11 +619,7 @@ pub struct Tgtd {
 
 impl Tgtd {
     pub fn new() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = super::free_port();
         // Unique per test process and per fixture (tests run in parallel).
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

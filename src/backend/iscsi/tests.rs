@@ -1100,7 +1100,7 @@ async fn multipath_logs_in_everywhere_and_stages_the_map() {
 /// token until the controller sees the device with a UUID of its own, and
 /// each node renews once per token.
 #[tokio::test]
-async fn a_copy_is_renewed_by_its_node_once_and_then_let_go() {
+async fn a_copy_token_goes_to_nodes_until_the_uuid_changes_and_each_node_renews_once() {
     let s = Setup::new();
     let _sent = fake_tgtd(s.dir.path(), 0);
     let b = s.backend();

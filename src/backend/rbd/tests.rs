@@ -553,7 +553,9 @@ async fn a_copy_is_marked_until_a_node_renews_it() {
     assert!(!b.node_copy_pending(&id, &ctx).await.unwrap());
     // The node's own key went to rbd in a keyring file, never in argv.
     assert!(
-        r.lines().iter().all(|l| !l.contains("AQ")),
+        r.lines()
+            .iter()
+            .all(|l| l.contains("--keyring") && !l.contains(KEY)),
         "{:?}",
         r.lines()
     );
