@@ -2157,22 +2157,7 @@ async fn guest_rbd_backend_full_lifecycle() {
         // A copy is not published anywhere, whatever its source was: no
         // fencing key came along with the clone.
         let image = format!("rbd/{}", v.rsplit('.').next().unwrap());
-        let meta = run(
-            "rbd",
-            &[
-                "-c",
-                cluster.conf.to_str().unwrap(),
-                "--id",
-                "ferrovol",
-                "--keyring",
-                cluster.client_keyring.to_str().unwrap(),
-                "image-meta",
-                "list",
-                &image,
-                "--format",
-                "json",
-            ],
-        );
+        let meta = cluster.rbd(&["image-meta", "list", &image, "--format", "json"]);
         assert!(!meta.contains("ferrovol.node."), "{v}: {meta}");
         // A copy gets a filesystem UUID of its own at its first stage.
         let dev = run("findmnt", &["-n", "-o", "SOURCE", st.to_str().unwrap()]);
