@@ -618,19 +618,27 @@ pub struct Tgtd {
 }
 
 impl Tgtd {
+    /// A tgtd on a control port of this test process's own. tgtadm takes
+    /// control ports up to 32767 only; a tgtd that cannot have its port
+    /// (another process's tgtd holds it) makes way for the next one.
     pub fn new() -> Self {
-        let port = super::free_port();
         // Unique per test process and per fixture (tests run in parallel).
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let control_port = 1000 + (std::process::id() % 5000) * 8 + n % 8;
-        let mut t = Tgtd {
-            control_port,
-            port,
-            child: None,
-        };
-        t.start();
-        t
+        let base = 1000 + (std::process::id() % 3000) * 8;
+        let mut failures = Vec::new();
+        for _ in 0..8 {
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let mut t = Tgtd {
+                control_port: base + n % 8,
+                port: super::free_port(),
+                child: None,
+            };
+            match t.try_start() {
+                Ok(()) => return t,
+                Err(e) => failures.push(e),
+            }
+        }
+        panic!("no tgtd started:\n{}", failures.join("\n"));
     }
 
     pub fn portal(&self) -> String {
@@ -644,9 +652,19 @@ impl Tgtd {
         run("tgtadm", &all)
     }
 
-    /// Starts tgtd and waits until it answers on its control port.
+    /// Starts tgtd (again) on this fixture's ports and waits until it
+    /// answers on its control port.
     pub fn start(&mut self) {
-        let child = Command::new("tgtd")
+        if let Err(e) = self.try_start() {
+            panic!("{e}");
+        }
+    }
+
+    /// Starts tgtd; an error says what it printed if it exited. One that
+    /// runs but never answers fails the test with what tgtadm said.
+    fn try_start(&mut self) -> Result<(), String> {
+        let log = tempfile::NamedTempFile::new().unwrap();
+        let mut child = Command::new("tgtd")
             .args([
                 "-f",
                 "-C",
@@ -655,17 +673,36 @@ impl Tgtd {
                 &format!("portal=127.0.0.1:{}", self.port),
             ])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log.reopen().unwrap())
             .spawn()
             .expect("tgtd");
-        self.child = Some(child);
         let c = self.control_port.to_string();
-        wait_for("tgtd", Duration::from_secs(30), || {
-            Command::new("tgtadm")
+        let printed = || std::fs::read_to_string(log.path()).unwrap_or_default();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return Err(format!("tgtd -C {c} exited with {status}:\n{}", printed()));
+            }
+            let out = Command::new("tgtadm")
                 .args(["-C", &c, "--lld", "iscsi", "--op", "show", "--mode", "sys"])
                 .output()
-                .is_ok_and(|o| o.status.success())
-        });
+                .unwrap();
+            if out.status.success() {
+                self.child = Some(child);
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "tgtd -C {c} did not answer in 30 s; tgtadm: {} {}\ntgtd printed:\n{}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr),
+                    printed()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Kills tgtd: everything it served is gone (tgt keeps nothing).

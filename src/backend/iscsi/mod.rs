@@ -275,6 +275,14 @@ impl IscsiBackend {
         if let Some(p) = settings.portals.iter().find(|p| !is_portal(p)) {
             return Err(bad(&format!("portal {p:?} is not host:port")));
         }
+        // tgtadm keeps `-C` in a signed 16-bit integer: a larger port
+        // would make every tgtadm call fail with "out of range".
+        if settings.control_port > 32767 {
+            return Err(bad(&format!(
+                "control_port {} is out of range: tgtadm takes 0 to 32767",
+                settings.control_port
+            )));
+        }
         if store.is_some() && settings.portals.is_empty() {
             return Err(bad("a controller (with a store) needs at least one portal"));
         }

@@ -1214,3 +1214,24 @@ async fn a_copy_token_goes_to_nodes_until_the_uuid_changes_and_each_node_renews_
         .iter()
         .all(|l| !l.starts_with("blkid")));
 }
+
+/// tgtadm reads `-C` into a signed 16-bit integer: a control port above
+/// 32767 is refused when the backend is built, not on every later call.
+#[test]
+fn a_control_port_tgtadm_cannot_take_is_refused_at_startup() {
+    let s = Setup::new();
+    let build = |port| {
+        let mut settings = s.settings();
+        settings.control_port = port;
+        IscsiBackend::new(
+            "iscsi",
+            settings,
+            s.runner.clone(),
+            Some(s.store.clone()),
+            s.dir.path().join("records"),
+        )
+    };
+    let err = build(32768).err().expect("32768 is refused");
+    assert!(err.to_string().contains("0 to 32767"), "{err}");
+    assert!(build(32767).is_ok());
+}
