@@ -423,6 +423,12 @@ fn components_add_the_host_paths_their_backends_use() {
                 "{want}"
             );
         }
+        // iscsi volumes grow only unused: the resizer must keep waiting for
+        // a PVC's pods to go after FAILED_PRECONDITION (its default).
+        assert_ne!(
+            flag(container(ctl, "csi-resizer"), "handle-volume-inuse-error").as_deref(),
+            Some("false")
+        );
         assert_eq!(
             ctl["spec"]["strategy"]["type"].as_str(),
             Some("Recreate"),

@@ -1189,6 +1189,28 @@ async fn guest_lvm_thin_volumes_never_show_freed_chunks() {
     );
 }
 
+/// Stages (`stage`) and publishes at `target` a volume that grew while
+/// unused, and has the node grow its filesystem to `bytes`; returns the
+/// filesystem's size.
+async fn stage_grown(
+    h: &Harness,
+    stage: pb::NodeStageVolumeRequest,
+    target: &std::path::Path,
+    cap: &pb::VolumeCapability,
+    bytes: i64,
+) -> i64 {
+    let id = stage.volume_id.clone();
+    let staging = std::path::PathBuf::from(&stage.staging_target_path);
+    h.node().node_stage_volume(stage).await.unwrap();
+    h.node()
+        .node_publish_volume(publish_req(&id, &staging, target, cap.clone(), false))
+        .await
+        .unwrap();
+    h.grow_staged(&id, target, Some((&staging, cap)), &HashMap::new(), bytes)
+        .await;
+    h.total_bytes(&id, target).await
+}
+
 /// The iscsi backend end to end with open-iscsi against tgtd: CHAP and
 /// mutual CHAP, a mounted and a raw block volume, a driver restart between
 /// stage and unstage (the session is found, not logged in twice),
@@ -1307,36 +1329,15 @@ async fn guest_iscsi_backend_full_lifecycle() {
         .await;
     assert_eq!(code(&r), tonic::Code::FailedPrecondition, "{r:?}");
 
-    // Expansion: the controller grows the LUN, the node rescans and grows
-    // the filesystem.
+    // A volume in use is not grown (tgt reopens a LUN's store to learn its
+    // size, failing I/O in flight): refused, and the volume goes on.
     let before = h.total_bytes(&id, &target).await;
-    h.controller()
-        .controller_expand_volume(pb::ControllerExpandVolumeRequest {
-            volume_id: id.clone(),
-            capacity_range: Some(pb::CapacityRange {
-                required_bytes: 64 * MIB,
-                limit_bytes: 0,
-            }),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    h.node()
-        .node_expand_volume(pb::NodeExpandVolumeRequest {
-            volume_id: id.clone(),
-            volume_path: target.display().to_string(),
-            staging_target_path: staging.display().to_string(),
-            capacity_range: Some(pb::CapacityRange {
-                required_bytes: 64 * MIB,
-                limit_bytes: 0,
-            }),
-            volume_capability: Some(cap.clone()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let after = h.total_bytes(&id, &target).await;
-    assert!(after > before + 16 * MIB, "{before} -> {after}");
+    let r = h
+        .controller()
+        .controller_expand_volume(expand_req(&id, 64 * MIB))
+        .await;
+    assert_eq!(code(&r), tonic::Code::FailedPrecondition, "{r:?}");
+    std::fs::write(target.join("more"), b"still writable").unwrap();
 
     // A driver restart between stage and unstage: a repeated stage finds
     // the session instead of logging in twice, and unstage undoes it all.
@@ -1351,20 +1352,48 @@ async fn guest_iscsi_backend_full_lifecycle() {
         std::fs::read(target.join("data")).unwrap(),
         b"over iSCSI with CHAP"
     );
-    h.node()
-        .node_unpublish_volume(unpublish_req(&id, &target))
-        .await
-        .unwrap();
-    h.node()
-        .node_unstage_volume(unstage_req(&id, &staging))
-        .await
-        .unwrap();
+    h.unpublish_unstage(&id, &staging, &target).await;
     assert_eq!(ours(Iscsid::sessions()), 0);
     let nodes = std::process::Command::new("iscsiadm")
         .args(["-m", "node"])
         .output()
         .unwrap();
     assert!(!String::from_utf8_lossy(&nodes.stdout).contains(prefix));
+
+    // Unused, it grows: unpublished, expanded, published and staged again
+    // (the node logs in to the grown LUN), and the node grows the
+    // filesystem.
+    let publish_fs = pb::ControllerPublishVolumeRequest {
+        volume_id: id.clone(),
+        node_id: node_id.clone(),
+        volume_capability: Some(cap.clone()),
+        secrets: secrets.clone(),
+        ..Default::default()
+    };
+    h.controller()
+        .controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
+            volume_id: id.clone(),
+            node_id: node_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    h.controller()
+        .controller_expand_volume(expand_req(&id, 64 * MIB))
+        .await
+        .unwrap();
+    h.controller()
+        .controller_publish_volume(publish_fs.clone())
+        .await
+        .unwrap();
+    let after = stage_grown(&h, stage(secrets.clone()), &target, &cap, 64 * MIB).await;
+    assert!(after > before + 16 * MIB, "{before} -> {after}");
+    assert_eq!(
+        std::fs::read(target.join("more")).unwrap(),
+        b"still writable"
+    );
+    h.unpublish_unstage(&id, &staging, &target).await;
+    assert_eq!(ours(Iscsid::sessions()), 0);
 
     // A raw block volume, published as the device; then the target drops
     // the LUN while it is staged, and unstage still cleans up.
@@ -1440,14 +1469,7 @@ async fn guest_iscsi_backend_full_lifecycle() {
         "--lun",
         "1",
     ]);
-    h.node()
-        .node_unpublish_volume(unpublish_req(&bid, &btarget))
-        .await
-        .unwrap();
-    h.node()
-        .node_unstage_volume(unstage_req(&bid, &bstaging))
-        .await
-        .unwrap();
+    h.unpublish_unstage(&bid, &bstaging, &btarget).await;
     assert_eq!(ours(Iscsid::sessions()), 0);
 
     // Clean up through the controller: nothing of ours left anywhere.
@@ -1564,35 +1586,44 @@ async fn guest_iscsi_multipath_over_two_portals() {
         .unwrap();
     std::fs::write(target.join("data"), b"over two paths").unwrap();
 
-    // Expansion reaches the map.
+    // Expansion (while unused: refused in use, see the lifecycle test)
+    // reaches the map: staged again over the grown LUN, the node grows
+    // the filesystem on the map.
     let before = h.total_bytes(&id, &target).await;
+    h.unpublish_unstage(&id, &staging, &target).await;
+    let unpublish = pb::ControllerUnpublishVolumeRequest {
+        volume_id: id.clone(),
+        node_id: node_id.clone(),
+        ..Default::default()
+    };
     h.controller()
-        .controller_expand_volume(pb::ControllerExpandVolumeRequest {
-            volume_id: id.clone(),
-            capacity_range: Some(pb::CapacityRange {
-                required_bytes: 64 * MIB,
-                limit_bytes: 0,
-            }),
-            ..Default::default()
-        })
+        .controller_unpublish_volume(unpublish.clone())
         .await
         .unwrap();
-    h.node()
-        .node_expand_volume(pb::NodeExpandVolumeRequest {
+    h.controller()
+        .controller_expand_volume(expand_req(&id, 64 * MIB))
+        .await
+        .unwrap();
+    h.controller()
+        .controller_publish_volume(pb::ControllerPublishVolumeRequest {
             volume_id: id.clone(),
-            volume_path: target.display().to_string(),
-            staging_target_path: staging.display().to_string(),
-            capacity_range: Some(pb::CapacityRange {
-                required_bytes: 64 * MIB,
-                limit_bytes: 0,
-            }),
+            node_id: node_id.clone(),
             volume_capability: Some(cap.clone()),
             ..Default::default()
         })
         .await
         .unwrap();
-    let after = h.total_bytes(&id, &target).await;
+    let restage = pb::NodeStageVolumeRequest {
+        publish_context: ctx.clone(),
+        ..stage_req(&id, &staging, cap.clone())
+    };
+    let after = stage_grown(&h, restage, &target, &cap, 64 * MIB).await;
     assert!(after > before + 16 * MIB, "{before} -> {after}");
+    let sessions: Vec<String> = Iscsid::sessions()
+        .into_iter()
+        .filter(|l| l.contains(prefix))
+        .collect();
+    assert_eq!(sessions.len(), 2, "{sessions:?}");
 
     // One path goes away: the volume goes on through the other.
     let sid = sessions[1]
@@ -1609,14 +1640,7 @@ async fn guest_iscsi_multipath_over_two_portals() {
         b"over two paths"
     );
 
-    h.node()
-        .node_unpublish_volume(unpublish_req(&id, &target))
-        .await
-        .unwrap();
-    h.node()
-        .node_unstage_volume(unstage_req(&id, &staging))
-        .await
-        .unwrap();
+    h.unpublish_unstage(&id, &staging, &target).await;
     assert_eq!(
         Iscsid::sessions()
             .iter()
@@ -1631,11 +1655,7 @@ async fn guest_iscsi_multipath_over_two_portals() {
         .count();
     assert_eq!(maps, 0, "a multipath map was left behind");
     h.controller()
-        .controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
-            volume_id: id.clone(),
-            node_id: node_id.clone(),
-            ..Default::default()
-        })
+        .controller_unpublish_volume(unpublish)
         .await
         .unwrap();
     h.controller()
@@ -1878,14 +1898,7 @@ async fn guest_iscsi_over_an_lvm_store() {
         std::fs::read(target.join("f")).unwrap(),
         b"an LV behind a LUN"
     );
-    h.node()
-        .node_unpublish_volume(unpublish_req(&id, &target))
-        .await
-        .unwrap();
-    h.node()
-        .node_unstage_volume(unstage_req(&id, &staging))
-        .await
-        .unwrap();
+    h.unpublish_unstage(&id, &staging, &target).await;
     h.controller()
         .controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
             volume_id: id.clone(),
@@ -2054,32 +2067,8 @@ async fn guest_rbd_backend_full_lifecycle() {
 
     // Expansion seen by the node.
     let before = h.total_bytes(&id, &target).await;
-    h.controller()
-        .controller_expand_volume(pb::ControllerExpandVolumeRequest {
-            volume_id: id.clone(),
-            capacity_range: Some(pb::CapacityRange {
-                required_bytes: 64 * MIB,
-                limit_bytes: 0,
-            }),
-            secrets: secrets.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    h.node()
-        .node_expand_volume(pb::NodeExpandVolumeRequest {
-            volume_id: id.clone(),
-            volume_path: target.display().to_string(),
-            staging_target_path: staging.display().to_string(),
-            capacity_range: Some(pb::CapacityRange {
-                required_bytes: 64 * MIB,
-                limit_bytes: 0,
-            }),
-            volume_capability: Some(cap.clone()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    h.grow_staged(&id, &target, Some((&staging, &cap)), &secrets, 64 * MIB)
+        .await;
     let after = h.total_bytes(&id, &target).await;
     assert!(after > before + 16 * MIB, "{before} -> {after}");
 
@@ -2091,14 +2080,7 @@ async fn guest_rbd_backend_full_lifecycle() {
         .await
         .unwrap();
     assert_eq!(mapped(), 1, "mapped twice");
-    h.node()
-        .node_unpublish_volume(unpublish_req(&id, &target))
-        .await
-        .unwrap();
-    h.node()
-        .node_unstage_volume(unstage_req(&id, &staging))
-        .await
-        .unwrap();
+    h.unpublish_unstage(&id, &staging, &target).await;
     assert_eq!(mapped(), 0);
     h.node()
         .node_unstage_volume(unstage_req(&id, &staging))
@@ -2163,14 +2145,7 @@ async fn guest_rbd_backend_full_lifecycle() {
         let dev = run("findmnt", &["-n", "-o", "SOURCE", st.to_str().unwrap()]);
         let own = uuid_of(&dev);
         assert!(!own.is_empty() && own != source_uuid, "{v}: {own}");
-        h.node()
-            .node_unpublish_volume(unpublish_req(v, &tg))
-            .await
-            .unwrap();
-        h.node()
-            .node_unstage_volume(unstage_req(v, &st))
-            .await
-            .unwrap();
+        h.unpublish_unstage(v, &st, &tg).await;
     }
 
     // A raw block volume, published as the device.
@@ -2220,14 +2195,7 @@ async fn guest_rbd_backend_full_lifecycle() {
         })
         .await;
     assert_eq!(code(&r), tonic::Code::FailedPrecondition, "{r:?}");
-    h.node()
-        .node_unpublish_volume(unpublish_req(&bid, &btg))
-        .await
-        .unwrap();
-    h.node()
-        .node_unstage_volume(unstage_req(&bid, &bst))
-        .await
-        .unwrap();
+    h.unpublish_unstage(&bid, &bst, &btg).await;
     assert_eq!(mapped(), 0);
 
     for v in [&id, &restored, &cloned, &bid] {

@@ -52,6 +52,20 @@ fn capacity_as(t: &Tgtd, iqn: &str, initiator: &str, chap: Option<(&str, &str)>)
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// The VolumeExpansion mode the driver advertises.
+async fn expansion(h: &Harness) -> Option<pb::plugin_capability::volume_expansion::Type> {
+    let caps = h
+        .identity()
+        .get_plugin_capabilities(pb::GetPluginCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    caps.capabilities.iter().find_map(|c| match &c.r#type {
+        Some(pb::plugin_capability::Type::VolumeExpansion(e)) => e.r#type.try_into().ok(),
+        _ => None,
+    })
+}
+
 fn secrets(user: &str, password: &str) -> HashMap<String, String> {
     HashMap::from([
         ("chapUsername".to_string(), user.to_string()),
@@ -65,6 +79,14 @@ fn publish(id: &str, initiator: &str, secret: &str) -> pb::ControllerPublishVolu
         node_id: format!("node/{initiator}"),
         volume_capability: Some(mount_cap("ext4", SNW)),
         secrets: secrets("alice", secret),
+        ..Default::default()
+    }
+}
+
+fn unpublish(id: &str, initiator: &str) -> pb::ControllerUnpublishVolumeRequest {
+    pb::ControllerUnpublishVolumeRequest {
+        volume_id: id.into(),
+        node_id: format!("node/{initiator}"),
         ..Default::default()
     }
 }
@@ -103,6 +125,11 @@ async fn iscsi_controller_grants_access_on_a_real_tgtd() {
     assert!(
         format!("{caps:?}").contains("PublishUnpublishVolume"),
         "{caps:?}"
+    );
+    // Expansion is offline with iscsi alone (a LUN grows only unused).
+    assert_eq!(
+        expansion(&h).await,
+        Some(pb::plugin_capability::volume_expansion::Type::Offline)
     );
 
     let vol = c
@@ -163,25 +190,23 @@ async fn iscsi_controller_grants_access_on_a_real_tgtd() {
     // The secret never reached the log.
     assert!(!h.log().contains(SECRET));
 
-    // Expansion grows the store and the LUN shows it.
-    let grown = c
-        .controller_expand_volume(pb::ControllerExpandVolumeRequest {
-            volume_id: id.clone(),
-            capacity_range: Some(pb::CapacityRange {
-                required_bytes: 32 * MIB,
-                limit_bytes: 0,
-            }),
-            ..Default::default()
-        })
+    // A published volume is not grown: tgt reopens a LUN's store to
+    // learn its size, and I/O in flight meanwhile fails. The refusal
+    // names who uses it, and nothing changed.
+    let r = c.controller_expand_volume(expand_req(&id, 32 * MIB)).await;
+    assert_eq!(code(&r), Code::FailedPrecondition, "{r:?}");
+    assert!(format!("{r:?}").contains(NODE_A), "{r:?}");
+    assert_eq!(
+        capacity_as(&t, &iqn, NODE_A, Some(("alice", SECRET))),
+        Some(16 << 20)
+    );
+    // Asking for what it has is no expansion: done.
+    let same = c
+        .controller_expand_volume(expand_req(&id, 16 * MIB))
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(grown.capacity_bytes, 32 * MIB);
-    assert!(grown.node_expansion_required);
-    assert_eq!(
-        capacity_as(&t, &iqn, NODE_A, Some(("alice", SECRET))),
-        Some(32 << 20)
-    );
+    assert_eq!(same.capacity_bytes, 16 * MIB);
 
     // tgtd restarts and forgets everything: the next publish rebuilds the
     // target with its LUN, ACL and CHAP.
@@ -193,21 +218,47 @@ async fn iscsi_controller_grants_access_on_a_real_tgtd() {
         .unwrap();
     assert_eq!(
         capacity_as(&t, &iqn, NODE_A, Some(("alice", SECRET))),
-        Some(32 << 20)
+        Some(16 << 20)
     );
     assert_eq!(capacity_as(&t, &iqn, NODE_B, Some(("alice", SECRET))), None);
 
     // Unpublish takes the node off the ACL; twice is fine.
     for _ in 0..2 {
-        c.controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
-            volume_id: id.clone(),
-            node_id: format!("node/{NODE_A}"),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+        c.controller_unpublish_volume(unpublish(&id, NODE_A))
+            .await
+            .unwrap();
     }
     assert_eq!(capacity_as(&t, &iqn, NODE_A, Some(("alice", SECRET))), None);
+
+    // Unpublished, it grows: the store, then the LUN on the same target
+    // (same SCSI identity), which the next publish shows.
+    let serial = |t: &Tgtd| {
+        let shown = t.tgtadm(&["--op", "show", "--mode", "target"]);
+        shown
+            .lines()
+            .rfind(|l| l.contains("SCSI SN:"))
+            .map(str::to_string)
+    };
+    let before = serial(&t);
+    assert!(before.is_some());
+    let grown = c
+        .controller_expand_volume(expand_req(&id, 32 * MIB))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(grown.capacity_bytes, 32 * MIB);
+    assert!(grown.node_expansion_required);
+    assert_eq!(serial(&t), before);
+    c.controller_publish_volume(publish(&id, NODE_A, SECRET))
+        .await
+        .unwrap();
+    assert_eq!(
+        capacity_as(&t, &iqn, NODE_A, Some(("alice", SECRET))),
+        Some(32 << 20)
+    );
+    c.controller_unpublish_volume(unpublish(&id, NODE_A))
+        .await
+        .unwrap();
 
     // A node that reported no initiator name is not a node of this backend.
     let r = c
@@ -273,6 +324,12 @@ async fn a_mixed_deployment_answers_controller_publish_per_backend() {
     assert!(
         format!("{caps:?}").contains("PublishUnpublishVolume"),
         "{caps:?}"
+    );
+    // file and lvm grow volumes in use: expansion is online (iscsi still
+    // refuses its own volumes while they are published).
+    assert_eq!(
+        expansion(&h).await,
+        Some(pb::plugin_capability::volume_expansion::Type::Online)
     );
     let me = h
         .node()

@@ -121,6 +121,7 @@ impl Registry {
             all.attach |= c.attach;
             all.device_mount |= c.device_mount;
             all.expand |= c.expand;
+            all.expand_online |= c.expand && c.expand_online;
             all.snapshot |= c.snapshot;
             all.clone |= c.clone;
             all.block |= c.block;
@@ -230,5 +231,35 @@ mod tests {
         let c = r.capabilities();
         assert!(c.provision && c.attach && c.block && !c.snapshot);
         assert_eq!(c.access_modes.len(), 1);
+    }
+
+    /// Expansion is online when one expanding backend grows volumes in
+    /// use; one that grows only unused volumes makes it offline alone.
+    #[test]
+    fn expansion_is_online_if_any_expanding_backend_is() {
+        let offline = Capabilities {
+            expand: true,
+            ..Default::default()
+        };
+        let online_without_expand = Capabilities {
+            expand_online: true,
+            ..Default::default()
+        };
+        let mut r = Registry::new();
+        r.register(Arc::new(Named("iscsi", offline.clone())))
+            .unwrap();
+        r.register(Arc::new(Named("x", online_without_expand)))
+            .unwrap();
+        let c = r.capabilities();
+        assert!(c.expand && !c.expand_online);
+        r.register(Arc::new(Named(
+            "rbd",
+            Capabilities {
+                expand_online: true,
+                ..offline
+            },
+        )))
+        .unwrap();
+        assert!(r.capabilities().expand_online);
     }
 }

@@ -18,6 +18,9 @@ pub struct Capabilities {
     pub device_mount: bool,
     /// ControllerExpand (and node filesystem growth).
     pub expand: bool,
+    /// Expansion while the volume is published. Without it, expanding a
+    /// volume in use is refused (FAILED_PRECONDITION) until it is not.
+    pub expand_online: bool,
     /// CreateSnapshot / DeleteSnapshot / ListSnapshots, and volumes from them.
     pub snapshot: bool,
     /// Volumes cloned from volumes.
@@ -40,6 +43,7 @@ impl Capabilities {
             attach: false,
             device_mount: true,
             expand: true,
+            expand_online: true,
             snapshot: true,
             clone: true,
             block: true,

@@ -42,9 +42,16 @@ impl Identity for IdentityService {
                 out.push(service(pc::service::Type::VolumeAccessibilityConstraints));
             }
             if caps.expand {
+                // ONLINE when any backend grows volumes in use; a backend
+                // that cannot still refuses those with FAILED_PRECONDITION.
+                let when = if caps.expand_online {
+                    pc::volume_expansion::Type::Online
+                } else {
+                    pc::volume_expansion::Type::Offline
+                };
                 out.push(pb::PluginCapability {
                     r#type: Some(pc::Type::VolumeExpansion(pc::VolumeExpansion {
-                        r#type: pc::volume_expansion::Type::Online as i32,
+                        r#type: when as i32,
                     })),
                 });
             }

@@ -9,6 +9,7 @@ use ferrovol::proto::controller_client::ControllerClient;
 use ferrovol::proto::identity_client::IdentityClient;
 use ferrovol::proto::node_client::NodeClient;
 use ferrovol::proto::{self as pb};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -358,6 +359,18 @@ pub fn unstage_req(id: &str, staging: &Path) -> pb::NodeUnstageVolumeRequest {
     }
 }
 
+/// ControllerExpandVolume to at least `bytes`.
+pub fn expand_req(id: &str, bytes: i64) -> pb::ControllerExpandVolumeRequest {
+    pb::ControllerExpandVolumeRequest {
+        volume_id: id.into(),
+        capacity_range: Some(pb::CapacityRange {
+            required_bytes: bytes,
+            limit_bytes: 0,
+        }),
+        ..Default::default()
+    }
+}
+
 impl Harness {
     /// The driver's pid.
     pub fn pid(&self) -> u32 {
@@ -449,16 +462,21 @@ impl Harness {
         }
     }
 
+    /// NodeUnpublishVolume at `target`, then NodeUnstageVolume at `staging`.
+    pub async fn unpublish_unstage(&self, id: &str, staging: &Path, target: &Path) {
+        self.node()
+            .node_unpublish_volume(unpublish_req(id, target))
+            .await
+            .unwrap();
+        self.node()
+            .node_unstage_volume(unstage_req(id, staging))
+            .await
+            .unwrap();
+    }
+
     /// Unpublishes, unstages and deletes what [`Harness::provision`] made.
     pub async fn teardown(&self, p: &Published) {
-        self.node()
-            .node_unpublish_volume(unpublish_req(&p.id, &p.target))
-            .await
-            .unwrap();
-        self.node()
-            .node_unstage_volume(unstage_req(&p.id, &p.staging))
-            .await
-            .unwrap();
+        self.unpublish_unstage(&p.id, &p.staging, &p.target).await;
         self.controller()
             .delete_volume(pb::DeleteVolumeRequest {
                 volume_id: p.id.clone(),
@@ -471,6 +489,21 @@ impl Harness {
     /// ControllerExpandVolume then NodeExpandVolume at `path`; returns the
     /// sizes both report.
     pub async fn grow(&self, id: &str, path: &Path, bytes: i64) -> (i64, i64) {
+        self.grow_staged(id, path, None, &HashMap::new(), bytes)
+            .await
+    }
+
+    /// [`Harness::grow`] as kubelet calls it for a staged volume: the
+    /// controller call carries `secrets`, the node call the staging path
+    /// and the volume's capability.
+    pub async fn grow_staged(
+        &self,
+        id: &str,
+        path: &Path,
+        staged: Option<(&Path, &pb::VolumeCapability)>,
+        secrets: &HashMap<String, String>,
+        bytes: i64,
+    ) -> (i64, i64) {
         let range = Some(pb::CapacityRange {
             required_bytes: bytes,
             limit_bytes: 0,
@@ -480,6 +513,7 @@ impl Harness {
             .controller_expand_volume(pb::ControllerExpandVolumeRequest {
                 volume_id: id.into(),
                 capacity_range: range,
+                secrets: secrets.clone(),
                 ..Default::default()
             })
             .await
@@ -490,6 +524,10 @@ impl Harness {
             .node_expand_volume(pb::NodeExpandVolumeRequest {
                 volume_id: id.into(),
                 volume_path: path.display().to_string(),
+                staging_target_path: staged
+                    .map(|(s, _)| s.display().to_string())
+                    .unwrap_or_default(),
+                volume_capability: staged.map(|(_, c)| c.clone()),
                 capacity_range: range,
                 ..Default::default()
             })

@@ -117,6 +117,10 @@ struct Record {
     /// it (the store is here, the filesystem is mounted there).
     #[serde(default)]
     copy: Option<FsCopy>,
+    /// The size LUN 1 was last made or refreshed at (records from before
+    /// it was kept have none).
+    #[serde(default)]
+    lun_bytes: Option<u64>,
 }
 
 /// A copy waiting for its own filesystem UUID.
@@ -546,6 +550,8 @@ impl Backend for IscsiBackend {
             attach: true,
             device_mount: true,
             expand: store.as_ref().is_none_or(|c| c.expand),
+            // tgt cannot grow a LUN under I/O (see Target::refresh).
+            expand_online: false,
             snapshot: store.as_ref().is_some_and(|c| c.snapshot),
             clone: store.as_ref().is_some_and(|c| c.clone),
             block: true,
@@ -634,8 +640,10 @@ impl Backend for IscsiBackend {
                 incoming_user: None,
                 outgoing_user: None,
                 copy: None,
+                lun_bytes: None,
             },
         };
+        record.lun_bytes.get_or_insert(info.capacity_bytes);
         let targets = self.target.targets().await?;
         self.ensure_target(&id, &mut record, &targets).await?;
         self.save(&id, &record)?;
@@ -705,6 +713,32 @@ impl Backend for IscsiBackend {
         self.own_volume(id)?;
         let store = self.store()?;
         let store_id = self.to_store(id)?;
+        let record = self
+            .load(id)?
+            .ok_or_else(|| Error::not_found(format!("volume {id} has no target")))?;
+        // Growing the LUN reopens its store, which fails I/O in flight
+        // (Target::refresh): only while no node can use it. Publish and
+        // expand of one volume never overlap (the volume's guard), and the
+        // ACL keeps out initiators that were not published.
+        let targets = self.target.targets().await?;
+        let mut users: BTreeSet<&str> = record.initiators.iter().map(String::as_str).collect();
+        if let Some(t) = targets.iter().find(|t| t.iqn == record.iqn) {
+            users.extend(t.sessions.iter().map(String::as_str));
+        }
+        if !users.is_empty() {
+            // A repeat of an expansion that is done asks for nothing new.
+            if let Some(bytes) = record
+                .lun_bytes
+                .filter(|&b| b >= required && (limit == 0 || b <= limit))
+            {
+                return Ok(bytes);
+            }
+            return Err(Error::precondition(format!(
+                "volume {id} is in use by {}: an iSCSI volume grows only while it is not \
+                 published (tgt cannot grow a LUN under I/O); it grows once no node uses it",
+                users.into_iter().collect::<Vec<_>>().join(", ")
+            )));
+        }
         let size = store
             .expand_volume(&store_id, required, limit, secrets)
             .await?;
@@ -717,9 +751,8 @@ impl Backend for IscsiBackend {
         store
             .node_refresh_size(&store_id, &record.attachment)
             .await?;
-        self.target
-            .refresh(tid, &record.iqn, &record.device)
-            .await?;
+        self.target.refresh(tid, &record.device).await?;
+        record.lun_bytes = Some(size);
         self.save(id, &record)?;
         Ok(size)
     }
@@ -784,6 +817,12 @@ impl Backend for IscsiBackend {
             .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
         let targets = self.target.targets().await?;
         let tid = self.ensure_target(id, &mut record, &targets).await?;
+        // Accounts the target has bound now (none if it was just made).
+        let bound: Vec<(String, bool)> = targets
+            .iter()
+            .find(|t| t.tid == tid && t.iqn == record.iqn)
+            .map(|t| t.accounts.clone())
+            .unwrap_or_default();
         // CHAP first, so the ACL never opens a target that should ask.
         for (pair, outgoing_dir, slot) in [
             (&incoming, false, &mut record.incoming_user),
@@ -795,7 +834,13 @@ impl Backend for IscsiBackend {
                     if let Some(old) = slot.as_ref().filter(|o| *o != user) {
                         self.target.unbind_account(tid, old, outgoing_dir).await?;
                     }
-                    self.target.bind_account(tid, user, outgoing_dir).await?;
+                    // tgt refuses a second bind of the outgoing account
+                    // ("already has an outgoing account"): a repeated
+                    // publish binds only what is not bound yet.
+                    if slot.as_ref() != Some(user) || !bound.contains(&(user.clone(), outgoing_dir))
+                    {
+                        self.target.bind_account(tid, user, outgoing_dir).await?;
+                    }
                     *slot = Some(user.clone());
                 }
                 None => {

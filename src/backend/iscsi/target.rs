@@ -33,8 +33,9 @@ pub trait Target: Send + Sync {
     async fn create(&self, tid: u32, iqn: &str, backing: &Path) -> Result<()>;
     /// Removes target `tid`; refused by the server while sessions exist.
     async fn delete(&self, tid: u32) -> Result<()>;
-    /// Makes LUN 1 report the backing store's current size.
-    async fn refresh(&self, tid: u32, iqn: &str, backing: &Path) -> Result<()>;
+    /// Makes LUN 1 report the backing store's current size. Only for a
+    /// LUN nobody uses: I/O in flight meanwhile may fail.
+    async fn refresh(&self, tid: u32, backing: &Path) -> Result<()>;
     async fn allow(&self, tid: u32, initiator: &str) -> Result<()>;
     async fn disallow(&self, tid: u32, initiator: &str) -> Result<()>;
     /// The CHAP account names the server knows.
@@ -175,50 +176,33 @@ impl Target for Tgt {
         .await
     }
 
-    async fn refresh(&self, tid: u32, iqn: &str, backing: &Path) -> Result<()> {
-        // tgt reads a backing store's size when the LUN is made: the LUN is
-        // taken offline, made again on the same store with the same SCSI
-        // identity, and put back online, so initiators see a capacity
-        // change, not a new disk.
-        let tid_s = tid.to_string();
-        let state = |v: &str| {
-            self.tgtadm().args([
-                "--op", "update", "--mode", "target", "--tid", &tid_s, "--name", "state",
-                "--value", v,
-            ])
-        };
-        self.run(state("offline")).await?;
-        let result = async {
-            self.run(self.tgtadm().args([
-                "--op",
-                "delete",
-                "--mode",
-                "logicalunit",
-                "--tid",
-                &tid_s,
-                "--lun",
-                "1",
-            ]))
-            .await?;
-            self.run(self.tgtadm().args([
-                "--op",
-                "new",
-                "--mode",
-                "logicalunit",
-                "--tid",
-                &tid_s,
-                "--lun",
-                "1",
-                "--backing-store",
-                &path_arg(backing)?,
-            ]))
-            .await?;
-            self.identify(&tid_s, iqn).await
+    async fn refresh(&self, tid: u32, backing: &Path) -> Result<()> {
+        // tgt reads a backing store's size when it opens it: one update
+        // takes LUN 1 offline, reopens its store (same LUN, same SCSI
+        // identity) and brings it back online, all inside one request of
+        // tgtd's event loop. Commands in flight on its I/O threads during
+        // the reopen fail, which is why the backend refreshes only LUNs no
+        // initiator is logged in to.
+        let path = path_arg(backing)?;
+        if path.contains(',') {
+            return Err(Error::internal(format!(
+                "backing store {path:?} has a comma, which tgtadm's --params cannot carry"
+            )));
         }
-        .await;
-        let online = self.run(state("ready")).await;
-        result?;
-        online.map(|_| ())
+        self.run(self.tgtadm().args([
+            "--op",
+            "update",
+            "--mode",
+            "logicalunit",
+            "--tid",
+            &tid.to_string(),
+            "--lun",
+            "1",
+            "--params",
+            &format!("online=0,path={path}"),
+        ]))
+        .await
+        .map(|_| ())
     }
 
     async fn allow(&self, tid: u32, initiator: &str) -> Result<()> {

@@ -516,6 +516,33 @@ async fn publish_sets_chap_then_the_acl_and_unpublish_takes_it_back() {
         .unwrap_err();
     assert_eq!(e.kind, Kind::FailedPrecondition);
 
+    // Published again with the same secrets (a retry, or a second node):
+    // the accounts bound already are not bound again (tgt refuses a
+    // second outgoing bind: "already has an outgoing account").
+    let accounts = "Account list:\n    alice\n    target\n";
+    s.runner
+        .expect(
+            "tgtadm",
+            Reply::Ok(target_row(
+                1,
+                IQN,
+                &[],
+                &[INITIATOR],
+                &["alice", "target (outgoing)"],
+            )),
+        )
+        .expect("tgtadm", Reply::Ok(accounts.into()))
+        .expect("tgtadm", Reply::Ok(accounts.into()))
+        .ok("tgtadm")
+        .ok("tgtadm");
+    let before = s.runner.lines().len();
+    b.controller_attach(&id, &attach_req(&chap)).await.unwrap();
+    let again = s.runner.lines()[before..].to_vec();
+    assert!(
+        again.iter().all(|l| !l.contains("--mode account --tid")),
+        "{again:#?}"
+    );
+
     // A node without an initiator name, and an unknown volume: NOT_FOUND.
     let mut plain = attach_req(&chap);
     plain.node_id = "worker-2".into();
@@ -624,6 +651,7 @@ async fn a_lost_target_is_rebuilt_closed_until_the_secret_comes_back() {
                 incoming_user: Some("alice".into()),
                 outgoing_user: None,
                 copy: None,
+                lun_bytes: None,
             },
         )
         .unwrap();
@@ -667,6 +695,8 @@ async fn a_lost_target_is_rebuilt_closed_until_the_secret_comes_back() {
         .ends_with(&format!("--initiator-name {INITIATOR}")));
 }
 
+/// An unused volume grows: the store, then LUN 1 reopened on it in one
+/// tgtadm update (same LUN, same SCSI identity).
 #[tokio::test]
 async fn expansion_grows_the_store_and_refreshes_the_lun() {
     let s = Setup::new();
@@ -678,15 +708,10 @@ async fn expansion_grows_the_store_and_refreshes_the_lun() {
         .ok("tgtadm");
     b.create_volume(&create("pvc-1")).await.unwrap();
     let id = VolumeId::parse("iscsi:pvc-1").unwrap();
+    let unused = target_row(3, IQN, &[], &[], &[]);
     s.runner
-        .expect(
-            "tgtadm",
-            Reply::Ok(target_row(3, IQN, &[INITIATOR], &[INITIATOR], &[])),
-        )
-        .ok("tgtadm")
-        .ok("tgtadm")
-        .ok("tgtadm")
-        .ok("tgtadm")
+        .expect("tgtadm", Reply::Ok(unused.clone()))
+        .expect("tgtadm", Reply::Ok(unused.clone()))
         .ok("tgtadm");
     assert_eq!(
         b.expand_volume(&id, 16 << 20, 0, &Secrets::default())
@@ -694,36 +719,84 @@ async fn expansion_grows_the_store_and_refreshes_the_lun() {
             .unwrap(),
         16 << 20
     );
-    let lines = s.runner.lines();
-    let n = lines.len();
-    let serial = target::serial_for(IQN);
     assert_eq!(
-        lines[n - 5..],
-        [
-            "tgtadm -C 0 --lld iscsi --op update --mode target --tid 3 --name state --value offline".to_string(),
-            "tgtadm -C 0 --lld iscsi --op delete --mode logicalunit --tid 3 --lun 1".to_string(),
-            "tgtadm -C 0 --lld iscsi --op new --mode logicalunit --tid 3 --lun 1 --backing-store /dev/loop7".to_string(),
-            format!("tgtadm -C 0 --lld iscsi --op update --mode logicalunit --tid 3 --lun 1 --params scsi_id=fv{serial},scsi_sn={serial}"),
-            "tgtadm -C 0 --lld iscsi --op update --mode target --tid 3 --name state --value ready".to_string(),
-        ]
+        s.runner.lines().last().unwrap(),
+        "tgtadm -C 0 --lld iscsi --op update --mode logicalunit --tid 3 --lun 1 --params online=0,path=/dev/loop7"
     );
     assert!(s
         .store
         .calls()
         .contains(&"refresh iscsi-store:pvc-1".to_string()));
 
-    // The new LUN cannot be made: the target still goes back online.
+    // The LUN cannot be reopened: the error is the caller's, and a retry
+    // does it again.
     s.runner
-        .expect("tgtadm", Reply::Ok(target_row(3, IQN, &[], &[], &[])))
-        .ok("tgtadm")
-        .ok("tgtadm")
-        .expect("tgtadm", Reply::Fail(22, "tgtadm: out of memory".into()))
-        .ok("tgtadm");
+        .expect("tgtadm", Reply::Ok(unused.clone()))
+        .expect("tgtadm", Reply::Ok(unused.clone()))
+        .expect("tgtadm", Reply::Fail(22, "tgtadm: out of memory".into()));
     assert!(b
         .expand_volume(&id, 32 << 20, 0, &Secrets::default())
         .await
         .is_err());
-    assert!(s.runner.lines().last().unwrap().ends_with("--value ready"));
+}
+
+/// A volume in use (published, or an initiator logged in) is not grown:
+/// reopening the LUN's store under I/O fails commands in flight. A repeat
+/// of an expansion already done still succeeds.
+#[tokio::test]
+async fn a_volume_in_use_is_not_grown() {
+    let s = Setup::new();
+    let b = s.backend();
+    s.runner
+        .expect("tgtadm", Reply::Ok(String::new()))
+        .ok("tgtadm")
+        .ok("tgtadm")
+        .ok("tgtadm");
+    b.create_volume(&create("pvc-1")).await.unwrap();
+    let id = VolumeId::parse("iscsi:pvc-1").unwrap();
+    let created = b.load(&id).unwrap().unwrap().lun_bytes.unwrap();
+    let before = s.store.calls().len();
+
+    // Logged in without a publish record (a session left behind).
+    s.runner.expect(
+        "tgtadm",
+        Reply::Ok(target_row(3, IQN, &[INITIATOR], &[], &[])),
+    );
+    let e = b
+        .expand_volume(&id, created * 2, 0, &Secrets::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::FailedPrecondition, "{e}");
+    assert!(e.to_string().contains(INITIATOR), "{e}");
+
+    // Published, nobody logged in yet.
+    let mut record = b.load(&id).unwrap().unwrap();
+    record.initiators.insert(INITIATOR.into());
+    b.save(&id, &record).unwrap();
+    s.runner
+        .expect(
+            "tgtadm",
+            Reply::Ok(target_row(3, IQN, &[], &[INITIATOR], &[])),
+        )
+        .expect(
+            "tgtadm",
+            Reply::Ok(target_row(3, IQN, &[], &[INITIATOR], &[])),
+        );
+    let e = b
+        .expand_volume(&id, created * 2, 0, &Secrets::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::FailedPrecondition, "{e}");
+    // Nothing was grown.
+    assert_eq!(s.store.calls().len(), before, "{:?}", s.store.calls());
+    // What the LUN already has is no expansion: done.
+    assert_eq!(
+        b.expand_volume(&id, created, 0, &Secrets::default())
+            .await
+            .unwrap(),
+        created
+    );
+    assert_eq!(s.store.calls().len(), before);
 }
 
 /// A fake sysfs: session `sid` with LUN 1 as disk `disk`.

@@ -664,6 +664,7 @@ impl Backend for NfsBackend {
             attach: false,
             device_mount: false,
             expand: true,
+            expand_online: true,
             snapshot: true,
             clone: true,
             block: false,

@@ -591,6 +591,7 @@ impl Backend for RbdBackend {
             attach: true,
             device_mount: true,
             expand: true,
+            expand_online: true,
             snapshot: true,
             clone: true,
             block: true,
