@@ -1825,7 +1825,8 @@ async fn guest_iscsi_clone_mounts_beside_its_source() {
 }
 
 /// The iscsi backend over an lvm store: the LUN is an LV (activated on the
-/// controller, zeroed when deleted), staged on the node over open-iscsi.
+/// controller, zeroed when deleted), staged on the node over open-iscsi,
+/// and grown while unused (the LV extended, tgt reopening the device).
 #[tokio::test]
 #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
 async fn guest_iscsi_over_an_lvm_store() {
@@ -1882,13 +1883,11 @@ async fn guest_iscsi_over_an_lvm_store() {
     let staging = h.path("kubelet/staging/lun");
     let target = h.path("kubelet/pods/lun");
     std::fs::create_dir_all(&staging).unwrap();
-    h.node()
-        .node_stage_volume(pb::NodeStageVolumeRequest {
-            publish_context: ctx,
-            ..stage_req(&id, &staging, cap.clone())
-        })
-        .await
-        .unwrap();
+    let stage = pb::NodeStageVolumeRequest {
+        publish_context: ctx,
+        ..stage_req(&id, &staging, cap.clone())
+    };
+    h.node().node_stage_volume(stage.clone()).await.unwrap();
     h.node()
         .node_publish_volume(publish_req(&id, &staging, &target, cap.clone(), false))
         .await
@@ -1898,13 +1897,42 @@ async fn guest_iscsi_over_an_lvm_store() {
         std::fs::read(target.join("f")).unwrap(),
         b"an LV behind a LUN"
     );
+    let before = h.total_bytes(&id, &target).await;
     h.unpublish_unstage(&id, &staging, &target).await;
+    let unpublish = pb::ControllerUnpublishVolumeRequest {
+        volume_id: id.clone(),
+        node_id: node_id.clone(),
+        ..Default::default()
+    };
     h.controller()
-        .controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
+        .controller_unpublish_volume(unpublish.clone())
+        .await
+        .unwrap();
+
+    // Unused, it grows: lvextend, then tgt reopens the LV (a block device:
+    // its size comes from the kernel), and the node grows the filesystem.
+    h.controller()
+        .controller_expand_volume(expand_req(&id, 48 * MIB))
+        .await
+        .unwrap();
+    h.controller()
+        .controller_publish_volume(pb::ControllerPublishVolumeRequest {
             volume_id: id.clone(),
-            node_id,
+            node_id: node_id.clone(),
+            volume_capability: Some(cap.clone()),
             ..Default::default()
         })
+        .await
+        .unwrap();
+    let after = stage_grown(&h, stage, &target, &cap, 48 * MIB).await;
+    assert!(after > before + 16 * MIB, "{before} -> {after}");
+    assert_eq!(
+        std::fs::read(target.join("f")).unwrap(),
+        b"an LV behind a LUN"
+    );
+    h.unpublish_unstage(&id, &staging, &target).await;
+    h.controller()
+        .controller_unpublish_volume(unpublish)
         .await
         .unwrap();
     h.controller()
