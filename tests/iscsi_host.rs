@@ -187,6 +187,15 @@ async fn iscsi_controller_grants_access_on_a_real_tgtd() {
     );
     assert_eq!(capacity_as(&t, &iqn, NODE_A, None), None);
 
+    // A second node while it is published to the first: refused (every
+    // iscsi access mode is single-node), naming the first; B stays out.
+    let r = c
+        .controller_publish_volume(publish(&id, NODE_B, SECRET))
+        .await;
+    assert_eq!(code(&r), Code::FailedPrecondition, "{r:?}");
+    assert!(format!("{r:?}").contains(NODE_A), "{r:?}");
+    assert_eq!(capacity_as(&t, &iqn, NODE_B, Some(("alice", SECRET))), None);
+
     // The secret never reached the log.
     assert!(!h.log().contains(SECRET));
 
@@ -291,7 +300,8 @@ async fn iscsi_controller_grants_access_on_a_real_tgtd() {
 /// One driver with file, lvm and iscsi backends: ControllerPublish is
 /// advertised, and each backend answers it as it should: the node-local
 /// ones with an empty context on their own node and NOT_FOUND for another,
-/// iscsi with the target to log in to; unpublish is idempotent for all.
+/// iscsi with the target to log in to (and FAILED_PRECONDITION for a
+/// second node meanwhile); unpublish is idempotent for all.
 #[tokio::test]
 async fn a_mixed_deployment_answers_controller_publish_per_backend() {
     require_root();
@@ -388,15 +398,15 @@ async fn a_mixed_deployment_answers_controller_publish_per_backend() {
                     here["iqn"].starts_with("iqn.2026-11.io.ferrovol.test:"),
                     "{here:?}"
                 );
-                let there = there.unwrap().into_inner().publish_context;
-                assert_eq!(there["iqn"], here["iqn"]);
+                // Single-node: not published to a second node meanwhile.
+                assert_eq!(code(&there), Code::FailedPrecondition, "{there:?}");
                 let shown = t.tgtadm(&["--op", "show", "--mode", "target"]);
                 assert!(
                     shown.contains("iqn.2026-11.io.ferrovol.test:mixed"),
                     "{shown}"
                 );
                 assert!(
-                    shown.contains("iqn.2026-11.io.ferrovol.test:other"),
+                    !shown.contains("iqn.2026-11.io.ferrovol.test:other"),
                     "{shown}"
                 );
             }

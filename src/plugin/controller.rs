@@ -305,10 +305,17 @@ impl ControllerOps {
     ) -> Result<BTreeMap<String, String>> {
         let backend = self.registry.for_volume(id)?.clone();
         backend.supports(&req.capability)?;
-        let _guard = self.guard(
-            &[locks::publish_key(id, &req.node_id)],
-            &[locks::volume_key(id)],
-        )?;
+        // A single-node publish holds the whole volume: a backend's "is it
+        // published elsewhere?" check and its record of this node cannot
+        // interleave with a publish to another node. Multi-node publishes
+        // of one volume go side by side.
+        let publish = locks::publish_key(id, &req.node_id);
+        let volume = locks::volume_key(id);
+        let _guard = if req.capability.mode.is_multi_node() {
+            self.guard(&[publish], &[volume])?
+        } else {
+            self.guard(&[publish, volume], &[])?
+        };
         if backend.get_volume(id).await?.is_none() {
             return Err(Error::not_found(format!("volume {id} does not exist")));
         }

@@ -90,6 +90,15 @@ impl AccessMode {
             AccessMode::SingleNodeReaderOnly | AccessMode::MultiNodeReaderOnly
         )
     }
+    /// Modes that let more than one node use the volume at once.
+    pub fn is_multi_node(self) -> bool {
+        matches!(
+            self,
+            AccessMode::MultiNodeReaderOnly
+                | AccessMode::MultiNodeSingleWriter
+                | AccessMode::MultiNodeMultiWriter
+        )
+    }
     /// Modes that allow more than one publish of the volume on a node.
     pub fn allows_multiple_publish(self) -> bool {
         matches!(

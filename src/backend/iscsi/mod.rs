@@ -816,6 +816,15 @@ impl Backend for IscsiBackend {
             .load(id)?
             .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
         let targets = self.target.targets().await?;
+        // Every access mode of this backend is single-node: a volume
+        // published to one node is not published to another (two nodes
+        // mounting one filesystem corrupt it).
+        if let Some(other) = record.initiators.iter().find(|i| **i != initiator) {
+            return Err(Error::precondition(format!(
+                "volume {id} is published to initiator {other} (another node); \
+                 it is used by one node at a time: unpublish it there first"
+            )));
+        }
         let tid = self.ensure_target(id, &mut record, &targets).await?;
         // Accounts the target has bound now (none if it was just made).
         let bound: Vec<(String, bool)> = targets

@@ -543,6 +543,23 @@ async fn publish_sets_chap_then_the_acl_and_unpublish_takes_it_back() {
         "{again:#?}"
     );
 
+    // Another node, while it is published here: refused, naming who has
+    // it, and the ACL is not touched.
+    s.runner.expect(
+        "tgtadm",
+        Reply::Ok(target_row(1, IQN, &[], &[INITIATOR], &["alice"])),
+    );
+    let before = s.runner.lines().len();
+    let mut other = attach_req(&chap);
+    other.node_id = "worker-2/iqn.1993-08.org.debian:01:bb".into();
+    let e = b.controller_attach(&id, &other).await.unwrap_err();
+    assert_eq!(e.kind, Kind::FailedPrecondition, "{e}");
+    assert!(e.message.contains(INITIATOR), "{e}");
+    assert_eq!(
+        s.runner.lines()[before..],
+        ["tgtadm -C 0 --lld iscsi --op show --mode target".to_string()]
+    );
+
     // A node without an initiator name, and an unknown volume: NOT_FOUND.
     let mut plain = attach_req(&chap);
     plain.node_id = "worker-2".into();

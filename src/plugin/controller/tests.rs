@@ -18,7 +18,8 @@ struct Memory {
     /// How many volumes list_volumes has handed out in all.
     returned: Mutex<usize>,
     metadata_seen: Mutex<Vec<BTreeMap<String, String>>>,
-    /// When set, create_volume waits on `release` after telling `entered`.
+    /// When set, create_volume and controller_attach wait on `release`
+    /// after telling `entered`.
     hold: Option<(Arc<Notify>, Arc<Notify>)>,
 }
 
@@ -165,6 +166,10 @@ impl Backend for Memory {
         req: &ControllerAttach,
     ) -> Result<BTreeMap<String, String>> {
         self.saw("controller_attach", &req.secrets);
+        if let Some((entered, release)) = &self.hold {
+            entered.notify_one();
+            release.notified().await;
+        }
         Ok(BTreeMap::from([("node".to_string(), req.node_id.clone())]))
     }
     async fn controller_detach(
@@ -546,6 +551,78 @@ async fn publish_answers_for_backends_that_do_not_attach() {
         remote.secrets_seen.lock().unwrap().is_empty(),
         "the remote backend was never asked"
     );
+}
+
+/// A single-node publish holds the whole volume, so a backend's check for
+/// other nodes and its record of this one cannot interleave with a publish
+/// to another node: that one is ABORTED (the CO retries and then meets
+/// the backend's refusal). Multi-node publishes go side by side.
+#[tokio::test]
+async fn a_single_node_publish_holds_the_volume() {
+    let entered = Arc::new(Notify::new());
+    let release = Arc::new(Notify::new());
+    let mut m = Memory::new("net", remote_attach());
+    m.hold = Some((entered.clone(), release.clone()));
+    let b = Arc::new(m);
+    b.add("v");
+    let c = Arc::new(ops(vec![b.clone()]));
+    let id = VolumeId::new("net", "v").unwrap();
+    let attach = |node: &str, mode: AccessMode| ControllerAttach {
+        node_id: node.into(),
+        capability: VolumeCapability { mode, ..cap() },
+        readonly: false,
+        volume_context: BTreeMap::new(),
+        secrets: Secrets::default(),
+    };
+    for (first, second, overlap) in [
+        (
+            AccessMode::SingleNodeWriter,
+            AccessMode::SingleNodeWriter,
+            false,
+        ),
+        (
+            AccessMode::SingleNodeWriter,
+            AccessMode::MultiNodeMultiWriter,
+            false,
+        ),
+        (
+            AccessMode::MultiNodeMultiWriter,
+            AccessMode::SingleNodeWriter,
+            false,
+        ),
+        (
+            AccessMode::MultiNodeMultiWriter,
+            AccessMode::MultiNodeMultiWriter,
+            true,
+        ),
+    ] {
+        let spawn = |node: &str, mode| {
+            let (c2, id2, a) = (c.clone(), id.clone(), attach(node, mode));
+            tokio::spawn(async move { c2.publish(&id2, a).await })
+        };
+        let held = spawn("node-a", first);
+        entered.notified().await;
+        let other = spawn("node-b", second);
+        if overlap {
+            // Both are in the backend at once.
+            entered.notified().await;
+            release.notify_one();
+            release.notify_one();
+            other.await.unwrap().unwrap();
+        } else {
+            let r = tokio::time::timeout(std::time::Duration::from_secs(5), other)
+                .await
+                .unwrap_or_else(|_| panic!("{first:?} then {second:?}: both in the backend"));
+            assert_eq!(
+                r.unwrap().unwrap_err().kind,
+                Kind::Aborted,
+                "{first:?} then {second:?}"
+            );
+            release.notify_one();
+        }
+        held.await.unwrap().unwrap();
+        assert_eq!(c.locks.held(), 0);
+    }
 }
 
 #[tokio::test]
