@@ -69,6 +69,10 @@ pub struct PublishRecord {
     pub staging_path: PathBuf,
     pub capability: VolumeCapability,
     pub readonly: bool,
+    /// The read-only loop device made for a read-only publish of a raw
+    /// block volume (bound at the target instead of the staged device).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<PathBuf>,
 }
 
 /// The records, in memory and on disk under `<state-dir>/node`.
@@ -265,6 +269,7 @@ mod tests {
             staging_path: "/staging/x".into(),
             capability: stage_record("file:a").capability,
             readonly: true,
+            device: None,
         };
         state.put_publish(p.clone()).unwrap();
         state

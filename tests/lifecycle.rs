@@ -478,6 +478,103 @@ async fn block_volume_lifecycle() {
     .unwrap();
 }
 
+/// A read-only publish of a raw block volume cannot be written: a
+/// read-only bind of a device node does not stop writes through it (the
+/// kernel checks a mount's read-only flag for files, not for devices), so
+/// the target gets a read-only loop device of its own over the staged one,
+/// detached at unpublish, also after a driver restart.
+#[tokio::test]
+async fn a_read_only_block_publish_cannot_be_written() {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    require_root();
+    let mut h = Harness::start().await;
+    let cap = block_cap(SNMW);
+    let id = h
+        .controller()
+        .create_volume(create_req("pvc-ro-block", 8 * MIB, cap.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let staging = h.path("kubelet/staging/ro");
+    std::fs::create_dir_all(&staging).unwrap();
+    h.node()
+        .node_stage_volume(stage_req(&id, &staging, cap.clone()))
+        .await
+        .unwrap();
+    let staged = h.loop_devices();
+    assert_eq!(staged.len(), 1, "{staged:?}");
+    // Loop devices over the staged one, and whether each is read-only.
+    let over_staged = || -> Vec<(String, bool)> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir("/sys/block").unwrap().flatten() {
+            let b = std::fs::read_to_string(e.path().join("loop/backing_file")).unwrap_or_default();
+            if b.trim_end() == staged[0] {
+                let ro = std::fs::read_to_string(e.path().join("ro")).unwrap();
+                out.push((
+                    e.file_name().to_string_lossy().into_owned(),
+                    ro.trim() == "1",
+                ));
+            }
+        }
+        out
+    };
+    let (rw, ro) = (h.path("kubelet/pods/rw"), h.path("kubelet/pods/ro"));
+    h.node()
+        .node_publish_volume(publish_req(&id, &staging, &rw, cap.clone(), false))
+        .await
+        .unwrap();
+    {
+        let mut dev = std::fs::OpenOptions::new().write(true).open(&rw).unwrap();
+        dev.seek(SeekFrom::Start(MIB as u64)).unwrap();
+        dev.write_all(b"written rw").unwrap();
+        dev.sync_all().unwrap();
+    }
+    assert!(
+        over_staged().is_empty(),
+        "a read-write publish binds the device"
+    );
+    for _ in 0..2 {
+        h.node()
+            .node_publish_volume(publish_req(&id, &staging, &ro, cap.clone(), true))
+            .await
+            .unwrap();
+    }
+    let made = over_staged();
+    assert_eq!(
+        made.len(),
+        1,
+        "one read-only device, also when asked twice: {made:?}"
+    );
+    assert!(made[0].1, "{made:?}");
+    let mut back = [0u8; 10];
+    let mut dev = std::fs::File::open(&ro).unwrap();
+    dev.seek(SeekFrom::Start(MIB as u64)).unwrap();
+    dev.read_exact(&mut back).unwrap();
+    assert_eq!(&back, b"written rw");
+    let wrote = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&ro)
+        .and_then(|mut d| d.write_all(b"must not land").and_then(|()| d.sync_all()));
+    assert!(wrote.is_err(), "a read-only block publish took a write");
+    drop(dev);
+
+    // A restart keeps the publish; unpublish then releases the device.
+    h.kill();
+    h.spawn().await;
+    h.node()
+        .node_unpublish_volume(unpublish_req(&id, &ro))
+        .await
+        .unwrap();
+    assert!(over_staged().is_empty(), "{:?}", over_staged());
+    assert!(!ro.exists());
+    h.unpublish_unstage(&id, &staging, &rw).await;
+    assert!(h.loop_devices().is_empty());
+    assert!(h.mounts().is_empty());
+}
+
 #[tokio::test]
 async fn restart_between_stage_and_unstage() {
     let mut h = Harness::start().await;

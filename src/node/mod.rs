@@ -6,6 +6,7 @@
 pub mod fs;
 pub mod paths;
 
+use crate::backend::file::loopdev::LoopDevices;
 use crate::error::{Error, Kind, Result};
 use crate::exec::CommandRunner;
 use crate::host::Host;
@@ -241,6 +242,9 @@ impl NodeOps {
             // another's since, the record goes (and the mount stays).
             let expected = self.state.stage(&p.volume_id).and_then(|stage| {
                 match (&stage.capability.access, &stage.attachment) {
+                    _ if p.device.is_some() => {
+                        p.device.as_ref().and_then(|d| self.mounter.node_id(d).ok())
+                    }
                     (AccessType::Block, Some(Attachment::Device { path })) => {
                         self.mounter.node_id(path).ok()
                     }
@@ -724,6 +728,7 @@ impl NodeOps {
             }
         }
         for p in self.state.publishes_of(id) {
+            self.release_publish_device(&p, &record).await?;
             self.state.remove_publish(&p.target_path)?;
         }
         self.undo_stage(backend.as_ref(), &record).await
@@ -772,16 +777,23 @@ impl NodeOps {
             staging_path: req.staging_path.clone(),
             capability: req.capability.clone(),
             readonly: req.readonly,
+            device: None,
         };
         if let Some(existing) = self.state.publish(&req.target_path) {
-            if existing != record {
+            let asked = PublishRecord {
+                device: existing.device.clone(),
+                ..record.clone()
+            };
+            if existing != asked {
                 return Err(Error::already_exists(format!(
                     "{} is already published with other arguments",
                     req.target_path.display()
                 )));
             }
             match self.mount_id(&req.target_path).await? {
-                Some(id) if Some(id) == self.target_identity(&stage).await? => return Ok(()),
+                Some(id) if Some(id) == self.publish_identity(&stage, &existing).await? => {
+                    return Ok(())
+                }
                 Some(_) => return Err(foreign(&req.target_path)),
                 None => {}
             }
@@ -808,6 +820,7 @@ impl NodeOps {
         }
 
         let readonly = req.readonly || req.capability.mode.is_readonly();
+        let mut record = record;
         let (source, flags) = match (&stage.capability.access, &stage.attachment) {
             (AccessType::Block, Some(Attachment::Device { path })) => (path.clone(), Vec::new()),
             (AccessType::Mount { .. }, _) => {
@@ -844,8 +857,28 @@ impl NodeOps {
                 Err(e) => return Err(e),
             }
         }
-        self.host.make_target(&req.target_path, is_block)?;
-        self.state.put_publish(record)?;
+        // A read-only bind of a device node does not stop writes through
+        // it: a read-only block publish binds a read-only loop device of
+        // its own over the staged device.
+        let source = if is_block && readonly {
+            let ro = self
+                .loops()
+                .attach_read_only(&canonical_device(&source)?)
+                .await?;
+            record.device = Some(ro.clone());
+            ro
+        } else {
+            source
+        };
+        let made = self
+            .host
+            .make_target(&req.target_path, is_block)
+            .and_then(|()| self.state.put_publish(record.clone()));
+        if let Err(e) = made {
+            let _ = self.state.remove_publish(&req.target_path);
+            let _ = self.release_publish_device(&record, &stage).await;
+            return Err(e);
+        }
         let target = req.target_path.clone();
         let bound = self
             .off_worker(
@@ -857,6 +890,7 @@ impl NodeOps {
         if let Err(e) = bound {
             let _ = self.state.remove_publish(&req.target_path);
             let _ = self.host.remove_target(&req.target_path);
+            let _ = self.release_publish_device(&record, &stage).await;
             if is_stale(&e) {
                 return Err(Error::precondition(format!(
                     "the staged mount of volume {} is stale (its directory changed on the server): stage it again",
@@ -898,9 +932,10 @@ impl NodeOps {
             return Ok(());
         }
         // Unmount our bind (and only ours); leave another's in place.
-        let expected = match self.state.stage(id) {
-            Some(stage) => self.target_identity(&stage).await?,
-            None => None,
+        let stage = self.state.stage(id);
+        let expected = match (&stage, &record) {
+            (Some(stage), Some(r)) => self.publish_identity(stage, r).await?,
+            _ => None,
         };
         let mut current = mounted;
         for _ in 0..MAX_STACKED_MOUNTS {
@@ -914,8 +949,52 @@ impl NodeOps {
         }
         if current.is_none() {
             self.host.remove_target(target)?;
+            if let (Some(stage), Some(r)) = (&stage, &record) {
+                self.release_publish_device(r, stage).await?;
+            }
         }
         self.state.remove_publish(target)
+    }
+
+    fn loops(&self) -> LoopDevices {
+        LoopDevices::new(self.runner.clone())
+    }
+
+    /// What a publish's bind mount is: its own read-only device's, or what
+    /// [`NodeOps::target_identity`] says for the stage.
+    async fn publish_identity(
+        &self,
+        stage: &StageRecord,
+        record: &PublishRecord,
+    ) -> Result<Option<MountId>> {
+        match &record.device {
+            Some(dev) => {
+                let p = dev.clone();
+                self.off_worker(
+                    format!("identifying {}", dev.display()),
+                    self.deadlines.quick,
+                    move |m| m.node_id(&p).map(Some),
+                )
+                .await
+            }
+            None => self.target_identity(stage).await,
+        }
+    }
+
+    /// Detaches the read-only device a publish made, if it did (and only
+    /// if it still is that: read-only, over the staged device).
+    async fn release_publish_device(
+        &self,
+        record: &PublishRecord,
+        stage: &StageRecord,
+    ) -> Result<()> {
+        let (Some(dev), Some(Attachment::Device { path })) = (&record.device, &stage.attachment)
+        else {
+            return Ok(());
+        };
+        self.loops()
+            .detach_read_only(dev, &canonical_device(path)?)
+            .await
     }
 
     /// Where a volume this node has staged is: its stage record and the
@@ -1071,3 +1150,9 @@ impl NodeOps {
 
 #[cfg(test)]
 mod tests;
+
+/// The device node a staged device path names (an LV's `/dev/vg/lv` is a
+/// link to `/dev/dm-N`): what a loop device over it reports as its backing.
+fn canonical_device(path: &Path) -> Result<PathBuf> {
+    std::fs::canonicalize(path).map_err(|e| Error::io(format!("resolve {}", path.display()), e))
+}

@@ -83,6 +83,42 @@ impl LoopDevices {
         Ok(dev)
     }
 
+    /// A new read-only loop device over `backing` (a block device): what a
+    /// read-only publish of a raw block volume hands out, since a read-only
+    /// bind of a device node does not stop writes through it.
+    pub async fn attach_read_only(&self, backing: &Path) -> Result<PathBuf> {
+        let out = self
+            .runner
+            .run(
+                Command::new("losetup")
+                    .args(["--find", "--show", "--read-only"])
+                    .arg(path_arg(backing)?)
+                    .timeout(LOSETUP_TIMEOUT),
+            )
+            .await?;
+        let dev = PathBuf::from(out.stdout.trim());
+        if !dev.starts_with("/dev") {
+            return Err(Error::internal(format!(
+                "losetup printed an unexpected device {:?}",
+                out.stdout.trim()
+            )));
+        }
+        Ok(dev)
+    }
+
+    /// Detaches `device` if it is a read-only loop device over `backing`
+    /// ([`LoopDevices::attach_read_only`]); anything else is left alone.
+    pub async fn detach_read_only(&self, device: &Path, backing: &Path) -> Result<()> {
+        let ro = device
+            .file_name()
+            .and_then(|n| std::fs::read_to_string(self.sysfs_block.join(n).join("ro")).ok())
+            .is_some_and(|v| v.trim() == "1");
+        if !ro || !self.backs(device, backing) {
+            return Ok(());
+        }
+        self.detach_and_wait(device, backing).await
+    }
+
     /// Detaches `device` if it still backs `image`; otherwise nothing to do.
     /// Waits until the kernel has really let go: a loop device still open
     /// somewhere is only marked for detach (autoclear), and the image must
@@ -95,6 +131,10 @@ impl LoopDevices {
                 None => return Ok(()),
             }
         }
+        self.detach_and_wait(device, image).await
+    }
+
+    async fn detach_and_wait(&self, device: &Path, image: &Path) -> Result<()> {
         self.runner
             .run(
                 Command::new("losetup")
