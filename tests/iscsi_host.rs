@@ -434,3 +434,79 @@ async fn a_mixed_deployment_answers_controller_publish_per_backend() {
         .unwrap();
     }
 }
+
+/// ControllerPublish's `readonly` reaches the node: the publish context
+/// says so, and NodeStage and NodePublish then serve the volume read-only
+/// whatever NodePublish's own flag. (A file volume here: the iscsi backend
+/// makes the driver answer ControllerPublish; its node side needs the
+/// guest.)
+#[tokio::test]
+async fn a_read_only_controller_publish_is_read_only_on_the_node() {
+    require_root();
+    let t = Tgtd::new();
+    let names = tempfile::tempdir().unwrap();
+    let initiator_file = names.path().join("initiatorname.iscsi");
+    std::fs::write(
+        &initiator_file,
+        "InitiatorName=iqn.2026-11.io.ferrovol.test:ro\n",
+    )
+    .unwrap();
+    let config = format!(
+        "default_backend = \"file\"\n[[backend]]\ntype = \"file\"\npool = \"@DIR@/files\"\n{}",
+        config(&t, &initiator_file)
+    );
+    let h = Harness::start_with(Some(&config)).await;
+    let node_id = h
+        .node()
+        .node_get_info(pb::NodeGetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .node_id;
+    let cap = mount_cap("ext4", SNW);
+    let p = h.provision("pvc-ro", 16 * MIB, cap.clone()).await;
+    std::fs::write(p.target.join("data"), b"before").unwrap();
+    h.unpublish_unstage(&p.id, &p.staging, &p.target).await;
+
+    let publish = |readonly: bool| pb::ControllerPublishVolumeRequest {
+        volume_id: p.id.clone(),
+        node_id: node_id.clone(),
+        volume_capability: Some(cap.clone()),
+        readonly,
+        ..Default::default()
+    };
+    let rw = h
+        .controller()
+        .controller_publish_volume(publish(false))
+        .await
+        .unwrap()
+        .into_inner()
+        .publish_context;
+    assert!(!rw.contains_key("readonly"), "{rw:?}");
+    let ctx = h
+        .controller()
+        .controller_publish_volume(publish(true))
+        .await
+        .unwrap()
+        .into_inner()
+        .publish_context;
+    assert_eq!(ctx.get("readonly").map(String::as_str), Some("true"));
+    h.node()
+        .node_stage_volume(pb::NodeStageVolumeRequest {
+            publish_context: ctx.clone(),
+            ..stage_req(&p.id, &p.staging, cap.clone())
+        })
+        .await
+        .unwrap();
+    h.node()
+        .node_publish_volume(pb::NodePublishVolumeRequest {
+            publish_context: ctx.clone(),
+            ..publish_req(&p.id, &p.staging, &p.target, cap.clone(), false)
+        })
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(p.target.join("data")).unwrap(), b"before");
+    let e = std::fs::write(p.target.join("data"), b"after").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(30), "EROFS: {e}");
+    h.teardown(&p).await;
+}

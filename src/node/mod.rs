@@ -455,7 +455,8 @@ impl NodeOps {
             .fs_type
             .clone()
             .unwrap_or_else(|| fs::DEFAULT_FS.into());
-        let readonly = record.capability.mode.is_readonly();
+        // A read-only mode, or a read-only ControllerPublish.
+        let readonly = ctx.readonly || record.capability.mode.is_readonly();
         let options = MountOptions::parse(mount_flags, readonly)?;
         match self.stage_presence(record).await? {
             Presence::Ours => return Ok(()),

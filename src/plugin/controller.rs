@@ -319,18 +319,23 @@ impl ControllerOps {
         if backend.get_volume(id).await?.is_none() {
             return Err(Error::not_found(format!("volume {id} does not exist")));
         }
-        if backend.capabilities().attach {
-            return backend.controller_attach(id, &req).await;
-        }
-        if backend.capabilities().node_local
+        let mut context = if backend.capabilities().attach {
+            backend.controller_attach(id, &req).await?
+        } else if backend.capabilities().node_local
             && super::node_name(&req.node_id) != super::node_name(&self.node_id)
         {
             return Err(Error::not_found(format!(
                 "volume {id} lives on node {}; node {:?} cannot reach it",
                 self.node_id, req.node_id
             )));
+        } else {
+            BTreeMap::new()
+        };
+        // A read-only publish: the node stages and publishes read-only.
+        if req.readonly {
+            context.insert(super::CTX_READONLY.into(), "true".into());
         }
-        Ok(BTreeMap::new())
+        Ok(context)
     }
 
     /// ControllerUnpublishVolume: idempotent; a volume or node we cannot

@@ -34,6 +34,16 @@ pub fn node_initiator(node_id: &str) -> Option<&str> {
 }
 
 /// The filesystems a block backend formats, grows and mounts.
+/// The publish-context key ControllerPublish sets for a read-only publish
+/// (its `readonly` flag, which backends do not see as a key of their own):
+/// the node stages and publishes such a volume read-only.
+pub const CTX_READONLY: &str = "readonly";
+
+/// Whether a publish context (any map type) is a read-only publish's.
+pub fn published_read_only<'a>(get: impl FnOnce(&str) -> Option<&'a String>) -> bool {
+    get(CTX_READONLY).is_some_and(|v| v == "true")
+}
+
 pub const BLOCK_FS_TYPES: &[&str] = &["ext4", "ext3", "xfs", "btrfs"];
 
 use crate::error::{Error, Result};

@@ -35,7 +35,8 @@ impl Node for NodeService {
                 publish_context: ordered(&r.publish_context),
                 volume_context: ordered(&r.volume_context),
                 secrets: crate::plugin::Secrets::from(&r.secrets),
-                readonly: capability.mode.is_readonly(),
+                readonly: capability.mode.is_readonly()
+                    || crate::plugin::published_read_only(|k| r.publish_context.get(k)),
                 node_id: self.0.node_id.clone(),
             };
             self.0
@@ -94,7 +95,8 @@ impl Node for NodeService {
                     staging_path,
                     target_path,
                     capability,
-                    readonly: r.readonly,
+                    readonly: r.readonly
+                        || crate::plugin::published_read_only(|k| r.publish_context.get(k)),
                 })
                 .await?;
             Ok(pb::NodePublishVolumeResponse {})

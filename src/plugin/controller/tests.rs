@@ -525,6 +525,15 @@ async fn publish_answers_for_backends_that_do_not_attach() {
     for _ in 0..2 {
         assert!(c.publish(&v.id, attach("node-a")).await.unwrap().is_empty());
     }
+    // A read-only publish says so to the node, in the context.
+    let ro = ControllerAttach {
+        readonly: true,
+        ..attach("node-a")
+    };
+    assert_eq!(
+        c.publish(&v.id, ro).await.unwrap(),
+        BTreeMap::from([(super::super::CTX_READONLY.to_string(), "true".to_string())])
+    );
     // Another node cannot reach a node-local volume; unknown volumes are NOT_FOUND.
     assert_eq!(
         c.publish(&v.id, attach("node-b")).await.unwrap_err().kind,
