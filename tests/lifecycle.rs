@@ -570,6 +570,22 @@ async fn a_read_only_block_publish_cannot_be_written() {
         .unwrap();
     assert!(over_staged().is_empty(), "{:?}", over_staged());
     assert!(!ro.exists());
+
+    // The bind goes away behind the driver's back while it is down: after
+    // the restart, unpublish still releases the read-only device.
+    h.node()
+        .node_publish_volume(publish_req(&id, &staging, &ro, cap.clone(), true))
+        .await
+        .unwrap();
+    assert_eq!(over_staged().len(), 1);
+    h.kill();
+    nix::mount::umount(&ro).unwrap();
+    h.spawn().await;
+    h.node()
+        .node_unpublish_volume(unpublish_req(&id, &ro))
+        .await
+        .unwrap();
+    assert!(over_staged().is_empty(), "{:?}", over_staged());
     h.unpublish_unstage(&id, &staging, &rw).await;
     assert!(h.loop_devices().is_empty());
     assert!(h.mounts().is_empty());

@@ -256,7 +256,9 @@ impl NodeOps {
                 (Some(found), Some(want)) => found == want,
                 // A record from before identities were kept: as before.
                 (Some(_), None) => true,
-                (None, _) => false,
+                // Unmounted, but a read-only device made for it may remain:
+                // kept, so unpublish or unstage releases that device.
+                (None, _) => p.device.is_some(),
             };
             if !ours {
                 self.state.remove_publish(&p.target_path)?;
