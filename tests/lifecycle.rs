@@ -581,6 +581,12 @@ async fn a_read_only_block_publish_cannot_be_written() {
     h.kill();
     nix::mount::umount(&ro).unwrap();
     h.spawn().await;
+    // Published again (kubelet retries): the old device goes, one new one.
+    h.node()
+        .node_publish_volume(publish_req(&id, &staging, &ro, cap.clone(), true))
+        .await
+        .unwrap();
+    assert_eq!(over_staged().len(), 1, "{:?}", over_staged());
     h.node()
         .node_unpublish_volume(unpublish_req(&id, &ro))
         .await

@@ -798,7 +798,9 @@ impl NodeOps {
                     return Ok(())
                 }
                 Some(_) => return Err(foreign(&req.target_path)),
-                None => {}
+                // Not bound (any more): a read-only device it made goes
+                // before another is made.
+                None => self.release_publish_device(&existing, &stage).await?,
             }
         } else {
             let others = self.state.publishes_of(&req.volume_id);
@@ -995,9 +997,10 @@ impl NodeOps {
         else {
             return Ok(());
         };
-        self.loops()
-            .detach_read_only(dev, &canonical_device(path)?)
-            .await
+        // A device gone from /dev (a LUN that went away) still names the
+        // loop's backing as it was.
+        let backing = canonical_device(path).unwrap_or_else(|_| path.clone());
+        self.loops().detach_read_only(dev, &backing).await
     }
 
     /// Where a volume this node has staged is: its stage record and the
