@@ -1189,6 +1189,16 @@ async fn guest_lvm_thin_volumes_never_show_freed_chunks() {
     );
 }
 
+/// An iscsi backend named by `prefix` on `tgtd`, its LUNs in a file pool.
+fn iscsi_over_files(prefix: &str, tgtd: &Tgtd) -> String {
+    format!(
+        "[[backend]]\ntype = \"iscsi\"\niqn_prefix = \"{prefix}\"\nportals = [\"{}\"]\n\
+         control_port = {}\n[backend.store]\ntype = \"file\"\npool = \"@DIR@/pool\"\n",
+        tgtd.portal(),
+        tgtd.control_port
+    )
+}
+
 /// Stages (`stage`) and publishes at `target` a volume that grew while
 /// unused, and has the node grow its filesystem to `bytes`; returns the
 /// filesystem's size.
@@ -1224,20 +1234,9 @@ async fn guest_iscsi_backend_full_lifecycle() {
     let tgtd = Tgtd::new();
     let _iscsid = Iscsid::new();
     let prefix = "iqn.2026-11.io.ferrovol.guest";
-    let config = format!(
-        "[[backend]]\ntype = \"iscsi\"\niqn_prefix = \"{prefix}\"\nportals = [\"{}\"]\n\
-         control_port = {}\n[backend.store]\ntype = \"file\"\npool = \"@DIR@/pool\"\n",
-        tgtd.portal(),
-        tgtd.control_port
-    );
+    let config = iscsi_over_files(prefix, &tgtd);
     let mut h = Harness::start_with(Some(&config)).await;
-    let node_id = h
-        .node()
-        .node_get_info(pb::NodeGetInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .node_id;
+    let node_id = h.node_id().await;
     assert!(node_id.starts_with("test-node/iqn."), "{node_id}");
     let secrets = HashMap::from([
         ("chapUsername".to_string(), "guest-user".to_string()),
@@ -1527,13 +1526,7 @@ async fn guest_iscsi_multipath_over_two_portals() {
         tgtd.control_port
     );
     let h = Harness::start_with(Some(&config)).await;
-    let node_id = h
-        .node()
-        .node_get_info(pb::NodeGetInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .node_id;
+    let node_id = h.node_id().await;
     let cap = mount_cap("ext4", SNW);
     let id = h
         .controller()
@@ -1679,20 +1672,9 @@ async fn guest_iscsi_clone_mounts_beside_its_source() {
     let tgtd = Tgtd::new();
     let _iscsid = Iscsid::new();
     let prefix = "iqn.2026-11.io.ferrovol.copy";
-    let config = format!(
-        "[[backend]]\ntype = \"iscsi\"\niqn_prefix = \"{prefix}\"\nportals = [\"{}\"]\n\
-         control_port = {}\n[backend.store]\ntype = \"file\"\npool = \"@DIR@/pool\"\n",
-        tgtd.portal(),
-        tgtd.control_port
-    );
+    let config = iscsi_over_files(prefix, &tgtd);
     let h = Harness::start_with(Some(&config)).await;
-    let node_id = h
-        .node()
-        .node_get_info(pb::NodeGetInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .node_id;
+    let node_id = h.node_id().await;
     let cap = mount_cap("xfs", SNW);
     let publish = |id: String| {
         let (h, node_id, cap) = (&h, node_id.clone(), cap.clone());
@@ -1843,13 +1825,7 @@ async fn guest_iscsi_over_an_lvm_store() {
         tgtd.control_port
     );
     let h = Harness::start_with(Some(&config)).await;
-    let node_id = h
-        .node()
-        .node_get_info(pb::NodeGetInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .node_id;
+    let node_id = h.node_id().await;
     let cap = mount_cap("ext4", SNW);
     let mut req = create_req("pvc-lun", 24 * MIB, cap.clone());
     req.parameters.insert("deviceClass".into(), "luns".into());

@@ -66,6 +66,18 @@ async fn expansion(h: &Harness) -> Option<pb::plugin_capability::volume_expansio
     })
 }
 
+/// An initiator-name file naming `iqn.2026-11.io.ferrovol.test:<name>`.
+fn initiator_file(name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("initiatorname.iscsi");
+    std::fs::write(
+        &file,
+        format!("InitiatorName=iqn.2026-11.io.ferrovol.test:{name}\n"),
+    )
+    .unwrap();
+    (dir, file)
+}
+
 fn secrets(user: &str, password: &str) -> HashMap<String, String> {
     HashMap::from([
         ("chapUsername".to_string(), user.to_string()),
@@ -307,13 +319,7 @@ async fn a_mixed_deployment_answers_controller_publish_per_backend() {
     require_root();
     use common::fixtures::{LvmVg, LVM_NO_ACTIVATION};
     let t = Tgtd::new();
-    let names = tempfile::tempdir().unwrap();
-    let initiator_file = names.path().join("initiatorname.iscsi");
-    std::fs::write(
-        &initiator_file,
-        "InitiatorName=iqn.2026-11.io.ferrovol.test:mixed\n",
-    )
-    .unwrap();
+    let (_names, initiator_file) = initiator_file("mixed");
     let vg_name = format!("fvmixed{}", std::process::id());
     let _vg = LvmVg::with_config(&vg_name, 64, LVM_NO_ACTIVATION);
     let config = format!(
@@ -444,25 +450,13 @@ async fn a_mixed_deployment_answers_controller_publish_per_backend() {
 async fn a_read_only_controller_publish_is_read_only_on_the_node() {
     require_root();
     let t = Tgtd::new();
-    let names = tempfile::tempdir().unwrap();
-    let initiator_file = names.path().join("initiatorname.iscsi");
-    std::fs::write(
-        &initiator_file,
-        "InitiatorName=iqn.2026-11.io.ferrovol.test:ro\n",
-    )
-    .unwrap();
+    let (_names, initiator_file) = initiator_file("ro");
     let config = format!(
         "default_backend = \"file\"\n[[backend]]\ntype = \"file\"\npool = \"@DIR@/files\"\n{}",
         config(&t, &initiator_file)
     );
     let h = Harness::start_with(Some(&config)).await;
-    let node_id = h
-        .node()
-        .node_get_info(pb::NodeGetInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .node_id;
+    let node_id = h.node_id().await;
     let cap = mount_cap("ext4", SNW);
     let p = h.provision("pvc-ro", 16 * MIB, cap.clone()).await;
     std::fs::write(p.target.join("data"), b"before").unwrap();

@@ -462,6 +462,16 @@ impl Harness {
         }
     }
 
+    /// The node id NodeGetInfo reports.
+    pub async fn node_id(&self) -> String {
+        self.node()
+            .node_get_info(pb::NodeGetInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .node_id
+    }
+
     /// NodeUnpublishVolume at `target`, then NodeUnstageVolume at `staging`.
     pub async fn unpublish_unstage(&self, id: &str, staging: &Path, target: &Path) {
         self.node()

@@ -64,34 +64,23 @@ impl LoopDevices {
         if let Some(dev) = self.find(image) {
             return Ok(dev);
         }
-        let out = self
-            .runner
-            .run(
-                Command::new("losetup")
-                    .args(["--find", "--show", "--nooverlap"])
-                    .arg(path_arg(image)?)
-                    .timeout(LOSETUP_TIMEOUT),
-            )
-            .await?;
-        let dev = PathBuf::from(out.stdout.trim());
-        if !dev.starts_with("/dev") {
-            return Err(Error::internal(format!(
-                "losetup printed an unexpected device {:?}",
-                out.stdout.trim()
-            )));
-        }
-        Ok(dev)
+        self.losetup_new("--nooverlap", image).await
     }
 
     /// A new read-only loop device over `backing` (a block device): what a
     /// read-only publish of a raw block volume hands out, since a read-only
     /// bind of a device node does not stop writes through it.
     pub async fn attach_read_only(&self, backing: &Path) -> Result<PathBuf> {
+        self.losetup_new("--read-only", backing).await
+    }
+
+    /// `losetup --find --show <flag> <backing>`: the new device's path.
+    async fn losetup_new(&self, flag: &str, backing: &Path) -> Result<PathBuf> {
         let out = self
             .runner
             .run(
                 Command::new("losetup")
-                    .args(["--find", "--show", "--read-only"])
+                    .args(["--find", "--show", flag])
                     .arg(path_arg(backing)?)
                     .timeout(LOSETUP_TIMEOUT),
             )

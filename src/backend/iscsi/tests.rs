@@ -312,6 +312,17 @@ impl Setup {
         }
     }
 
+    /// Volume `iscsi:pvc-1`, made through a tgtd with no targets yet.
+    async fn created(&self, b: &IscsiBackend) -> VolumeId {
+        self.runner
+            .expect("tgtadm", Reply::Ok(String::new()))
+            .ok("tgtadm")
+            .ok("tgtadm")
+            .ok("tgtadm");
+        b.create_volume(&create("pvc-1")).await.unwrap();
+        VolumeId::parse("iscsi:pvc-1").unwrap()
+    }
+
     fn backend(&self) -> IscsiBackend {
         IscsiBackend::new(
             "iscsi",
@@ -462,13 +473,7 @@ async fn publish_sets_chap_then_the_acl_and_unpublish_takes_it_back() {
     let s = Setup::new();
     let sent = fake_tgtd(s.dir.path(), 0);
     let b = s.backend();
-    s.runner
-        .expect("tgtadm", Reply::Ok(String::new()))
-        .ok("tgtadm")
-        .ok("tgtadm")
-        .ok("tgtadm");
-    b.create_volume(&create("pvc-1")).await.unwrap();
-    let id = VolumeId::parse("iscsi:pvc-1").unwrap();
+    let id = s.created(&b).await;
     let chap = [
         (CHAP_USER, "alice"),
         (CHAP_PASSWORD, "alice-secret-01"),
@@ -607,13 +612,7 @@ async fn publish_sets_chap_then_the_acl_and_unpublish_takes_it_back() {
 async fn delete_is_refused_while_logged_in_and_cleans_up_after() {
     let s = Setup::new();
     let b = s.backend();
-    s.runner
-        .expect("tgtadm", Reply::Ok(String::new()))
-        .ok("tgtadm")
-        .ok("tgtadm")
-        .ok("tgtadm");
-    b.create_volume(&create("pvc-1")).await.unwrap();
-    let id = VolumeId::parse("iscsi:pvc-1").unwrap();
+    let id = s.created(&b).await;
     s.runner.expect(
         "tgtadm",
         Reply::Ok(target_row(1, IQN, &[INITIATOR], &[INITIATOR], &[])),
@@ -718,13 +717,7 @@ async fn a_lost_target_is_rebuilt_closed_until_the_secret_comes_back() {
 async fn expansion_grows_the_store_and_refreshes_the_lun() {
     let s = Setup::new();
     let b = s.backend();
-    s.runner
-        .expect("tgtadm", Reply::Ok(String::new()))
-        .ok("tgtadm")
-        .ok("tgtadm")
-        .ok("tgtadm");
-    b.create_volume(&create("pvc-1")).await.unwrap();
-    let id = VolumeId::parse("iscsi:pvc-1").unwrap();
+    let id = s.created(&b).await;
     let unused = target_row(3, IQN, &[], &[], &[]);
     s.runner
         .expect("tgtadm", Reply::Ok(unused.clone()))
@@ -764,13 +757,7 @@ async fn expansion_grows_the_store_and_refreshes_the_lun() {
 async fn a_volume_in_use_is_not_grown() {
     let s = Setup::new();
     let b = s.backend();
-    s.runner
-        .expect("tgtadm", Reply::Ok(String::new()))
-        .ok("tgtadm")
-        .ok("tgtadm")
-        .ok("tgtadm");
-    b.create_volume(&create("pvc-1")).await.unwrap();
-    let id = VolumeId::parse("iscsi:pvc-1").unwrap();
+    let id = s.created(&b).await;
     let created = b.load(&id).unwrap().unwrap().lun_bytes.unwrap();
     let before = s.store.calls().len();
 
