@@ -97,28 +97,39 @@ pub fn build_with(
         &state_dir,
     )?);
     // A node tells controllers what its backends need to know of it (an
-    // iSCSI initiator name) in its node id: `<name>/<suffix>`.
+    // iSCSI initiator name, that it maps rbd images) in its node id:
+    // `<name>/<token>,<token>`.
     let mut node_id = settings.node_id.clone();
     if node_id.contains('/') {
         return Err(Error::invalid("node id must not contain '/'"));
     }
     if settings.mode.node() {
-        let mut suffixes = Vec::new();
+        let mut tokens: Vec<String> = Vec::new();
         for b in registry.all() {
-            if let Some(s) = b.node_id_suffix()? {
-                if !suffixes.contains(&s) {
-                    suffixes.push(s);
+            if let Some(t) = b.node_id_suffix()? {
+                if t.is_empty() || t.contains([',', '/']) {
+                    return Err(Error::invalid(format!(
+                        "backend {}: node id token {t:?} is empty or has ',' or '/'",
+                        b.name()
+                    )));
+                }
+                if !tokens.contains(&t) {
+                    tokens.push(t);
                 }
             }
         }
-        match suffixes.as_slice() {
-            [] => {}
-            [one] => node_id = format!("{node_id}/{one}"),
-            _ => {
-                return Err(Error::invalid(
-                    "backends disagree on this node's initiator name",
-                ))
-            }
+        if tokens
+            .iter()
+            .filter(|t| crate::plugin::is_iscsi_name(t))
+            .count()
+            > 1
+        {
+            return Err(Error::invalid(
+                "backends disagree on this node's initiator name",
+            ));
+        }
+        if !tokens.is_empty() {
+            node_id = format!("{node_id}/{}", tokens.join(","));
         }
         if node_id.len() > 256 {
             return Err(Error::invalid(
@@ -177,5 +188,22 @@ fn absolute(p: &Path) -> Result<PathBuf> {
         std::env::current_dir()
             .map(|d| d.join(p))
             .map_err(|e| Error::io("current dir", e))
+    }
+}
+
+/// Lets every backend clear what an earlier run left for itself, before
+/// the driver serves.
+pub async fn start_backends(driver: &Driver) -> Result<()> {
+    for b in driver.registry.all() {
+        b.start().await?;
+    }
+    Ok(())
+}
+
+/// Lets every backend release what it holds for itself, after the driver
+/// stopped serving.
+pub async fn stop_backends(driver: &Driver) {
+    for b in driver.registry.all() {
+        b.stop().await;
     }
 }

@@ -188,11 +188,12 @@ fn main() -> std::process::ExitCode {
             controller_expansion: !no_controller_expansion,
         };
         let driver = app::build(&settings)?;
+        app::start_backends(&driver).await?;
         if let Some(addr) = metrics_addr {
             ferrovol::metrics::serve(addr, driver.clone()).await?;
         }
-        server::serve(
-            driver,
+        let served = server::serve(
+            driver.clone(),
             endpoint,
             tls,
             server::Limits {
@@ -203,7 +204,9 @@ fn main() -> std::process::ExitCode {
             shutdown_signal(),
             Duration::from_secs(shutdown_grace),
         )
-        .await
+        .await;
+        app::stop_backends(&driver).await;
+        served
     });
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1108,6 +1108,7 @@ const PROGRAMS: &[(&str, &str)] = &[
     ("tgtadm", "tgt"),
     ("mount.nfs", "nfs-common"),
     ("rbd", "ceph-common"),
+    ("ceph", "ceph-common"),
     ("cp", BASE),
     ("rm", BASE),
     ("dd", BASE),

@@ -206,6 +206,75 @@ async fn mounts_go_only_onto_empty_paths_under_the_allowed_prefixes() {
     assert!(h.loop_devices().is_empty() && h.mounts().is_empty());
 }
 
+/// NodeUnpublish with nothing published at the target takes away only
+/// an empty directory inside the allowed paths: a regular file, a device
+/// node, a FIFO, a socket, a directory with something in it, and anything
+/// outside `[node] allowed_paths` are left, whatever volume id of the
+/// right form the caller names (each of them was removed before).
+#[tokio::test]
+async fn unpublish_removes_only_what_a_publish_could_have_made() {
+    let config = "[node]\nallowed_paths = [\"@DIR@/kubelet\"]\n";
+    let h = Harness::start_with(Some(config)).await;
+    let cap = mount_cap("ext4", SNW);
+    let vol = h
+        .controller()
+        .create_volume(create_req("pvc-unpub", 16 * MIB, cap.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let id = vol.volume_id.clone();
+    let mut n = h.node();
+    let pods = h.path("kubelet/pods");
+    std::fs::create_dir_all(&pods).unwrap();
+    let file = pods.join("file");
+    std::fs::write(&file, b"").unwrap();
+    let full = pods.join("full");
+    std::fs::create_dir_all(&full).unwrap();
+    std::fs::write(full.join("data"), b"keep").unwrap();
+    let fifo = pods.join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let socket = pods.join("socket");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let device = pods.join("null");
+    nix::sys::stat::mknod(
+        &device,
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+        nix::sys::stat::makedev(1, 3),
+    )
+    .unwrap();
+    let outside = h.path("state/outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    let unpublish = |target: &Path| ferrovol::proto::NodeUnpublishVolumeRequest {
+        volume_id: id.clone(),
+        target_path: target.display().to_string(),
+    };
+    for kept in [&file, &full, &fifo, &socket, &device] {
+        n.node_unpublish_volume(unpublish(kept)).await.unwrap();
+        assert!(
+            std::fs::symlink_metadata(kept).is_ok(),
+            "{} was removed",
+            kept.display()
+        );
+    }
+    assert_eq!(std::fs::read(full.join("data")).unwrap(), b"keep");
+    let r = n.node_unpublish_volume(unpublish(&outside)).await;
+    assert_eq!(code(&r), Code::InvalidArgument, "{r:?}");
+    assert!(
+        outside.is_dir(),
+        "a directory outside allowed_paths was removed"
+    );
+    // An empty directory inside them is what a CO made for a publish:
+    // it goes, and a second call finds nothing to do.
+    let empty = pods.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    n.node_unpublish_volume(unpublish(&empty)).await.unwrap();
+    assert!(!empty.exists());
+    n.node_unpublish_volume(unpublish(&empty)).await.unwrap();
+}
+
 fn openssl(dir: &Path, args: &[&str]) {
     let out = std::process::Command::new("openssl")
         .args(args)

@@ -13,10 +13,19 @@ use tonic::Code;
 
 pub fn rbd_config(c: &CephCluster) -> String {
     format!(
-        "[[backend]]\ntype = \"rbd\"\ncluster_id = \"test\"\nmonitors = [\"v1:{}\"]\npools = [\"rbd\"]\n\
-         user = \"ferrovol\"\nkeyring = \"{}\"\nmax_clone_depth = 2\n",
-        c.mon_addr,
+        "{}user = \"ferrovol\"\nkeyring = \"{}\"\n",
+        rbd_config_secrets_only(c),
         c.client_keyring.display()
+    )
+}
+
+/// The normal deployment: the controller has no credentials of its own;
+/// every call brings them in its secrets.
+fn rbd_config_secrets_only(c: &CephCluster) -> String {
+    format!(
+        "[[backend]]\ntype = \"rbd\"\ncluster_id = \"test\"\nmonitors = [\"v1:{}\"]\npools = [\"rbd\"]\n\
+         max_clone_depth = 2\n",
+        c.mon_addr,
     )
 }
 
@@ -133,13 +142,13 @@ async fn rbd_controller_on_a_real_cluster() {
         secrets: secrets(&cluster),
         ..Default::default()
     };
-    c.controller_publish_volume(publish("node-a"))
+    c.controller_publish_volume(publish("node-a/rbd"))
         .await
         .unwrap();
-    c.controller_publish_volume(publish("node-a"))
+    c.controller_publish_volume(publish("node-a/rbd"))
         .await
         .unwrap();
-    let r = c.controller_publish_volume(publish("node-b")).await;
+    let r = c.controller_publish_volume(publish("node-b/rbd")).await;
     assert_eq!(code(&r), Code::FailedPrecondition, "{r:?}");
     let unpublish = |node: &str| pb::ControllerUnpublishVolumeRequest {
         volume_id: vol.volume_id.clone(),
@@ -152,10 +161,10 @@ async fn rbd_controller_on_a_real_cluster() {
     c.controller_unpublish_volume(unpublish("node-a"))
         .await
         .unwrap();
-    c.controller_publish_volume(publish("node-b"))
+    c.controller_publish_volume(publish("node-b/rbd"))
         .await
         .unwrap();
-    c.controller_unpublish_volume(unpublish("node-b"))
+    c.controller_unpublish_volume(unpublish("node-b/rbd"))
         .await
         .unwrap();
 
@@ -351,4 +360,93 @@ async fn rbd_controller_on_a_real_cluster() {
         !h.log().contains(&cluster.client_key()),
         "the key reached the log"
     );
+}
+
+/// A controller whose only credentials are each call's secrets: every
+/// call that carries them works (ControllerPublish looked the volume up
+/// without them and answered INVALID_ARGUMENT); a node that does not map
+/// rbd images is NOT_FOUND; a second publish to a node on other terms is
+/// ALREADY_EXISTS; GetCapacity, which carries no secrets, says what it
+/// needs, and reports the pool's room with the config's own user.
+#[tokio::test]
+async fn rbd_calls_carry_their_secrets_and_publish_checks_node_and_terms() {
+    require_root();
+    let cluster = CephCluster::new();
+    let h = Harness::start_with(Some(&rbd_config_secrets_only(&cluster))).await;
+    let mut c = h.controller();
+    let cap = mount_cap("ext4", SNW);
+    let mut req = create_req("pvc-secrets", 8 * MIB, cap.clone());
+    req.secrets = secrets(&cluster);
+    let vol = c
+        .create_volume(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let publish = |node: &str, readonly: bool| pb::ControllerPublishVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        node_id: node.into(),
+        volume_capability: Some(cap.clone()),
+        readonly,
+        secrets: secrets(&cluster),
+        ..Default::default()
+    };
+    let r = c.controller_publish_volume(publish("node-a", false)).await;
+    assert_eq!(code(&r), Code::NotFound, "{r:?}");
+    c.controller_publish_volume(publish("node-a/rbd", false))
+        .await
+        .unwrap();
+    let r = c
+        .controller_publish_volume(publish("node-a/rbd", true))
+        .await;
+    assert_eq!(code(&r), Code::AlreadyExists, "{r:?}");
+    let valid = c
+        .validate_volume_capabilities(pb::ValidateVolumeCapabilitiesRequest {
+            volume_id: vol.volume_id.clone(),
+            volume_capabilities: vec![cap.clone()],
+            secrets: secrets(&cluster),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(valid.confirmed.is_some(), "{valid:?}");
+    // This node's id says it maps rbd images.
+    let node_id = h.node_id().await;
+    assert!(node_id.ends_with("/rbd"), "{node_id}");
+    let r = c
+        .get_capacity(pb::GetCapacityRequest {
+            parameters: [("backend".to_string(), "rbd".to_string())].into(),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(code(&r), Code::FailedPrecondition, "{r:?}");
+    c.controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        node_id: "node-a/rbd".into(),
+        secrets: secrets(&cluster),
+    })
+    .await
+    .unwrap();
+    c.delete_volume(pb::DeleteVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        secrets: secrets(&cluster),
+    })
+    .await
+    .unwrap();
+    drop(c);
+    drop(h);
+
+    // With the config's own user, GetCapacity reports the pool's room.
+    let h = Harness::start_with(Some(&rbd_config(&cluster))).await;
+    let cap = h
+        .controller()
+        .get_capacity(pb::GetCapacityRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(cap.available_capacity > 0, "{cap:?}");
+    assert_eq!(cap.available_capacity % MIB, 0);
+    assert!(!h.log().contains(&cluster.client_key()));
 }

@@ -58,6 +58,23 @@ pub trait Host: Send + Sync {
     fn make_target(&self, path: &Path, block: bool) -> Result<()>;
     /// Removes a publish target (never following a symlink).
     fn remove_target(&self, path: &Path) -> Result<()>;
+    /// Removes `path` only if it is an empty directory (not a symlink to
+    /// one): anything else, or nothing, is left as it is. Whether it
+    /// removed something.
+    fn remove_empty_dir(&self, path: &Path) -> Result<bool> {
+        match std::fs::remove_dir(path) {
+            Ok(()) => Ok(true),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOENT | libc::ENOTDIR | libc::ENOTEMPTY | libc::EEXIST)
+                ) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(Error::io(format!("remove {}", path.display()), e)),
+        }
+    }
     /// Whether anything (a symlink included) is at `path`.
     fn exists(&self, path: &Path) -> bool;
     /// Whether `path` holds nothing: missing, an empty directory, or an

@@ -13,7 +13,7 @@ use crate::host::Host;
 use crate::locks::{self, OpGuard, OpLocks};
 use crate::mount::{MountId, MountInfo, MountOptions, Mounter};
 use crate::plugin::{
-    AccessType, AttachContext, Attachment, Backend, Registry, VolumeCapability, VolumeId,
+    AccessType, AttachContext, Attachment, Backend, Registry, Secrets, VolumeCapability, VolumeId,
 };
 use crate::state::{NodeState, PublishRecord, StageRecord};
 use std::path::{Path, PathBuf};
@@ -74,6 +74,7 @@ pub struct PublishRequest {
     pub target_path: PathBuf,
     pub capability: VolumeCapability,
     pub readonly: bool,
+    pub secrets: Secrets,
 }
 
 /// Usage figures for NodeGetVolumeStats.
@@ -746,7 +747,7 @@ impl NodeOps {
             .supports(&req.capability)
             .map_err(|e| Error::precondition(e.message))?;
         let Some(stage) = self.state.stage(&req.volume_id) else {
-            if let Ok(None) = backend.get_volume(&req.volume_id).await {
+            if let Ok(None) = backend.get_volume(&req.volume_id, &req.secrets).await {
                 return Err(Error::not_found(format!(
                     "volume {} does not exist",
                     req.volume_id
@@ -921,21 +922,26 @@ impl NodeOps {
                 )));
             }
         }
-        let mounted = self.mount_id(target).await?;
         if record.is_none() {
-            if mounted.is_some() {
-                // Not published by us: whatever is mounted there is
-                // another's, and stays.
-                return Ok(());
-            }
+            // Nothing this driver published is recorded here, so nothing
+            // here is ours to take away but the empty directory a CO made
+            // for a publish that never happened (or whose record a crash
+            // lost), inside the paths this node mounts under. A file, a
+            // device node, a FIFO, a socket, a directory with anything in
+            // it, and whatever is mounted there stay as they are.
+            self.check_allowed(target, "target_path")?;
             if !self.host.exists(target) {
-                if let Ok(None) = backend.get_volume(id).await {
+                if let Ok(None) = backend.get_volume(id, &Secrets::default()).await {
                     return Err(Error::not_found(format!("volume {id} does not exist")));
                 }
+                return Ok(());
             }
-            self.host.remove_target(target)?;
+            if self.mount_id(target).await?.is_none() {
+                self.host.remove_empty_dir(target)?;
+            }
             return Ok(());
         }
+        let mounted = self.mount_id(target).await?;
         // Unmount our bind (and only ours); leave another's in place.
         let stage = self.state.stage(id);
         let expected = match (&stage, &record) {
@@ -1118,6 +1124,13 @@ impl NodeOps {
             .attachment
             .clone()
             .ok_or_else(|| Error::precondition(format!("volume {id} has no attached device")))?;
+        // A remote filesystem (NFS) grows where it is served: the
+        // controller's expansion was the whole of it, and the node has no
+        // device or filesystem of its own to grow. Its size is not known
+        // here (0: unset).
+        if matches!(attachment, Attachment::Remote { .. }) {
+            return Ok(0);
+        }
         let mut size = backend.node_refresh_size(id, &attachment).await?;
         // A node-local volume lives here: when no controller grew it (the
         // node-local driver offers no controller expansion, so the resizer

@@ -34,7 +34,11 @@ impl Backend for Recorder {
     async fn health(&self) -> Result<()> {
         Ok(())
     }
-    async fn get_volume(&self, _id: &VolumeId) -> Result<Option<crate::plugin::VolumeInfo>> {
+    async fn get_volume(
+        &self,
+        _id: &VolumeId,
+        _: &crate::plugin::Secrets,
+    ) -> Result<Option<crate::plugin::VolumeInfo>> {
         Ok(None)
     }
     async fn node_attach(&self, _id: &VolumeId, _ctx: &AttachContext) -> Result<Attachment> {
@@ -130,6 +134,7 @@ fn publish_req(f: &Fixture, target: &str, mode: AccessMode, readonly: bool) -> P
         target_path: f.dir.path().join("pods").join(target),
         capability: mount_cap(mode),
         readonly,
+        secrets: Default::default(),
     }
 }
 
@@ -777,6 +782,7 @@ async fn a_stale_remote_stage_is_abnormal_and_refuses_publish() {
             target_path: target.clone(),
             capability: cap,
             readonly: false,
+            secrets: Default::default(),
         })
         .await
         .unwrap_err();

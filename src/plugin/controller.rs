@@ -264,7 +264,7 @@ impl ControllerOps {
     pub async fn get_volume(&self, id: &VolumeId) -> Result<Placed> {
         let backend = self.registry.for_volume(id)?.clone();
         let volume = backend
-            .get_volume(id)
+            .get_volume(id, &Secrets::default())
             .await?
             .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
         Ok(Placed {
@@ -280,9 +280,10 @@ impl ControllerOps {
         id: &VolumeId,
         capabilities: &[VolumeCapability],
         parameters: &BTreeMap<String, String>,
+        secrets: &Secrets,
     ) -> Result<Option<String>> {
         let backend = self.registry.for_volume(id)?.clone();
-        if backend.get_volume(id).await?.is_none() {
+        if backend.get_volume(id, secrets).await?.is_none() {
             return Err(Error::not_found(format!("volume {id} does not exist")));
         }
         let (own, _) = split_parameters(parameters);
@@ -316,7 +317,7 @@ impl ControllerOps {
         } else {
             self.guard(&[publish, volume], &[])?
         };
-        if backend.get_volume(id).await?.is_none() {
+        if backend.get_volume(id, &req.secrets).await?.is_none() {
             return Err(Error::not_found(format!("volume {id} does not exist")));
         }
         let mut context = if backend.capabilities().attach {

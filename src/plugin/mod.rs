@@ -28,9 +28,27 @@ pub fn node_name(node_id: &str) -> &str {
     node_id.split_once('/').map_or(node_id, |(n, _)| n)
 }
 
-/// The suffix of a node id (see [`Backend::node_id_suffix`]).
+/// The tokens of a node id: `<name>/<token>,<token>...`, what the node's
+/// attaching backends told controllers about it (see
+/// [`Backend::node_id_suffix`]).
+pub fn node_tokens(node_id: &str) -> impl Iterator<Item = &str> {
+    node_id
+        .split_once('/')
+        .map_or("", |(_, s)| s)
+        .split(',')
+        .filter(|t| !t.is_empty())
+}
+
+/// Whether a token is an iSCSI name (RFC 3720: `iqn.`, `eui.`, `naa.`).
+pub fn is_iscsi_name(token: &str) -> bool {
+    ["iqn.", "eui.", "naa."]
+        .iter()
+        .any(|p| token.starts_with(p))
+}
+
+/// The node's iSCSI initiator name, when its node id carries one.
 pub fn node_initiator(node_id: &str) -> Option<&str> {
-    node_id.split_once('/').map(|(_, s)| s)
+    node_tokens(node_id).find(|t| is_iscsi_name(t))
 }
 
 /// The filesystems a block backend formats, grows and mounts.
@@ -61,9 +79,22 @@ pub trait Backend: Send + Sync {
     /// Whether the backend can serve requests now (for Probe).
     async fn health(&self) -> Result<()>;
 
+    /// Once before the driver serves: lets go of what an earlier run of
+    /// this backend left for itself (a killed driver's working mounts).
+    async fn start(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Once after the driver stopped serving and its calls are done:
+    /// releases what the backend holds for itself (working mounts).
+    async fn stop(&self) {}
+
     /// What this node must tell controllers about itself for this backend
-    /// (an iSCSI initiator name), carried in the node id after the node's
-    /// name: `<name>/<suffix>`. Asked once, at start, on nodes.
+    /// (an iSCSI initiator name; `rbd` for a node that maps rbd images),
+    /// carried in the node id after the node's name as one of
+    /// `<name>/<token>,<token>`: a controller publishes a volume only to a
+    /// node whose id says it can take it (NOT_FOUND otherwise). Asked once,
+    /// at start, on nodes. A token has no `,` or `/`.
     fn node_id_suffix(&self) -> Result<Option<String>> {
         Ok(None)
     }
@@ -153,8 +184,9 @@ pub trait Backend: Send + Sync {
     async fn delete_volume(&self, _id: &VolumeId, _secrets: &Secrets) -> Result<()> {
         Err(self.unimplemented("delete volumes"))
     }
-    /// Looks a volume up; `None` when it does not exist.
-    async fn get_volume(&self, _id: &VolumeId) -> Result<Option<VolumeInfo>> {
+    /// Looks a volume up with the call's secrets (none for
+    /// ControllerGetVolume); `None` when it does not exist.
+    async fn get_volume(&self, _id: &VolumeId, _secrets: &Secrets) -> Result<Option<VolumeInfo>> {
         Err(self.unimplemented("look up volumes"))
     }
     /// One page of volumes: those whose locator sorts after `page.after`,

@@ -90,6 +90,18 @@ impl AccessMode {
             AccessMode::SingleNodeReaderOnly | AccessMode::MultiNodeReaderOnly
         )
     }
+    /// The mode's name in publish terms and messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            AccessMode::SingleNodeWriter => "single_node_writer",
+            AccessMode::SingleNodeReaderOnly => "single_node_reader_only",
+            AccessMode::MultiNodeReaderOnly => "multi_node_reader_only",
+            AccessMode::MultiNodeSingleWriter => "multi_node_single_writer",
+            AccessMode::MultiNodeMultiWriter => "multi_node_multi_writer",
+            AccessMode::SingleNodeSingleWriter => "single_node_single_writer",
+            AccessMode::SingleNodeMultiWriter => "single_node_multi_writer",
+        }
+    }
     /// Modes that let more than one node use the volume at once.
     pub fn is_multi_node(self) -> bool {
         matches!(
@@ -165,6 +177,41 @@ pub struct ControllerAttach {
     pub readonly: bool,
     pub volume_context: BTreeMap<String, String>,
     pub secrets: Secrets,
+}
+
+impl ControllerAttach {
+    /// What this publish promises the node: access mode, access type and
+    /// whether it is read-only, as one string a backend keeps beside its
+    /// record of the node. A later publish of the volume to the same node
+    /// must ask for the same (see [`check_publish_terms`]).
+    pub fn terms(&self) -> String {
+        let access = match self.capability.access {
+            AccessType::Block => "block",
+            AccessType::Mount { .. } => "mount",
+        };
+        let rw = if self.readonly { "ro" } else { "rw" };
+        format!("{}/{access}/{rw}", self.capability.mode.name())
+    }
+}
+
+/// A publish to a node the volume is already published to: the same
+/// terms are a repeat (OK), others are ALREADY_EXISTS (CSI: "published at
+/// the node but incompatible with the volume_capability or readonly
+/// flag"). `recorded` is `None` for records from before terms were kept.
+pub fn check_publish_terms(
+    id: &VolumeId,
+    node: &str,
+    recorded: Option<&str>,
+    req: &ControllerAttach,
+) -> crate::error::Result<()> {
+    let asked = req.terms();
+    match recorded {
+        Some(had) if had != asked => Err(crate::error::Error::already_exists(format!(
+            "volume {id} is published to node {node} as {had}; this publish asks for {asked}: \
+             unpublish it first"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Which page of a listing to return: entries whose locator sorts after

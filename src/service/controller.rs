@@ -82,11 +82,16 @@ impl Controller for ControllerService {
                     "no configured backend attaches volumes to nodes",
                 ));
             }
-            let id = convert::volume_id(&r.volume_id)?;
+            // Every required field is checked before the id is looked at:
+            // a request missing one is invalid whatever volume it names.
+            if r.volume_id.is_empty() {
+                return Err(Error::invalid("volume_id is required"));
+            }
             if r.node_id.is_empty() {
                 return Err(Error::invalid("node_id is required"));
             }
             let capability = convert::required_capability(r.volume_capability.as_ref())?;
+            let id = convert::volume_id(&r.volume_id)?;
             let context = self
                 .0
                 .controller
@@ -143,7 +148,12 @@ impl Controller for ControllerService {
             let unsupported = self
                 .0
                 .controller
-                .validate_capabilities(&id, &caps, &params(&r.parameters))
+                .validate_capabilities(
+                    &id,
+                    &caps,
+                    &params(&r.parameters),
+                    &Secrets::from(&r.secrets),
+                )
                 .await?;
             Ok(match unsupported {
                 Some(message) => pb::ValidateVolumeCapabilitiesResponse {

@@ -97,6 +97,7 @@ impl Node for NodeService {
                     capability,
                     readonly: r.readonly
                         || crate::plugin::published_read_only(|k| r.publish_context.get(k)),
+                    secrets: crate::plugin::Secrets::from(&r.secrets),
                 })
                 .await?;
             Ok(pb::NodePublishVolumeResponse {})

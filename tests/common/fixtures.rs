@@ -406,6 +406,8 @@ pub struct CephCluster {
     pub pool: &'static str,
     mon: Child,
     osd: Option<Child>,
+    /// The manager: usage figures (`ceph df`) come from it.
+    mgr: Option<Child>,
 }
 
 fn uuid() -> String {
@@ -420,7 +422,7 @@ impl CephCluster {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path().to_path_buf();
         let d = d.as_path();
-        for sub in ["mon", "osd", "run"] {
+        for sub in ["mon", "osd", "mgr", "run"] {
             std::fs::create_dir_all(d.join(sub)).unwrap();
         }
         let fsid = uuid();
@@ -436,7 +438,9 @@ impl CephCluster {
                  mon allow pool delete = true\nosd objectstore = memstore\nmemstore device bytes = 1073741824\n\
                  osd crush chooseleaf type = 0\nms bind ipv6 = false\nrun dir = {run}\nlog file = {dir}/$name.log\n\
                  admin socket = {run}/$name.asok\nkeyring = {admin}\n\
-                 [mon.a]\nmon data = {dir}/mon\n[osd.0]\nosd data = {dir}/osd\nkeyring = {dir}/osd/keyring\n",
+                 mgr stats period = 1\nmgr initial modules = \n\
+                 [mon.a]\nmon data = {dir}/mon\n[osd.0]\nosd data = {dir}/osd\nkeyring = {dir}/osd/keyring\n\
+                 [mgr.x]\nmgr data = {dir}/mgr\nkeyring = {dir}/mgr/keyring\n",
                 run = d.join("run").display(),
                 dir = d.display(),
                 admin = admin.display(),
@@ -515,6 +519,7 @@ impl CephCluster {
             pool: "rbd",
             mon,
             osd: None,
+            mgr: None,
         };
         let osd_uuid = uuid();
         let id = cluster.ceph(&["osd", "create", &osd_uuid]);
@@ -549,6 +554,19 @@ impl CephCluster {
         wait_for("the OSD to come up", Duration::from_secs(60), || {
             cluster.ceph(&["osd", "stat"]).contains("1 up")
         });
+        let mgr_keyring = d.join("mgr/keyring");
+        cluster.ceph(&[
+            "auth",
+            "get-or-create",
+            "mgr.x",
+            "mon",
+            "allow profile mgr",
+            "osd",
+            "allow *",
+            "-o",
+            mgr_keyring.to_str().unwrap(),
+        ]);
+        cluster.mgr = Some(daemon("ceph-mgr", &["-c", &c, "-i", "x", "-f"]));
         cluster.ceph(&["osd", "pool", "create", "rbd", "8"]);
         run("rbd", &["-c", &c, "pool", "init", "rbd"]);
         let client = cluster.client_keyring.to_str().unwrap().to_string();
@@ -563,6 +581,21 @@ impl CephCluster {
             "-o",
             &client,
         ]);
+        // Usage figures reach `ceph df` once the manager has heard from
+        // the OSD about the pool.
+        wait_for(
+            "the manager's pool figures",
+            Duration::from_secs(90),
+            || {
+                let df: serde_json::Value =
+                    serde_json::from_str(&cluster.ceph(&["df", "--format", "json"]))
+                        .unwrap_or_default();
+                df["pools"].as_array().is_some_and(|p| {
+                    p.iter()
+                        .any(|p| p["name"] == "rbd" && p["stats"]["max_avail"].as_u64() > Some(0))
+                })
+            },
+        );
         cluster
     }
 
@@ -599,9 +632,9 @@ impl CephCluster {
 
 impl Drop for CephCluster {
     fn drop(&mut self) {
-        if let Some(mut osd) = self.osd.take() {
-            let _ = osd.kill();
-            let _ = osd.wait();
+        for mut child in [self.mgr.take(), self.osd.take()].into_iter().flatten() {
+            let _ = child.kill();
+            let _ = child.wait();
         }
         let _ = self.mon.kill();
         let _ = self.mon.wait();

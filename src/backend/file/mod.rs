@@ -421,7 +421,7 @@ impl Backend for FileBackend {
         Ok(())
     }
 
-    async fn get_volume(&self, id: &VolumeId) -> Result<Option<VolumeInfo>> {
+    async fn get_volume(&self, id: &VolumeId, _secrets: &Secrets) -> Result<Option<VolumeInfo>> {
         self.own(id.backend())?;
         match self.load_volume(id.locator())? {
             Some((meta, size)) => Ok(Some(self.volume_info(id.locator(), meta, size)?)),

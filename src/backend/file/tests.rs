@@ -254,7 +254,12 @@ async fn delete_is_idempotent_and_refuses_an_attached_image() {
     std::fs::remove_file(lo.join("backing_file")).unwrap();
     p.backend.delete_volume(&v.id, &none).await.unwrap();
     p.backend.delete_volume(&v.id, &none).await.unwrap();
-    assert!(p.backend.get_volume(&v.id).await.unwrap().is_none());
+    assert!(p
+        .backend
+        .get_volume(&v.id, &Secrets::default())
+        .await
+        .unwrap()
+        .is_none());
 }
 
 #[tokio::test]

@@ -25,9 +25,9 @@ use crate::config::BackendConfig;
 use crate::error::{Error, Result};
 use crate::exec::CommandRunner;
 use crate::plugin::{
-    digest_hex, AccessMode, AttachContext, Attachment, Backend, Capabilities, Capacity,
-    ContentSource, ControllerAttach, CreateSnapshot, CreateVolume, Page, Secrets, SnapshotId,
-    SnapshotInfo, VolumeId, VolumeInfo,
+    check_publish_terms, digest_hex, AccessMode, AttachContext, Attachment, Backend, Capabilities,
+    Capacity, ContentSource, ControllerAttach, CreateSnapshot, CreateVolume, Page, Secrets,
+    SnapshotId, SnapshotInfo, VolumeId, VolumeInfo,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -109,6 +109,10 @@ struct Record {
     attachment: Attachment,
     /// Initiator names ControllerPublish allowed.
     initiators: BTreeSet<String>,
+    /// The terms each initiator's publish was made on (records from before
+    /// they were kept have none).
+    #[serde(default)]
+    terms: BTreeMap<String, String>,
     /// CHAP accounts bound to the target (names only; passwords are kept
     /// in memory and never written).
     incoming_user: Option<String>,
@@ -637,6 +641,7 @@ impl Backend for IscsiBackend {
                     path: PathBuf::new(),
                 },
                 initiators: BTreeSet::new(),
+                terms: BTreeMap::new(),
                 incoming_user: None,
                 outgoing_user: None,
                 copy: None,
@@ -680,11 +685,15 @@ impl Backend for IscsiBackend {
         self.forget(id)
     }
 
-    async fn get_volume(&self, id: &VolumeId) -> Result<Option<VolumeInfo>> {
+    async fn get_volume(&self, id: &VolumeId, secrets: &Secrets) -> Result<Option<VolumeInfo>> {
         if id.backend() != self.name {
             return Ok(None);
         }
-        match self.store()?.get_volume(&self.to_store(id)?).await? {
+        match self
+            .store()?
+            .get_volume(&self.to_store(id)?, secrets)
+            .await?
+        {
             Some(v) => Ok(Some(self.volume_from_store(v)?)),
             None => Ok(None),
         }
@@ -825,6 +834,14 @@ impl Backend for IscsiBackend {
                  it is used by one node at a time: unpublish it there first"
             )));
         }
+        if record.initiators.contains(&initiator) {
+            check_publish_terms(
+                id,
+                &req.node_id,
+                record.terms.get(&initiator).map(String::as_str),
+                req,
+            )?;
+        }
         let tid = self.ensure_target(id, &mut record, &targets).await?;
         // Accounts the target has bound now (none if it was just made).
         let bound: Vec<(String, bool)> = targets
@@ -867,6 +884,7 @@ impl Backend for IscsiBackend {
             self.target.allow(tid, known).await?;
         }
         self.target.allow(tid, &initiator).await?;
+        record.terms.insert(initiator.clone(), req.terms());
         record.initiators.insert(initiator);
         self.check_copy(id, &mut record).await?;
         self.save(id, &record)?;
@@ -911,6 +929,7 @@ impl Backend for IscsiBackend {
         }
         for i in &gone {
             record.initiators.remove(i);
+            record.terms.remove(i);
         }
         self.save(id, &record)
     }

@@ -565,6 +565,19 @@ async fn publish_sets_chap_then_the_acl_and_unpublish_takes_it_back() {
         ["tgtadm -C 0 --lld iscsi --op show --mode target".to_string()]
     );
 
+    // This node again, read-only now: not what it was published as, so
+    // ALREADY_EXISTS, and nothing changes on the target.
+    s.runner.expect(
+        "tgtadm",
+        Reply::Ok(target_row(1, IQN, &[], &[INITIATOR], &["alice"])),
+    );
+    let before = s.runner.lines().len();
+    let mut ro = attach_req(&chap);
+    ro.readonly = true;
+    let e = b.controller_attach(&id, &ro).await.unwrap_err();
+    assert_eq!(e.kind, Kind::AlreadyExists, "{e}");
+    assert_eq!(s.runner.lines().len(), before + 1);
+
     // A node without an initiator name, and an unknown volume: NOT_FOUND.
     let mut plain = attach_req(&chap);
     plain.node_id = "worker-2".into();
@@ -664,6 +677,7 @@ async fn a_lost_target_is_rebuilt_closed_until_the_secret_comes_back() {
                     path: "/dev/loop7".into(),
                 },
                 initiators: BTreeSet::from([INITIATOR.to_string()]),
+                terms: Default::default(),
                 incoming_user: Some("alice".into()),
                 outgoing_user: None,
                 copy: None,

@@ -654,7 +654,7 @@ impl Backend for LvmBackend {
         self.remove_lv(class, lv_name).await
     }
 
-    async fn get_volume(&self, id: &VolumeId) -> Result<Option<VolumeInfo>> {
+    async fn get_volume(&self, id: &VolumeId, _secrets: &Secrets) -> Result<Option<VolumeInfo>> {
         let Ok((class, lv_name)) = self.split(id.locator()) else {
             return Ok(None);
         };

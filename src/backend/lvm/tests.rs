@@ -816,7 +816,10 @@ async fn classes_sharing_a_volume_group_list_each_lv_once() {
         )])),
     );
     assert!(b
-        .get_volume(&VolumeId::parse("lvm:thin.fv-a").unwrap())
+        .get_volume(
+            &VolumeId::parse("lvm:thin.fv-a").unwrap(),
+            &Secrets::default()
+        )
         .await
         .unwrap()
         .is_none());
@@ -830,7 +833,10 @@ async fn classes_sharing_a_volume_group_list_each_lv_once() {
         )])),
     );
     assert!(b
-        .get_volume(&VolumeId::parse("lvm:ssd.fv-a").unwrap())
+        .get_volume(
+            &VolumeId::parse("lvm:ssd.fv-a").unwrap(),
+            &Secrets::default()
+        )
         .await
         .unwrap()
         .is_some());

@@ -658,6 +658,18 @@ impl Backend for NfsBackend {
         &self.name
     }
 
+    async fn start(&self) -> Result<()> {
+        let left = self.mounts.release_all().await;
+        if left > 0 {
+            tracing::info!(backend = %self.name, released = left, "released working mounts an earlier run left");
+        }
+        Ok(())
+    }
+
+    async fn stop(&self) {
+        self.mounts.release_all().await;
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             provision: true,
@@ -862,7 +874,7 @@ impl Backend for NfsBackend {
         .await
     }
 
-    async fn get_volume(&self, id: &VolumeId) -> Result<Option<VolumeInfo>> {
+    async fn get_volume(&self, id: &VolumeId, _secrets: &Secrets) -> Result<Option<VolumeInfo>> {
         let Ok(loc) = self.locate(id) else {
             return Ok(None);
         };

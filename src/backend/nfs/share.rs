@@ -37,8 +37,10 @@ pub struct WorkMounts {
     root: PathBuf,
     runner: Arc<dyn CommandRunner>,
     table: Mutex<HashMap<PathBuf, Entry>>,
-    /// Serializes mounting and releasing (never held across work inside).
-    mounting: tokio::sync::Mutex<()>,
+    /// One lock per share, serializing its mount and its release (never
+    /// held across work inside it): a share whose server does not answer
+    /// holds up only the calls that need that share.
+    mounting: Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
     reaper_started: std::sync::atomic::AtomicBool,
 }
 
@@ -64,7 +66,7 @@ impl WorkMounts {
             root,
             runner,
             table: Mutex::new(HashMap::new()),
-            mounting: tokio::sync::Mutex::new(()),
+            mounting: Mutex::new(HashMap::new()),
             reaper_started: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -74,22 +76,41 @@ impl WorkMounts {
             .join(crate::plugin::digest_hex(spec.source.as_bytes(), 12))
     }
 
+    fn share_lock(&self, dir: &Path) -> Arc<tokio::sync::Mutex<()>> {
+        self.mounting
+            .lock()
+            .expect("work mounts poisoned")
+            .entry(dir.to_path_buf())
+            .or_default()
+            .clone()
+    }
+
+    /// Counts one more user of `dir` when it is mounted.
+    fn join(&self, dir: &Path) -> bool {
+        let mut table = self.table.lock().expect("work mounts poisoned");
+        match table.get_mut(dir) {
+            Some(e) => {
+                e.users += 1;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Mounts the share (once; later callers share the mount) and holds it.
     pub async fn hold(self: &Arc<Self>, spec: &ShareSpec) -> Result<Held> {
         self.start_reaper();
         let dir = self.dir_for(spec);
-        let _m = self.mounting.lock().await;
-        let mounted = {
-            let mut table = self.table.lock().expect("work mounts poisoned");
-            match table.get_mut(&dir) {
-                Some(e) => {
-                    e.users += 1;
-                    true
-                }
-                None => false,
-            }
-        };
-        if !mounted {
+        // A mounted share is joined without waiting on anything.
+        if self.join(&dir) {
+            return Ok(Held {
+                mounts: self.clone(),
+                dir,
+            });
+        }
+        let lock = self.share_lock(&dir);
+        let _m = lock.lock().await;
+        if !self.join(&dir) {
             std::fs::create_dir_all(&dir)
                 .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
             // Left mounted by an earlier run: let it go first.
@@ -127,10 +148,10 @@ impl WorkMounts {
         crate::mount::unmount_with_helper(self.runner.as_ref(), dir, Duration::from_secs(20)).await
     }
 
-    /// Releases the shares unused for `idle`; returns how many.
+    /// Releases the shares unused for `idle`; returns how many. A share
+    /// being mounted or released by another call is left to that call.
     pub async fn release_idle(&self, idle: Duration) -> usize {
-        let _m = self.mounting.lock().await;
-        let stale: Vec<PathBuf> = {
+        let candidates: Vec<PathBuf> = {
             let table = self.table.lock().expect("work mounts poisoned");
             table
                 .iter()
@@ -138,12 +159,56 @@ impl WorkMounts {
                 .map(|(d, _)| d.clone())
                 .collect()
         };
-        for dir in &stale {
+        let mut released = 0;
+        for dir in &candidates {
+            let lock = self.share_lock(dir);
+            let Ok(_m) = lock.try_lock() else { continue };
+            // Taken out of the table before it is unmounted, so no call
+            // joins a share on its way out (a new one mounts it again,
+            // after this lock).
+            {
+                let mut table = self.table.lock().expect("work mounts poisoned");
+                match table.get(dir) {
+                    Some(e) if e.users == 0 && e.last_used.elapsed() >= idle => {
+                        table.remove(dir);
+                    }
+                    _ => continue,
+                }
+            }
             let _ = self.unmount(dir).await;
-            self.table.lock().expect("work mounts poisoned").remove(dir);
             let _ = std::fs::remove_dir(dir);
+            released += 1;
         }
-        stale.len()
+        released
+    }
+
+    /// Lets go of every share mounted under the working root, this run's
+    /// and those an earlier run left (a driver killed before it could
+    /// release them): at start, and at shutdown once calls are done. Only
+    /// the working root's own entries are touched: they are this
+    /// backend's. Returns how many were mounted.
+    pub async fn release_all(&self) -> usize {
+        self.table.lock().expect("work mounts poisoned").clear();
+        let left: Vec<PathBuf> = std::fs::read_to_string("/proc/self/mountinfo")
+            .map(|t| {
+                crate::mount::parse_mountinfo(&t)
+                    .into_iter()
+                    .map(|m| m.mount_point)
+                    .filter(|p| p.parent() == Some(self.root.as_path()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for dir in &left {
+            if let Err(e) = self.unmount(dir).await {
+                tracing::warn!(dir = %dir.display(), error = %e.message, "could not release a share's working mount");
+            }
+        }
+        if let Ok(entries) = std::fs::read_dir(&self.root) {
+            for e in entries.flatten() {
+                let _ = std::fs::remove_dir(e.path());
+            }
+        }
+        left.len()
     }
 
     /// How many shares are mounted now.
@@ -293,6 +358,64 @@ pub fn ensure_dir(root: &Path, rel: &Path, mode: u32) -> Result<PathBuf> {
 mod tests {
     use super::*;
     use crate::error::Kind;
+    use crate::exec::{Command, ExecError, Output};
+
+    /// A mount helper whose mounts of `dead:/` never return until the
+    /// test lets them go (a server that does not answer); every other
+    /// command succeeds at once.
+    struct DeadServer {
+        release: tokio::sync::Notify,
+        stuck: tokio::sync::Notify,
+    }
+
+    #[async_trait::async_trait]
+    impl CommandRunner for DeadServer {
+        async fn run(&self, command: Command) -> std::result::Result<Output, ExecError> {
+            if command.program == "mount" && command.args.iter().any(|a| a == "dead:/") {
+                self.stuck.notify_one();
+                self.release.notified().await;
+            }
+            Ok(Output {
+                code: Some(0),
+                stdout: String::new(),
+                stderr: String::new(),
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_dead_server_holds_up_only_its_own_share() {
+        let dir = tempfile::tempdir().unwrap();
+        let runner = Arc::new(DeadServer {
+            release: tokio::sync::Notify::new(),
+            stuck: tokio::sync::Notify::new(),
+        });
+        let mounts = WorkMounts::new(dir.path().join("work"), runner.clone());
+        let spec = |source: &str| ShareSpec {
+            source: source.into(),
+            options: vec![],
+        };
+        let dead = {
+            let mounts = mounts.clone();
+            let spec = spec("dead:/");
+            tokio::spawn(async move { mounts.hold(&spec).await.map(|h| h.dir.clone()) })
+        };
+        runner.stuck.notified().await;
+        // The dead share's mount is still stuck: the live one mounts, is
+        // held twice and released, while it waits.
+        for _ in 0..2 {
+            let held = tokio::time::timeout(Duration::from_secs(30), mounts.hold(&spec("live:/")))
+                .await
+                .expect("the live share waited on the dead one")
+                .unwrap();
+            drop(held);
+        }
+        assert_eq!(mounts.release_idle(Duration::ZERO).await, 1);
+        assert!(!dead.is_finished(), "the dead share's mount returned early");
+        runner.release.notify_one();
+        dead.await.unwrap().unwrap();
+        assert_eq!(mounts.mounted(), 1);
+    }
 
     #[test]
     fn subdirs_are_plain_relative_paths() {

@@ -294,7 +294,12 @@ async fn delete_follows_the_policy_recorded_at_create() {
     assert_eq!(std::fs::read(archive[0].path().join("data")).unwrap(), b"x");
     // All three are gone as volumes; deleting again is fine.
     for v in [&deleted, &retained, &archived] {
-        assert!(f.backend.get_volume(&v.id).await.unwrap().is_none());
+        assert!(f
+            .backend
+            .get_volume(&v.id, &Secrets::default())
+            .await
+            .unwrap()
+            .is_none());
         f.backend.delete_volume(&v.id, &none).await.unwrap();
     }
     // A directory without a record is never deleted.

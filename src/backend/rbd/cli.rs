@@ -190,6 +190,48 @@ pub struct TrashEntry {
     pub name: String,
 }
 
+/// `ceph df detail --format json`: what each pool can still take.
+#[derive(Debug, Clone, Deserialize)]
+struct Df {
+    pools: Vec<DfPool>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct DfPool {
+    name: String,
+    stats: DfStats,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct DfStats {
+    /// What the pool can still store, after replication, before the
+    /// fullest OSD it maps to is full.
+    max_avail: u64,
+    /// Bytes stored (before replication).
+    #[serde(default)]
+    stored: u64,
+    /// The pool's byte quota; 0: none.
+    #[serde(default)]
+    quota_bytes: u64,
+}
+
+/// The bytes a pool can still take from `ceph df detail` output: its free
+/// room, or what its quota leaves when that is less.
+pub fn pool_available(df_json: &str, pool: &str) -> Result<u64> {
+    let df: Df = serde_json::from_str(df_json)
+        .map_err(|e| Error::internal(format!("ceph df: unexpected output: {e}")))?;
+    let p = df
+        .pools
+        .iter()
+        .find(|p| p.name == pool)
+        .ok_or_else(|| Error::not_found(format!("ceph df lists no pool {pool:?}")))?;
+    let mut free = p.stats.max_avail;
+    if p.stats.quota_bytes > 0 {
+        free = free.min(p.stats.quota_bytes.saturating_sub(p.stats.stored));
+    }
+    Ok(free)
+}
+
 /// One row of `rbd device list --format json` (showmapped).
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 pub struct Mapped {
@@ -244,6 +286,21 @@ impl Rbd<'_> {
                 "30",
             ])
             .timeout(TIMEOUT))
+    }
+
+    /// The bytes `pool` can still take (`ceph df`, with the same user).
+    pub async fn pool_available(&self, creds: &Creds, pool: &str) -> Result<u64> {
+        let out = self
+            .run_cmd(
+                Command::new("ceph")
+                    .args(["-c", "/dev/null", "-m", &self.monitors.join(",")])
+                    .args(["--id", &creds.user, "--keyring", &path_arg(&creds.keyring)?])
+                    .args(["--connect-timeout", "20"])
+                    .args(["df", "detail", "--format", "json"])
+                    .timeout(TIMEOUT),
+            )
+            .await?;
+        pool_available(&out, pool)
     }
 
     pub async fn run(&self, creds: &Creds, args: &[&str]) -> Result<String> {

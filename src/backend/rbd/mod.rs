@@ -18,10 +18,10 @@ mod tests;
 use crate::error::{Error, Kind, Result};
 use crate::exec::CommandRunner;
 use crate::plugin::{
-    check_existing, join_fields, locator_for_name, node_name, split_fields, AccessMode, AccessType,
-    AttachContext, Attachment, Backend, Capabilities, ContentSource, ControllerAttach,
-    CreateSnapshot, CreateVolume, Page, Secrets, SizeRules, SnapshotId, SnapshotInfo,
-    VolumeCapability, VolumeId, VolumeInfo,
+    check_existing, check_publish_terms, join_fields, locator_for_name, node_name, node_tokens,
+    split_fields, AccessMode, AccessType, AttachContext, Attachment, Backend, Capabilities,
+    Capacity, ContentSource, ControllerAttach, CreateSnapshot, CreateVolume, Page, Secrets,
+    SizeRules, SnapshotId, SnapshotInfo, VolumeCapability, VolumeId, VolumeInfo,
 };
 use cli::{check_name, Creds, Rbd, Spec};
 use serde::Deserialize;
@@ -41,8 +41,12 @@ const META_CREATED: &str = "ferrovol.created";
 /// On a copy (a restore, a clone) whose filesystem still carries its
 /// source's UUID, until the node that first stages it renews it.
 const META_FS_COPY: &str = "ferrovol.fscopy";
-/// `ferrovol.node.<node name>` = `single` | `multi`: who may use the image.
+/// `ferrovol.node.<node name>` = `single;<terms>` | `multi;<terms>`: who
+/// may use the image, and on what terms it was published there (see
+/// `ControllerAttach::terms`; older marks are a bare `single` or `multi`).
 const META_NODE: &str = "ferrovol.node.";
+/// The token a node that maps rbd images carries in its node id.
+pub const NODE_TOKEN: &str = "rbd";
 /// The snapshot of a snapshot image that restores clone from.
 const BASE: &str = "base";
 /// The volume context key that carries map options to the node.
@@ -634,6 +638,10 @@ impl Backend for RbdBackend {
         Ok(())
     }
 
+    fn node_id_suffix(&self) -> Result<Option<String>> {
+        Ok(Some(NODE_TOKEN.to_string()))
+    }
+
     fn validate_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {
         self.params(parameters).map(|_| ())
     }
@@ -779,11 +787,11 @@ impl Backend for RbdBackend {
         self.remove(&creds, &spec).await
     }
 
-    async fn get_volume(&self, id: &VolumeId) -> Result<Option<VolumeInfo>> {
+    async fn get_volume(&self, id: &VolumeId, secrets: &Secrets) -> Result<Option<VolumeInfo>> {
         let Ok(spec) = self.volume_spec(id) else {
             return Ok(None);
         };
-        let creds = self.creds(&Secrets::default())?;
+        let creds = self.creds(secrets)?;
         let Some(info) = self.rbd().info(&creds, &spec).await? else {
             return Ok(None);
         };
@@ -805,6 +813,30 @@ impl Backend for RbdBackend {
         rows.iter()
             .map(|(_, spec, size)| self.volume_info(spec, *size, &BTreeMap::new(), None))
             .collect()
+    }
+
+    async fn capacity(&self, parameters: &BTreeMap<String, String>) -> Result<Capacity> {
+        // GetCapacity carries no secrets: only the config's own user can ask.
+        if self.settings.user.is_none() {
+            return Err(Error::precondition(format!(
+                "backend {}: GetCapacity carries no secrets; set user and keyring in the backend's config to report capacity",
+                self.name
+            )));
+        }
+        let p = self.params(parameters)?;
+        let creds = self.creds(&Secrets::default())?;
+        let pool = if p.data_pool.is_empty() {
+            &p.pool
+        } else {
+            &p.data_pool
+        };
+        let free = self.rbd().pool_available(&creds, pool).await?;
+        Ok(Capacity {
+            // Images are made in whole MiB.
+            available_bytes: free - free % MIB,
+            maximum_volume_bytes: None,
+            minimum_volume_bytes: None,
+        })
     }
 
     async fn expand_volume(
@@ -952,31 +984,39 @@ impl Backend for RbdBackend {
         let creds = self.creds(&req.secrets)?;
         let node = node_name(&req.node_id);
         check_name("node name", node, false)?;
+        if !node_tokens(&req.node_id).any(|t| t == NODE_TOKEN) {
+            return Err(Error::not_found(format!(
+                "node {:?} does not map rbd images (its node id does not say so: is an rbd backend configured on it?)",
+                req.node_id
+            )));
+        }
         if self.rbd().info(&creds, &spec).await?.is_none() {
             return Err(Error::not_found(format!("volume {id} does not exist")));
         }
         let meta = self.rbd().meta(&creds, &spec).await?;
         let multi = req.capability.mode == AccessMode::MultiNodeMultiWriter;
-        for (key, mode) in &meta {
+        let mark = format!(
+            "{}{}",
+            if multi { "multi;" } else { "single;" },
+            req.terms()
+        );
+        for (key, value) in &meta {
             let Some(other) = key.strip_prefix(META_NODE) else {
                 continue;
             };
+            let (kind, terms) = value.split_once(';').unwrap_or((value.as_str(), ""));
             if other == node {
+                check_publish_terms(id, node, Some(terms).filter(|t| !t.is_empty()), req)?;
                 continue;
             }
-            if !multi || mode != "multi" {
+            if !multi || kind != "multi" {
                 return Err(Error::precondition(format!(
                     "volume {id} is published to node {other}; a single-node volume is used by one node at a time"
                 )));
             }
         }
         self.rbd()
-            .set_meta(
-                &creds,
-                &spec,
-                &format!("{META_NODE}{node}"),
-                if multi { "multi" } else { "single" },
-            )
+            .set_meta(&creds, &spec, &format!("{META_NODE}{node}"), &mark)
             .await?;
         Ok(BTreeMap::new())
     }

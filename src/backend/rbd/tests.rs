@@ -364,39 +364,75 @@ async fn publish_fences_single_node_volumes() {
     let r = Arc::new(FakeRunner::new());
     let b = backend(r.clone(), dir.path(), false);
     let id = VolumeId::parse("rbd:v1.c1.rbd._e.fv-a").unwrap();
-    let held = r#"{"ferrovol.name":"a","ferrovol.node.node-a":"single"}"#;
+    // A node whose id does not say it maps rbd images does not exist for
+    // this backend: NOT_FOUND before the cluster is asked anything.
+    for stranger in ["node-b", "node-b/iqn.2026-01.io.x:y", "some-fake-node-id"] {
+        let e = b
+            .controller_attach(&id, &attach(stranger, AccessMode::SingleNodeWriter))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind, Kind::NotFound, "{stranger}: {e}");
+    }
+    assert!(ops(&r).is_empty());
+    let held =
+        r#"{"ferrovol.name":"a","ferrovol.node.node-a":"single;single_node_writer/block/rw"}"#;
     r.expect("rbd", Reply::Ok(info("fv-a", MIB)))
         .expect("rbd", Reply::Ok(held.into()));
     let e = b
-        .controller_attach(&id, &attach("node-b", AccessMode::SingleNodeWriter))
+        .controller_attach(&id, &attach("node-b/rbd", AccessMode::SingleNodeWriter))
         .await
         .unwrap_err();
     assert_eq!(e.kind, Kind::FailedPrecondition);
     assert!(e.message.contains("node-a"), "{e}");
-    // The holder again: idempotent (the key set again).
+    // The holder again, on the same terms: idempotent (the key set again).
     r.expect("rbd", Reply::Ok(info("fv-a", MIB)))
         .expect("rbd", Reply::Ok(held.into()))
         .ok("rbd");
-    b.controller_attach(&id, &attach("node-a/iqn.x:y", AccessMode::SingleNodeWriter))
-        .await
-        .unwrap();
+    b.controller_attach(
+        &id,
+        &attach(
+            "node-a/iqn.2026-01.io.x:y,rbd",
+            AccessMode::SingleNodeWriter,
+        ),
+    )
+    .await
+    .unwrap();
     assert_eq!(
         ops(&r).last().unwrap(),
-        "image-meta set rbd/fv-a ferrovol.node.node-a single"
+        "image-meta set rbd/fv-a ferrovol.node.node-a single;single_node_writer/block/rw"
     );
+    // The holder on other terms (read-only now): ALREADY_EXISTS, the mark
+    // left as it was.
+    r.expect("rbd", Reply::Ok(info("fv-a", MIB)))
+        .expect("rbd", Reply::Ok(held.into()));
+    let mut ro = attach("node-a/rbd", AccessMode::SingleNodeWriter);
+    ro.readonly = true;
+    let e = b.controller_attach(&id, &ro).await.unwrap_err();
+    assert_eq!(e.kind, Kind::AlreadyExists, "{e}");
+    assert!(!ops(&r).last().unwrap().contains("set"));
+    // A mark from before terms were kept (a bare `single`) is taken as
+    // compatible.
+    r.expect("rbd", Reply::Ok(info("fv-a", MIB)))
+        .expect(
+            "rbd",
+            Reply::Ok(r#"{"ferrovol.node.node-a":"single"}"#.into()),
+        )
+        .ok("rbd");
+    b.controller_attach(&id, &ro).await.unwrap();
     // Multi-node block: several holders, all multi.
-    let multi = r#"{"ferrovol.name":"a","ferrovol.node.node-a":"multi"}"#;
+    let multi =
+        r#"{"ferrovol.name":"a","ferrovol.node.node-a":"multi;multi_node_multi_writer/block/rw"}"#;
     r.expect("rbd", Reply::Ok(info("fv-a", MIB)))
         .expect("rbd", Reply::Ok(multi.into()))
         .ok("rbd");
-    b.controller_attach(&id, &attach("node-b", AccessMode::MultiNodeMultiWriter))
+    b.controller_attach(&id, &attach("node-b/rbd", AccessMode::MultiNodeMultiWriter))
         .await
         .unwrap();
     // Unpublish removes only that node's key; unknown volume is fine.
     r.expect("rbd", Reply::Ok(info("fv-a", MIB)))
         .expect("rbd", Reply::Ok(r#"{"ferrovol.name":"a","ferrovol.node.node-a":"multi","ferrovol.node.node-b":"multi"}"#.into()))
         .ok("rbd");
-    b.controller_detach(&id, Some("node-b"), &secrets())
+    b.controller_detach(&id, Some("node-b/rbd"), &secrets())
         .await
         .unwrap();
     assert_eq!(
@@ -416,6 +452,24 @@ async fn publish_fences_single_node_volumes() {
         mode: AccessMode::MultiNodeMultiWriter,
     };
     assert_eq!(b.supports(&fs).unwrap_err().kind, Kind::InvalidArgument);
+}
+
+#[test]
+fn capacity_is_what_the_pool_can_still_take() {
+    let df = r#"{"stats":{},"pools":[
+        {"name":"other","id":1,"stats":{"max_avail":1,"stored":0,"quota_bytes":0}},
+        {"name":"rbd","id":2,"stats":{"max_avail":10000,"stored":300,"quota_bytes":0}},
+        {"name":"capped","id":3,"stats":{"max_avail":10000,"stored":300,"quota_bytes":1000}}]}"#;
+    assert_eq!(cli::pool_available(df, "rbd").unwrap(), 10000);
+    assert_eq!(cli::pool_available(df, "capped").unwrap(), 700);
+    assert_eq!(
+        cli::pool_available(df, "gone").unwrap_err().kind,
+        Kind::NotFound
+    );
+    assert_eq!(
+        cli::pool_available("nonsense", "rbd").unwrap_err().kind,
+        Kind::Internal
+    );
 }
 
 const MAPPED: &str =

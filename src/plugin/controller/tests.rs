@@ -98,7 +98,7 @@ impl Backend for Memory {
         self.volumes.lock().unwrap().remove(id.locator());
         Ok(())
     }
-    async fn get_volume(&self, id: &VolumeId) -> Result<Option<VolumeInfo>> {
+    async fn get_volume(&self, id: &VolumeId, _secrets: &Secrets) -> Result<Option<VolumeInfo>> {
         Ok(self.volumes.lock().unwrap().get(id.locator()).cloned())
     }
     async fn list_volumes(&self, page: &Page) -> Result<Vec<VolumeInfo>> {
