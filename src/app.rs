@@ -83,8 +83,7 @@ pub fn build_with(
         return Err(Error::invalid("node id must be 1 to 128 bytes"));
     }
     let state_dir = absolute(&settings.state_dir)?;
-    std::fs::create_dir_all(&state_dir)
-        .map_err(|e| Error::io(format!("create state dir {}", state_dir.display()), e))?;
+    crate::state::private_dir(&state_dir)?;
     let config = Config::load(settings.config.as_deref(), &state_dir)?;
     let host: Arc<dyn Host> = Arc::new(SystemHost);
     for p in &config.node.allowed_paths {

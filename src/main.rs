@@ -162,6 +162,10 @@ fn main() -> std::process::ExitCode {
     };
     init_logging(log_format);
     raise_file_limit();
+    // Whatever the driver or a tool it runs creates (images, records,
+    // keyrings, working directories) is root's alone unless a mode is
+    // asked for (the socket, the directories NFS volumes get).
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::fs;
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -32,6 +33,7 @@ fn write_replace(path: &Path, bytes: &[u8], durable: bool) -> std::io::Result<()
         .write(true)
         .create(true)
         .truncate(true)
+        .mode(0o600)
         .open(&tmp)?;
     f.write_all(bytes)?;
     if durable {
@@ -115,13 +117,26 @@ fn load_dir<T: for<'de> Deserialize<'de>>(dir: &Path) -> Result<Vec<T>> {
     Ok(out)
 }
 
+/// Creates `dir` (and its missing parents) private to the driver's user:
+/// mode 0700, an existing one made so too. What the driver keeps (records,
+/// images, keyrings) is root's alone.
+pub fn private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .and_then(|()| fs::set_permissions(dir, fs::Permissions::from_mode(0o700)))
+        .map_err(|e| Error::io(format!("create {}", dir.display()), e))
+}
+
 impl NodeState {
     /// Opens (creating if needed) the state under `dir` and loads it.
     pub fn open(dir: &Path) -> Result<Self> {
         let stage_dir = dir.join("node").join("staged");
         let publish_dir = dir.join("node").join("published");
-        for d in [&stage_dir, &publish_dir] {
-            fs::create_dir_all(d).map_err(|e| Error::io(format!("create {}", d.display()), e))?;
+        for d in [dir, &dir.join("node"), &stage_dir, &publish_dir] {
+            private_dir(d)?;
         }
         let stages = load_dir::<StageRecord>(&stage_dir)?
             .into_iter()

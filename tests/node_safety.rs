@@ -275,6 +275,142 @@ async fn unpublish_removes_only_what_a_publish_could_have_made() {
     n.node_unpublish_volume(unpublish(&empty)).await.unwrap();
 }
 
+/// mkfs options come from the volume context, which a caller of
+/// NodeStage writes: only the options reviewed for the filesystem's mkfs
+/// pass. `-d etc` (from the driver's working directory, `/` in a container
+/// without WORKDIR, it copied the node's /etc into the new filesystem) and
+/// its other spellings are refused before anything is formatted, and the
+/// stage leaves nothing attached or mounted.
+#[tokio::test]
+async fn mkfs_options_that_name_files_are_refused_at_stage() {
+    let h = Harness::start().await;
+    let cap = mount_cap("ext4", SNW);
+    let vol = h
+        .controller()
+        .create_volume(create_req("pvc-mkfs", 16 * MIB, cap.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let mut n = h.node();
+    let staging = h.path("staging");
+    std::fs::create_dir_all(&staging).unwrap();
+    for options in [
+        "-d etc",
+        "-d /etc",
+        "-E root_owner=0:0",
+        "-J device=/etc/passwd",
+        "-detc",
+    ] {
+        let mut req = stage_req(&vol.volume_id, &staging, cap.clone());
+        req.volume_context
+            .insert("mkfsOptions".into(), options.into());
+        let r = n.node_stage_volume(req).await;
+        assert_eq!(code(&r), Code::InvalidArgument, "{options}: {r:?}");
+        assert!(h.mounts().is_empty(), "{options}: {:?}", h.mounts());
+        assert!(
+            h.loop_devices().is_empty(),
+            "{options}: {:?}",
+            h.loop_devices()
+        );
+    }
+    // A reviewed option goes through.
+    let mut req = stage_req(&vol.volume_id, &staging, cap.clone());
+    req.volume_context
+        .insert("mkfsOptions".into(), "-E nodiscard -L data".into());
+    n.node_stage_volume(req).await.unwrap();
+    n.node_unstage_volume(unstage_req(&vol.volume_id, &staging))
+        .await
+        .unwrap();
+    assert!(h.loop_devices().is_empty() && h.mounts().is_empty());
+}
+
+/// Everything the driver keeps is root's alone: images, snapshot copies,
+/// restored copies, records and their directories carry no group or
+/// other permission bits (images were 0644 and the pool 0755, readable by
+/// every local user), a state directory that was open before is closed.
+#[tokio::test]
+async fn what_the_driver_keeps_is_private_to_root() {
+    use std::os::unix::fs::PermissionsExt;
+    let h = Harness::start().await;
+    let cap = mount_cap("ext4", SNW);
+    let mut c = h.controller();
+    let vol = c
+        .create_volume(create_req("pvc-private", 16 * MIB, cap.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let snap = c
+        .create_snapshot(pb::CreateSnapshotRequest {
+            source_volume_id: vol.volume_id.clone(),
+            name: "snap-private".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    let mut restore = create_req("pvc-restored", 16 * MIB, cap.clone());
+    restore.volume_content_source = Some(pb::VolumeContentSource {
+        r#type: Some(pb::volume_content_source::Type::Snapshot(
+            pb::volume_content_source::SnapshotSource {
+                snapshot_id: snap.snapshot_id.clone(),
+            },
+        )),
+    });
+    c.create_volume(restore).await.unwrap();
+    let mut n = h.node();
+    let staging = h.path("kubelet/staging/private");
+    std::fs::create_dir_all(&staging).unwrap();
+    n.node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
+        .await
+        .unwrap();
+    let target = h.path("kubelet/pods/private");
+    n.node_publish_volume(publish_req(
+        &vol.volume_id,
+        &staging,
+        &target,
+        cap.clone(),
+        false,
+    ))
+    .await
+    .unwrap();
+
+    fn walk(p: &Path, out: &mut Vec<(std::path::PathBuf, u32)>) {
+        let md = std::fs::symlink_metadata(p).unwrap();
+        out.push((p.to_path_buf(), md.permissions().mode() & 0o7777));
+        if md.is_dir() {
+            for e in std::fs::read_dir(p).unwrap() {
+                walk(&e.unwrap().path(), out);
+            }
+        }
+    }
+    let mut seen = Vec::new();
+    walk(&h.state_dir(), &mut seen);
+    assert!(seen.len() > 8, "{seen:?}");
+    assert!(
+        seen.iter()
+            .any(|(p, _)| p.extension().is_some_and(|e| e == "img")),
+        "no image under the state dir: {seen:?}"
+    );
+    let open: Vec<_> = seen.iter().filter(|(_, m)| m & 0o077 != 0).collect();
+    assert!(open.is_empty(), "readable by others: {open:#?}");
+
+    n.node_unpublish_volume(pb::NodeUnpublishVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        target_path: target.display().to_string(),
+    })
+    .await
+    .unwrap();
+    n.node_unstage_volume(unstage_req(&vol.volume_id, &staging))
+        .await
+        .unwrap();
+}
+
 fn openssl(dir: &Path, args: &[&str]) {
     let out = std::process::Command::new("openssl")
         .args(args)

@@ -107,25 +107,213 @@ pub async fn check_ext(runner: &dyn CommandRunner, device: &Path) -> Result<()> 
 /// StorageClass parameter of the backend).
 pub const MKFS_OPTIONS: &str = "mkfsOptions";
 
-/// Parses extra mkfs options: whitespace-separated, each an option
-/// (`-x`, `-x=v`, `--long`) or a plain value, of letters, digits and
-/// `=,._:-` only, at most 16 of them. Nothing from a request reaches mkfs
-/// otherwise.
-pub fn mkfs_options(text: &str) -> Result<Vec<String>> {
-    let words: Vec<String> = text.split_whitespace().map(str::to_string).collect();
-    if words.len() > 16
-        || words.iter().any(|w| {
-            w.len() > 64
-                || !w
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"=,._:-".contains(&b))
-        })
-    {
-        return Err(Error::invalid(
-            "mkfsOptions: at most 16 words of letters, digits and =,._:- (no paths)",
-        ));
+/// What an allowed mkfs option takes as its value (the next word).
+#[derive(Clone, Copy)]
+enum Takes {
+    /// Nothing: a flag.
+    Nothing,
+    /// A size or count: digits, with a unit suffix.
+    Number,
+    /// A filesystem label.
+    Label,
+    /// One of these words.
+    OneOf(&'static [&'static str]),
+    /// A comma-separated list of these keys, each bare or `key=value`
+    /// (a value of letters, digits and `._-:`, never a path).
+    Keys(&'static [&'static str]),
+    /// A comma-separated list of feature names (`^name` turns one off).
+    Features,
+}
+
+/// The mkfs options a StorageClass may add, reviewed one by one per mkfs:
+/// sizes, counts, layout and feature switches. Nothing that names a file
+/// or directory (mke2fs `-d`, `-E root_owner`, `-J device=`, `-l`, `-z`;
+/// mkfs.xfs `-p`, `-c`, `-d file=,name=`, `-l logdev=`, `-r`; mkfs.btrfs
+/// `-r`), sets a UUID (the driver keeps copies' UUIDs apart), runs
+/// something else (mke2fs `-c` runs badblocks) or makes the kernel panic
+/// on an error (mke2fs `-e panic`) is here.
+fn allowed_mkfs_options(fs: &str) -> &'static [(&'static str, Takes)] {
+    use Takes::*;
+    match fs {
+        "ext4" | "ext3" => &[
+            ("-b", Number),
+            ("-C", Number),
+            ("-i", Number),
+            ("-I", Number),
+            ("-N", Number),
+            ("-m", Number),
+            ("-g", Number),
+            ("-G", Number),
+            ("-j", Nothing),
+            ("-L", Label),
+            ("-O", Features),
+            (
+                "-T",
+                OneOf(&[
+                    "default",
+                    "floppy",
+                    "small",
+                    "big",
+                    "huge",
+                    "news",
+                    "largefile",
+                    "largefile4",
+                    "hurd",
+                ]),
+            ),
+            ("-e", OneOf(&["continue", "remount-ro"])),
+            ("-J", Keys(&["size", "fast_commit_size"])),
+            (
+                "-E",
+                Keys(&[
+                    "stride",
+                    "stripe_width",
+                    "stripe-width",
+                    "lazy_itable_init",
+                    "lazy_journal_init",
+                    "packed_meta_blocks",
+                    "num_backup_sb",
+                    "resize",
+                    "discard",
+                    "nodiscard",
+                    "quotatype",
+                    "encoding",
+                    "encoding_flags",
+                    "assume_storage_prezeroed",
+                    "orphan_file_size",
+                ]),
+            ),
+        ],
+        "xfs" => &[
+            ("-b", Keys(&["size"])),
+            ("-s", Keys(&["size"])),
+            (
+                "-m",
+                Keys(&[
+                    "crc",
+                    "finobt",
+                    "rmapbt",
+                    "reflink",
+                    "inobtcount",
+                    "bigtime",
+                ]),
+            ),
+            (
+                "-d",
+                Keys(&[
+                    "agcount", "agsize", "su", "sw", "sunit", "swidth", "noalign",
+                ]),
+            ),
+            (
+                "-i",
+                Keys(&["size", "maxpct", "align", "perblock", "sparse", "nrext64"]),
+            ),
+            (
+                "-l",
+                Keys(&["size", "version", "su", "sunit", "lazy-count"]),
+            ),
+            ("-n", Keys(&["size", "version", "ftype"])),
+            ("-L", Label),
+            ("-K", Nothing),
+        ],
+        "btrfs" => &[
+            ("-L", Label),
+            ("-n", Number),
+            ("-s", Number),
+            ("-m", OneOf(&["single", "dup"])),
+            ("-d", OneOf(&["single", "dup"])),
+            ("-O", Features),
+            ("-R", Features),
+            ("-K", Nothing),
+            ("-M", Nothing),
+            ("--csum", OneOf(&["crc32c", "xxhash", "sha256", "blake2"])),
+        ],
+        _ => &[],
     }
-    Ok(words)
+}
+
+fn plain_value(v: &str) -> bool {
+    !v.is_empty()
+        && v.len() <= 64
+        && !v.starts_with('-')
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-:".contains(&b))
+}
+
+fn value_ok(takes: Takes, v: &str) -> bool {
+    match takes {
+        Takes::Nothing => false,
+        Takes::Number => {
+            let digits = v.trim_end_matches(|c: char| "kKmMgGtTsb".contains(c));
+            !digits.is_empty()
+                && digits.len() + 1 >= v.len()
+                && digits.bytes().all(|b| b.is_ascii_digit())
+        }
+        Takes::Label => v.len() <= 16 && plain_value(v),
+        Takes::OneOf(words) => words.contains(&v),
+        Takes::Keys(keys) => v.split(',').all(|item| {
+            let (k, val) = item.split_once('=').unwrap_or((item, ""));
+            keys.contains(&k) && (val.is_empty() && !item.contains('=') || plain_value(val))
+        }),
+        Takes::Features => v.split(',').all(|f| {
+            let f = f.strip_prefix('^').unwrap_or(f);
+            !f.is_empty() && f.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        }),
+    }
+}
+
+/// Checks `words` against the reviewed options of one mkfs.
+fn check_mkfs_words(fs: &str, words: &[String]) -> std::result::Result<(), String> {
+    let allowed = allowed_mkfs_options(fs);
+    let mut i = 0;
+    while i < words.len() {
+        let option = &words[i];
+        let Some((_, takes)) = allowed.iter().find(|(o, _)| o == option) else {
+            return Err(format!(
+                "mkfs.{fs} option {option:?} is not one ferrovol passes on"
+            ));
+        };
+        if !matches!(takes, Takes::Nothing) {
+            i += 1;
+            match words.get(i) {
+                Some(v) if value_ok(*takes, v) => {}
+                Some(v) => {
+                    return Err(format!(
+                        "mkfs.{fs} option {option} {v:?}: value not allowed"
+                    ))
+                }
+                None => return Err(format!("mkfs.{fs} option {option} needs a value")),
+            }
+        }
+        i += 1;
+    }
+    Ok(())
+}
+
+/// Parses extra mkfs options (whitespace-separated words, at most 16) and
+/// lets through only those reviewed for `fs`'s mkfs (see
+/// [`allowed_mkfs_options`]), each option its own word and its value the
+/// next. With no `fs` (a StorageClass checked before any filesystem is
+/// chosen) the options must suit one of the mkfs ferrovol runs; the node
+/// checks them again for the filesystem it formats. Nothing from a
+/// request reaches mkfs otherwise.
+pub fn mkfs_options(fs: Option<&str>, text: &str) -> Result<Vec<String>> {
+    let words: Vec<String> = text.split_whitespace().map(str::to_string).collect();
+    if words.len() > 16 {
+        return Err(Error::invalid("mkfsOptions: at most 16 words"));
+    }
+    let verdicts: Vec<std::result::Result<(), String>> = match fs {
+        Some(fs) => vec![check_mkfs_words(fs, &words)],
+        None => ["ext4", "xfs", "btrfs"]
+            .iter()
+            .map(|fs| check_mkfs_words(fs, &words))
+            .collect(),
+    };
+    if verdicts.iter().any(Result::is_ok) {
+        return Ok(words);
+    }
+    let why: Vec<String> = verdicts.into_iter().filter_map(Result::err).collect();
+    Err(Error::invalid(format!("mkfsOptions: {}", why.join("; "))))
 }
 
 /// Formats the device with `fs` unless it already holds something. A device
@@ -190,15 +378,62 @@ mod mkfs_option_tests {
     use super::*;
 
     #[test]
-    fn mkfs_options_are_words_without_paths() {
+    fn mkfs_options_are_reviewed_per_mkfs() {
+        let ok = |fs: Option<&str>, t: &str| mkfs_options(fs, t).unwrap();
         assert_eq!(
-            mkfs_options(" -E  lazy_itable_init=0,nodiscard -N 4096 ").unwrap(),
+            ok(Some("ext4"), " -E  lazy_itable_init=0,nodiscard -N 4096 "),
             ["-E", "lazy_itable_init=0,nodiscard", "-N", "4096"]
         );
-        assert!(mkfs_options("").unwrap().is_empty());
-        for bad in ["-d /etc/passwd", "-O $(reboot)", "a;b", "x\\y"] {
-            assert!(mkfs_options(bad).is_err(), "{bad}");
+        assert!(ok(Some("ext4"), "").is_empty());
+        ok(
+            Some("ext4"),
+            "-O ^has_journal,metadata_csum -b 4096 -L data -e remount-ro -j",
+        );
+        ok(
+            Some("xfs"),
+            "-m crc=1,reflink=1 -d agcount=4 -i size=512 -K",
+        );
+        ok(Some("btrfs"), "-m dup -n 16k --csum xxhash");
+        // Before a filesystem is chosen: any one mkfs will do.
+        ok(None, "-m crc=1");
+        ok(None, "-E nodiscard");
+        let bad = |fs: Option<&str>, t: &str| {
+            let e = mkfs_options(fs, t).unwrap_err();
+            assert_eq!(e.kind, crate::error::Kind::InvalidArgument, "{t}");
+        };
+        // Whatever names a file or directory, however it is spelled.
+        for fs in [None, Some("ext4"), Some("xfs"), Some("btrfs")] {
+            for t in [
+                "-d etc",
+                "-d /etc",
+                "-detc",
+                "-E root_owner=0:0",
+                "-E lazy_itable_init=0,root_owner",
+                "-J device=/dev/sda",
+                "-l badblocks.txt",
+                "-z undo",
+                "-p proto",
+                "-c options=cfg",
+                "-d file=1,name=img",
+                "-l logdev=/dev/sdb",
+                "-r rtdev=/dev/sdc",
+                "-r dir",
+                "--rootdir dir",
+                "-U 01234567-89ab-cdef-0123-456789abcdef",
+                "-e panic",
+                "-c",
+                "-O $(reboot)",
+                "-E stride=/etc",
+                "-L",
+                "-b 4096x",
+            ] {
+                bad(fs, t);
+            }
         }
+        // An option of another mkfs.
+        bad(Some("ext4"), "-m crc=1");
+        bad(Some("xfs"), "-E nodiscard");
+        bad(Some("ext4"), &"-j ".repeat(17));
     }
 }
 

@@ -476,6 +476,7 @@ impl NodeOps {
                 }
                 if !readonly {
                     let extra = fs::mkfs_options(
+                        Some(&fs),
                         ctx.volume_context
                             .get(fs::MKFS_OPTIONS)
                             .map_or("", String::as_str),
@@ -930,15 +931,16 @@ impl NodeOps {
             // device node, a FIFO, a socket, a directory with anything in
             // it, and whatever is mounted there stay as they are.
             self.check_allowed(target, "target_path")?;
+            if self.mount_id(target).await?.is_some() {
+                return Ok(());
+            }
             if !self.host.exists(target) {
                 if let Ok(None) = backend.get_volume(id, &Secrets::default()).await {
                     return Err(Error::not_found(format!("volume {id} does not exist")));
                 }
                 return Ok(());
             }
-            if self.mount_id(target).await?.is_none() {
-                self.host.remove_empty_dir(target)?;
-            }
+            self.host.remove_empty_dir(target)?;
             return Ok(());
         }
         let mounted = self.mount_id(target).await?;

@@ -173,8 +173,10 @@ impl FileBackend {
         crate::config::absolute(&settings.pool, "file pool")?;
         let volumes = settings.pool.join("volumes");
         let snapshots = settings.pool.join("snapshots");
+        for d in [&settings.pool, &volumes, &snapshots] {
+            crate::state::private_dir(d)?;
+        }
         for d in [&volumes, &snapshots] {
-            std::fs::create_dir_all(d).map_err(io(format!("create {}", d.display())))?;
             // Leftovers of an interrupted create or copy.
             for entry in std::fs::read_dir(d)
                 .map_err(io(format!("read {}", d.display())))?
@@ -295,7 +297,11 @@ impl FileBackend {
                     .timeout(COPY_TIMEOUT),
             )
             .await?;
-        Ok(())
+        // The copy has its source's mode from cp: volume data is root's
+        // alone whatever the source was.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o600))
+            .map_err(io(format!("chmod {}", to.display())))
     }
 
     /// How this pool sizes volumes: whole MiB, up to its maximum.
@@ -371,9 +377,17 @@ impl Backend for FileBackend {
             match &source_image {
                 Some(src) => self.copy_image(src, &tmp).await?,
                 None => {
-                    std::fs::File::create(&tmp).map_err(io(format!("create {}", tmp.display())))?;
+                    use std::os::unix::fs::OpenOptionsExt;
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .create(true)
+                        .truncate(true)
+                        .mode(0o600)
+                        .open(&tmp)
+                        .map_err(io(format!("create {}", tmp.display())))?;
                 }
             }
+
             let f = std::fs::OpenOptions::new()
                 .write(true)
                 .open(&tmp)

@@ -140,7 +140,7 @@ struct FsCopy {
 /// Writes one of the backend's files atomically, making its folder first.
 fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+    crate::state::private_dir(dir)?;
     crate::state::write_atomic(path, bytes)
         .map_err(|e| Error::io(format!("write {}", path.display()), e))
 }

@@ -111,8 +111,7 @@ impl WorkMounts {
         let lock = self.share_lock(&dir);
         let _m = lock.lock().await;
         if !self.join(&dir) {
-            std::fs::create_dir_all(&dir)
-                .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+            crate::state::private_dir(&dir)?;
             // Left mounted by an earlier run: let it go first.
             if mounted_at(&dir) {
                 let _ = self.unmount(&dir).await;

@@ -14,6 +14,9 @@ use std::time::Duration;
 pub struct Creds {
     pub user: String,
     keyring: PathBuf,
+    /// The cephx keys these credentials carry: redacted from whatever a
+    /// command run with them prints (a tool that echoes its keyring).
+    keys: Vec<String>,
     /// Removed when the credentials are dropped.
     temporary: bool,
 }
@@ -24,6 +27,17 @@ impl Drop for Creds {
             let _ = std::fs::remove_file(&self.keyring);
         }
     }
+}
+
+/// The `key = ...` values of a keyring file's text.
+pub fn keyring_keys(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once('=')?;
+            (k.trim() == "key").then(|| v.trim().to_string())
+        })
+        .filter(|v| !v.is_empty())
+        .collect()
 }
 
 /// A cephx user name: `client.` is implied.
@@ -42,12 +56,20 @@ pub fn check_user(user: &str) -> Result<()> {
 }
 
 impl Creds {
+    /// `cmd` with these credentials' keys marked secret.
+    fn hidden(&self, cmd: Command) -> Command {
+        self.keys.iter().fold(cmd, |c, k| c.secret(k.clone()))
+    }
+
     /// Credentials from a keyring file the config names.
     pub fn from_file(user: &str, keyring: &Path) -> Result<Self> {
         check_user(user)?;
+        // Unreadable: rbd will say so; there is no key to hide then.
+        let text = std::fs::read_to_string(keyring).unwrap_or_default();
         Ok(Creds {
             user: user.into(),
             keyring: keyring.into(),
+            keys: keyring_keys(&text),
             temporary: false,
         })
     }
@@ -89,6 +111,7 @@ impl Creds {
         Ok(Creds {
             user: user.into(),
             keyring,
+            keys: vec![key.to_string()],
             temporary: true,
         })
     }
@@ -275,7 +298,8 @@ fn classify(e: ExecError) -> Error {
 
 impl Rbd<'_> {
     fn cmd(&self, creds: &Creds) -> Result<Command> {
-        Ok(Command::new("rbd")
+        Ok(creds
+            .hidden(Command::new("rbd"))
             .args(["-c", "/dev/null", "-m", &self.monitors.join(",")])
             .args(["--id", &creds.user, "--keyring", &path_arg(&creds.keyring)?])
             .args(["--client-mount-timeout", "20"])
@@ -292,7 +316,8 @@ impl Rbd<'_> {
     pub async fn pool_available(&self, creds: &Creds, pool: &str) -> Result<u64> {
         let out = self
             .run_cmd(
-                Command::new("ceph")
+                creds
+                    .hidden(Command::new("ceph"))
                     .args(["-c", "/dev/null", "-m", &self.monitors.join(",")])
                     .args(["--id", &creds.user, "--keyring", &path_arg(&creds.keyring)?])
                     .args(["--connect-timeout", "20"])

@@ -251,7 +251,7 @@ impl RbdBackend {
         check_name("dataPool", &p.data_pool, true)?;
         check_features(&p.features)?;
         check_map_options(&p.map_options)?;
-        crate::node::fs::mkfs_options(&p.mkfs_options)?;
+        crate::node::fs::mkfs_options(None, &p.mkfs_options)?;
         Ok(p)
     }
 

@@ -614,3 +614,38 @@ async fn a_copy_is_marked_until_a_node_renews_it() {
         r.lines()
     );
 }
+
+/// A tool that prints its keyring (or the key it was given) on failure:
+/// the key never reaches the error, whether it came from the call's
+/// secrets or from the config's keyring file.
+#[tokio::test]
+async fn keys_a_tool_prints_are_redacted_from_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let keyring = dir.path().join("ferrovol.keyring");
+    let file_key = "AQCfileKeyfileKeyfileKeyfileKeyfileKey0==";
+    std::fs::write(
+        &keyring,
+        format!("[client.ferrovol]\n\tkey = {file_key}\n\tcaps mon = \"profile rbd\"\n"),
+    )
+    .unwrap();
+    let r = Arc::new(FakeRunner::new());
+    let mut b = backend(r.clone(), dir.path(), true);
+    b.settings.keyring = Some(keyring.clone());
+    let id = VolumeId::parse("rbd:v1.c1.rbd._e.fv-a").unwrap();
+    for (secrets, key) in [(secrets(), KEY), (Secrets::default(), file_key)] {
+        r.expect(
+            "rbd",
+            Reply::Fail(
+                1,
+                format!("rbd: failed; keyring was: [client.ferrovol]\n\tkey = {key}\n"),
+            ),
+        );
+        let e = b.delete_volume(&id, &secrets).await.unwrap_err();
+        assert!(!e.message.contains(key), "{e}");
+        assert!(e.message.contains("***"), "{e}");
+    }
+    assert_eq!(
+        cli::keyring_keys("[client.a]\n key = K1\n[client.b]\nkey=K2\nkeyring = x\n"),
+        ["K1", "K2"]
+    );
+}
