@@ -174,9 +174,15 @@ pub struct IscsiBackend {
     target: Arc<dyn Target>,
     store: Option<Arc<dyn Backend>>,
     records: PathBuf,
-    /// One target-server change at a time (tids are picked from what it
-    /// reports).
-    admin: tokio::sync::Mutex<()>,
+    /// Held only around picking a tid and creating its target, and around
+    /// creating an account: a few local tgtadm calls, never store work.
+    tgt_ids: tokio::sync::Mutex<()>,
+    /// The highest tid this backend made, so two creates never pick one.
+    last_tid: Mutex<u32>,
+    /// Per volume: its RPC (the operation guard lets one at a time) and
+    /// the periodic rebuild, which passes over a volume an RPC holds. No
+    /// lock spans two volumes.
+    volumes: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// CHAP passwords last given, by account, for rebuilding targets.
     passwords: Mutex<HashMap<String, String>>,
     last_reconcile: Mutex<Option<Instant>>,
@@ -313,7 +319,9 @@ impl IscsiBackend {
             target,
             store,
             records: state_dir,
-            admin: tokio::sync::Mutex::new(()),
+            tgt_ids: tokio::sync::Mutex::new(()),
+            last_tid: Mutex::new(0),
+            volumes: Mutex::new(HashMap::new()),
             passwords: Mutex::new(HashMap::new()),
             last_reconcile: Mutex::new(None),
             sysfs: "/sys".into(),
@@ -415,7 +423,9 @@ impl IscsiBackend {
     }
 
     fn forget(&self, id: &VolumeId) -> Result<()> {
-        remove_file(&self.record_path(id), "remove target record")
+        remove_file(&self.record_path(id), "remove target record")?;
+        self.volumes.lock().unwrap().remove(id.locator());
+        Ok(())
     }
 
     fn password(&self, user: &str) -> Option<String> {
@@ -425,6 +435,7 @@ impl IscsiBackend {
     /// Makes sure account `user` exists on the server with the password
     /// given now (remembered for rebuilding).
     async fn ensure_account(&self, user: &str, password: &str) -> Result<()> {
+        let _ids = self.tgt_ids.lock().await;
         let known = self.password(user);
         let exists = self.target.accounts().await?.iter().any(|a| a == user);
         if exists && known.as_deref() != Some(password) && known.is_some() {
@@ -466,8 +477,17 @@ impl IscsiBackend {
         };
         record.device = path.clone();
         record.attachment = attachment.clone();
-        let tid = targets.iter().map(|t| t.tid).max().unwrap_or(0) + 1;
-        self.target.create(tid, &record.iqn, &record.device).await?;
+        let tid = {
+            let _ids = self.tgt_ids.lock().await;
+            let tid = {
+                let mut last = self.last_tid.lock().unwrap();
+                let listed = targets.iter().map(|t| t.tid).max().unwrap_or(0);
+                *last = (*last).max(listed) + 1;
+                *last
+            };
+            self.target.create(tid, &record.iqn, &record.device).await?;
+            tid
+        };
         let mut open = true;
         for (user, outgoing) in [
             (&record.incoming_user, false),
@@ -497,7 +517,6 @@ impl IscsiBackend {
 
     /// Rebuilds every recorded target the server lost.
     async fn reconcile(&self) -> Result<()> {
-        let _admin = self.admin.lock().await;
         let mut targets = self.target.targets().await?;
         let entries = match std::fs::read_dir(&self.records) {
             Ok(e) => e,
@@ -518,6 +537,10 @@ impl IscsiBackend {
             let Ok(id) = VolumeId::new(&self.name, &locator) else {
                 continue;
             };
+            // A volume an RPC is working on is that RPC's to mend.
+            let Ok(_volume) = self.volume_mutex(&id).try_lock_owned() else {
+                continue;
+            };
             let Some(mut record) = self.load(&id)? else {
                 continue;
             };
@@ -528,6 +551,16 @@ impl IscsiBackend {
             }
         }
         Ok(())
+    }
+
+    /// The volume's own lock (see `volumes`).
+    fn volume_mutex(&self, id: &VolumeId) -> Arc<tokio::sync::Mutex<()>> {
+        self.volumes
+            .lock()
+            .unwrap()
+            .entry(id.locator().to_string())
+            .or_default()
+            .clone()
     }
 
     /// The node's initiator name, from the node id the node reported.
@@ -631,7 +664,7 @@ impl Backend for IscsiBackend {
         let info = store.create_volume(&r).await?;
         let info = self.volume_from_store(info)?;
         let id = info.id.clone();
-        let _admin = self.admin.lock().await;
+        let _volume = self.volume_mutex(&id).lock_owned().await;
         let mut record = match self.load(&id)? {
             Some(r) => r,
             None => Record {
@@ -662,7 +695,7 @@ impl Backend for IscsiBackend {
         }
         let store = self.store()?;
         let store_id = self.to_store(id)?;
-        let _admin = self.admin.lock().await;
+        let _volume = self.volume_mutex(id).lock_owned().await;
         let record = self.load(id)?;
         let iqn = record
             .as_ref()
@@ -751,7 +784,7 @@ impl Backend for IscsiBackend {
         let size = store
             .expand_volume(&store_id, required, limit, secrets)
             .await?;
-        let _admin = self.admin.lock().await;
+        let _volume = self.volume_mutex(id).lock_owned().await;
         let mut record = self
             .load(id)?
             .ok_or_else(|| Error::not_found(format!("volume {id} has no target")))?;
@@ -820,7 +853,7 @@ impl Backend for IscsiBackend {
         self.own_volume(id)?;
         let initiator = Self::initiator_of(&req.node_id)?.to_string();
         let (incoming, outgoing) = chap_from(&req.secrets)?;
-        let _admin = self.admin.lock().await;
+        let _volume = self.volume_mutex(id).lock_owned().await;
         let mut record = self
             .load(id)?
             .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
@@ -908,7 +941,7 @@ impl Backend for IscsiBackend {
         if id.backend() != self.name {
             return Ok(());
         }
-        let _admin = self.admin.lock().await;
+        let _volume = self.volume_mutex(id).lock_owned().await;
         let Some(mut record) = self.load(id)? else {
             return Ok(());
         };

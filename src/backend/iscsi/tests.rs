@@ -172,6 +172,9 @@ struct MemStore {
     calls: StdMutex<Vec<String>>,
     /// Copies whose filesystem UUID is still their source's.
     copies: StdMutex<BTreeSet<String>>,
+    /// A volume whose detach hangs (a store that does not answer) until
+    /// the test lets it go: (locator, entered, release).
+    stuck: StdMutex<Option<(String, Arc<tokio::sync::Notify>, Arc<tokio::sync::Notify>)>>,
 }
 
 impl MemStore {
@@ -243,6 +246,13 @@ impl Backend for MemStore {
     }
     async fn node_detach(&self, id: &VolumeId, a: Option<&Attachment>) -> Result<()> {
         self.note(format!("detach {id} {}", a.is_some()));
+        let stuck = self.stuck.lock().unwrap().clone();
+        if let Some((locator, entered, release)) = stuck {
+            if locator == id.locator() {
+                entered.notify_one();
+                release.notified().await;
+            }
+        }
         Ok(())
     }
     async fn node_refresh_size(&self, id: &VolumeId, _: &Attachment) -> Result<u64> {
@@ -453,7 +463,9 @@ async fn create_makes_one_target_and_a_retry_finds_it() {
     b.create_volume(&create("pvc-1")).await.unwrap();
     assert_eq!(s.runner.lines().len(), 5);
 
-    // A LUN that cannot be made leaves no target behind.
+    // A LUN that cannot be made leaves no target behind. Its tid follows
+    // the last this backend made (5), whatever the server lists now, so
+    // two creates at once never pick the same one.
     s.runner
         .expect("tgtadm", Reply::Ok(String::new()))
         .ok("tgtadm")
@@ -465,7 +477,7 @@ async fn create_makes_one_target_and_a_retry_finds_it() {
         .lines()
         .last()
         .unwrap()
-        .ends_with("--op delete --mode target --tid 1"));
+        .ends_with("--op delete --mode target --tid 6"));
 }
 
 #[tokio::test]
@@ -1325,4 +1337,52 @@ fn a_control_port_tgtadm_cannot_take_is_refused_at_startup() {
     let err = build(32768).err().expect("32768 is refused");
     assert!(err.to_string().contains("0 to 32767"), "{err}");
     assert!(build(32767).is_ok());
+}
+
+/// Slow store work on one volume holds up no call on another: a delete
+/// whose store does not answer is still in its store's detach while a
+/// ControllerUnpublish of another volume runs to the end (the backend's
+/// one admin lock was held across every call before).
+#[tokio::test]
+async fn a_stuck_volume_does_not_hold_up_another() {
+    let s = Setup::new();
+    let b = Arc::new(s.backend());
+    let one = s.created(&b).await;
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let release = Arc::new(tokio::sync::Notify::new());
+    *s.store.stuck.lock().unwrap() = Some(("pvc-1".to_string(), entered.clone(), release.clone()));
+    // The delete lists the targets, deletes pvc-1's, then hangs in the
+    // store.
+    s.runner
+        .expect("tgtadm", Reply::Ok(target_row(1, IQN, &[], &[], &[])))
+        .ok("tgtadm");
+    let deleting = {
+        let b = b.clone();
+        let one = one.clone();
+        tokio::spawn(async move { b.delete_volume(&one, &Secrets::default()).await })
+    };
+    entered.notified().await;
+    // Another volume's unpublish (its record: published to INITIATOR).
+    let other = VolumeId::parse("iscsi:pvc-9").unwrap();
+    let mut record = b.load(&one).unwrap().unwrap();
+    record.iqn = format!("{IQN}-9");
+    record.initiators = BTreeSet::from([INITIATOR.to_string()]);
+    b.save(&other, &record).unwrap();
+    s.runner
+        .expect(
+            "tgtadm",
+            Reply::Ok(target_row(2, &format!("{IQN}-9"), &[], &[INITIATOR], &[])),
+        )
+        .ok("tgtadm");
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        b.controller_detach(&other, Some(NODE), &Secrets::default()),
+    )
+    .await
+    .expect("the other volume's unpublish waited on the stuck delete")
+    .unwrap();
+    assert!(!deleting.is_finished());
+    assert!(b.load(&other).unwrap().unwrap().initiators.is_empty());
+    release.notify_one();
+    deleting.await.unwrap().unwrap();
 }

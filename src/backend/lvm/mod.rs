@@ -946,8 +946,21 @@ impl Backend for LvmBackend {
         if !self.settings.deactivate_on_unstage {
             return Ok(());
         }
+        // Done only when lvs says so: an LV left active (lvchange raced a
+        // udev scan of the device, or answered 0 and left it) fails the
+        // unstage, and the CO calls again. Twice, for the udev race.
+        for _ in 0..2 {
+            match self.lv(&class.volume_group, lv_name).await? {
+                None => return Ok(()),
+                Some(lv) if lv.inactive() => return Ok(()),
+                Some(_) => self.deactivate(&class.volume_group, lv_name).await?,
+            }
+        }
         match self.lv(&class.volume_group, lv_name).await? {
-            Some(lv) if lv.active() => self.deactivate(&class.volume_group, lv_name).await,
+            Some(lv) if !lv.inactive() => Err(Error::unavailable(format!(
+                "LV {}/{lv_name} is still active (attributes {}) after lvchange -an: is its device in use?",
+                class.volume_group, lv.lv_attr
+            ))),
             _ => Ok(()),
         }
     }

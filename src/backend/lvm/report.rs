@@ -58,9 +58,10 @@ impl Lv {
     pub(super) fn tag_value(&self, prefix: &str) -> Option<&str> {
         self.tags().find_map(|t| t.strip_prefix(prefix))
     }
-    /// The fifth attribute character: `a` when active.
-    pub(super) fn active(&self) -> bool {
-        self.lv_attr.chars().nth(4) == Some('a')
+    /// Known to be inactive: the fifth attribute character is `-` (not
+    /// active, suspended, unknown `X`, or a device left without tables).
+    pub(super) fn inactive(&self) -> bool {
+        self.lv_attr.chars().nth(4) == Some('-')
     }
     /// The sixth: `o` when open (mounted or in use).
     pub(super) fn open(&self) -> bool {

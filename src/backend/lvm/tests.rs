@@ -74,7 +74,7 @@ fn parses_reports_and_times() {
     .unwrap();
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].size(), 20 * MIB);
-    assert!(rows[0].active() && rows[0].open());
+    assert!(!rows[0].inactive() && rows[0].open());
     assert_eq!(rows[0].tag_value(NAME_TAG), Some("pvc-1"));
     assert_eq!(rows[0].problem(), None);
     let vgs = parse_vgs(&vgs_json(256 * MIB, 200 * MIB)).unwrap();
@@ -548,10 +548,13 @@ async fn detach_deactivates_only_active_lvs() {
         "lvs",
         Reply::Ok(lvs_json(&[lv_row("fv-d", MIB, "ferrovol", "-wi-a-----")])),
     );
-    r.expect(
-        "lvs",
-        Reply::Ok(lvs_json(&[lv_row("fv-d", MIB, "ferrovol", "-wi-------")])),
-    );
+    // After lvchange, and at the second detach: inactive.
+    for _ in 0..2 {
+        r.expect(
+            "lvs",
+            Reply::Ok(lvs_json(&[lv_row("fv-d", MIB, "ferrovol", "-wi-------")])),
+        );
+    }
     r.ok("lvchange");
     let b = backend(r.clone(), None);
     let id = VolumeId::parse("lvm:fast.fv-d").unwrap();
@@ -952,4 +955,43 @@ async fn classic_snapshots_are_split_and_zeroed_before_removal() {
         lines.iter().filter(|l| l.contains("splitsnapshot")).count(),
         1
     );
+}
+
+/// An LV that lvchange -an leaves active (it answered 0, or lost a race
+/// with a udev scan of the device) fails the detach, so NodeUnstage does
+/// not answer OK over an active LV: the CO calls again. Its state
+/// unknown to lvs (`X`) is not taken for inactive either.
+#[tokio::test]
+async fn a_deactivation_that_did_not_happen_fails_the_detach() {
+    let r = Arc::new(FakeRunner::new());
+    for attr in ["Vwi-aotz--", "Vwi-a-tz--", "Vwi-a-tz--"] {
+        r.expect(
+            "lvs",
+            Reply::Ok(lvs_json(&[lv_row("fv-t", MIB, "ferrovol", attr)])),
+        );
+    }
+    r.ok("lvchange").ok("lvchange");
+    let b = backend(r.clone(), None);
+    let id = VolumeId::parse("lvm:fast.fv-t").unwrap();
+    let e = b.node_detach(&id, None).await.unwrap_err();
+    assert_eq!(e.kind, Kind::Unavailable, "{e}");
+    assert!(e.message.contains("still active"), "{e}");
+    assert_eq!(
+        r.lines()
+            .iter()
+            .filter(|l| l.starts_with("lvchange -an"))
+            .count(),
+        2
+    );
+    // Unknown state: deactivated (again), then seen inactive.
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row("fv-t", MIB, "ferrovol", "Vwi-X-tz--")])),
+    )
+    .ok("lvchange")
+    .expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row("fv-t", MIB, "ferrovol", "Vwi---tz--")])),
+    );
+    b.node_detach(&id, None).await.unwrap();
 }
