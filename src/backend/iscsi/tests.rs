@@ -174,8 +174,10 @@ struct MemStore {
     copies: StdMutex<BTreeSet<String>>,
     /// A volume whose detach hangs (a store that does not answer) until
     /// the test lets it go: (locator, entered, release).
-    stuck: StdMutex<Option<(String, Arc<tokio::sync::Notify>, Arc<tokio::sync::Notify>)>>,
+    stuck: StdMutex<Option<Stuck>>,
 }
+
+type Stuck = (String, Arc<tokio::sync::Notify>, Arc<tokio::sync::Notify>);
 
 impl MemStore {
     fn calls(&self) -> Vec<String> {
