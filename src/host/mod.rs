@@ -33,6 +33,26 @@ pub async fn off_worker<T: Send + 'static>(
     }
 }
 
+/// Writes `value` to a sysfs attribute off the async workers, within
+/// `deadline` (a SCSI device's `delete` or `rescan` waits on its path, and
+/// a dead path holds it). Whether the attribute was there: a device gone
+/// already has none.
+pub async fn write_sysfs(
+    path: std::path::PathBuf,
+    value: &'static str,
+    deadline: std::time::Duration,
+) -> Result<bool> {
+    let what = format!("writing {value} to {}", path.display());
+    off_worker(&what, deadline, move || {
+        match std::fs::write(&path, value) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(Error::io(format!("write {}", path.display()), e)),
+        }
+    })
+    .await
+}
+
 /// A filesystem's usage, as statvfs reports it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FsUsage {
@@ -160,5 +180,37 @@ impl Host for SystemHost {
 
     fn exists(&self, path: &Path) -> bool {
         std::fs::symlink_metadata(path).is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Kind;
+    use std::time::Duration;
+
+    /// A sysfs write that blocks in the kernel (here: opening a FIFO no
+    /// one reads, as a SCSI delete waits on a dead path) holds a blocking
+    /// thread, not the async worker: other work on the one-thread runtime
+    /// goes on, and the caller gets UNAVAILABLE at the deadline.
+    #[tokio::test]
+    async fn a_stuck_sysfs_write_is_off_the_worker_and_times_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let attr = dir.path().join("delete");
+        nix::unistd::mkfifo(&attr, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let stuck = tokio::spawn(write_sysfs(attr.clone(), "1", Duration::from_millis(300)));
+        // The worker is free while the write is stuck.
+        let other = tokio::spawn(async { 41 + 1 });
+        assert_eq!(other.await.unwrap(), 42);
+        let e = stuck.await.unwrap().unwrap_err();
+        assert_eq!(e.kind, Kind::Unavailable, "{e}");
+        // Let the blocked thread finish: read what it writes.
+        let read = std::thread::spawn(move || std::fs::read(&attr).unwrap());
+        assert_eq!(read.join().unwrap(), b"1");
+        // An attribute that is gone: nothing to write, not an error.
+        let gone = dir.path().join("gone/rescan");
+        assert!(!write_sysfs(gone, "1", Duration::from_secs(5))
+            .await
+            .unwrap());
     }
 }

@@ -388,14 +388,20 @@ impl Backend for FileBackend {
                 }
             }
 
-            let f = std::fs::OpenOptions::new()
-                .write(true)
-                .open(&tmp)
-                .map_err(io("open new image"))?;
-            if f.metadata().map_err(io("stat new image"))?.len() < size {
-                f.set_len(size).map_err(io("size new image"))?;
-            }
-            f.sync_all().map_err(io("sync new image"))?;
+            // Sized and synced off the async workers: a copy's sync
+            // writes out gigabytes.
+            let path = tmp.clone();
+            crate::host::off_worker("syncing the new image", COPY_TIMEOUT, move || {
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(io("open new image"))?;
+                if f.metadata().map_err(io("stat new image"))?.len() < size {
+                    f.set_len(size).map_err(io("size new image"))?;
+                }
+                f.sync_all().map_err(io("sync new image"))
+            })
+            .await?;
             let meta = VolumeMeta {
                 name: req.name.clone(),
                 capacity_bytes: size,
@@ -479,12 +485,15 @@ impl Backend for FileBackend {
         };
         self.ensure_space(wanted - size)?;
         let image = self.image(id.locator());
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&image)
-            .map_err(io("open image"))?;
-        f.set_len(wanted).map_err(io("grow image"))?;
-        f.sync_all().map_err(io("sync image"))?;
+        crate::host::off_worker("growing the image", COPY_TIMEOUT, move || {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&image)
+                .map_err(io("open image"))?;
+            f.set_len(wanted).map_err(io("grow image"))?;
+            f.sync_all().map_err(io("sync image"))
+        })
+        .await?;
         meta.capacity_bytes = wanted;
         write_json(&self.meta(id.locator()), &meta)?;
         Ok(wanted)

@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 const NO_OBJECTS: i32 = 21;
 const SESSION_EXISTS: i32 = 15;
 const LOGIN_AUTH_FAILED: i32 = 24;
+/// How long a sysfs write to a SCSI device (delete, rescan) may wait on
+/// its path.
+const SYSFS_DEADLINE: Duration = Duration::from_secs(60);
 
 /// This node's initiator name, from open-iscsi's file.
 pub fn initiator_name(file: &Path) -> Result<String> {
@@ -465,11 +468,7 @@ impl Initiator<'_> {
                     .await?;
                 }
                 let delete = self.sysfs.join("block").join(&disk).join("device/delete");
-                match std::fs::write(&delete, "1") {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(Error::io(format!("write {}", delete.display()), e)),
-                }
+                crate::host::write_sysfs(delete, "1", SYSFS_DEADLINE).await?;
             }
             let sid = session.sid.to_string();
             let logout = self
@@ -532,8 +531,9 @@ impl Initiator<'_> {
         }
         for disk in disks.clone() {
             let rescan = self.sysfs.join("block").join(&disk).join("device/rescan");
-            std::fs::write(&rescan, "1")
-                .map_err(|e| Error::io(format!("write {}", rescan.display()), e))?;
+            if !crate::host::write_sysfs(rescan.clone(), "1", SYSFS_DEADLINE).await? {
+                return Err(Error::not_found(format!("{} is gone", rescan.display())));
+            }
             let sectors =
                 std::fs::read_to_string(self.sysfs.join("block").join(&disk).join("size"))
                     .map_err(|e| Error::io(format!("size of {disk}"), e))?;
