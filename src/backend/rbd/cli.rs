@@ -274,6 +274,8 @@ const LONG: Duration = Duration::from_secs(3600);
 /// errno values rbd reports in its exit status.
 pub const ENOENT: i32 = 2;
 pub const EEXIST: i32 = 17;
+/// `rbd rm` of an image that still has snapshots (its clones need them).
+pub const ENOTEMPTY: i32 = 39;
 
 /// rbd against one cluster.
 pub struct Rbd<'a> {
@@ -281,18 +283,28 @@ pub struct Rbd<'a> {
     pub monitors: &'a [String],
 }
 
+/// rbd exits with the errno of what failed: it is kept on the error
+/// (`os_error`) for callers to decide by, never the message, which holds
+/// the command line and so the pool and image names.
 fn classify(e: ExecError) -> Error {
     let text = e.to_string();
-    match e.exit_code() {
+    let code = e.exit_code();
+    // EPERM shares exit status 1 with rbd's plain failures: rbd's own
+    // word for it, in its stderr (names never hold a space).
+    let eperm = matches!(&e, ExecError::Failed { output, .. }
+        if output.code == Some(1) && output.stderr.contains("Operation not permitted"));
+    let err = match code {
         Some(ENOENT) => Error::not_found(text),
         Some(EEXIST) => Error::already_exists(text),
         // EACCES: cephx refused the key; EPERM: the user may not do it.
         Some(13) => Error::invalid(format!("the cluster refused the credentials: {text}")),
-        Some(1) if text.contains("not permitted") => {
-            Error::invalid(format!("the cluster refused the credentials: {text}"))
-        }
+        Some(1) if eperm => Error::invalid(format!("the cluster refused the credentials: {text}")),
         _ if matches!(e, ExecError::Timeout { .. }) => Error::unavailable(text),
         _ => Error::from(e),
+    };
+    Error {
+        os_error: code.filter(|c| *c > 1),
+        ..err
     }
 }
 

@@ -399,7 +399,7 @@ impl RbdBackend {
         match self.rbd().run(creds, &["rm", &spec.arg()]).await {
             Ok(_) => {}
             Err(e) if e.kind == Kind::NotFound => {}
-            Err(e) if e.message.contains("snapshots") || e.message.contains("status 39") => {
+            Err(e) if e.os_error == Some(cli::ENOTEMPTY) => {
                 self.rbd().run(creds, &["trash", "mv", &spec.arg()]).await?;
                 tracing::info!(image = %spec.arg(), "image has clones: moved to the trash until they are gone");
             }

@@ -332,6 +332,23 @@ async fn deletes_refuse_watchers_and_trash_what_clones_need() {
         ]
     );
 
+    // Another failure whose message names snapshots (a pool of that name,
+    // say) is that failure: returned, never a move to the trash. Only the
+    // errno (rbd's exit status 39) says clones need the image.
+    r.expect("rbd", Reply::Ok(info("fv-a", MIB)))
+        .expect("rbd", Reply::Ok(ours.into()))
+        .expect("rbd", Reply::Ok(r#"{"watchers":[]}"#.into()))
+        .expect(
+            "rbd",
+            Reply::Fail(
+                5,
+                "rbd: delete error on snapshots/fv-a: (5) Input/output error".into(),
+            ),
+        );
+    let e = b.delete_volume(&id, &secrets()).await.unwrap_err();
+    assert!(e.message.contains("Input/output"), "{e}");
+    assert!(!ops(&r).iter().skip(n).any(|l| l.starts_with("trash")));
+
     // An image ferrovol did not make is never deleted.
     r.expect("rbd", Reply::Ok(info("fv-a", MIB)))
         .expect("rbd", Reply::Ok("{}".into()));
