@@ -2,24 +2,84 @@
 //! new connection to start talking HTTP/2, and (set on the HTTP/2 server) a
 //! cap on concurrent streams per connection.
 //!
-//! At the cap the driver stops accepting: new clients wait in the kernel's
-//! accept queue (no memory of ours) and are taken in as others leave.
-//! Connections that never send the HTTP/2 preface are closed at the
-//! handshake deadline so they cannot hold the slots; connections that send
-//! garbage are closed by the HTTP/2 server at the first bad byte.
+//! A connection is *unproven* until it has sent the HTTP/2 client preface.
+//! At the cap, a new connection takes the slot of the oldest unproven one,
+//! which is closed: a flood of connections that say nothing holds no slot
+//! a new client needs, and the new client (kubelet) is answered at once
+//! instead of after the flood's handshake deadlines. Only with every slot
+//! held by a proven client does a new one wait, in the kernel's accept
+//! queue. Unproven connections are also closed at the handshake deadline,
+//! a preface that is not HTTP/2's at its first wrong byte, and garbage
+//! after it by the HTTP/2 server.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
-/// The length of the HTTP/2 client preface: a connection must have sent
-/// this many bytes by its handshake deadline.
-const PREFACE_LEN: usize = 24;
+/// The HTTP/2 client preface: a connection must have sent it by its
+/// handshake deadline.
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const PREFACE_LEN: usize = PREFACE.len();
+
+/// One unproven connection's handle: set to close it.
+#[derive(Default)]
+struct Eviction {
+    evicted: AtomicBool,
+    waker: Mutex<Option<std::task::Waker>>,
+}
+
+impl Eviction {
+    fn evict(&self) {
+        self.evicted.store(true, Ordering::SeqCst);
+        if let Some(w) = self.waker.lock().expect("eviction poisoned").take() {
+            w.wake();
+        }
+    }
+}
+
+/// The unproven connections, oldest first. Entries of connections that
+/// have proven themselves or closed are dropped as they are met.
+#[derive(Default)]
+struct Unproven(Mutex<VecDeque<Weak<Eviction>>>);
+
+impl Unproven {
+    fn register(&self) -> Arc<Eviction> {
+        let e = Arc::new(Eviction::default());
+        self.0
+            .lock()
+            .expect("unproven poisoned")
+            .push_back(Arc::downgrade(&e));
+        e
+    }
+
+    /// Whether any connection is still unproven.
+    fn has_any(&self) -> bool {
+        let mut q = self.0.lock().expect("unproven poisoned");
+        while q.front().is_some_and(|w| w.strong_count() == 0) {
+            q.pop_front();
+        }
+        !q.is_empty()
+    }
+
+    /// Closes the oldest unproven connection; whether there was one.
+    fn evict_oldest(&self) -> bool {
+        let mut q = self.0.lock().expect("unproven poisoned");
+        while let Some(w) = q.pop_front() {
+            if let Some(e) = w.upgrade() {
+                e.evict();
+                return true;
+            }
+        }
+        false
+    }
+}
 
 /// The caps of [`super::serve`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,15 +120,29 @@ pub struct Limited<S> {
     /// Until the preface has arrived.
     handshake: Option<Pin<Box<tokio::time::Sleep>>>,
     seen: usize,
+    /// Until the preface has arrived: set when a newer connection needs
+    /// the slot.
+    eviction: Option<Arc<Eviction>>,
+    /// Whether the first bytes must be HTTP/2's preface (plain HTTP/2), or
+    /// only be there (TLS, whose handshake comes first).
+    plain: bool,
 }
 
 impl<S> Limited<S> {
-    fn new(inner: S, slot: OwnedSemaphorePermit, timeout: Duration) -> Self {
+    fn new(
+        inner: S,
+        slot: OwnedSemaphorePermit,
+        timeout: Duration,
+        eviction: Option<Arc<Eviction>>,
+        plain: bool,
+    ) -> Self {
         Limited {
             inner,
             _slot: slot,
             handshake: Some(Box::pin(tokio::time::sleep(timeout))),
             seen: 0,
+            eviction,
+            plain,
         }
     }
 }
@@ -80,6 +154,16 @@ impl<S: AsyncRead + Unpin> AsyncRead for Limited<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
+        if let Some(e) = &this.eviction {
+            if e.evicted.load(Ordering::SeqCst) {
+                this.handshake = None;
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    "closed for a newer connection: no HTTP/2 preface yet, at the connection cap",
+                )));
+            }
+            *e.waker.lock().expect("eviction poisoned") = Some(cx.waker().clone());
+        }
         if let Some(deadline) = this.handshake.as_mut() {
             if deadline.as_mut().poll(cx).is_ready() {
                 this.handshake = None;
@@ -92,9 +176,22 @@ impl<S: AsyncRead + Unpin> AsyncRead for Limited<S> {
         let before = buf.filled().len();
         let r = Pin::new(&mut this.inner).poll_read(cx, buf);
         if this.handshake.is_some() {
-            this.seen += buf.filled().len() - before;
-            if this.seen >= PREFACE_LEN {
+            let got = &buf.filled()[before..];
+            let expected = &PREFACE[this.seen.min(PREFACE_LEN)..];
+            let n = got.len().min(expected.len());
+            if this.plain && got[..n] != expected[..n] {
                 this.handshake = None;
+                this.eviction = None;
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "the client's first bytes are not the HTTP/2 preface",
+                )));
+            }
+            this.seen += got.len();
+            if this.seen >= PREFACE_LEN {
+                // Proven: no newer connection takes this one's slot.
+                this.handshake = None;
+                this.eviction = None;
             }
         }
         r
@@ -136,8 +233,21 @@ impl<S: tonic::transport::server::Connected> tonic::transport::server::Connected
 
 /// Something that accepts connections.
 pub trait Acceptor: Send + 'static {
-    type Conn: Send + 'static;
+    type Conn: Send + 'static + std::os::fd::AsRawFd;
     fn accept(&mut self) -> impl std::future::Future<Output = io::Result<Self::Conn>> + Send;
+}
+
+/// The first bytes a client has sent and the kernel holds, left in place
+/// (a client that connected and sent its preface is proven before any
+/// task of ours reads it).
+fn peek(conn: &impl std::os::fd::AsRawFd, buf: &mut [u8]) -> usize {
+    use nix::sys::socket::{recv, MsgFlags};
+    recv(
+        conn.as_raw_fd(),
+        buf,
+        MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
+    )
+    .unwrap_or(0)
 }
 
 impl Acceptor for tokio::net::UnixListener {
@@ -162,23 +272,49 @@ impl Acceptor for tokio::net::TcpListener {
 pub fn incoming<A: Acceptor, T: Send + 'static>(
     mut listener: A,
     limits: Limits,
+    plain: bool,
     wrap: impl Fn(A::Conn) -> T + Send + 'static,
 ) -> tokio_stream::wrappers::ReceiverStream<io::Result<Limited<T>>> {
     let (tx, rx) = mpsc::channel(1);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let unproven = Arc::new(Unproven::default());
     tokio::spawn(async move {
         loop {
-            let slot = tokio::select! {
-                s = slots.clone().acquire_owned() => s.expect("never closed"),
-                _ = tx.closed() => return,
-            };
+            // At the cap with no unproven connection to close, wait for a
+            // slot before accepting: new clients wait in the kernel's
+            // queue, costing nothing of ours.
+            if slots.available_permits() == 0 && !unproven.has_any() {
+                tokio::select! {
+                    s = slots.clone().acquire_owned() => drop(s.expect("never closed")),
+                    _ = tx.closed() => return,
+                }
+            }
             let conn = tokio::select! {
                 c = listener.accept() => c,
                 _ = tx.closed() => return,
             };
             match conn {
                 Ok(conn) => {
-                    let conn = Limited::new(wrap(conn), slot, limits.handshake_timeout);
+                    let slot = match slots.clone().try_acquire_owned() {
+                        Ok(s) => s,
+                        Err(_) => {
+                            // The oldest unproven connection makes way; its
+                            // slot comes back as soon as it is closed.
+                            unproven.evict_oldest();
+                            tokio::select! {
+                                s = slots.clone().acquire_owned() => s.expect("never closed"),
+                                _ = tx.closed() => return,
+                            }
+                        }
+                    };
+                    // Already sent its preface (or, under TLS, its first
+                    // bytes): proven, never closed for a newer one.
+                    let mut head = [0u8; PREFACE_LEN];
+                    let proven =
+                        peek(&conn, &mut head) == PREFACE_LEN && (!plain || head == *PREFACE);
+                    let eviction = (!proven).then(|| unproven.register());
+                    let conn =
+                        Limited::new(wrap(conn), slot, limits.handshake_timeout, eviction, plain);
                     if tx.send(Ok(conn)).await.is_err() {
                         return;
                     }
@@ -209,6 +345,8 @@ mod tests {
             server,
             slots.clone().acquire_owned().await.unwrap(),
             Duration::from_millis(50),
+            None,
+            true,
         );
         let mut buf = [0u8; 8];
         let err = silent.read(&mut buf).await.unwrap_err();
@@ -219,8 +357,10 @@ mod tests {
             server,
             slots.clone().acquire_owned().await.unwrap(),
             Duration::from_millis(50),
+            None,
+            true,
         );
-        client.write_all(&[7u8; PREFACE_LEN]).await.unwrap();
+        client.write_all(PREFACE).await.unwrap();
         let mut got = [0u8; PREFACE_LEN];
         talker.read_exact(&mut got).await.unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -231,6 +371,79 @@ mod tests {
         drop(silent);
         drop(talker);
         assert_eq!(slots.available_permits(), 2, "slots come back on close");
+
+        // First bytes that are not the preface end the connection at once.
+        let (mut client, server) = tokio::io::duplex(64);
+        let mut liar = Limited::new(
+            server,
+            slots.clone().acquire_owned().await.unwrap(),
+            Duration::from_secs(30),
+            None,
+            true,
+        );
+        client.write_all(b"PRI * HTTP/1.1\r\n").await.unwrap();
+        let mut all = [0u8; 64];
+        let err = liar.read(&mut all).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+    }
+
+    /// At the cap, a new connection takes the slot of the oldest one that
+    /// has not sent the HTTP/2 preface, which is closed; a connection that
+    /// has sent it keeps its slot, and with only such connections the new
+    /// one waits.
+    #[tokio::test]
+    async fn at_the_cap_a_new_connection_takes_an_unproven_ones_slot() {
+        use tokio::io::AsyncReadExt as _;
+        use tokio_stream::StreamExt;
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("s");
+        let listener = tokio::net::UnixListener::bind(&sock).unwrap();
+        let limits = Limits {
+            max_connections: 2,
+            max_streams: 1,
+            handshake_timeout: Duration::from_secs(30),
+        };
+        let mut conns = incoming(listener, limits, true, |s| s);
+        // A proven client, and a silent one.
+        let mut proven_client = tokio::net::UnixStream::connect(&sock).await.unwrap();
+        let mut proven = conns.next().await.unwrap().unwrap();
+        proven_client.write_all(PREFACE).await.unwrap();
+        let mut got = [0u8; PREFACE_LEN];
+        proven.read_exact(&mut got).await.unwrap();
+        let _silent_client = tokio::net::UnixStream::connect(&sock).await.unwrap();
+        let mut silent = conns.next().await.unwrap().unwrap();
+        // A new client at the cap: the silent one is closed for it, at
+        // once (not at its 30 s deadline).
+        let _new_client = tokio::net::UnixStream::connect(&sock).await.unwrap();
+        let mut buf = [0u8; 8];
+        let err = tokio::time::timeout(Duration::from_secs(5), silent.read(&mut buf))
+            .await
+            .expect("the silent connection was not closed for the new one")
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::ConnectionAborted);
+        drop(silent);
+        let mut new = tokio::time::timeout(Duration::from_secs(5), conns.next())
+            .await
+            .expect("the new connection was not taken")
+            .unwrap()
+            .unwrap();
+        // Both slots are proven or young now: the next client closes the
+        // unproven new one, never the proven one.
+        let _newer_client = tokio::net::UnixStream::connect(&sock).await.unwrap();
+        let err = tokio::time::timeout(Duration::from_secs(5), new.read(&mut buf))
+            .await
+            .expect("the unproven connection kept its slot")
+            .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::ConnectionAborted);
+        drop(new);
+        let _newer = tokio::time::timeout(Duration::from_secs(5), conns.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        proven_client.write_all(b"still").await.unwrap();
+        let n = proven.read(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], b"still");
     }
 
     #[tokio::test]
@@ -243,10 +456,14 @@ mod tests {
             max_streams: 1,
             handshake_timeout: Duration::from_secs(30),
         };
-        let mut conns = incoming(listener, limits, |s| s);
+        let mut conns = incoming(listener, limits, true, |s| s);
         use tokio_stream::StreamExt;
-        let _a = tokio::net::UnixStream::connect(&sock).await.unwrap();
-        let first = conns.next().await.unwrap().unwrap();
+        let mut a = tokio::net::UnixStream::connect(&sock).await.unwrap();
+        let mut first = conns.next().await.unwrap().unwrap();
+        // Proven (it sent the preface): no newer connection takes its slot.
+        a.write_all(PREFACE).await.unwrap();
+        let mut got = [0u8; PREFACE_LEN];
+        first.read_exact(&mut got).await.unwrap();
         let _b = tokio::net::UnixStream::connect(&sock).await.unwrap();
         let waited = tokio::time::timeout(Duration::from_millis(200), conns.next()).await;
         assert!(

@@ -233,7 +233,8 @@ pub async fn serve(
                 .store(true, std::sync::atomic::Ordering::Relaxed);
             // Clients that send the socket path as :authority (kubelet
             // before 1.26, csc, grpcio, grpc-java) get it fixed on the way in.
-            let incoming = limits::incoming(listener, limits, crate::authority::AuthorityFix::new);
+            let incoming =
+                limits::incoming(listener, limits, true, crate::authority::AuthorityFix::new);
             let serving = router.serve_with_incoming_shutdown(incoming, stopped);
             tokio::select! {
                 r = serving => r.map_err(|e| Error::internal(format!("server: {e}"))),
@@ -248,7 +249,8 @@ pub async fn serve(
             driver
                 .serving
                 .store(true, std::sync::atomic::Ordering::Relaxed);
-            let incoming = limits::incoming(listener, limits, |conn| conn);
+            // Under TLS the first bytes are its handshake, not HTTP/2's.
+            let incoming = limits::incoming(listener, limits, tls.is_none(), |conn| conn);
             let serving = router.serve_with_incoming_shutdown(incoming, stopped);
             tokio::select! {
                 r = serving => r.map_err(|e| Error::internal(format!("server: {e}"))),
