@@ -791,8 +791,8 @@ async fn connection_floods_cost_bounded_memory() {
 /// out, batch after batch of 256 (70 s measured); now each new connection
 /// at the cap takes the slot of the oldest unproven one. The bound
 /// asserted is half of one handshake deadline: without eviction, no new
-/// client gets a slot sooner than one deadline. Memory after the flood
-/// has gone is printed beside what it was before.
+/// client gets a slot sooner than one deadline. Memory (resident, and
+/// its anonymous part) before, during and after the flood is printed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_new_client_is_served_during_a_flood_of_unproven_connections() {
     use tokio::io::AsyncWriteExt;
@@ -800,6 +800,7 @@ async fn a_new_client_is_served_during_a_flood_of_unproven_connections() {
     let h = Harness::start_with_env(None, &[("RUST_LOG", "info")]).await;
     let socket = h.socket();
     let rss_before = h.status_kb("VmRSS");
+    let anon_before = h.status_kb("RssAnon");
     let mut flood = Vec::with_capacity(FLOOD);
     for i in 0..FLOOD {
         let mut s = connect_when_queued(&socket).await;
@@ -819,14 +820,19 @@ async fn a_new_client_is_served_during_a_flood_of_unproven_connections() {
     let waited = started.elapsed();
     assert!(r.is_ok(), "the new client's Probe: {r:?}");
     let peak = h.status_kb("VmRSS");
+    let anon_peak = h.status_kb("RssAnon");
     drop(flood);
     // The flood is gone: still serving.
     let r = h.identity().probe(pb::ProbeRequest {}).await;
     assert!(r.is_ok(), "{r:?}");
+    // What the flood leaves behind is printed, not asserted: the heap does
+    // not shrink back yet (a known debt, see the README).
+    let anon_after = h.status_kb("RssAnon");
     let rss_after = h.status_kb("VmRSS");
     println!(
         "flood of {FLOOD}: a new client answered in {waited:?}; rss before {rss_before} kB, \
-         during {peak} kB, after {rss_after} kB"
+         during {peak} kB, after {rss_after} kB; of it anonymous (heap): {anon_before}, \
+         {anon_peak}, {anon_after} kB"
     );
     assert!(
         waited < std::time::Duration::from_secs(5),
