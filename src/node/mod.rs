@@ -129,7 +129,7 @@ pub struct NodeOps {
     registry: Arc<Registry>,
     mounter: Arc<dyn Mounter>,
     runner: Arc<dyn CommandRunner>,
-    state: NodeState,
+    state: Arc<NodeState>,
     locks: OpLocks,
     host: Arc<dyn Host>,
     deadlines: Deadlines,
@@ -150,7 +150,7 @@ impl NodeOps {
             registry,
             mounter,
             runner,
-            state,
+            state: Arc::new(state),
             locks,
             host,
             deadlines: Deadlines::default(),
@@ -213,6 +213,24 @@ impl NodeOps {
             self.deadlines.quick,
             move |m| m.is_mount_point(&p),
         )
+        .await
+    }
+
+    /// Writes a stage record (durable: fsynced) off the async workers.
+    async fn put_stage(&self, record: StageRecord) -> Result<()> {
+        let state = self.state.clone();
+        crate::host::off_worker("writing a stage record", self.deadlines.quick, move || {
+            state.put_stage(record)
+        })
+        .await
+    }
+
+    /// Removes a stage record (durable) off the async workers.
+    async fn remove_stage(&self, id: &VolumeId) -> Result<()> {
+        let (state, id) = (self.state.clone(), id.clone());
+        crate::host::off_worker("removing a stage record", self.deadlines.quick, move || {
+            state.remove_stage(&id)
+        })
         .await
     }
 
@@ -365,7 +383,7 @@ impl NodeOps {
             MountOptions::parse(mount_flags, false)?;
         }
         // Intent first, so a crash during attach leaves something to undo.
-        self.state.put_stage(record.clone())?;
+        self.put_stage(record.clone()).await?;
         let result = self
             .finish_stage(backend.as_ref(), &mut record, &req.ctx)
             .await;
@@ -412,7 +430,7 @@ impl NodeOps {
                 Some(e) if e.source == mount_source(attachment) => {
                     let mut updated = record.clone();
                     updated.mounted = Some(id);
-                    self.state.put_stage(updated)?;
+                    self.put_stage(updated).await?;
                     Presence::Ours
                 }
                 _ => Presence::Foreign,
@@ -450,7 +468,7 @@ impl NodeOps {
     ) -> Result<()> {
         let attachment = backend.node_attach(&record.volume_id, ctx).await?;
         record.attachment = Some(attachment.clone());
-        self.state.put_stage(record.clone())?;
+        self.put_stage(record.clone()).await?;
         let AccessType::Mount { mount_flags, .. } = &record.capability.access else {
             return Ok(());
         };
@@ -493,7 +511,7 @@ impl NodeOps {
                 .await?;
                 // What we mounted, so it is never mistaken for another's.
                 record.mounted = self.mount_id(&target).await?;
-                self.state.put_stage(record.clone())
+                self.put_stage(record.clone()).await
             }
             Attachment::Remote {
                 source,
@@ -626,7 +644,7 @@ impl NodeOps {
         backend
             .node_detach(&record.volume_id, record.attachment.as_ref())
             .await?;
-        self.state.remove_stage(&record.volume_id)
+        self.remove_stage(&record.volume_id).await
     }
 
     /// Unmounts a remote filesystem at `path` with `umount`, forced, and

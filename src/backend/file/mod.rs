@@ -132,10 +132,19 @@ fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>> {
     }
 }
 
-fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+/// Writes a metadata file atomically and durably (fsynced), off the async
+/// workers: an fsync can take its time on a busy disk.
+async fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     let bytes = serde_json::to_vec_pretty(value).map_err(|e| Error::internal(e.to_string()))?;
-    crate::state::write_atomic(path, &bytes).map_err(io(format!("write {}", path.display())))
+    let path = path.to_path_buf();
+    crate::host::off_worker("writing volume metadata", RECORD_DEADLINE, move || {
+        crate::state::write_atomic(&path, &bytes).map_err(io(format!("write {}", path.display())))
+    })
+    .await
 }
+
+/// How long a metadata write may take before its call gives up.
+const RECORD_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The locators with a metadata file in a pool folder, sorted.
 fn locators_in(dir: &Path) -> Result<Vec<String>> {
@@ -408,7 +417,7 @@ impl Backend for FileBackend {
                 source: req.source.clone(),
                 copy_pending: req.source.is_some(),
             };
-            write_json(&self.meta(&locator), &meta)?;
+            write_json(&self.meta(&locator), &meta).await?;
             std::fs::rename(&tmp, &image).map_err(io("move new image into place"))?;
             Ok::<_, Error>(meta)
         }
@@ -495,7 +504,7 @@ impl Backend for FileBackend {
         })
         .await?;
         meta.capacity_bytes = wanted;
-        write_json(&self.meta(id.locator()), &meta)?;
+        write_json(&self.meta(id.locator()), &meta).await?;
         Ok(wanted)
     }
 
@@ -530,7 +539,7 @@ impl Backend for FileBackend {
                 size_bytes: size,
                 created_unix_nanos: created,
             };
-            write_json(&self.snap_meta(&locator), &meta)?;
+            write_json(&self.snap_meta(&locator), &meta).await?;
             std::fs::rename(&tmp, self.snap_image(&locator))
                 .map_err(io("move snapshot into place"))?;
             Ok::<_, Error>(meta)
@@ -615,7 +624,7 @@ impl Backend for FileBackend {
         let path = self.meta(id.locator());
         if let Some(mut meta) = read_json::<VolumeMeta>(&path)? {
             meta.copy_pending = false;
-            write_json(&path, &meta)?;
+            write_json(&path, &meta).await?;
         }
         Ok(())
     }
