@@ -130,20 +130,7 @@ fn guest_ceph_fixture_maps_and_mounts_an_rbd_image() {
 async fn guest_lvm_backend_full_lifecycle() {
     require_guest();
     let vg = LvmVg::new("fvguest", 768);
-    vg.lvm(
-        "lvcreate",
-        &[
-            "-q",
-            "-y",
-            "--type",
-            "thin-pool",
-            "-L",
-            "256M",
-            "-n",
-            "pool",
-            "fvguest",
-        ],
-    );
+    vg.thin_pool("pool", "256M", &[]);
     let config = "[[backend]]\ntype = \"lvm\"\n\
         [[backend.device_class]]\nname = \"thick\"\nvolume_group = \"fvguest\"\n\
         [[backend.device_class]]\nname = \"thin\"\nvolume_group = \"fvguest\"\nthin_pool = \"pool\"\n";
@@ -1126,24 +1113,7 @@ async fn guest_lvm_thin_volumes_never_show_freed_chunks() {
     require_guest();
     let vg = LvmVg::new("fvthinrc", 48);
     // 64 KiB chunks, 16 MiB of data: a second volume gets the first one's.
-    vg.lvm(
-        "lvcreate",
-        &[
-            "-q",
-            "-y",
-            "--type",
-            "thin-pool",
-            "-L",
-            "16m",
-            "--chunksize",
-            "64k",
-            "--zero",
-            "y",
-            "-n",
-            "pool",
-            "fvthinrc",
-        ],
-    );
+    vg.thin_pool("pool", "16m", &["--chunksize", "64k", "--zero", "y"]);
     let config = "[[backend]]\ntype = \"lvm\"\n\
         [[backend.device_class]]\nname = \"t\"\nvolume_group = \"fvthinrc\"\nthin_pool = \"pool\"\n\
         [[backend.device_class]]\nname = \"optout\"\nvolume_group = \"fvthinrc\"\nthin_pool = \"pool\"\nzero_on_delete = false\n";
@@ -2304,20 +2274,7 @@ mod sanity {
     async fn guest_sanity_lvm_thick_and_thin() {
         require_guest();
         let vg = LvmVg::new("fvsanity", 1024);
-        vg.lvm(
-            "lvcreate",
-            &[
-                "-q",
-                "-y",
-                "--type",
-                "thin-pool",
-                "-L",
-                "384M",
-                "-n",
-                "pool",
-                "fvsanity",
-            ],
-        );
+        vg.thin_pool("pool", "384M", &[]);
         let config = "[[backend]]\ntype = \"lvm\"\n\
             [[backend.device_class]]\nname = \"thick\"\nvolume_group = \"fvsanity\"\n\
             [[backend.device_class]]\nname = \"thin\"\nvolume_group = \"fvsanity\"\nthin_pool = \"pool\"\n";

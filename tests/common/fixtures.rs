@@ -112,6 +112,15 @@ impl LvmVg {
         run(tool, &self.with_cfg(args))
     }
 
+    /// Makes thin pool `pool` of `size` (lvcreate's units) in this VG,
+    /// with any further lvcreate arguments.
+    pub fn thin_pool(&self, pool: &str, size: &str, extra: &[&str]) {
+        let mut args = vec!["-q", "-y", "--type", "thin-pool", "-L", size];
+        args.extend_from_slice(extra);
+        args.extend(["-n", pool, self.name.as_str()]);
+        self.lvm("lvcreate", &args);
+    }
+
     /// The tags of an LV, comma-separated, or None when it does not exist.
     pub fn lv_tags(&self, lv: &str) -> Option<String> {
         let target = format!("{}/{lv}", self.name);

@@ -11,7 +11,7 @@
 pub mod loopdev;
 
 use crate::config::Size;
-use crate::error::{Error, Result};
+use crate::error::{Error, Kind, Result};
 use crate::exec::path_arg;
 use crate::exec::{Command, CommandRunner};
 use crate::host::Host;
@@ -553,10 +553,23 @@ impl Backend for FileBackend {
             Err(e) => {
                 let _ = std::fs::remove_file(&tmp);
                 let _ = std::fs::remove_file(self.snap_meta(&locator));
-                if e.message.contains("No space left") {
-                    return Err(Error::exhausted(e.message));
+                // Out of space is judged by the pool, not by cp's words:
+                // less room than the source's blocks take (its copy's
+                // need) is RESOURCE_EXHAUSTED.
+                use std::os::unix::fs::MetadataExt;
+                let need = std::fs::metadata(self.image(source.locator()))
+                    .map(|m| m.blocks() * 512)
+                    .unwrap_or(0);
+                match self.free_bytes() {
+                    Ok(free) if e.kind != Kind::ResourceExhausted && free < need => {
+                        Err(Error::exhausted(format!(
+                            "pool {} has {free} bytes free, the copy needs {need}: {}",
+                            self.settings.pool.display(),
+                            e.message
+                        )))
+                    }
+                    _ => Err(e),
                 }
-                Err(e)
             }
         }
     }

@@ -10,6 +10,7 @@ use crate::plugin::{AccessMode, AccessType, VolumeCapability};
 struct Pool {
     dir: tempfile::TempDir,
     host: Arc<FakeHost>,
+    runner: Arc<FakeRunner>,
     backend: FileBackend,
 }
 
@@ -36,8 +37,13 @@ fn pool_with(free: u64) -> Pool {
     };
     let backend = FileBackend::new("file", settings, runner.clone(), host.clone())
         .unwrap()
-        .with_loops(LoopDevices::with_sysfs(runner, &sysfs));
-    Pool { dir, host, backend }
+        .with_loops(LoopDevices::with_sysfs(runner.clone(), &sysfs));
+    Pool {
+        dir,
+        host,
+        runner,
+        backend,
+    }
 }
 
 fn pool() -> Pool {
@@ -297,4 +303,63 @@ async fn health_needs_a_writable_pool() {
         p.backend.health().await.unwrap_err().kind,
         Kind::FailedPrecondition
     );
+}
+
+/// A snapshot copy that fails is RESOURCE_EXHAUSTED when the pool has less
+/// room than the source's blocks take, whatever cp printed; another
+/// failure stays what it is, whatever its words (it was decided by
+/// looking for "No space left" in the message).
+#[tokio::test]
+async fn a_failed_snapshot_copy_is_out_of_space_only_when_the_pool_is() {
+    use crate::exec::Reply;
+    let p = pool();
+    let v = p
+        .backend
+        .create_volume(&req("pvc-s", 4 * MIB, 0))
+        .await
+        .unwrap();
+    let image = p
+        .dir
+        .path()
+        .join("pool/volumes")
+        .join(format!("{}.img", v.id.locator()));
+    std::fs::write(&image, vec![7u8; 1 << 20]).unwrap();
+    let snap = |name: &str| CreateSnapshot {
+        source: v.id.clone(),
+        name: name.into(),
+        parameters: BTreeMap::new(),
+        metadata: BTreeMap::new(),
+        secrets: Secrets::default(),
+    };
+    // Room enough: the failure is the copy's own, though it says "No
+    // space left".
+    p.runner.expect(
+        "cp",
+        Reply::Fail(1, "cp: error writing 'x': No space left on device".into()),
+    );
+    let e = p.backend.create_snapshot(&snap("s1")).await.unwrap_err();
+    assert_eq!(e.kind, Kind::Internal, "{e}");
+    // The pool is full: out of space, whatever cp said.
+    let pool_dir = p.dir.path().join("pool");
+    p.host.set_usage(
+        &pool_dir,
+        FsUsage {
+            total_bytes: 1 << 30,
+            free_bytes: 4096,
+            available_bytes: 4096,
+            ..Default::default()
+        },
+    );
+    p.runner.expect(
+        "cp",
+        Reply::Fail(1, "cp: write error: Input/output error".into()),
+    );
+    let e = p.backend.create_snapshot(&snap("s2")).await.unwrap_err();
+    assert_eq!(e.kind, Kind::ResourceExhausted, "{e}");
+    assert!(p
+        .backend
+        .list_snapshots(None, &Page::all())
+        .await
+        .unwrap()
+        .is_empty());
 }

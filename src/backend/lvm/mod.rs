@@ -368,46 +368,50 @@ impl LvmBackend {
                 .await?;
         }
         let device = self.activate(&class.volume_group, &lv.lv_name).await?;
-        self.runner
+        let zeroed = self
+            .runner
             .run(
                 Command::new("blkdiscard")
                     .args(["--zeroout"])
                     .arg(path_arg(&device)?)
                     .timeout(ZERO_TIMEOUT),
             )
-            .await
-            .map_err(|e| {
-                let e = Error::from(e);
-                // blkdiscard opens the device exclusively: busy means in use.
-                if e.message.contains("busy") {
-                    Error::precondition(format!(
-                        "{what} is in use on this node; unstage it first ({})",
-                        e.message
-                    ))
-                } else {
-                    e.context("zero the extents before they are freed")
-                }
-            })?;
+            .await;
+        if let Err(e) = zeroed {
+            // blkdiscard opens the device exclusively: whether it failed
+            // for a user of the LV is what lvs says of it, not its words.
+            return Err(if self.opened(&class.volume_group, &lv.lv_name).await {
+                Error::precondition(format!(
+                    "{what} is in use on this node; unstage it first ({e})"
+                ))
+            } else {
+                Error::from(e).context("zero the extents before they are freed")
+            });
+        }
         self.deactivate(&class.volume_group, &lv.lv_name).await
     }
 
+    /// Whether lvs says the LV is open (mounted or otherwise in use).
+    async fn opened(&self, vg: &str, lv: &str) -> bool {
+        matches!(self.lv(vg, lv).await, Ok(Some(l)) if l.open())
+    }
+
     async fn remove_lv(&self, class: &DeviceClass, lv_name: &str) -> Result<()> {
-        self.runner
+        let removed = self
+            .runner
             .run(
                 self.lvm("lvremove")
                     .args(["-y", &format!("{}/{lv_name}", class.volume_group)]),
             )
             .await
-            .map_err(|e| {
-                let e = Error::from(e);
-                // Opened between our check and lvremove (a stage racing it).
-                if e.message.contains("in use") {
-                    Error::precondition(e.message)
-                } else {
-                    e
-                }
-            })?;
-        Ok(())
+            .map_err(Error::from);
+        let Err(e) = removed else { return Ok(()) };
+        // Opened between our check and lvremove (a stage racing it): lvs
+        // says so.
+        if self.opened(&class.volume_group, lv_name).await {
+            return Err(Error::precondition(e.message));
+        }
+        Err(e)
     }
 }
 

@@ -688,6 +688,16 @@ async fn delete_refuses_origins_of_classic_snapshots_and_lvs_opened_meanwhile() 
             "blkdiscard: cannot open /dev/vg0/fv-race: Device or resource busy".into(),
         ),
     );
+    // What says it is in use: lvs, which shows it open.
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row(
+            "fv-race",
+            MIB,
+            "ferrovol,ferrovol-deleting",
+            "-wi-ao----",
+        )])),
+    );
     let err = b
         .delete_volume(
             &VolumeId::parse("lvm:fast.fv-race").unwrap(),
@@ -715,6 +725,15 @@ async fn delete_refuses_origins_of_classic_snapshots_and_lvs_opened_meanwhile() 
         "lvremove",
         Reply::Fail(5, "  Logical volume vg0/fv-race in use.".into()),
     );
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row(
+            "fv-race",
+            MIB,
+            "ferrovol,ferrovol-deleting",
+            "-wi-ao----",
+        )])),
+    );
     let err = b
         .delete_volume(
             &VolumeId::parse("lvm:fast.fv-race").unwrap(),
@@ -723,6 +742,39 @@ async fn delete_refuses_origins_of_classic_snapshots_and_lvs_opened_meanwhile() 
         .await
         .unwrap_err();
     assert_eq!(err.kind, Kind::FailedPrecondition);
+    // A failure whose words say "busy" over an LV nobody has open is
+    // that failure, not FAILED_PRECONDITION: lvs decides, not the text.
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row(
+            "fv-race",
+            MIB,
+            "ferrovol,ferrovol-deleting",
+            "-wi-a-----",
+        )])),
+    );
+    r.ok("lvchange");
+    r.expect(
+        "blkdiscard",
+        Reply::Fail(1, "blkdiscard: /dev/vg0/fv-race: busy in use".into()),
+    );
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row(
+            "fv-race",
+            MIB,
+            "ferrovol,ferrovol-deleting",
+            "-wi-a-----",
+        )])),
+    );
+    let err = b
+        .delete_volume(
+            &VolumeId::parse("lvm:fast.fv-race").unwrap(),
+            &Secrets::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, Kind::Internal, "{}", err.message);
 }
 
 fn row_in_pool(name: &str, tags: &str, attr: &str, pool: &str) -> String {
