@@ -689,15 +689,7 @@ async fn delete_refuses_origins_of_classic_snapshots_and_lvs_opened_meanwhile() 
         ),
     );
     // What says it is in use: lvs, which shows it open.
-    r.expect(
-        "lvs",
-        Reply::Ok(lvs_json(&[lv_row(
-            "fv-race",
-            MIB,
-            "ferrovol,ferrovol-deleting",
-            "-wi-ao----",
-        )])),
-    );
+    r.expect("lvs", deleting("-wi-ao----"));
     let err = b
         .delete_volume(
             &VolumeId::parse("lvm:fast.fv-race").unwrap(),
@@ -711,29 +703,13 @@ async fn delete_refuses_origins_of_classic_snapshots_and_lvs_opened_meanwhile() 
         .iter()
         .any(|l| l.contains("lvremove -y vg0/fv-race")));
     // Opened between zeroing and lvremove: lvm's refusal is FAILED_PRECONDITION.
-    r.expect(
-        "lvs",
-        Reply::Ok(lvs_json(&[lv_row(
-            "fv-race",
-            MIB,
-            "ferrovol,ferrovol-deleting",
-            "-wi-a-----",
-        )])),
-    );
+    r.expect("lvs", deleting("-wi-a-----"));
     r.ok("lvchange").ok("blkdiscard").ok("lvchange");
     r.expect(
         "lvremove",
         Reply::Fail(5, "  Logical volume vg0/fv-race in use.".into()),
     );
-    r.expect(
-        "lvs",
-        Reply::Ok(lvs_json(&[lv_row(
-            "fv-race",
-            MIB,
-            "ferrovol,ferrovol-deleting",
-            "-wi-ao----",
-        )])),
-    );
+    r.expect("lvs", deleting("-wi-ao----"));
     let err = b
         .delete_volume(
             &VolumeId::parse("lvm:fast.fv-race").unwrap(),
@@ -744,29 +720,13 @@ async fn delete_refuses_origins_of_classic_snapshots_and_lvs_opened_meanwhile() 
     assert_eq!(err.kind, Kind::FailedPrecondition);
     // A failure whose words say "busy" over an LV nobody has open is
     // that failure, not FAILED_PRECONDITION: lvs decides, not the text.
-    r.expect(
-        "lvs",
-        Reply::Ok(lvs_json(&[lv_row(
-            "fv-race",
-            MIB,
-            "ferrovol,ferrovol-deleting",
-            "-wi-a-----",
-        )])),
-    );
+    r.expect("lvs", deleting("-wi-a-----"));
     r.ok("lvchange");
     r.expect(
         "blkdiscard",
         Reply::Fail(1, "blkdiscard: /dev/vg0/fv-race: busy in use".into()),
     );
-    r.expect(
-        "lvs",
-        Reply::Ok(lvs_json(&[lv_row(
-            "fv-race",
-            MIB,
-            "ferrovol,ferrovol-deleting",
-            "-wi-a-----",
-        )])),
-    );
+    r.expect("lvs", deleting("-wi-a-----"));
     let err = b
         .delete_volume(
             &VolumeId::parse("lvm:fast.fv-race").unwrap(),
@@ -775,6 +735,16 @@ async fn delete_refuses_origins_of_classic_snapshots_and_lvs_opened_meanwhile() 
         .await
         .unwrap_err();
     assert_eq!(err.kind, Kind::Internal, "{}", err.message);
+}
+
+/// lvs's answer for fv-race, marked for deletion, with these attributes.
+fn deleting(attr: &str) -> Reply {
+    Reply::Ok(lvs_json(&[lv_row(
+        "fv-race",
+        MIB,
+        "ferrovol,ferrovol-deleting",
+        attr,
+    )]))
 }
 
 fn row_in_pool(name: &str, tags: &str, attr: &str, pool: &str) -> String {
