@@ -2390,3 +2390,92 @@ mod sanity {
         assert!(!h.log().contains(&key), "the key reached the log");
     }
 }
+
+/// One dead NFS server holds up only its own export: while a CreateVolume
+/// on an export whose server accepts connections and never answers is
+/// stuck in the controller's mount of it, creates and deletes on another
+/// export finish, and the stuck call ends UNAVAILABLE at its deadline.
+/// (The controller held one lock across every export's mount before, so
+/// the live export's calls waited out the dead one's deadline.)
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_nfs_a_dead_export_holds_up_only_itself() {
+    require_guest();
+    let _server = NfsServer::new();
+    // A "server" that takes connections and never says a word.
+    let silent = std::net::TcpListener::bind("127.0.0.2:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let contacted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let contacted = contacted.clone();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for s in silent.incoming().flatten() {
+                contacted.store(true, std::sync::atomic::Ordering::SeqCst);
+                held.push(s);
+            }
+        });
+    }
+    let config = format!(
+        "[[backend]]\ntype = \"nfs\"\n\
+         [[backend.export]]\nname = \"live\"\nserver = \"127.0.0.1\"\nshare = \"/\"\nversion = \"4.2\"\n\
+         [[backend.export]]\nname = \"dead\"\nserver = \"127.0.0.2\"\nshare = \"/\"\nversion = \"4.2\"\n\
+         mount_options = [\"port={port}\"]\n"
+    );
+    let limit = 20;
+    let h = Harness::start_with_env(
+        Some(&config),
+        &[("FERROVOL_COMMAND_TIMEOUT", &limit.to_string())],
+    )
+    .await;
+    let cap = mount_cap("", 5);
+    let create = |name: &str, export: &str| {
+        let mut r = create_req(name, 16 * MIB, cap.clone());
+        r.parameters.insert("export".into(), export.into());
+        r
+    };
+    let stuck = {
+        let mut c = h.controller();
+        let req = create("pvc-on-dead", "dead");
+        tokio::spawn(async move { c.create_volume(req).await })
+    };
+    // The dead export's mount is under way once its server was contacted.
+    let since = std::time::Instant::now();
+    while !contacted.load(std::sync::atomic::Ordering::SeqCst) {
+        assert!(
+            !stuck.is_finished(),
+            "the dead export's create ended before its server was contacted: {:?}",
+            stuck.await
+        );
+        assert!(
+            since.elapsed() < Duration::from_secs(limit),
+            "the dead export was never contacted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let started = std::time::Instant::now();
+    let mut c = h.controller();
+    for i in 0..3 {
+        let v = c
+            .create_volume(create(&format!("pvc-live-{i}"), "live"))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        c.delete_volume(pb::DeleteVolumeRequest {
+            volume_id: v.volume_id,
+            secrets: Default::default(),
+        })
+        .await
+        .unwrap();
+    }
+    let live = started.elapsed();
+    assert!(
+        !stuck.is_finished(),
+        "the dead export's create ended before the live export's calls ({live:?})"
+    );
+    println!("three creates and deletes on the live export: {live:?} while the dead one hangs");
+    let r = stuck.await.unwrap();
+    assert_eq!(code(&r), tonic::Code::Unavailable, "{r:?}");
+}
