@@ -15,6 +15,7 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -28,11 +29,32 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const PREFACE_LEN: usize = PREFACE.len();
 
+/// How long a new connection has to show its preface before a newer one
+/// may take its slot: a well-behaved client's preface follows its connect
+/// at once, but on a busy machine the task that reads it may run late.
+const EVICT_AFTER: Duration = Duration::from_millis(100);
+
 /// One unproven connection's handle: set to close it.
-#[derive(Default)]
 struct Eviction {
     evicted: AtomicBool,
     waker: Mutex<Option<std::task::Waker>>,
+    accepted: std::time::Instant,
+    /// The connection's socket, to see whether its preface is waiting in
+    /// the kernel's buffer (it lives as long as this handle: both go with
+    /// the connection).
+    fd: std::os::fd::RawFd,
+    /// Under TLS: any first bytes count.
+    plain: bool,
+}
+
+/// What [`Unproven::evict_oldest`] did.
+enum Evicted {
+    /// Closed the oldest: its slot comes back.
+    One,
+    /// The oldest is younger than [`EVICT_AFTER`]: try again after this.
+    TooYoung(Duration),
+    /// No connection is unproven.
+    None,
 }
 
 impl Eviction {
@@ -50,8 +72,14 @@ impl Eviction {
 struct Unproven(Mutex<VecDeque<Weak<Eviction>>>);
 
 impl Unproven {
-    fn register(&self) -> Arc<Eviction> {
-        let e = Arc::new(Eviction::default());
+    fn register(&self, fd: std::os::fd::RawFd, plain: bool) -> Arc<Eviction> {
+        let e = Arc::new(Eviction {
+            evicted: AtomicBool::new(false),
+            waker: Mutex::new(None),
+            accepted: std::time::Instant::now(),
+            fd,
+            plain,
+        });
         self.0
             .lock()
             .expect("unproven poisoned")
@@ -68,16 +96,29 @@ impl Unproven {
         !q.is_empty()
     }
 
-    /// Closes the oldest unproven connection; whether there was one.
-    fn evict_oldest(&self) -> bool {
+    /// Closes the oldest unproven connection, once it has had
+    /// [`EVICT_AFTER`] to show its preface.
+    fn evict_oldest(&self) -> Evicted {
         let mut q = self.0.lock().expect("unproven poisoned");
-        while let Some(w) = q.pop_front() {
-            if let Some(e) = w.upgrade() {
-                e.evict();
-                return true;
+        while let Some(w) = q.front() {
+            let Some(e) = w.upgrade() else {
+                q.pop_front();
+                continue;
+            };
+            let age = e.accepted.elapsed();
+            if age < EVICT_AFTER {
+                return Evicted::TooYoung(EVICT_AFTER - age);
             }
+            q.pop_front();
+            // Its preface came, but its task has not read it yet (a busy
+            // machine): proven, passed over.
+            if preface_waiting(e.fd, e.plain) {
+                continue;
+            }
+            e.evict();
+            return Evicted::One;
         }
-        false
+        Evicted::None
     }
 }
 
@@ -237,17 +278,14 @@ pub trait Acceptor: Send + 'static {
     fn accept(&mut self) -> impl std::future::Future<Output = io::Result<Self::Conn>> + Send;
 }
 
-/// The first bytes a client has sent and the kernel holds, left in place
-/// (a client that connected and sent its preface is proven before any
-/// task of ours reads it).
-fn peek(conn: &impl std::os::fd::AsRawFd, buf: &mut [u8]) -> usize {
+/// Whether the client's preface (under TLS: its first bytes) is in the
+/// kernel's buffer for the socket, left in place: a client that sent it
+/// is proven before any task of ours reads it.
+fn preface_waiting(fd: std::os::fd::RawFd, plain: bool) -> bool {
     use nix::sys::socket::{recv, MsgFlags};
-    recv(
-        conn.as_raw_fd(),
-        buf,
-        MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
-    )
-    .unwrap_or(0)
+    let mut head = [0u8; PREFACE_LEN];
+    let n = recv(fd, &mut head, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT).unwrap_or(0);
+    n == PREFACE_LEN && (!plain || head == *PREFACE)
 }
 
 impl Acceptor for tokio::net::UnixListener {
@@ -297,22 +335,27 @@ pub fn incoming<A: Acceptor, T: Send + 'static>(
                 Ok(conn) => {
                     let slot = match slots.clone().try_acquire_owned() {
                         Ok(s) => s,
-                        Err(_) => {
-                            // The oldest unproven connection makes way; its
-                            // slot comes back as soon as it is closed.
-                            unproven.evict_oldest();
+                        // The oldest unproven connection makes way (its
+                        // slot comes back as soon as it is closed), once it
+                        // has had its moment to speak.
+                        Err(_) => loop {
+                            let retry = match unproven.evict_oldest() {
+                                Evicted::TooYoung(left) => Some(left),
+                                Evicted::One | Evicted::None => None,
+                            };
+                            let nap = tokio::time::sleep(retry.unwrap_or(Duration::ZERO));
                             tokio::select! {
-                                s = slots.clone().acquire_owned() => s.expect("never closed"),
+                                s = slots.clone().acquire_owned() => break s.expect("never closed"),
+                                _ = nap, if retry.is_some() => continue,
                                 _ = tx.closed() => return,
                             }
-                        }
+                        },
                     };
                     // Already sent its preface (or, under TLS, its first
                     // bytes): proven, never closed for a newer one.
-                    let mut head = [0u8; PREFACE_LEN];
-                    let proven =
-                        peek(&conn, &mut head) == PREFACE_LEN && (!plain || head == *PREFACE);
-                    let eviction = (!proven).then(|| unproven.register());
+                    let fd = conn.as_raw_fd();
+                    let proven = preface_waiting(fd, plain);
+                    let eviction = (!proven).then(|| unproven.register(fd, plain));
                     let conn =
                         Limited::new(wrap(conn), slot, limits.handshake_timeout, eviction, plain);
                     if tx.send(Ok(conn)).await.is_err() {
