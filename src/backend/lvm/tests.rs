@@ -690,13 +690,10 @@ async fn delete_refuses_origins_of_classic_snapshots_and_lvs_opened_meanwhile() 
     );
     // What says it is in use: lvs, which shows it open.
     r.expect("lvs", deleting("-wi-ao----"));
-    let err = b
-        .delete_volume(
-            &VolumeId::parse("lvm:fast.fv-race").unwrap(),
-            &Secrets::default(),
-        )
-        .await
-        .unwrap_err();
+    let race = VolumeId::parse("lvm:fast.fv-race").unwrap();
+    let none = Secrets::default();
+    let delete = || b.delete_volume(&race, &none);
+    let err = delete().await.unwrap_err();
     assert_eq!(err.kind, Kind::FailedPrecondition, "{}", err.message);
     assert!(!r
         .lines()
@@ -710,13 +707,7 @@ async fn delete_refuses_origins_of_classic_snapshots_and_lvs_opened_meanwhile() 
         Reply::Fail(5, "  Logical volume vg0/fv-race in use.".into()),
     );
     r.expect("lvs", deleting("-wi-ao----"));
-    let err = b
-        .delete_volume(
-            &VolumeId::parse("lvm:fast.fv-race").unwrap(),
-            &Secrets::default(),
-        )
-        .await
-        .unwrap_err();
+    let err = delete().await.unwrap_err();
     assert_eq!(err.kind, Kind::FailedPrecondition);
     // A failure whose words say "busy" over an LV nobody has open is
     // that failure, not FAILED_PRECONDITION: lvs decides, not the text.
@@ -727,13 +718,7 @@ async fn delete_refuses_origins_of_classic_snapshots_and_lvs_opened_meanwhile() 
         Reply::Fail(1, "blkdiscard: /dev/vg0/fv-race: busy in use".into()),
     );
     r.expect("lvs", deleting("-wi-a-----"));
-    let err = b
-        .delete_volume(
-            &VolumeId::parse("lvm:fast.fv-race").unwrap(),
-            &Secrets::default(),
-        )
-        .await
-        .unwrap_err();
+    let err = delete().await.unwrap_err();
     assert_eq!(err.kind, Kind::Internal, "{}", err.message);
 }
 
