@@ -182,3 +182,37 @@ async fn lvm_controller_lifecycle_on_real_metadata() {
         .entries
         .is_empty());
 }
+
+/// Creates racing for the last of a group's space: as many land as fit,
+/// every other one is RESOURCE_EXHAUSTED (whether the check before lvcreate
+/// or lvm itself turned it away), and nothing is left half made.
+#[tokio::test]
+async fn lvm_creates_racing_for_the_last_space() {
+    require_root();
+    let vg_name = format!("fvrace{}", std::process::id());
+    // 64 MiB: 15 extents of 4 MiB after lvm's metadata.
+    let vg = LvmVg::with_config(&vg_name, 64, LVM_NO_ACTIVATION);
+    let h = Harness::start_with(Some(&config(&vg_name))).await;
+    let cap = mount_cap("ext4", SNW);
+    let calls: Vec<_> = (0..5)
+        .map(|i| {
+            let mut c = h.controller();
+            let mut req = create_req(&format!("pvc-race-{i}"), 24 * MIB, cap.clone());
+            req.parameters = HashMap::from([("deviceClass".into(), "fast".into())]);
+            tokio::spawn(async move { c.create_volume(req).await })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for call in calls {
+        results.push(call.await.unwrap());
+    }
+    let landed = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(landed, 2, "6 extents each, 15 in the group");
+    for r in &results {
+        if let Err(s) = r {
+            assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+        }
+    }
+    let lvs = vg.lvm("lvs", &["--noheadings", "-o", "lv_name", &vg_name]);
+    assert_eq!(lvs.split_whitespace().count(), 2, "{lvs}");
+}

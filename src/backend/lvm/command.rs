@@ -28,7 +28,7 @@ impl LvmBackend {
                 "b",
                 "--nosuffix",
                 "-o",
-                "lv_name,vg_name,lv_size,lv_tags,lv_attr,origin,pool_lv,lv_time,data_percent",
+                "lv_name,vg_name,lv_size,lv_tags,lv_attr,origin,pool_lv,lv_time,data_percent,metadata_percent",
                 target,
             ]))
             .await;
@@ -88,14 +88,37 @@ impl LvmBackend {
         })
     }
 
-    pub(super) fn insufficient_space(e: Error) -> Error {
-        if e.message.contains("insufficient free space")
-            || e.message.contains("Insufficient free space")
-        {
-            Error::exhausted(e.message)
-        } else {
-            e
+    /// What a failed lvcreate or lvextend means, judged from lvm's own
+    /// figures read after it, never from its wording: RESOURCE_EXHAUSTED
+    /// when the volume group now has less free than `from_vg` bytes (the
+    /// extents the call needed from it; 0 for thin volumes), or when the
+    /// class's thin pool is full; otherwise the failure as it was.
+    pub(super) async fn judge_failure(&self, class: &DeviceClass, from_vg: u64, e: Error) -> Error {
+        if from_vg > 0 {
+            if let Ok(vg) = self.vg(class).await {
+                if vg.free() < from_vg {
+                    return Error::exhausted(format!(
+                        "volume group {} has {} bytes free, {from_vg} needed ({})",
+                        class.volume_group,
+                        vg.free(),
+                        e.message.trim()
+                    ));
+                }
+            }
+        } else if let Some(pool) = &class.thin_pool {
+            if let Ok(p) = self.pool(class, pool).await {
+                if p.pool_full() {
+                    return Error::exhausted(format!(
+                        "thin pool {}/{pool} is full: data {}%, metadata {}% ({})",
+                        class.volume_group,
+                        p.data_percent.trim(),
+                        p.metadata_percent.trim(),
+                        e.message.trim()
+                    ));
+                }
+            }
         }
+        e
     }
 
     /// Copies one LV's data into another (both active on this node).

@@ -511,15 +511,18 @@ impl Backend for LvmBackend {
         match (&class.thin_pool, &source_lv) {
             (Some(_), Some(src)) => {
                 // A thin snapshot of the source: instant, shares blocks.
-                self.runner
+                let done = self
+                    .runner
                     .run(
                         self.lvm("lvcreate")
                             .args(["-y", "-s", "-n", &lv_name])
                             .args(tag_args.clone())
                             .arg(format!("{vg_name}/{}", src.lv_name)),
                     )
-                    .await
-                    .map_err(|e| Self::insufficient_space(e.into()))?;
+                    .await;
+                if let Err(e) = done {
+                    return Err(self.judge_failure(&class, 0, e.into()).await);
+                }
                 // The snapshot's own tags came along: keep only ours.
                 for t in src.tags() {
                     if !tags.iter().any(|x| x == t) {
@@ -552,7 +555,8 @@ impl Backend for LvmBackend {
                         class.name
                     )));
                 }
-                self.runner
+                let done = self
+                    .runner
                     .run(
                         self.lvm("lvcreate")
                             .args([
@@ -566,8 +570,10 @@ impl Backend for LvmBackend {
                             ])
                             .args(tag_args),
                     )
-                    .await
-                    .map_err(|e| Self::insufficient_space(e.into()))?;
+                    .await;
+                if let Err(e) = done {
+                    return Err(self.judge_failure(&class, 0, e.into()).await);
+                }
             }
             (None, src) => {
                 if size > vg.size() {
@@ -584,7 +590,8 @@ impl Backend for LvmBackend {
                 }
                 // No zeroing here (it needs activation); the start of a
                 // fresh LV is wiped at its first attach instead.
-                self.runner
+                let done = self
+                    .runner
                     .run(
                         self.lvm("lvcreate")
                             .args([
@@ -599,8 +606,10 @@ impl Backend for LvmBackend {
                             .args(tag_args)
                             .arg(&vg_name),
                     )
-                    .await
-                    .map_err(|e| Self::insufficient_space(e.into()))?;
+                    .await;
+                if let Err(e) = done {
+                    return Err(self.judge_failure(&class, size, e.into()).await);
+                }
                 if let Some(src) = src {
                     if let Err(e) = self.copy_lv(&vg_name, &src.lv_name, &lv_name).await {
                         let _ = self
@@ -719,21 +728,29 @@ impl Backend for LvmBackend {
         else {
             return Ok(lv.size());
         };
-        if class.thin_pool.is_none() && wanted - lv.size() > vg.free() {
+        // A thin volume's virtual size takes nothing from the group.
+        let grow = match class.thin_pool {
+            None => wanted - lv.size(),
+            Some(_) => 0,
+        };
+        if grow > vg.free() {
             return Err(Error::exhausted(format!(
                 "volume group {} has {} bytes free",
                 class.volume_group,
                 vg.free()
             )));
         }
-        self.runner
+        let done = self
+            .runner
             .run(self.lvm("lvextend").args([
                 "-L",
                 &format!("{wanted}b"),
                 &format!("{}/{lv_name}", class.volume_group),
             ]))
-            .await
-            .map_err(|e| Self::insufficient_space(e.into()))?;
+            .await;
+        if let Err(e) = done {
+            return Err(self.judge_failure(&class, grow, e.into()).await);
+        }
         Ok(wanted)
     }
 
@@ -786,9 +803,12 @@ impl Backend for LvmBackend {
             .await?
             .ok_or_else(|| Error::not_found(format!("source volume {source} does not exist")))?;
         let mut cmd = self.lvm("lvcreate").args(["-y", "-s", "-n", &snap_name]);
+        // What the snapshot takes from the group: its copy-on-write area
+        // (a thin snapshot takes nothing from the group, only pool chunks).
+        let mut cow = 0;
         if class.thin_pool.is_none() || src.pool_lv.is_empty() {
             let vg = self.vg(&class).await?;
-            let cow = round_up(src.size() * class.snapshot_size_percent / 100, vg.extent());
+            cow = round_up(src.size() * class.snapshot_size_percent / 100, vg.extent());
             if cow > vg.free() {
                 return Err(Error::exhausted(format!(
                     "volume group {vg_name} has {} bytes free, the snapshot needs {cow}",
@@ -807,10 +827,13 @@ impl Backend for LvmBackend {
         for t in &tags {
             cmd = cmd.args(["--addtag", t]);
         }
-        self.runner
+        let done = self
+            .runner
             .run(cmd.arg(format!("{vg_name}/{src_lv}")))
-            .await
-            .map_err(|e| Self::insufficient_space(e.into()))?;
+            .await;
+        if let Err(e) = done {
+            return Err(self.judge_failure(&class, cow, e.into()).await);
+        }
         // The snapshot inherits the origin's tags: drop the ones that are not ours.
         let target = format!("{vg_name}/{snap_name}");
         for t in src.tags() {

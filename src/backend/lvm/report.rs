@@ -40,6 +40,8 @@ pub struct Lv {
     pub lv_time: String,
     #[serde(default)]
     pub data_percent: String,
+    #[serde(default)]
+    pub metadata_percent: String,
 }
 
 impl Lv {
@@ -84,6 +86,12 @@ impl Lv {
             (_, Some('X')) => Some("LV state is unknown".into()),
             _ => None,
         }
+    }
+    /// A thin pool with no room left for new chunks: its data or its
+    /// metadata at 100%.
+    pub(super) fn pool_full(&self) -> bool {
+        let pct = |s: &str| s.trim().parse::<f64>().unwrap_or(0.0);
+        pct(&self.data_percent) >= 100.0 || pct(&self.metadata_percent) >= 100.0
     }
     /// Creation time from `lv_time` (`2026-11-22 00:26:21 +0000`).
     pub(super) fn created(&self) -> SystemTime {

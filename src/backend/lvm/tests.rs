@@ -218,25 +218,80 @@ async fn space_is_checked_before_lvcreate() {
             .kind,
         Kind::OutOfRange
     );
-    // lvm's own refusal maps to RESOURCE_EXHAUSTED too.
+    // lvcreate refuses after a racing create took the space: the group,
+    // read again, has less free than the volume needs: RESOURCE_EXHAUSTED,
+    // from lvm's figures and not its wording.
+    let refused = |r: &FakeRunner, free_after: u64| {
+        r.expect("lvs", Reply::Fail(5, String::new()));
+        r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 200 * MIB)));
+        r.expect(
+            "lvcreate",
+            Reply::Fail(
+                5,
+                "  Volume group \"vg0\" has insufficient free space (1 extents): 3 required."
+                    .into(),
+            ),
+        );
+        r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, free_after)));
+    };
     let r = Arc::new(FakeRunner::new());
-    r.expect("lvs", Reply::Fail(5, String::new()));
-    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 200 * MIB)));
-    r.expect(
-        "lvcreate",
-        Reply::Fail(
-            5,
-            "  Volume group \"vg0\" has insufficient free space (1 extents): 3 required.".into(),
-        ),
+    refused(&r, 4 * MIB);
+    let err = backend(r, None)
+        .create_volume(&create("pvc-z", 12 * MIB, 0))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, Kind::ResourceExhausted, "{}", err.message);
+    assert!(
+        err.message.contains("4194304 bytes free"),
+        "{}",
+        err.message
     );
-    assert_eq!(
-        backend(r, None)
-            .create_volume(&create("pvc-z", 12 * MIB, 0))
+    // The same words with the room still there: some other failure, kept as
+    // lvm gave it (retryable, not "out of space").
+    let r = Arc::new(FakeRunner::new());
+    refused(&r, 200 * MIB);
+    let err = backend(r, None)
+        .create_volume(&create("pvc-z", 12 * MIB, 0))
+        .await
+        .unwrap_err();
+    assert_ne!(err.kind, Kind::ResourceExhausted, "{}", err.message);
+}
+
+/// A thin create that lvm refuses is RESOURCE_EXHAUSTED only when the
+/// pool, read again, is full (data or metadata).
+#[tokio::test]
+async fn a_refused_thin_create_is_judged_by_the_pool() {
+    for (data, meta, exhausted) in [
+        ("100.00", "3.00", true),
+        ("20.00", "100.00", true),
+        ("20.00", "3.00", false),
+    ] {
+        let r = Arc::new(FakeRunner::new());
+        let pool = lv_row("pool", 200 * MIB, "", "twi-a-tz--");
+        let full = pool.replace(
+            r#""data_percent":"""#,
+            &format!(r#""data_percent":"{data}", "metadata_percent":"{meta}""#),
+        );
+        r.expect("lvs", Reply::Fail(5, String::new()));
+        r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 0)));
+        r.expect("lvs", Reply::Ok(lvs_json(&[pool])));
+        r.expect(
+            "lvcreate",
+            Reply::Fail(5, "  Cannot create new thin volume.".into()),
+        );
+        r.expect("lvs", Reply::Ok(lvs_json(&[full])));
+        let err = backend(r, Some("pool"))
+            .create_volume(&create("t", 8 * MIB, 0))
             .await
-            .unwrap_err()
-            .kind,
-        Kind::ResourceExhausted
-    );
+            .unwrap_err();
+        assert_eq!(
+            err.kind == Kind::ResourceExhausted,
+            exhausted,
+            "data {data}% metadata {meta}%: {:?} {}",
+            err.kind,
+            err.message
+        );
+    }
 }
 
 #[tokio::test]
@@ -944,7 +999,7 @@ async fn classic_snapshots_are_split_and_zeroed_before_removal() {
     assert_eq!(
         lines[..3],
         [
-            "lvs --reportformat json --units b --nosuffix -o lv_name,vg_name,lv_size,lv_tags,lv_attr,origin,pool_lv,lv_time,data_percent vg0/fvs-s1",
+            "lvs --reportformat json --units b --nosuffix -o lv_name,vg_name,lv_size,lv_tags,lv_attr,origin,pool_lv,lv_time,data_percent,metadata_percent vg0/fvs-s1",
             "lvchange --addtag ferrovol-deleting vg0/fvs-s1",
             "lvconvert -y --splitsnapshot vg0/fvs-s1",
         ]
