@@ -749,7 +749,7 @@ impl Backend for LvmBackend {
             ]))
             .await;
         if let Err(e) = done {
-            return Err(self.judge_failure(&class, grow, e.into()).await);
+            return Err(self.judge_failure(class, grow, e.into()).await);
         }
         Ok(wanted)
     }
