@@ -792,7 +792,8 @@ async fn connection_floods_cost_bounded_memory() {
 /// at the cap takes the slot of the oldest unproven one. The bound
 /// asserted is half of one handshake deadline: without eviction, no new
 /// client gets a slot sooner than one deadline. Memory (resident, and
-/// its anonymous part) before, during and after the flood is printed.
+/// its anonymous part) before, during and after the flood is printed, and
+/// the heap must shrink back once the flood has gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_new_client_is_served_during_a_flood_of_unproven_connections() {
     use tokio::io::AsyncWriteExt;
@@ -825,9 +826,17 @@ async fn a_new_client_is_served_during_a_flood_of_unproven_connections() {
     // The flood is gone: still serving.
     let r = h.identity().probe(pb::ProbeRequest {}).await;
     assert!(r.is_ok(), "{r:?}");
-    // What the flood leaves behind is printed, not asserted: the heap does
-    // not shrink back yet (a known debt, see the README).
-    let anon_after = h.status_kb("RssAnon");
+    // The flood's memory goes back to the system once it has passed: the
+    // heap returns to within RETURNED_KB of where it was (before, it stayed
+    // at the flood's high-water mark, 7 MB up). The driver checks once a
+    // second; a busy machine gets 30 s.
+    const RETURNED_KB: u64 = 2048;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut anon_after = h.status_kb("RssAnon");
+    while anon_after > anon_before + RETURNED_KB && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        anon_after = h.status_kb("RssAnon");
+    }
     let rss_after = h.status_kb("VmRSS");
     println!(
         "flood of {FLOOD}: a new client answered in {waited:?}; rss before {rss_before} kB, \
@@ -838,4 +847,38 @@ async fn a_new_client_is_served_during_a_flood_of_unproven_connections() {
         waited < std::time::Duration::from_secs(5),
         "a new client waited {waited:?} during the flood"
     );
+    assert!(
+        anon_after <= anon_before + RETURNED_KB,
+        "the flood's memory stayed: heap {anon_after} kB after it, {anon_before} kB before"
+    );
+}
+
+/// A client that connects and says only HTTP/2's preface and SETTINGS (a
+/// gRPC channel opened ahead of its first call) has proven itself: it is
+/// not closed at the handshake deadline, however long it stays idle (the
+/// :authority fix between the socket and the HTTP/2 server passes the
+/// preface on at once; only header blocks wait for it).
+#[tokio::test]
+async fn an_idle_client_that_has_spoken_http2_is_kept() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let h = Harness::start_with_env(None, &[("FERROVOL_HANDSHAKE_TIMEOUT", "1")]).await;
+    let mut s = connect_when_queued(&h.socket()).await;
+    s.write_all(PREFACE).await.unwrap();
+    // An empty SETTINGS frame.
+    s.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
+    // A silent one beside it, closed at the deadline: the deadline is live.
+    let silent = connect_when_queued(&h.socket()).await;
+    closed_by_driver(silent, std::time::Duration::from_secs(30), "silent").await;
+    // Three deadlines idle: the talker's connection is still open (the
+    // server's SETTINGS and its ack arrive, then nothing, never an EOF).
+    let idle_until = tokio::time::Instant::now() + std::time::Duration::from_secs(3);
+    let mut buf = [0u8; 1024];
+    loop {
+        match tokio::time::timeout_at(idle_until, s.read(&mut buf)).await {
+            Err(_) => break,
+            Ok(Ok(0)) => panic!("the driver closed an idle HTTP/2 client"),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => panic!("the driver dropped an idle HTTP/2 client: {e}"),
+        }
+    }
 }
