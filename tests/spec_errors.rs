@@ -660,6 +660,18 @@ async fn secrets_never_reach_logs_or_errors() {
         .await
         .unwrap_err();
     assert!(!e.message().contains(secret));
+    // An error that repeats what the request said (an unknown parameter
+    // named by the same text as a secret it carried) shows no secret.
+    let mut r = create_req("sec2", MIB, mount_cap("ext4", SNW));
+    r.parameters = HashMap::from([(secret.to_string(), "x".to_string())]);
+    r.secrets = secrets.clone();
+    let e = c.create_volume(r).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(
+        !e.message().contains(secret) && e.message().contains("***"),
+        "{}",
+        e.message()
+    );
     let log = h.log();
     assert!(log.contains("CreateVolume"), "debug log was written");
     assert!(!log.contains(secret), "secret in the log:\n{log}");

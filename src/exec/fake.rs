@@ -88,7 +88,7 @@ impl CommandRunner for FakeRunner {
                 output: Output {
                     code: Some(code),
                     stdout: String::new(),
-                    stderr: command.redact(&stderr),
+                    stderr: command.redact_shown(&stderr),
                 },
             }),
             Reply::Timeout => Err(ExecError::Timeout {

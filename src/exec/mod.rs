@@ -12,7 +12,9 @@ pub use system::SystemRunner;
 
 use crate::error::{Error, Kind, Result};
 use std::fmt;
+use std::future::Future;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Default time a command may run before it is killed.
@@ -80,6 +82,53 @@ impl Command {
     pub fn redact(&self, text: &str) -> String {
         redact(text, &self.secrets)
     }
+
+    /// [`Self::redact`], and the secrets of the call being served: for
+    /// text that is shown (command lines, stderr, error reasons).
+    pub fn redact_shown(&self, text: &str) -> String {
+        let call = call_secrets();
+        if call.is_empty() {
+            return self.redact(text);
+        }
+        let all: Vec<String> = self.secrets.iter().chain(call.iter()).cloned().collect();
+        redact(text, &all)
+    }
+}
+
+tokio::task_local! {
+    /// The secret values of the RPC being served: its CSI `secrets` map.
+    static CALL_SECRETS: Arc<[String]>;
+}
+
+/// Values shorter than this are not hidden as a call's secrets: they
+/// protect nothing and would blank out common words of every message.
+pub const MIN_CALL_SECRET: usize = 4;
+
+/// The values of a request's secrets map worth hiding.
+pub fn call_secret_values<'a>(values: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+    values
+        .into_iter()
+        .filter(|v| v.len() >= MIN_CALL_SECRET)
+        .map(str::to_string)
+        .collect()
+}
+
+/// Runs `work` (one RPC) with `values` (the secrets its request carried)
+/// hidden from what the runner reports during it, whichever backend runs
+/// the command and whether or not it marked them: command lines, error
+/// text, stderr. A command's stdout on success is data for its caller to
+/// parse and is left as the tool printed it (a user name in the secrets map
+/// may be part of a name in it); only the values the command marked itself
+/// are hidden there.
+pub async fn hiding<F: Future>(values: Vec<String>, work: F) -> F::Output {
+    CALL_SECRETS.scope(values.into(), work).await
+}
+
+/// The secrets of the call this task serves, if any.
+fn call_secrets() -> Arc<[String]> {
+    CALL_SECRETS
+        .try_with(Arc::clone)
+        .unwrap_or_else(|_| Arc::from(Vec::new()))
 }
 
 /// Replaces each of `secrets` in `text` with `***`, longest first so a secret
@@ -100,7 +149,7 @@ impl fmt::Display for Command {
             .chain(self.args.iter().map(String::as_str))
             .collect::<Vec<_>>()
             .join(" ");
-        f.write_str(&self.redact(&line))
+        f.write_str(&self.redact_shown(&line))
     }
 }
 

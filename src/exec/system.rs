@@ -45,7 +45,7 @@ impl CommandRunner for SystemRunner {
         }
         let mut child = cmd.spawn().map_err(|e| ExecError::Spawn {
             command: shown.clone(),
-            reason: command.redact(&e.to_string()),
+            reason: command.redact_shown(&e.to_string()),
         })?;
         if let (Some(data), Some(mut stdin)) = (command.stdin.clone(), child.stdin.take()) {
             // Errors here surface as the child's own failure.
@@ -68,7 +68,7 @@ impl CommandRunner for SystemRunner {
             Ok(Err(e)) => {
                 return Err(ExecError::Spawn {
                     command: shown,
-                    reason: command.redact(&e.to_string()),
+                    reason: command.redact_shown(&e.to_string()),
                 })
             }
             Ok(Ok(out)) => out,
@@ -76,7 +76,7 @@ impl CommandRunner for SystemRunner {
         let output = Output {
             code: out.status.code(),
             stdout: command.redact(&String::from_utf8_lossy(&out.stdout)),
-            stderr: command.redact(&String::from_utf8_lossy(&out.stderr)),
+            stderr: command.redact_shown(&String::from_utf8_lossy(&out.stderr)),
         };
         if output.success() {
             Ok(output)
@@ -118,6 +118,37 @@ mod tests {
         let text = err.to_string();
         assert!(text.contains("bad key ***"), "{text}");
         assert!(!text.contains("s3cr3t"), "{text}");
+    }
+
+    /// The secrets of the call being served are hidden from what any
+    /// command run for it shows, though no one marked them on the command;
+    /// a successful command's stdout is left as printed (it is parsed, not
+    /// shown); outside the call nothing is hidden.
+    #[tokio::test]
+    async fn a_calls_secrets_are_hidden_from_every_command_run_for_it() {
+        let secret = "call-secret-value".to_string();
+        let script = "echo \"$1\"; echo \"refused $1\" >&2; exit ${2:-0}";
+        let run =
+            |code: &str| Command::new("sh").args(["-c", script, "sh", "call-secret-value", code]);
+        let (failed, passed, shown) = crate::exec::hiding(vec![secret.clone()], async {
+            let runner = SystemRunner::default();
+            (
+                runner.run(run("3")).await.unwrap_err(),
+                runner.run(run("0")).await.unwrap(),
+                run("0").to_string(),
+            )
+        })
+        .await;
+        let text = failed.to_string();
+        assert!(text.contains("refused ***"), "{text}");
+        assert!(!text.contains(&secret), "{text}");
+        assert!(!shown.contains(&secret), "{shown}");
+        assert!(!passed.stderr.contains(&secret), "{}", passed.stderr);
+        assert_eq!(passed.stdout.trim(), secret);
+        // Outside the call: shown as is.
+        assert!(run("0").to_string().contains(&secret));
+        // Values too short to be secrets are not blanked out of words.
+        assert!(crate::exec::call_secret_values(["abc", "long-enough"]) == ["long-enough"]);
     }
 
     #[tokio::test]

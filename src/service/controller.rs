@@ -3,7 +3,7 @@
 //! takes the operation guard), and builds the response.
 
 use super::convert::{self, params};
-use super::{respond, Driver};
+use super::{respond, respond_hiding, Driver};
 use crate::error::Error;
 use crate::plugin::controller::{NewSnapshot, NewVolume};
 use crate::plugin::{AccessMode, ControllerAttach, Secrets};
@@ -22,7 +22,7 @@ impl Controller for ControllerService {
         request: Request<pb::CreateVolumeRequest>,
     ) -> Result<Response<pb::CreateVolumeResponse>, Status> {
         let r = request.into_inner();
-        respond(&r.name, async {
+        respond_hiding(&r.name, &r.secrets, async {
             crate::plugin::validate_name("volume", &r.name)?;
             let capabilities = convert::capabilities(&r.volume_capabilities)?;
             let (required_bytes, limit_bytes) = convert::capacity_range(r.capacity_range.as_ref())?;
@@ -61,7 +61,7 @@ impl Controller for ControllerService {
         request: Request<pb::DeleteVolumeRequest>,
     ) -> Result<Response<pb::DeleteVolumeResponse>, Status> {
         let r = request.into_inner();
-        respond(&r.volume_id, async {
+        respond_hiding(&r.volume_id, &r.secrets, async {
             self.0
                 .controller
                 .delete_volume(&r.volume_id, &Secrets::from(&r.secrets))
@@ -76,7 +76,7 @@ impl Controller for ControllerService {
         request: Request<pb::ControllerPublishVolumeRequest>,
     ) -> Result<Response<pb::ControllerPublishVolumeResponse>, Status> {
         let r = request.into_inner();
-        respond(&r.volume_id, async {
+        respond_hiding(&r.volume_id, &r.secrets, async {
             if !self.0.registry.capabilities().attach {
                 return Err(Error::unimplemented(
                     "no configured backend attaches volumes to nodes",
@@ -118,7 +118,7 @@ impl Controller for ControllerService {
         request: Request<pb::ControllerUnpublishVolumeRequest>,
     ) -> Result<Response<pb::ControllerUnpublishVolumeResponse>, Status> {
         let r = request.into_inner();
-        respond(&r.volume_id, async {
+        respond_hiding(&r.volume_id, &r.secrets, async {
             if !self.0.registry.capabilities().attach {
                 return Err(Error::unimplemented(
                     "no configured backend attaches volumes to nodes",
@@ -142,7 +142,7 @@ impl Controller for ControllerService {
         request: Request<pb::ValidateVolumeCapabilitiesRequest>,
     ) -> Result<Response<pb::ValidateVolumeCapabilitiesResponse>, Status> {
         let r = request.into_inner();
-        respond(&r.volume_id, async {
+        respond_hiding(&r.volume_id, &r.secrets, async {
             let id = convert::volume_id(&r.volume_id)?;
             let caps = convert::capabilities(&r.volume_capabilities)?;
             let unsupported = self
@@ -276,7 +276,7 @@ impl Controller for ControllerService {
         request: Request<pb::CreateSnapshotRequest>,
     ) -> Result<Response<pb::CreateSnapshotResponse>, Status> {
         let r = request.into_inner();
-        respond(&r.source_volume_id, async {
+        respond_hiding(&r.source_volume_id, &r.secrets, async {
             if r.source_volume_id.is_empty() {
                 return Err(Error::invalid("source_volume_id is required"));
             }
@@ -304,7 +304,7 @@ impl Controller for ControllerService {
         request: Request<pb::DeleteSnapshotRequest>,
     ) -> Result<Response<pb::DeleteSnapshotResponse>, Status> {
         let r = request.into_inner();
-        respond(&r.snapshot_id, async {
+        respond_hiding(&r.snapshot_id, &r.secrets, async {
             self.0
                 .controller
                 .delete_snapshot(&r.snapshot_id, &Secrets::from(&r.secrets))
@@ -319,7 +319,7 @@ impl Controller for ControllerService {
         request: Request<pb::ListSnapshotsRequest>,
     ) -> Result<Response<pb::ListSnapshotsResponse>, Status> {
         let r = request.into_inner();
-        respond(&r.source_volume_id, async {
+        respond_hiding(&r.source_volume_id, &r.secrets, async {
             let page = self
                 .0
                 .controller
@@ -349,7 +349,7 @@ impl Controller for ControllerService {
         request: Request<pb::GetSnapshotRequest>,
     ) -> Result<Response<pb::GetSnapshotResponse>, Status> {
         let r = request.into_inner();
-        respond(&r.snapshot_id, async {
+        respond_hiding(&r.snapshot_id, &r.secrets, async {
             let id = convert::snapshot_id(&r.snapshot_id)?;
             let snap = self.0.controller.get_snapshot(&id).await?;
             Ok(pb::GetSnapshotResponse {
@@ -365,7 +365,7 @@ impl Controller for ControllerService {
     ) -> Result<Response<pb::ControllerExpandVolumeResponse>, Status> {
         let r = request.into_inner();
         let offered = self.0.controller_expansion;
-        respond(&r.volume_id, async {
+        respond_hiding(&r.volume_id, &r.secrets, async {
             if !offered {
                 return Err(Error::unimplemented(
                     "this driver grows volumes on the node (--no-controller-expansion)",

@@ -145,3 +145,31 @@ where
         .map(tonic::Response::new)
         .map_err(|e| e.to_status())
 }
+
+/// [`respond`] for a request that carries a CSI `secrets` map: its values
+/// are hidden from every command line, stderr and error text the runner
+/// reports while the RPC runs (whichever backend runs the command), and
+/// from the status the RPC answers with, which is also what its log line
+/// shows.
+pub async fn respond_hiding<T, F>(
+    volume: &str,
+    secrets: &HashMap<String, String>,
+    work: F,
+) -> Result<tonic::Response<T>, tonic::Status>
+where
+    F: Future<Output = Result<T>>,
+{
+    let values = crate::exec::call_secret_values(secrets.values().map(String::as_str));
+    if values.is_empty() {
+        return respond(volume, work).await;
+    }
+    respond(volume, async {
+        crate::exec::hiding(values.clone(), work)
+            .await
+            .map_err(|e| crate::error::Error {
+                message: crate::exec::redact(&e.message, &values),
+                ..e
+            })
+    })
+    .await
+}

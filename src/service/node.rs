@@ -1,7 +1,7 @@
 //! The Node service.
 
 use super::convert;
-use super::{respond, Driver};
+use super::{respond, respond_hiding, Driver};
 use crate::error::Error;
 use crate::node::{paths, PublishRequest, StageRequest};
 use crate::plugin::AttachContext;
@@ -24,7 +24,7 @@ impl Node for NodeService {
         request: Request<pb::NodeStageVolumeRequest>,
     ) -> Result<Response<pb::NodeStageVolumeResponse>, Status> {
         let r = request.into_inner();
-        respond(&r.volume_id, async {
+        respond_hiding(&r.volume_id, &r.secrets, async {
             if r.volume_id.is_empty() {
                 return Err(Error::invalid("volume_id is required"));
             }
@@ -75,7 +75,7 @@ impl Node for NodeService {
         request: Request<pb::NodePublishVolumeRequest>,
     ) -> Result<Response<pb::NodePublishVolumeResponse>, Status> {
         let r = request.into_inner();
-        respond(&r.volume_id, async {
+        respond_hiding(&r.volume_id, &r.secrets, async {
             if r.volume_id.is_empty() {
                 return Err(Error::invalid("volume_id is required"));
             }
@@ -170,7 +170,7 @@ impl Node for NodeService {
         request: Request<pb::NodeExpandVolumeRequest>,
     ) -> Result<Response<pb::NodeExpandVolumeResponse>, Status> {
         let r = request.into_inner();
-        respond(&r.volume_id, async {
+        respond_hiding(&r.volume_id, &r.secrets, async {
             if r.volume_id.is_empty() {
                 return Err(Error::invalid("volume_id is required"));
             }
