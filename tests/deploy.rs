@@ -1105,7 +1105,6 @@ const PROGRAMS: &[(&str, &str)] = &[
     ("lvconvert", "lvm2"),
     ("iscsiadm", "open-iscsi"),
     ("multipath", "multipath-tools"),
-    ("tgtadm", "tgt"),
     ("mount.nfs", "nfs-common"),
     ("rbd", "ceph-common"),
     ("ceph", "ceph-common"),

@@ -22,7 +22,7 @@ pub mod target;
 mod tests;
 
 use crate::config::BackendConfig;
-use crate::error::{Error, Result};
+use crate::error::{Error, Kind, Result};
 use crate::exec::CommandRunner;
 use crate::plugin::{
     check_publish_terms, digest_hex, AccessMode, AttachContext, Attachment, Backend, Capabilities,
@@ -67,7 +67,7 @@ pub struct IscsiSettings {
     pub portals: Vec<String>,
     /// The backing store (controller side): a backend table of its own.
     pub store: Option<BackendConfig>,
-    /// tgtd's control port (`tgtadm -C`) and socket directory.
+    /// tgtd's control port (`tgtd -C`, `tgtadm -C`) and socket directory.
     #[serde(default)]
     pub control_port: u32,
     #[serde(default = "default_tgt_socket_dir")]
@@ -174,11 +174,9 @@ pub struct IscsiBackend {
     target: Arc<dyn Target>,
     store: Option<Arc<dyn Backend>>,
     records: PathBuf,
-    /// Held only around picking a tid and creating its target, and around
-    /// creating an account: a few local tgtadm calls, never store work.
-    tgt_ids: tokio::sync::Mutex<()>,
-    /// The highest tid this backend made, so two creates never pick one.
-    last_tid: Mutex<u32>,
+    /// The server's targets by name, kept as this backend changes them
+    /// (see [`Tids`]); locked only to look up, pick an id or note a change.
+    tids: tokio::sync::Mutex<Tids>,
     /// Per volume: its RPC (the operation guard lets one at a time) and
     /// the periodic rebuild, which passes over a volume an RPC holds. No
     /// lock spans two volumes.
@@ -187,6 +185,32 @@ pub struct IscsiBackend {
     passwords: Mutex<HashMap<String, String>>,
     last_reconcile: Mutex<Option<Instant>>,
     sysfs: PathBuf,
+}
+
+/// What the controller knows of tgtd's targets: their ids by name, read
+/// from the server once (a listing grows with every target: 0.9 MB at 800)
+/// and kept as the backend makes and deletes them, so creating and
+/// publishing a volume never list them. Read again when the server is a new
+/// run (it restarted and forgot every target), when a target the cache names
+/// is gone, and at each reconcile. The targets on the server are the
+/// driver's own (its own tgtd, on its own control port).
+#[derive(Debug, Default)]
+struct Tids {
+    /// The server run the names were read from.
+    instance: Option<u64>,
+    by_iqn: HashMap<String, u32>,
+    /// The highest id seen or handed out: a new target takes the next.
+    last: u32,
+}
+
+impl Tids {
+    fn load(&mut self, instance: u64, listed: &[TargetState]) {
+        self.instance = Some(instance);
+        self.by_iqn = listed.iter().map(|t| (t.iqn.clone(), t.tid)).collect();
+        self.last = self
+            .last
+            .max(listed.iter().map(|t| t.tid).max().unwrap_or(0));
+    }
 }
 
 /// Whether `s` is a valid iSCSI qualified name we accept (the `iqn.`
@@ -289,8 +313,8 @@ impl IscsiBackend {
         if let Some(p) = settings.portals.iter().find(|p| !is_portal(p)) {
             return Err(bad(&format!("portal {p:?} is not host:port")));
         }
-        // tgtadm keeps `-C` in a signed 16-bit integer: a larger port
-        // would make every tgtadm call fail with "out of range".
+        // tgtadm keeps `-C` in a signed 16-bit integer: a tgtd on a larger
+        // port could not be administered by hand.
         if settings.control_port > 32767 {
             return Err(bad(&format!(
                 "control_port {} is out of range: tgtadm takes 0 to 32767",
@@ -307,11 +331,7 @@ impl IscsiBackend {
         ] {
             crate::config::absolute(p, what)?;
         }
-        let target = Arc::new(Tgt::new(
-            runner.clone(),
-            settings.control_port,
-            settings.tgt_socket_dir.clone(),
-        ));
+        let target = Arc::new(Tgt::new(settings.control_port, &settings.tgt_socket_dir));
         Ok(IscsiBackend {
             name: name.to_string(),
             settings,
@@ -319,8 +339,7 @@ impl IscsiBackend {
             target,
             store,
             records: state_dir,
-            tgt_ids: tokio::sync::Mutex::new(()),
-            last_tid: Mutex::new(0),
+            tids: tokio::sync::Mutex::new(Tids::default()),
             volumes: Mutex::new(HashMap::new()),
             passwords: Mutex::new(HashMap::new()),
             last_reconcile: Mutex::new(None),
@@ -433,39 +452,46 @@ impl IscsiBackend {
     }
 
     /// Makes sure account `user` exists on the server with the password
-    /// given now (remembered for rebuilding).
+    /// given now (remembered for rebuilding). One name, one secret: a
+    /// second secret for a name this driver knows is refused.
     async fn ensure_account(&self, user: &str, password: &str) -> Result<()> {
-        let _ids = self.tgt_ids.lock().await;
-        let known = self.password(user);
-        let exists = self.target.accounts().await?.iter().any(|a| a == user);
-        if exists && known.as_deref() != Some(password) && known.is_some() {
-            return Err(Error::precondition(format!(
-                "CHAP account {user:?} exists on the target server with another secret; \
-                 use one secret per account name"
-            )));
+        {
+            let mut known = self.passwords.lock().unwrap();
+            if known.get(user).is_some_and(|p| p != password) {
+                return Err(Error::precondition(format!(
+                    "CHAP account {user:?} exists on the target server with another secret; \
+                     use one secret per account name"
+                )));
+            }
+            known.insert(user.to_string(), password.to_string());
         }
-        if !exists {
-            self.target.new_account(user, password).await?;
+        self.target.new_account(user, password).await.map(|_| ())
+    }
+
+    /// The tid of target `iqn` if the server has it, from the cache (read
+    /// from the server when it is a new run, or when `fresh` asks).
+    async fn tid_of(&self, iqn: &str, fresh: bool) -> Result<Option<u32>> {
+        let instance = self.target.instance().await?;
+        let mut tids = self.tids.lock().await;
+        if fresh || tids.instance != Some(instance) {
+            let listed = self.target.targets().await?;
+            tids.load(instance, &listed);
         }
-        self.passwords
-            .lock()
-            .unwrap()
-            .insert(user.to_string(), password.to_string());
-        Ok(())
+        Ok(tids.by_iqn.get(iqn).copied())
+    }
+
+    /// Forgets what the cache knows: the next lookup reads the server.
+    async fn forget_tids(&self) {
+        self.tids.lock().await.instance = None;
     }
 
     /// The volume's target, made again (with its LUN, ACL and accounts)
     /// if the server lost it. A target whose CHAP secret is not known here
     /// (the driver restarted too) is made with an empty ACL: closed until
     /// the next ControllerPublish brings the secret.
-    async fn ensure_target(
-        &self,
-        id: &VolumeId,
-        record: &mut Record,
-        targets: &[TargetState],
-    ) -> Result<u32> {
-        if let Some(t) = targets.iter().find(|t| t.iqn == record.iqn) {
-            return Ok(t.tid);
+    async fn ensure_target(&self, id: &VolumeId, record: &mut Record) -> Result<u32> {
+        if let Some(tid) = self.tid_of(&record.iqn, false).await? {
+            return Ok(tid);
         }
         let store = self.store()?;
         let store_id = self.to_store(id)?;
@@ -477,16 +503,33 @@ impl IscsiBackend {
         };
         record.device = path.clone();
         record.attachment = attachment.clone();
-        let tid = {
-            let _ids = self.tgt_ids.lock().await;
+        let mut tries = 0;
+        let tid = loop {
             let tid = {
-                let mut last = self.last_tid.lock().unwrap();
-                let listed = targets.iter().map(|t| t.tid).max().unwrap_or(0);
-                *last = (*last).max(listed) + 1;
-                *last
+                let mut tids = self.tids.lock().await;
+                tids.last += 1;
+                tids.last
             };
-            self.target.create(tid, &record.iqn, &record.device).await?;
-            tid
+            match self.target.create(tid, &record.iqn, &record.device).await {
+                Ok(()) => {
+                    self.tids
+                        .lock()
+                        .await
+                        .by_iqn
+                        .insert(record.iqn.clone(), tid);
+                    break tid;
+                }
+                // The id was taken behind the cache's back (or the name,
+                // by a create of this volume that the cache missed): read
+                // the server again and look.
+                Err(e) if e.kind == Kind::AlreadyExists && tries < 3 => {
+                    tries += 1;
+                    if let Some(tid) = self.tid_of(&record.iqn, true).await? {
+                        return Ok(tid);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
         };
         let mut open = true;
         for (user, outgoing) in [
@@ -515,9 +558,10 @@ impl IscsiBackend {
         Ok(tid)
     }
 
-    /// Rebuilds every recorded target the server lost.
+    /// Reads the server's targets again (the cache follows them) and
+    /// rebuilds every recorded target it lost.
     async fn reconcile(&self) -> Result<()> {
-        let mut targets = self.target.targets().await?;
+        self.forget_tids().await;
         let entries = match std::fs::read_dir(&self.records) {
             Ok(e) => e,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -544,13 +588,66 @@ impl IscsiBackend {
             let Some(mut record) = self.load(&id)? else {
                 continue;
             };
-            if !targets.iter().any(|t| t.iqn == record.iqn) {
-                self.ensure_target(&id, &mut record, &targets).await?;
+            if self.tid_of(&record.iqn, false).await?.is_none() {
+                self.ensure_target(&id, &mut record).await?;
                 self.save(&id, &record)?;
-                targets = self.target.targets().await?;
             }
         }
         Ok(())
+    }
+
+    /// ControllerPublish's work on the server: the volume's target (made
+    /// again if the server lost it), its CHAP accounts bound first, so the
+    /// ACL never opens a target that should ask, then the ACL made whole
+    /// (it may lag: a target rebuilt closed) with `initiator` in it.
+    async fn open_target(
+        &self,
+        id: &VolumeId,
+        record: &mut Record,
+        incoming: &Option<Chap>,
+        outgoing: &Option<Chap>,
+        initiator: &str,
+    ) -> Result<u32> {
+        let tid = self.ensure_target(id, record).await?;
+        for (pair, outgoing_dir) in [(incoming, false), (outgoing, true)] {
+            let slot = if outgoing_dir {
+                &mut record.outgoing_user
+            } else {
+                &mut record.incoming_user
+            };
+            match pair {
+                Some((user, password)) => {
+                    self.ensure_account(user, password).await?;
+                    if let Some(old) = slot.as_ref().filter(|o| *o != user) {
+                        self.target.unbind_account(tid, old, outgoing_dir).await?;
+                    }
+                    match self.target.bind_account(tid, user, outgoing_dir).await {
+                        Ok(()) => {}
+                        // tgt refuses a second bind of an outgoing account,
+                        // even the same one: this volume's publish bound it.
+                        Err(e)
+                            if outgoing_dir
+                                && e.kind == Kind::FailedPrecondition
+                                && slot.as_ref() == Some(user) => {}
+                        Err(e) => return Err(e),
+                    }
+                    *slot = Some(user.clone());
+                }
+                None => {
+                    if let Some(old) = slot.as_ref() {
+                        return Err(Error::precondition(format!(
+                            "volume {id} is published with CHAP account {old:?}; \
+                             ControllerPublish must bring the same secrets"
+                        )));
+                    }
+                }
+            }
+        }
+        for known in &record.initiators {
+            self.target.allow(tid, known).await?;
+        }
+        self.target.allow(tid, initiator).await?;
+        Ok(tid)
     }
 
     /// The volume's own lock (see `volumes`).
@@ -682,8 +779,7 @@ impl Backend for IscsiBackend {
             },
         };
         record.lun_bytes.get_or_insert(info.capacity_bytes);
-        let targets = self.target.targets().await?;
-        self.ensure_target(&id, &mut record, &targets).await?;
+        self.ensure_target(&id, &mut record).await?;
         self.save(&id, &record)?;
         self.take_over_copy(&id, &mut record).await?;
         Ok(info)
@@ -701,15 +797,26 @@ impl Backend for IscsiBackend {
             .as_ref()
             .map(|r| r.iqn.clone())
             .unwrap_or_else(|| self.iqn(id));
-        let targets = self.target.targets().await?;
-        if let Some(t) = targets.iter().find(|t| t.iqn == iqn) {
-            if !t.sessions.is_empty() {
+        if let Some(tid) = self.tid_of(&iqn, false).await? {
+            let sessions = match self.target.sessions(tid).await {
+                Ok(s) => s,
+                // Gone behind the cache's back: look again.
+                Err(e) if e.kind == Kind::NotFound => match self.tid_of(&iqn, true).await? {
+                    Some(tid) => self.target.sessions(tid).await?,
+                    None => Vec::new(),
+                },
+                Err(e) => return Err(e),
+            };
+            if !sessions.is_empty() {
                 return Err(Error::precondition(format!(
                     "volume {id} is in use: logged in from {}",
-                    t.sessions.join(", ")
+                    sessions.join(", ")
                 )));
             }
-            self.target.delete(t.tid).await?;
+            if let Some(tid) = self.tid_of(&iqn, false).await? {
+                self.target.delete(tid).await?;
+                self.tids.lock().await.by_iqn.remove(&iqn);
+            }
         }
         store
             .node_detach(&store_id, record.as_ref().map(|r| &r.attachment))
@@ -762,11 +869,19 @@ impl Backend for IscsiBackend {
         // (Target::refresh): only while no node can use it. Publish and
         // expand of one volume never overlap (the volume's guard), and the
         // ACL keeps out initiators that were not published.
-        let targets = self.target.targets().await?;
+        let sessions = match self.tid_of(&record.iqn, false).await? {
+            Some(tid) => match self.target.sessions(tid).await {
+                Ok(s) => s,
+                Err(e) if e.kind == Kind::NotFound => {
+                    self.forget_tids().await;
+                    Vec::new()
+                }
+                Err(e) => return Err(e),
+            },
+            None => Vec::new(),
+        };
         let mut users: BTreeSet<&str> = record.initiators.iter().map(String::as_str).collect();
-        if let Some(t) = targets.iter().find(|t| t.iqn == record.iqn) {
-            users.extend(t.sessions.iter().map(String::as_str));
-        }
+        users.extend(sessions.iter().map(String::as_str));
         if !users.is_empty() {
             // A repeat of an expansion that is done asks for nothing new.
             if let Some(bytes) = record
@@ -788,8 +903,7 @@ impl Backend for IscsiBackend {
         let mut record = self
             .load(id)?
             .ok_or_else(|| Error::not_found(format!("volume {id} has no target")))?;
-        let targets = self.target.targets().await?;
-        let tid = self.ensure_target(id, &mut record, &targets).await?;
+        let tid = self.ensure_target(id, &mut record).await?;
         store
             .node_refresh_size(&store_id, &record.attachment)
             .await?;
@@ -857,7 +971,6 @@ impl Backend for IscsiBackend {
         let mut record = self
             .load(id)?
             .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
-        let targets = self.target.targets().await?;
         // Every access mode of this backend is single-node: a volume
         // published to one node is not published to another (two nodes
         // mounting one filesystem corrupt it).
@@ -875,48 +988,21 @@ impl Backend for IscsiBackend {
                 req,
             )?;
         }
-        let tid = self.ensure_target(id, &mut record, &targets).await?;
-        // Accounts the target has bound now (none if it was just made).
-        let bound: Vec<(String, bool)> = targets
-            .iter()
-            .find(|t| t.tid == tid && t.iqn == record.iqn)
-            .map(|t| t.accounts.clone())
-            .unwrap_or_default();
-        // CHAP first, so the ACL never opens a target that should ask.
-        for (pair, outgoing_dir, slot) in [
-            (&incoming, false, &mut record.incoming_user),
-            (&outgoing, true, &mut record.outgoing_user),
-        ] {
-            match pair {
-                Some((user, password)) => {
-                    self.ensure_account(user, password).await?;
-                    if let Some(old) = slot.as_ref().filter(|o| *o != user) {
-                        self.target.unbind_account(tid, old, outgoing_dir).await?;
-                    }
-                    // tgt refuses a second bind of the outgoing account
-                    // ("already has an outgoing account"): a repeated
-                    // publish binds only what is not bound yet.
-                    if slot.as_ref() != Some(user) || !bound.contains(&(user.clone(), outgoing_dir))
-                    {
-                        self.target.bind_account(tid, user, outgoing_dir).await?;
-                    }
-                    *slot = Some(user.clone());
-                }
-                None => {
-                    if let Some(old) = slot.as_ref() {
-                        return Err(Error::precondition(format!(
-                            "volume {id} is published with CHAP account {old:?}; \
-                             ControllerPublish must bring the same secrets"
-                        )));
-                    }
-                }
+        match self
+            .open_target(id, &mut record, &incoming, &outgoing, &initiator)
+            .await
+        {
+            // A target the cache named is gone: read the server and make
+            // it again.
+            Err(e) if e.kind == Kind::NotFound => {
+                self.forget_tids().await;
+                self.open_target(id, &mut record, &incoming, &outgoing, &initiator)
+                    .await?;
+            }
+            r => {
+                r?;
             }
         }
-        // The ACL may lag (a target rebuilt closed): make it whole again.
-        for known in &record.initiators {
-            self.target.allow(tid, known).await?;
-        }
-        self.target.allow(tid, &initiator).await?;
         record.terms.insert(initiator.clone(), req.terms());
         record.initiators.insert(initiator);
         self.check_copy(id, &mut record).await?;
@@ -952,12 +1038,9 @@ impl Backend for IscsiBackend {
             },
             None => record.initiators.iter().cloned().collect(),
         };
-        let targets = self.target.targets().await?;
-        if let Some(t) = targets.iter().find(|t| t.iqn == record.iqn) {
+        if let Some(tid) = self.tid_of(&record.iqn, false).await? {
             for i in &gone {
-                if t.allowed.contains(i) {
-                    self.target.disallow(t.tid, i).await?;
-                }
+                self.target.disallow(tid, i).await?;
             }
         }
         for i in &gone {

@@ -1,13 +1,11 @@
 //! The target seam: what the iscsi backend asks of an iSCSI target server,
-//! and its implementation for Linux `tgt` (`tgtadm` through the exec seam,
-//! and tgtd's management socket for the one request that carries a secret,
-//! so a CHAP password never appears on a command line).
+//! and its implementation for Linux `tgt`, spoken over tgtd's management
+//! socket (the protocol `tgtadm` speaks: one request, one answer, each on
+//! its own connection). No process per call, an error code instead of a
+//! message to read, and a CHAP password never on a command line.
 
-use crate::error::{Error, Result};
-use crate::exec::{path_arg, Command, CommandRunner};
+use crate::error::{Error, Kind, Result};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
 
 /// One target as the server reports it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -24,12 +22,21 @@ pub struct TargetState {
     pub sessions: Vec<String>,
 }
 
-/// What the backend needs from a target server.
+/// What the backend needs from a target server. Changes that find the
+/// server already so (an ACL entry there, an account bound, a target gone)
+/// succeed; a target id or name that is taken is ALREADY_EXISTS.
 #[async_trait::async_trait]
 pub trait Target: Send + Sync {
-    /// Every target the server has.
+    /// Which run of the server this is: changes when it restarts (and so
+    /// has forgotten every target).
+    async fn instance(&self) -> Result<u64>;
+    /// Every target the server has (a long listing: kept out of the
+    /// per-volume paths).
     async fn targets(&self) -> Result<Vec<TargetState>>;
-    /// Makes target `tid` named `iqn` with `backing` as LUN 1.
+    /// The initiators logged in to target `tid` (NOT_FOUND: no such
+    /// target).
+    async fn sessions(&self, tid: u32) -> Result<Vec<String>>;
+    /// Makes target `tid` named `iqn` with `backing` as LUN 1, or nothing.
     async fn create(&self, tid: u32, iqn: &str, backing: &Path) -> Result<()>;
     /// Removes target `tid`; refused by the server while sessions exist.
     async fn delete(&self, tid: u32) -> Result<()>;
@@ -38,124 +45,127 @@ pub trait Target: Send + Sync {
     async fn refresh(&self, tid: u32, backing: &Path) -> Result<()>;
     async fn allow(&self, tid: u32, initiator: &str) -> Result<()>;
     async fn disallow(&self, tid: u32, initiator: &str) -> Result<()>;
-    /// The CHAP account names the server knows.
-    async fn accounts(&self) -> Result<Vec<String>>;
-    /// Creates a CHAP account; the password travels only over the server's
-    /// management socket.
-    async fn new_account(&self, user: &str, password: &str) -> Result<()>;
+    /// Creates a CHAP account; Ok(false) when one of that name exists.
+    async fn new_account(&self, user: &str, password: &str) -> Result<bool>;
+    /// Binds an account to a target. An outgoing account where the target
+    /// has one already is FAILED_PRECONDITION (tgt allows one), even when
+    /// it is this one: the caller knows which it bound.
     async fn bind_account(&self, tid: u32, user: &str, outgoing: bool) -> Result<()>;
     async fn unbind_account(&self, tid: u32, user: &str, outgoing: bool) -> Result<()>;
 }
 
-const TGTADM_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// A Linux tgt target server.
+/// A Linux tgt target server, through its management socket.
 pub struct Tgt {
-    runner: Arc<dyn CommandRunner>,
-    control_port: u32,
-    socket_dir: PathBuf,
+    socket: PathBuf,
 }
 
 impl Tgt {
-    pub fn new(runner: Arc<dyn CommandRunner>, control_port: u32, socket_dir: PathBuf) -> Self {
+    /// The tgtd serving control port `control_port` (its socket is
+    /// `socket.<port>` in `socket_dir`).
+    pub fn new(control_port: u32, socket_dir: &Path) -> Self {
         Tgt {
-            runner,
-            control_port,
-            socket_dir,
+            socket: socket_dir.join(format!("socket.{control_port}")),
         }
     }
 
-    fn tgtadm(&self) -> Command {
-        Command::new("tgtadm")
-            .args(["-C", &self.control_port.to_string(), "--lld", "iscsi"])
-            .timeout(TGTADM_TIMEOUT)
+    async fn call(&self, req: ipc::Request<'_>, what: impl FnOnce() -> String) -> Result<String> {
+        match ipc::call(&self.socket, &req).await? {
+            Ok(text) => Ok(text),
+            Err(code) => Err(ipc::refused(code, &what())),
+        }
+    }
+
+    /// A change: Ok also when tgtd answers with one of `already`.
+    async fn change(
+        &self,
+        req: ipc::Request<'_>,
+        already: &[u32],
+        what: impl FnOnce() -> String,
+    ) -> Result<()> {
+        match ipc::call(&self.socket, &req).await? {
+            Ok(_) => Ok(()),
+            Err(code) if already.contains(&code) => Ok(()),
+            Err(code) => Err(ipc::refused(code, &what())),
+        }
     }
 
     /// Gives LUN 1 of `tid` an identity of its own, from the target name:
     /// tgt's default is made from the target and LUN numbers, which repeat
     /// across target servers and over time, and multipath would take two
     /// volumes with one identity for two paths to one disk.
-    async fn identify(&self, tid: &str, iqn: &str) -> Result<()> {
+    async fn identify(&self, tid: u32, iqn: &str) -> Result<()> {
         let serial = serial_for(iqn);
-        self.run(self.tgtadm().args([
-            "--op",
-            "update",
-            "--mode",
-            "logicalunit",
-            "--tid",
-            tid,
-            "--lun",
-            "1",
-            "--params",
-            &format!("scsi_id=fv{serial},scsi_sn={serial}"),
-        ]))
+        let params = format!("targetOps scsi_id=fv{serial},scsi_sn={serial},");
+        self.call(ipc::Request::lun(ipc::OP_UPDATE, tid, &params), || {
+            format!("set the identity of target {tid}'s LUN 1")
+        })
         .await
         .map(|_| ())
-    }
-
-    async fn run(&self, cmd: Command) -> Result<String> {
-        Ok(self.runner.run(cmd).await.map_err(Error::from)?.stdout)
-    }
-
-    /// Runs a tgtadm change; an error saying it is already so is success.
-    async fn change(&self, cmd: Command, already: &[&str]) -> Result<()> {
-        match self.runner.run(cmd).await {
-            Ok(_) => Ok(()),
-            Err(e) if already.iter().any(|a| e.to_string().contains(a)) => Ok(()),
-            Err(e) => Err(e.into()),
-        }
     }
 }
 
 #[async_trait::async_trait]
 impl Target for Tgt {
+    async fn instance(&self) -> Result<u64> {
+        use std::os::unix::fs::MetadataExt;
+        // tgtd makes its socket anew at each start.
+        let m = std::fs::metadata(&self.socket).map_err(|e| {
+            Error::unavailable(format!(
+                "the iSCSI target server: no management socket {}: {e}",
+                self.socket.display()
+            ))
+        })?;
+        Ok(m.ino() ^ (m.ctime() as u64).rotate_left(32) ^ m.ctime_nsec() as u64)
+    }
+
     async fn targets(&self) -> Result<Vec<TargetState>> {
-        let out = self
-            .run(self.tgtadm().args(["--op", "show", "--mode", "target"]))
-            .await
-            .map_err(|e| Error::unavailable(format!("the iSCSI target server: {}", e.message)))?;
-        Ok(parse_targets(&out))
+        let text = self
+            .call(ipc::Request::target(ipc::OP_SHOW, None, ""), || {
+                "list the targets".into()
+            })
+            .await?;
+        Ok(parse_targets(&text))
+    }
+
+    async fn sessions(&self, tid: u32) -> Result<Vec<String>> {
+        let text = self
+            .call(
+                ipc::Request {
+                    mode: ipc::MODE_CONNECTION,
+                    ..ipc::Request::target(ipc::OP_SHOW, Some(tid), "")
+                },
+                || format!("list the connections of target {tid}"),
+            )
+            .await?;
+        Ok(parse_connections(&text))
     }
 
     async fn create(&self, tid: u32, iqn: &str, backing: &Path) -> Result<()> {
-        let tid = tid.to_string();
-        self.run(self.tgtadm().args([
-            "--op",
-            "new",
-            "--mode",
-            "target",
-            "--tid",
-            &tid,
-            "--targetname",
-            iqn,
-        ]))
+        self.call(
+            ipc::Request::target(ipc::OP_NEW, Some(tid), &format!("targetname={iqn}")),
+            || format!("make target {tid} ({iqn})"),
+        )
         .await?;
-        let added = self
-            .run(self.tgtadm().args([
-                "--op",
-                "new",
-                "--mode",
-                "logicalunit",
-                "--tid",
-                &tid,
-                "--lun",
-                "1",
-                "--backing-store",
-                &path_arg(backing)?,
-            ]))
-            .await;
-        let added = match added {
-            Ok(_) => self.identify(&tid, iqn).await,
+        let path = crate::exec::path_arg(backing)?;
+        if path.contains(',') {
+            let _ = self.delete(tid).await;
+            return Err(Error::internal(format!(
+                "backing store {path:?} has a comma, which tgtd's parameters cannot carry"
+            )));
+        }
+        let added = match self
+            .call(
+                ipc::Request::lun(ipc::OP_NEW, tid, &format!("path={path}")),
+                || format!("add LUN 1 ({path}) to target {tid}"),
+            )
+            .await
+        {
+            Ok(_) => self.identify(tid, iqn).await,
             Err(e) => Err(e),
         };
         if let Err(e) = added {
             // No half-made target left behind.
-            let _ = self
-                .run(
-                    self.tgtadm()
-                        .args(["--op", "delete", "--mode", "target", "--tid", &tid]),
-                )
-                .await;
+            let _ = self.delete(tid).await;
             return Err(e);
         }
         Ok(())
@@ -163,15 +173,9 @@ impl Target for Tgt {
 
     async fn delete(&self, tid: u32) -> Result<()> {
         self.change(
-            self.tgtadm().args([
-                "--op",
-                "delete",
-                "--mode",
-                "target",
-                "--tid",
-                &tid.to_string(),
-            ]),
-            &["can't find the target"],
+            ipc::Request::target(ipc::OP_DELETE, Some(tid), ""),
+            &[ipc::NO_TARGET],
+            || format!("delete target {tid}"),
         )
         .await
     }
@@ -183,116 +187,87 @@ impl Target for Tgt {
         // tgtd's event loop. Commands in flight on its I/O threads during
         // the reopen fail, which is why the backend refreshes only LUNs no
         // initiator is logged in to.
-        let path = path_arg(backing)?;
+        let path = crate::exec::path_arg(backing)?;
         if path.contains(',') {
             return Err(Error::internal(format!(
-                "backing store {path:?} has a comma, which tgtadm's --params cannot carry"
+                "backing store {path:?} has a comma, which tgtd's parameters cannot carry"
             )));
         }
-        self.run(self.tgtadm().args([
-            "--op",
-            "update",
-            "--mode",
-            "logicalunit",
-            "--tid",
-            &tid.to_string(),
-            "--lun",
-            "1",
-            "--params",
-            &format!("online=0,path={path}"),
-        ]))
+        self.call(
+            ipc::Request::lun(
+                ipc::OP_UPDATE,
+                tid,
+                &format!("targetOps online=0,path={path},"),
+            ),
+            || format!("reopen target {tid}'s LUN 1"),
+        )
         .await
         .map(|_| ())
     }
 
     async fn allow(&self, tid: u32, initiator: &str) -> Result<()> {
         self.change(
-            self.tgtadm().args([
-                "--op",
-                "bind",
-                "--mode",
-                "target",
-                "--tid",
-                &tid.to_string(),
-                "--initiator-name",
-                initiator,
-            ]),
-            &["already exists"],
+            ipc::Request::target(
+                ipc::OP_BIND,
+                Some(tid),
+                &format!("initiator-name={initiator}"),
+            ),
+            &[ipc::ACL_EXIST],
+            || format!("allow {initiator} on target {tid}"),
         )
         .await
     }
 
     async fn disallow(&self, tid: u32, initiator: &str) -> Result<()> {
         self.change(
-            self.tgtadm().args([
-                "--op",
-                "unbind",
-                "--mode",
-                "target",
-                "--tid",
-                &tid.to_string(),
-                "--initiator-name",
-                initiator,
-            ]),
-            &["not found", "doesn't exist", "does not exist"],
+            ipc::Request::target(
+                ipc::OP_UNBIND,
+                Some(tid),
+                &format!("initiator-name={initiator}"),
+            ),
+            &[ipc::ACL_NOEXIST, ipc::NO_TARGET],
+            || format!("disallow {initiator} on target {tid}"),
         )
         .await
     }
 
-    async fn accounts(&self) -> Result<Vec<String>> {
-        let out = self
-            .run(self.tgtadm().args(["--op", "show", "--mode", "account"]))
-            .await?;
-        Ok(out
-            .lines()
-            .skip_while(|l| !l.starts_with("Account list"))
-            .skip(1)
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .map(str::to_string)
-            .collect())
-    }
-
-    async fn new_account(&self, user: &str, password: &str) -> Result<()> {
-        let socket = self
-            .socket_dir
-            .join(format!("socket.{}", self.control_port));
-        ipc::new_account(&socket, user, password).await
+    async fn new_account(&self, user: &str, password: &str) -> Result<bool> {
+        // The password travels only in this request's parameters, and no
+        // error names them.
+        match ipc::call(
+            &self.socket,
+            &ipc::Request::account(
+                ipc::OP_NEW,
+                None,
+                &format!("user={user},password={password}"),
+                false,
+            ),
+        )
+        .await?
+        {
+            Ok(_) => Ok(true),
+            Err(ipc::USER_EXIST) => Ok(false),
+            Err(code) => Err(ipc::refused(code, &format!("create CHAP account {user:?}"))),
+        }
     }
 
     async fn bind_account(&self, tid: u32, user: &str, outgoing: bool) -> Result<()> {
-        let mut cmd = self.tgtadm().args([
-            "--op",
-            "bind",
-            "--mode",
-            "account",
-            "--tid",
-            &tid.to_string(),
-            "--user",
-            user,
-        ]);
-        if outgoing {
-            cmd = cmd.arg("--outgoing");
-        }
-        self.change(cmd, &["already exists"]).await
+        self.change(
+            ipc::Request::account(ipc::OP_BIND, Some(tid), &format!("user={user}"), outgoing),
+            // Bound already (the same direction).
+            &[ipc::USER_EXIST],
+            || format!("bind CHAP account {user:?} to target {tid}"),
+        )
+        .await
     }
 
     async fn unbind_account(&self, tid: u32, user: &str, outgoing: bool) -> Result<()> {
-        let mut cmd = self.tgtadm().args([
-            "--op",
-            "unbind",
-            "--mode",
-            "account",
-            "--tid",
-            &tid.to_string(),
-            "--user",
-            user,
-        ]);
-        if outgoing {
-            cmd = cmd.arg("--outgoing");
-        }
-        self.change(cmd, &["can't find", "not found", "doesn't exist"])
-            .await
+        self.change(
+            ipc::Request::account(ipc::OP_UNBIND, Some(tid), &format!("user={user}"), outgoing),
+            &[ipc::NO_USER, ipc::NO_TARGET],
+            || format!("unbind CHAP account {user:?} from target {tid}"),
+        )
+        .await
     }
 }
 
@@ -380,59 +355,180 @@ pub fn parse_targets(text: &str) -> Vec<TargetState> {
     out
 }
 
-/// tgtd's management protocol, for the request a command line must not
-/// carry: a fixed 120-byte request header (mode, operation, driver name,
-/// total length, target, session, LUN, ...), a NUL-terminated parameter
-/// string, and an 8-byte answer (error code, length) with optional text.
-mod ipc {
+/// The initiators in tgtd's connection listing of one target (`Session:
+/// N`, `Connection: M`, `Initiator: NAME`, the address), each once.
+pub fn parse_connections(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for line in text.lines() {
+        if let Some(rest) = line.trim().strip_prefix("Initiator: ") {
+            let name = rest.split_whitespace().next().unwrap_or("").to_string();
+            if !name.is_empty() && !out.contains(&name) {
+                out.push(name);
+            }
+        }
+    }
+    out
+}
+
+/// tgtd's management protocol: a fixed 120-byte request header (mode,
+/// operation, driver name, total length, target, session, LUN, connection,
+/// host, device type, account direction, pack, force), a NUL-terminated
+/// parameter string, and an answer of an error code and a length, then
+/// that much text. Error codes as tgt 1.0.85 numbers them.
+pub mod ipc {
     use crate::error::{Error, Result};
     use std::path::Path;
     use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     const HEADER: usize = 120;
-    const MODE_ACCOUNT: u32 = 7;
-    const OP_NEW: u32 = 0;
-    /// tgtd's code for "this account already exists".
-    const USER_EXISTS: u32 = 14;
+    /// An answer longer than this is refused (800 targets list in 0.9 MB).
+    const MAX_ANSWER: usize = 64 << 20;
+    /// How long one request may take, connect to last byte.
+    const TIMEOUT: Duration = Duration::from_secs(30);
 
-    pub fn request(mode: u32, op: u32, params: &str) -> Vec<u8> {
-        let body = params.len() + 1;
-        let mut req = vec![0u8; HEADER];
-        req[0..4].copy_from_slice(&mode.to_ne_bytes());
-        req[4..8].copy_from_slice(&op.to_ne_bytes());
-        req[8..13].copy_from_slice(b"iscsi");
-        req[72..76].copy_from_slice(&((HEADER + body) as u32).to_ne_bytes());
-        req[76..80].copy_from_slice(&(-1i32).to_ne_bytes()); // no target
-        req[88..96].copy_from_slice(&u64::MAX.to_ne_bytes()); // no LUN
-        req.extend_from_slice(params.as_bytes());
-        req.push(0);
-        req
+    pub const MODE_TARGET: u32 = 1;
+    pub const MODE_DEVICE: u32 = 2;
+    pub const MODE_CONNECTION: u32 = 6;
+    pub const MODE_ACCOUNT: u32 = 7;
+
+    pub const OP_NEW: u32 = 0;
+    pub const OP_DELETE: u32 = 1;
+    pub const OP_SHOW: u32 = 2;
+    pub const OP_BIND: u32 = 3;
+    pub const OP_UNBIND: u32 = 4;
+    pub const OP_UPDATE: u32 = 5;
+
+    pub const NO_TARGET: u32 = 4;
+    pub const NO_LUN: u32 = 5;
+    pub const TARGET_EXIST: u32 = 9;
+    pub const LUN_EXIST: u32 = 10;
+    pub const ACL_EXIST: u32 = 12;
+    pub const ACL_NOEXIST: u32 = 13;
+    pub const USER_EXIST: u32 = 14;
+    pub const NO_USER: u32 = 15;
+    pub const OUTACCOUNT_EXIST: u32 = 18;
+    pub const TARGET_ACTIVE: u32 = 19;
+
+    /// One request.
+    #[derive(Debug, Clone, Copy)]
+    pub struct Request<'a> {
+        pub mode: u32,
+        pub op: u32,
+        pub tid: Option<u32>,
+        pub lun: Option<u64>,
+        pub outgoing: bool,
+        pub params: &'a str,
     }
 
-    pub async fn new_account(socket: &Path, user: &str, password: &str) -> Result<()> {
-        let params = format!("user={user},password={password}");
+    impl<'a> Request<'a> {
+        pub fn target(op: u32, tid: Option<u32>, params: &'a str) -> Self {
+            Request {
+                mode: MODE_TARGET,
+                op,
+                tid,
+                lun: None,
+                outgoing: false,
+                params,
+            }
+        }
+        pub fn lun(op: u32, tid: u32, params: &'a str) -> Self {
+            Request {
+                mode: MODE_DEVICE,
+                lun: Some(1),
+                ..Self::target(op, Some(tid), params)
+            }
+        }
+        pub fn account(op: u32, tid: Option<u32>, params: &'a str, outgoing: bool) -> Self {
+            Request {
+                mode: MODE_ACCOUNT,
+                outgoing,
+                ..Self::target(op, tid, params)
+            }
+        }
+
+        /// The bytes tgtadm would send for it.
+        pub fn encode(&self) -> Vec<u8> {
+            let body = self.params.len() + 1;
+            let mut req = vec![0u8; HEADER];
+            req[0..4].copy_from_slice(&self.mode.to_ne_bytes());
+            req[4..8].copy_from_slice(&self.op.to_ne_bytes());
+            req[8..13].copy_from_slice(b"iscsi");
+            req[72..76].copy_from_slice(&((HEADER + body) as u32).to_ne_bytes());
+            // tgtadm's "no target" is -1, "no LUN" all ones; an account
+            // bound without a target goes to every target (~0 too).
+            let tid = self.tid.map_or(-1i32, |t| t as i32);
+            req[76..80].copy_from_slice(&tid.to_ne_bytes());
+            req[88..96].copy_from_slice(&self.lun.unwrap_or(u64::MAX).to_ne_bytes());
+            req[108..112].copy_from_slice(&u32::from(self.outgoing).to_ne_bytes());
+            req.extend_from_slice(self.params.as_bytes());
+            req.push(0);
+            req
+        }
+    }
+
+    /// Sends one request: Ok(Ok(text)) when tgtd did it, Ok(Err(code))
+    /// when it refused, Err when it could not be asked (UNAVAILABLE).
+    pub async fn call(
+        socket: &Path,
+        req: &Request<'_>,
+    ) -> Result<std::result::Result<String, u32>> {
         let exchange = async {
             let mut s = tokio::net::UnixStream::connect(socket).await?;
-            s.write_all(&request(MODE_ACCOUNT, OP_NEW, &params)).await?;
+            s.write_all(&req.encode()).await?;
             let mut rsp = [0u8; 8];
             s.read_exact(&mut rsp).await?;
-            Ok::<_, std::io::Error>(u32::from_ne_bytes(rsp[0..4].try_into().unwrap()))
+            let err = u32::from_ne_bytes(rsp[0..4].try_into().expect("4 bytes"));
+            let len = u32::from_ne_bytes(rsp[4..8].try_into().expect("4 bytes")) as usize;
+            let rest = len.saturating_sub(8);
+            if rest > MAX_ANSWER {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("an answer of {rest} bytes"),
+                ));
+            }
+            let mut text = vec![0u8; rest];
+            s.read_exact(&mut text).await?;
+            Ok::<_, std::io::Error>((err, text))
         };
-        let err = tokio::time::timeout(Duration::from_secs(30), exchange)
+        let (err, text) = tokio::time::timeout(TIMEOUT, exchange)
             .await
             .map_err(|_| Error::unavailable("tgtd did not answer on its management socket"))?
             .map_err(|e| {
-                Error::unavailable(format!("tgtd management socket {}: {e}", socket.display()))
+                Error::unavailable(format!(
+                    "the iSCSI target server's management socket {}: {e}",
+                    socket.display()
+                ))
             })?;
-        match err {
-            0 | USER_EXISTS => Ok(()),
-            code => Err(Error::internal(format!(
-                "tgtd refused to create CHAP account {user:?} (error {code})"
-            ))),
-        }
+        Ok(match err {
+            0 => Ok(String::from_utf8_lossy(&text)
+                .trim_end_matches('\0')
+                .to_string()),
+            code => Err(code),
+        })
+    }
+
+    /// tgtd's refusal of `what`, with the gRPC kind it means.
+    pub fn refused(code: u32, what: &str) -> Error {
+        let (kind, text) = match code {
+            NO_TARGET => (super::Kind::NotFound, "no such target"),
+            NO_LUN => (super::Kind::NotFound, "no such logical unit"),
+            TARGET_EXIST => (super::Kind::AlreadyExists, "the target id or name is taken"),
+            LUN_EXIST => (super::Kind::AlreadyExists, "the logical unit exists"),
+            ACL_EXIST => (
+                super::Kind::AlreadyExists,
+                "the initiator is allowed already",
+            ),
+            ACL_NOEXIST => (super::Kind::NotFound, "the initiator is not allowed"),
+            USER_EXIST => (super::Kind::AlreadyExists, "the account exists"),
+            NO_USER => (super::Kind::NotFound, "no such account"),
+            OUTACCOUNT_EXIST => (
+                super::Kind::FailedPrecondition,
+                "the target has an outgoing account already",
+            ),
+            TARGET_ACTIVE => (super::Kind::FailedPrecondition, "the target has sessions"),
+            _ => (super::Kind::Internal, "refused"),
+        };
+        Error::new(kind, format!("tgtd: {what}: {text} (error {code})"))
     }
 }
-
-#[cfg(test)]
-pub use ipc::request as ipc_request;

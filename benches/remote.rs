@@ -1,0 +1,453 @@
+//! The remote backends' controller calls beside the floor of the tools
+//! they drive, both measured in the same run against servers started the
+//! way the tests start them (tgtd on loopback; the one-monitor, one-OSD
+//! Ceph fixture).
+//!
+//!     cargo bench --bench remote            (as root; tgt, ceph)
+//!
+//! FERROVOL_BENCH_CALLS (default 40) sets the calls per phase,
+//! FERROVOL_BENCH_EXISTING (default 800) the volumes made before the phases
+//! "with N", FERROVOL_BENCH_CLIENTS (default 8) the concurrent callers,
+//! FERROVOL_BENCH_ONLY (`iscsi` or `rbd`) one backend.
+//!
+//! Each row: p50 and p99 of one call, calls per second, and the floor: the
+//! same work done by the tool itself (one `tgtadm` or `rbd` process per
+//! step, run by hand), its p50, and the ratio of the two p50s. A row with 8
+//! callers gives its rate beside the sequential rate of the same call.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use common::fixtures::{CephCluster, Tgtd};
+use common::*;
+use ferrovol::proto as pb;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn env_num(key: &str, default: usize) -> usize {
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// One phase's samples.
+struct Figures {
+    elapsed: Duration,
+    samples: Vec<Duration>,
+}
+
+impl Figures {
+    fn rate(&self) -> f64 {
+        self.samples.len() as f64 / self.elapsed.as_secs_f64()
+    }
+    fn pct(&self, p: f64) -> Duration {
+        let mut s = self.samples.clone();
+        s.sort();
+        s.get(((s.len().max(1) - 1) as f64 * p).round() as usize)
+            .copied()
+            .unwrap_or_default()
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}
+
+/// Runs `op(i)` for i in `0..calls` from `clients` tasks at once.
+async fn calls<F, Fut>(clients: usize, calls: usize, op: F) -> Figures
+where
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let op = Arc::new(op);
+    let next = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..clients)
+        .map(|_| {
+            let (op, next) = (op.clone(), next.clone());
+            tokio::spawn(async move {
+                let mut samples = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    if i >= calls {
+                        return samples;
+                    }
+                    let t = Instant::now();
+                    op(i).await;
+                    samples.push(t.elapsed());
+                }
+            })
+        })
+        .collect();
+    let mut samples = Vec::new();
+    for t in tasks {
+        samples.extend(t.await.unwrap());
+    }
+    Figures {
+        elapsed: start.elapsed(),
+        samples,
+    }
+}
+
+/// The floor: `step(i)` (a tool run by hand) `calls` times in a row.
+fn floor(calls: usize, mut step: impl FnMut(usize)) -> Figures {
+    let start = Instant::now();
+    let samples = (0..calls)
+        .map(|i| {
+            let t = Instant::now();
+            step(i);
+            t.elapsed()
+        })
+        .collect();
+    Figures {
+        elapsed: start.elapsed(),
+        samples,
+    }
+}
+
+fn header(title: &str) {
+    println!("\n{title}");
+    println!(
+        "{:<40} {:>10} {:>10} {:>9}   {:<34} {:>7}",
+        "call", "p50", "p99", "calls/s", "floor", "ratio"
+    );
+}
+
+/// One row: the call's figures and, when given, its floor's p50 and the
+/// ratio of the p50s.
+fn row(name: &str, f: &Figures, floor: Option<(&str, &Figures)>) {
+    assert!(!f.samples.is_empty(), "phase {name:?} made no call");
+    let (floor_text, ratio) = match floor {
+        Some((what, fl)) => (
+            format!("{what} {}", ms(fl.pct(0.5))),
+            format!(
+                "{:.1}x",
+                f.pct(0.5).as_secs_f64() / fl.pct(0.5).as_secs_f64().max(1e-9)
+            ),
+        ),
+        None => (String::new(), String::new()),
+    };
+    println!(
+        "{name:<40} {:>10} {:>10} {:>9.1}   {floor_text:<34} {ratio:>7}",
+        ms(f.pct(0.5)),
+        ms(f.pct(0.99)),
+        f.rate()
+    );
+}
+
+/// A row for `clients` callers: their rate beside the sequential one.
+fn concurrent_row(name: &str, f: &Figures, sequential: &Figures) {
+    println!(
+        "{name:<40} {:>10} {:>10} {:>9.1}   {:<34} {:>7}",
+        ms(f.pct(0.5)),
+        ms(f.pct(0.99)),
+        f.rate(),
+        format!("sequential {:.1} calls/s", sequential.rate()),
+        format!("{:.2}x", f.rate() / sequential.rate())
+    );
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 4)]
+async fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    require_root();
+    // `cargo bench` passes --bench; `cargo test --all-targets` runs this
+    // binary without it, as a short smoke run that keeps the code honest.
+    let full = std::env::args().any(|a| a == "--bench");
+    let n = env_num("FERROVOL_BENCH_CALLS", if full { 40 } else { 4 });
+    let existing = env_num("FERROVOL_BENCH_EXISTING", if full { 800 } else { 20 });
+    let clients = env_num("FERROVOL_BENCH_CLIENTS", 8);
+    let only = std::env::var("FERROVOL_BENCH_ONLY").unwrap_or_default();
+    if only.is_empty() || only == "iscsi" {
+        iscsi(n, existing, clients).await;
+    }
+    if only.is_empty() || only == "rbd" {
+        rbd(n, clients).await;
+    }
+}
+
+const INITIATOR: &str = "iqn.2026-11.io.ferrovol.bench";
+
+fn iscsi_config(t: &Tgtd, dir: &std::path::Path) -> String {
+    let initiator_file = dir.join("initiatorname.iscsi");
+    std::fs::write(&initiator_file, format!("InitiatorName={INITIATOR}:self\n")).unwrap();
+    format!(
+        "[[backend]]\ntype = \"iscsi\"\niqn_prefix = \"iqn.2026-11.io.ferrovol.bench\"\n\
+         portals = [\"{}\"]\ncontrol_port = {}\ninitiator_name_file = \"{}\"\n\
+         [backend.store]\ntype = \"file\"\npool = \"@DIR@/pool\"\n",
+        t.portal(),
+        t.control_port,
+        initiator_file.display()
+    )
+}
+
+/// The iscsi backend over a file store, against tgtd.
+async fn iscsi(n: usize, existing: usize, clients: usize) {
+    let tgtd = Arc::new(Tgtd::new());
+    let scratch = tempfile::tempdir().unwrap();
+    let h = Harness::start_with(Some(&iscsi_config(&tgtd, scratch.path()))).await;
+    let cap = mount_cap("ext4", SNW);
+    let backing = scratch.path().join("floor.img");
+    std::fs::File::create(&backing)
+        .unwrap()
+        .set_len(MIB as u64)
+        .unwrap();
+    let backing = backing.to_str().unwrap().to_string();
+
+    // Volume ids by name.
+    let ids: Arc<std::sync::Mutex<HashMap<String, String>>> = Arc::default();
+    let id_of = {
+        let ids = ids.clone();
+        move |name: String| ids.lock().unwrap()[&name].clone()
+    };
+    // Makes volumes `{prefix}-{i}` from `clients` callers.
+    let create = |prefix: &'static str, clients: usize, count: usize| {
+        let (h_channel, cap, ids) = (h.controller(), cap.clone(), ids.clone());
+        calls(clients, count, move |i| {
+            let (mut c, cap, ids) = (h_channel.clone(), cap.clone(), ids.clone());
+            async move {
+                let name = format!("{prefix}-{i}");
+                let v = c
+                    .create_volume(create_req(&name, MIB, cap))
+                    .await
+                    .expect("CreateVolume")
+                    .into_inner()
+                    .volume
+                    .unwrap();
+                ids.lock().unwrap().insert(name, v.volume_id);
+            }
+        })
+    };
+    let publish = |prefix: &'static str, count: usize| {
+        let (c, id_of) = (h.controller(), id_of.clone());
+        calls(1, count, move |i| {
+            let (mut c, id) = (c.clone(), id_of(format!("{prefix}-{i}")));
+            async move {
+                c.controller_publish_volume(pb::ControllerPublishVolumeRequest {
+                    volume_id: id,
+                    node_id: format!("node-{i}/{INITIATOR}:node-{i}"),
+                    volume_capability: Some(mount_cap("ext4", SNW)),
+                    ..Default::default()
+                })
+                .await
+                .expect("ControllerPublishVolume");
+            }
+        })
+    };
+    let delete = |prefix: &'static str, count: usize| {
+        let (c, id_of) = (h.controller(), id_of.clone());
+        calls(1, count, move |i| {
+            let (mut c, id) = (c.clone(), id_of(format!("{prefix}-{i}")));
+            async move {
+                c.delete_volume(pb::DeleteVolumeRequest {
+                    volume_id: id,
+                    ..Default::default()
+                })
+                .await
+                .expect("DeleteVolume");
+            }
+        })
+    };
+    // The tools' floor: a target and its LUN made by hand, two tgtadm
+    // calls; an initiator allowed, one.
+    let tgt_floor = |base: u32, count: usize| {
+        let t = tgtd.clone();
+        let backing = backing.clone();
+        let made = floor(count, |i| {
+            let tid = (base + i as u32).to_string();
+            t.tgtadm(&[
+                "--op",
+                "new",
+                "--mode",
+                "target",
+                "--tid",
+                &tid,
+                "-T",
+                &format!("iqn.2026-11.io.ferrovol.floor:t{tid}"),
+            ]);
+            t.tgtadm(&[
+                "--op",
+                "new",
+                "--mode",
+                "logicalunit",
+                "--tid",
+                &tid,
+                "--lun",
+                "1",
+                "-b",
+                &backing,
+            ]);
+        });
+        let bound = floor(count, |i| {
+            let tid = (base + i as u32).to_string();
+            t.tgtadm(&[
+                "--op",
+                "bind",
+                "--mode",
+                "target",
+                "--tid",
+                &tid,
+                "-I",
+                &format!("{INITIATOR}:floor-{i}"),
+            ]);
+        });
+        for i in 0..count {
+            let tid = (base + i as u32).to_string();
+            t.tgtadm(&[
+                "--op", "delete", "--force", "--mode", "target", "--tid", &tid,
+            ]);
+        }
+        (made, bound)
+    };
+
+    let mut results = Vec::new();
+    for (round, prefix, floor_base) in [(0, "a", 30000u32), (existing, "b", 31000)] {
+        if round > 0 {
+            // The volumes already there, made by 8 callers.
+            let filled = create("fill", clients, existing).await;
+            println!(
+                "(made {existing} volumes from {clients} callers: {:.1} creates/s)",
+                filled.rate()
+            );
+        }
+        let (tgt_made, tgt_bound) = tgt_floor(floor_base, n);
+        let created = create(prefix, 1, n).await;
+        let published = publish(prefix, n).await;
+        let deleted = delete(prefix, n).await;
+        let together = create(if round == 0 { "c" } else { "d" }, clients, n * 2).await;
+        results.push((
+            round, created, published, deleted, together, tgt_made, tgt_bound,
+        ));
+    }
+    header("iscsi (file store, tgtd on loopback)");
+    for (round, created, published, deleted, together, made, bound) in &results {
+        let with = format!("{round} volumes there");
+        row(
+            &format!("CreateVolume, {with}"),
+            created,
+            Some(("tgtadm target+LUN", made)),
+        );
+        row(
+            &format!("ControllerPublish, {with}"),
+            published,
+            Some(("tgtadm ACL bind", bound)),
+        );
+        row(&format!("DeleteVolume, {with}"), deleted, None);
+        concurrent_row(
+            &format!("CreateVolume x{clients} callers, {with}"),
+            together,
+            created,
+        );
+    }
+}
+
+/// The rbd backend against the Ceph fixture, with secrets in every call
+/// (the normal deployment).
+async fn rbd(n: usize, clients: usize) {
+    let cluster = Arc::new(CephCluster::new());
+    // The controller's own user lists volumes (ListVolumes carries no
+    // secrets); every other call brings its secrets.
+    let config = format!(
+        "[[backend]]\ntype = \"rbd\"\ncluster_id = \"bench\"\nmonitors = [\"v1:{}\"]\n\
+         pools = [\"rbd\"]\nuser = \"ferrovol\"\nkeyring = \"{}\"\n",
+        cluster.mon_addr,
+        cluster.client_keyring.display()
+    );
+    let h = Harness::start_with(Some(&config)).await;
+    let secrets = HashMap::from([
+        ("userID".to_string(), "ferrovol".to_string()),
+        ("userKey".to_string(), cluster.client_key()),
+    ]);
+    let cap = mount_cap("ext4", SNW);
+    let create = |prefix: &'static str, clients: usize, count: usize| {
+        let (c, cap, secrets) = (h.controller(), cap.clone(), secrets.clone());
+        calls(clients, count, move |i| {
+            let (mut c, cap, secrets) = (c.clone(), cap.clone(), secrets.clone());
+            async move {
+                let mut req = create_req(&format!("{prefix}-{i}"), MIB, cap);
+                req.secrets = secrets;
+                c.create_volume(req).await.expect("CreateVolume");
+            }
+        })
+    };
+    let created = create("a", 1, n).await;
+    let mut ids: Vec<String> = h
+        .controller()
+        .list_volumes(pb::ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .entries
+        .into_iter()
+        .filter_map(|e| e.volume.map(|v| v.volume_id))
+        .collect();
+    ids.sort();
+    // A tenth get a snapshot; the others are deleted.
+    let snaps = (n / 10).max(1);
+    let (sources, doomed) = ids.split_at(snaps);
+    let snapshotted = {
+        let (c, secrets, sources) = (h.controller(), secrets.clone(), Arc::new(sources.to_vec()));
+        calls(1, snaps, move |i| {
+            let (mut c, secrets, source) = (c.clone(), secrets.clone(), sources[i].clone());
+            async move {
+                c.create_snapshot(pb::CreateSnapshotRequest {
+                    source_volume_id: source,
+                    name: format!("snap-{i}"),
+                    secrets,
+                    ..Default::default()
+                })
+                .await
+                .expect("CreateSnapshot");
+            }
+        })
+        .await
+    };
+    let deleted = {
+        let (c, secrets, doomed) = (h.controller(), secrets.clone(), Arc::new(doomed.to_vec()));
+        calls(1, doomed.len(), move |i| {
+            let (mut c, secrets, id) = (c.clone(), secrets.clone(), doomed[i].clone());
+            async move {
+                c.delete_volume(pb::DeleteVolumeRequest {
+                    volume_id: id,
+                    secrets,
+                })
+                .await
+                .expect("DeleteVolume");
+            }
+        })
+        .await
+    };
+    let together = create("b", clients, n * 2).await;
+    let cl = cluster.clone();
+    let made = floor(n, |i| {
+        cl.rbd(&["create", &format!("rbd/floor-{i}"), "--size", "1M"]);
+    });
+    let snapped = floor(snaps, |i| {
+        cl.rbd(&["snap", "create", &format!("rbd/floor-{i}@s")]);
+    });
+    for i in 0..snaps {
+        cl.rbd(&["snap", "rm", &format!("rbd/floor-{i}@s")]);
+    }
+    let removed = floor(n, |i| {
+        cl.rbd(&["rm", "--no-progress", &format!("rbd/floor-{i}")]);
+    });
+    header("rbd (one monitor, one memstore OSD)");
+    row("CreateVolume", &created, Some(("rbd create", &made)));
+    row("DeleteVolume", &deleted, Some(("rbd rm", &removed)));
+    row(
+        "CreateSnapshot",
+        &snapshotted,
+        Some(("rbd snap create", &snapped)),
+    );
+    concurrent_row(
+        &format!("CreateVolume x{clients} callers"),
+        &together,
+        &created,
+    );
+}
