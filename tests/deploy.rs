@@ -1082,7 +1082,6 @@ const PROGRAMS: &[(&str, &str)] = &[
     ("findmnt", "util-linux"),
     ("wipefs", "util-linux"),
     ("blkdiscard", "util-linux"),
-    ("losetup", "mount"),
     ("mount", "mount"),
     ("umount", "mount"),
     ("mkfs.", "e2fsprogs"),

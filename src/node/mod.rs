@@ -988,7 +988,7 @@ impl NodeOps {
     }
 
     fn loops(&self) -> LoopDevices {
-        LoopDevices::new(self.runner.clone())
+        LoopDevices::new()
     }
 
     /// What a publish's bind mount is: its own read-only device's, or what

@@ -1,5 +1,7 @@
 //! Loop devices over image files: attach, find, refresh and detach through
-//! `losetup` (exec seam), with attachments read from sysfs.
+//! the kernel's loop driver (`/dev/loop-control` and the devices' ioctls,
+//! behind the [`LoopKernel`] seam; what `losetup` does, without a process
+//! per call), with attachments read from sysfs.
 //!
 //! Which device backs which image is kept in an index, read from sysfs once
 //! (every `loopN`, attached or not: a machine that has made many keeps
@@ -9,22 +11,175 @@
 //! are the driver's own: nothing else attaches them.
 
 use crate::error::{Error, Result};
-use crate::exec::{path_arg, Command, CommandRunner};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-const LOSETUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long one loop ioctl may take (they block on nothing but the
+/// driver's own locks; a stuck one fails the call, UNAVAILABLE).
+const IOCTL_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a detach may take to be final.
 const DETACH_WAIT: Duration = Duration::from_secs(10);
 
 /// Loop device management rooted at a sysfs path (tests use a fixture tree).
 #[derive(Clone)]
 pub struct LoopDevices {
-    runner: Arc<dyn CommandRunner>,
+    kernel: Arc<dyn LoopKernel>,
     sysfs_block: PathBuf,
     index: Arc<Index>,
+}
+
+/// What the kernel's loop driver does for us. Blocking calls: run off the
+/// async workers.
+pub trait LoopKernel: Send + Sync {
+    /// A free loop device set up over `backing`: its path.
+    fn attach(&self, backing: &Path, read_only: bool) -> Result<PathBuf>;
+    /// Lets go of `device` (the kernel finishes when its last user closes
+    /// it).
+    fn detach(&self, device: &Path) -> Result<()>;
+    /// Makes `device` see its backing file's current size.
+    fn set_capacity(&self, device: &Path) -> Result<()>;
+}
+
+/// The real loop driver, through its ioctls.
+pub struct Ioctls;
+
+// The loop driver's ioctls (linux/loop.h), numbered by hand as the header
+// does; nix wraps the call, the numbers and the structure are ours.
+#[allow(unsafe_code)] // nix's ioctl wrappers are unsafe fns: the argument is ours and sized
+mod sys {
+    pub const LO_FLAGS_READ_ONLY: u32 = 1;
+    /// `struct loop_info64`.
+    #[repr(C)]
+    pub struct LoopInfo64 {
+        pub lo_device: u64,
+        pub lo_inode: u64,
+        pub lo_rdevice: u64,
+        pub lo_offset: u64,
+        pub lo_sizelimit: u64,
+        pub lo_number: u32,
+        pub lo_encrypt_type: u32,
+        pub lo_encrypt_key_size: u32,
+        pub lo_flags: u32,
+        pub lo_file_name: [u8; 64],
+        pub lo_crypt_name: [u8; 64],
+        pub lo_encrypt_key: [u8; 32],
+        pub lo_init: [u64; 2],
+    }
+    /// `struct loop_config` (LOOP_CONFIGURE, Linux 5.8).
+    #[repr(C)]
+    pub struct LoopConfig {
+        pub fd: u32,
+        pub block_size: u32,
+        pub info: LoopInfo64,
+        pub reserved: [u64; 8],
+    }
+    nix::ioctl_none_bad!(ctl_get_free, 0x4C82);
+    nix::ioctl_write_ptr_bad!(configure, 0x4C0A, LoopConfig);
+    nix::ioctl_none_bad!(clr_fd, 0x4C01);
+    nix::ioctl_none_bad!(set_capacity, 0x4C07);
+}
+
+impl Ioctls {
+    fn device_fd(device: &Path) -> Result<std::fs::File> {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(device)
+            .map_err(|e| Error::io(format!("open {}", device.display()), e))
+    }
+}
+
+#[allow(unsafe_code)] // the ioctls above, on descriptors this function owns
+impl LoopKernel for Ioctls {
+    fn attach(&self, backing: &Path, read_only: bool) -> Result<PathBuf> {
+        use std::os::fd::AsRawFd;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(!read_only)
+            .open(backing)
+            .map_err(|e| Error::io(format!("open {}", backing.display()), e))?;
+        let control = Self::device_fd(Path::new("/dev/loop-control"))?;
+        // Another process may take the free device first: EBUSY, try the
+        // next free one.
+        for _ in 0..16 {
+            // SAFETY: LOOP_CTL_GET_FREE takes no argument.
+            let n = unsafe { sys::ctl_get_free(control.as_raw_fd()) }
+                .map_err(|e| Error::io("find a free loop device", e.into()))?;
+            let device = PathBuf::from(format!("/dev/loop{n}"));
+            let dev = Self::device_fd(&device)?;
+            let mut name = [0u8; 64];
+            let path = backing.as_os_str().as_encoded_bytes();
+            let len = path.len().min(63);
+            name[..len].copy_from_slice(&path[..len]);
+            let config = sys::LoopConfig {
+                fd: file.as_raw_fd() as u32,
+                block_size: 0,
+                info: sys::LoopInfo64 {
+                    lo_device: 0,
+                    lo_inode: 0,
+                    lo_rdevice: 0,
+                    lo_offset: 0,
+                    lo_sizelimit: 0,
+                    lo_number: 0,
+                    lo_encrypt_type: 0,
+                    lo_encrypt_key_size: 0,
+                    lo_flags: if read_only {
+                        sys::LO_FLAGS_READ_ONLY
+                    } else {
+                        0
+                    },
+                    lo_file_name: name,
+                    lo_crypt_name: [0; 64],
+                    lo_encrypt_key: [0; 32],
+                    lo_init: [0; 2],
+                },
+                reserved: [0; 8],
+            };
+            // SAFETY: `config` is a complete struct loop_config that lives
+            // across the call; the kernel takes its own reference to the
+            // backing file.
+            match unsafe { sys::configure(dev.as_raw_fd(), &config) } {
+                Ok(_) => return Ok(device),
+                Err(nix::errno::Errno::EBUSY) => continue,
+                Err(e) => {
+                    return Err(Error::io(
+                        format!("set up {} over {}", device.display(), backing.display()),
+                        e.into(),
+                    ))
+                }
+            }
+        }
+        Err(Error::unavailable(
+            "every free loop device was taken by another process first; try again",
+        ))
+    }
+
+    fn detach(&self, device: &Path) -> Result<()> {
+        use std::os::fd::AsRawFd;
+        let dev = Self::device_fd(device)?;
+        // SAFETY: LOOP_CLR_FD takes no argument.
+        match unsafe { sys::clr_fd(dev.as_raw_fd()) } {
+            // ENXIO: not set up (detached already).
+            Ok(_) | Err(nix::errno::Errno::ENXIO) => Ok(()),
+            Err(e) => Err(Error::io(format!("detach {}", device.display()), e.into())),
+        }
+    }
+
+    fn set_capacity(&self, device: &Path) -> Result<()> {
+        use std::os::fd::AsRawFd;
+        let dev = Self::device_fd(device)?;
+        // SAFETY: LOOP_SET_CAPACITY takes no argument.
+        unsafe { sys::set_capacity(dev.as_raw_fd()) }
+            .map(|_| ())
+            .map_err(|e| {
+                Error::io(
+                    format!("refresh the size of {}", device.display()),
+                    e.into(),
+                )
+            })
+    }
 }
 
 /// Image → device name (`loop7`), once read from sysfs; and the lock that
@@ -36,16 +191,26 @@ struct Index {
 }
 
 impl LoopDevices {
-    pub fn new(runner: Arc<dyn CommandRunner>) -> Self {
-        Self::with_sysfs(runner, "/sys/block")
+    pub fn new() -> Self {
+        Self::with_sysfs(Arc::new(Ioctls), "/sys/block")
     }
 
-    pub fn with_sysfs(runner: Arc<dyn CommandRunner>, sysfs_block: impl Into<PathBuf>) -> Self {
+    pub fn with_sysfs(kernel: Arc<dyn LoopKernel>, sysfs_block: impl Into<PathBuf>) -> Self {
         Self {
-            runner,
+            kernel,
             sysfs_block: sysfs_block.into(),
             index: Arc::default(),
         }
+    }
+
+    /// Runs one call into the loop driver off the async workers.
+    async fn kernel<T: Send + 'static>(
+        &self,
+        what: &str,
+        call: impl FnOnce(&dyn LoopKernel) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let kernel = self.kernel.clone();
+        crate::host::off_worker(what, IOCTL_TIMEOUT, move || call(kernel.as_ref())).await
     }
 
     /// Every attached loop device's image, read from sysfs.
@@ -115,7 +280,10 @@ impl LoopDevices {
         if let Some(dev) = self.find(image) {
             return Ok(dev);
         }
-        let dev = self.losetup_new(None, image).await?;
+        let backing = image.to_path_buf();
+        let dev = self
+            .kernel("attach a loop device", move |k| k.attach(&backing, false))
+            .await?;
         self.noted(image, Some(&dev));
         Ok(dev)
     }
@@ -124,29 +292,11 @@ impl LoopDevices {
     /// read-only publish of a raw block volume hands out, since a read-only
     /// bind of a device node does not stop writes through it.
     pub async fn attach_read_only(&self, backing: &Path) -> Result<PathBuf> {
-        self.losetup_new(Some("--read-only"), backing).await
-    }
-
-    /// `losetup --find --show [flag] <backing>`: the new device's path.
-    async fn losetup_new(&self, flag: Option<&str>, backing: &Path) -> Result<PathBuf> {
-        let out = self
-            .runner
-            .run(
-                Command::new("losetup")
-                    .args(["--find", "--show"])
-                    .args(flag)
-                    .arg(path_arg(backing)?)
-                    .timeout(LOSETUP_TIMEOUT),
-            )
-            .await?;
-        let dev = PathBuf::from(out.stdout.trim());
-        if !dev.starts_with("/dev") {
-            return Err(Error::internal(format!(
-                "losetup printed an unexpected device {:?}",
-                out.stdout.trim()
-            )));
-        }
-        Ok(dev)
+        let backing = backing.to_path_buf();
+        self.kernel("attach a read-only loop device", move |k| {
+            k.attach(&backing, true)
+        })
+        .await
     }
 
     /// Detaches `device` if it is a read-only loop device over `backing`
@@ -178,13 +328,8 @@ impl LoopDevices {
     }
 
     async fn detach_and_wait(&self, device: &Path, image: &Path) -> Result<()> {
-        self.runner
-            .run(
-                Command::new("losetup")
-                    .arg("--detach")
-                    .arg(path_arg(device)?)
-                    .timeout(LOSETUP_TIMEOUT),
-            )
+        let dev = device.to_path_buf();
+        self.kernel("detach a loop device", move |k| k.detach(&dev))
             .await?;
         let deadline = std::time::Instant::now() + DETACH_WAIT;
         while self.backs(device, image) {
@@ -204,14 +349,11 @@ impl LoopDevices {
 
     /// Makes the device see its image's new size; returns the size in bytes.
     pub async fn refresh(&self, device: &Path) -> Result<u64> {
-        self.runner
-            .run(
-                Command::new("losetup")
-                    .arg("--set-capacity")
-                    .arg(path_arg(device)?)
-                    .timeout(LOSETUP_TIMEOUT),
-            )
-            .await?;
+        let dev = device.to_path_buf();
+        self.kernel("refresh a loop device's size", move |k| {
+            k.set_capacity(&dev)
+        })
+        .await?;
         self.size(device)
     }
 
@@ -238,12 +380,86 @@ fn backing_path(text: &str) -> &Path {
     Path::new(t.strip_suffix(" (deleted)").unwrap_or(t))
 }
 
+impl Default for LoopDevices {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A loop driver over a fixture sysfs tree: attaching writes the device's
+/// `loop/backing_file` as the kernel shows it, detaching removes it (when
+/// the device is not held open: `busy` keeps it a while, as the kernel's
+/// deferred release does). Records each call.
+#[cfg(test)]
+pub struct FakeLoops {
+    sysfs: PathBuf,
+    next: std::sync::Mutex<u32>,
+    pub calls: std::sync::Mutex<Vec<String>>,
+    /// Refuse attaches with this message.
+    pub refuse: std::sync::Mutex<Option<String>>,
+}
+
+#[cfg(test)]
+impl FakeLoops {
+    pub fn new(sysfs: &Path, first: u32) -> Self {
+        FakeLoops {
+            sysfs: sysfs.to_path_buf(),
+            next: std::sync::Mutex::new(first),
+            calls: Default::default(),
+            refuse: Default::default(),
+        }
+    }
+    pub fn calls(&self) -> Vec<String> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+#[cfg(test)]
+impl LoopKernel for FakeLoops {
+    fn attach(&self, backing: &Path, read_only: bool) -> Result<PathBuf> {
+        self.calls.lock().unwrap().push(format!(
+            "attach {}{}",
+            backing.display(),
+            if read_only { " ro" } else { "" }
+        ));
+        if let Some(why) = self.refuse.lock().unwrap().clone() {
+            return Err(Error::io(why, std::io::Error::from_raw_os_error(16)));
+        }
+        let mut next = self.next.lock().unwrap();
+        let name = format!("loop{next}");
+        *next += 1;
+        let d = self.sysfs.join(&name);
+        std::fs::create_dir_all(d.join("loop")).unwrap();
+        std::fs::write(
+            d.join("loop/backing_file"),
+            format!("{}\n", backing.display()),
+        )
+        .unwrap();
+        std::fs::write(d.join("size"), "2048").unwrap();
+        std::fs::write(d.join("ro"), if read_only { "1" } else { "0" }).unwrap();
+        Ok(PathBuf::from("/dev").join(name))
+    }
+    fn detach(&self, device: &Path) -> Result<()> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("detach {}", device.display()));
+        Ok(())
+    }
+    fn set_capacity(&self, device: &Path) -> Result<()> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("set-capacity {}", device.display()));
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exec::{FakeRunner, Reply};
 
-    fn fixture() -> (tempfile::TempDir, PathBuf) {
+    fn fixture() -> (tempfile::TempDir, PathBuf, Arc<FakeLoops>) {
         let dir = tempfile::tempdir().unwrap();
         let block = dir.path().join("block");
         for (name, backing, size) in [
@@ -258,50 +474,34 @@ mod tests {
                 std::fs::write(d.join("loop/backing_file"), backing).unwrap();
             }
         }
-        (dir, block)
+        let kernel = Arc::new(FakeLoops::new(&block, 7));
+        (dir, block, kernel)
     }
 
     #[tokio::test]
-    async fn finds_existing_attachment_without_running_losetup() {
-        let (_d, block) = fixture();
-        let runner = Arc::new(FakeRunner::new());
-        let loops = LoopDevices::with_sysfs(runner.clone(), &block);
+    async fn finds_existing_attachment_without_the_kernel() {
+        let (_d, block, kernel) = fixture();
+        let loops = LoopDevices::with_sysfs(kernel.clone(), &block);
         assert_eq!(
             loops.attach(Path::new("/pool/b.img")).await.unwrap(),
             PathBuf::from("/dev/loop1")
         );
-        assert!(runner.calls().is_empty());
+        assert!(kernel.calls().is_empty());
         assert_eq!(loops.size(Path::new("/dev/loop1")).unwrap(), 4096 * 512);
     }
 
-    #[tokio::test]
-    async fn attaches_new_image_with_losetup() {
-        let (_d, block) = fixture();
-        let runner = Arc::new(FakeRunner::new());
-        runner.expect("losetup", Reply::Ok("/dev/loop7\n".into()));
-        let loops = LoopDevices::with_sysfs(runner.clone(), &block);
-        assert_eq!(
-            loops.attach(Path::new("/pool/c.img")).await.unwrap(),
-            PathBuf::from("/dev/loop7")
-        );
-        assert_eq!(runner.lines(), vec!["losetup --find --show /pool/c.img"]);
-    }
-
     /// The index is read from sysfs once: a second attach finds the
-    /// device the first made without losetup, and later calls read only
-    /// the device they name (an attachment made behind the driver's back
-    /// after the first read is not seen: the images are the driver's).
+    /// device the first made, and later calls read only the device they
+    /// name (an attachment made behind the driver's back after the first
+    /// read is not seen: the images are the driver's).
     #[tokio::test]
     async fn attachments_are_indexed_not_scanned() {
-        let (_d, block) = fixture();
-        let runner = Arc::new(FakeRunner::new());
-        runner.expect("losetup", Reply::Ok("/dev/loop7\n".into()));
-        let loops = LoopDevices::with_sysfs(runner.clone(), &block);
+        let (_d, block, kernel) = fixture();
+        let loops = LoopDevices::with_sysfs(kernel.clone(), &block);
         let dev = loops.attach(Path::new("/pool/c.img")).await.unwrap();
-        std::fs::create_dir_all(block.join("loop7/loop")).unwrap();
-        std::fs::write(block.join("loop7/loop/backing_file"), "/pool/c.img\n").unwrap();
+        assert_eq!(dev, PathBuf::from("/dev/loop7"));
         assert_eq!(loops.attach(Path::new("/pool/c.img")).await.unwrap(), dev);
-        assert_eq!(runner.calls().len(), 1);
+        assert_eq!(kernel.calls(), ["attach /pool/c.img"]);
         std::fs::create_dir_all(block.join("loop9/loop")).unwrap();
         std::fs::write(block.join("loop9/loop/backing_file"), "/pool/d.img\n").unwrap();
         assert_eq!(loops.find(Path::new("/pool/d.img")), None);
@@ -309,34 +509,51 @@ mod tests {
         std::fs::remove_file(block.join("loop7/loop/backing_file")).unwrap();
         assert_eq!(loops.find(Path::new("/pool/c.img")), None);
         // A new instance reads sysfs afresh.
-        let fresh = LoopDevices::with_sysfs(runner.clone(), &block);
+        let fresh = LoopDevices::with_sysfs(kernel.clone(), &block);
         assert_eq!(
             fresh.find(Path::new("/pool/d.img")),
             Some(PathBuf::from("/dev/loop9"))
         );
     }
 
+    /// Attaches of one image at once make one device.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn attaches_at_once_make_one_device() {
+        let (_d, block, kernel) = fixture();
+        let loops = LoopDevices::with_sysfs(kernel.clone(), &block);
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let loops = loops.clone();
+                tokio::spawn(async move { loops.attach(Path::new("/pool/e.img")).await.unwrap() })
+            })
+            .collect();
+        let mut devices = std::collections::BTreeSet::new();
+        for t in tasks {
+            devices.insert(t.await.unwrap());
+        }
+        assert_eq!(devices.len(), 1);
+        assert_eq!(kernel.calls(), ["attach /pool/e.img"]);
+    }
+
     #[tokio::test]
     async fn detach_only_touches_our_device() {
-        let (_d, block) = fixture();
-        let runner = Arc::new(FakeRunner::new());
-        let loops = LoopDevices::with_sysfs(runner.clone(), &block);
+        let (_d, block, kernel) = fixture();
+        let loops = LoopDevices::with_sysfs(kernel.clone(), &block);
         // loop0 backs a.img, not c.img: nothing to detach.
         loops
             .detach(Path::new("/dev/loop0"), Path::new("/pool/c.img"))
             .await
             .unwrap();
-        assert!(runner.calls().is_empty());
+        assert!(kernel.calls().is_empty());
         // The recorded device moved: the one really backing b.img is
         // detached, and detach waits until the kernel lets go of it.
         let backing = block.join("loop1/loop/backing_file");
-        runner.ok("losetup");
         let released = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        // The kernel lets go only after losetup ran (and a while later).
+        // The kernel lets go only after the detach call (and a while later).
         let release = {
-            let (runner, released) = (runner.clone(), released.clone());
+            let (kernel, released) = (kernel.clone(), released.clone());
             tokio::spawn(async move {
-                while runner.calls().is_empty() {
+                while kernel.calls().is_empty() {
                     tokio::task::yield_now().await;
                 }
                 for _ in 0..5 {
@@ -355,23 +572,23 @@ mod tests {
             "returned before the device was released"
         );
         release.await.unwrap();
-        assert_eq!(runner.lines(), vec!["losetup --detach /dev/loop1"]);
+        assert_eq!(kernel.calls(), ["detach /dev/loop1"]);
+        // Released: a new attach makes a new device.
+        let again = loops.attach(Path::new("/pool/b.img")).await.unwrap();
+        assert_eq!(again, PathBuf::from("/dev/loop7"));
     }
 
     #[tokio::test]
-    async fn losetup_failure_is_reported_with_stderr() {
-        let (_d, block) = fixture();
-        let runner = Arc::new(FakeRunner::new());
-        runner.expect(
-            "losetup",
-            Reply::Fail(1, "losetup: cannot find an unused loop device".into()),
-        );
-        let loops = LoopDevices::with_sysfs(runner, &block);
+    async fn a_refused_attach_is_reported() {
+        let (_d, block, kernel) = fixture();
+        *kernel.refuse.lock().unwrap() = Some("no free loop device".into());
+        let loops = LoopDevices::with_sysfs(kernel, &block);
         let err = loops.attach(Path::new("/pool/z.img")).await.unwrap_err();
         assert!(
-            err.message.contains("cannot find an unused loop device"),
+            err.message.contains("no free loop device"),
             "{}",
             err.message
         );
+        assert_eq!(loops.find(Path::new("/pool/z.img")), None);
     }
 }

@@ -196,7 +196,7 @@ impl FileBackend {
                 }
             }
         }
-        let loops = LoopDevices::new(runner.clone());
+        let loops = LoopDevices::new();
         let index = PoolIndex {
             volumes: Mutex::new(locators_in(&volumes)?.into_iter().collect()),
             snapshots: Mutex::new(locators_in(&snapshots)?.into_iter().collect()),

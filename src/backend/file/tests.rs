@@ -37,7 +37,10 @@ fn pool_with(free: u64) -> Pool {
     };
     let backend = FileBackend::new("file", settings, runner.clone(), host.clone())
         .unwrap()
-        .with_loops(LoopDevices::with_sysfs(runner.clone(), &sysfs));
+        .with_loops(LoopDevices::with_sysfs(
+            Arc::new(loopdev::FakeLoops::new(&sysfs, 50)),
+            &sysfs,
+        ));
     Pool {
         dir,
         host,
@@ -228,7 +231,10 @@ async fn pages_read_only_their_entries_and_follow_creates_and_deletes() {
         p.host.clone(),
     )
     .unwrap()
-    .with_loops(LoopDevices::with_sysfs(runner, &sysfs));
+    .with_loops(LoopDevices::with_sysfs(
+        Arc::new(loopdev::FakeLoops::new(&sysfs, 50)),
+        &sysfs,
+    ));
     assert_eq!(
         ids(again.list_volumes(&Page::all()).await.unwrap()).len(),
         7
