@@ -38,6 +38,46 @@ fn env_num(key: &str, default: usize) -> usize {
 struct Figures {
     elapsed: Duration,
     samples: Vec<Duration>,
+    /// CPU time the driver, and its server, took per call, when measured.
+    cpu: Option<(Duration, Duration)>,
+}
+
+/// CPU time (user and system, its waited-for children included) a
+/// process has used.
+fn cpu_of(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    // utime, stime, cutime, cstime: fields 14-17 of stat (11-14 counted
+    // from the state after the name), in clock ticks of 10 ms.
+    let ticks: u64 = fields
+        .get(11..15)
+        .map(|f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum())
+        .unwrap_or(0);
+    Duration::from_millis(ticks * 10)
+}
+
+/// `phase`, with the CPU time the driver and the server (`pids`) spent on
+/// it per call.
+async fn with_cpu(pids: [u32; 2], phase: impl Future<Output = Figures>) -> Figures {
+    let before = pids.map(cpu_of);
+    let mut f = phase.await;
+    let after = pids.map(cpu_of);
+    let calls = f.samples.len().max(1) as u32;
+    f.cpu = Some((
+        (after[0] - before[0]) / calls,
+        (after[1] - before[1]) / calls,
+    ));
+    f
+}
+
+/// "driver+server" CPU per call.
+fn cpu_text(f: &Figures) -> String {
+    f.cpu
+        .map(|(d, s)| format!("{:.1}+{:.1}", d.as_secs_f64() * 1e3, s.as_secs_f64() * 1e3))
+        .unwrap_or_default()
 }
 
 impl Figures {
@@ -90,6 +130,7 @@ where
     Figures {
         elapsed: start.elapsed(),
         samples,
+        cpu: None,
     }
 }
 
@@ -106,14 +147,15 @@ fn floor(calls: usize, mut step: impl FnMut(usize)) -> Figures {
     Figures {
         elapsed: start.elapsed(),
         samples,
+        cpu: None,
     }
 }
 
 fn header(title: &str) {
     println!("\n{title}");
     println!(
-        "{:<40} {:>10} {:>10} {:>9}   {:<34} {:>7}",
-        "call", "p50", "p99", "calls/s", "floor", "ratio"
+        "{:<40} {:>10} {:>10} {:>9} {:>9}   {:<34} {:>7}",
+        "call", "p50", "p99", "calls/s", "CPU ms", "floor", "ratio"
     );
 }
 
@@ -132,20 +174,22 @@ fn row(name: &str, f: &Figures, floor: Option<(&str, &Figures)>) {
         None => (String::new(), String::new()),
     };
     println!(
-        "{name:<40} {:>10} {:>10} {:>9.1}   {floor_text:<34} {ratio:>7}",
+        "{name:<40} {:>10} {:>10} {:>9.1} {:>9}   {floor_text:<34} {ratio:>7}",
         ms(f.pct(0.5)),
         ms(f.pct(0.99)),
-        f.rate()
+        f.rate(),
+        cpu_text(f)
     );
 }
 
 /// A row for `clients` callers: their rate beside the sequential one.
 fn concurrent_row(name: &str, f: &Figures, sequential: &Figures) {
     println!(
-        "{name:<40} {:>10} {:>10} {:>9.1}   {:<34} {:>7}",
+        "{name:<40} {:>10} {:>10} {:>9.1} {:>9}   {:<34} {:>7}",
         ms(f.pct(0.5)),
         ms(f.pct(0.99)),
         f.rate(),
+        cpu_text(f),
         format!("sequential {:.1} calls/s", sequential.rate()),
         format!("{:.2}x", f.rate() / sequential.rate())
     );
@@ -193,12 +237,8 @@ async fn iscsi(n: usize, existing: usize, clients: usize) {
     let scratch = tempfile::tempdir().unwrap();
     let h = Harness::start_with(Some(&iscsi_config(&tgtd, scratch.path()))).await;
     let cap = mount_cap("ext4", SNW);
-    let backing = scratch.path().join("floor.img");
-    std::fs::File::create(&backing)
-        .unwrap()
-        .set_len(MIB as u64)
-        .unwrap();
-    let backing = backing.to_str().unwrap().to_string();
+    let floor_dir = scratch.path().join("floor");
+    std::fs::create_dir_all(&floor_dir).unwrap();
 
     // Volume ids by name.
     let ids: Arc<std::sync::Mutex<HashMap<String, String>>> = Arc::default();
@@ -254,12 +294,17 @@ async fn iscsi(n: usize, existing: usize, clients: usize) {
             }
         })
     };
-    // The tools' floor: a target and its LUN made by hand, two tgtadm
-    // calls; an initiator allowed, one.
+    // The tools' floor: a target and its LUN over a new image file (made
+    // and synced as the store makes one), two tgtadm calls; an initiator
+    // allowed, one; a target deleted, one.
     let tgt_floor = |base: u32, count: usize| {
         let t = tgtd.clone();
-        let backing = backing.clone();
         let made = floor(count, |i| {
+            let image = floor_dir.join(format!("{base}-{i}.img"));
+            let f = std::fs::File::create(&image).unwrap();
+            f.set_len(MIB as u64).unwrap();
+            f.sync_all().unwrap();
+            let backing = image.to_str().unwrap().to_string();
             let tid = (base + i as u32).to_string();
             t.tgtadm(&[
                 "--op",
@@ -297,13 +342,13 @@ async fn iscsi(n: usize, existing: usize, clients: usize) {
                 &format!("{INITIATOR}:floor-{i}"),
             ]);
         });
-        for i in 0..count {
+        let deleted = floor(count, |i| {
             let tid = (base + i as u32).to_string();
             t.tgtadm(&[
                 "--op", "delete", "--force", "--mode", "target", "--tid", &tid,
             ]);
-        }
-        (made, bound)
+        });
+        (made, bound, deleted)
     };
 
     let mut results = Vec::new();
@@ -316,29 +361,37 @@ async fn iscsi(n: usize, existing: usize, clients: usize) {
                 filled.rate()
             );
         }
-        let (tgt_made, tgt_bound) = tgt_floor(floor_base, n);
-        let created = create(prefix, 1, n).await;
-        let published = publish(prefix, n).await;
-        let deleted = delete(prefix, n).await;
-        let together = create(if round == 0 { "c" } else { "d" }, clients, n * 2).await;
+        let (tgt_made, tgt_bound, tgt_deleted) = tgt_floor(floor_base, n);
+        let pids = [h.pid(), tgtd.pid().expect("tgtd runs")];
+        let created = with_cpu(pids, create(prefix, 1, n)).await;
+        let published = with_cpu(pids, publish(prefix, n)).await;
+        let deleted = with_cpu(pids, delete(prefix, n)).await;
+        let again = if round == 0 { "c" } else { "d" };
+        let together = with_cpu(pids, create(again, clients, n * 2)).await;
         results.push((
-            round, created, published, deleted, together, tgt_made, tgt_bound,
+            round,
+            [created, published, deleted, together],
+            [tgt_made, tgt_bound, tgt_deleted],
         ));
     }
     header("iscsi (file store, tgtd on loopback)");
-    for (round, created, published, deleted, together, made, bound) in &results {
+    for (round, [created, published, deleted, together], [made, bound, removed]) in &results {
         let with = format!("{round} volumes there");
         row(
             &format!("CreateVolume, {with}"),
             created,
-            Some(("tgtadm target+LUN", made)),
+            Some(("image+tgtadm target+LUN", made)),
         );
         row(
             &format!("ControllerPublish, {with}"),
             published,
             Some(("tgtadm ACL bind", bound)),
         );
-        row(&format!("DeleteVolume, {with}"), deleted, None);
+        row(
+            &format!("DeleteVolume, {with}"),
+            deleted,
+            Some(("tgtadm target delete", removed)),
+        );
         concurrent_row(
             &format!("CreateVolume x{clients} callers, {with}"),
             together,

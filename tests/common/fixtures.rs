@@ -687,6 +687,11 @@ impl Tgtd {
         format!("127.0.0.1:{}", self.port)
     }
 
+    /// tgtd's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     pub fn tgtadm(&self, args: &[&str]) -> String {
         let c = self.control_port.to_string();
         let mut all = vec!["-C", c.as_str(), "--lld", "iscsi"];
