@@ -18,7 +18,7 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use common::fixtures::{CephCluster, Tgtd};
+use common::fixtures::{run, CephCluster, NfsServer, Tgtd};
 use common::*;
 use ferrovol::proto as pb;
 use std::collections::HashMap;
@@ -213,6 +213,12 @@ async fn main() {
     }
     if only.is_empty() || only == "rbd" {
         rbd(n, clients).await;
+    }
+    // NFS needs the kernel's client and server: the real-kernel guest only
+    // (tests/guest/run -- env FERROVOL_IN_GUEST=1 FERROVOL_BENCH_ONLY=nfs
+    // target/release/deps/remote-* --bench).
+    if only == "nfs" {
+        nfs(n, existing, clients).await;
     }
 }
 
@@ -503,4 +509,122 @@ async fn rbd(n: usize, clients: usize) {
         &together,
         &created,
     );
+}
+
+/// The nfs backend against the kernel's nfsd, in the guest: volumes are
+/// directories with a record each on the export.
+async fn nfs(n: usize, existing: usize, clients: usize) {
+    let server = NfsServer::new();
+    let config = "[[backend]]\ntype = \"nfs\"\n\
+        [[backend.export]]\nname = \"main\"\nserver = \"127.0.0.1\"\nshare = \"/\"\nversion = \"4.2\"\n";
+    let h = Harness::start_with(Some(config)).await;
+    let cap = mount_cap("", 5);
+    let ids: Arc<std::sync::Mutex<HashMap<String, String>>> = Arc::default();
+    let create = |prefix: &'static str, clients: usize, count: usize| {
+        let (c, cap, ids) = (h.controller(), cap.clone(), ids.clone());
+        calls(clients, count, move |i| {
+            let (mut c, cap, ids) = (c.clone(), cap.clone(), ids.clone());
+            async move {
+                let name = format!("{prefix}-{i}");
+                let v = c
+                    .create_volume(create_req(&name, MIB, cap))
+                    .await
+                    .expect("CreateVolume")
+                    .into_inner()
+                    .volume
+                    .unwrap();
+                ids.lock().unwrap().insert(name, v.volume_id);
+            }
+        })
+    };
+    let delete = |prefix: &'static str, count: usize| {
+        let (c, ids) = (h.controller(), ids.clone());
+        calls(1, count, move |i| {
+            let mut c = c.clone();
+            let id = ids.lock().unwrap()[&format!("{prefix}-{i}")].clone();
+            async move {
+                c.delete_volume(pb::DeleteVolumeRequest {
+                    volume_id: id,
+                    ..Default::default()
+                })
+                .await
+                .expect("DeleteVolume");
+            }
+        })
+    };
+    // The floor: over a mount of the export of its own, a directory and a
+    // small record file written and synced (what a volume is on the
+    // share), then both removed.
+    let mnt = tempfile::tempdir().unwrap();
+    run(
+        "mount",
+        &[
+            "-t",
+            "nfs",
+            "-o",
+            "vers=4.2",
+            server.source(),
+            mnt.path().to_str().unwrap(),
+        ],
+    );
+    let by_hand = mnt.path().join("floor");
+    std::fs::create_dir_all(&by_hand).unwrap();
+    let nfs_floor = |round: usize, count: usize| {
+        let made = floor(count, |i| {
+            let dir = by_hand.join(format!("{round}-{i}"));
+            std::fs::create_dir(&dir).unwrap();
+            let record = by_hand.join(format!("{round}-{i}.json"));
+            let f = std::fs::File::create(&record).unwrap();
+            std::io::Write::write_all(&mut &f, b"{}").unwrap();
+            f.sync_all().unwrap();
+        });
+        let removed = floor(count, |i| {
+            std::fs::remove_dir(by_hand.join(format!("{round}-{i}"))).unwrap();
+            std::fs::remove_file(by_hand.join(format!("{round}-{i}.json"))).unwrap();
+        });
+        (made, removed)
+    };
+    let mut results = Vec::new();
+    // Volumes on the export: each round leaves its 2n from 8 callers.
+    let mut there = 0;
+    for (round, fill, prefix, again) in [(10, "fill", "a", "c"), (existing, "more", "b", "d")] {
+        if round > there {
+            let filled = create(fill, clients, round - there).await;
+            println!(
+                "(made {} volumes from {clients} callers: {:.1} creates/s)",
+                round - there,
+                filled.rate()
+            );
+            there = round;
+        }
+        there += 2 * n;
+        let (made, removed) = nfs_floor(round, n);
+        let pids = [h.pid(), h.pid()];
+        let created = with_cpu(pids, create(prefix, 1, n)).await;
+        let deleted = with_cpu(pids, delete(prefix, n)).await;
+        let together = with_cpu(pids, create(again, clients, n * 2)).await;
+        results.push((round, [created, deleted, together], [made, removed]));
+    }
+    let _ = std::process::Command::new("umount")
+        .arg(mnt.path())
+        .status();
+    header("nfs (the kernel's nfsd, NFSv4.2, in the guest; CPU: the driver, twice)");
+    for (round, [created, deleted, together], [made, removed]) in &results {
+        let with = format!("{round} volumes there");
+        row(
+            &format!("CreateVolume, {with}"),
+            created,
+            Some(("mkdir + record by hand", made)),
+        );
+        row(
+            &format!("DeleteVolume, {with}"),
+            deleted,
+            Some(("rmdir + unlink by hand", removed)),
+        );
+        concurrent_row(
+            &format!("CreateVolume x{clients} callers, {with}"),
+            together,
+            created,
+        );
+    }
 }
