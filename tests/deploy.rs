@@ -1108,7 +1108,6 @@ const PROGRAMS: &[(&str, &str)] = &[
     ("rbd", "ceph-common"),
     ("ceph", "ceph-common"),
     ("cp", BASE),
-    ("rm", BASE),
     ("dd", BASE),
     ("tar", BASE),
 ];

@@ -5,6 +5,8 @@
 
 #[cfg(test)]
 mod fake;
+mod tree;
+pub use tree::remove_tree;
 
 #[cfg(test)]
 pub use fake::FakeHost;

@@ -793,15 +793,11 @@ impl Backend for NfsBackend {
         if let Some(source) = &req.source {
             if let Err(e) = self.fill_from(source, &made).await {
                 // Leave nothing half-filled behind: the CO retries.
-                let _ = self
-                    .runner
-                    .run(
-                        Command::new("rm")
-                            .args(["-rf", "--one-file-system", "--"])
-                            .arg(path_arg(&made)?)
-                            .timeout(REMOVE_TIMEOUT),
-                    )
-                    .await;
+                let _ = crate::host::off_worker("removing a half-filled volume", REMOVE_TIMEOUT, {
+                    let made = made.clone();
+                    move || crate::host::remove_tree(&made)
+                })
+                .await;
                 let record_path = Self::record_path(&held.dir, &loc.subdir);
                 let _ = std::fs::remove_file(record_path);
                 return Err(e);
@@ -833,16 +829,15 @@ impl Backend for NfsBackend {
                     if let Some(project) = record.project_id {
                         self.set_limit(&loc, project, 0).await?;
                     }
-                    // rm removes links themselves, never what they point at,
-                    // and stays on the share's filesystem.
-                    self.runner
-                        .run(
-                            Command::new("rm")
-                                .args(["-rf", "--one-file-system", "--"])
-                                .arg(path_arg(&dir)?)
-                                .timeout(REMOVE_TIMEOUT),
-                        )
-                        .await?;
+                    // In the process, no `rm`: links are removed themselves,
+                    // never followed, and nothing mounted inside is
+                    // crossed into.
+                    crate::host::off_worker(
+                        "removing the volume directory",
+                        REMOVE_TIMEOUT,
+                        move || crate::host::remove_tree(&dir),
+                    )
+                    .await?;
                 }
                 OnDelete::Archive => {
                     let stamp = SystemTime::now()
