@@ -21,11 +21,13 @@ mod common;
 use common::fixtures::{run, CephCluster, NfsServer, Tgtd};
 use common::*;
 use ferrovol::proto as pb;
+use ferrovol::proto::controller_client::ControllerClient;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tonic::transport::Channel;
 
 fn env_num(key: &str, default: usize) -> usize {
     std::env::var(key)
@@ -151,6 +153,37 @@ fn floor(calls: usize, mut step: impl FnMut(usize)) -> Figures {
     }
 }
 
+/// Volume ids by name, as CreateVolume answered them.
+type Ids = Arc<std::sync::Mutex<HashMap<String, String>>>;
+
+/// Makes 1 MiB volumes `{prefix}-{i}` for i in `0..count` from `clients`
+/// callers, each request carrying `secrets`; notes each id in `ids`.
+async fn make_volumes(
+    c: ControllerClient<Channel>,
+    cap: pb::VolumeCapability,
+    secrets: HashMap<String, String>,
+    ids: Ids,
+    (prefix, clients, count): (&'static str, usize, usize),
+) -> Figures {
+    calls(clients, count, move |i| {
+        let (mut c, cap, secrets, ids) = (c.clone(), cap.clone(), secrets.clone(), ids.clone());
+        async move {
+            let name = format!("{prefix}-{i}");
+            let mut req = create_req(&name, MIB, cap);
+            req.secrets = secrets;
+            let v = c
+                .create_volume(req)
+                .await
+                .expect("CreateVolume")
+                .into_inner()
+                .volume
+                .unwrap();
+            ids.lock().unwrap().insert(name, v.volume_id);
+        }
+    })
+    .await
+}
+
 fn header(title: &str) {
     println!("\n{title}");
     println!(
@@ -246,29 +279,21 @@ async fn iscsi(n: usize, existing: usize, clients: usize) {
     let floor_dir = scratch.path().join("floor");
     std::fs::create_dir_all(&floor_dir).unwrap();
 
-    // Volume ids by name.
-    let ids: Arc<std::sync::Mutex<HashMap<String, String>>> = Arc::default();
+    let ids: Ids = Arc::default();
     let id_of = {
         let ids = ids.clone();
         move |name: String| ids.lock().unwrap()[&name].clone()
     };
     // Makes volumes `{prefix}-{i}` from `clients` callers.
     let create = |prefix: &'static str, clients: usize, count: usize| {
-        let (h_channel, cap, ids) = (h.controller(), cap.clone(), ids.clone());
-        calls(clients, count, move |i| {
-            let (mut c, cap, ids) = (h_channel.clone(), cap.clone(), ids.clone());
-            async move {
-                let name = format!("{prefix}-{i}");
-                let v = c
-                    .create_volume(create_req(&name, MIB, cap))
-                    .await
-                    .expect("CreateVolume")
-                    .into_inner()
-                    .volume
-                    .unwrap();
-                ids.lock().unwrap().insert(name, v.volume_id);
-            }
-        })
+        let run = (prefix, clients, count);
+        make_volumes(
+            h.controller(),
+            cap.clone(),
+            HashMap::new(),
+            ids.clone(),
+            run,
+        )
     };
     let publish = |prefix: &'static str, count: usize| {
         let (c, id_of) = (h.controller(), id_of.clone());
@@ -424,16 +449,16 @@ async fn rbd(n: usize, clients: usize) {
         ("userKey".to_string(), cluster.client_key()),
     ]);
     let cap = mount_cap("ext4", SNW);
+    let ids: Ids = Arc::default();
     let create = |prefix: &'static str, clients: usize, count: usize| {
-        let (c, cap, secrets) = (h.controller(), cap.clone(), secrets.clone());
-        calls(clients, count, move |i| {
-            let (mut c, cap, secrets) = (c.clone(), cap.clone(), secrets.clone());
-            async move {
-                let mut req = create_req(&format!("{prefix}-{i}"), MIB, cap);
-                req.secrets = secrets;
-                c.create_volume(req).await.expect("CreateVolume");
-            }
-        })
+        let run = (prefix, clients, count);
+        make_volumes(
+            h.controller(),
+            cap.clone(),
+            secrets.clone(),
+            ids.clone(),
+            run,
+        )
     };
     let created = create("a", 1, n).await;
     let mut ids: Vec<String> = h
@@ -519,23 +544,16 @@ async fn nfs(n: usize, existing: usize, clients: usize) {
         [[backend.export]]\nname = \"main\"\nserver = \"127.0.0.1\"\nshare = \"/\"\nversion = \"4.2\"\n";
     let h = Harness::start_with(Some(config)).await;
     let cap = mount_cap("", 5);
-    let ids: Arc<std::sync::Mutex<HashMap<String, String>>> = Arc::default();
+    let ids: Ids = Arc::default();
     let create = |prefix: &'static str, clients: usize, count: usize| {
-        let (c, cap, ids) = (h.controller(), cap.clone(), ids.clone());
-        calls(clients, count, move |i| {
-            let (mut c, cap, ids) = (c.clone(), cap.clone(), ids.clone());
-            async move {
-                let name = format!("{prefix}-{i}");
-                let v = c
-                    .create_volume(create_req(&name, MIB, cap))
-                    .await
-                    .expect("CreateVolume")
-                    .into_inner()
-                    .volume
-                    .unwrap();
-                ids.lock().unwrap().insert(name, v.volume_id);
-            }
-        })
+        let run = (prefix, clients, count);
+        make_volumes(
+            h.controller(),
+            cap.clone(),
+            HashMap::new(),
+            ids.clone(),
+            run,
+        )
     };
     let delete = |prefix: &'static str, count: usize| {
         let (c, ids) = (h.controller(), ids.clone());
