@@ -1390,14 +1390,12 @@ async fn a_copy_token_goes_to_nodes_until_the_uuid_changes_and_each_node_renews_
     let _tgtd = FakeTgtd::start(s.dir.path());
     let b = s.backend();
     b.create_volume(&create("pvc-src")).await.unwrap();
-    let src_iqn = b.iqn(&VolumeId::parse("iscsi:pvc-src").unwrap());
     // A clone: the store marks it; CreateVolume takes it over with the
     // UUID it carries.
     let mut req = create("pvc-copy");
     req.source = Some(ContentSource::Volume(
         VolumeId::parse("iscsi:pvc-src").unwrap(),
     ));
-    let _ = src_iqn;
     s.runner.expect("blkid", Reply::Ok("1111-2222\n".into()));
     b.create_volume(&req).await.unwrap();
     assert!(
@@ -1409,7 +1407,6 @@ async fn a_copy_token_goes_to_nodes_until_the_uuid_changes_and_each_node_renews_
         .calls()
         .contains(&"copy done iscsi-store:pvc-copy".to_string()));
     let id = VolumeId::parse("iscsi:pvc-copy").unwrap();
-    let iqn = b.iqn(&id);
     assert_eq!(
         b.load(&id).unwrap().unwrap().copy.unwrap().uuid,
         "1111-2222"
@@ -1417,7 +1414,6 @@ async fn a_copy_token_goes_to_nodes_until_the_uuid_changes_and_each_node_renews_
 
     // Published: the device still shows the source's UUID, so the token goes
     // to the node.
-    let _ = iqn;
     s.runner.expect("blkid", Reply::Ok("1111-2222\n".into()));
     let ctx = b.controller_attach(&id, &attach_req(&[])).await.unwrap();
     let token = ctx.get(CTX_FS_COPY).expect("a copy token").clone();
