@@ -40,8 +40,9 @@ fn env_num(key: &str, default: usize) -> usize {
 struct Figures {
     elapsed: Duration,
     samples: Vec<Duration>,
-    /// CPU time the driver, and its server, took per call, when measured.
-    cpu: Option<(Duration, Duration)>,
+    /// CPU time the driver, and its server when it has one apart, took
+    /// per call, when measured.
+    cpu: Option<(Duration, Option<Duration>)>,
 }
 
 /// CPU time (user and system, its waited-for children included) a
@@ -61,25 +62,31 @@ fn cpu_of(pid: u32) -> Duration {
     Duration::from_millis(ticks * 10)
 }
 
-/// `phase`, with the CPU time the driver and the server (`pids`) spent on
-/// it per call.
-async fn with_cpu(pids: [u32; 2], phase: impl Future<Output = Figures>) -> Figures {
-    let before = pids.map(cpu_of);
+/// `phase`, with the CPU time the driver (and `server`, a process of its
+/// own) spent on it per call.
+async fn with_cpu(
+    driver: u32,
+    server: Option<u32>,
+    phase: impl Future<Output = Figures>,
+) -> Figures {
+    let before = (cpu_of(driver), server.map(cpu_of));
     let mut f = phase.await;
-    let after = pids.map(cpu_of);
     let calls = f.samples.len().max(1) as u32;
     f.cpu = Some((
-        (after[0] - before[0]) / calls,
-        (after[1] - before[1]) / calls,
+        (cpu_of(driver) - before.0) / calls,
+        server.zip(before.1).map(|(p, b)| (cpu_of(p) - b) / calls),
     ));
     f
 }
 
-/// "driver+server" CPU per call.
+/// CPU per call: the driver's, `+` the server's.
 fn cpu_text(f: &Figures) -> String {
-    f.cpu
-        .map(|(d, s)| format!("{:.1}+{:.1}", d.as_secs_f64() * 1e3, s.as_secs_f64() * 1e3))
-        .unwrap_or_default()
+    let ms = |d: Duration| format!("{:.1}", d.as_secs_f64() * 1e3);
+    match f.cpu {
+        Some((d, Some(s))) => format!("{}+{}", ms(d), ms(s)),
+        Some((d, None)) => ms(d),
+        None => String::new(),
+    }
 }
 
 impl Figures {
@@ -179,6 +186,30 @@ async fn make_volumes(
                 .volume
                 .unwrap();
             ids.lock().unwrap().insert(name, v.volume_id);
+        }
+    })
+    .await
+}
+
+/// Deletes volumes `{prefix}-{i}` for i in `0..count`, one caller, by the
+/// ids `ids` noted.
+async fn delete_volumes(
+    c: ControllerClient<Channel>,
+    secrets: HashMap<String, String>,
+    ids: Ids,
+    prefix: &'static str,
+    count: usize,
+) -> Figures {
+    calls(1, count, move |i| {
+        let (mut c, secrets) = (c.clone(), secrets.clone());
+        let id = ids.lock().unwrap()[&format!("{prefix}-{i}")].clone();
+        async move {
+            c.delete_volume(pb::DeleteVolumeRequest {
+                volume_id: id,
+                secrets,
+            })
+            .await
+            .expect("DeleteVolume");
         }
     })
     .await
@@ -312,18 +343,7 @@ async fn iscsi(n: usize, existing: usize, clients: usize) {
         })
     };
     let delete = |prefix: &'static str, count: usize| {
-        let (c, id_of) = (h.controller(), id_of.clone());
-        calls(1, count, move |i| {
-            let (mut c, id) = (c.clone(), id_of(format!("{prefix}-{i}")));
-            async move {
-                c.delete_volume(pb::DeleteVolumeRequest {
-                    volume_id: id,
-                    ..Default::default()
-                })
-                .await
-                .expect("DeleteVolume");
-            }
-        })
+        delete_volumes(h.controller(), HashMap::new(), ids.clone(), prefix, count)
     };
     // The tools' floor: a target and its LUN over a new image file (made
     // and synced as the store makes one), two tgtadm calls; an initiator
@@ -393,12 +413,12 @@ async fn iscsi(n: usize, existing: usize, clients: usize) {
             );
         }
         let (tgt_made, tgt_bound, tgt_deleted) = tgt_floor(floor_base, n);
-        let pids = [h.pid(), tgtd.pid().expect("tgtd runs")];
-        let created = with_cpu(pids, create(prefix, 1, n)).await;
-        let published = with_cpu(pids, publish(prefix, n)).await;
-        let deleted = with_cpu(pids, delete(prefix, n)).await;
+        let (driver, server) = (h.pid(), tgtd.pid());
+        let created = with_cpu(driver, server, create(prefix, 1, n)).await;
+        let published = with_cpu(driver, server, publish(prefix, n)).await;
+        let deleted = with_cpu(driver, server, delete(prefix, n)).await;
         let again = if round == 0 { "c" } else { "d" };
-        let together = with_cpu(pids, create(again, clients, n * 2)).await;
+        let together = with_cpu(driver, server, create(again, clients, n * 2)).await;
         results.push((
             round,
             [created, published, deleted, together],
@@ -556,19 +576,7 @@ async fn nfs(n: usize, existing: usize, clients: usize) {
         )
     };
     let delete = |prefix: &'static str, count: usize| {
-        let (c, ids) = (h.controller(), ids.clone());
-        calls(1, count, move |i| {
-            let mut c = c.clone();
-            let id = ids.lock().unwrap()[&format!("{prefix}-{i}")].clone();
-            async move {
-                c.delete_volume(pb::DeleteVolumeRequest {
-                    volume_id: id,
-                    ..Default::default()
-                })
-                .await
-                .expect("DeleteVolume");
-            }
-        })
+        delete_volumes(h.controller(), HashMap::new(), ids.clone(), prefix, count)
     };
     // The floor: over a mount of the export of its own, a directory and a
     // small record file written and synced (what a volume is on the
@@ -617,16 +625,17 @@ async fn nfs(n: usize, existing: usize, clients: usize) {
         }
         there += 2 * n;
         let (made, removed) = nfs_floor(round, n);
-        let pids = [h.pid(), h.pid()];
-        let created = with_cpu(pids, create(prefix, 1, n)).await;
-        let deleted = with_cpu(pids, delete(prefix, n)).await;
-        let together = with_cpu(pids, create(again, clients, n * 2)).await;
+        // nfsd's work is the kernel's: not a process to measure.
+        let (driver, server) = (h.pid(), None);
+        let created = with_cpu(driver, server, create(prefix, 1, n)).await;
+        let deleted = with_cpu(driver, server, delete(prefix, n)).await;
+        let together = with_cpu(driver, server, create(again, clients, n * 2)).await;
         results.push((round, [created, deleted, together], [made, removed]));
     }
     let _ = std::process::Command::new("umount")
         .arg(mnt.path())
         .status();
-    header("nfs (the kernel's nfsd, NFSv4.2, in the guest; CPU: the driver, twice)");
+    header("nfs (the kernel's nfsd, NFSv4.2, in the guest; CPU: the driver's)");
     for (round, [created, deleted, together], [made, removed]) in &results {
         let with = format!("{round} volumes there");
         row(
