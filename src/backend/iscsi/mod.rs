@@ -480,6 +480,23 @@ impl IscsiBackend {
         Ok(tids.by_iqn.get(iqn).copied())
     }
 
+    /// Target `iqn`'s id and the initiators logged in to it, if the server
+    /// has it (a target the cache names that turned out gone: the server
+    /// is read again and looked at once more).
+    async fn target_sessions(&self, iqn: &str) -> Result<Option<(u32, Vec<String>)>> {
+        let Some(tid) = self.tid_of(iqn, false).await? else {
+            return Ok(None);
+        };
+        match self.target.sessions(tid).await {
+            Ok(s) => Ok(Some((tid, s))),
+            Err(e) if e.kind == Kind::NotFound => match self.tid_of(iqn, true).await? {
+                Some(tid) => Ok(Some((tid, self.target.sessions(tid).await?))),
+                None => Ok(None),
+            },
+            Err(e) => Err(e),
+        }
+    }
+
     /// Forgets what the cache knows: the next lookup reads the server.
     async fn forget_tids(&self) {
         self.tids.lock().await.instance = None;
@@ -797,26 +814,15 @@ impl Backend for IscsiBackend {
             .as_ref()
             .map(|r| r.iqn.clone())
             .unwrap_or_else(|| self.iqn(id));
-        if let Some(tid) = self.tid_of(&iqn, false).await? {
-            let sessions = match self.target.sessions(tid).await {
-                Ok(s) => s,
-                // Gone behind the cache's back: look again.
-                Err(e) if e.kind == Kind::NotFound => match self.tid_of(&iqn, true).await? {
-                    Some(tid) => self.target.sessions(tid).await?,
-                    None => Vec::new(),
-                },
-                Err(e) => return Err(e),
-            };
+        if let Some((tid, sessions)) = self.target_sessions(&iqn).await? {
             if !sessions.is_empty() {
                 return Err(Error::precondition(format!(
                     "volume {id} is in use: logged in from {}",
                     sessions.join(", ")
                 )));
             }
-            if let Some(tid) = self.tid_of(&iqn, false).await? {
-                self.target.delete(tid).await?;
-                self.tids.lock().await.by_iqn.remove(&iqn);
-            }
+            self.target.delete(tid).await?;
+            self.tids.lock().await.by_iqn.remove(&iqn);
         }
         store
             .node_detach(&store_id, record.as_ref().map(|r| &r.attachment))
@@ -869,17 +875,11 @@ impl Backend for IscsiBackend {
         // (Target::refresh): only while no node can use it. Publish and
         // expand of one volume never overlap (the volume's guard), and the
         // ACL keeps out initiators that were not published.
-        let sessions = match self.tid_of(&record.iqn, false).await? {
-            Some(tid) => match self.target.sessions(tid).await {
-                Ok(s) => s,
-                Err(e) if e.kind == Kind::NotFound => {
-                    self.forget_tids().await;
-                    Vec::new()
-                }
-                Err(e) => return Err(e),
-            },
-            None => Vec::new(),
-        };
+        let sessions = self
+            .target_sessions(&record.iqn)
+            .await?
+            .map(|(_, s)| s)
+            .unwrap_or_default();
         let mut users: BTreeSet<&str> = record.initiators.iter().map(String::as_str).collect();
         users.extend(sessions.iter().map(String::as_str));
         if !users.is_empty() {
