@@ -276,7 +276,7 @@ async fn main() {
         iscsi(n, existing, clients).await;
     }
     if only.is_empty() || only == "rbd" {
-        rbd(n, clients).await;
+        rbd(n, existing, clients).await;
     }
     // NFS needs the kernel's client and server: the real-kernel guest only
     // (tests/guest/run -- env FERROVOL_IN_GUEST=1 FERROVOL_BENCH_ONLY=nfs
@@ -452,82 +452,16 @@ async fn iscsi(n: usize, existing: usize, clients: usize) {
 }
 
 /// The rbd backend against the Ceph fixture, with secrets in every call
-/// (the normal deployment).
-async fn rbd(n: usize, clients: usize) {
+/// (the normal deployment), on both of its roads to the cluster: librbd
+/// on kept connections, and the rbd command line.
+async fn rbd(n: usize, existing: usize, clients: usize) {
     let cluster = Arc::new(CephCluster::new());
-    // The controller's own user lists volumes (ListVolumes carries no
-    // secrets); every other call brings its secrets.
-    let config = format!(
-        "[[backend]]\ntype = \"rbd\"\ncluster_id = \"bench\"\nmonitors = [\"v1:{}\"]\n\
-         pools = [\"rbd\"]\nuser = \"ferrovol\"\nkeyring = \"{}\"\n",
-        cluster.mon_addr,
-        cluster.client_keyring.display()
-    );
-    let h = Harness::start_with(Some(&config)).await;
     let secrets = HashMap::from([
         ("userID".to_string(), "ferrovol".to_string()),
         ("userKey".to_string(), cluster.client_key()),
     ]);
-    let cap = mount_cap("ext4", SNW);
-    let ids: Ids = Arc::default();
-    let create = |prefix: &'static str, clients: usize, count: usize| {
-        let run = (prefix, clients, count);
-        make_volumes(
-            h.controller(),
-            cap.clone(),
-            secrets.clone(),
-            ids.clone(),
-            run,
-        )
-    };
-    let created = create("a", 1, n).await;
-    let mut ids: Vec<String> = h
-        .controller()
-        .list_volumes(pb::ListVolumesRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .entries
-        .into_iter()
-        .filter_map(|e| e.volume.map(|v| v.volume_id))
-        .collect();
-    ids.sort();
-    // A tenth get a snapshot; the others are deleted.
-    let snaps = (n / 10).max(1);
-    let (sources, doomed) = ids.split_at(snaps);
-    let snapshotted = {
-        let (c, secrets, sources) = (h.controller(), secrets.clone(), Arc::new(sources.to_vec()));
-        calls(1, snaps, move |i| {
-            let (mut c, secrets, source) = (c.clone(), secrets.clone(), sources[i].clone());
-            async move {
-                c.create_snapshot(pb::CreateSnapshotRequest {
-                    source_volume_id: source,
-                    name: format!("snap-{i}"),
-                    secrets,
-                    ..Default::default()
-                })
-                .await
-                .expect("CreateSnapshot");
-            }
-        })
-        .await
-    };
-    let deleted = {
-        let (c, secrets, doomed) = (h.controller(), secrets.clone(), Arc::new(doomed.to_vec()));
-        calls(1, doomed.len(), move |i| {
-            let (mut c, secrets, id) = (c.clone(), secrets.clone(), doomed[i].clone());
-            async move {
-                c.delete_volume(pb::DeleteVolumeRequest {
-                    volume_id: id,
-                    secrets,
-                })
-                .await
-                .expect("DeleteVolume");
-            }
-        })
-        .await
-    };
-    let together = create("b", clients, n * 2).await;
+    let snaps = (n / 4).max(1);
+    // The floors: one rbd process per step, as a user would run it.
     let cl = cluster.clone();
     let made = floor(n, |i| {
         cl.rbd(&["create", &format!("rbd/floor-{i}"), "--size", "1M"]);
@@ -541,19 +475,142 @@ async fn rbd(n: usize, clients: usize) {
     let removed = floor(n, |i| {
         cl.rbd(&["rm", "--no-progress", &format!("rbd/floor-{i}")]);
     });
-    header("rbd (one monitor, one memstore OSD)");
-    row("CreateVolume", &created, Some(("rbd create", &made)));
-    row("DeleteVolume", &deleted, Some(("rbd rm", &removed)));
-    row(
-        "CreateSnapshot",
-        &snapshotted,
-        Some(("rbd snap create", &snapped)),
-    );
-    concurrent_row(
-        &format!("CreateVolume x{clients} callers"),
-        &together,
-        &created,
-    );
+    let floors = [
+        ("rbd create", &made),
+        ("rbd rm", &removed),
+        ("rbd snap create", &snapped),
+    ];
+    for road in ["librbd", "cli"] {
+        // The controller's own user lists volumes (ListVolumes carries no
+        // secrets); every other call brings its secrets.
+        let config = format!(
+            "[[backend]]\ntype = \"rbd\"\ncluster_id = \"bench\"\nmonitors = [\"v1:{}\"]\n\
+             pools = [\"rbd\"]\nuser = \"ferrovol\"\nkeyring = \"{}\"\nclient = \"{road}\"\n",
+            cluster.mon_addr,
+            cluster.client_keyring.display()
+        );
+        let h = Harness::start_with(Some(&config)).await;
+        let driver = h.pid();
+        let phases = RbdPhases {
+            h: &h,
+            secrets: &secrets,
+            n,
+            snaps,
+            clients,
+        };
+        header(&format!(
+            "rbd on its {road} road (one monitor, one memstore OSD), 0 volumes"
+        ));
+        phases.run(driver, ["a", "b", "c"], &floors).await;
+        if road == "librbd" && existing > 0 {
+            let ids: Ids = Arc::default();
+            let run = ("old", clients, existing);
+            make_volumes(
+                h.controller(),
+                mount_cap("ext4", SNW),
+                secrets.clone(),
+                ids,
+                run,
+            )
+            .await;
+            header(&format!(
+                "rbd on its {road} road, {existing} volumes in the pool"
+            ));
+            phases.run(driver, ["d", "e", "f"], &floors).await;
+        }
+    }
+}
+
+struct RbdPhases<'a> {
+    h: &'a Harness,
+    secrets: &'a HashMap<String, String>,
+    n: usize,
+    snaps: usize,
+    clients: usize,
+}
+
+impl RbdPhases<'_> {
+    /// Creates `n` volumes, snapshots some, deletes the others, then
+    /// creates `2n` from `clients` callers; prints each beside its floor.
+    async fn run(
+        &self,
+        driver: u32,
+        [first, snap_prefix, again]: [&'static str; 3],
+        floors: &[(&str, &Figures); 3],
+    ) {
+        let (n, snaps) = (self.n, self.snaps);
+        let ids: Ids = Arc::default();
+        let create = |prefix: &'static str, clients: usize, count: usize| {
+            make_volumes(
+                self.h.controller(),
+                mount_cap("ext4", SNW),
+                self.secrets.clone(),
+                ids.clone(),
+                (prefix, clients, count),
+            )
+        };
+        let created = with_cpu(driver, None, create(first, 1, n)).await;
+        let sources: Arc<Vec<String>> = Arc::new(
+            (0..snaps)
+                .map(|i| ids.lock().unwrap()[&format!("{first}-{i}")].clone())
+                .collect(),
+        );
+        let snapshotted = {
+            let (c, secrets) = (self.h.controller(), self.secrets.clone());
+            with_cpu(
+                driver,
+                None,
+                calls(1, snaps, move |i| {
+                    let (mut c, secrets, source) = (c.clone(), secrets.clone(), sources[i].clone());
+                    async move {
+                        c.create_snapshot(pb::CreateSnapshotRequest {
+                            source_volume_id: source,
+                            name: format!("{snap_prefix}-snap-{i}"),
+                            secrets,
+                            ..Default::default()
+                        })
+                        .await
+                        .expect("CreateSnapshot");
+                    }
+                }),
+            )
+            .await
+        };
+        let doomed: Arc<Vec<String>> = Arc::new(
+            (snaps..n)
+                .map(|i| ids.lock().unwrap()[&format!("{first}-{i}")].clone())
+                .collect(),
+        );
+        let deleted = {
+            let (c, secrets) = (self.h.controller(), self.secrets.clone());
+            let count = doomed.len();
+            with_cpu(
+                driver,
+                None,
+                calls(1, count, move |i| {
+                    let (mut c, secrets, id) = (c.clone(), secrets.clone(), doomed[i].clone());
+                    async move {
+                        c.delete_volume(pb::DeleteVolumeRequest {
+                            volume_id: id,
+                            secrets,
+                        })
+                        .await
+                        .expect("DeleteVolume");
+                    }
+                }),
+            )
+            .await
+        };
+        let together = with_cpu(driver, None, create(again, self.clients, n * 2)).await;
+        row("CreateVolume", &created, Some(floors[0]));
+        row("DeleteVolume", &deleted, Some(floors[1]));
+        row("CreateSnapshot", &snapshotted, Some(floors[2]));
+        concurrent_row(
+            &format!("CreateVolume x{} callers", self.clients),
+            &together,
+            &created,
+        );
+    }
 }
 
 /// The nfs backend against the kernel's nfsd, in the guest: volumes are

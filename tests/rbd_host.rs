@@ -11,9 +11,11 @@ use ferrovol::proto as pb;
 use std::collections::HashMap;
 use tonic::Code;
 
-pub fn rbd_config(c: &CephCluster) -> String {
+/// With the controller's own user, on one road to the cluster
+/// (`librbd` or `cli`).
+pub fn rbd_config(c: &CephCluster, road: &str) -> String {
     format!(
-        "{}user = \"ferrovol\"\nkeyring = \"{}\"\n",
+        "{}user = \"ferrovol\"\nkeyring = \"{}\"\nclient = \"{road}\"\n",
         rbd_config_secrets_only(c),
         c.client_keyring.display()
     )
@@ -43,15 +45,29 @@ fn images(c: &CephCluster) -> Vec<String> {
     v
 }
 
+/// The whole controller path on both roads to the cluster, one after the
+/// other on one cluster.
 #[tokio::test]
 async fn rbd_controller_on_a_real_cluster() {
     require_root();
     let cluster = CephCluster::new();
-    let h = Harness::start_with(Some(&rbd_config(&cluster))).await;
+    for road in ["librbd", "cli"] {
+        controller_path(&cluster, road).await;
+    }
+}
+
+async fn controller_path(cluster: &CephCluster, road: &str) {
+    let h = Harness::start_with(Some(&rbd_config(cluster, road))).await;
+    assert!(
+        h.log()
+            .contains(&format!("rbd controller calls go through {road}")),
+        "{}",
+        h.log()
+    );
     let mut c = h.controller();
     let cap = mount_cap("ext4", SNW);
     let mut req = create_req("pvc-rbd", 10 * MIB + 1, cap.clone());
-    req.secrets = secrets(&cluster);
+    req.secrets = secrets(cluster);
 
     // Wrong and missing secrets.
     let mut wrong = req.clone();
@@ -69,7 +85,7 @@ async fn rbd_controller_on_a_real_cluster() {
     let mut half = req.clone();
     half.secrets.remove("userKey");
     assert_eq!(code(&c.create_volume(half).await), Code::InvalidArgument);
-    assert!(images(&cluster).is_empty());
+    assert!(images(cluster).is_empty());
 
     let vol = c
         .create_volume(req.clone())
@@ -84,7 +100,7 @@ async fn rbd_controller_on_a_real_cluster() {
         vol.volume_id
     );
     assert_eq!(vol.capacity_bytes, 11 * MIB, "rounded up to whole MiB");
-    assert_eq!(images(&cluster), ["fv-pvc-rbd"]);
+    assert_eq!(images(cluster), ["fv-pvc-rbd"]);
     assert_eq!(
         cluster
             .rbd(&["image-meta", "get", "rbd/fv-pvc-rbd", "ferrovol.name"])
@@ -122,7 +138,7 @@ async fn rbd_controller_on_a_real_cluster() {
                 required_bytes: 20 * MIB,
                 limit_bytes: 0,
             }),
-            secrets: secrets(&cluster),
+            secrets: secrets(cluster),
             ..Default::default()
         })
         .await
@@ -139,7 +155,7 @@ async fn rbd_controller_on_a_real_cluster() {
         volume_id: vol.volume_id.clone(),
         node_id: node.into(),
         volume_capability: Some(cap.clone()),
-        secrets: secrets(&cluster),
+        secrets: secrets(cluster),
         ..Default::default()
     };
     c.controller_publish_volume(publish("node-a/rbd"))
@@ -153,7 +169,7 @@ async fn rbd_controller_on_a_real_cluster() {
     let unpublish = |node: &str| pb::ControllerUnpublishVolumeRequest {
         volume_id: vol.volume_id.clone(),
         node_id: node.into(),
-        secrets: secrets(&cluster),
+        secrets: secrets(cluster),
     };
     c.controller_unpublish_volume(unpublish("node-a"))
         .await
@@ -173,7 +189,7 @@ async fn rbd_controller_on_a_real_cluster() {
         .create_snapshot(pb::CreateSnapshotRequest {
             source_volume_id: vol.volume_id.clone(),
             name: "snap-1".into(),
-            secrets: secrets(&cluster),
+            secrets: secrets(cluster),
             ..Default::default()
         })
         .await
@@ -194,7 +210,7 @@ async fn rbd_controller_on_a_real_cluster() {
     assert_eq!(got.entries.len(), 1);
     let from_snap = |name: &str, id: &str, snapshot: bool| {
         let mut r = create_req(name, 0, cap.clone());
-        r.secrets = secrets(&cluster);
+        r.secrets = secrets(cluster);
         r.volume_content_source = Some(pb::VolumeContentSource {
             r#type: Some(if snapshot {
                 pb::volume_content_source::Type::Snapshot(
@@ -256,7 +272,7 @@ async fn rbd_controller_on_a_real_cluster() {
     };
     assert_eq!(depth("fv-pvc-restored"), 2);
     assert_eq!(depth("fv-pvc-chain-0"), 0, "past the depth: flattened");
-    for image in images(&cluster) {
+    for image in images(cluster) {
         assert!(depth(&image) <= 2, "{image}");
     }
 
@@ -264,11 +280,11 @@ async fn rbd_controller_on_a_real_cluster() {
     // image waits in the trash, and the snapshot still restores.
     let del = |id: &str| pb::DeleteVolumeRequest {
         volume_id: id.into(),
-        secrets: secrets(&cluster),
+        secrets: secrets(cluster),
     };
     c.delete_volume(del(&vol.volume_id)).await.unwrap();
     c.delete_volume(del(&vol.volume_id)).await.unwrap();
-    assert!(!images(&cluster).contains(&"fv-pvc-rbd".to_string()));
+    assert!(!images(cluster).contains(&"fv-pvc-rbd".to_string()));
     c.create_volume(from_snap("pvc-restored-2", &snap.snapshot_id, true))
         .await
         .unwrap();
@@ -344,14 +360,14 @@ async fn rbd_controller_on_a_real_cluster() {
     // what it holds.
     c.delete_snapshot(pb::DeleteSnapshotRequest {
         snapshot_id: snap.snapshot_id.clone(),
-        secrets: secrets(&cluster),
+        secrets: secrets(cluster),
     })
     .await
     .unwrap();
     for id in seen {
         c.delete_volume(del(&id)).await.unwrap();
     }
-    assert!(images(&cluster).is_empty(), "{:?}", images(&cluster));
+    assert!(images(cluster).is_empty(), "{:?}", images(cluster));
     // One more delete purges what the trash still holds of ours.
     c.delete_volume(del(&vol.volume_id)).await.unwrap();
     let trash = cluster.rbd(&["trash", "ls", "rbd", "--format", "json"]);
@@ -373,6 +389,8 @@ async fn rbd_calls_carry_their_secrets_and_publish_checks_node_and_terms() {
     require_root();
     let cluster = CephCluster::new();
     let h = Harness::start_with(Some(&rbd_config_secrets_only(&cluster))).await;
+    // The default road where librbd is installed.
+    assert!(h.log().contains("rbd controller calls go through librbd"));
     let mut c = h.controller();
     let cap = mount_cap("ext4", SNW);
     let mut req = create_req("pvc-secrets", 8 * MIB, cap.clone());
@@ -438,15 +456,23 @@ async fn rbd_calls_carry_their_secrets_and_publish_checks_node_and_terms() {
     drop(c);
     drop(h);
 
-    // With the config's own user, GetCapacity reports the pool's room.
-    let h = Harness::start_with(Some(&rbd_config(&cluster))).await;
-    let cap = h
-        .controller()
-        .get_capacity(pb::GetCapacityRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(cap.available_capacity > 0, "{cap:?}");
-    assert_eq!(cap.available_capacity % MIB, 0);
-    assert!(!h.log().contains(&cluster.client_key()));
+    // With the config's own user, GetCapacity reports the pool's room,
+    // the same on both roads (`ceph df`, the monitor command).
+    let mut rooms = Vec::new();
+    for road in ["librbd", "cli"] {
+        let h = Harness::start_with(Some(&rbd_config(&cluster, road))).await;
+        let cap = h
+            .controller()
+            .get_capacity(pb::GetCapacityRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(cap.available_capacity > 0, "{cap:?}");
+        assert_eq!(cap.available_capacity % MIB, 0);
+        assert!(!h.log().contains(&cluster.client_key()));
+        rooms.push(cap.available_capacity);
+    }
+    // Nothing was written between the two: within 1% of each other.
+    let (a, b) = (rooms[0] as f64, rooms[1] as f64);
+    assert!((a - b).abs() <= a.max(b) / 100.0, "{rooms:?}");
 }

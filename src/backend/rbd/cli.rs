@@ -1,30 +1,43 @@
 //! The `rbd` command line through the exec seam: credentials in a private
 //! keyring file (never argv), JSON reports parsed into typed rows, and
-//! rbd's errors classified by their errno.
+//! rbd's errors classified by their errno. The cluster road when librbd
+//! is not there, and the node's map and unmap always.
 
+use super::cluster::{
+    pool_available, Cluster, Info, Layout, Listed, Spec, TrashEntry, EEXIST, ENOENT,
+};
 use crate::error::{Error, Result};
 use crate::exec::{path_arg, Command, CommandRunner, ExecError};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
-/// A cephx user and where its key is: a keyring file of the config, or a
-/// private one written for this call from the CSI secrets.
+/// A cephx user and its key: from a keyring file of the config, or from
+/// the CSI secrets (written to a private keyring file only when a command
+/// needs one, and removed with the credentials).
 pub struct Creds {
     pub user: String,
-    keyring: PathBuf,
+    source: KeySource,
     /// The cephx keys these credentials carry: redacted from whatever a
     /// command run with them prints (a tool that echoes its keyring).
     keys: Vec<String>,
-    /// Removed when the credentials are dropped.
-    temporary: bool,
+    /// The private keyring written for the command line, if one was.
+    written: std::sync::Mutex<Option<PathBuf>>,
+}
+
+enum KeySource {
+    File(PathBuf),
+    /// The key is `keys[0]`; a keyring for it goes into this directory.
+    Secret(PathBuf),
 }
 
 impl Drop for Creds {
     fn drop(&mut self) {
-        if self.temporary {
-            let _ = std::fs::remove_file(&self.keyring);
+        let written = self.written.get_mut().map(|w| w.take());
+        if let Ok(Some(path)) = written {
+            let _ = std::fs::remove_file(path);
         }
     }
 }
@@ -38,6 +51,24 @@ pub fn keyring_keys(text: &str) -> Vec<String> {
         })
         .filter(|v| !v.is_empty())
         .collect()
+}
+
+/// The key of `[client.<user>]` in a keyring file's text.
+pub fn keyring_key_for(text: &str, user: &str) -> Option<String> {
+    let section = format!("[client.{user}]");
+    let mut inside = false;
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('[') {
+            inside = line == section;
+            continue;
+        }
+        if let Some((k, v)) = line.split_once('=') {
+            if inside && k.trim() == "key" && !v.trim().is_empty() {
+                return Some(v.trim().to_string());
+            }
+        }
+    }
+    None
 }
 
 /// A cephx user name: `client.` is implied.
@@ -66,15 +97,22 @@ impl Creds {
         check_user(user)?;
         // Unreadable: rbd will say so; there is no key to hide then.
         let text = std::fs::read_to_string(keyring).unwrap_or_default();
+        let mut keys = keyring_keys(&text);
+        // The user's own key first: the one a kept connection uses.
+        if let Some(own) = keyring_key_for(&text, user) {
+            keys.retain(|k| *k != own);
+            keys.insert(0, own);
+        }
         Ok(Creds {
             user: user.into(),
-            keyring: keyring.into(),
-            keys: keyring_keys(&text),
-            temporary: false,
+            source: KeySource::File(keyring.into()),
+            keys,
+            written: Default::default(),
         })
     }
 
-    /// Writes `key` into a keyring only root can read, in `dir`.
+    /// Credentials from the CSI secrets; a keyring for the command line
+    /// goes into `dir` when one is needed.
     pub fn from_key(user: &str, key: &str, dir: &Path) -> Result<Self> {
         check_user(user)?;
         if key.len() < 16
@@ -86,6 +124,41 @@ impl Creds {
             return Err(Error::invalid(
                 "secrets: userKey is not a cephx key (base64)",
             ));
+        }
+        Ok(Creds {
+            user: user.into(),
+            source: KeySource::Secret(dir.into()),
+            keys: vec![key.to_string()],
+            written: Default::default(),
+        })
+    }
+
+    /// The cephx key itself, for a connection of the driver's own.
+    pub fn key(&self) -> Result<&str> {
+        match (&self.source, self.keys.first()) {
+            (_, Some(k)) => Ok(k),
+            (KeySource::File(path), None) => Err(Error::invalid(format!(
+                "keyring {} holds no key the driver can read for client.{}",
+                path.display(),
+                self.user
+            ))),
+            (KeySource::Secret(_), None) => Err(Error::internal("credentials without a key")),
+        }
+    }
+
+    /// A keyring file for the command line: the config's, or a private
+    /// one (only root can read it) written for these credentials once.
+    pub fn keyring(&self) -> Result<PathBuf> {
+        let dir = match &self.source {
+            KeySource::File(path) => return Ok(path.clone()),
+            KeySource::Secret(dir) => dir,
+        };
+        let mut written = self
+            .written
+            .lock()
+            .map_err(|_| Error::internal("keyring lock poisoned"))?;
+        if let Some(path) = &*written {
+            return Ok(path.clone());
         }
         use std::io::Write;
         use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -106,94 +179,12 @@ impl Creds {
             .mode(0o600)
             .open(&keyring)
             .map_err(|e| Error::io("create a private keyring", e))?;
-        f.write_all(format!("[client.{user}]\n\tkey = {key}\n").as_bytes())
+        // Recorded before the write: a failed write is removed too.
+        *written = Some(keyring.clone());
+        f.write_all(format!("[client.{}]\n\tkey = {}\n", self.user, self.key()?).as_bytes())
             .map_err(|e| Error::io("write a private keyring", e))?;
-        Ok(Creds {
-            user: user.into(),
-            keyring,
-            keys: vec![key.to_string()],
-            temporary: true,
-        })
+        Ok(keyring)
     }
-}
-
-/// Where an image is.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Spec {
-    pub pool: String,
-    pub namespace: String,
-    pub image: String,
-}
-
-impl Spec {
-    /// `pool/[namespace/]image` as rbd takes it.
-    pub fn arg(&self) -> String {
-        if self.namespace.is_empty() {
-            format!("{}/{}", self.pool, self.image)
-        } else {
-            format!("{}/{}/{}", self.pool, self.namespace, self.image)
-        }
-    }
-    /// `pool[/namespace]`.
-    pub fn pool_arg(&self) -> String {
-        if self.namespace.is_empty() {
-            self.pool.clone()
-        } else {
-            format!("{}/{}", self.pool, self.namespace)
-        }
-    }
-    pub fn with_image(&self, image: &str) -> Spec {
-        Spec {
-            image: image.into(),
-            ..self.clone()
-        }
-    }
-}
-
-/// Pool, namespace and image names: what rbd and ids can carry.
-pub fn check_name(what: &str, name: &str, empty_ok: bool) -> Result<()> {
-    if (name.is_empty() && !empty_ok)
-        || name.len() > 100
-        || name.starts_with('-')
-        || !name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-    {
-        return Err(Error::invalid(format!(
-            "{what} {name:?}: letters, digits, '.', '_', '-', not starting with '-'"
-        )));
-    }
-    Ok(())
-}
-
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-pub struct Parent {
-    pub pool: String,
-    #[serde(default)]
-    pub pool_namespace: String,
-    pub image: String,
-    pub snapshot: String,
-}
-
-/// `rbd info --format json`.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-pub struct Info {
-    pub name: String,
-    pub id: String,
-    pub size: u64,
-    #[serde(default)]
-    pub parent: Option<Parent>,
-    #[serde(default)]
-    pub create_timestamp: String,
-}
-
-/// One row of `rbd ls -l --format json`.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-pub struct Listed {
-    pub image: String,
-    pub size: u64,
-    #[serde(default)]
-    pub snapshot: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -203,56 +194,13 @@ struct Status {
 }
 
 #[derive(Debug, Clone, Deserialize)]
-pub struct Watcher {
-    pub address: String,
-}
-
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-pub struct TrashEntry {
-    pub id: String,
-    pub name: String,
-}
-
-/// `ceph df detail --format json`: what each pool can still take.
-#[derive(Debug, Clone, Deserialize)]
-struct Df {
-    pools: Vec<DfPool>,
+struct Watcher {
+    address: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
-struct DfPool {
+struct Namespace {
     name: String,
-    stats: DfStats,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-struct DfStats {
-    /// What the pool can still store, after replication, before the
-    /// fullest OSD it maps to is full.
-    max_avail: u64,
-    /// Bytes stored (before replication).
-    #[serde(default)]
-    stored: u64,
-    /// The pool's byte quota; 0: none.
-    #[serde(default)]
-    quota_bytes: u64,
-}
-
-/// The bytes a pool can still take from `ceph df detail` output: its free
-/// room, or what its quota leaves when that is less.
-pub fn pool_available(df_json: &str, pool: &str) -> Result<u64> {
-    let df: Df = serde_json::from_str(df_json)
-        .map_err(|e| Error::internal(format!("ceph df: unexpected output: {e}")))?;
-    let p = df
-        .pools
-        .iter()
-        .find(|p| p.name == pool)
-        .ok_or_else(|| Error::not_found(format!("ceph df lists no pool {pool:?}")))?;
-    let mut free = p.stats.max_avail;
-    if p.stats.quota_bytes > 0 {
-        free = free.min(p.stats.quota_bytes.saturating_sub(p.stats.stored));
-    }
-    Ok(free)
 }
 
 /// One row of `rbd device list --format json` (showmapped).
@@ -271,16 +219,11 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 /// Copies (flatten) take their time.
 const LONG: Duration = Duration::from_secs(3600);
 
-/// errno values rbd reports in its exit status.
-pub const ENOENT: i32 = 2;
-pub const EEXIST: i32 = 17;
-/// `rbd rm` of an image that still has snapshots (its clones need them).
-pub const ENOTEMPTY: i32 = 39;
-
-/// rbd against one cluster.
-pub struct Rbd<'a> {
-    pub runner: &'a dyn CommandRunner,
-    pub monitors: &'a [String],
+/// rbd through its command line, against one cluster: a process (and a
+/// cephx session) per call. Mapping on nodes always goes this way.
+pub struct CliCluster {
+    pub runner: Arc<dyn CommandRunner>,
+    pub monitors: Vec<String>,
 }
 
 /// rbd exits with the errno of what failed: it is kept on the error
@@ -308,12 +251,22 @@ fn classify(e: ExecError) -> Error {
     }
 }
 
-impl Rbd<'_> {
+fn json<T: for<'de> Deserialize<'de>>(what: &str, text: &str) -> Result<T> {
+    serde_json::from_str(text)
+        .map_err(|e| Error::internal(format!("rbd {what}: unexpected output: {e}")))
+}
+
+impl CliCluster {
     fn cmd(&self, creds: &Creds) -> Result<Command> {
         Ok(creds
             .hidden(Command::new("rbd"))
             .args(["-c", "/dev/null", "-m", &self.monitors.join(",")])
-            .args(["--id", &creds.user, "--keyring", &path_arg(&creds.keyring)?])
+            .args([
+                "--id",
+                &creds.user,
+                "--keyring",
+                &path_arg(&creds.keyring()?)?,
+            ])
             .args(["--client-mount-timeout", "20"])
             .args([
                 "--rados-mon-op-timeout",
@@ -324,23 +277,7 @@ impl Rbd<'_> {
             .timeout(TIMEOUT))
     }
 
-    /// The bytes `pool` can still take (`ceph df`, with the same user).
-    pub async fn pool_available(&self, creds: &Creds, pool: &str) -> Result<u64> {
-        let out = self
-            .run_cmd(
-                creds
-                    .hidden(Command::new("ceph"))
-                    .args(["-c", "/dev/null", "-m", &self.monitors.join(",")])
-                    .args(["--id", &creds.user, "--keyring", &path_arg(&creds.keyring)?])
-                    .args(["--connect-timeout", "20"])
-                    .args(["df", "detail", "--format", "json"])
-                    .timeout(TIMEOUT),
-            )
-            .await?;
-        pool_available(&out, pool)
-    }
-
-    pub async fn run(&self, creds: &Creds, args: &[&str]) -> Result<String> {
+    async fn run(&self, creds: &Creds, args: &[&str]) -> Result<String> {
         self.run_cmd(self.cmd(creds)?.args(args.iter().copied()))
             .await
     }
@@ -351,90 +288,6 @@ impl Rbd<'_> {
             .await
             .map(|o| o.stdout)
             .map_err(classify)
-    }
-
-    fn json<T: for<'de> Deserialize<'de>>(what: &str, text: &str) -> Result<T> {
-        serde_json::from_str(text)
-            .map_err(|e| Error::internal(format!("rbd {what}: unexpected output: {e}")))
-    }
-
-    /// The image's info; `None` when it does not exist.
-    pub async fn info(&self, creds: &Creds, spec: &Spec) -> Result<Option<Info>> {
-        match self
-            .run(creds, &["info", &spec.arg(), "--format", "json"])
-            .await
-        {
-            Ok(out) => Self::json("info", &out).map(Some),
-            Err(e) if e.kind == crate::error::Kind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
-    pub async fn meta(&self, creds: &Creds, spec: &Spec) -> Result<BTreeMap<String, String>> {
-        let out = self
-            .run(
-                creds,
-                &["image-meta", "list", &spec.arg(), "--format", "json"],
-            )
-            .await?;
-        if out.trim().is_empty() {
-            return Ok(BTreeMap::new());
-        }
-        Self::json("image-meta list", &out)
-    }
-
-    pub async fn set_meta(&self, creds: &Creds, spec: &Spec, key: &str, value: &str) -> Result<()> {
-        self.run(creds, &["image-meta", "set", &spec.arg(), key, value])
-            .await
-            .map(|_| ())
-    }
-
-    pub async fn remove_meta(&self, creds: &Creds, spec: &Spec, key: &str) -> Result<()> {
-        match self
-            .run(creds, &["image-meta", "remove", &spec.arg(), key])
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(e) if e.kind == crate::error::Kind::NotFound => Ok(()),
-            Err(e) => Err(e),
-        }
-    }
-
-    pub async fn watchers(&self, creds: &Creds, spec: &Spec) -> Result<Vec<Watcher>> {
-        let out = self
-            .run(creds, &["status", &spec.arg(), "--format", "json"])
-            .await?;
-        Ok(Self::json::<Status>("status", &out)?.watchers)
-    }
-
-    pub async fn list(&self, creds: &Creds, pool: &Spec) -> Result<Vec<Listed>> {
-        let out = self
-            .run(creds, &["ls", "-l", &pool.pool_arg(), "--format", "json"])
-            .await?;
-        let rows: Vec<Listed> = Self::json("ls", &out)?;
-        // Snapshots are listed as rows too; only images.
-        Ok(rows.into_iter().filter(|r| r.snapshot.is_none()).collect())
-    }
-
-    pub async fn trash(&self, creds: &Creds, pool: &Spec) -> Result<Vec<TrashEntry>> {
-        let out = self
-            .run(
-                creds,
-                &["trash", "ls", &pool.pool_arg(), "--format", "json"],
-            )
-            .await?;
-        Self::json("trash ls", &out)
-    }
-
-    /// Flattens an image (copies its parent's data into it).
-    pub async fn flatten(&self, creds: &Creds, spec: &Spec) -> Result<()> {
-        self.run_cmd(
-            self.cmd(creds)?
-                .args(["flatten", &spec.arg()])
-                .timeout(LONG),
-        )
-        .await
-        .map(|_| ())
     }
 
     /// Mapped images on this node.
@@ -449,7 +302,7 @@ impl Rbd<'_> {
         if out.trim().is_empty() {
             return Ok(Vec::new());
         }
-        Self::json("device list", &out)
+        json("device list", &out)
     }
 
     pub async fn map(&self, creds: &Creds, spec: &Spec, options: &str) -> Result<PathBuf> {
@@ -475,5 +328,210 @@ impl Rbd<'_> {
         )
         .await
         .map(|_| ())
+    }
+
+    fn layout_args<'a>(args: &mut Vec<&'a str>, layout: Layout<'a>) {
+        args.extend(["--image-feature", layout.features]);
+        if !layout.data_pool.is_empty() {
+            args.extend(["--data-pool", layout.data_pool]);
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Cluster for CliCluster {
+    fn road(&self) -> &'static str {
+        "cli"
+    }
+
+    async fn info(&self, creds: &Creds, spec: &Spec) -> Result<Option<Info>> {
+        match self
+            .run(creds, &["info", &spec.arg(), "--format", "json"])
+            .await
+        {
+            Ok(out) => json("info", &out).map(Some),
+            Err(e) if e.kind == crate::error::Kind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn meta(&self, creds: &Creds, spec: &Spec) -> Result<BTreeMap<String, String>> {
+        let out = self
+            .run(
+                creds,
+                &["image-meta", "list", &spec.arg(), "--format", "json"],
+            )
+            .await?;
+        if out.trim().is_empty() {
+            return Ok(BTreeMap::new());
+        }
+        json("image-meta list", &out)
+    }
+
+    async fn set_meta(&self, creds: &Creds, spec: &Spec, key: &str, value: &str) -> Result<()> {
+        self.run(creds, &["image-meta", "set", &spec.arg(), key, value])
+            .await
+            .map(|_| ())
+    }
+
+    async fn remove_meta(&self, creds: &Creds, spec: &Spec, key: &str) -> Result<()> {
+        match self
+            .run(creds, &["image-meta", "remove", &spec.arg(), key])
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind == crate::error::Kind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn watchers(&self, creds: &Creds, spec: &Spec) -> Result<Vec<String>> {
+        let out = self
+            .run(creds, &["status", &spec.arg(), "--format", "json"])
+            .await?;
+        Ok(json::<Status>("status", &out)?
+            .watchers
+            .into_iter()
+            .map(|w| w.address)
+            .collect())
+    }
+
+    async fn list(&self, creds: &Creds, place: &Spec) -> Result<Vec<Listed>> {
+        let out = self
+            .run(creds, &["ls", "-l", &place.pool_arg(), "--format", "json"])
+            .await?;
+        let rows: Vec<Listed> = json("ls", &out)?;
+        // Snapshots are listed as rows too; only images.
+        Ok(rows.into_iter().filter(|r| r.snapshot.is_none()).collect())
+    }
+
+    async fn namespaces(&self, creds: &Creds, pool: &str) -> Result<Vec<String>> {
+        let out = self
+            .run(creds, &["namespace", "ls", pool, "--format", "json"])
+            .await?;
+        let names: Vec<Namespace> = serde_json::from_str(out.trim()).unwrap_or_default();
+        Ok(names.into_iter().map(|n| n.name).collect())
+    }
+
+    async fn trash(&self, creds: &Creds, place: &Spec) -> Result<Vec<TrashEntry>> {
+        let out = self
+            .run(
+                creds,
+                &["trash", "ls", &place.pool_arg(), "--format", "json"],
+            )
+            .await?;
+        json("trash ls", &out)
+    }
+
+    async fn trash_move(&self, creds: &Creds, spec: &Spec) -> Result<()> {
+        self.run(creds, &["trash", "mv", &spec.arg()])
+            .await
+            .map(|_| ())
+    }
+
+    async fn trash_remove(&self, creds: &Creds, place: &Spec, id: &str) -> Result<()> {
+        let target = format!("{}/{id}", place.pool_arg());
+        self.run(creds, &["trash", "rm", &target]).await.map(|_| ())
+    }
+
+    async fn create(
+        &self,
+        creds: &Creds,
+        spec: &Spec,
+        size: u64,
+        layout: Layout<'_>,
+    ) -> Result<()> {
+        let at = spec.arg();
+        let size_arg = format!("{}M", size >> 20);
+        let mut args = vec!["create", at.as_str(), "--size", size_arg.as_str()];
+        Self::layout_args(&mut args, layout);
+        self.run(creds, &args).await.map(|_| ())
+    }
+
+    async fn clone_image(
+        &self,
+        creds: &Creds,
+        parent: &Spec,
+        snap: &str,
+        to: &Spec,
+        layout: Option<Layout<'_>>,
+    ) -> Result<()> {
+        let from = format!("{}@{snap}", parent.arg());
+        let to_arg = to.arg();
+        let mut args = vec![
+            "clone",
+            "--rbd-default-clone-format",
+            "2",
+            from.as_str(),
+            to_arg.as_str(),
+        ];
+        if let Some(l) = layout {
+            Self::layout_args(&mut args, l);
+        }
+        self.run(creds, &args).await.map(|_| ())
+    }
+
+    async fn resize(&self, creds: &Creds, spec: &Spec, size: u64) -> Result<()> {
+        self.run(
+            creds,
+            &["resize", &spec.arg(), "--size", &format!("{}M", size >> 20)],
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn flatten(&self, creds: &Creds, spec: &Spec) -> Result<()> {
+        self.run_cmd(
+            self.cmd(creds)?
+                .args(["flatten", &spec.arg()])
+                .timeout(LONG),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn remove(&self, creds: &Creds, spec: &Spec) -> Result<()> {
+        self.run(creds, &["rm", &spec.arg()]).await.map(|_| ())
+    }
+
+    async fn rename(&self, creds: &Creds, from: &Spec, to: &Spec) -> Result<()> {
+        self.run(creds, &["rename", &from.arg(), &to.arg()])
+            .await
+            .map(|_| ())
+    }
+
+    async fn snap_create(&self, creds: &Creds, spec: &Spec, snap: &str) -> Result<()> {
+        self.run(
+            creds,
+            &["snap", "create", &format!("{}@{snap}", spec.arg())],
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn snap_remove(&self, creds: &Creds, spec: &Spec, snap: &str) -> Result<()> {
+        self.run(creds, &["snap", "rm", &format!("{}@{snap}", spec.arg())])
+            .await
+            .map(|_| ())
+    }
+
+    async fn pool_available(&self, creds: &Creds, pool: &str) -> Result<u64> {
+        let out = self
+            .run_cmd(
+                creds
+                    .hidden(Command::new("ceph"))
+                    .args(["-c", "/dev/null", "-m", &self.monitors.join(",")])
+                    .args([
+                        "--id",
+                        &creds.user,
+                        "--keyring",
+                        &path_arg(&creds.keyring()?)?,
+                    ])
+                    .args(["--connect-timeout", "20"])
+                    .args(["df", "detail", "--format", "json"])
+                    .timeout(TIMEOUT),
+            )
+            .await?;
+        pool_available(&out, pool)
     }
 }

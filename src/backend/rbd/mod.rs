@@ -6,12 +6,15 @@
 //! allows; its CSI name, source and attachments are image metadata, so
 //! any controller replica sees them. A snapshot is an image of its own,
 //! `fvs-<name>`: a clone (format 2) of a moment of its source, with one
-//! snapshot `base` that restores clone from, so volumes and snapshots can
-//! be deleted in any order. An image that still has clone children goes
+//! snapshot `base` that restores clone from (taken at the first restore,
+//! so a snapshot costs the cluster one snapshot), so volumes and
+//! snapshots can be deleted in any order. An image that still has clone children goes
 //! to the trash instead and is purged once they are gone. Clone chains are
 //! flattened past `max_clone_depth`.
 
 mod cli;
+mod cluster;
+mod librbd;
 #[cfg(test)]
 mod tests;
 
@@ -23,7 +26,8 @@ use crate::plugin::{
     Capacity, ContentSource, ControllerAttach, CreateSnapshot, CreateVolume, Page, Secrets,
     SizeRules, SnapshotId, SnapshotInfo, VolumeCapability, VolumeId, VolumeInfo,
 };
-use cli::{check_name, Creds, Rbd, Spec};
+use cli::{CliCluster, Creds};
+use cluster::{check_name, Cluster, Layout, Spec};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -47,7 +51,8 @@ const META_FS_COPY: &str = "ferrovol.fscopy";
 const META_NODE: &str = "ferrovol.node.";
 /// The token a node that maps rbd images carries in its node id.
 pub const NODE_TOKEN: &str = "rbd";
-/// The snapshot of a snapshot image that restores clone from.
+/// The snapshot of a snapshot image that restores clone from (the image
+/// never changes: it is the same whenever it is taken).
 const BASE: &str = "base";
 /// The volume context key that carries map options to the node.
 const CTX_MAP_OPTIONS: &str = "mapOptions";
@@ -75,6 +80,20 @@ pub struct RbdSettings {
     /// Options for `rbd device map` on nodes.
     #[serde(default)]
     pub map_options: String,
+    /// How the controller talks to the cluster: `librbd` (kept
+    /// connections in the driver's process), `cli` (an `rbd` process per
+    /// step), or `auto`: librbd when its libraries load, else the CLI.
+    #[serde(default)]
+    pub client: Client,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Client {
+    #[default]
+    Auto,
+    Librbd,
+    Cli,
 }
 
 fn default_depth() -> u32 {
@@ -98,7 +117,10 @@ struct Params {
 pub struct RbdBackend {
     name: String,
     settings: RbdSettings,
-    runner: Arc<dyn CommandRunner>,
+    /// The controller's road to the cluster.
+    cluster: Arc<dyn Cluster>,
+    /// The command line: mapping on nodes.
+    cli: Arc<CliCluster>,
     /// Where private keyrings are written for one call.
     keys: PathBuf,
     sysfs: PathBuf,
@@ -180,10 +202,35 @@ impl RbdBackend {
             (None, None) => {}
             _ => return Err(bad("user and keyring go together".into())),
         }
+        let cli = Arc::new(CliCluster {
+            runner,
+            monitors: settings.monitors.clone(),
+        });
+        let cluster: Arc<dyn Cluster> = match settings.client {
+            Client::Cli => cli.clone(),
+            Client::Librbd => Arc::new(
+                librbd::LibCluster::new(&settings.monitors)
+                    .map_err(|e| bad(format!("client = \"librbd\": {e}")))?,
+            ),
+            Client::Auto => match librbd::LibCluster::new(&settings.monitors) {
+                Ok(lib) => Arc::new(lib),
+                Err(e) => {
+                    tracing::info!(backend = name, reason = %e, "librbd is not available: the controller runs the rbd command line");
+                    cli.clone()
+                }
+            },
+        };
+        tracing::info!(
+            backend = name,
+            road = cluster.road(),
+            "rbd controller calls go through {}",
+            cluster.road()
+        );
         Ok(RbdBackend {
             name: name.into(),
             settings,
-            runner,
+            cluster,
+            cli,
             keys: state_dir.join("keys"),
             sysfs: "/sys".into(),
         })
@@ -195,11 +242,13 @@ impl RbdBackend {
         self
     }
 
-    fn rbd(&self) -> Rbd<'_> {
-        Rbd {
-            runner: self.runner.as_ref(),
-            monitors: &self.settings.monitors,
-        }
+    fn rbd(&self) -> &dyn Cluster {
+        self.cluster.as_ref()
+    }
+
+    /// Which road the controller takes: `librbd` or `cli`.
+    pub fn road(&self) -> &'static str {
+        self.cluster.road()
     }
 
     /// Credentials: the call's secrets, else the config's own user.
@@ -352,22 +401,11 @@ impl RbdBackend {
         to: &Spec,
         params: Option<&Params>,
     ) -> Result<()> {
-        let parent = format!("{}@{snap}", from.arg());
-        let to_arg = to.arg();
-        let mut args = vec![
-            "clone",
-            "--rbd-default-clone-format",
-            "2",
-            parent.as_str(),
-            to_arg.as_str(),
-        ];
-        if let Some(p) = params {
-            args.extend(["--image-feature", p.features.as_str()]);
-            if !p.data_pool.is_empty() {
-                args.extend(["--data-pool", p.data_pool.as_str()]);
-            }
-        }
-        self.rbd().run(creds, &args).await.map(|_| ())
+        let layout = params.map(|p| Layout {
+            features: &p.features,
+            data_pool: &p.data_pool,
+        });
+        self.rbd().clone_image(creds, from, snap, to, layout).await
     }
 
     /// A point-in-time clone of image `from` as `to`: a snapshot of `from`,
@@ -381,26 +419,25 @@ impl RbdBackend {
         params: Option<&Params>,
     ) -> Result<()> {
         let snap = format!("tmp-{}", to.image);
-        let at = format!("{}@{snap}", from.arg());
-        match self.rbd().run(creds, &["snap", "create", &at]).await {
+        match self.rbd().snap_create(creds, from, &snap).await {
             Ok(_) => {}
             Err(e) if e.kind == Kind::AlreadyExists => {}
             Err(e) => return Err(e),
         }
         let cloned = self.clone_from(creds, from, &snap, to, params).await;
-        let removed = self.rbd().run(creds, &["snap", "rm", &at]).await;
+        let removed = self.rbd().snap_remove(creds, from, &snap).await;
         cloned?;
-        removed.map(|_| ())
+        removed
     }
 
     /// Removes an image, or moves it to the trash when clones still need
     /// it; then purges what the trash holds of ours that nothing needs.
     async fn remove(&self, creds: &Creds, spec: &Spec) -> Result<()> {
-        match self.rbd().run(creds, &["rm", &spec.arg()]).await {
+        match self.rbd().remove(creds, spec).await {
             Ok(_) => {}
             Err(e) if e.kind == Kind::NotFound => {}
-            Err(e) if e.os_error == Some(cli::ENOTEMPTY) => {
-                self.rbd().run(creds, &["trash", "mv", &spec.arg()]).await?;
+            Err(e) if e.os_error == Some(cluster::ENOTEMPTY) => {
+                self.rbd().trash_move(creds, spec).await?;
                 tracing::info!(image = %spec.arg(), "image has clones: moved to the trash until they are gone");
             }
             Err(e) => return Err(e),
@@ -419,13 +456,7 @@ impl RbdBackend {
             if !(e.name.starts_with("fv-") || e.name.starts_with("fvs-")) {
                 continue;
             }
-            let target = format!("{}/{}", pool.pool_arg(), e.id);
-            if self
-                .rbd()
-                .run(creds, &["trash", "rm", &target])
-                .await
-                .is_ok()
-            {
+            if self.rbd().trash_remove(creds, pool, &e.id).await.is_ok() {
                 tracing::info!(image = %e.name, "purged from the trash");
             }
         }
@@ -499,19 +530,11 @@ impl RbdBackend {
                 namespace: String::new(),
                 image: String::new(),
             });
-            let listed = self
-                .rbd()
-                .run(creds, &["namespace", "ls", pool, "--format", "json"])
-                .await?;
-            #[derive(Deserialize)]
-            struct Ns {
-                name: String,
-            }
-            let names: Vec<Ns> = serde_json::from_str(listed.trim()).unwrap_or_default();
+            let names = self.rbd().namespaces(creds, pool).await?;
             for ns in names {
                 out.push(Spec {
                     pool: pool.clone(),
-                    namespace: ns.name,
+                    namespace: ns,
                     image: String::new(),
                 });
             }
@@ -537,9 +560,9 @@ impl RbdBackend {
         Ok(out)
     }
 
-    /// Makes image `to` (under its temporary name) ours: its metadata set,
-    /// then renamed into place, so an image under a final name always
-    /// carries its CSI name.
+    /// Makes image `to` (under its temporary name) ours: its metadata set
+    /// (a copy's inherited marks cleared), then renamed into place, so an
+    /// image under a final name always carries its CSI name.
     async fn finish(
         &self,
         creds: &Creds,
@@ -548,23 +571,7 @@ impl RbdBackend {
         meta: &[(&str, &str)],
         copied: bool,
     ) -> Result<()> {
-        if copied {
-            // A clone comes with its parent's metadata: a new image carries
-            // only its own (no fencing key of a node it was never
-            // published to, no parent's name or dates).
-            for key in self.rbd().meta(creds, tmp).await?.keys() {
-                if key.starts_with("ferrovol.") && !meta.iter().any(|(k, _)| k == key) {
-                    self.rbd().remove_meta(creds, tmp, key).await?;
-                }
-            }
-        }
-        for (k, v) in meta {
-            self.rbd().set_meta(creds, tmp, k, v).await?;
-        }
-        self.rbd()
-            .run(creds, &["rename", &tmp.arg(), &to.arg()])
-            .await
-            .map(|_| ())
+        self.rbd().finish(creds, tmp, to, meta, copied).await
     }
 
     /// Clears a leftover temporary image of ours (a create cut short).
@@ -579,7 +586,7 @@ impl RbdBackend {
                 tmp.arg()
             )));
         }
-        self.rbd().run(creds, &["rm", &tmp.arg()]).await.map(|_| ())
+        self.rbd().remove(creds, tmp).await
     }
 }
 
@@ -670,8 +677,7 @@ impl Backend for RbdBackend {
             namespace: p.namespace.clone(),
             image: format!("fv-{}", locator_for_name(&req.name)),
         };
-        if let Some(info) = self.rbd().info(&creds, &spec).await? {
-            let meta = self.rbd().meta(&creds, &spec).await?;
+        if let Some((info, meta)) = self.rbd().describe(&creds, &spec).await? {
             if meta.get(META_NAME) != Some(&req.name) {
                 return Err(Error::already_exists(format!(
                     "image {} exists and is not volume {:?}",
@@ -709,6 +715,13 @@ impl Backend for RbdBackend {
                 let info = self.rbd().info(&creds, &from).await?.ok_or_else(|| {
                     Error::not_found(format!("source snapshot {s} does not exist"))
                 })?;
+                // The snapshot image's `base` is taken at its first restore:
+                // a snapshot costs one cluster snapshot, not two.
+                match self.rbd().snap_create(&creds, &from, BASE).await {
+                    Ok(()) => {}
+                    Err(e) if e.kind == Kind::AlreadyExists => {}
+                    Err(e) => return Err(e),
+                }
                 self.clone_from(&creds, &from, BASE, &tmp, Some(&p)).await?;
                 info.size
             }
@@ -718,32 +731,21 @@ impl Backend for RbdBackend {
                 Ok(s) => s,
                 Err(e) => {
                     if source_size > 0 {
-                        let _ = self.rbd().run(&creds, &["rm", &tmp.arg()]).await;
+                        let _ = self.rbd().remove(&creds, &tmp).await;
                     }
                     return Err(e);
                 }
             };
-        let size_arg = format!("{}M", size / MIB);
         if req.source.is_none() {
-            let tmp_arg = tmp.arg();
-            let mut args = vec![
-                "create",
-                tmp_arg.as_str(),
-                "--size",
-                size_arg.as_str(),
-                "--image-feature",
-                p.features.as_str(),
-            ];
-            if !p.data_pool.is_empty() {
-                args.extend(["--data-pool", p.data_pool.as_str()]);
-            }
-            self.rbd().run(&creds, &args).await?;
+            let layout = Layout {
+                features: &p.features,
+                data_pool: &p.data_pool,
+            };
+            self.rbd().create(&creds, &tmp, size, layout).await?;
         } else {
             self.flatten_if_deep(&creds, &tmp).await?;
             if size > source_size {
-                self.rbd()
-                    .run(&creds, &["resize", &tmp.arg(), "--size", &size_arg])
-                    .await?;
+                self.rbd().resize(&creds, &tmp, size).await?;
             }
         }
         let mut meta = vec![(META_NAME, req.name.as_str())];
@@ -765,11 +767,10 @@ impl Backend for RbdBackend {
             return Ok(());
         };
         let creds = self.creds(secrets)?;
-        if self.rbd().info(&creds, &spec).await?.is_none() {
+        let Some((_, meta)) = self.rbd().describe(&creds, &spec).await? else {
             self.purge_trash(&creds, &spec).await;
             return Ok(());
-        }
-        let meta = self.rbd().meta(&creds, &spec).await?;
+        };
         if !meta.contains_key(META_NAME) {
             return Err(Error::precondition(format!(
                 "image {} was not made by ferrovol; not deleting it",
@@ -778,7 +779,7 @@ impl Backend for RbdBackend {
         }
         let watchers = self.rbd().watchers(&creds, &spec).await?;
         if !watchers.is_empty() {
-            let at: Vec<&str> = watchers.iter().map(|w| w.address.as_str()).collect();
+            let at: Vec<&str> = watchers.iter().map(String::as_str).collect();
             return Err(Error::precondition(format!(
                 "volume {id} is in use (mapped by {})",
                 at.join(", ")
@@ -792,10 +793,9 @@ impl Backend for RbdBackend {
             return Ok(None);
         };
         let creds = self.creds(secrets)?;
-        let Some(info) = self.rbd().info(&creds, &spec).await? else {
+        let Some((info, meta)) = self.rbd().describe(&creds, &spec).await? else {
             return Ok(None);
         };
-        let meta = self.rbd().meta(&creds, &spec).await?;
         if !meta.contains_key(META_NAME) {
             return Ok(None);
         }
@@ -856,12 +856,7 @@ impl Backend for RbdBackend {
         match Self::size_rules().expansion(info.size, required, limit)? {
             None => Ok(info.size),
             Some(size) => {
-                self.rbd()
-                    .run(
-                        &creds,
-                        &["resize", &spec.arg(), "--size", &format!("{}M", size / MIB)],
-                    )
-                    .await?;
+                self.rbd().resize(&creds, &spec, size).await?;
                 Ok(size)
             }
         }
@@ -874,8 +869,7 @@ impl Backend for RbdBackend {
         let creds = self.creds(&req.secrets)?;
         let spec = src.with_image(&format!("fvs-{}", locator_for_name(&req.name)));
         let source = req.source.to_string();
-        if let Some(info) = self.rbd().info(&creds, &spec).await? {
-            let meta = self.rbd().meta(&creds, &spec).await?;
+        if let Some((info, meta)) = self.rbd().describe(&creds, &spec).await? {
             if meta.get(META_NAME) != Some(&req.name) || meta.get(META_SOURCE) != Some(&source) {
                 return Err(Error::already_exists(format!(
                     "snapshot {:?} exists for another source volume",
@@ -891,12 +885,6 @@ impl Backend for RbdBackend {
         self.clear_tmp(&creds, &tmp, &req.name).await?;
         self.copy_of(&creds, &src, &tmp, None).await?;
         self.flatten_if_deep(&creds, &tmp).await?;
-        self.rbd()
-            .run(
-                &creds,
-                &["snap", "create", &format!("{}@{BASE}", tmp.arg())],
-            )
-            .await?;
         let created = now_secs().to_string();
         let meta = [
             (META_NAME, req.name.as_str()),
@@ -922,11 +910,7 @@ impl Backend for RbdBackend {
         }
         // Its `base` snapshot goes first (format 2: to the snapshot trash
         // while restored volumes still need it).
-        match self
-            .rbd()
-            .run(&creds, &["snap", "rm", &format!("{}@{BASE}", spec.arg())])
-            .await
-        {
+        match self.rbd().snap_remove(&creds, &spec, BASE).await {
             Ok(_) => {}
             Err(e) if e.kind == Kind::NotFound => {}
             Err(e) => return Err(e),
@@ -939,10 +923,9 @@ impl Backend for RbdBackend {
             return Ok(None);
         };
         let creds = self.creds(&Secrets::default())?;
-        let Some(info) = self.rbd().info(&creds, &spec).await? else {
+        let Some((info, meta)) = self.rbd().describe(&creds, &spec).await? else {
             return Ok(None);
         };
-        let meta = self.rbd().meta(&creds, &spec).await?;
         if !meta.contains_key(META_NAME) {
             return Ok(None);
         }
@@ -990,10 +973,9 @@ impl Backend for RbdBackend {
                 req.node_id
             )));
         }
-        if self.rbd().info(&creds, &spec).await?.is_none() {
+        let Some((_, meta)) = self.rbd().describe(&creds, &spec).await? else {
             return Err(Error::not_found(format!("volume {id} does not exist")));
-        }
-        let meta = self.rbd().meta(&creds, &spec).await?;
+        };
         let multi = req.capability.mode == AccessMode::MultiNodeMultiWriter;
         let mark = format!(
             "{}{}",
@@ -1031,10 +1013,9 @@ impl Backend for RbdBackend {
             return Ok(());
         };
         let creds = self.creds(secrets)?;
-        if self.rbd().info(&creds, &spec).await?.is_none() {
+        let Some((_, meta)) = self.rbd().describe(&creds, &spec).await? else {
             return Ok(());
-        }
-        let meta = self.rbd().meta(&creds, &spec).await?;
+        };
         for key in meta.keys().filter(|k| k.starts_with(META_NODE)) {
             let holder = &key[META_NODE.len()..];
             if node_id.is_none_or(|n| node_name(n) == holder) {
@@ -1079,7 +1060,7 @@ impl Backend for RbdBackend {
             }
             options.push_str("ro");
         }
-        let path = self.rbd().map(&creds, &spec, &options).await?;
+        let path = self.cli.map(&creds, &spec, &options).await?;
         Ok(Attachment::Device { path })
     }
 
@@ -1107,7 +1088,7 @@ impl Backend for RbdBackend {
     async fn node_detach(&self, id: &VolumeId, _attachment: Option<&Attachment>) -> Result<()> {
         let spec = self.volume_spec(id)?;
         while let Some(dev) = self.find_mapping(&spec).await? {
-            match self.rbd().unmap(&dev).await {
+            match self.cli.unmap(&dev).await {
                 Ok(()) => {}
                 Err(e) if e.kind == Kind::NotFound => {}
                 Err(e) => {
@@ -1168,7 +1149,7 @@ impl RbdBackend {
     /// The device this node has the image mapped at, if any.
     async fn find_mapping(&self, spec: &Spec) -> Result<Option<PathBuf>> {
         Ok(self
-            .rbd()
+            .cli
             .mapped()
             .await?
             .into_iter()

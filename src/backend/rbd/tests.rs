@@ -29,6 +29,7 @@ fn backend(r: Arc<FakeRunner>, dir: &std::path::Path, own_user: bool) -> RbdBack
         max_clone_depth: 1,
         image_features: "layering".into(),
         map_options: "queue_depth=128".into(),
+        client: Client::Cli,
     };
     RbdBackend::new("rbd", settings, r, dir.to_path_buf())
         .unwrap()
@@ -291,6 +292,88 @@ async fn clones_past_the_depth_are_flattened() {
     );
 }
 
+/// A snapshot costs the cluster one snapshot (of its source); the
+/// snapshot image's `base` comes at its first restore, and a second
+/// restore finds it there.
+#[tokio::test]
+async fn a_snapshot_takes_one_cluster_snapshot_and_restores_take_base() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = Arc::new(FakeRunner::new());
+    let b = backend(r.clone(), dir.path(), false);
+    let source = VolumeId::parse("rbd:v1.c1.rbd._e.fv-src").unwrap();
+    r.expect("rbd", Reply::Fail(2, NO_IMAGE.into())) // the snapshot image
+        .expect("rbd", Reply::Ok(info("fv-src", 16 << 20)))
+        .expect("rbd", Reply::Fail(2, NO_IMAGE.into())) // its temporary
+        .ok("rbd") // snap create
+        .ok("rbd") // clone
+        .ok("rbd") // snap rm
+        .expect("rbd", Reply::Ok(clone_info("tmp-fvs-s1", "fv-src")))
+        .expect("rbd", Reply::Ok(info("fv-src", 16 << 20)))
+        .expect("rbd", Reply::Ok("{}".into()))
+        .ok("rbd") // meta name
+        .ok("rbd") // meta source
+        .ok("rbd") // meta created
+        .ok("rbd"); // rename
+    let snap = b
+        .create_snapshot(&CreateSnapshot {
+            name: "s1".into(),
+            source: source.clone(),
+            parameters: BTreeMap::new(),
+            metadata: BTreeMap::new(),
+            secrets: secrets(),
+        })
+        .await
+        .unwrap();
+    let o = ops(&r);
+    let snapshots: Vec<&String> = o.iter().filter(|l| l.starts_with("snap create")).collect();
+    assert_eq!(
+        snapshots,
+        ["snap create rbd/fv-src@tmp-tmp-fvs-s1"],
+        "{o:#?}"
+    );
+    assert_eq!(o.last().unwrap(), "rename rbd/tmp-fvs-s1 rbd/fvs-s1");
+
+    for (restore, base) in [
+        ("r1", Reply::Ok(String::new())),
+        (
+            "r2",
+            Reply::Fail(
+                17,
+                "rbd: failed to create snapshot: (17) File exists".into(),
+            ),
+        ),
+    ] {
+        let before = r.lines().len();
+        let mut req = create(restore);
+        req.required_bytes = 0;
+        req.source = Some(ContentSource::Snapshot(snap.id.clone()));
+        r.expect("rbd", Reply::Fail(2, NO_IMAGE.into()))
+            .expect("rbd", Reply::Fail(2, NO_IMAGE.into()))
+            .expect("rbd", Reply::Ok(clone_info("fvs-s1", "fv-src")))
+            .expect("rbd", base)
+            .ok("rbd") // clone
+            .expect("rbd", Reply::Ok(clone_info("tmp-fv-x", "fvs-s1")))
+            .expect("rbd", Reply::Ok(clone_info("fvs-s1", "fv-src")))
+            .expect("rbd", Reply::Ok(info("fv-src", 16 << 20)))
+            .ok("rbd") // flatten: 2 > 1
+            .expect("rbd", Reply::Ok("{}".into()))
+            .ok("rbd")
+            .ok("rbd")
+            .ok("rbd")
+            .ok("rbd"); // rename
+        let v = b.create_volume(&req).await.unwrap();
+        assert_eq!(v.capacity_bytes, 16 << 20);
+        let o = ops(&r)[before..].to_vec();
+        assert_eq!(o[3], "snap create rbd/fvs-s1@base", "{o:#?}");
+        assert!(
+            o[4].starts_with(&format!(
+                "clone --rbd-default-clone-format 2 rbd/fvs-s1@base rbd/tmp-fv-{restore}"
+            )),
+            "{o:#?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn deletes_refuse_watchers_and_trash_what_clones_need() {
     let dir = tempfile::tempdir().unwrap();
@@ -477,14 +560,14 @@ fn capacity_is_what_the_pool_can_still_take() {
         {"name":"other","id":1,"stats":{"max_avail":1,"stored":0,"quota_bytes":0}},
         {"name":"rbd","id":2,"stats":{"max_avail":10000,"stored":300,"quota_bytes":0}},
         {"name":"capped","id":3,"stats":{"max_avail":10000,"stored":300,"quota_bytes":1000}}]}"#;
-    assert_eq!(cli::pool_available(df, "rbd").unwrap(), 10000);
-    assert_eq!(cli::pool_available(df, "capped").unwrap(), 700);
+    assert_eq!(cluster::pool_available(df, "rbd").unwrap(), 10000);
+    assert_eq!(cluster::pool_available(df, "capped").unwrap(), 700);
     assert_eq!(
-        cli::pool_available(df, "gone").unwrap_err().kind,
+        cluster::pool_available(df, "gone").unwrap_err().kind,
         Kind::NotFound
     );
     assert_eq!(
-        cli::pool_available("nonsense", "rbd").unwrap_err().kind,
+        cluster::pool_available("nonsense", "rbd").unwrap_err().kind,
         Kind::Internal
     );
 }

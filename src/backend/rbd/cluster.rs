@@ -1,0 +1,247 @@
+//! What the rbd backend asks of a Ceph cluster, typed: one seam with two
+//! roads behind it, the `rbd` command line (`cli.rs`, a process and a
+//! cephx session per call) and librbd on a kept connection (`librbd.rs`).
+//! Errors carry the errno that failed (`Error::os_error`), which callers
+//! decide by, never the message.
+
+use super::cli::Creds;
+use crate::error::{Error, Result};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+/// Where an image is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Spec {
+    pub pool: String,
+    pub namespace: String,
+    pub image: String,
+}
+
+impl Spec {
+    /// `pool/[namespace/]image` as rbd takes it.
+    pub fn arg(&self) -> String {
+        if self.namespace.is_empty() {
+            format!("{}/{}", self.pool, self.image)
+        } else {
+            format!("{}/{}/{}", self.pool, self.namespace, self.image)
+        }
+    }
+    /// `pool[/namespace]`.
+    pub fn pool_arg(&self) -> String {
+        if self.namespace.is_empty() {
+            self.pool.clone()
+        } else {
+            format!("{}/{}", self.pool, self.namespace)
+        }
+    }
+    pub fn with_image(&self, image: &str) -> Spec {
+        Spec {
+            image: image.into(),
+            ..self.clone()
+        }
+    }
+}
+
+/// Pool, namespace and image names: what rbd and ids can carry.
+pub fn check_name(what: &str, name: &str, empty_ok: bool) -> Result<()> {
+    if (name.is_empty() && !empty_ok)
+        || name.len() > 100
+        || name.starts_with('-')
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    {
+        return Err(Error::invalid(format!(
+            "{what} {name:?}: letters, digits, '.', '_', '-', not starting with '-'"
+        )));
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct Parent {
+    pub pool: String,
+    #[serde(default)]
+    pub pool_namespace: String,
+    pub image: String,
+    pub snapshot: String,
+}
+
+/// What the backend needs to know of an image.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct Info {
+    pub size: u64,
+    #[serde(default)]
+    pub parent: Option<Parent>,
+}
+
+/// One image of a pool, with its size.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct Listed {
+    pub image: String,
+    pub size: u64,
+    #[serde(default)]
+    pub snapshot: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct TrashEntry {
+    pub id: String,
+    pub name: String,
+}
+
+/// How a new image is made: its features (rbd's names, comma-separated)
+/// and where its data goes.
+#[derive(Debug, Clone, Copy)]
+pub struct Layout<'a> {
+    pub features: &'a str,
+    pub data_pool: &'a str,
+}
+
+/// errno values decisions are made by.
+pub const ENOENT: i32 = 2;
+pub const EEXIST: i32 = 17;
+/// Removing an image that still has snapshots (its clones need them).
+pub const ENOTEMPTY: i32 = 39;
+
+/// The cluster operations of the controller, and the one read of the
+/// node's health check. Each either finishes or fails with the errno kept.
+#[async_trait::async_trait]
+pub trait Cluster: Send + Sync {
+    /// Which road this is, for logs and the bench.
+    fn road(&self) -> &'static str;
+    /// The image's size and parent; `None` when it does not exist.
+    async fn info(&self, creds: &Creds, spec: &Spec) -> Result<Option<Info>>;
+    /// Info and metadata together (one open of the image where the road
+    /// allows); `None` when the image does not exist.
+    async fn describe(
+        &self,
+        creds: &Creds,
+        spec: &Spec,
+    ) -> Result<Option<(Info, BTreeMap<String, String>)>> {
+        let Some(info) = self.info(creds, spec).await? else {
+            return Ok(None);
+        };
+        match self.meta(creds, spec).await {
+            Ok(meta) => Ok(Some((info, meta))),
+            Err(e) if e.os_error == Some(ENOENT) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+    async fn meta(&self, creds: &Creds, spec: &Spec) -> Result<BTreeMap<String, String>>;
+    async fn set_meta(&self, creds: &Creds, spec: &Spec, key: &str, value: &str) -> Result<()>;
+    /// Removes a key; a key that is not there is no error.
+    async fn remove_meta(&self, creds: &Creds, spec: &Spec, key: &str) -> Result<()>;
+    /// Sets `set` and removes the `ferrovol.`-keys not in it (a clone comes
+    /// with its parent's), then renames the image to `to`: what makes a
+    /// temporary image a finished one.
+    async fn finish(
+        &self,
+        creds: &Creds,
+        tmp: &Spec,
+        to: &Spec,
+        set: &[(&str, &str)],
+        clear_others: bool,
+    ) -> Result<()> {
+        if clear_others {
+            for key in self.meta(creds, tmp).await?.keys() {
+                if key.starts_with("ferrovol.") && !set.iter().any(|(k, _)| k == key) {
+                    self.remove_meta(creds, tmp, key).await?;
+                }
+            }
+        }
+        for (k, v) in set {
+            self.set_meta(creds, tmp, k, v).await?;
+        }
+        self.rename(creds, tmp, to).await
+    }
+    /// The addresses of the clients watching the image (mapped it).
+    async fn watchers(&self, creds: &Creds, spec: &Spec) -> Result<Vec<String>>;
+    /// The images of a pool (and namespace) `place` names.
+    async fn list(&self, creds: &Creds, place: &Spec) -> Result<Vec<Listed>>;
+    async fn namespaces(&self, creds: &Creds, pool: &str) -> Result<Vec<String>>;
+    async fn trash(&self, creds: &Creds, place: &Spec) -> Result<Vec<TrashEntry>>;
+    async fn trash_move(&self, creds: &Creds, spec: &Spec) -> Result<()>;
+    async fn trash_remove(&self, creds: &Creds, place: &Spec, id: &str) -> Result<()>;
+    async fn create(&self, creds: &Creds, spec: &Spec, size: u64, layout: Layout<'_>)
+        -> Result<()>;
+    /// A format 2 clone of `parent@snap` as `to`; with the cluster's
+    /// default features when no layout is given.
+    async fn clone_image(
+        &self,
+        creds: &Creds,
+        parent: &Spec,
+        snap: &str,
+        to: &Spec,
+        layout: Option<Layout<'_>>,
+    ) -> Result<()>;
+    async fn resize(&self, creds: &Creds, spec: &Spec, size: u64) -> Result<()>;
+    /// Copies the parent's data into the image (long).
+    async fn flatten(&self, creds: &Creds, spec: &Spec) -> Result<()>;
+    /// Fails with ENOTEMPTY while the image has snapshots.
+    async fn remove(&self, creds: &Creds, spec: &Spec) -> Result<()>;
+    async fn rename(&self, creds: &Creds, from: &Spec, to: &Spec) -> Result<()>;
+    async fn snap_create(&self, creds: &Creds, spec: &Spec, snap: &str) -> Result<()>;
+    async fn snap_remove(&self, creds: &Creds, spec: &Spec, snap: &str) -> Result<()>;
+    /// The bytes `pool` can still take.
+    async fn pool_available(&self, creds: &Creds, pool: &str) -> Result<u64>;
+}
+
+/// `ceph df detail --format json`: what each pool can still take.
+#[derive(Debug, Clone, Deserialize)]
+struct Df {
+    pools: Vec<DfPool>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct DfPool {
+    name: String,
+    stats: DfStats,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct DfStats {
+    /// What the pool can still store, after replication, before the
+    /// fullest OSD it maps to is full.
+    max_avail: u64,
+    /// Bytes stored (before replication).
+    #[serde(default)]
+    stored: u64,
+    /// The pool's byte quota; 0: none.
+    #[serde(default)]
+    quota_bytes: u64,
+}
+
+/// The bytes a pool can still take from `ceph df detail` output: its free
+/// room, or what its quota leaves when that is less.
+pub fn pool_available(df_json: &str, pool: &str) -> Result<u64> {
+    let df: Df = serde_json::from_str(df_json)
+        .map_err(|e| Error::internal(format!("ceph df: unexpected output: {e}")))?;
+    let p = df
+        .pools
+        .iter()
+        .find(|p| p.name == pool)
+        .ok_or_else(|| Error::not_found(format!("ceph df lists no pool {pool:?}")))?;
+    let mut free = p.stats.max_avail;
+    if p.stats.quota_bytes > 0 {
+        free = free.min(p.stats.quota_bytes.saturating_sub(p.stats.stored));
+    }
+    Ok(free)
+}
+
+/// The backend's features by name, as librbd's bits.
+pub fn feature_bits(features: &str) -> Result<u64> {
+    let mut bits = 0;
+    for f in features.split(',').filter(|f| !f.is_empty()) {
+        bits |= match f {
+            "layering" => 1 << 0,
+            "exclusive-lock" => 1 << 2,
+            "object-map" => 1 << 3,
+            "fast-diff" => 1 << 4,
+            "deep-flatten" => 1 << 5,
+            "journaling" => 1 << 6,
+            other => return Err(Error::invalid(format!("unknown image feature {other:?}"))),
+        };
+    }
+    Ok(bits)
+}

@@ -1,0 +1,1165 @@
+//! librbd and librados in the driver's process, on connections kept per
+//! cephx user and key: a call costs the cluster's round trips, not a
+//! process and a cephx handshake (about 30 ms each).
+//!
+//! The libraries are opened at run time (dlopen), so the binary runs where
+//! Ceph's libraries are not installed; then the backend takes the command
+//! line. The key reaches librados through `rados_conf_set` only: never a
+//! file, an argument or a log. Every blocking call runs off the async
+//! workers, under librados's own timeouts (monitor, OSD, mount) and an
+//! outer deadline; a connection that timed out or was shut out by the
+//! cluster is dropped, and the next call connects again.
+//!
+//! The functions and struct layouts are those of librbd.h and librados.h
+//! (Ceph 16 and later; all are present since Ceph 15).
+
+#![allow(unsafe_code)]
+
+use super::cli::Creds;
+use super::cluster::{feature_bits, Cluster, Info, Layout, Listed, Parent, Spec, TrashEntry};
+use crate::error::{Error, Kind, Result};
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+type Rados = *mut c_void;
+type IoCtx = *mut c_void;
+type Image = *mut c_void;
+type Options = *mut c_void;
+
+#[repr(C)]
+struct ImageSpec {
+    id: *mut c_char,
+    name: *mut c_char,
+}
+
+#[repr(C)]
+struct LinkedImageSpec {
+    pool_id: i64,
+    pool_name: *mut c_char,
+    pool_namespace: *mut c_char,
+    image_id: *mut c_char,
+    image_name: *mut c_char,
+    trash: bool,
+}
+
+#[repr(C)]
+struct SnapSpec {
+    id: u64,
+    namespace_type: c_int,
+    name: *mut c_char,
+}
+
+#[repr(C)]
+struct TrashInfo {
+    id: *mut c_char,
+    name: *mut c_char,
+    source: c_int,
+    deletion_time: libc::time_t,
+    deferment_end_time: libc::time_t,
+}
+
+#[repr(C)]
+struct WatcherInfo {
+    addr: *mut c_char,
+    id: i64,
+    cookie: u64,
+}
+
+/// librbd.h's `RBD_IMAGE_OPTION_*`.
+const OPT_FEATURES: c_int = 1;
+const OPT_DATA_POOL: c_int = 10;
+const OPT_CLONE_FORMAT: c_int = 12;
+
+macro_rules! api {
+    ($($name:ident: fn($($arg:ty),*) $(-> $ret:ty)?;)*) => {
+        /// The functions of librados and librbd the backend calls.
+        struct Api {
+            $($name: unsafe extern "C" fn($($arg),*) $(-> $ret)?,)*
+        }
+
+        impl Api {
+            fn load() -> std::result::Result<Api, String> {
+                let rados = open("librados.so.2")?;
+                let rbd = open("librbd.so.1")?;
+                Ok(Api {
+                    $($name: {
+                        let lib = if stringify!($name).starts_with("rados_") { rados } else { rbd };
+                        let sym = symbol(lib, stringify!($name))?;
+                        // SAFETY: the symbol is the library's function of
+                        // this name, whose C signature the field declares.
+                        unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($arg),*) $(-> $ret)?>(sym) }
+                    },)*
+                })
+            }
+        }
+    };
+}
+
+api! {
+    rados_create2: fn(*mut Rados, *const c_char, *const c_char, u64) -> c_int;
+    rados_conf_set: fn(Rados, *const c_char, *const c_char) -> c_int;
+    rados_connect: fn(Rados) -> c_int;
+    rados_shutdown: fn(Rados);
+    rados_ioctx_create: fn(Rados, *const c_char, *mut IoCtx) -> c_int;
+    rados_ioctx_destroy: fn(IoCtx);
+    rados_ioctx_set_namespace: fn(IoCtx, *const c_char);
+    rados_mon_command: fn(Rados, *mut *const c_char, usize, *const c_char, usize,
+        *mut *mut c_char, *mut usize, *mut *mut c_char, *mut usize) -> c_int;
+    rados_buffer_free: fn(*mut c_char);
+    rados_stat: fn(IoCtx, *const c_char, *mut u64, *mut libc::time_t) -> c_int;
+    rbd_image_options_create: fn(*mut Options);
+    rbd_image_options_destroy: fn(Options);
+    rbd_image_options_set_string: fn(Options, c_int, *const c_char) -> c_int;
+    rbd_image_options_set_uint64: fn(Options, c_int, u64) -> c_int;
+    rbd_create4: fn(IoCtx, *const c_char, u64, Options) -> c_int;
+    rbd_clone3: fn(IoCtx, *const c_char, *const c_char, IoCtx, *const c_char, Options) -> c_int;
+    rbd_remove: fn(IoCtx, *const c_char) -> c_int;
+    rbd_rename: fn(IoCtx, *const c_char, *const c_char) -> c_int;
+    rbd_trash_move: fn(IoCtx, *const c_char, u64) -> c_int;
+    rbd_trash_list: fn(IoCtx, *mut TrashInfo, *mut usize) -> c_int;
+    rbd_trash_list_cleanup: fn(*mut TrashInfo, usize);
+    rbd_trash_remove: fn(IoCtx, *const c_char, bool) -> c_int;
+    rbd_list2: fn(IoCtx, *mut ImageSpec, *mut usize) -> c_int;
+    rbd_image_spec_list_cleanup: fn(*mut ImageSpec, usize);
+    rbd_namespace_list: fn(IoCtx, *mut c_char, *mut usize) -> c_int;
+    rbd_open: fn(IoCtx, *const c_char, *mut Image, *const c_char) -> c_int;
+    rbd_open_read_only: fn(IoCtx, *const c_char, *mut Image, *const c_char) -> c_int;
+    rbd_close: fn(Image) -> c_int;
+    rbd_get_size: fn(Image, *mut u64) -> c_int;
+    rbd_get_parent: fn(Image, *mut LinkedImageSpec, *mut SnapSpec) -> c_int;
+    rbd_linked_image_spec_cleanup: fn(*mut LinkedImageSpec);
+    rbd_snap_spec_cleanup: fn(*mut SnapSpec);
+    rbd_resize: fn(Image, u64) -> c_int;
+    rbd_flatten: fn(Image) -> c_int;
+    rbd_snap_create: fn(Image, *const c_char) -> c_int;
+    rbd_snap_remove: fn(Image, *const c_char) -> c_int;
+    rbd_metadata_set: fn(Image, *const c_char, *const c_char) -> c_int;
+    rbd_metadata_remove: fn(Image, *const c_char) -> c_int;
+    rbd_metadata_list: fn(Image, *const c_char, u64, *mut c_char, *mut usize, *mut c_char, *mut usize) -> c_int;
+    rbd_watchers_list: fn(Image, *mut WatcherInfo, *mut usize) -> c_int;
+    rbd_watchers_list_cleanup: fn(*mut WatcherInfo, usize);
+}
+
+fn open(name: &str) -> std::result::Result<*mut c_void, String> {
+    let c = CString::new(name).map_err(|e| e.to_string())?;
+    // SAFETY: a NUL-terminated name; the handle is never closed (the
+    // libraries stay for the life of the process).
+    let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if h.is_null() {
+        return Err(format!("{name}: {}", dl_error()));
+    }
+    Ok(h)
+}
+
+fn symbol(lib: *mut c_void, name: &str) -> std::result::Result<*mut c_void, String> {
+    let c = CString::new(name).map_err(|e| e.to_string())?;
+    // SAFETY: `lib` is a live handle from dlopen; the name is NUL-terminated.
+    let sym = unsafe { libc::dlsym(lib, c.as_ptr()) };
+    if sym.is_null() {
+        return Err(format!("{name}: {}", dl_error()));
+    }
+    Ok(sym)
+}
+
+fn dl_error() -> String {
+    // SAFETY: dlerror returns null or a NUL-terminated message.
+    let e = unsafe { libc::dlerror() };
+    if e.is_null() {
+        "not found".into()
+    } else {
+        // SAFETY: non-null, NUL-terminated (above).
+        unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
+    }
+}
+
+static API: OnceLock<std::result::Result<Api, String>> = OnceLock::new();
+
+fn api() -> std::result::Result<&'static Api, String> {
+    API.get_or_init(Api::load).as_ref().map_err(Clone::clone)
+}
+
+fn cstr(what: &str, s: &str) -> Result<CString> {
+    CString::new(s).map_err(|_| Error::invalid(format!("{what} holds a NUL byte")))
+}
+
+/// Owned C string from librbd, or "" for null.
+fn owned(p: *const c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: librbd hands out NUL-terminated strings.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+/// errno values on which a kept connection is given up.
+fn connection_lost(errno: i32) -> bool {
+    matches!(
+        errno,
+        libc::ETIMEDOUT | libc::ESHUTDOWN | libc::ENOTCONN | libc::ECONNREFUSED
+    )
+}
+
+/// A librbd/librados failure (`-errno`), judged by its errno like the
+/// command line's exit status.
+fn failure(what: &str, ret: c_int) -> Error {
+    let errno = -ret;
+    let text = format!("{what}: {}", std::io::Error::from_raw_os_error(errno));
+    let err = match errno {
+        libc::ENOENT => Error::not_found(text),
+        libc::EEXIST => Error::already_exists(text),
+        libc::EACCES | libc::EPERM => {
+            Error::invalid(format!("the cluster refused the credentials: {text}"))
+        }
+        e if connection_lost(e) => Error::unavailable(text),
+        _ => Error::internal(text),
+    };
+    Error {
+        os_error: Some(errno),
+        ..err
+    }
+}
+
+fn check(what: impl FnOnce() -> String, ret: c_int) -> Result<c_int> {
+    if ret < 0 {
+        Err(failure(&what(), ret))
+    } else {
+        Ok(ret)
+    }
+}
+
+/// One cluster connection (a `rados_t`), shut down when the last call
+/// holding it is done.
+struct Connection {
+    api: &'static Api,
+    handle: Rados,
+}
+
+// SAFETY: a rados_t is safe to use from any thread and from several at
+// once (librados's documented contract); it is only shut down in Drop,
+// when no call holds it.
+unsafe impl Send for Connection {}
+unsafe impl Sync for Connection {}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from rados_create2 and is shut down once.
+        unsafe { (self.api.rados_shutdown)(self.handle) }
+    }
+}
+
+/// How long librados waits, and the outer deadline of a call.
+const MOUNT_TIMEOUT: &str = "20";
+const OP_TIMEOUT: &str = "30";
+const DEADLINE: Duration = Duration::from_secs(90);
+/// Copies (flatten) take their time.
+const LONG: Duration = Duration::from_secs(3600);
+/// Kept connections: at most this many users and keys, dropped after this
+/// long unused.
+const KEPT: usize = 8;
+const IDLE: Duration = Duration::from_secs(600);
+
+impl Connection {
+    fn open(api: &'static Api, monitors: &str, user: &str, key: &str) -> Result<Connection> {
+        let cluster = cstr("cluster", "ceph")?;
+        let name = cstr("user", &format!("client.{user}"))?;
+        let mut handle: Rados = std::ptr::null_mut();
+        // SAFETY: valid out pointer and NUL-terminated names.
+        check(|| "rados_create2".into(), unsafe {
+            (api.rados_create2)(&mut handle, cluster.as_ptr(), name.as_ptr(), 0)
+        })?;
+        let conn = Connection { api, handle };
+        let settings = [
+            ("mon_host", monitors),
+            ("key", key),
+            // No files of the host's, nothing printed, no admin socket.
+            ("keyring", ""),
+            ("log_to_stderr", "false"),
+            ("err_to_stderr", "false"),
+            ("log_file", ""),
+            ("admin_socket", ""),
+            ("client_mount_timeout", MOUNT_TIMEOUT),
+            ("rados_mon_op_timeout", OP_TIMEOUT),
+            ("rados_osd_op_timeout", OP_TIMEOUT),
+            ("rbd_default_clone_format", "2"),
+        ];
+        for (option, value) in settings {
+            let o = cstr("option", option)?;
+            let v = cstr(option, value)?;
+            // SAFETY: a live handle, NUL-terminated strings (copied by
+            // librados).
+            let ret = unsafe { (api.rados_conf_set)(conn.handle, o.as_ptr(), v.as_ptr()) };
+            // The key's value is never part of an error.
+            check(|| format!("rados_conf_set {option}"), ret)?;
+        }
+        // SAFETY: a configured handle, connected once.
+        check(|| "connect to the cluster".into(), unsafe {
+            (api.rados_connect)(conn.handle)
+        })?;
+        Ok(conn)
+    }
+
+    /// An I/O context on `place`'s pool and namespace.
+    fn ioctx(&self, place: &Spec) -> Result<Ctx<'_>> {
+        let pool = cstr("pool", &place.pool)?;
+        let mut io: IoCtx = std::ptr::null_mut();
+        // SAFETY: a connected handle, NUL-terminated name, valid out pointer.
+        check(|| format!("pool {}", place.pool), unsafe {
+            (self.api.rados_ioctx_create)(self.handle, pool.as_ptr(), &mut io)
+        })?;
+        let ctx = Ctx { conn: self, io };
+        let ns = cstr("namespace", &place.namespace)?;
+        // SAFETY: a live ioctx; the namespace is copied.
+        unsafe { (self.api.rados_ioctx_set_namespace)(ctx.io, ns.as_ptr()) };
+        Ok(ctx)
+    }
+
+    /// A monitor command's output.
+    fn mon_command(&self, json: &str) -> Result<String> {
+        let cmd = cstr("command", json)?;
+        let mut cmds = [cmd.as_ptr()];
+        let (mut out, mut out_len) = (std::ptr::null_mut(), 0usize);
+        let (mut status, mut status_len) = (std::ptr::null_mut(), 0usize);
+        // SAFETY: one NUL-terminated command, no input, valid out pointers;
+        // the buffers librados returns are freed with rados_buffer_free.
+        let ret = unsafe {
+            (self.api.rados_mon_command)(
+                self.handle,
+                cmds.as_mut_ptr(),
+                1,
+                std::ptr::null(),
+                0,
+                &mut out,
+                &mut out_len,
+                &mut status,
+                &mut status_len,
+            )
+        };
+        let text = if out.is_null() {
+            String::new()
+        } else {
+            // SAFETY: out_len bytes at out, from librados.
+            let bytes = unsafe { std::slice::from_raw_parts(out as *const u8, out_len) };
+            String::from_utf8_lossy(bytes).into_owned()
+        };
+        for b in [out, status] {
+            if !b.is_null() {
+                // SAFETY: a buffer librados allocated.
+                unsafe { (self.api.rados_buffer_free)(b) };
+            }
+        }
+        check(|| "monitor command".into(), ret)?;
+        Ok(text)
+    }
+}
+
+/// An I/O context, destroyed when dropped.
+struct Ctx<'a> {
+    conn: &'a Connection,
+    io: IoCtx,
+}
+
+impl Drop for Ctx<'_> {
+    fn drop(&mut self) {
+        // SAFETY: created by rados_ioctx_create, destroyed once.
+        unsafe { (self.conn.api.rados_ioctx_destroy)(self.io) }
+    }
+}
+
+/// An open image, closed when dropped.
+struct Img<'a> {
+    api: &'static Api,
+    image: Image,
+    spec: &'a Spec,
+}
+
+impl Drop for Img<'_> {
+    fn drop(&mut self) {
+        // SAFETY: opened by rbd_open*, closed once.
+        unsafe { (self.api.rbd_close)(self.image) };
+    }
+}
+
+/// Image options, destroyed when dropped.
+struct Opts {
+    api: &'static Api,
+    opts: Options,
+}
+
+// SAFETY: the options are plain data owned by this value, used by one
+// thread at a time (built here, read by the call on the blocking pool).
+unsafe impl Send for Opts {}
+
+impl Drop for Opts {
+    fn drop(&mut self) {
+        // SAFETY: created by rbd_image_options_create, destroyed once.
+        unsafe { (self.api.rbd_image_options_destroy)(self.opts) }
+    }
+}
+
+impl Opts {
+    fn ptr(&self) -> Options {
+        self.opts
+    }
+    fn new(api: &'static Api) -> Opts {
+        let mut opts: Options = std::ptr::null_mut();
+        // SAFETY: valid out pointer.
+        unsafe { (api.rbd_image_options_create)(&mut opts) };
+        Opts { api, opts }
+    }
+    fn layout(self, layout: Layout<'_>) -> Result<Opts> {
+        let bits = feature_bits(layout.features)?;
+        // SAFETY: live options; option ids from librbd.h.
+        check(|| "image option features".into(), unsafe {
+            (self.api.rbd_image_options_set_uint64)(self.opts, OPT_FEATURES, bits)
+        })?;
+        if !layout.data_pool.is_empty() {
+            let pool = cstr("data pool", layout.data_pool)?;
+            // SAFETY: as above; the string is copied.
+            check(|| "image option data_pool".into(), unsafe {
+                (self.api.rbd_image_options_set_string)(self.opts, OPT_DATA_POOL, pool.as_ptr())
+            })?;
+        }
+        Ok(self)
+    }
+}
+
+impl Ctx<'_> {
+    fn api(&self) -> &'static Api {
+        self.conn.api
+    }
+
+    fn open<'s>(&self, spec: &'s Spec, write: bool) -> Result<Img<'s>> {
+        let name = cstr("image", &spec.image)?;
+        let mut image: Image = std::ptr::null_mut();
+        let f = if write {
+            self.api().rbd_open
+        } else {
+            self.api().rbd_open_read_only
+        };
+        // SAFETY: a live ioctx, NUL-terminated name, no snapshot.
+        check(|| format!("open image {}", spec.arg()), unsafe {
+            f(self.io, name.as_ptr(), &mut image, std::ptr::null())
+        })?;
+        Ok(Img {
+            api: self.api(),
+            image,
+            spec,
+        })
+    }
+
+    /// Whether the image exists: its id object (`rbd_id.<name>`, where
+    /// format 2 images have kept their id since 2012) read by one OSD op,
+    /// without the cost of opening an image.
+    fn exists(&self, spec: &Spec) -> Result<bool> {
+        let object = cstr("image", &format!("rbd_id.{}", spec.image))?;
+        let (mut size, mut mtime) = (0u64, 0 as libc::time_t);
+        // SAFETY: a live ioctx, NUL-terminated name, valid out pointers.
+        let ret =
+            unsafe { (self.api().rados_stat)(self.io, object.as_ptr(), &mut size, &mut mtime) };
+        if ret == -libc::ENOENT {
+            return Ok(false);
+        }
+        check(|| format!("look up {}", spec.arg()), ret).map(|_| true)
+    }
+
+    fn list(&self) -> Result<Vec<(String, String)>> {
+        let api = self.api();
+        let mut cap = 64usize;
+        loop {
+            let mut rows: Vec<ImageSpec> = Vec::with_capacity(cap);
+            let mut n = cap;
+            // SAFETY: room for `cap` entries; librbd fills `n` of them.
+            let ret = unsafe { (api.rbd_list2)(self.io, rows.as_mut_ptr(), &mut n) };
+            if ret == -libc::ERANGE && n > cap {
+                cap = n;
+                continue;
+            }
+            check(|| "list images".into(), ret)?;
+            // SAFETY: librbd initialised the first `n`.
+            unsafe { rows.set_len(n) };
+            let out = rows.iter().map(|r| (owned(r.id), owned(r.name))).collect();
+            // SAFETY: the entries librbd filled, freed once.
+            unsafe { (api.rbd_image_spec_list_cleanup)(rows.as_mut_ptr(), n) };
+            return Ok(out);
+        }
+    }
+}
+
+impl Img<'_> {
+    fn what(&self, op: &str) -> String {
+        format!("{op} {}", self.spec.arg())
+    }
+
+    fn size(&self) -> Result<u64> {
+        let mut size = 0u64;
+        // SAFETY: an open image, valid out pointer.
+        check(|| self.what("size of"), unsafe {
+            (self.api.rbd_get_size)(self.image, &mut size)
+        })?;
+        Ok(size)
+    }
+
+    fn parent(&self) -> Result<Option<Parent>> {
+        // SAFETY: zeroed structs are valid "empty" ones for librbd to fill.
+        let mut image: LinkedImageSpec = unsafe { std::mem::zeroed() };
+        let mut snap: SnapSpec = unsafe { std::mem::zeroed() };
+        // SAFETY: an open image and valid out pointers.
+        let ret = unsafe { (self.api.rbd_get_parent)(self.image, &mut image, &mut snap) };
+        if ret == -libc::ENOENT {
+            return Ok(None);
+        }
+        check(|| self.what("parent of"), ret)?;
+        let parent = Parent {
+            pool: owned(image.pool_name),
+            pool_namespace: owned(image.pool_namespace),
+            image: owned(image.image_name),
+            snapshot: owned(snap.name),
+        };
+        // SAFETY: filled by rbd_get_parent, freed once.
+        unsafe {
+            (self.api.rbd_linked_image_spec_cleanup)(&mut image);
+            (self.api.rbd_snap_spec_cleanup)(&mut snap);
+        }
+        Ok(Some(parent))
+    }
+
+    fn info(&self) -> Result<Info> {
+        Ok(Info {
+            size: self.size()?,
+            parent: self.parent()?,
+        })
+    }
+
+    fn meta(&self) -> Result<BTreeMap<String, String>> {
+        let (mut keys_cap, mut vals_cap) = (4096usize, 4096usize);
+        let start = cstr("start", "")?;
+        loop {
+            let mut keys = vec![0u8; keys_cap];
+            let mut vals = vec![0u8; vals_cap];
+            let (mut kl, mut vl) = (keys_cap, vals_cap);
+            // SAFETY: buffers of the lengths given; librbd writes within.
+            let ret = unsafe {
+                (self.api.rbd_metadata_list)(
+                    self.image,
+                    start.as_ptr(),
+                    0,
+                    keys.as_mut_ptr() as *mut c_char,
+                    &mut kl,
+                    vals.as_mut_ptr() as *mut c_char,
+                    &mut vl,
+                )
+            };
+            if ret == -libc::ERANGE && (kl > keys_cap || vl > vals_cap) {
+                keys_cap = kl.max(keys_cap);
+                vals_cap = vl.max(vals_cap);
+                continue;
+            }
+            check(|| self.what("metadata of"), ret)?;
+            // Keys and values, each ended by a NUL; values may be empty.
+            let parts = |b: &[u8], len: usize| -> Vec<String> {
+                let mut v: Vec<String> = b[..len.min(b.len())]
+                    .split(|c| *c == 0)
+                    .map(|s| String::from_utf8_lossy(s).into_owned())
+                    .collect();
+                v.pop();
+                v
+            };
+            let k: Vec<String> = parts(&keys, kl)
+                .into_iter()
+                .filter(|k| !k.is_empty())
+                .collect();
+            let values = parts(&vals, vl);
+            return Ok(k.into_iter().zip(values).collect());
+        }
+    }
+
+    fn set_meta(&self, key: &str, value: &str) -> Result<()> {
+        let k = cstr("metadata key", key)?;
+        let v = cstr("metadata value", value)?;
+        // SAFETY: an image open for writing, NUL-terminated strings.
+        check(|| self.what("set metadata of"), unsafe {
+            (self.api.rbd_metadata_set)(self.image, k.as_ptr(), v.as_ptr())
+        })
+        .map(|_| ())
+    }
+
+    fn remove_meta(&self, key: &str) -> Result<()> {
+        let k = cstr("metadata key", key)?;
+        // SAFETY: as above.
+        match check(|| self.what("remove metadata of"), unsafe {
+            (self.api.rbd_metadata_remove)(self.image, k.as_ptr())
+        }) {
+            Ok(_) => Ok(()),
+            Err(e) if e.os_error == Some(libc::ENOENT) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn watchers(&self) -> Result<Vec<String>> {
+        let mut cap = 8usize;
+        loop {
+            let mut rows: Vec<WatcherInfo> = Vec::with_capacity(cap);
+            let mut n = cap;
+            // SAFETY: room for `cap` entries; librbd fills `n`.
+            let ret =
+                unsafe { (self.api.rbd_watchers_list)(self.image, rows.as_mut_ptr(), &mut n) };
+            if ret == -libc::ERANGE && n > cap {
+                cap = n;
+                continue;
+            }
+            check(|| self.what("watchers of"), ret)?;
+            // SAFETY: librbd initialised the first `n`.
+            unsafe { rows.set_len(n) };
+            let out = rows.iter().map(|w| owned(w.addr)).collect();
+            // SAFETY: the entries librbd filled, freed once.
+            unsafe { (self.api.rbd_watchers_list_cleanup)(rows.as_mut_ptr(), n) };
+            return Ok(out);
+        }
+    }
+
+    fn name_op(
+        &self,
+        op: &str,
+        f: unsafe extern "C" fn(Image, *const c_char) -> c_int,
+        snap: &str,
+    ) -> Result<()> {
+        let s = cstr("snapshot", snap)?;
+        // SAFETY: an image open for writing, NUL-terminated name.
+        check(|| format!("{op} {}@{snap}", self.spec.arg()), unsafe {
+            f(self.image, s.as_ptr())
+        })
+        .map(|_| ())
+    }
+}
+
+/// The connections kept: per user and key (by digest; the key itself is
+/// only in librados).
+#[derive(Default)]
+struct Pool {
+    kept: HashMap<[u8; 32], Kept>,
+}
+
+struct Kept {
+    conn: Arc<tokio::sync::OnceCell<Arc<Connection>>>,
+    used: Instant,
+}
+
+/// librbd on kept connections, against one cluster.
+pub struct LibCluster {
+    api: &'static Api,
+    monitors: String,
+    pool: Mutex<Pool>,
+}
+
+impl LibCluster {
+    pub fn new(monitors: &[String]) -> std::result::Result<LibCluster, String> {
+        Ok(LibCluster {
+            api: api()?,
+            monitors: monitors.join(","),
+            pool: Mutex::new(Pool::default()),
+        })
+    }
+
+    fn digest(creds: &Creds) -> Result<[u8; 32]> {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        h.update(creds.user.as_bytes());
+        h.update([0]);
+        h.update(creds.key()?.as_bytes());
+        Ok(h.finalize().into())
+    }
+
+    /// The kept connection for these credentials, made when there is none
+    /// (one attempt at a time per user and key).
+    async fn connection(&self, creds: &Creds) -> Result<Arc<Connection>> {
+        let id = Self::digest(creds)?;
+        let cell = {
+            let mut pool = self
+                .pool
+                .lock()
+                .map_err(|_| Error::internal("connection pool lock poisoned"))?;
+            let now = Instant::now();
+            pool.kept
+                .retain(|k, kept| *k == id || now.duration_since(kept.used) < IDLE);
+            if !pool.kept.contains_key(&id) && pool.kept.len() >= KEPT {
+                if let Some(oldest) = pool
+                    .kept
+                    .iter()
+                    .min_by_key(|(_, k)| k.used)
+                    .map(|(k, _)| *k)
+                {
+                    pool.kept.remove(&oldest);
+                }
+            }
+            let kept = pool.kept.entry(id).or_insert_with(|| Kept {
+                conn: Default::default(),
+                used: now,
+            });
+            kept.used = now;
+            kept.conn.clone()
+        };
+        let conn = cell
+            .get_or_try_init(|| async {
+                let (api, monitors) = (self.api, self.monitors.clone());
+                let (user, key) = (creds.user.clone(), creds.key()?.to_string());
+                blocking(DEADLINE, move || {
+                    Connection::open(api, &monitors, &user, &key)
+                })
+                .await
+                .map(Arc::new)
+            })
+            .await;
+        if conn.is_err() {
+            self.forget(id, None);
+        }
+        conn.cloned()
+    }
+
+    /// Drops the kept connection `id` (only `conn`, when given: not one a
+    /// later call already made anew).
+    fn forget(&self, id: [u8; 32], conn: Option<&Arc<Connection>>) {
+        if let Ok(mut pool) = self.pool.lock() {
+            let same = pool
+                .kept
+                .get(&id)
+                .is_some_and(|k| match (conn, k.conn.get()) {
+                    (Some(c), Some(kept)) => Arc::ptr_eq(c, kept),
+                    (None, _) => true,
+                    (Some(_), None) => false,
+                });
+            if same {
+                pool.kept.remove(&id);
+            }
+        }
+    }
+
+    /// Runs `f` on a kept connection, off the async workers; a connection
+    /// that failed this way is given up.
+    async fn call<T: Send + 'static>(
+        &self,
+        creds: &Creds,
+        deadline: Duration,
+        f: impl FnOnce(&Connection) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let conn = self.connection(creds).await?;
+        let held = conn.clone();
+        let r = blocking(deadline, move || f(&held)).await;
+        if let Err(e) = &r {
+            if e.kind == Kind::Unavailable || e.os_error.is_some_and(connection_lost) {
+                tracing::info!(error = %e.message, "giving up the cluster connection");
+                self.forget(Self::digest(creds)?, Some(&conn));
+            }
+        }
+        r
+    }
+
+    /// Runs `f` on an I/O context of `place`.
+    async fn on<T: Send + 'static>(
+        &self,
+        creds: &Creds,
+        place: &Spec,
+        f: impl FnOnce(&Ctx<'_>) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let place = place.clone();
+        self.call(creds, DEADLINE, move |c| f(&c.ioctx(&place)?))
+            .await
+    }
+
+    /// Runs `f` on the image `spec` names, opened for writing or not.
+    async fn image<T: Send + 'static>(
+        &self,
+        creds: &Creds,
+        spec: &Spec,
+        write: bool,
+        deadline: Duration,
+        f: impl FnOnce(&Img<'_>) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let spec = spec.clone();
+        self.call(creds, deadline, move |c| {
+            let ctx = c.ioctx(&spec)?;
+            let img = ctx.open(&spec, write)?;
+            f(&img)
+        })
+        .await
+    }
+}
+
+/// `f` on the blocking pool, answered within `deadline` (the thread itself
+/// ends when librados's own timeouts end the call).
+async fn blocking<T: Send + 'static>(
+    deadline: Duration,
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    match tokio::time::timeout(deadline, tokio::task::spawn_blocking(f)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => Err(Error::internal(format!("a cluster call failed: {e}"))),
+        Err(_) => Err(Error::unavailable(format!(
+            "the cluster did not answer within {} s",
+            deadline.as_secs()
+        ))),
+    }
+}
+
+fn not_found_none<T>(r: Result<T>) -> Result<Option<T>> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if e.os_error == Some(libc::ENOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+#[async_trait::async_trait]
+impl Cluster for LibCluster {
+    fn road(&self) -> &'static str {
+        "librbd"
+    }
+
+    async fn info(&self, creds: &Creds, spec: &Spec) -> Result<Option<Info>> {
+        let s = spec.clone();
+        self.on(creds, spec, move |ctx| {
+            if !ctx.exists(&s)? {
+                return Ok(None);
+            }
+            not_found_none(ctx.open(&s, false).and_then(|img| img.info()))
+        })
+        .await
+    }
+
+    async fn describe(
+        &self,
+        creds: &Creds,
+        spec: &Spec,
+    ) -> Result<Option<(Info, BTreeMap<String, String>)>> {
+        let s = spec.clone();
+        self.on(creds, spec, move |ctx| {
+            if !ctx.exists(&s)? {
+                return Ok(None);
+            }
+            not_found_none(
+                ctx.open(&s, false)
+                    .and_then(|img| Ok((img.info()?, img.meta()?))),
+            )
+        })
+        .await
+    }
+
+    async fn meta(&self, creds: &Creds, spec: &Spec) -> Result<BTreeMap<String, String>> {
+        self.image(creds, spec, false, DEADLINE, |img| img.meta())
+            .await
+    }
+
+    async fn set_meta(&self, creds: &Creds, spec: &Spec, key: &str, value: &str) -> Result<()> {
+        let (k, v) = (key.to_string(), value.to_string());
+        self.image(creds, spec, true, DEADLINE, move |img| img.set_meta(&k, &v))
+            .await
+    }
+
+    async fn remove_meta(&self, creds: &Creds, spec: &Spec, key: &str) -> Result<()> {
+        let k = key.to_string();
+        match self
+            .image(creds, spec, true, DEADLINE, move |img| img.remove_meta(&k))
+            .await
+        {
+            Err(e) if e.os_error == Some(libc::ENOENT) => Ok(()),
+            r => r,
+        }
+    }
+
+    async fn finish(
+        &self,
+        creds: &Creds,
+        tmp: &Spec,
+        to: &Spec,
+        set: &[(&str, &str)],
+        clear_others: bool,
+    ) -> Result<()> {
+        // One open for all of the metadata, then the rename.
+        let set: Vec<(String, String)> = set
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let (tmp, to) = (tmp.clone(), to.clone());
+        self.call(creds, DEADLINE, move |c| {
+            let ctx = c.ioctx(&tmp)?;
+            {
+                let img = ctx.open(&tmp, true)?;
+                if clear_others {
+                    for key in img.meta()?.keys() {
+                        if key.starts_with("ferrovol.") && !set.iter().any(|(k, _)| k == key) {
+                            img.remove_meta(key)?;
+                        }
+                    }
+                }
+                for (k, v) in &set {
+                    img.set_meta(k, v)?;
+                }
+            }
+            let (from, dest) = (cstr("image", &tmp.image)?, cstr("image", &to.image)?);
+            // SAFETY: a live ioctx, NUL-terminated names.
+            check(|| format!("rename {} to {}", tmp.arg(), to.image), unsafe {
+                (ctx.api().rbd_rename)(ctx.io, from.as_ptr(), dest.as_ptr())
+            })
+            .map(|_| ())
+        })
+        .await
+    }
+
+    async fn watchers(&self, creds: &Creds, spec: &Spec) -> Result<Vec<String>> {
+        self.image(creds, spec, false, DEADLINE, |img| img.watchers())
+            .await
+    }
+
+    async fn list(&self, creds: &Creds, place: &Spec) -> Result<Vec<Listed>> {
+        let at = place.clone();
+        self.on(creds, place, move |ctx| {
+            let mut out = Vec::new();
+            for (_, name) in ctx.list()? {
+                let spec = at.with_image(&name);
+                // Removed since the listing: not listed.
+                let size = match ctx.open(&spec, false).and_then(|i| i.size()) {
+                    Ok(s) => s,
+                    Err(e) if e.os_error == Some(libc::ENOENT) => continue,
+                    Err(e) => return Err(e),
+                };
+                out.push(Listed {
+                    image: name,
+                    size,
+                    snapshot: None,
+                });
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn namespaces(&self, creds: &Creds, pool: &str) -> Result<Vec<String>> {
+        let place = Spec {
+            pool: pool.into(),
+            namespace: String::new(),
+            image: String::new(),
+        };
+        self.on(creds, &place, |ctx| {
+            let api = ctx.api();
+            let mut cap = 1024usize;
+            loop {
+                let mut buf = vec![0u8; cap];
+                let mut len = cap;
+                // SAFETY: a buffer of `len` bytes.
+                let ret = unsafe {
+                    (api.rbd_namespace_list)(ctx.io, buf.as_mut_ptr() as *mut c_char, &mut len)
+                };
+                if ret == -libc::ERANGE && len > cap {
+                    cap = len;
+                    continue;
+                }
+                if ret == -libc::ENOENT {
+                    return Ok(Vec::new());
+                }
+                check(|| "list namespaces".into(), ret)?;
+                return Ok(buf[..len.min(cap)]
+                    .split(|c| *c == 0)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| String::from_utf8_lossy(s).into_owned())
+                    .collect());
+            }
+        })
+        .await
+    }
+
+    async fn trash(&self, creds: &Creds, place: &Spec) -> Result<Vec<TrashEntry>> {
+        self.on(creds, place, |ctx| {
+            let api = ctx.api();
+            let mut cap = 16usize;
+            loop {
+                let mut rows: Vec<TrashInfo> = Vec::with_capacity(cap);
+                let mut n = cap;
+                // SAFETY: room for `cap` entries; librbd fills `n`.
+                let ret = unsafe { (api.rbd_trash_list)(ctx.io, rows.as_mut_ptr(), &mut n) };
+                if ret == -libc::ERANGE && n > cap {
+                    cap = n;
+                    continue;
+                }
+                check(|| "list the trash".into(), ret)?;
+                // librbd returns the count on success.
+                let n = n.min(cap);
+                // SAFETY: librbd initialised the first `n`.
+                unsafe { rows.set_len(n) };
+                let out = rows
+                    .iter()
+                    .map(|t| TrashEntry {
+                        id: owned(t.id),
+                        name: owned(t.name),
+                    })
+                    .collect();
+                // SAFETY: the entries librbd filled, freed once.
+                unsafe { (api.rbd_trash_list_cleanup)(rows.as_mut_ptr(), n) };
+                return Ok(out);
+            }
+        })
+        .await
+    }
+
+    async fn trash_move(&self, creds: &Creds, spec: &Spec) -> Result<()> {
+        let s = spec.clone();
+        self.on(creds, spec, move |ctx| {
+            let name = cstr("image", &s.image)?;
+            // SAFETY: a live ioctx, NUL-terminated name.
+            check(|| format!("move {} to the trash", s.arg()), unsafe {
+                (ctx.api().rbd_trash_move)(ctx.io, name.as_ptr(), 0)
+            })
+            .map(|_| ())
+        })
+        .await
+    }
+
+    async fn trash_remove(&self, creds: &Creds, place: &Spec, id: &str) -> Result<()> {
+        let id = id.to_string();
+        self.on(creds, place, move |ctx| {
+            let i = cstr("trash id", &id)?;
+            // SAFETY: a live ioctx, NUL-terminated id.
+            check(|| format!("remove {id} from the trash"), unsafe {
+                (ctx.api().rbd_trash_remove)(ctx.io, i.as_ptr(), false)
+            })
+            .map(|_| ())
+        })
+        .await
+    }
+
+    async fn create(
+        &self,
+        creds: &Creds,
+        spec: &Spec,
+        size: u64,
+        layout: Layout<'_>,
+    ) -> Result<()> {
+        let s = spec.clone();
+        let opts = Opts::new(self.api).layout(layout)?;
+        self.on(creds, spec, move |ctx| {
+            let name = cstr("image", &s.image)?;
+            // SAFETY: a live ioctx and options, NUL-terminated name.
+            check(|| format!("create {}", s.arg()), unsafe {
+                (ctx.api().rbd_create4)(ctx.io, name.as_ptr(), size, opts.ptr())
+            })
+            .map(|_| ())
+        })
+        .await
+    }
+
+    async fn clone_image(
+        &self,
+        creds: &Creds,
+        parent: &Spec,
+        snap: &str,
+        to: &Spec,
+        layout: Option<Layout<'_>>,
+    ) -> Result<()> {
+        let mut opts = Opts::new(self.api);
+        if let Some(l) = layout {
+            opts = opts.layout(l)?;
+        }
+        // SAFETY: live options; option id from librbd.h.
+        check(|| "image option clone_format".into(), unsafe {
+            (self.api.rbd_image_options_set_uint64)(opts.opts, OPT_CLONE_FORMAT, 2)
+        })?;
+        let (p, t, snap) = (parent.clone(), to.clone(), snap.to_string());
+        self.call(creds, DEADLINE, move |c| {
+            let (pctx, cctx) = (c.ioctx(&p)?, c.ioctx(&t)?);
+            let (pn, sn, cn) = (
+                cstr("image", &p.image)?,
+                cstr("snapshot", &snap)?,
+                cstr("image", &t.image)?,
+            );
+            // SAFETY: live ioctxs and options, NUL-terminated names.
+            check(
+                || format!("clone {}@{snap} to {}", p.arg(), t.arg()),
+                unsafe {
+                    (c.api.rbd_clone3)(
+                        pctx.io,
+                        pn.as_ptr(),
+                        sn.as_ptr(),
+                        cctx.io,
+                        cn.as_ptr(),
+                        opts.ptr(),
+                    )
+                },
+            )
+            .map(|_| ())
+        })
+        .await
+    }
+
+    async fn resize(&self, creds: &Creds, spec: &Spec, size: u64) -> Result<()> {
+        self.image(creds, spec, true, DEADLINE, move |img| {
+            // SAFETY: an image open for writing.
+            check(|| img.what("resize"), unsafe {
+                (img.api.rbd_resize)(img.image, size)
+            })
+            .map(|_| ())
+        })
+        .await
+    }
+
+    async fn flatten(&self, creds: &Creds, spec: &Spec) -> Result<()> {
+        self.image(creds, spec, true, LONG, |img| {
+            // SAFETY: an image open for writing.
+            check(|| img.what("flatten"), unsafe {
+                (img.api.rbd_flatten)(img.image)
+            })
+            .map(|_| ())
+        })
+        .await
+    }
+
+    async fn remove(&self, creds: &Creds, spec: &Spec) -> Result<()> {
+        let s = spec.clone();
+        self.on(creds, spec, move |ctx| {
+            let name = cstr("image", &s.image)?;
+            // SAFETY: a live ioctx, NUL-terminated name.
+            check(|| format!("remove {}", s.arg()), unsafe {
+                (ctx.api().rbd_remove)(ctx.io, name.as_ptr())
+            })
+            .map(|_| ())
+        })
+        .await
+    }
+
+    async fn rename(&self, creds: &Creds, from: &Spec, to: &Spec) -> Result<()> {
+        let (f, t) = (from.clone(), to.image.clone());
+        self.on(creds, from, move |ctx| {
+            let (a, b) = (cstr("image", &f.image)?, cstr("image", &t)?);
+            // SAFETY: a live ioctx, NUL-terminated names.
+            check(|| format!("rename {} to {t}", f.arg()), unsafe {
+                (ctx.api().rbd_rename)(ctx.io, a.as_ptr(), b.as_ptr())
+            })
+            .map(|_| ())
+        })
+        .await
+    }
+
+    async fn snap_create(&self, creds: &Creds, spec: &Spec, snap: &str) -> Result<()> {
+        let snap = snap.to_string();
+        self.image(creds, spec, true, DEADLINE, move |img| {
+            img.name_op("snapshot", img.api.rbd_snap_create, &snap)
+        })
+        .await
+    }
+
+    async fn snap_remove(&self, creds: &Creds, spec: &Spec, snap: &str) -> Result<()> {
+        let snap = snap.to_string();
+        self.image(creds, spec, true, DEADLINE, move |img| {
+            img.name_op("remove snapshot", img.api.rbd_snap_remove, &snap)
+        })
+        .await
+    }
+
+    async fn pool_available(&self, creds: &Creds, pool: &str) -> Result<u64> {
+        let out = self
+            .call(creds, DEADLINE, |c| {
+                c.mon_command(r#"{"prefix":"df","detail":"detail","format":"json"}"#)
+            })
+            .await?;
+        super::cluster::pool_available(&out, pool)
+    }
+}
