@@ -501,7 +501,14 @@ async fn rbd(n: usize, existing: usize, clients: usize) {
         header(&format!(
             "rbd on its {road} road (one monitor, one memstore OSD), 0 volumes"
         ));
-        phases.run(driver, ["a", "b", "c"], &floors).await;
+        // Names of their own per road: a name made before would be found
+        // (an idempotent answer), not made.
+        let names = if road == "librbd" {
+            ["a", "b", "c"]
+        } else {
+            ["g", "h", "i"]
+        };
+        phases.run(driver, names, &floors).await;
         if road == "librbd" && existing > 0 {
             let ids: Ids = Arc::default();
             let run = ("old", clients, existing);

@@ -75,6 +75,15 @@ pub struct Info {
     pub parent: Option<Parent>,
 }
 
+/// An image as a delete sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inspected {
+    pub info: Info,
+    pub meta: BTreeMap<String, String>,
+    /// The addresses of the clients watching it.
+    pub watchers: Vec<String>,
+}
+
 /// One image of a pool, with its size.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 pub struct Listed {
@@ -127,6 +136,19 @@ pub trait Cluster: Send + Sync {
             Err(e) if e.os_error == Some(ENOENT) => Ok(None),
             Err(e) => Err(e),
         }
+    }
+    /// What a delete decides by: info, metadata and watchers (one open
+    /// of the image where the road allows); `None` when it does not exist.
+    async fn inspect(&self, creds: &Creds, spec: &Spec) -> Result<Option<Inspected>> {
+        let Some((info, meta)) = self.describe(creds, spec).await? else {
+            return Ok(None);
+        };
+        let watchers = self.watchers(creds, spec).await?;
+        Ok(Some(Inspected {
+            info,
+            meta,
+            watchers,
+        }))
     }
     async fn meta(&self, creds: &Creds, spec: &Spec) -> Result<BTreeMap<String, String>>;
     async fn set_meta(&self, creds: &Creds, spec: &Spec, key: &str, value: &str) -> Result<()>;

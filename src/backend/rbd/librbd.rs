@@ -16,7 +16,9 @@
 #![allow(unsafe_code)]
 
 use super::cli::Creds;
-use super::cluster::{feature_bits, Cluster, Info, Layout, Listed, Parent, Spec, TrashEntry};
+use super::cluster::{
+    feature_bits, Cluster, Info, Inspected, Layout, Listed, Parent, Spec, TrashEntry,
+};
 use crate::error::{Error, Kind, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
@@ -841,6 +843,23 @@ impl Cluster for LibCluster {
                 ctx.open(&s, false)
                     .and_then(|img| Ok((img.info()?, img.meta()?))),
             )
+        })
+        .await
+    }
+
+    async fn inspect(&self, creds: &Creds, spec: &Spec) -> Result<Option<Inspected>> {
+        let s = spec.clone();
+        self.on(creds, spec, move |ctx| {
+            if !ctx.exists(&s)? {
+                return Ok(None);
+            }
+            not_found_none(ctx.open(&s, false).and_then(|img| {
+                Ok(Inspected {
+                    info: img.info()?,
+                    meta: img.meta()?,
+                    watchers: img.watchers()?,
+                })
+            }))
         })
         .await
     }

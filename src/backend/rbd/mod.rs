@@ -767,19 +767,18 @@ impl Backend for RbdBackend {
             return Ok(());
         };
         let creds = self.creds(secrets)?;
-        let Some((_, meta)) = self.rbd().describe(&creds, &spec).await? else {
+        let Some(image) = self.rbd().inspect(&creds, &spec).await? else {
             self.purge_trash(&creds, &spec).await;
             return Ok(());
         };
-        if !meta.contains_key(META_NAME) {
+        if !image.meta.contains_key(META_NAME) {
             return Err(Error::precondition(format!(
                 "image {} was not made by ferrovol; not deleting it",
                 spec.arg()
             )));
         }
-        let watchers = self.rbd().watchers(&creds, &spec).await?;
-        if !watchers.is_empty() {
-            let at: Vec<&str> = watchers.iter().map(String::as_str).collect();
+        if !image.watchers.is_empty() {
+            let at: Vec<&str> = image.watchers.iter().map(String::as_str).collect();
             return Err(Error::precondition(format!(
                 "volume {id} is in use (mapped by {})",
                 at.join(", ")

@@ -432,13 +432,17 @@ async fn deletes_refuse_watchers_and_trash_what_clones_need() {
     assert!(e.message.contains("Input/output"), "{e}");
     assert!(!ops(&r).iter().skip(n).any(|l| l.starts_with("trash")));
 
-    // An image ferrovol did not make is never deleted.
+    // An image ferrovol did not make is never deleted (seen whole: info,
+    // metadata, watchers).
+    let n = r.lines().len();
     r.expect("rbd", Reply::Ok(info("fv-a", MIB)))
-        .expect("rbd", Reply::Ok("{}".into()));
+        .expect("rbd", Reply::Ok("{}".into()))
+        .expect("rbd", Reply::Ok(r#"{"watchers":[]}"#.into()));
     assert_eq!(
         b.delete_volume(&id, &secrets()).await.unwrap_err().kind,
         Kind::FailedPrecondition
     );
+    assert!(!ops(&r).iter().skip(n).any(|l| l.starts_with("rm ")));
     // Gone: success (and the trash is looked at).
     r.expect("rbd", Reply::Fail(2, NO_IMAGE.into()))
         .expect("rbd", Reply::Ok("[]".into()));
