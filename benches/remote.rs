@@ -460,7 +460,7 @@ async fn rbd(n: usize, existing: usize, clients: usize) {
         ("userID".to_string(), "ferrovol".to_string()),
         ("userKey".to_string(), cluster.client_key()),
     ]);
-    let snaps = (n / 4).max(1);
+    let snaps = (n / 4).max(2);
     // The floors: one rbd process per step, as a user would run it.
     let cl = cluster.clone();
     let made = floor(n, |i| {
@@ -509,6 +509,14 @@ async fn rbd(n: usize, existing: usize, clients: usize) {
             ["g", "h", "i"]
         };
         phases.run(driver, names, &floors).await;
+        println!(
+            "driver memory: {:.1} MiB resident, {:.1} MiB at its peak, {} threads",
+            h.status_kb("VmRSS") as f64 / 1024.0,
+            h.status_kb("VmHWM") as f64 / 1024.0,
+            std::fs::read_dir(format!("/proc/{driver}/task"))
+                .map(|d| d.count())
+                .unwrap_or(0)
+        );
         if road == "librbd" && existing > 0 {
             let ids: Ids = Arc::default();
             let run = ("old", clients, existing);
@@ -562,17 +570,22 @@ impl RbdPhases<'_> {
                 .map(|i| ids.lock().unwrap()[&format!("{first}-{i}")].clone())
                 .collect(),
         );
-        let snapshotted = {
-            let (c, secrets) = (self.h.controller(), self.secrets.clone());
+        let snapshot = |clients: usize, tag: &'static str| {
+            let (c, secrets, sources) = (
+                self.h.controller(),
+                self.secrets.clone(),
+                sources.clone(),
+            );
             with_cpu(
                 driver,
                 None,
-                calls(1, snaps, move |i| {
-                    let (mut c, secrets, source) = (c.clone(), secrets.clone(), sources[i].clone());
+                calls(clients, snaps, move |i| {
+                    let (mut c, secrets, source) =
+                        (c.clone(), secrets.clone(), sources[i].clone());
                     async move {
                         c.create_snapshot(pb::CreateSnapshotRequest {
                             source_volume_id: source,
-                            name: format!("{snap_prefix}-snap-{i}"),
+                            name: format!("{snap_prefix}-{tag}-{i}"),
                             secrets,
                             ..Default::default()
                         })
@@ -581,8 +594,9 @@ impl RbdPhases<'_> {
                     }
                 }),
             )
-            .await
         };
+        let snapshotted = snapshot(1, "snap").await;
+        let snapshotted_together = snapshot(self.clients, "many").await;
         let doomed: Arc<Vec<String>> = Arc::new(
             (snaps..n)
                 .map(|i| ids.lock().unwrap()[&format!("{first}-{i}")].clone())
@@ -616,6 +630,11 @@ impl RbdPhases<'_> {
             &format!("CreateVolume x{} callers", self.clients),
             &together,
             &created,
+        );
+        concurrent_row(
+            &format!("CreateSnapshot x{} callers", self.clients),
+            &snapshotted_together,
+            &snapshotted,
         );
     }
 }

@@ -1,6 +1,7 @@
-//! The `rbd` backend: block volumes from a Ceph cluster, through the `rbd`
-//! command line (JSON reports, the exec seam's timeouts; see the README
-//! for why not librbd).
+//! The `rbd` backend: block volumes from a Ceph cluster, through librbd on
+//! kept connections or the `rbd` command line (`cluster.rs` is the seam;
+//! the README says why and what each costs); nodes map with `rbd device
+//! map`.
 //!
 //! A volume is image `fv-<name>` in a pool (and namespace) the config
 //! allows; its CSI name, source and attachments are image metadata, so
