@@ -571,17 +571,13 @@ impl RbdPhases<'_> {
                 .collect(),
         );
         let snapshot = |clients: usize, tag: &'static str| {
-            let (c, secrets, sources) = (
-                self.h.controller(),
-                self.secrets.clone(),
-                sources.clone(),
-            );
+            let (c, secrets, sources) =
+                (self.h.controller(), self.secrets.clone(), sources.clone());
             with_cpu(
                 driver,
                 None,
                 calls(clients, snaps, move |i| {
-                    let (mut c, secrets, source) =
-                        (c.clone(), secrets.clone(), sources[i].clone());
+                    let (mut c, secrets, source) = (c.clone(), secrets.clone(), sources[i].clone());
                     async move {
                         c.create_snapshot(pb::CreateSnapshotRequest {
                             source_volume_id: source,

@@ -476,3 +476,59 @@ async fn rbd_calls_carry_their_secrets_and_publish_checks_node_and_terms() {
     let (a, b) = (rooms[0] as f64, rooms[1] as f64);
     assert!((a - b).abs() <= a.max(b) / 100.0, "{rooms:?}");
 }
+
+/// A cluster that does not answer (nothing listens at its monitor): on the
+/// librbd road the call answers UNAVAILABLE within librados's connect
+/// timeout (20 s) and its deadline, the driver keeps serving meanwhile
+/// (the call blocks a thread of the blocking pool, not an async worker),
+/// and nothing of the key is said.
+#[tokio::test]
+async fn rbd_a_cluster_that_does_not_answer_is_unavailable_in_bounded_time() {
+    require_root();
+    let port = free_port();
+    let config = format!(
+        "[[backend]]\ntype = \"rbd\"\ncluster_id = \"gone\"\nmonitors = [\"v1:127.0.0.1:{port}\"]\n\
+         pools = [\"rbd\"]\nclient = \"librbd\"\n"
+    );
+    let h = Harness::start_with(Some(&config)).await;
+    let key = "AQBad0BhAAAAABAAbadbadbadbadbadbadbadbQ==";
+    let mut req = create_req("pvc-gone", 8 * MIB, mount_cap("ext4", SNW));
+    req.secrets = HashMap::from([
+        ("userID".to_string(), "ferrovol".to_string()),
+        ("userKey".to_string(), key.to_string()),
+    ]);
+    let mut c = h.controller();
+    let started = std::time::Instant::now();
+    let call = tokio::spawn(async move { c.create_volume(req).await });
+    // While it waits on the cluster, the driver answers.
+    for _ in 0..5 {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        h.identity()
+            .probe(pb::ProbeRequest {})
+            .await
+            .expect("the driver answers while a cluster call waits");
+    }
+    let r = call.await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(code(&r), Code::Unavailable, "{r:?}");
+    assert!(
+        took >= std::time::Duration::from_secs(15) && took < std::time::Duration::from_secs(60),
+        "{took:?}"
+    );
+    let msg = r.unwrap_err().message().to_string();
+    assert!(!msg.contains("AQBad0"), "{msg}");
+    assert!(!h.log().contains("AQBad0"), "the key reached the log");
+
+    // A key librados cannot parse is the caller's error, said at once.
+    let mut req = create_req("pvc-badkey", 8 * MIB, mount_cap("ext4", SNW));
+    req.secrets = HashMap::from([
+        ("userID".to_string(), "ferrovol".to_string()),
+        (
+            "userKey".to_string(),
+            "AQDzZkVnAAAAABAAsecretsecretsecretsecretQ==".to_string(),
+        ),
+    ]);
+    let r = h.controller().create_volume(req).await;
+    assert_eq!(code(&r), Code::InvalidArgument, "{r:?}");
+    assert!(!r.unwrap_err().message().contains("AQDzZkVn"));
+}

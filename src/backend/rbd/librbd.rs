@@ -296,9 +296,16 @@ impl Connection {
             check(|| format!("rados_conf_set {option}"), ret)?;
         }
         // SAFETY: a configured handle, connected once.
-        check(|| "connect to the cluster".into(), unsafe {
-            (api.rados_connect)(conn.handle)
-        })?;
+        let ret = unsafe { (api.rados_connect)(conn.handle) };
+        if ret == -libc::EINVAL {
+            // librados could not use what it was given: the key (the
+            // monitors were checked at start).
+            return Err(Error {
+                os_error: Some(libc::EINVAL),
+                ..Error::invalid("the cluster library refused the key: not a cephx key")
+            });
+        }
+        check(|| "connect to the cluster".into(), ret)?;
         Ok(conn)
     }
 
