@@ -753,3 +753,48 @@ async fn keys_a_tool_prints_are_redacted_from_errors() {
         ["K1", "K2"]
     );
 }
+
+/// The key a kept connection uses is the user's own, from its section of
+/// a keyring that may hold several; feature names map to librbd's bits.
+#[test]
+fn keyring_sections_and_feature_bits() {
+    let text = "[client.admin]\n\tkey = ADMINKEY\n[client.ferrovol]\n\tkey = OWNKEY\n\tcaps mon = \"profile rbd\"\n";
+    assert_eq!(
+        cli::keyring_key_for(text, "ferrovol").as_deref(),
+        Some("OWNKEY")
+    );
+    assert_eq!(
+        cli::keyring_key_for(text, "admin").as_deref(),
+        Some("ADMINKEY")
+    );
+    assert_eq!(cli::keyring_key_for(text, "other"), None);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keyring");
+    std::fs::write(&path, text).unwrap();
+    let creds = Creds::from_file("ferrovol", &path).unwrap();
+    assert_eq!(creds.key().unwrap(), "OWNKEY");
+    // The file's own path for the command line: nothing written.
+    assert_eq!(creds.keyring().unwrap(), path);
+
+    // Secrets: a keyring file only when the command line asks for one,
+    // private, and gone with the credentials.
+    let creds = Creds::from_key("ferrovol", KEY, dir.path()).unwrap();
+    assert_eq!(creds.key().unwrap(), KEY);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    let written = creds.keyring().unwrap();
+    assert_eq!(creds.keyring().unwrap(), written, "written once");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&written).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    drop(creds);
+    assert!(!written.exists());
+
+    assert_eq!(cluster::feature_bits("layering").unwrap(), 1);
+    assert_eq!(
+        cluster::feature_bits("layering,exclusive-lock,object-map,fast-diff,deep-flatten").unwrap(),
+        0b11_1101
+    );
+    assert!(cluster::feature_bits("striping").is_err());
+}
