@@ -396,13 +396,37 @@ impl Cluster for CliCluster {
             .collect())
     }
 
-    async fn list(&self, creds: &Creds, place: &Spec) -> Result<Vec<Listed>> {
+    async fn list(&self, creds: &Creds, place: &Spec) -> Result<Vec<String>> {
         let out = self
-            .run(creds, &["ls", "-l", &place.pool_arg(), "--format", "json"])
+            .run(creds, &["ls", &place.pool_arg(), "--format", "json"])
             .await?;
-        let rows: Vec<Listed> = json("ls", &out)?;
-        // Snapshots are listed as rows too; only images.
-        Ok(rows.into_iter().filter(|r| r.snapshot.is_none()).collect())
+        json("ls", &out)
+    }
+
+    /// One `rbd ls -l` per pool and namespace, not a process per image.
+    async fn sizes(&self, creds: &Creds, specs: &[Spec]) -> Result<Vec<Option<u64>>> {
+        let mut listed: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+        for spec in specs {
+            let place = spec.pool_arg();
+            if listed.contains_key(&place) {
+                continue;
+            }
+            let out = self
+                .run(creds, &["ls", "-l", &place, "--format", "json"])
+                .await?;
+            let rows: Vec<Listed> = json("ls -l", &out)?;
+            // Snapshots are listed as rows too; only images.
+            let sizes = rows
+                .into_iter()
+                .filter(|r| r.snapshot.is_none())
+                .map(|r| (r.image, r.size))
+                .collect();
+            listed.insert(place, sizes);
+        }
+        Ok(specs
+            .iter()
+            .map(|s| listed[&s.pool_arg()].get(&s.image).copied())
+            .collect())
     }
 
     async fn namespaces(&self, creds: &Creds, pool: &str) -> Result<Vec<String>> {

@@ -179,8 +179,17 @@ pub trait Cluster: Send + Sync {
     }
     /// The addresses of the clients watching the image (mapped it).
     async fn watchers(&self, creds: &Creds, spec: &Spec) -> Result<Vec<String>>;
-    /// The images of a pool (and namespace) `place` names.
-    async fn list(&self, creds: &Creds, place: &Spec) -> Result<Vec<Listed>>;
+    /// The names of the images of a pool (and namespace) `place` names.
+    async fn list(&self, creds: &Creds, place: &Spec) -> Result<Vec<String>>;
+    /// The sizes of these images, `None` for one that is gone: what a page
+    /// of ListVolumes reads, for its own entries only.
+    async fn sizes(&self, creds: &Creds, specs: &[Spec]) -> Result<Vec<Option<u64>>> {
+        let mut out = Vec::with_capacity(specs.len());
+        for spec in specs {
+            out.push(self.info(creds, spec).await?.map(|i| i.size));
+        }
+        Ok(out)
+    }
     async fn namespaces(&self, creds: &Creds, pool: &str) -> Result<Vec<String>>;
     async fn trash(&self, creds: &Creds, place: &Spec) -> Result<Vec<TrashEntry>>;
     async fn trash_move(&self, creds: &Creds, spec: &Spec) -> Result<()>;

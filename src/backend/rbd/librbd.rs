@@ -16,9 +16,7 @@
 #![allow(unsafe_code)]
 
 use super::cli::Creds;
-use super::cluster::{
-    feature_bits, Cluster, Info, Inspected, Layout, Listed, Parent, Spec, TrashEntry,
-};
+use super::cluster::{feature_bits, Cluster, Info, Inspected, Layout, Parent, Spec, TrashEntry};
 use crate::error::{Error, Kind, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
@@ -937,23 +935,22 @@ impl Cluster for LibCluster {
             .await
     }
 
-    async fn list(&self, creds: &Creds, place: &Spec) -> Result<Vec<Listed>> {
-        let at = place.clone();
-        self.on(creds, place, move |ctx| {
-            let mut out = Vec::new();
-            for (_, name) in ctx.list()? {
-                let spec = at.with_image(&name);
-                // Removed since the listing: not listed.
-                let size = match ctx.open(&spec, false).and_then(|i| i.size()) {
-                    Ok(s) => s,
-                    Err(e) if e.os_error == Some(libc::ENOENT) => continue,
-                    Err(e) => return Err(e),
-                };
-                out.push(Listed {
-                    image: name,
-                    size,
-                    snapshot: None,
-                });
+    async fn list(&self, creds: &Creds, place: &Spec) -> Result<Vec<String>> {
+        self.on(creds, place, |ctx| {
+            Ok(ctx.list()?.into_iter().map(|(_, name)| name).collect())
+        })
+        .await
+    }
+
+    async fn sizes(&self, creds: &Creds, specs: &[Spec]) -> Result<Vec<Option<u64>>> {
+        let specs = specs.to_vec();
+        self.call(creds, DEADLINE, move |c| {
+            let mut out = Vec::with_capacity(specs.len());
+            for spec in &specs {
+                let ctx = c.ioctx(spec)?;
+                out.push(not_found_none(
+                    ctx.open(spec, false).and_then(|i| i.size()),
+                )?);
             }
             Ok(out)
         })

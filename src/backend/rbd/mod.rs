@@ -543,17 +543,17 @@ impl RbdBackend {
         Ok(out)
     }
 
-    /// Our images whose names start with `prefix`, with their sizes and
-    /// locators, sorted by locator.
-    async fn images(&self, creds: &Creds, prefix: &str) -> Result<Vec<(String, Spec, u64)>> {
+    /// Our images whose names start with `prefix`, with their locators,
+    /// sorted by locator (names only: a page reads its own entries).
+    async fn images(&self, creds: &Creds, prefix: &str) -> Result<Vec<(String, Spec)>> {
         let mut out = Vec::new();
         for place in self.places(creds).await? {
-            for row in self.rbd().list(creds, &place).await? {
-                let ours = row.image.starts_with(prefix)
-                    && !(prefix == "fv-" && row.image.starts_with("fvs-"));
+            for image in self.rbd().list(creds, &place).await? {
+                let ours =
+                    image.starts_with(prefix) && !(prefix == "fv-" && image.starts_with("fvs-"));
                 if ours {
-                    let spec = place.with_image(&row.image);
-                    out.push((self.locator(&spec)?, spec, row.size));
+                    let spec = place.with_image(&image);
+                    out.push((self.locator(&spec)?, spec));
                 }
             }
         }
@@ -805,13 +805,19 @@ impl Backend for RbdBackend {
     async fn list_volumes(&self, page: &Page) -> Result<Vec<VolumeInfo>> {
         let creds = self.creds(&Secrets::default())?;
         let all = self.images(&creds, "fv-").await?;
-        let rows: Vec<_> = all
+        let specs: Vec<Spec> = all
             .into_iter()
-            .filter(|(l, _, _)| page.admits(l))
+            .filter(|(l, _)| page.admits(l))
             .take(page.limit)
+            .map(|(_, spec)| spec)
             .collect();
-        rows.iter()
-            .map(|(_, spec, size)| self.volume_info(spec, *size, &BTreeMap::new(), None))
+        let sizes = self.rbd().sizes(&creds, &specs).await?;
+        specs
+            .iter()
+            .zip(sizes)
+            // Gone since the listing: not listed.
+            .filter_map(|(spec, size)| Some((spec, size?)))
+            .map(|(spec, size)| self.volume_info(spec, size, &BTreeMap::new(), None))
             .collect()
     }
 
@@ -939,15 +945,17 @@ impl Backend for RbdBackend {
     ) -> Result<Vec<SnapshotInfo>> {
         let creds = self.creds(&Secrets::default())?;
         let mut out = Vec::new();
-        for (locator, spec, size) in self.images(&creds, "fvs-").await? {
+        for (locator, spec) in self.images(&creds, "fvs-").await? {
             if !page.admits(&locator) {
                 continue;
             }
-            let meta = self.rbd().meta(&creds, &spec).await?;
+            let Some((info, meta)) = self.rbd().describe(&creds, &spec).await? else {
+                continue;
+            };
             if !meta.contains_key(META_NAME) {
                 continue;
             }
-            let snap = self.snapshot_info(&spec, size, &meta)?;
+            let snap = self.snapshot_info(&spec, info.size, &meta)?;
             if source.is_none_or(|s| &snap.source_volume == s) {
                 out.push(snap);
                 if out.len() >= page.limit {

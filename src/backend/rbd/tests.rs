@@ -798,3 +798,51 @@ fn keyring_sections_and_feature_bits() {
     );
     assert!(cluster::feature_bits("striping").is_err());
 }
+
+/// A page of ListVolumes lists names, and reads sizes for its own entries
+/// only: one `rbd ls -l` per pool the page touches, none for the others;
+/// an image gone since the listing is left out.
+#[tokio::test]
+async fn a_page_of_volumes_reads_its_own_sizes() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = Arc::new(FakeRunner::new());
+    let b = backend(r.clone(), dir.path(), true);
+    r.expect("rbd", Reply::Ok("[]".into())) // namespaces of rbd
+        .expect("rbd", Reply::Ok("[]".into())) // namespaces of fast
+        .expect(
+            "rbd",
+            Reply::Ok(r#"["fv-b","fvs-x","other","fv-a","fv-gone"]"#.into()),
+        )
+        .expect("rbd", Reply::Ok(r#"["fv-c"]"#.into()))
+        .expect(
+            "rbd",
+            Reply::Ok(
+                r#"[{"image":"fv-a","size":1048576,"format":2},{"image":"fv-b","size":2097152,"format":2},{"image":"fv-b","snapshot":"s","size":1,"format":2}]"#
+                    .into(),
+            ),
+        );
+    let page = Page {
+        after: Some(
+            VolumeId::parse("rbd:v1.c1.fast._e.fv-c")
+                .unwrap()
+                .locator()
+                .to_string(),
+        ),
+        limit: 3,
+    };
+    let v = b.list_volumes(&page).await.unwrap();
+    let ids: Vec<(String, u64)> = v
+        .iter()
+        .map(|v| (v.id.to_string(), v.capacity_bytes))
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            ("rbd:v1.c1.rbd._e.fv-a".to_string(), 1 << 20),
+            ("rbd:v1.c1.rbd._e.fv-b".to_string(), 2 << 20),
+        ]
+    );
+    let o = ops(&r);
+    assert_eq!(o.len(), 5, "{o:#?}");
+    assert_eq!(o[4], "ls -l rbd --format json");
+}
