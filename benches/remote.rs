@@ -62,19 +62,16 @@ fn cpu_of(pid: u32) -> Duration {
     Duration::from_millis(ticks * 10)
 }
 
-/// `phase`, with the CPU time the driver (and `server`, a process of its
-/// own) spent on it per call.
-async fn with_cpu(
-    driver: u32,
-    server: Option<u32>,
-    phase: impl Future<Output = Figures>,
-) -> Figures {
-    let before = (cpu_of(driver), server.map(cpu_of));
+/// `phase`, with the CPU time the driver (and its servers, processes of
+/// their own) spent on it per call.
+async fn with_cpu(driver: u32, servers: &[u32], phase: impl Future<Output = Figures>) -> Figures {
+    let total = |pids: &[u32]| pids.iter().map(|p| cpu_of(*p)).sum::<Duration>();
+    let before = (cpu_of(driver), total(servers));
     let mut f = phase.await;
     let calls = f.samples.len().max(1) as u32;
     f.cpu = Some((
         (cpu_of(driver) - before.0) / calls,
-        server.zip(before.1).map(|(p, b)| (cpu_of(p) - b) / calls),
+        (!servers.is_empty()).then(|| (total(servers) - before.1) / calls),
     ));
     f
 }
@@ -414,6 +411,10 @@ async fn iscsi(n: usize, existing: usize, clients: usize) {
         }
         let (tgt_made, tgt_bound, tgt_deleted) = tgt_floor(floor_base, n);
         let (driver, server) = (h.pid(), tgtd.pid());
+        let server: &[u32] = match &server {
+            Some(p) => std::slice::from_ref(p),
+            None => &[],
+        };
         let created = with_cpu(driver, server, create(prefix, 1, n)).await;
         let published = with_cpu(driver, server, publish(prefix, n)).await;
         let deleted = with_cpu(driver, server, delete(prefix, n)).await;
@@ -491,8 +492,10 @@ async fn rbd(n: usize, existing: usize, clients: usize) {
         );
         let h = Harness::start_with(Some(&config)).await;
         let driver = h.pid();
+        let daemons = cluster.pids();
         let phases = RbdPhases {
             h: &h,
+            servers: &daemons,
             secrets: &secrets,
             n,
             snaps,
@@ -538,6 +541,8 @@ async fn rbd(n: usize, existing: usize, clients: usize) {
 
 struct RbdPhases<'a> {
     h: &'a Harness,
+    /// The Ceph daemons' pids: their CPU is the server's.
+    servers: &'a [u32],
     secrets: &'a HashMap<String, String>,
     n: usize,
     snaps: usize,
@@ -564,7 +569,7 @@ impl RbdPhases<'_> {
                 (prefix, clients, count),
             )
         };
-        let created = with_cpu(driver, None, create(first, 1, n)).await;
+        let created = with_cpu(driver, self.servers, create(first, 1, n)).await;
         let sources: Arc<Vec<String>> = Arc::new(
             (0..snaps)
                 .map(|i| ids.lock().unwrap()[&format!("{first}-{i}")].clone())
@@ -575,7 +580,7 @@ impl RbdPhases<'_> {
                 (self.h.controller(), self.secrets.clone(), sources.clone());
             with_cpu(
                 driver,
-                None,
+                self.servers,
                 calls(clients, snaps, move |i| {
                     let (mut c, secrets, source) = (c.clone(), secrets.clone(), sources[i].clone());
                     async move {
@@ -603,7 +608,7 @@ impl RbdPhases<'_> {
             let count = doomed.len();
             with_cpu(
                 driver,
-                None,
+                self.servers,
                 calls(1, count, move |i| {
                     let (mut c, secrets, id) = (c.clone(), secrets.clone(), doomed[i].clone());
                     async move {
@@ -618,7 +623,7 @@ impl RbdPhases<'_> {
             )
             .await
         };
-        let together = with_cpu(driver, None, create(again, self.clients, n * 2)).await;
+        let together = with_cpu(driver, self.servers, create(again, self.clients, n * 2)).await;
         row("CreateVolume", &created, Some(floors[0]));
         row("DeleteVolume", &deleted, Some(floors[1]));
         row("CreateSnapshot", &snapshotted, Some(floors[2]));
@@ -705,7 +710,7 @@ async fn nfs(n: usize, existing: usize, clients: usize) {
         there += 2 * n;
         let (made, removed) = nfs_floor(round, n);
         // nfsd's work is the kernel's: not a process to measure.
-        let (driver, server) = (h.pid(), None);
+        let (driver, server): (u32, &[u32]) = (h.pid(), &[]);
         let created = with_cpu(driver, server, create(prefix, 1, n)).await;
         let deleted = with_cpu(driver, server, delete(prefix, n)).await;
         let together = with_cpu(driver, server, create(again, clients, n * 2)).await;

@@ -629,6 +629,15 @@ impl CephCluster {
         run("rbd", &all)
     }
 
+    /// The daemons' pids (monitor, OSD, manager).
+    #[allow(dead_code)] // the bench's; not every test binary uses it
+    pub fn pids(&self) -> Vec<u32> {
+        std::iter::once(self.mon.id())
+            .chain(self.osd.iter().map(|c| c.id()))
+            .chain(self.mgr.iter().map(|c| c.id()))
+            .collect()
+    }
+
     /// The client key itself (a cephx secret).
     pub fn client_key(&self) -> String {
         let text = std::fs::read_to_string(&self.client_keyring).unwrap();
