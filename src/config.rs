@@ -224,6 +224,23 @@ impl<'de> Deserialize<'de> for Size {
     }
 }
 
+/// `host:port`: an IPv4 address or DNS name, or `[v6]`, and a port (an
+/// iSCSI portal, a Ceph monitor).
+pub fn is_host_port(s: &str) -> bool {
+    let Some((host, port)) = s.rsplit_once(':') else {
+        return false;
+    };
+    if port.parse::<u16>().is_err() || host.is_empty() || host.len() > 253 {
+        return false;
+    }
+    if let Some(v6) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        return v6.parse::<std::net::Ipv6Addr>().is_ok();
+    }
+    host.bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+        && !host.starts_with('-')
+}
+
 /// Absolute path check for paths named in config.
 pub fn absolute(path: &Path, what: &str) -> Result<PathBuf> {
     if !path.is_absolute() {

@@ -13,6 +13,7 @@ pub mod config;
 pub mod error;
 pub mod exec;
 pub mod host;
+pub mod id;
 pub mod locks;
 pub mod metrics;
 pub mod mount;

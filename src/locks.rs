@@ -4,7 +4,7 @@
 //! targets run side by side while stage and unstage exclude them all.
 
 use crate::error::{Error, Result};
-use crate::plugin::{SnapshotId, VolumeId};
+use crate::id::{SnapshotId, VolumeId};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};

@@ -11,8 +11,8 @@
 //! still validates each (a host name, a path below its share) before it
 //! uses one in a path or on a command line.
 
-use super::id::{is_locator, MAX_LOCATOR_LEN};
 use crate::error::{Error, Result};
+use crate::id::{is_locator, MAX_LOCATOR_LEN};
 
 const VERSION: &str = "v1";
 

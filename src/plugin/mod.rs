@@ -5,21 +5,20 @@
 
 pub mod controller;
 mod fields;
-mod id;
 mod registry;
 mod secrets;
 mod sizing;
 mod types;
 
+pub use crate::id::{
+    digest_hex, is_dns_label, is_locator, locator_for_name, validate_name, SnapshotId, VolumeId,
+    MAX_ID_LEN, MAX_LOCATOR_LEN,
+};
 pub use controller::ControllerOps;
 pub use fields::{join_fields, split_fields};
-pub use id::{
-    is_dns_label, is_locator, locator_for_name, validate_name, SnapshotId, VolumeId, MAX_ID_LEN,
-    MAX_LOCATOR_LEN,
-};
 pub use registry::Registry;
 pub use secrets::Secrets;
-pub use sizing::{check_existing, digest_hex, own_source, round_up, SizeRules};
+pub use sizing::{check_existing, own_source, round_up, SizeRules};
 pub use types::*;
 
 /// The node's name in a node id (`<name>` or `<name>/<suffix>`): the

@@ -98,16 +98,6 @@ pub fn own_source<'a>(backend: &str, source: &'a ContentSource) -> Result<&'a st
     Ok(locator)
 }
 
-/// The lowercase hex SHA-256 of `data`, cut to `bytes` bytes (32: whole).
-pub fn digest_hex(data: &[u8], bytes: usize) -> String {
-    use sha2::Digest;
-    sha2::Sha256::digest(data)
-        .iter()
-        .take(bytes)
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,11 +202,5 @@ mod tests {
         let v = ContentSource::Volume(VolumeId::parse("lvm:fast.fv-a").unwrap());
         assert_eq!(own_source("lvm", &v).unwrap(), "fast.fv-a");
         assert_eq!(own_source("file", &v).unwrap_err().kind, Kind::NotFound);
-    }
-
-    #[test]
-    fn digests() {
-        assert_eq!(digest_hex(b"abc", 4), "ba7816bf");
-        assert_eq!(digest_hex(b"abc", 32).len(), 64);
     }
 }

@@ -222,22 +222,8 @@ pub fn is_iqn(s: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-.:".contains(&b))
 }
 
-/// A portal `host:port`: an IPv4 address or DNS name, or `[v6]`, and a
-/// port.
-pub fn is_portal(s: &str) -> bool {
-    let Some((host, port)) = s.rsplit_once(':') else {
-        return false;
-    };
-    if port.parse::<u16>().is_err() || host.is_empty() || host.len() > 253 {
-        return false;
-    }
-    if let Some(v6) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
-        return v6.parse::<std::net::Ipv6Addr>().is_ok();
-    }
-    host.bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
-        && !host.starts_with('-')
-}
+/// A portal: `host:port` (see `config::is_host_port`).
+pub use crate::config::is_host_port as is_portal;
 
 /// CHAP names: printable, no separators tgt or iscsiadm would split on.
 fn check_chap_user(user: &str) -> Result<()> {

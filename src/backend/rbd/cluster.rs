@@ -4,7 +4,7 @@
 //! Errors carry the errno that failed (`Error::os_error`), which callers
 //! decide by, never the message.
 
-use super::cli::Creds;
+use super::creds::Creds;
 use crate::error::{Error, Result};
 use serde::Deserialize;
 use std::collections::BTreeMap;

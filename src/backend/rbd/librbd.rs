@@ -15,8 +15,8 @@
 
 #![allow(unsafe_code)]
 
-use super::cli::Creds;
 use super::cluster::{feature_bits, Cluster, Info, Inspected, Layout, Parent, Spec, TrashEntry};
+use super::creds::Creds;
 use crate::error::{Error, Kind, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};

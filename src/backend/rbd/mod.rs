@@ -15,6 +15,7 @@
 
 mod cli;
 mod cluster;
+mod creds;
 mod librbd;
 #[cfg(test)]
 mod tests;
@@ -27,8 +28,9 @@ use crate::plugin::{
     Capacity, ContentSource, ControllerAttach, CreateSnapshot, CreateVolume, Page, Secrets,
     SizeRules, SnapshotId, SnapshotInfo, VolumeCapability, VolumeId, VolumeInfo,
 };
-use cli::{CliCluster, Creds};
+use cli::CliCluster;
 use cluster::{check_name, Cluster, Layout, Spec};
+use creds::Creds;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -182,7 +184,7 @@ impl RbdBackend {
                 .strip_prefix("v1:")
                 .or_else(|| m.strip_prefix("v2:"))
                 .unwrap_or(m);
-            crate::backend::iscsi::is_portal(addr)
+            crate::config::is_host_port(addr)
         };
         if settings.monitors.is_empty() || settings.monitors.iter().any(|m| !monitor_ok(m)) {
             return Err(bad("monitors must be [v1:|v2:]host:port".into()));
@@ -197,7 +199,7 @@ impl RbdBackend {
         check_map_options(&settings.map_options).map_err(|e| bad(e.message))?;
         match (&settings.user, &settings.keyring) {
             (Some(u), Some(k)) => {
-                cli::check_user(u).map_err(|e| bad(e.message))?;
+                creds::check_user(u).map_err(|e| bad(e.message))?;
                 crate::config::absolute(k, "keyring")?;
             }
             (None, None) => {}

@@ -749,7 +749,7 @@ async fn keys_a_tool_prints_are_redacted_from_errors() {
         assert!(e.message.contains("***"), "{e}");
     }
     assert_eq!(
-        cli::keyring_keys("[client.a]\n key = K1\n[client.b]\nkey=K2\nkeyring = x\n"),
+        creds::keyring_keys("[client.a]\n key = K1\n[client.b]\nkey=K2\nkeyring = x\n"),
         ["K1", "K2"]
     );
 }
@@ -760,14 +760,14 @@ async fn keys_a_tool_prints_are_redacted_from_errors() {
 fn keyring_sections_and_feature_bits() {
     let text = "[client.admin]\n\tkey = ADMINKEY\n[client.ferrovol]\n\tkey = OWNKEY\n\tcaps mon = \"profile rbd\"\n";
     assert_eq!(
-        cli::keyring_key_for(text, "ferrovol").as_deref(),
+        creds::keyring_key_for(text, "ferrovol").as_deref(),
         Some("OWNKEY")
     );
     assert_eq!(
-        cli::keyring_key_for(text, "admin").as_deref(),
+        creds::keyring_key_for(text, "admin").as_deref(),
         Some("ADMINKEY")
     );
-    assert_eq!(cli::keyring_key_for(text, "other"), None);
+    assert_eq!(creds::keyring_key_for(text, "other"), None);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("keyring");
     std::fs::write(&path, text).unwrap();

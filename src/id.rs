@@ -122,7 +122,7 @@ pub fn locator_for_name(name: &str) -> String {
     if is_locator(name) && name.len() <= 64 {
         return name.to_string();
     }
-    format!("h-{}", super::digest_hex(name.as_bytes(), 20))
+    format!("h-{}", digest_hex(name.as_bytes(), 20))
 }
 
 /// Checks a CO-chosen name (volume or snapshot): required, at most 128 bytes,
@@ -150,6 +150,16 @@ pub fn validate_name(kind: &str, name: &str) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// The lowercase hex SHA-256 of `data`, cut to `bytes` bytes (32: whole).
+pub fn digest_hex(data: &[u8], bytes: usize) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(data)
+        .iter()
+        .take(bytes)
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 #[cfg(test)]
@@ -227,5 +237,11 @@ mod tests {
         for bad in ["", "File", "-a", "a-", "a_b", "a.b", &"a".repeat(64)] {
             assert!(!is_dns_label(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn digests() {
+        assert_eq!(digest_hex(b"abc", 4), "ba7816bf");
+        assert_eq!(digest_hex(b"abc", 32).len(), 64);
     }
 }
