@@ -194,7 +194,7 @@ fn main() -> std::process::ExitCode {
         let driver = app::build(&settings)?;
         app::start_backends(&driver).await?;
         if let Some(addr) = metrics_addr {
-            ferrovol::metrics::serve(addr, driver.clone()).await?;
+            ferrovol::server::http::serve(addr, driver.clone()).await?;
         }
         let served = server::serve(
             driver.clone(),

@@ -1,12 +1,11 @@
 //! Prometheus metrics: per-RPC counts and latency by method and gRPC code,
 //! RPCs in flight, external command durations and failures by command,
-//! volumes staged and published; served with `/healthz` (what Probe
-//! answers) and `/readyz` (serving) on `--metrics-addr`. Recording is a
+//! volumes staged and published (served with `/healthz` and `/readyz` on
+//! `--metrics-addr` by `server::http`). Recording is a
 //! few atomic operations on the RPC path; the text is made only when
 //! scraped, by the `prometheus-client` crate.
 
 use crate::exec::{Command, CommandRunner, ExecError, Output};
-use crate::service::Driver;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -140,12 +139,12 @@ impl Metrics {
         }
     }
 
-    /// The exposition text, with the node's counts as they are now.
-    pub fn render(&self, driver: &Driver) -> String {
-        if driver.mode.node() {
-            let state = driver.node.state();
-            self.staged.set(state.stages().len() as i64);
-            self.published.set(state.publishes().len() as i64);
+    /// The exposition text, with the node's counts (volumes staged and
+    /// published) as they are now, on a node.
+    pub fn render(&self, node: Option<(usize, usize)>) -> String {
+        if let Some((staged, published)) = node {
+            self.staged.set(staged as i64);
+            self.published.set(published as i64);
         }
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
@@ -169,75 +168,5 @@ impl CommandRunner for MeteredRunner {
         self.metrics
             .command(&program, start.elapsed(), result.is_ok());
         result
-    }
-}
-
-/// Serves `/metrics`, `/healthz` and `/readyz` on `addr` until the process
-/// ends.
-pub async fn serve(addr: std::net::SocketAddr, driver: Arc<Driver>) -> crate::error::Result<()> {
-    use http_body_util::Full;
-    use hyper::body::Bytes;
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| crate::error::Error::io(format!("bind metrics address {addr}"), e))?;
-    tracing::info!(%addr, "serving metrics, /healthz and /readyz");
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            let driver = driver.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(
-                    move |req: hyper::Request<hyper::body::Incoming>| {
-                        let driver = driver.clone();
-                        async move {
-                            let (status, kind, body) = answer(&driver, req.uri().path()).await;
-                            Ok::<_, std::convert::Infallible>(
-                                hyper::Response::builder()
-                                    .status(status)
-                                    .header("content-type", kind)
-                                    .body(Full::new(Bytes::from(body)))
-                                    .expect("a valid response"),
-                            )
-                        }
-                    },
-                );
-                let io = hyper_util::rt::TokioIo::new(stream);
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .timer(hyper_util::rt::TokioTimer::new())
-                    .header_read_timeout(Duration::from_secs(10))
-                    .serve_connection(io, service)
-                    .await;
-            });
-        }
-    });
-    Ok(())
-}
-
-const TEXT: &str = "text/plain; charset=utf-8";
-
-async fn answer(driver: &Driver, path: &str) -> (u16, &'static str, String) {
-    match path {
-        "/metrics" => match &driver.metrics {
-            Some(m) => (
-                200,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                m.render(driver),
-            ),
-            None => (404, TEXT, "metrics are off\n".into()),
-        },
-        "/healthz" => match driver.health().await {
-            Ok(()) => (200, TEXT, "ok\n".into()),
-            Err(e) => (503, TEXT, format!("{}\n", e.message)),
-        },
-        "/readyz" => {
-            if driver.serving.load(std::sync::atomic::Ordering::Relaxed) {
-                (200, TEXT, "ready\n".into())
-            } else {
-                (503, TEXT, "not serving yet\n".into())
-            }
-        }
-        _ => (404, TEXT, "not found\n".into()),
     }
 }

@@ -1,0 +1,80 @@
+//! The driver's HTTP endpoint on `--metrics-addr`: `/metrics` (the
+//! `metrics` module's record), `/healthz` (what Probe answers) and
+//! `/readyz` (serving).
+
+use crate::service::Driver;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `addr` until the process
+/// ends.
+pub async fn serve(addr: std::net::SocketAddr, driver: Arc<Driver>) -> crate::error::Result<()> {
+    use http_body_util::Full;
+    use hyper::body::Bytes;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| crate::error::Error::io(format!("bind metrics address {addr}"), e))?;
+    tracing::info!(%addr, "serving metrics, /healthz and /readyz");
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let driver = driver.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(
+                    move |req: hyper::Request<hyper::body::Incoming>| {
+                        let driver = driver.clone();
+                        async move {
+                            let (status, kind, body) = answer(&driver, req.uri().path()).await;
+                            Ok::<_, std::convert::Infallible>(
+                                hyper::Response::builder()
+                                    .status(status)
+                                    .header("content-type", kind)
+                                    .body(Full::new(Bytes::from(body)))
+                                    .expect("a valid response"),
+                            )
+                        }
+                    },
+                );
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(Duration::from_secs(10))
+                    .serve_connection(io, service)
+                    .await;
+            });
+        }
+    });
+    Ok(())
+}
+
+const TEXT: &str = "text/plain; charset=utf-8";
+
+async fn answer(driver: &Driver, path: &str) -> (u16, &'static str, String) {
+    match path {
+        "/metrics" => match &driver.metrics {
+            Some(m) => (
+                200,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                m.render(driver.mode.node().then(|| {
+                    let state = driver.node.state();
+                    (state.stages().len(), state.publishes().len())
+                })),
+            ),
+            None => (404, TEXT, "metrics are off\n".into()),
+        },
+        "/healthz" => match driver.health().await {
+            Ok(()) => (200, TEXT, "ok\n".into()),
+            Err(e) => (503, TEXT, format!("{}\n", e.message)),
+        },
+        "/readyz" => {
+            if driver.serving.load(std::sync::atomic::Ordering::Relaxed) {
+                (200, TEXT, "ready\n".into())
+            } else {
+                (503, TEXT, "not serving yet\n".into())
+            }
+        }
+        _ => (404, TEXT, "not found\n".into()),
+    }
+}
