@@ -5,6 +5,7 @@
 
 #[cfg(test)]
 mod fake;
+mod targets;
 mod tree;
 pub use tree::remove_tree;
 
@@ -12,7 +13,6 @@ pub use tree::remove_tree;
 pub use fake::FakeHost;
 
 use crate::error::{Error, Result};
-use crate::node::paths;
 use std::path::Path;
 
 /// Runs a filesystem or mount-table call on the blocking pool, within
@@ -153,7 +153,7 @@ impl Host for SystemHost {
     }
 
     fn device_size(&self, path: &Path) -> Result<u64> {
-        paths::device_size(path)
+        targets::device_size(path)
     }
 
     fn writable_dir(&self, dir: &Path) -> Result<()> {
@@ -169,15 +169,15 @@ impl Host for SystemHost {
     }
 
     fn require_dir(&self, path: &Path, field: &str) -> Result<()> {
-        paths::require_dir(path, field)
+        targets::require_dir(path, field)
     }
 
     fn make_target(&self, path: &Path, block: bool) -> Result<()> {
-        paths::make_target(path, block)
+        targets::make_target(path, block)
     }
 
     fn remove_target(&self, path: &Path) -> Result<()> {
-        paths::remove_target(path)
+        targets::remove_target(path)
     }
 
     fn exists(&self, path: &Path) -> bool {

@@ -1,6 +1,6 @@
-//! Checks and helpers for the node paths a CO sends: staging and target
-//! paths must be absolute and normal, and ferrovol creates and removes only
-//! the target itself.
+//! The node paths a CO sends, checked: staging and target paths must be
+//! absolute and normal (the targets themselves are made and removed
+//! through the `Host` seam).
 
 use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
@@ -39,104 +39,6 @@ pub fn validate(raw: &str, field: &str) -> Result<PathBuf> {
     Ok(PathBuf::from(trimmed))
 }
 
-/// The staging path must be an existing directory (the CO creates it), and
-/// not a symlink.
-pub fn require_dir(path: &Path, field: &str) -> Result<()> {
-    match std::fs::symlink_metadata(path) {
-        Ok(md) if md.is_dir() => Ok(()),
-        Ok(md) if md.file_type().is_symlink() => Err(Error::invalid(format!(
-            "{field} {} is a symlink",
-            path.display()
-        ))),
-        Ok(_) => Err(Error::invalid(format!(
-            "{field} {} is not a directory",
-            path.display()
-        ))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::invalid(format!(
-            "{field} {} does not exist",
-            path.display()
-        ))),
-        Err(e) => Err(Error::io(format!("{field} {}", path.display()), e)),
-    }
-}
-
-/// Creates the publish target: a directory for mount access, an empty file
-/// for block access. Its parent must exist; a symlink at the target is
-/// refused so a bind can never be redirected elsewhere.
-pub fn make_target(target: &Path, block: bool) -> Result<()> {
-    let parent = target
-        .parent()
-        .ok_or_else(|| Error::invalid("target_path has no parent"))?;
-    match std::fs::symlink_metadata(parent) {
-        Ok(md) if md.is_dir() => {}
-        _ => {
-            return Err(Error::invalid(format!(
-                "the parent of target_path {} is not a directory",
-                target.display()
-            )))
-        }
-    }
-    match std::fs::symlink_metadata(target) {
-        Ok(md) if md.file_type().is_symlink() => Err(Error::invalid(format!(
-            "target_path {} is a symlink",
-            target.display()
-        ))),
-        Ok(md) if block && md.is_file() => Ok(()),
-        Ok(md) if !block && md.is_dir() => Ok(()),
-        Ok(_) => Err(Error::invalid(format!(
-            "target_path {} exists and is not a {}",
-            target.display(),
-            if block { "file" } else { "directory" }
-        ))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let made = if block {
-                std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .open(target)
-                    .map(|_| ())
-            } else {
-                std::fs::create_dir(target)
-            };
-            made.map_err(|e| Error::io(format!("create target {}", target.display()), e))
-        }
-        Err(e) => Err(Error::io(format!("target {}", target.display()), e)),
-    }
-}
-
-/// Removes what [`make_target`] created: an empty directory or a file. A
-/// directory that is not empty is left in place (it holds someone's data).
-pub fn remove_target(target: &Path) -> Result<()> {
-    let md = match std::fs::symlink_metadata(target) {
-        Ok(md) => md,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(Error::io(format!("target {}", target.display()), e)),
-    };
-    let removed = if md.is_dir() {
-        std::fs::remove_dir(target)
-    } else {
-        std::fs::remove_file(target)
-    };
-    match removed {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => {
-            tracing::warn!(target = %target.display(), "target directory not empty after unmount; left in place");
-            Ok(())
-        }
-        Err(e) => Err(Error::io(format!("remove target {}", target.display()), e)),
-    }
-}
-
-/// The size of a block device (or file) in bytes.
-pub fn device_size(path: &Path) -> Result<u64> {
-    use std::io::{Seek, SeekFrom};
-    let mut f =
-        std::fs::File::open(path).map_err(|e| Error::io(format!("open {}", path.display()), e))?;
-    f.seek(SeekFrom::End(0))
-        .map_err(|e| Error::io(format!("size of {}", path.display()), e))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,47 +58,5 @@ mod tests {
             );
         }
         assert!(validate(&format!("/{}", "a".repeat(5000)), "p").is_err());
-    }
-
-    #[test]
-    fn targets_are_created_and_removed_without_following_symlinks() {
-        let dir = tempfile::tempdir().unwrap();
-        let t = dir.path().join("t");
-        make_target(&t, false).unwrap();
-        assert!(t.is_dir());
-        make_target(&t, false).unwrap();
-        assert!(make_target(&t, true).is_err());
-        remove_target(&t).unwrap();
-        assert!(!t.exists());
-
-        let outside = dir.path().join("outside");
-        std::fs::create_dir(&outside).unwrap();
-        let link = dir.path().join("link");
-        std::os::unix::fs::symlink(&outside, &link).unwrap();
-        assert!(make_target(&link, false)
-            .unwrap_err()
-            .message
-            .contains("symlink"));
-        assert!(require_dir(&link, "staging")
-            .unwrap_err()
-            .message
-            .contains("symlink"));
-        assert!(make_target(&dir.path().join("missing/t"), false).is_err());
-
-        let f = dir.path().join("blk");
-        make_target(&f, true).unwrap();
-        assert!(f.is_file());
-        remove_target(&f).unwrap();
-        assert!(!f.exists());
-    }
-
-    #[test]
-    fn non_empty_target_is_left_alone() {
-        let dir = tempfile::tempdir().unwrap();
-        let t = dir.path().join("t");
-        std::fs::create_dir(&t).unwrap();
-        std::fs::write(t.join("data"), b"keep").unwrap();
-        remove_target(&t).unwrap();
-        assert!(t.join("data").exists());
     }
 }
