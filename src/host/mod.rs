@@ -5,6 +5,7 @@
 
 #[cfg(test)]
 mod fake;
+pub mod loopdev;
 mod targets;
 mod tree;
 pub use tree::remove_tree;

@@ -6,9 +6,9 @@
 pub mod fs;
 pub mod paths;
 
-use crate::backend::file::loopdev::LoopDevices;
 use crate::error::{Error, Kind, Result};
 use crate::exec::CommandRunner;
+use crate::host::loopdev::LoopDevices;
 use crate::host::Host;
 use crate::locks::{self, OpGuard, OpLocks};
 use crate::mount::{MountId, MountInfo, MountOptions, Mounter};

@@ -8,19 +8,17 @@
 //! name and renamed into place after its metadata, so a crash never leaves a
 //! half-made volume that looks whole.
 
-pub mod loopdev;
-
 use crate::config::Size;
 use crate::error::{Error, Kind, Result};
 use crate::exec::path_arg;
 use crate::exec::{Command, CommandRunner};
+use crate::host::loopdev::LoopDevices;
 use crate::host::Host;
 use crate::plugin::{
     check_existing, locator_for_name, own_source, AttachContext, Attachment, Backend, Capabilities,
     Capacity, ContentSource, CreateSnapshot, CreateVolume, Page, Secrets, SizeRules, SnapshotId,
     SnapshotInfo, VolumeId, VolumeInfo,
 };
-use loopdev::LoopDevices;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -38,7 +38,7 @@ fn pool_with(free: u64) -> Pool {
     let backend = FileBackend::new("file", settings, runner.clone(), host.clone())
         .unwrap()
         .with_loops(LoopDevices::with_sysfs(
-            Arc::new(loopdev::FakeLoops::new(&sysfs, 50)),
+            Arc::new(crate::host::loopdev::FakeLoops::new(&sysfs, 50)),
             &sysfs,
         ));
     Pool {
@@ -232,7 +232,7 @@ async fn pages_read_only_their_entries_and_follow_creates_and_deletes() {
     )
     .unwrap()
     .with_loops(LoopDevices::with_sysfs(
-        Arc::new(loopdev::FakeLoops::new(&sysfs, 50)),
+        Arc::new(crate::host::loopdev::FakeLoops::new(&sysfs, 50)),
         &sysfs,
     ));
     assert_eq!(

@@ -210,7 +210,7 @@ impl LoopDevices {
         call: impl FnOnce(&dyn LoopKernel) -> Result<T> + Send + 'static,
     ) -> Result<T> {
         let kernel = self.kernel.clone();
-        crate::host::off_worker(what, IOCTL_TIMEOUT, move || call(kernel.as_ref())).await
+        super::off_worker(what, IOCTL_TIMEOUT, move || call(kernel.as_ref())).await
     }
 
     /// Every attached loop device's image, read from sysfs.
