@@ -848,12 +848,15 @@ impl NodeOps {
         let mut record = record;
         let (source, flags) = match (&stage.capability.access, &stage.attachment) {
             (AccessType::Block, Some(Attachment::Device { path })) => (path.clone(), Vec::new()),
-            (AccessType::Mount { .. }, _) => {
-                let AccessType::Mount { mount_flags, .. } = &req.capability.access else {
-                    unreachable!()
-                };
-                (stage.staging_path.clone(), mount_flags.clone())
-            }
+            (AccessType::Mount { .. }, _) => match &req.capability.access {
+                AccessType::Mount { mount_flags, .. } => {
+                    (stage.staging_path.clone(), mount_flags.clone())
+                }
+                AccessType::Block => return Err(Error::invalid(format!(
+                    "volume {} is staged as a filesystem; a block publish of it is not possible",
+                    req.volume_id
+                ))),
+            },
             _ => {
                 return Err(Error::precondition(format!(
                     "volume {} has no device attached",

@@ -105,7 +105,7 @@ where
                 let result = call.await;
                 drop(in_flight);
                 let took = start.elapsed();
-                let ms = took.as_secs_f64() * 1000.0;
+                let ms = round3(took.as_secs_f64() * 1000.0);
                 let code = match &result {
                     Ok(response) => match tonic::Status::from_header_map(response.headers()) {
                         Some(status) if status.code() != tonic::Code::Ok => {
@@ -150,8 +150,33 @@ where
     }
 }
 
+/// `x` to three significant digits (whole numbers from 100 up), so that a
+/// duration prints as `0.0123`, `4.56` or `789`, not `0.012313999999999999`.
+fn round3(x: f64) -> f64 {
+    if !x.is_finite() || x <= 0.0 {
+        return x;
+    }
+    let decimals = (2 - x.log10().floor() as i32).max(0);
+    let scale = 10f64.powi(decimals);
+    (x * scale).round() / scale
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn durations_print_with_three_significant_digits() {
+        for (x, shown) in [
+            (0.012313999999999999, "0.0123"),
+            (4.5649, "4.56"),
+            (12.345, "12.3"),
+            (789.4, "789"),
+            (12345.6, "12346"),
+            (0.0, "0"),
+        ] {
+            assert_eq!(super::round3(x).to_string(), shown, "{x}");
+        }
+    }
+
     use super::*;
 
     #[test]
