@@ -72,16 +72,31 @@ async fn concurrency_storm_answers_allowed_codes_and_leaks_nothing() {
         std::fs::create_dir_all(h.path(&format!("kubelet/staging/{n}"))).unwrap();
     }
     let cap = mount_cap("ext4", SNMW);
-    let deadline = Instant::now() + Duration::from_secs(6);
+    // The storm runs until it has made 2,000 calls and seen a publish answer
+    // OK and a call refused as ABORTED (the two things it checks), however
+    // slow the machine; past 120 s it stops and the checks below fail.
+    use std::sync::atomic::AtomicUsize;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let (calls, published, aborted) = (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
     let mut tasks = Vec::new();
     for _client in 0..8u64 {
         let mut rng = Rng(seed_rng.next() | 1);
         let (mut c, mut n) = (h.controller(), h.node());
         let root = h.dir.path().to_path_buf();
         let cap = cap.clone();
+        let (calls, published, aborted) = (calls.clone(), published.clone(), aborted.clone());
         tasks.push(tokio::spawn(async move {
             let mut seen: HashMap<String, usize> = HashMap::new();
-            while Instant::now() < deadline {
+            let done = || {
+                calls.load(Ordering::Relaxed) >= 2000
+                    && published.load(Ordering::Relaxed)
+                    && aborted.load(Ordering::Relaxed)
+            };
+            while !done() && Instant::now() < deadline {
                 let name = names[rng.below(3) as usize];
                 let id = volume_id(name);
                 let staging = root.join(format!("kubelet/staging/{name}"));
@@ -202,6 +217,13 @@ async fn concurrency_storm_answers_allowed_codes_and_leaks_nothing() {
                     "{what} on {name} answered {got:?}, not a spec-allowed code"
                 );
                 *seen.entry(format!("{what}:{got:?}")).or_default() += 1;
+                calls.fetch_add(1, Ordering::Relaxed);
+                if what == "publish" && got == Code::Ok {
+                    published.store(true, Ordering::Relaxed);
+                }
+                if got == Code::Aborted {
+                    aborted.store(true, Ordering::Relaxed);
+                }
             }
             seen
         }));

@@ -185,12 +185,9 @@ mod tests {
             .args(["-c", &format!("exec -a {tag} sleep 30")])
             .timeout(Duration::from_secs(3));
         let run = tokio::spawn(async move { runner.run(cmd).await });
-        let start = Instant::now();
-        while live_with(&tag).is_empty() {
-            assert!(
-                start.elapsed() < Duration::from_secs(3),
-                "the child never started"
-            );
+        // Seen alive, unless the machine is so slow that the timeout came
+        // first: either way it must end as a timeout with nothing left.
+        while live_with(&tag).is_empty() && !run.is_finished() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let err = run.await.unwrap().unwrap_err();

@@ -852,10 +852,12 @@ impl NodeOps {
                 AccessType::Mount { mount_flags, .. } => {
                     (stage.staging_path.clone(), mount_flags.clone())
                 }
-                AccessType::Block => return Err(Error::invalid(format!(
+                AccessType::Block => {
+                    return Err(Error::invalid(format!(
                     "volume {} is staged as a filesystem; a block publish of it is not possible",
                     req.volume_id
-                ))),
+                )))
+                }
             },
             _ => {
                 return Err(Error::precondition(format!(
