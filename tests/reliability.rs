@@ -603,8 +603,12 @@ async fn oversized_requests_are_refused_and_nothing_is_created() {
     assert_clean(&h);
 }
 
+/// Every RPC that carries a `secrets` map has its values hidden from its
+/// error and the log, whichever keys they are and whether or not a backend
+/// reads them (the service layer's redaction; the backends that read real
+/// secrets are the next test's).
 #[tokio::test]
-async fn secrets_in_every_rpc_never_reach_logs_or_errors() {
+async fn secret_values_in_every_rpc_are_hidden_from_errors_and_the_log() {
     let h = Harness::start_with_env(None, &[("RUST_LOG", "trace")]).await;
     let secret = "Sup3r-S3cret-Vaule-7d1c";
     let secrets: HashMap<String, String> = HashMap::from([
@@ -804,4 +808,155 @@ async fn sigterm_lets_the_call_in_flight_finish_then_exits_promptly() {
         .await
         .unwrap();
     assert_clean(&h);
+}
+
+/// The real secrets of the backends that read them, through the binary at
+/// trace level: iscsi's CHAP secrets (ControllerPublish hands them to a
+/// real tgtd; a second publish with another password, a stage and a
+/// publish to another node fail with them in hand) and rbd's cephx key (CreateVolume
+/// connects with it on a real cluster; a wrong key, an expansion and a
+/// snapshot fail with it). Neither reaches an error or the log.
+#[tokio::test]
+async fn real_secrets_of_iscsi_and_rbd_never_reach_logs_or_errors() {
+    use common::fixtures::{CephCluster, Tgtd};
+    require_root();
+    let tgtd = Tgtd::new();
+    let ceph = CephCluster::new();
+    let names = tempfile::tempdir().unwrap();
+    let initiator_file = names.path().join("initiatorname.iscsi");
+    std::fs::write(
+        &initiator_file,
+        "InitiatorName=iqn.2026-11.io.ferrovol.test:this-node\n",
+    )
+    .unwrap();
+    let config = format!(
+        "[[backend]]\ntype = \"iscsi\"\niqn_prefix = \"iqn.2026-11.io.ferrovol.test\"\n\
+         portals = [\"{}\"]\ncontrol_port = {}\ninitiator_name_file = \"{}\"\n\
+         [backend.store]\ntype = \"file\"\npool = \"@DIR@/pool\"\n\
+         [[backend]]\ntype = \"rbd\"\ncluster_id = \"test\"\nmonitors = [\"v1:{}\"]\npools = [\"rbd\"]\n",
+        tgtd.portal(),
+        tgtd.control_port,
+        initiator_file.display(),
+        ceph.mon_addr,
+    );
+    let h = Harness::start_with_env(Some(&config), &[("RUST_LOG", "trace")]).await;
+    let (mut c, mut n) = (h.controller(), h.node());
+    let chap = "Sup3r-S3cret-Vaule-7d1c";
+    let other = "0ther-S3cret-Vaule-9e2f";
+    let key = ceph.client_key();
+    let wrong_key = "AQBad0BhAAAAABAAbadbadbadbadbadbadbadbQ==";
+    let chap_secrets = |password: &str| {
+        HashMap::from([
+            ("chapUsername".to_string(), "alice".to_string()),
+            ("chapPassword".to_string(), password.to_string()),
+        ])
+    };
+    let ceph_secrets = |key: &str| {
+        HashMap::from([
+            ("userID".to_string(), "ferrovol".to_string()),
+            ("userKey".to_string(), key.to_string()),
+        ])
+    };
+    let cap = mount_cap("ext4", SNW);
+    let create = |name: &str, backend: &str, secrets: HashMap<String, String>| {
+        let mut r = create_req(name, 16 * MIB, cap.clone());
+        r.parameters.insert("backend".into(), backend.into());
+        r.secrets = secrets;
+        r
+    };
+    let mut messages = Vec::new();
+    let mut failed = |r: Result<(), tonic::Status>| match r {
+        Ok(()) => panic!("call {} was to fail", messages.len() + 1),
+        Err(s) => messages.push(s.message().to_string()),
+    };
+
+    // iscsi: the secret reaches tgtd; then calls that fail holding it.
+    let vol = c
+        .create_volume(create("sec-iscsi", "iscsi", chap_secrets(chap)))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let publish = |secrets: HashMap<String, String>| pb::ControllerPublishVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        node_id: "node/iqn.2026-11.io.ferrovol.test:node-a".into(),
+        volume_capability: Some(cap.clone()),
+        secrets,
+        ..Default::default()
+    };
+    c.controller_publish_volume(publish(chap_secrets(chap)))
+        .await
+        .unwrap();
+    failed(
+        c.controller_publish_volume(publish(chap_secrets(other)))
+            .await
+            .map(|_| ()),
+    );
+    let staging = h.path("kubelet/staging");
+    let mut st = stage_req(&vol.volume_id, &staging, cap.clone());
+    st.secrets = chap_secrets(chap);
+    failed(n.node_stage_volume(st).await.map(|_| ()));
+    let mut to_b = publish(chap_secrets(chap));
+    to_b.node_id = "node/iqn.2026-11.io.ferrovol.test:node-b".into();
+    failed(c.controller_publish_volume(to_b).await.map(|_| ()));
+    c.delete_volume(pb::DeleteVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        secrets: chap_secrets(chap),
+    })
+    .await
+    .unwrap();
+
+    // rbd: the key makes a volume on the cluster; then calls that fail.
+    let rv = c
+        .create_volume(create("sec-rbd", "rbd", ceph_secrets(&key)))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    failed(
+        c.create_volume(create("sec-rbd-2", "rbd", ceph_secrets(wrong_key)))
+            .await
+            .map(|_| ()),
+    );
+    failed(
+        c.controller_expand_volume(pb::ControllerExpandVolumeRequest {
+            volume_id: rv.volume_id.clone(),
+            capacity_range: Some(pb::CapacityRange {
+                required_bytes: 32 * MIB,
+                limit_bytes: 0,
+            }),
+            secrets: ceph_secrets(wrong_key),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ()),
+    );
+    failed(
+        c.create_snapshot(pb::CreateSnapshotRequest {
+            source_volume_id: rv.volume_id.clone(),
+            name: "sec-snap".into(),
+            secrets: ceph_secrets(wrong_key),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ()),
+    );
+    c.delete_volume(pb::DeleteVolumeRequest {
+        volume_id: rv.volume_id.clone(),
+        secrets: ceph_secrets(&key),
+    })
+    .await
+    .unwrap();
+
+    assert_eq!(messages.len(), 6, "{messages:?}");
+    let log = h.log();
+    assert!(log.contains("TRACE"), "the log ran at trace level");
+    for secret in [chap, other, key.as_str(), wrong_key] {
+        for m in &messages {
+            assert!(!m.contains(secret), "a secret in an error: {m}");
+        }
+        assert!(!log.contains(secret), "a secret in the log");
+    }
 }
