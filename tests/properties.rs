@@ -135,9 +135,30 @@ fn locator_fields_round_trip_and_stay_safe() {
 }
 
 #[test]
-fn mountinfo_parsing_never_panics() {
+fn mountinfo_parsing_never_panics_and_reads_whole_lines() {
     let mut rng = Rng::seeded("mountinfo");
     let real = "36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue\n";
+    // The control, and an unmutated line among mutated ones is read whole.
+    let control = parse_mountinfo(real);
+    assert_eq!(control.len(), 1);
+    assert_eq!(
+        (
+            control[0].mount_point.to_str().unwrap(),
+            control[0].fstype.as_str(),
+            control[0].source.as_str()
+        ),
+        ("/mnt2", "ext3", "/dev/root")
+    );
+    for _ in 0..ROUNDS / 4 {
+        let text = format!("{}\n{real}{}\n", rng.string(30), rng.string(30));
+        let found = parse_mountinfo(&text);
+        assert!(
+            found.iter().any(|m| m.mount_point.to_str() == Some("/mnt2")
+                && m.fstype == "ext3"
+                && m.source == "/dev/root"),
+            "{text:?}"
+        );
+    }
     for _ in 0..ROUNDS {
         let mut text = String::new();
         for _ in 0..rng.pick(4) {
@@ -193,32 +214,90 @@ fn request_paths_are_normal_and_absolute() {
     }
 }
 
-#[test]
-fn config_parsing_never_panics() {
-    let mut rng = Rng::seeded("config");
-    let base = "default_backend = \"file\"\n[node]\nmax_volumes_per_node = 3\n[[backend]]\ntype = \"file\"\npool = \"/p\"\nmax_volume_size = \"1Gi\"\n";
-    for _ in 0..ROUNDS / 4 {
-        let cut = rng.pick(base.len());
-        let text = format!("{}{}{}", &base[..cut], rng.string(4), &base[cut..]);
-        if let Ok(c) = Config::parse(&text) {
-            for b in &c.backends {
-                let _ = b.settings::<ferrovol::backend::file::FileSettings>();
-                let _ = b.settings::<ferrovol::backend::lvm::LvmSettings>();
-            }
-        }
-    }
+/// Whether a mutation at `cut` left `part` of `base` untouched.
+fn untouched(base: &str, part: &str, cut: usize) -> bool {
+    let at = base.find(part).unwrap();
+    cut < at || cut > at + part.len()
 }
 
 #[test]
-fn lvm_reports_never_panic() {
+fn config_parsing_never_panics_and_reads_what_the_text_says() {
+    let mut rng = Rng::seeded("config");
+    let base = "default_backend = \"file\"\n[node]\nmax_volumes_per_node = 3\n[[backend]]\ntype = \"file\"\npool = \"/p\"\nmax_volume_size = \"1Gi\"\n";
+    // The control: the text as written is read as written.
+    let c = Config::parse(base).unwrap();
+    assert_eq!(c.default_backend.as_deref(), Some("file"));
+    assert_eq!(c.node.max_volumes_per_node, 3);
+    assert_eq!(c.backends.len(), 1);
+    let mut accepted = 0;
+    for _ in 0..ROUNDS / 4 {
+        let cut = rng.pick(base.len());
+        let text = format!("{}{}{}", &base[..cut], rng.string(4), &base[cut..]);
+        let Ok(c) = Config::parse(&text) else {
+            continue;
+        };
+        accepted += 1;
+        // A value whose line the mutation did not touch is read as
+        // written: nothing elsewhere changes it.
+        if untouched(base, "default_backend = \"file\"", cut) {
+            assert_eq!(c.default_backend.as_deref(), Some("file"), "{text:?}");
+        }
+        assert!(c.backends.len() <= 1, "{text:?}");
+        for b in &c.backends {
+            if let Ok(f) = b.settings::<ferrovol::backend::file::FileSettings>() {
+                if untouched(base, "pool = \"/p\"", cut) {
+                    assert_eq!(f.pool, std::path::Path::new("/p"), "{text:?}");
+                }
+            }
+            let _ = b.settings::<ferrovol::backend::lvm::LvmSettings>();
+        }
+    }
+    assert!(
+        accepted > 0,
+        "no mutation was ever accepted: the property was never tried"
+    );
+}
+
+#[test]
+fn lvm_reports_never_panic_and_read_what_the_text_says() {
     let mut rng = Rng::seeded("lvm reports");
     let base = r#"{"report":[{"lv":[{"lv_name":"fv-a","vg_name":"vg","lv_size":"1048576","lv_tags":"ferrovol","lv_attr":"-wi-a-----","origin":"","pool_lv":"","lv_time":"2026-11-22 00:26:21 +0000","data_percent":""}]}]}"#;
+    // The control: the report as lvm prints it.
+    let rows = ferrovol::backend::lvm::parse_lvs(base).unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(
+        (rows[0].lv_name.as_str(), rows[0].lv_size.as_str()),
+        ("fv-a", "1048576")
+    );
+    let mut accepted = 0;
     for _ in 0..ROUNDS / 4 {
         let cut = rng.pick(base.len());
         let text = format!("{}{}{}", &base[..cut], rng.string(3), &base[cut..]);
-        let _ = ferrovol::backend::lvm::parse_lvs(&text);
-        let _ = ferrovol::backend::lvm::parse_vgs(&text);
+        if let Ok(rows) = ferrovol::backend::lvm::parse_lvs(&text) {
+            accepted += 1;
+            assert!(rows.len() <= 1, "{text:?}");
+            for r in rows {
+                for (part, got, want) in [
+                    (r#""lv_name":"fv-a""#, &r.lv_name, "fv-a"),
+                    (r#""vg_name":"vg""#, &r.vg_name, "vg"),
+                    (r#""lv_size":"1048576""#, &r.lv_size, "1048576"),
+                    (r#""lv_attr":"-wi-a-----""#, &r.lv_attr, "-wi-a-----"),
+                ] {
+                    if untouched(base, part, cut) {
+                        assert_eq!(got, want, "{text:?}");
+                    }
+                }
+            }
+        }
+        // A vgs parse of an lvs report finds no group.
+        if let Ok(groups) = ferrovol::backend::lvm::parse_vgs(&text) {
+            assert!(groups.is_empty(), "{text:?}");
+        }
     }
+    assert!(
+        accepted > 0,
+        "no mutation was ever accepted: the property was never tried"
+    );
 }
 
 #[test]
