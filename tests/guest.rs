@@ -358,7 +358,8 @@ async fn guest_lvm_backend_full_lifecycle() {
 }
 
 /// A recycled extent never shows its old contents: a new LV on the space a
-/// deleted one used starts empty.
+/// deleted one used starts empty (and a control round without ferrovol
+/// shows the old filesystem on the same extents).
 #[tokio::test]
 #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
 async fn guest_lvm_new_volume_never_exposes_old_data() {
@@ -419,6 +420,32 @@ async fn guest_lvm_new_volume_never_exposes_old_data() {
     })
     .await
     .unwrap();
+
+    // The control: the same recycling without ferrovol (an LV made with
+    // no wiping and no zeroing) does show the old filesystem, so the check
+    // above could have failed.
+    vg.lvm(
+        "lvcreate",
+        &["-q", "-y", "-L", "32M", "-n", "old2", "fvwipe"],
+    );
+    run("mkfs.ext4", &["-q", "-F", "/dev/fvwipe/old2"]);
+    vg.lvm("lvremove", &["-q", "-y", "fvwipe/old2"]);
+    vg.lvm(
+        "lvcreate",
+        &[
+            "-q", "-y", "-W", "n", "-Z", "n", "-L", "32M", "-n", "ctl", "fvwipe",
+        ],
+    );
+    let probe = std::process::Command::new("blkid")
+        .args(["-p", "-o", "value", "-s", "TYPE", "/dev/fvwipe/ctl"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&probe.stdout).trim(),
+        "ext4",
+        "the control round saw no old data: the check above proves nothing"
+    );
+    vg.lvm("lvremove", &["-q", "-y", "fvwipe/ctl"]);
 }
 
 /// The nfs backend against the kernel's NFS server on loopback: a volume is
