@@ -20,6 +20,7 @@ pub mod mount;
 pub mod node;
 pub mod plugin;
 pub mod state;
+pub mod sync;
 
 pub mod server;
 pub mod service;

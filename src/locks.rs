@@ -5,6 +5,7 @@
 
 use crate::error::{Error, Result};
 use crate::id::{SnapshotId, VolumeId};
+use crate::sync::LockExt;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -73,7 +74,7 @@ impl OpLocks {
     /// Takes every key in `exclusive` exclusively and every key in `shared`
     /// shared, all or nothing. ABORTED names the first busy key.
     pub fn try_lock(&self, exclusive: &[String], shared: &[String]) -> Result<OpGuard> {
-        let mut table = self.table.lock().expect("lock table poisoned");
+        let mut table = self.table.locked();
         for key in exclusive {
             if table.contains_key(key) {
                 return Err(Error::aborted(format!(
@@ -111,16 +112,13 @@ impl OpLocks {
 
     /// How many keys are held (for tests and metrics).
     pub fn held(&self) -> usize {
-        self.table.lock().expect("lock table poisoned").len()
+        self.table.locked().len()
     }
 }
 
 impl Drop for OpGuard {
     fn drop(&mut self) {
-        let mut table = match self.table.lock() {
-            Ok(t) => t,
-            Err(p) => p.into_inner(),
-        };
+        let mut table = self.table.locked();
         for key in &self.exclusive {
             table.remove(key);
         }

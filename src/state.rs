@@ -5,6 +5,7 @@
 
 use crate::error::{Error, Result};
 use crate::plugin::{Attachment, VolumeCapability, VolumeId};
+use crate::sync::LockExt;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::fs;
@@ -180,11 +181,11 @@ impl NodeState {
     }
 
     pub fn stage(&self, id: &VolumeId) -> Option<StageRecord> {
-        self.stages.lock().unwrap().get(id).cloned()
+        self.stages.locked().get(id).cloned()
     }
 
     pub fn stages(&self) -> Vec<StageRecord> {
-        self.stages.lock().unwrap().values().cloned().collect()
+        self.stages.locked().values().cloned().collect()
     }
 
     /// Records a stage, on disk first.
@@ -196,27 +197,25 @@ impl NodeState {
             true,
         )?;
         self.stages
-            .lock()
-            .unwrap()
+            .locked()
             .insert(record.volume_id.clone(), record);
         Ok(())
     }
 
     pub fn remove_stage(&self, id: &VolumeId) -> Result<()> {
         Self::delete(&self.stage_dir, &id.to_string(), true)?;
-        self.stages.lock().unwrap().remove(id);
+        self.stages.locked().remove(id);
         Ok(())
     }
 
     pub fn publish(&self, target: &Path) -> Option<PublishRecord> {
-        self.publishes.lock().unwrap().get(target).cloned()
+        self.publishes.locked().get(target).cloned()
     }
 
     /// Every target a volume is published to.
     pub fn publishes_of(&self, id: &VolumeId) -> Vec<PublishRecord> {
         self.publishes
-            .lock()
-            .unwrap()
+            .locked()
             .values()
             .filter(|p| &p.volume_id == id)
             .cloned()
@@ -224,7 +223,7 @@ impl NodeState {
     }
 
     pub fn publishes(&self) -> Vec<PublishRecord> {
-        self.publishes.lock().unwrap().values().cloned().collect()
+        self.publishes.locked().values().cloned().collect()
     }
 
     pub fn put_publish(&self, record: PublishRecord) -> Result<()> {
@@ -235,15 +234,14 @@ impl NodeState {
             false,
         )?;
         self.publishes
-            .lock()
-            .unwrap()
+            .locked()
             .insert(record.target_path.clone(), record);
         Ok(())
     }
 
     pub fn remove_publish(&self, target: &Path) -> Result<()> {
         Self::delete(&self.publish_dir, &target.to_string_lossy(), false)?;
-        self.publishes.lock().unwrap().remove(target);
+        self.publishes.locked().remove(target);
         Ok(())
     }
 }

@@ -11,6 +11,7 @@
 //! are the driver's own: nothing else attaches them.
 
 use crate::error::{Error, Result};
+use crate::sync::LockExt;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -235,7 +236,7 @@ impl LoopDevices {
     /// entry, checked against the device itself (an entry whose device
     /// went away is dropped).
     pub fn find(&self, image: &Path) -> Option<PathBuf> {
-        let mut devices = self.index.devices.lock().expect("loop index poisoned");
+        let mut devices = self.index.devices.locked();
         let devices = devices.get_or_insert_with(|| self.scan());
         let name = devices.get(image)?.clone();
         let device = PathBuf::from("/dev").join(&name);
@@ -247,7 +248,7 @@ impl LoopDevices {
     }
 
     fn noted(&self, image: &Path, device: Option<&Path>) {
-        let mut devices = self.index.devices.lock().expect("loop index poisoned");
+        let mut devices = self.index.devices.locked();
         let devices = devices.get_or_insert_with(|| self.scan());
         match device.and_then(|d| d.file_name()) {
             Some(name) => {
@@ -410,22 +411,22 @@ impl FakeLoops {
         }
     }
     pub fn calls(&self) -> Vec<String> {
-        self.calls.lock().unwrap().clone()
+        self.calls.locked().clone()
     }
 }
 
 #[cfg(test)]
 impl LoopKernel for FakeLoops {
     fn attach(&self, backing: &Path, read_only: bool) -> Result<PathBuf> {
-        self.calls.lock().unwrap().push(format!(
+        self.calls.locked().push(format!(
             "attach {}{}",
             backing.display(),
             if read_only { " ro" } else { "" }
         ));
-        if let Some(why) = self.refuse.lock().unwrap().clone() {
+        if let Some(why) = self.refuse.locked().clone() {
             return Err(Error::io(why, std::io::Error::from_raw_os_error(16)));
         }
-        let mut next = self.next.lock().unwrap();
+        let mut next = self.next.locked();
         let name = format!("loop{next}");
         *next += 1;
         let d = self.sysfs.join(&name);
@@ -441,15 +442,13 @@ impl LoopKernel for FakeLoops {
     }
     fn detach(&self, device: &Path) -> Result<()> {
         self.calls
-            .lock()
-            .unwrap()
+            .locked()
             .push(format!("detach {}", device.display()));
         Ok(())
     }
     fn set_capacity(&self, device: &Path) -> Result<()> {
         self.calls
-            .lock()
-            .unwrap()
+            .locked()
             .push(format!("set-capacity {}", device.display()));
         Ok(())
     }

@@ -12,6 +12,7 @@
 //! a preface that is not HTTP/2's at its first wrong byte, and garbage
 //! after it by the HTTP/2 server.
 
+use crate::sync::LockExt;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
@@ -60,7 +61,7 @@ enum Evicted {
 impl Eviction {
     fn evict(&self) {
         self.evicted.store(true, Ordering::SeqCst);
-        if let Some(w) = self.waker.lock().expect("eviction poisoned").take() {
+        if let Some(w) = self.waker.locked().take() {
             w.wake();
         }
     }
@@ -98,7 +99,7 @@ impl Unproven {
             fd,
             plain,
         });
-        let mut q = self.0.lock().expect("unproven poisoned");
+        let mut q = self.0.locked();
         // Entries of connections that proved themselves or closed pile up
         // behind a live one, each keeping its handle's memory: sweep them
         // when the queue has doubled since the last sweep. The live ones
@@ -114,7 +115,7 @@ impl Unproven {
 
     /// Whether any connection is still unproven.
     fn has_any(&self) -> bool {
-        let q = &mut self.0.lock().expect("unproven poisoned").entries;
+        let q = &mut self.0.locked().entries;
         while q.front().is_some_and(|w| w.strong_count() == 0) {
             q.pop_front();
         }
@@ -124,7 +125,7 @@ impl Unproven {
     /// Closes the oldest unproven connection, once it has had
     /// [`EVICT_AFTER`] to show its preface.
     fn evict_oldest(&self) -> Evicted {
-        let q = &mut self.0.lock().expect("unproven poisoned").entries;
+        let q = &mut self.0.locked().entries;
         while let Some(w) = q.front() {
             let Some(e) = w.upgrade() else {
                 q.pop_front();
@@ -228,7 +229,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Limited<S> {
                     "closed for a newer connection: no HTTP/2 preface yet, at the connection cap",
                 )));
             }
-            *e.waker.lock().expect("eviction poisoned") = Some(cx.waker().clone());
+            *e.waker.locked() = Some(cx.waker().clone());
         }
         if let Some(deadline) = this.handshake.as_mut() {
             if deadline.as_mut().poll(cx).is_ready() {

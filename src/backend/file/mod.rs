@@ -19,6 +19,7 @@ use crate::plugin::{
     Capacity, ContentSource, CreateSnapshot, CreateVolume, Page, Secrets, SizeRules, SnapshotId,
     SnapshotInfo, VolumeId, VolumeInfo,
 };
+use crate::sync::LockExt;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -95,7 +96,7 @@ struct PoolIndex {
 /// The page of `set` after the cursor.
 fn page_of(set: &Mutex<BTreeSet<String>>, page: &Page) -> Vec<String> {
     use std::ops::Bound::{Excluded, Unbounded};
-    let set = set.lock().expect("pool index poisoned");
+    let set = set.locked();
     let lower = match &page.after {
         Some(a) => Excluded(a.clone()),
         None => Unbounded,
@@ -107,13 +108,11 @@ fn page_of(set: &Mutex<BTreeSet<String>>, page: &Page) -> Vec<String> {
 }
 
 fn index_put(set: &Mutex<BTreeSet<String>>, locator: &str) {
-    set.lock()
-        .expect("pool index poisoned")
-        .insert(locator.to_string());
+    set.locked().insert(locator.to_string());
 }
 
 fn index_remove(set: &Mutex<BTreeSet<String>>, locator: &str) {
-    set.lock().expect("pool index poisoned").remove(locator);
+    set.locked().remove(locator);
 }
 
 fn io(context: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> Error {

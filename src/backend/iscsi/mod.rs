@@ -29,6 +29,7 @@ use crate::plugin::{
     Capacity, ContentSource, ControllerAttach, CreateSnapshot, CreateVolume, Page, Secrets,
     SnapshotId, SnapshotInfo, VolumeId, VolumeInfo,
 };
+use crate::sync::LockExt;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -429,12 +430,12 @@ impl IscsiBackend {
 
     fn forget(&self, id: &VolumeId) -> Result<()> {
         remove_file(&self.record_path(id), "remove target record")?;
-        self.volumes.lock().unwrap().remove(id.locator());
+        self.volumes.locked().remove(id.locator());
         Ok(())
     }
 
     fn password(&self, user: &str) -> Option<String> {
-        self.passwords.lock().unwrap().get(user).cloned()
+        self.passwords.locked().get(user).cloned()
     }
 
     /// Makes sure account `user` exists on the server with the password
@@ -442,7 +443,7 @@ impl IscsiBackend {
     /// second secret for a name this driver knows is refused.
     async fn ensure_account(&self, user: &str, password: &str) -> Result<()> {
         {
-            let mut known = self.passwords.lock().unwrap();
+            let mut known = self.passwords.locked();
             if known.get(user).is_some_and(|p| p != password) {
                 return Err(Error::precondition(format!(
                     "CHAP account {user:?} exists on the target server with another secret; \
@@ -656,8 +657,7 @@ impl IscsiBackend {
     /// The volume's own lock (see `volumes`).
     fn volume_mutex(&self, id: &VolumeId) -> Arc<tokio::sync::Mutex<()>> {
         self.volumes
-            .lock()
-            .unwrap()
+            .locked()
             .entry(id.locator().to_string())
             .or_default()
             .clone()
@@ -707,7 +707,7 @@ impl Backend for IscsiBackend {
             return Ok(());
         }
         let due = {
-            let mut last = self.last_reconcile.lock().unwrap();
+            let mut last = self.last_reconcile.locked();
             let due = last.is_none_or(|t| t.elapsed() >= RECONCILE_EVERY);
             if due {
                 *last = Some(Instant::now());

@@ -8,6 +8,7 @@
 use crate::error::{Error, Result};
 use crate::exec::CommandRunner;
 use crate::mount::{mount_with_helper, MountOptions};
+use crate::sync::LockExt;
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -52,7 +53,7 @@ pub struct Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        let mut table = self.mounts.table.lock().expect("work mounts poisoned");
+        let mut table = self.mounts.table.locked();
         if let Some(e) = table.get_mut(&self.dir) {
             e.users = e.users.saturating_sub(1);
             e.last_used = Instant::now();
@@ -78,8 +79,7 @@ impl WorkMounts {
 
     fn share_lock(&self, dir: &Path) -> Arc<tokio::sync::Mutex<()>> {
         self.mounting
-            .lock()
-            .expect("work mounts poisoned")
+            .locked()
             .entry(dir.to_path_buf())
             .or_default()
             .clone()
@@ -87,7 +87,7 @@ impl WorkMounts {
 
     /// Counts one more user of `dir` when it is mounted.
     fn join(&self, dir: &Path) -> bool {
-        let mut table = self.table.lock().expect("work mounts poisoned");
+        let mut table = self.table.locked();
         match table.get_mut(dir) {
             Some(e) => {
                 e.users += 1;
@@ -127,7 +127,7 @@ impl WorkMounts {
             )
             .await
             .map_err(|e| e.context("mount the share"))?;
-            self.table.lock().expect("work mounts poisoned").insert(
+            self.table.locked().insert(
                 dir.clone(),
                 Entry {
                     users: 1,
@@ -151,7 +151,7 @@ impl WorkMounts {
     /// being mounted or released by another call is left to that call.
     pub async fn release_idle(&self, idle: Duration) -> usize {
         let candidates: Vec<PathBuf> = {
-            let table = self.table.lock().expect("work mounts poisoned");
+            let table = self.table.locked();
             table
                 .iter()
                 .filter(|(_, e)| e.users == 0 && e.last_used.elapsed() >= idle)
@@ -166,7 +166,7 @@ impl WorkMounts {
             // joins a share on its way out (a new one mounts it again,
             // after this lock).
             {
-                let mut table = self.table.lock().expect("work mounts poisoned");
+                let mut table = self.table.locked();
                 match table.get(dir) {
                     Some(e) if e.users == 0 && e.last_used.elapsed() >= idle => {
                         table.remove(dir);
@@ -187,7 +187,7 @@ impl WorkMounts {
     /// the working root's own entries are touched: they are this
     /// backend's. Returns how many were mounted.
     pub async fn release_all(&self) -> usize {
-        self.table.lock().expect("work mounts poisoned").clear();
+        self.table.locked().clear();
         let left: Vec<PathBuf> = std::fs::read_to_string("/proc/self/mountinfo")
             .map(|t| {
                 crate::mount::parse_mountinfo(&t)
@@ -213,7 +213,7 @@ impl WorkMounts {
     /// How many shares are mounted now.
     #[cfg(test)]
     pub fn mounted(&self) -> usize {
-        self.table.lock().expect("work mounts poisoned").len()
+        self.table.locked().len()
     }
 
     fn start_reaper(self: &Arc<Self>) {

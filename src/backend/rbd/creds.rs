@@ -4,6 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::exec::Command;
+use crate::sync::LockExt;
 use std::path::{Path, PathBuf};
 
 /// A cephx user and its key: from a keyring file of the config, or from
@@ -145,10 +146,7 @@ impl Creds {
             KeySource::File(path) => return Ok(path.clone()),
             KeySource::Secret(dir) => dir,
         };
-        let mut written = self
-            .written
-            .lock()
-            .map_err(|_| Error::internal("keyring lock poisoned"))?;
+        let mut written = self.written.locked();
         if let Some(path) = &*written {
             return Ok(path.clone());
         }

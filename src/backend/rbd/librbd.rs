@@ -18,6 +18,7 @@
 use super::cluster::{feature_bits, Cluster, Info, Inspected, Layout, Parent, Spec, TrashEntry};
 use super::creds::Creds;
 use crate::error::{Error, Kind, Result};
+use crate::sync::LockExt;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -754,10 +755,7 @@ impl LibCluster {
     async fn connection(&self, creds: &Creds) -> Result<Arc<Connection>> {
         let id = Self::digest(creds)?;
         let cell = {
-            let mut pool = self
-                .pool
-                .lock()
-                .map_err(|_| Error::internal("connection pool lock poisoned"))?;
+            let mut pool = self.pool.locked();
             let now = Instant::now();
             pool.kept
                 .retain(|k, kept| *k == id || now.duration_since(kept.used) < IDLE);
@@ -798,7 +796,8 @@ impl LibCluster {
     /// Drops the kept connection `id` (only `conn`, when given: not one a
     /// later call already made anew).
     fn forget(&self, id: [u8; 32], conn: Option<&Arc<Connection>>) {
-        if let Ok(mut pool) = self.pool.lock() {
+        {
+            let mut pool = self.pool.locked();
             let same = pool
                 .kept
                 .get(&id)
