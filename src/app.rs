@@ -93,6 +93,7 @@ pub fn build_with(
         &config,
         runner.clone(),
         host.clone(),
+        mounter.clone(),
         &state_dir,
     )?);
     // A node tells controllers what its backends need to know of it (an

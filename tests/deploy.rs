@@ -638,6 +638,7 @@ fn classes_and_configs_agree() {
             &config,
             std::sync::Arc::new(ferrovol::exec::SystemRunner::default()),
             std::sync::Arc::new(ferrovol::host::SystemHost),
+            std::sync::Arc::new(ferrovol::mount::SystemMounter),
             state.path(),
         )
         .unwrap_or_else(|e| panic!("{configmap}: {}", e.message))

@@ -10,6 +10,7 @@ use crate::config::{BackendConfig, Config};
 use crate::error::{Error, Result};
 use crate::exec::CommandRunner;
 use crate::host::Host;
+use crate::mount::Mounter;
 use crate::plugin::Registry;
 use std::sync::Arc;
 
@@ -18,11 +19,12 @@ pub fn build_registry(
     config: &Config,
     runner: Arc<dyn CommandRunner>,
     host: Arc<dyn Host>,
+    mounter: Arc<dyn Mounter>,
     state_dir: &std::path::Path,
 ) -> Result<Registry> {
     let mut registry = Registry::new();
     for bc in &config.backends {
-        let backend = build_backend(bc, &runner, &host, state_dir)?;
+        let backend = build_backend(bc, &runner, &host, &mounter, state_dir)?;
         registry
             .register(backend)
             .map_err(|e| e.context("config"))?;
@@ -38,6 +40,7 @@ fn build_backend(
     bc: &BackendConfig,
     runner: &Arc<dyn CommandRunner>,
     host: &Arc<dyn Host>,
+    mounter: &Arc<dyn Mounter>,
     state_dir: &std::path::Path,
 ) -> Result<Arc<dyn crate::plugin::Backend>> {
     Ok(match bc.kind.as_str() {
@@ -56,6 +59,7 @@ fn build_backend(
             bc.settings()?,
             runner.clone(),
             host.clone(),
+            mounter.clone(),
             state_dir.join("nfs").join(bc.name()),
         )?),
         "rbd" => Arc::new(rbd::RbdBackend::new(
@@ -78,7 +82,7 @@ fn build_backend(
                 Some(store) => {
                     let mut store = store.clone();
                     store.name = Some(format!("{}-store", bc.name()));
-                    Some(build_backend(&store, runner, host, state_dir)?)
+                    Some(build_backend(&store, runner, host, mounter, state_dir)?)
                 }
                 None => None,
             };

@@ -224,6 +224,7 @@ impl NfsBackend {
         settings: NfsSettings,
         runner: Arc<dyn CommandRunner>,
         host: Arc<dyn Host>,
+        mounter: Arc<dyn crate::mount::Mounter>,
         work_dir: PathBuf,
     ) -> Result<Self> {
         let mut seen = Vec::new();
@@ -266,7 +267,7 @@ impl NfsBackend {
             return Err(Error::invalid("directory_mode must be at most 0o7777"));
         }
         crate::config::absolute(&work_dir, "nfs working directory")?;
-        let mounts = WorkMounts::new(work_dir, runner.clone());
+        let mounts = WorkMounts::new(work_dir, runner.clone(), mounter);
         Ok(Self {
             name: name.to_string(),
             settings,

@@ -7,7 +7,7 @@
 
 use crate::error::{Error, Result};
 use crate::exec::CommandRunner;
-use crate::mount::{mount_with_helper, MountOptions};
+use crate::mount::{mount_with_helper, MountOptions, Mounter};
 use crate::sync::LockExt;
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
@@ -37,6 +37,8 @@ struct Entry {
 pub struct WorkMounts {
     root: PathBuf,
     runner: Arc<dyn CommandRunner>,
+    /// The mount table, read through the seam.
+    mounter: Arc<dyn Mounter>,
     table: Mutex<HashMap<PathBuf, Entry>>,
     /// One lock per share, serializing its mount and its release (never
     /// held across work inside it): a share whose server does not answer
@@ -62,10 +64,15 @@ impl Drop for Held {
 }
 
 impl WorkMounts {
-    pub fn new(root: PathBuf, runner: Arc<dyn CommandRunner>) -> Arc<Self> {
+    pub fn new(
+        root: PathBuf,
+        runner: Arc<dyn CommandRunner>,
+        mounter: Arc<dyn Mounter>,
+    ) -> Arc<Self> {
         Arc::new(WorkMounts {
             root,
             runner,
+            mounter,
             table: Mutex::new(HashMap::new()),
             mounting: Mutex::new(HashMap::new()),
             reaper_started: std::sync::atomic::AtomicBool::new(false),
@@ -113,7 +120,7 @@ impl WorkMounts {
         if !self.join(&dir) {
             crate::state::private_dir(&dir)?;
             // Left mounted by an earlier run: let it go first.
-            if mounted_at(&dir) {
+            if self.mounted_at(&dir) {
                 let _ = self.unmount(&dir).await;
             }
             let options = MountOptions::parse(&spec.options, false)?;
@@ -139,6 +146,12 @@ impl WorkMounts {
             mounts: self.clone(),
             dir,
         })
+    }
+
+    /// Whether something is mounted at `dir`, from the mount table (which
+    /// never asks an NFS server anything).
+    fn mounted_at(&self, dir: &Path) -> bool {
+        matches!(self.mounter.mount_at(dir), Ok(Some(_)))
     }
 
     /// Unmounts `dir`: forced, and lazily when the server does not answer
@@ -188,10 +201,11 @@ impl WorkMounts {
     /// backend's. Returns how many were mounted.
     pub async fn release_all(&self) -> usize {
         self.table.locked().clear();
-        let left: Vec<PathBuf> = std::fs::read_to_string("/proc/self/mountinfo")
-            .map(|t| {
-                crate::mount::parse_mountinfo(&t)
-                    .into_iter()
+        let left: Vec<PathBuf> = self
+            .mounter
+            .mounts()
+            .map(|all| {
+                all.into_iter()
                     .map(|m| m.mount_point)
                     .filter(|p| p.parent() == Some(self.root.as_path()))
                     .collect()
@@ -232,18 +246,6 @@ impl WorkMounts {
             }
         });
     }
-}
-
-/// Whether something is mounted at `dir`, from the mount table (which
-/// never asks an NFS server anything).
-fn mounted_at(dir: &Path) -> bool {
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .map(|t| {
-            crate::mount::parse_mountinfo(&t)
-                .iter()
-                .any(|m| m.mount_point == dir)
-        })
-        .unwrap_or(false)
 }
 
 /// Runs filesystem work on a share off the async workers, within the
@@ -389,7 +391,11 @@ mod tests {
             release: tokio::sync::Notify::new(),
             stuck: tokio::sync::Notify::new(),
         });
-        let mounts = WorkMounts::new(dir.path().join("work"), runner.clone());
+        let mounts = WorkMounts::new(
+            dir.path().join("work"),
+            runner.clone(),
+            Arc::new(crate::mount::SystemMounter),
+        );
         let spec = |source: &str| ShareSpec {
             source: source.into(),
             options: vec![],

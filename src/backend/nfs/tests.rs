@@ -25,6 +25,7 @@ fn fixture_with(extra: &str) -> Fixture {
         settings,
         runner.clone(),
         Arc::new(SystemHost),
+        Arc::new(crate::mount::SystemMounter),
         dir.path().join("work"),
     )
     .unwrap();
@@ -165,6 +166,7 @@ fn configuration_is_checked() {
                 settings,
                 Arc::new(FakeRunner::new()),
                 Arc::new(SystemHost),
+                Arc::new(crate::mount::SystemMounter),
                 dir.path().to_path_buf()
             )
             .is_err(),
