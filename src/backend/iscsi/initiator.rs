@@ -79,6 +79,9 @@ pub struct Initiator<'a> {
     pub multipath: bool,
     pub node_db: &'a Path,
     pub sysfs: &'a Path,
+    /// Where device nodes are (`/dev`; a directory of the test's own in
+    /// unit tests, as `sysfs` is).
+    pub dev: &'a Path,
     pub timeout: Duration,
 }
 
@@ -206,7 +209,7 @@ impl Initiator<'_> {
             .filter_map(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
             .collect();
         if let Some(map) = self.holder(&names) {
-            return Ok(PathBuf::from("/dev/mapper").join(map));
+            return Ok(self.dev.join("mapper").join(map));
         }
         self.run(
             Command::new("multipath")
@@ -218,7 +221,7 @@ impl Initiator<'_> {
         let start = Instant::now();
         loop {
             if let Some(map) = self.holder(&names) {
-                return Ok(PathBuf::from("/dev/mapper").join(map));
+                return Ok(self.dev.join("mapper").join(map));
             }
             if start.elapsed() >= self.timeout {
                 return Err(Error::unavailable(format!(
@@ -409,8 +412,8 @@ impl Initiator<'_> {
         let mut rescanned = false;
         loop {
             if let Some(disk) = self.disk(session.sid, lun) {
-                let dev = PathBuf::from("/dev").join(&disk);
-                if dev.exists() || self.sysfs != Path::new("/sys") {
+                let dev = self.dev.join(&disk);
+                if dev.exists() {
                     return Ok(dev);
                 }
             }
@@ -457,7 +460,7 @@ impl Initiator<'_> {
         }
         for session in sessions {
             for disk in self.disks(session.sid) {
-                let dev = PathBuf::from("/dev").join(&disk);
+                let dev = self.dev.join(&disk);
                 if dev.exists() {
                     self.run(
                         Command::new("blockdev")
@@ -577,7 +580,7 @@ impl Initiator<'_> {
             )));
         }
         let disk = device.file_name().map(|d| d.to_string_lossy().into_owned());
-        if device.starts_with("/dev/mapper") {
+        if device.starts_with(self.dev.join("mapper")) {
             let mut disks = Vec::new();
             for s in self.sessions(iqn).await? {
                 let state = std::fs::read_to_string(self.session_dir(s.sid).join("state"))

@@ -186,6 +186,8 @@ pub struct IscsiBackend {
     passwords: Mutex<HashMap<String, String>>,
     last_reconcile: Mutex<Option<Instant>>,
     sysfs: PathBuf,
+    /// Device nodes (see `Initiator::dev`).
+    dev: PathBuf,
 }
 
 /// What the controller knows of tgtd's targets: their ids by name, read
@@ -331,12 +333,15 @@ impl IscsiBackend {
             passwords: Mutex::new(HashMap::new()),
             last_reconcile: Mutex::new(None),
             sysfs: "/sys".into(),
+            dev: "/dev".into(),
         })
     }
 
+    /// A test's own `sys` and `dev` directories under `root`.
     #[cfg(test)]
-    fn with_sysfs(mut self, sysfs: PathBuf) -> Self {
-        self.sysfs = sysfs;
+    fn with_roots(mut self, root: &std::path::Path) -> Self {
+        self.sysfs = root.join("sys");
+        self.dev = root.join("dev");
         self
     }
 
@@ -1168,6 +1173,7 @@ impl IscsiBackend {
             multipath: self.settings.multipath,
             node_db: &self.settings.node_db,
             sysfs: &self.sysfs,
+            dev: &self.dev,
             timeout: Duration::from_secs(self.settings.login_timeout),
         }
     }

@@ -571,7 +571,7 @@ impl Setup {
             self.dir.path().join("records"),
         )
         .unwrap()
-        .with_sysfs(self.dir.path().join("sys"))
+        .with_roots(self.dir.path())
     }
 
     /// A node-side backend (no store).
@@ -584,7 +584,7 @@ impl Setup {
             self.dir.path().join("records"),
         )
         .unwrap()
-        .with_sysfs(self.dir.path().join("sys"))
+        .with_roots(self.dir.path())
     }
 }
 
@@ -1021,6 +1021,9 @@ fn sysfs_session(root: &Path, sid: u32, disk: &str, state: &str, sectors: u64) {
     let block = root.join("sys/block").join(disk);
     std::fs::create_dir_all(block.join("device")).unwrap();
     std::fs::write(block.join("size"), format!("{sectors}\n")).unwrap();
+    // Its device node (a plain file stands in for it).
+    std::fs::create_dir_all(root.join("dev")).unwrap();
+    std::fs::write(root.join("dev").join(disk), b"").unwrap();
 }
 
 fn stage_ctx(secrets: &[(&str, &str)]) -> AttachContext {
@@ -1077,7 +1080,7 @@ async fn stage_logs_in_with_chap_from_the_record_file() {
     assert_eq!(
         a,
         Attachment::Device {
-            path: "/dev/sdc".into()
+            path: s.dir.path().join("dev/sdc")
         }
     );
     let lines = s.runner.lines();
@@ -1173,9 +1176,10 @@ async fn unstage_removes_disks_logs_out_and_is_idempotent() {
     let b = s.node();
     let id = VolumeId::parse("iscsi:pvc-1").unwrap();
     sysfs_session(s.dir.path(), 4, "sdc", "LOGGED_IN", 16384);
-    // /dev/sdc does not exist here: no flush, but the disk is deleted.
+    // The disk's buffers are flushed, then it is deleted, then logout.
     s.runner
         .expect("iscsiadm", Reply::Ok(SESSION.into()))
+        .ok("blockdev")
         .ok("iscsiadm")
         .ok("iscsiadm");
     b.node_detach(&id, None).await.unwrap();
@@ -1187,6 +1191,10 @@ async fn unstage_removes_disks_logs_out_and_is_idempotent() {
     assert_eq!(
         lines[1..],
         [
+            format!(
+                "blockdev --flushbufs {}",
+                s.dir.path().join("dev/sdc").display()
+            ),
             "iscsiadm -m session -r 4 --logout".to_string(),
             format!("iscsiadm -m node -T {IQN} -o delete"),
         ]
@@ -1276,7 +1284,7 @@ async fn multipath_logs_in_everywhere_and_stages_the_map() {
         s.dir.path().join("r"),
     )
     .unwrap()
-    .with_sysfs(s.dir.path().join("sys"));
+    .with_roots(s.dir.path());
     let id = VolumeId::parse("iscsi:pvc-1").unwrap();
     sysfs_session(s.dir.path(), 4, "sdc", "LOGGED_IN", 16384);
     sysfs_session(s.dir.path(), 5, "sdd", "LOGGED_IN", 16384);
@@ -1309,7 +1317,7 @@ async fn multipath_logs_in_everywhere_and_stages_the_map() {
     assert_eq!(
         a,
         Attachment::Device {
-            path: "/dev/mapper/360000000000000f0aa".into()
+            path: s.dir.path().join("dev/mapper/360000000000000f0aa")
         }
     );
     let lines = s.runner.lines();
@@ -1317,13 +1325,16 @@ async fn multipath_logs_in_everywhere_and_stages_the_map() {
         lines[3],
         format!("iscsiadm -m node -T {IQN} -p 10.0.0.6:3260 --login")
     );
-    assert_eq!(lines.last().unwrap(), "multipath /dev/sdc");
+    assert_eq!(
+        lines.last().unwrap(),
+        &format!("multipath {}", s.dir.path().join("dev/sdc").display())
+    );
 
     // Healthy; then a path down shows.
     s.runner.expect("iscsiadm", Reply::Ok(both.clone()));
     s.runner.expect("iscsiadm", Reply::Ok(both.clone()));
     let map = Attachment::Device {
-        path: "/dev/mapper/360000000000000f0aa".into(),
+        path: s.dir.path().join("dev/mapper/360000000000000f0aa"),
     };
     assert_eq!(b.node_condition(&id, &map).await.unwrap(), None);
     std::fs::write(
@@ -1360,17 +1371,27 @@ async fn multipath_logs_in_everywhere_and_stages_the_map() {
     }
     s.runner
         .expect("iscsiadm", Reply::Ok(both.clone()))
+        .ok("blockdev")
+        .ok("blockdev")
         .ok("iscsiadm")
         .ok("iscsiadm")
         .ok("iscsiadm");
     b.node_detach(&id, Some(&map)).await.unwrap();
     let lines = s.runner.lines();
     let n = lines.len();
+    let flush = |disk: &str| {
+        format!(
+            "blockdev --flushbufs {}",
+            s.dir.path().join("dev").join(disk).display()
+        )
+    };
     assert_eq!(
-        lines[n - 4..n - 1],
+        lines[n - 6..n - 1],
         [
             "iscsiadm -m session".to_string(),
+            flush("sdc"),
             "iscsiadm -m session -r 4 --logout".to_string(),
+            flush("sdd"),
             "iscsiadm -m session -r 5 --logout".to_string(),
         ]
     );
