@@ -85,9 +85,12 @@ fn json<T: for<'de> Deserialize<'de>>(what: &str, text: &str) -> Result<T> {
 }
 
 impl CliCluster {
-    fn cmd(&self, creds: &Creds) -> Result<Command> {
+    /// `program` (rbd or ceph) pointed at this cluster with these
+    /// credentials: no config file, the key in a keyring file, its values
+    /// hidden from whatever the tool prints.
+    fn tool(&self, program: &str, creds: &Creds) -> Result<Command> {
         Ok(creds
-            .hidden(Command::new("rbd"))
+            .hidden(Command::new(program))
             .args(["-c", "/dev/null", "-m", &self.monitors.join(",")])
             .args([
                 "--id",
@@ -95,14 +98,19 @@ impl CliCluster {
                 "--keyring",
                 &path_arg(&creds.keyring()?)?,
             ])
+            .timeout(TIMEOUT))
+    }
+
+    fn cmd(&self, creds: &Creds) -> Result<Command> {
+        Ok(self
+            .tool("rbd", creds)?
             .args(["--client-mount-timeout", "20"])
             .args([
                 "--rados-mon-op-timeout",
                 "30",
                 "--rados-osd-op-timeout",
                 "30",
-            ])
-            .timeout(TIMEOUT))
+            ]))
     }
 
     async fn run(&self, creds: &Creds, args: &[&str]) -> Result<String> {
@@ -370,18 +378,9 @@ impl Cluster for CliCluster {
     async fn pool_available(&self, creds: &Creds, pool: &str) -> Result<u64> {
         let out = self
             .run_cmd(
-                creds
-                    .hidden(Command::new("ceph"))
-                    .args(["-c", "/dev/null", "-m", &self.monitors.join(",")])
-                    .args([
-                        "--id",
-                        &creds.user,
-                        "--keyring",
-                        &path_arg(&creds.keyring()?)?,
-                    ])
+                self.tool("ceph", creds)?
                     .args(["--connect-timeout", "20"])
-                    .args(["df", "detail", "--format", "json"])
-                    .timeout(TIMEOUT),
+                    .args(["df", "detail", "--format", "json"]),
             )
             .await?;
         pool_available(&out, pool)
