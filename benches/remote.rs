@@ -188,18 +188,19 @@ async fn make_volumes(
     .await
 }
 
-/// Deletes volumes `{prefix}-{i}` for i in `0..count`, one caller, by the
-/// ids `ids` noted.
+/// Deletes volumes `{prefix}-{i}` for i in `which`, one caller, by the ids
+/// `ids` noted.
 async fn delete_volumes(
     c: ControllerClient<Channel>,
     secrets: HashMap<String, String>,
     ids: Ids,
     prefix: &'static str,
-    count: usize,
+    which: std::ops::Range<usize>,
 ) -> Figures {
-    calls(1, count, move |i| {
+    let first = which.start;
+    calls(1, which.len(), move |i| {
         let (mut c, secrets) = (c.clone(), secrets.clone());
-        let id = ids.lock().unwrap()[&format!("{prefix}-{i}")].clone();
+        let id = ids.lock().unwrap()[&format!("{prefix}-{}", first + i)].clone();
         async move {
             c.delete_volume(pb::DeleteVolumeRequest {
                 volume_id: id,
@@ -340,7 +341,13 @@ async fn iscsi(n: usize, existing: usize, clients: usize) {
         })
     };
     let delete = |prefix: &'static str, count: usize| {
-        delete_volumes(h.controller(), HashMap::new(), ids.clone(), prefix, count)
+        delete_volumes(
+            h.controller(),
+            HashMap::new(),
+            ids.clone(),
+            prefix,
+            0..count,
+        )
     };
     // The tools' floor: a target and its LUN over a new image file (made
     // and synced as the store makes one), two tgtadm calls; an initiator
@@ -598,31 +605,18 @@ impl RbdPhases<'_> {
         };
         let snapshotted = snapshot(1, "snap").await;
         let snapshotted_together = snapshot(self.clients, "many").await;
-        let doomed: Arc<Vec<String>> = Arc::new(
-            (snaps..n)
-                .map(|i| ids.lock().unwrap()[&format!("{first}-{i}")].clone())
-                .collect(),
-        );
-        let deleted = {
-            let (c, secrets) = (self.h.controller(), self.secrets.clone());
-            let count = doomed.len();
-            with_cpu(
-                driver,
-                self.servers,
-                calls(1, count, move |i| {
-                    let (mut c, secrets, id) = (c.clone(), secrets.clone(), doomed[i].clone());
-                    async move {
-                        c.delete_volume(pb::DeleteVolumeRequest {
-                            volume_id: id,
-                            secrets,
-                        })
-                        .await
-                        .expect("DeleteVolume");
-                    }
-                }),
-            )
-            .await
-        };
+        let deleted = with_cpu(
+            driver,
+            self.servers,
+            delete_volumes(
+                self.h.controller(),
+                self.secrets.clone(),
+                ids.clone(),
+                first,
+                snaps..n,
+            ),
+        )
+        .await;
         let together = with_cpu(driver, self.servers, create(again, self.clients, n * 2)).await;
         row("CreateVolume", &created, Some(floors[0]));
         row("DeleteVolume", &deleted, Some(floors[1]));
@@ -660,7 +654,13 @@ async fn nfs(n: usize, existing: usize, clients: usize) {
         )
     };
     let delete = |prefix: &'static str, count: usize| {
-        delete_volumes(h.controller(), HashMap::new(), ids.clone(), prefix, count)
+        delete_volumes(
+            h.controller(),
+            HashMap::new(),
+            ids.clone(),
+            prefix,
+            0..count,
+        )
     };
     // The floor: over a mount of the export of its own, a directory and a
     // small record file written and synced (what a volume is on the
