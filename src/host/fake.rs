@@ -13,6 +13,8 @@ pub struct FakeHost {
     usage: Mutex<HashMap<PathBuf, FsUsage>>,
     sizes: Mutex<HashMap<PathBuf, u64>>,
     read_only: Mutex<Vec<PathBuf>>,
+    /// Device links: what `canonical` resolves a path to.
+    links: Mutex<HashMap<PathBuf, PathBuf>>,
 }
 
 impl FakeHost {
@@ -28,6 +30,15 @@ impl FakeHost {
     /// What device_size reports for `path`.
     pub fn set_device_size(&self, path: &Path, bytes: u64) {
         self.sizes.lock().unwrap().insert(path.to_path_buf(), bytes);
+    }
+
+    /// Makes `canonical(from)` answer `to` (a device link); a path with
+    /// no link set is its own canonical form.
+    pub fn set_link(&self, from: &Path, to: &Path) {
+        self.links
+            .lock()
+            .unwrap()
+            .insert(from.to_path_buf(), to.to_path_buf());
     }
 
     /// Makes `dir` not writable.
@@ -83,5 +94,15 @@ impl Host for FakeHost {
 
     fn exists(&self, path: &Path) -> bool {
         SystemHost.exists(path)
+    }
+
+    fn canonical(&self, path: &Path) -> Result<PathBuf> {
+        Ok(self
+            .links
+            .lock()
+            .unwrap()
+            .get(path)
+            .cloned()
+            .unwrap_or_else(|| path.to_path_buf()))
     }
 }

@@ -398,6 +398,9 @@ pub struct FakeLoops {
     pub calls: std::sync::Mutex<Vec<String>>,
     /// Refuse attaches with this message.
     pub refuse: std::sync::Mutex<Option<String>>,
+    /// Let go of a device at once on detach (as the kernel does when no
+    /// one holds it open); otherwise the test releases it itself.
+    release_on_detach: bool,
 }
 
 #[cfg(test)]
@@ -408,7 +411,13 @@ impl FakeLoops {
             next: std::sync::Mutex::new(first),
             calls: Default::default(),
             refuse: Default::default(),
+            release_on_detach: false,
         }
+    }
+    /// The same, releasing each device as soon as it is detached.
+    pub fn releasing(mut self) -> Self {
+        self.release_on_detach = true;
+        self
     }
     pub fn calls(&self) -> Vec<String> {
         self.calls.locked().clone()
@@ -444,6 +453,10 @@ impl LoopKernel for FakeLoops {
         self.calls
             .locked()
             .push(format!("detach {}", device.display()));
+        // As the kernel does: the device no longer has a backing file.
+        if let Some(name) = device.file_name().filter(|_| self.release_on_detach) {
+            let _ = std::fs::remove_dir_all(self.sysfs.join(name).join("loop"));
+        }
         Ok(())
     }
     fn set_capacity(&self, device: &Path) -> Result<()> {

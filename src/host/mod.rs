@@ -116,6 +116,10 @@ pub trait Host: Send + Sync {
             Ok(md) => Ok(md.is_file() && md.len() == 0),
         }
     }
+    /// `path` with every symlink resolved, its last part included (an LV's
+    /// `/dev/vg/lv` names `/dev/dm-N`); it must exist.
+    fn canonical(&self, path: &Path) -> Result<std::path::PathBuf>;
+
     /// `path` with every symlink on the way resolved (its last part need
     /// not exist).
     fn resolve(&self, path: &Path) -> Result<std::path::PathBuf> {
@@ -183,6 +187,10 @@ impl Host for SystemHost {
 
     fn exists(&self, path: &Path) -> bool {
         std::fs::symlink_metadata(path).is_ok()
+    }
+
+    fn canonical(&self, path: &Path) -> Result<std::path::PathBuf> {
+        std::fs::canonicalize(path).map_err(|e| Error::io(format!("resolve {}", path.display()), e))
     }
 }
 

@@ -135,6 +135,8 @@ pub struct NodeOps {
     deadlines: Deadlines,
     /// Where staging paths and targets may be; empty: anywhere.
     allowed_paths: Vec<PathBuf>,
+    /// Read-only loop devices for read-only block publishes.
+    loops: LoopDevices,
 }
 
 impl NodeOps {
@@ -155,7 +157,15 @@ impl NodeOps {
             host,
             deadlines: Deadlines::default(),
             allowed_paths: Vec::new(),
+            loops: LoopDevices::new(),
         }
+    }
+
+    /// The same, with these loop devices (a test's fake kernel).
+    #[cfg(test)]
+    pub fn with_loops(mut self, loops: LoopDevices) -> Self {
+        self.loops = loops;
+        self
     }
 
     /// The same, with staging paths and targets kept under these prefixes.
@@ -163,7 +173,7 @@ impl NodeOps {
         // Judged against resolved paths, so resolve the prefixes too.
         self.allowed_paths = prefixes
             .into_iter()
-            .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
+            .map(|p| self.host.canonical(&p).unwrap_or(p))
             .collect();
         self
     }
@@ -893,7 +903,7 @@ impl NodeOps {
         let source = if is_block && readonly {
             let ro = self
                 .loops()
-                .attach_read_only(&canonical_device(&source)?)
+                .attach_read_only(&self.host.canonical(&source)?)
                 .await?;
             record.device = Some(ro.clone());
             ro
@@ -992,8 +1002,8 @@ impl NodeOps {
         self.state.remove_publish(target)
     }
 
-    fn loops(&self) -> LoopDevices {
-        LoopDevices::new()
+    fn loops(&self) -> &LoopDevices {
+        &self.loops
     }
 
     /// What a publish's bind mount is: its own read-only device's, or what
@@ -1030,7 +1040,7 @@ impl NodeOps {
         };
         // A device gone from /dev (a LUN that went away) still names the
         // loop's backing as it was.
-        let backing = canonical_device(path).unwrap_or_else(|_| path.clone());
+        let backing = self.host.canonical(path).unwrap_or_else(|_| path.clone());
         self.loops().detach_read_only(dev, &backing).await
     }
 
@@ -1194,9 +1204,3 @@ impl NodeOps {
 
 #[cfg(test)]
 mod tests;
-
-/// The device node a staged device path names (an LV's `/dev/vg/lv` is a
-/// link to `/dev/dm-N`): what a loop device over it reports as its backing.
-fn canonical_device(path: &Path) -> Result<PathBuf> {
-    std::fs::canonicalize(path).map_err(|e| Error::io(format!("resolve {}", path.display()), e))
-}

@@ -66,6 +66,8 @@ struct Fixture {
     runner: Arc<FakeRunner>,
     backend: Arc<Recorder>,
     host: Arc<crate::host::FakeHost>,
+    /// The loop driver the node's read-only block publishes use.
+    loops: Arc<crate::host::loopdev::FakeLoops>,
 }
 
 fn fixture() -> Fixture {
@@ -84,6 +86,8 @@ fn fixture_with(deadlines: Deadlines) -> Fixture {
     let state = NodeState::open(&dir.path().join("state")).unwrap();
     let registry = Arc::new(registry);
     let host = Arc::new(crate::host::FakeHost::new());
+    let sys_block = dir.path().join("sys-block");
+    let loops = Arc::new(crate::host::loopdev::FakeLoops::new(&sys_block, 50).releasing());
     let ops = NodeOps::new(
         registry.clone(),
         mounter.clone(),
@@ -92,7 +96,11 @@ fn fixture_with(deadlines: Deadlines) -> Fixture {
         crate::locks::OpLocks::new(),
         host.clone(),
     )
-    .with_deadlines(deadlines);
+    .with_deadlines(deadlines)
+    .with_loops(crate::host::loopdev::LoopDevices::with_sysfs(
+        loops.clone(),
+        sys_block,
+    ));
     Fixture {
         dir,
         ops: Arc::new(ops),
@@ -101,6 +109,7 @@ fn fixture_with(deadlines: Deadlines) -> Fixture {
         runner,
         backend,
         host,
+        loops,
     }
 }
 
@@ -695,6 +704,47 @@ async fn block_stats_report_the_device_size() {
     let s = f.ops.stats(&id(), staging.to_str().unwrap()).await.unwrap();
     assert_eq!(s.total_bytes, 64 * MIB);
     assert_eq!(s.available_bytes, None);
+}
+
+/// A read-only block publish binds a read-only loop device of its own over
+/// the device the staged path names (its links resolved, as an LV's
+/// `/dev/vg/lv` names `/dev/dm-N`), since a read-only bind of a device node
+/// does not stop writes; its unpublish detaches that loop device and no
+/// other.
+#[tokio::test]
+async fn a_read_only_block_publish_goes_through_its_own_read_only_loop() {
+    let f = fixture();
+    let mut req = stage_req(&f, AccessMode::SingleNodeMultiWriter);
+    req.capability.access = AccessType::Block;
+    f.ops.stage(req).await.unwrap();
+    f.host
+        .set_link(Path::new("/dev/fake0"), Path::new("/dev/dm-7"));
+    let mut p = publish_req(&f, "ro", AccessMode::SingleNodeMultiWriter, true);
+    p.capability.access = AccessType::Block;
+    let target = p.target_path.clone();
+    f.ops.publish(p).await.unwrap();
+    assert_eq!(f.loops.calls(), ["attach /dev/dm-7 ro"]);
+    let bound = f.mounter.get(&target).unwrap();
+    assert_eq!(bound.source, Path::new("/dev/loop50"));
+    // A writable publish beside it binds the device itself.
+    let mut w = publish_req(&f, "rw", AccessMode::SingleNodeMultiWriter, false);
+    w.capability.access = AccessType::Block;
+    let writable = w.target_path.clone();
+    f.ops.publish(w).await.unwrap();
+    assert_eq!(
+        f.mounter.get(&writable).unwrap().source,
+        Path::new("/dev/fake0")
+    );
+    assert_eq!(f.loops.calls().len(), 1);
+
+    f.ops.unpublish(&id(), &writable).await.unwrap();
+    assert_eq!(f.loops.calls().len(), 1, "the writable one has no loop");
+    f.ops.unpublish(&id(), &target).await.unwrap();
+    assert_eq!(
+        f.loops.calls(),
+        ["attach /dev/dm-7 ro", "detach /dev/loop50"]
+    );
+    assert!(f.mounter.get(&target).is_none());
 }
 
 /// A remote staging mount gone stale: the volume condition says so, and a
