@@ -85,12 +85,12 @@ fn json<T: for<'de> Deserialize<'de>>(what: &str, text: &str) -> Result<T> {
 }
 
 impl CliCluster {
-    /// `program` (rbd or ceph) pointed at this cluster with these
-    /// credentials: no config file, the key in a keyring file, its values
-    /// hidden from whatever the tool prints.
-    fn tool(&self, program: &str, creds: &Creds) -> Result<Command> {
+    /// `cmd` (rbd or ceph) pointed at this cluster with these credentials:
+    /// no config file, the key in a keyring file, its values hidden from
+    /// whatever the tool prints.
+    fn tool(&self, cmd: Command, creds: &Creds) -> Result<Command> {
         Ok(creds
-            .hidden(Command::new(program))
+            .hidden(cmd)
             .args(["-c", "/dev/null", "-m", &self.monitors.join(",")])
             .args([
                 "--id",
@@ -103,7 +103,7 @@ impl CliCluster {
 
     fn cmd(&self, creds: &Creds) -> Result<Command> {
         Ok(self
-            .tool("rbd", creds)?
+            .tool(Command::new("rbd"), creds)?
             .args(["--client-mount-timeout", "20"])
             .args([
                 "--rados-mon-op-timeout",
@@ -378,7 +378,7 @@ impl Cluster for CliCluster {
     async fn pool_available(&self, creds: &Creds, pool: &str) -> Result<u64> {
         let out = self
             .run_cmd(
-                self.tool("ceph", creds)?
+                self.tool(Command::new("ceph"), creds)?
                     .args(["--connect-timeout", "20"])
                     .args(["df", "detail", "--format", "json"]),
             )
