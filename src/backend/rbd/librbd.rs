@@ -220,6 +220,36 @@ fn encode_metadata(set: &[(String, String)]) -> Vec<u8> {
     out
 }
 
+/// A librbd listing that fills an array of `R`: called with room for a
+/// few entries, again with the room it asks for (-ERANGE), then each filled
+/// entry converted and the array handed back to librbd's `cleanup`.
+fn listing<R, T>(
+    what: impl Fn() -> String,
+    first: usize,
+    fill: impl Fn(*mut R, &mut usize) -> c_int,
+    cleanup: unsafe extern "C" fn(*mut R, usize),
+    convert: impl Fn(&R) -> T,
+) -> Result<Vec<T>> {
+    let mut cap = first;
+    loop {
+        let mut rows: Vec<R> = Vec::with_capacity(cap);
+        let mut n = cap;
+        let ret = fill(rows.as_mut_ptr(), &mut n);
+        if ret == -libc::ERANGE && n > cap {
+            cap = n;
+            continue;
+        }
+        check(&what, ret)?;
+        let n = n.min(cap);
+        // SAFETY: librbd initialised the first `n` entries.
+        unsafe { rows.set_len(n) };
+        let out = rows.iter().map(&convert).collect();
+        // SAFETY: the entries librbd filled, handed back once.
+        unsafe { cleanup(rows.as_mut_ptr(), n) };
+        return Ok(out);
+    }
+}
+
 /// errno values on which a kept connection is given up.
 fn connection_lost(errno: i32) -> bool {
     matches!(
@@ -545,24 +575,14 @@ impl Ctx<'_> {
 
     fn list(&self) -> Result<Vec<(String, String)>> {
         let api = self.api();
-        let mut cap = 64usize;
-        loop {
-            let mut rows: Vec<ImageSpec> = Vec::with_capacity(cap);
-            let mut n = cap;
-            // SAFETY: room for `cap` entries; librbd fills `n` of them.
-            let ret = unsafe { (api.rbd_list2)(self.io, rows.as_mut_ptr(), &mut n) };
-            if ret == -libc::ERANGE && n > cap {
-                cap = n;
-                continue;
-            }
-            check(|| "list images".into(), ret)?;
-            // SAFETY: librbd initialised the first `n`.
-            unsafe { rows.set_len(n) };
-            let out = rows.iter().map(|r| (owned(r.id), owned(r.name))).collect();
-            // SAFETY: the entries librbd filled, freed once.
-            unsafe { (api.rbd_image_spec_list_cleanup)(rows.as_mut_ptr(), n) };
-            return Ok(out);
-        }
+        listing(
+            || "list images".into(),
+            64,
+            // SAFETY: a live ioctx; room for `n` entries.
+            |rows, n| unsafe { (api.rbd_list2)(self.io, rows, n) },
+            api.rbd_image_spec_list_cleanup,
+            |r: &ImageSpec| (owned(r.id), owned(r.name)),
+        )
     }
 }
 
@@ -677,25 +697,14 @@ impl Img<'_> {
     }
 
     fn watchers(&self) -> Result<Vec<String>> {
-        let mut cap = 8usize;
-        loop {
-            let mut rows: Vec<WatcherInfo> = Vec::with_capacity(cap);
-            let mut n = cap;
-            // SAFETY: room for `cap` entries; librbd fills `n`.
-            let ret =
-                unsafe { (self.api.rbd_watchers_list)(self.image, rows.as_mut_ptr(), &mut n) };
-            if ret == -libc::ERANGE && n > cap {
-                cap = n;
-                continue;
-            }
-            check(|| self.what("watchers of"), ret)?;
-            // SAFETY: librbd initialised the first `n`.
-            unsafe { rows.set_len(n) };
-            let out = rows.iter().map(|w| owned(w.addr)).collect();
-            // SAFETY: the entries librbd filled, freed once.
-            unsafe { (self.api.rbd_watchers_list_cleanup)(rows.as_mut_ptr(), n) };
-            return Ok(out);
-        }
+        listing(
+            || self.what("watchers of"),
+            8,
+            // SAFETY: an open image; room for `n` entries.
+            |rows, n| unsafe { (self.api.rbd_watchers_list)(self.image, rows, n) },
+            self.api.rbd_watchers_list_cleanup,
+            |w: &WatcherInfo| owned(w.addr),
+        )
     }
 
     fn name_op(
@@ -796,19 +805,17 @@ impl LibCluster {
     /// Drops the kept connection `id` (only `conn`, when given: not one a
     /// later call already made anew).
     fn forget(&self, id: [u8; 32], conn: Option<&Arc<Connection>>) {
-        {
-            let mut pool = self.pool.locked();
-            let same = pool
-                .kept
-                .get(&id)
-                .is_some_and(|k| match (conn, k.conn.get()) {
-                    (Some(c), Some(kept)) => Arc::ptr_eq(c, kept),
-                    (None, _) => true,
-                    (Some(_), None) => false,
-                });
-            if same {
-                pool.kept.remove(&id);
-            }
+        let mut pool = self.pool.locked();
+        let same = pool
+            .kept
+            .get(&id)
+            .is_some_and(|k| match (conn, k.conn.get()) {
+                (Some(c), Some(kept)) => Arc::ptr_eq(c, kept),
+                (None, _) => true,
+                (Some(_), None) => false,
+            });
+        if same {
+            pool.kept.remove(&id);
         }
     }
 
@@ -1066,32 +1073,17 @@ impl Cluster for LibCluster {
     async fn trash(&self, creds: &Creds, place: &Spec) -> Result<Vec<TrashEntry>> {
         self.on(creds, place, |ctx| {
             let api = ctx.api();
-            let mut cap = 16usize;
-            loop {
-                let mut rows: Vec<TrashInfo> = Vec::with_capacity(cap);
-                let mut n = cap;
-                // SAFETY: room for `cap` entries; librbd fills `n`.
-                let ret = unsafe { (api.rbd_trash_list)(ctx.io, rows.as_mut_ptr(), &mut n) };
-                if ret == -libc::ERANGE && n > cap {
-                    cap = n;
-                    continue;
-                }
-                check(|| "list the trash".into(), ret)?;
-                // librbd returns the count on success.
-                let n = n.min(cap);
-                // SAFETY: librbd initialised the first `n`.
-                unsafe { rows.set_len(n) };
-                let out = rows
-                    .iter()
-                    .map(|t| TrashEntry {
-                        id: owned(t.id),
-                        name: owned(t.name),
-                    })
-                    .collect();
-                // SAFETY: the entries librbd filled, freed once.
-                unsafe { (api.rbd_trash_list_cleanup)(rows.as_mut_ptr(), n) };
-                return Ok(out);
-            }
+            listing(
+                || "list the trash".into(),
+                16,
+                // SAFETY: a live ioctx; room for `n` entries.
+                |rows, n| unsafe { (api.rbd_trash_list)(ctx.io, rows, n) },
+                api.rbd_trash_list_cleanup,
+                |t: &TrashInfo| TrashEntry {
+                    id: owned(t.id),
+                    name: owned(t.name),
+                },
+            )
         })
         .await
     }
