@@ -83,7 +83,7 @@ pub fn build_with(
         return Err(Error::invalid("node id must be 1 to 128 bytes"));
     }
     let state_dir = absolute(&settings.state_dir)?;
-    crate::state::private_dir(&state_dir)?;
+    crate::records::private_dir(&state_dir)?;
     let config = Config::load(settings.config.as_deref(), &state_dir)?;
     let host: Arc<dyn Host> = Arc::new(SystemHost);
     for p in &config.node.allowed_paths {

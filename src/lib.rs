@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod mount;
 pub mod node;
 pub mod plugin;
+pub mod records;
 pub mod state;
 pub mod sync;
 

@@ -1,52 +1,18 @@
 //! Persisted node state: which volume is staged where on which device, and
-//! which targets it is published to. Each record is its own small JSON file
-//! written atomically (temporary file, fsync, rename, fsync of the folder), so
-//! a crash leaves either the old record or the new one, never half of one.
+//! which targets it is published to. Each stage record is its own small
+//! JSON file written atomically and durably by [`crate::records::write`];
+//! publish records, written on every publish, are lines of one
+//! [`crate::records::Journal`].
 
 use crate::error::{Error, Result};
 use crate::plugin::{Attachment, VolumeCapability, VolumeId};
+use crate::records::{self, Journal};
 use crate::sync::LockExt;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::fs;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-
-/// Writes `bytes` to `path` atomically and durably.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    write_replace(path, bytes, true)
-}
-
-/// Writes `bytes` to `path` by writing a temporary file and renaming it over
-/// the old one: a crash of the process leaves the old record or the new
-/// one. With `durable`, both are fsynced so a power loss does too.
-fn write_replace(path: &Path, bytes: &[u8], durable: bool) -> std::io::Result<()> {
-    let dir = path
-        .parent()
-        .ok_or_else(|| std::io::Error::other("path has no parent"))?;
-    let name = path
-        .file_name()
-        .ok_or_else(|| std::io::Error::other("path has no file name"))?;
-    let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(bytes)?;
-    if durable {
-        f.sync_all()?;
-    }
-    drop(f);
-    fs::rename(&tmp, path)?;
-    if durable {
-        fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
-}
 
 /// A staged volume.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -81,9 +47,8 @@ pub struct PublishRecord {
 /// The records, in memory and on disk under `<state-dir>/node`.
 pub struct NodeState {
     stage_dir: PathBuf,
-    publish_dir: PathBuf,
     stages: Mutex<HashMap<VolumeId, StageRecord>>,
-    publishes: Mutex<HashMap<PathBuf, PublishRecord>>,
+    publishes: Journal<PathBuf, PublishRecord>,
 }
 
 fn digest_name(key: &str) -> String {
@@ -96,7 +61,7 @@ fn load_dir<T: for<'de> Deserialize<'de>>(dir: &Path) -> Result<Vec<T>> {
         let entry = entry.map_err(|e| Error::io(format!("read {}", dir.display()), e))?;
         let path = entry.path();
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with('.') && name.ends_with(".tmp") {
+        if records::is_leftover(&name) {
             // An interrupted write: the record it was replacing is intact.
             let _ = fs::remove_file(&path);
             continue;
@@ -118,66 +83,49 @@ fn load_dir<T: for<'de> Deserialize<'de>>(dir: &Path) -> Result<Vec<T>> {
     Ok(out)
 }
 
-/// Creates `dir` (and its missing parents) private to the driver's user:
-/// mode 0700, an existing one made so too. What the driver keeps (records,
-/// images, keyrings) is root's alone.
-pub fn private_dir(dir: &Path) -> Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .and_then(|()| fs::set_permissions(dir, fs::Permissions::from_mode(0o700)))
-        .map_err(|e| Error::io(format!("create {}", dir.display()), e))
-}
-
 impl NodeState {
     /// Opens (creating if needed) the state under `dir` and loads it.
+    /// Publish records an older version kept a file each for (under
+    /// `node/published/`) move into the journal.
     pub fn open(dir: &Path) -> Result<Self> {
-        let stage_dir = dir.join("node").join("staged");
-        let publish_dir = dir.join("node").join("published");
-        for d in [dir, &dir.join("node"), &stage_dir, &publish_dir] {
-            private_dir(d)?;
+        let node_dir = dir.join("node");
+        let stage_dir = node_dir.join("staged");
+        for d in [dir, &node_dir, &stage_dir] {
+            records::private_dir(d)?;
         }
         let stages = load_dir::<StageRecord>(&stage_dir)?
             .into_iter()
             .map(|r| (r.volume_id.clone(), r))
             .collect();
-        let publishes = load_dir::<PublishRecord>(&publish_dir)?
-            .into_iter()
-            .map(|r| (r.target_path.clone(), r))
-            .collect();
+        let old_dir = node_dir.join("published");
+        let carried = match old_dir.is_dir() {
+            true => load_dir::<PublishRecord>(&old_dir)?,
+            false => Vec::new(),
+        };
+        let publishes = Journal::open(
+            &node_dir.join("published.log"),
+            carried.into_iter().map(|r| (r.target_path.clone(), r)),
+        )?;
+        // In the journal now: the old files go.
+        if old_dir.is_dir() {
+            fs::remove_dir_all(&old_dir)
+                .map_err(|e| Error::io(format!("remove {}", old_dir.display()), e))?;
+        }
         Ok(Self {
             stage_dir,
-            publish_dir,
             stages: Mutex::new(stages),
-            publishes: Mutex::new(publishes),
+            publishes,
         })
     }
 
-    /// Stage records are written durably: after a power loss the node must
-    /// still know which devices to release. Publish records only need to
-    /// survive a process crash (bind mounts do not survive a reboot, and
-    /// reconcile drops records whose mount is gone), so they skip the fsyncs
-    /// that would otherwise dominate every publish.
-    fn save<T: Serialize>(dir: &Path, key: &str, record: &T, durable: bool) -> Result<()> {
-        let path = dir.join(digest_name(key));
-        let bytes = serde_json::to_vec_pretty(record)
-            .map_err(|e| Error::internal(format!("encode state: {e}")))?;
-        write_replace(&path, &bytes, durable)
-            .map_err(|e| Error::io(format!("write {}", path.display()), e))
+    /// The publish records kept under `dir`, read without changing them
+    /// (while the driver runs), and how many journal lines did not parse.
+    pub fn peek_publishes(dir: &Path) -> Result<(Vec<PublishRecord>, usize)> {
+        Journal::<PathBuf, PublishRecord>::peek(&dir.join("node").join("published.log"))
     }
 
-    fn delete(dir: &Path, key: &str, durable: bool) -> Result<()> {
-        let path = dir.join(digest_name(key));
-        match fs::remove_file(&path) {
-            Ok(()) if !durable => Ok(()),
-            Ok(()) => fs::File::open(dir)
-                .and_then(|d| d.sync_all())
-                .map_err(|e| Error::io("sync state dir", e)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(Error::io(format!("remove {}", path.display()), e)),
-        }
+    fn stage_path(&self, id: &VolumeId) -> PathBuf {
+        self.stage_dir.join(digest_name(&id.to_string()))
     }
 
     pub fn stage(&self, id: &VolumeId) -> Option<StageRecord> {
@@ -188,14 +136,10 @@ impl NodeState {
         self.stages.locked().values().cloned().collect()
     }
 
-    /// Records a stage, on disk first.
+    /// Records a stage, on disk (durably) first: after a power loss the
+    /// node must still know which devices to release.
     pub fn put_stage(&self, record: StageRecord) -> Result<()> {
-        Self::save(
-            &self.stage_dir,
-            &record.volume_id.to_string(),
-            &record,
-            true,
-        )?;
+        records::write_json(&self.stage_path(&record.volume_id), &record)?;
         self.stages
             .locked()
             .insert(record.volume_id.clone(), record);
@@ -203,46 +147,33 @@ impl NodeState {
     }
 
     pub fn remove_stage(&self, id: &VolumeId) -> Result<()> {
-        Self::delete(&self.stage_dir, &id.to_string(), true)?;
+        records::remove(&self.stage_path(id))?;
         self.stages.locked().remove(id);
         Ok(())
     }
 
     pub fn publish(&self, target: &Path) -> Option<PublishRecord> {
-        self.publishes.locked().get(target).cloned()
+        self.publishes.get(&target.to_path_buf())
     }
 
     /// Every target a volume is published to.
     pub fn publishes_of(&self, id: &VolumeId) -> Vec<PublishRecord> {
-        self.publishes
-            .locked()
-            .values()
-            .filter(|p| &p.volume_id == id)
-            .cloned()
-            .collect()
+        self.publishes.filtered(|p| &p.volume_id == id)
     }
 
     pub fn publishes(&self) -> Vec<PublishRecord> {
-        self.publishes.locked().values().cloned().collect()
+        self.publishes.values()
     }
 
+    /// Records a publish. Publish records only need to survive a process
+    /// crash (bind mounts do not survive a reboot, and reconcile drops
+    /// records whose mount is gone): a line in the journal, not fsynced.
     pub fn put_publish(&self, record: PublishRecord) -> Result<()> {
-        Self::save(
-            &self.publish_dir,
-            &record.target_path.to_string_lossy(),
-            &record,
-            false,
-        )?;
-        self.publishes
-            .locked()
-            .insert(record.target_path.clone(), record);
-        Ok(())
+        self.publishes.put(record.target_path.clone(), record)
     }
 
     pub fn remove_publish(&self, target: &Path) -> Result<()> {
-        Self::delete(&self.publish_dir, &target.to_string_lossy(), false)?;
-        self.publishes.locked().remove(target);
-        Ok(())
+        self.publishes.remove(&target.to_path_buf())
     }
 }
 
@@ -320,12 +251,47 @@ mod tests {
     }
 
     #[test]
-    fn write_atomic_replaces_whole_file() {
+    fn publish_records_of_the_old_layout_move_into_the_journal() {
         let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("r.json");
-        write_atomic(&p, b"first version, long").unwrap();
-        write_atomic(&p, b"second").unwrap();
-        assert_eq!(fs::read(&p).unwrap(), b"second");
-        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+        let old = dir.path().join("node/published");
+        fs::create_dir_all(&old).unwrap();
+        let p = PublishRecord {
+            volume_id: VolumeId::parse("file:a").unwrap(),
+            target_path: "/pods/2/mount".into(),
+            staging_path: "/staging/x".into(),
+            capability: stage_record("file:a").capability,
+            readonly: false,
+            device: None,
+        };
+        fs::write(old.join("0001.json"), serde_json::to_vec(&p).unwrap()).unwrap();
+        let state = NodeState::open(dir.path()).unwrap();
+        assert_eq!(state.publishes(), vec![p.clone()]);
+        assert!(!old.exists());
+        drop(state);
+        assert_eq!(NodeState::open(dir.path()).unwrap().publishes(), vec![p]);
+    }
+
+    #[test]
+    fn a_publish_costs_no_file_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = NodeState::open(dir.path()).unwrap();
+        let before = fs::read_dir(dir.path().join("node")).unwrap().count();
+        for i in 0..10 {
+            state
+                .put_publish(PublishRecord {
+                    volume_id: VolumeId::parse("file:a").unwrap(),
+                    target_path: format!("/pods/{i}/mount").into(),
+                    staging_path: "/staging/x".into(),
+                    capability: stage_record("file:a").capability,
+                    readonly: false,
+                    device: None,
+                })
+                .unwrap();
+        }
+        assert_eq!(
+            fs::read_dir(dir.path().join("node")).unwrap().count(),
+            before
+        );
+        assert_eq!(state.publishes().len(), 10);
     }
 }

@@ -135,7 +135,7 @@ async fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     let bytes = serde_json::to_vec_pretty(value).map_err(|e| Error::internal(e.to_string()))?;
     let path = path.to_path_buf();
     crate::host::off_worker("writing volume metadata", RECORD_DEADLINE, move || {
-        crate::state::write_atomic(&path, &bytes).map_err(io(format!("write {}", path.display())))
+        crate::records::write(&path, &bytes)
     })
     .await
 }
@@ -161,12 +161,7 @@ fn locators_in(dir: &Path) -> Result<Vec<String>> {
 }
 
 fn remove_if_exists(path: &Path) -> Result<()> {
-    match std::fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            Err(Error::io(format!("remove {}", path.display()), e))
-        }
-        _ => Ok(()),
-    }
+    crate::records::remove(path).map(drop)
 }
 
 impl FileBackend {
@@ -180,7 +175,7 @@ impl FileBackend {
         let volumes = settings.pool.join("volumes");
         let snapshots = settings.pool.join("snapshots");
         for d in [&settings.pool, &volumes, &snapshots] {
-            crate::state::private_dir(d)?;
+            crate::records::private_dir(d)?;
         }
         for d in [&volumes, &snapshots] {
             // Leftovers of an interrupted create or copy.

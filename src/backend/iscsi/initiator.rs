@@ -347,7 +347,7 @@ impl Initiator<'_> {
             lines.splice(at..at, auth);
             let mut body = lines.join("\n");
             body.push('\n');
-            write_private(&path, body.as_bytes())?;
+            crate::records::write(&path, body.as_bytes())?;
         }
         Ok(())
     }
@@ -607,23 +607,4 @@ impl Initiator<'_> {
         }
         Ok(None)
     }
-}
-
-/// Writes a file only root can read, atomically.
-fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("ferrovol-tmp");
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    };
-    write().map_err(|e| Error::io(format!("write {}", path.display()), e))
 }

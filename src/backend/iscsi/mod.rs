@@ -141,18 +141,13 @@ struct FsCopy {
 /// Writes one of the backend's files atomically, making its folder first.
 fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    crate::state::private_dir(dir)?;
-    crate::state::write_atomic(path, bytes)
-        .map_err(|e| Error::io(format!("write {}", path.display()), e))
+    crate::records::private_dir(dir)?;
+    crate::records::write(path, bytes)
 }
 
 /// Removes one of the backend's files; one already gone is fine.
-fn remove_file(path: &Path, what: &str) -> Result<()> {
-    match std::fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(Error::io(what, e)),
-    }
+fn remove_file(path: &Path) -> Result<()> {
+    crate::records::remove(path).map(drop)
 }
 
 /// A fresh token for a copy.
@@ -434,7 +429,7 @@ impl IscsiBackend {
     }
 
     fn forget(&self, id: &VolumeId) -> Result<()> {
-        remove_file(&self.record_path(id), "remove target record")?;
+        remove_file(&self.record_path(id))?;
         self.volumes.locked().remove(id.locator());
         Ok(())
     }
@@ -1104,7 +1099,7 @@ impl Backend for IscsiBackend {
     async fn node_detach(&self, id: &VolumeId, _attachment: Option<&Attachment>) -> Result<()> {
         self.own_volume(id)?;
         self.initiator().detach(&self.iqn(id)).await?;
-        remove_file(&self.renewed_path(id), "remove the copy's renewal mark")
+        remove_file(&self.renewed_path(id))
     }
 
     async fn node_refresh_size(&self, id: &VolumeId, _attachment: &Attachment) -> Result<u64> {

@@ -448,8 +448,7 @@ impl NfsBackend {
         let root = root.to_path_buf();
         blocking("writing a volume record", move || {
             ensure_dir(&root, Path::new(".ferrovol/volumes"), 0o700)?;
-            crate::state::write_atomic(&path, &bytes)
-                .map_err(|e| Error::io(format!("write {}", path.display()), e))
+            crate::records::write(&path, &bytes)
         })
         .await
     }
@@ -858,15 +857,9 @@ impl Backend for NfsBackend {
             }
         }
         let path = Self::record_path(&held.dir, &loc.subdir);
-        blocking(
-            "removing the volume record",
-            move || match std::fs::remove_file(&path) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    Err(Error::io(format!("remove {}", path.display()), e))
-                }
-                _ => Ok(()),
-            },
-        )
+        blocking("removing the volume record", move || {
+            crate::records::remove(&path).map(drop)
+        })
         .await
     }
 
@@ -1035,8 +1028,7 @@ impl Backend for NfsBackend {
         let final_archive = dir.join(format!("{locator}.tar.gz"));
         let record_path = dir.join(format!("{locator}.json"));
         blocking("completing the snapshot", move || {
-            crate::state::write_atomic(&record_path, &bytes)
-                .map_err(|e| Error::io(format!("write {}", record_path.display()), e))?;
+            crate::records::write(&record_path, &bytes)?;
             std::fs::rename(&tmp, &final_archive)
                 .map_err(|e| Error::io(format!("move {} into place", final_archive.display()), e))
         })
@@ -1052,12 +1044,7 @@ impl Backend for NfsBackend {
         let dir = Self::snapshot_dir(&held.dir);
         blocking("removing the snapshot", move || {
             for name in [format!("{locator}.tar.gz"), format!("{locator}.json")] {
-                match std::fs::remove_file(dir.join(&name)) {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                        return Err(Error::io(format!("remove {name}"), e))
-                    }
-                    _ => {}
-                }
+                crate::records::remove(&dir.join(name))?;
             }
             Ok(())
         })

@@ -118,7 +118,7 @@ impl WorkMounts {
         let lock = self.share_lock(&dir);
         let _m = lock.lock().await;
         if !self.join(&dir) {
-            crate::state::private_dir(&dir)?;
+            crate::records::private_dir(&dir)?;
             // Left mounted by an earlier run: let it go first.
             if self.mounted_at(&dir) {
                 let _ = self.unmount(&dir).await;
