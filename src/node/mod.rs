@@ -77,6 +77,23 @@ fn check_remote_stage(m: &dyn Mounter, id: &VolumeId, staging: &Path) -> Result<
     }
 }
 
+/// A stage's capability against its backend: a filesystem the backend
+/// never serves is a bad request, not a capability this volume lacks.
+fn check_stage_capability(backend: &dyn Backend, capability: &VolumeCapability) -> Result<()> {
+    if let AccessType::Mount { fs_type, .. } = &capability.access {
+        if !fs_type.is_empty() && !backend.fs_types().contains(&fs_type.as_str()) {
+            return Err(Error::invalid(format!(
+                "fs_type {fs_type:?} is not supported by backend {} (supported: {})",
+                backend.name(),
+                backend.fs_types().join(", ")
+            )));
+        }
+    }
+    backend
+        .supports(capability)
+        .map_err(|e| Error::precondition(e.message))
+}
+
 /// What a publish binds at its target.
 struct Bind {
     volume_id: VolumeId,
@@ -342,50 +359,10 @@ impl NodeOps {
         let _guard = self.lock_volume(&req.volume_id)?;
         let backend = self.backend(&req.volume_id)?.clone();
         self.check_allowed(&req.staging_path, "staging_target_path")?;
-        if let AccessType::Mount { fs_type, .. } = &req.capability.access {
-            // A filesystem this backend never serves is a bad request, not
-            // a capability this volume lacks.
-            if !fs_type.is_empty() && !backend.fs_types().contains(&fs_type.as_str()) {
-                return Err(Error::invalid(format!(
-                    "fs_type {fs_type:?} is not supported by backend {} (supported: {})",
-                    backend.name(),
-                    backend.fs_types().join(", ")
-                )));
-            }
-        }
-        backend
-            .supports(&req.capability)
-            .map_err(|e| Error::precondition(e.message))?;
-
+        check_stage_capability(backend.as_ref(), &req.capability)?;
         if let Some(existing) = self.state.stage(&req.volume_id) {
-            if existing.staging_path != req.staging_path {
-                return Err(Error::precondition(format!(
-                    "volume {} is already staged at {}",
-                    req.volume_id,
-                    existing.staging_path.display()
-                )));
-            }
-            if existing.capability != req.capability {
-                return Err(Error::already_exists(format!(
-                    "volume {} is staged at {} with a different capability",
-                    req.volume_id,
-                    req.staging_path.display()
-                )));
-            }
-            if existing.attachment.is_some() {
-                match self.stage_presence(&existing).await? {
-                    Presence::Ours => return Ok(()),
-                    Presence::Absent => {}
-                    // A remote mount gone stale (its directory was replaced
-                    // on the server): let it go and mount again.
-                    Presence::Stale => {
-                        tracing::warn!(volume = %req.volume_id, "stale staging mount: mounting again");
-                        self.unmount_remote(&existing.staging_path).await?;
-                    }
-                    Presence::Foreign => {
-                        return Err(foreign(&existing.staging_path));
-                    }
-                }
+            if self.restage_done(&req, &existing).await? {
+                return Ok(());
             }
             // An interrupted stage: carry on from where it stopped.
         }
@@ -402,7 +379,6 @@ impl NodeOps {
                 req.staging_path.display()
             )));
         }
-
         let mut record = StageRecord {
             volume_id: req.volume_id.clone(),
             staging_path: req.staging_path.clone(),
@@ -416,8 +392,8 @@ impl NodeOps {
             mount_flags,
         } = &req.capability.access
         {
-            // The backend's own fs types (checked by `supports` above);
-            // its first is the default.
+            // The backend's own fs types (checked above); its first is the
+            // default.
             record.fs_type = Some(match fs_type.as_str() {
                 "" => backend.fs_types()[0].to_string(),
                 named => named.to_string(),
@@ -435,6 +411,40 @@ impl NodeOps {
             return Err(e);
         }
         Ok(())
+    }
+
+    /// A stage of a volume with a stage record: whether it is done already
+    /// (the same arguments, its mount in place). Other arguments, or
+    /// another's mount there, are refused; a stale remote mount of its own
+    /// is let go, to be mounted again.
+    async fn restage_done(&self, req: &StageRequest, existing: &StageRecord) -> Result<bool> {
+        if existing.staging_path != req.staging_path {
+            return Err(Error::precondition(format!(
+                "volume {} is already staged at {}",
+                req.volume_id,
+                existing.staging_path.display()
+            )));
+        }
+        if existing.capability != req.capability {
+            return Err(Error::already_exists(format!(
+                "volume {} is staged at {} with a different capability",
+                req.volume_id,
+                req.staging_path.display()
+            )));
+        }
+        if existing.attachment.is_none() {
+            return Ok(false);
+        }
+        match self.stage_presence(existing).await? {
+            Presence::Ours => Ok(true),
+            Presence::Absent => Ok(false),
+            Presence::Stale => {
+                tracing::warn!(volume = %req.volume_id, "stale staging mount: mounting again");
+                self.unmount_remote(&existing.staging_path).await?;
+                Ok(false)
+            }
+            Presence::Foreign => Err(foreign(&existing.staging_path)),
+        }
     }
 
     /// What is at a stage record's staging path: its own mount, nothing,

@@ -133,6 +133,23 @@ fn name_tag(name: &str) -> String {
 }
 
 /// The backend.
+/// An LV about to be made: its name, `vg/name`, size and tags.
+struct NewLv {
+    name: String,
+    target: String,
+    size: u64,
+    tags: Vec<String>,
+}
+
+impl NewLv {
+    fn tag_args(&self) -> Vec<String> {
+        self.tags
+            .iter()
+            .flat_map(|t| ["--addtag".to_string(), t.clone()])
+            .collect()
+    }
+}
+
 pub struct LvmBackend {
     name: String,
     settings: LvmSettings,
@@ -413,6 +430,189 @@ impl LvmBackend {
         }
         Err(e)
     }
+
+    /// A new volume's source LV and the size it asks for at least.
+    async fn create_source(
+        &self,
+        class: &DeviceClass,
+        req: &CreateVolume,
+    ) -> Result<(Option<Lv>, u64)> {
+        match &req.source {
+            None => Ok((None, 0)),
+            Some(src @ ContentSource::Snapshot(_)) => {
+                let snap = self.source_lv(class, src).await?;
+                let size = snap
+                    .tag_value("ferrovol-size:")
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(snap.size());
+                Ok((Some(snap), size))
+            }
+            Some(src @ ContentSource::Volume(_)) => {
+                let vol = self.source_lv(class, src).await?;
+                let size = vol.size();
+                Ok((Some(vol), size))
+            }
+        }
+    }
+
+    /// A create that finds its LV made already: the same volume when it
+    /// carries this name in this class and matches the request.
+    fn existing_volume(
+        &self,
+        class: &DeviceClass,
+        req: &CreateVolume,
+        existing: &Lv,
+    ) -> Result<VolumeInfo> {
+        let vg_name = &class.volume_group;
+        let tag = name_tag(&req.name);
+        if existing
+            .tag_value(NAME_TAG)
+            .map(|v| format!("{NAME_TAG}{v}"))
+            != Some(tag)
+        {
+            return Err(Error::already_exists(format!(
+                "LV {vg_name}/{} belongs to another name",
+                existing.lv_name
+            )));
+        }
+        if self.owner(existing).map(|c| &c.name) != Some(&class.name) {
+            return Err(Error::already_exists(format!(
+                "volume {:?} exists in another device class of volume group {vg_name}",
+                req.name
+            )));
+        }
+        let info = self.volume_info(class, existing)?;
+        check_existing(req, existing.size(), info.source.as_ref())?;
+        Ok(info)
+    }
+
+    /// A copy in a thin pool: a thin snapshot of the source (instant,
+    /// shares blocks), keeping only our tags, grown if asked bigger.
+    async fn create_thin_copy(&self, class: &DeviceClass, new: &NewLv, src: &Lv) -> Result<()> {
+        let done = self
+            .runner
+            .run(
+                self.lvm("lvcreate")
+                    .args(["-y", "-s", "-n", &new.name])
+                    .args(new.tag_args())
+                    .arg(format!("{}/{}", class.volume_group, src.lv_name)),
+            )
+            .await;
+        if let Err(e) = done {
+            return Err(self.judge_failure(class, 0, e.into()).await);
+        }
+        // The snapshot's own tags came along: keep only ours.
+        for t in src.tags() {
+            if !new.tags.iter().any(|x| x == t) {
+                self.runner
+                    .run(self.lvm("lvchange").args(["--deltag", t, &new.target]))
+                    .await?;
+            }
+        }
+        if new.size > src.size() {
+            self.runner
+                .run(
+                    self.lvm("lvextend")
+                        .args(["-L", &format!("{}b", new.size), &new.target]),
+                )
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// A new thin volume. The pool must exist (thin volumes may overcommit
+    /// its space) and zero the chunks it hands out: without that, a write
+    /// into a new chunk leaves the rest of it showing whatever the chunk
+    /// last held, another tenant's data.
+    async fn create_thin(&self, class: &DeviceClass, new: &NewLv, pool: &str) -> Result<()> {
+        let vg_name = &class.volume_group;
+        let p = self.pool(class, pool).await?;
+        if !p.zeroes_new_chunks() && class.zero_on_delete {
+            return Err(Error::precondition(format!(
+                "thin pool {vg_name}/{pool} does not zero new chunks, so a new volume \
+                 could read a previous tenant's data: turn it on with \
+                 `lvchange --zero y {vg_name}/{pool}` (or set zero_on_delete = false \
+                 for class {:?} if the storage below zeroes freed space)",
+                class.name
+            )));
+        }
+        let done = self
+            .runner
+            .run(
+                self.lvm("lvcreate")
+                    .args([
+                        "-y",
+                        "-V",
+                        &format!("{}b", new.size),
+                        "--thinpool",
+                        &format!("{vg_name}/{pool}"),
+                        "-n",
+                        &new.name,
+                    ])
+                    .args(new.tag_args()),
+            )
+            .await;
+        match done {
+            Ok(_) => Ok(()),
+            Err(e) => Err(self.judge_failure(class, 0, e.into()).await),
+        }
+    }
+
+    /// A thick volume, a copy of `src` if given. No zeroing here (it needs
+    /// activation); the start of a fresh LV is wiped at its first attach
+    /// instead.
+    async fn create_thick(
+        &self,
+        class: &DeviceClass,
+        new: &NewLv,
+        vg: &Vg,
+        src: Option<&Lv>,
+    ) -> Result<()> {
+        let (vg_name, size) = (&class.volume_group, new.size);
+        if size > vg.size() {
+            return Err(Error::out_of_range(format!(
+                "{size} bytes is more than volume group {vg_name} holds ({})",
+                vg.size()
+            )));
+        }
+        if size > vg.free() {
+            return Err(Error::exhausted(format!(
+                "volume group {vg_name} has {} bytes free, {size} needed",
+                vg.free()
+            )));
+        }
+        let done = self
+            .runner
+            .run(
+                self.lvm("lvcreate")
+                    .args([
+                        "-y",
+                        "-Zn",
+                        "-Wn",
+                        "-L",
+                        &format!("{size}b"),
+                        "-n",
+                        &new.name,
+                    ])
+                    .args(new.tag_args())
+                    .arg(vg_name),
+            )
+            .await;
+        if let Err(e) = done {
+            return Err(self.judge_failure(class, size, e.into()).await);
+        }
+        if let Some(src) = src {
+            if let Err(e) = self.copy_lv(vg_name, &src.lv_name, &new.name).await {
+                let _ = self
+                    .runner
+                    .run(self.lvm("lvremove").args(["-y", &new.target]))
+                    .await;
+                return Err(e.context("copy the source into the new volume"));
+            }
+            let _ = self.deactivate(vg_name, &new.name).await;
+        }
+        Ok(())
+    }
 }
 
 #[async_trait::async_trait]
@@ -447,185 +647,41 @@ impl Backend for LvmBackend {
 
     async fn create_volume(&self, req: &CreateVolume) -> Result<VolumeInfo> {
         let class = self.class_for(&req.parameters)?.clone();
-        let vg_name = class.volume_group.clone();
         let lv_name = format!("fv-{}", locator_for_name(&req.name));
-        let tag = name_tag(&req.name);
-
-        let (source_lv, source_size) = match &req.source {
-            None => (None, 0),
-            Some(src @ ContentSource::Snapshot(_)) => {
-                let snap = self.source_lv(&class, src).await?;
-                let size = snap
-                    .tag_value("ferrovol-size:")
-                    .and_then(|s| s.parse().ok())
-                    .unwrap_or(snap.size());
-                (Some(snap), size)
-            }
-            Some(src @ ContentSource::Volume(_)) => {
-                let vol = self.source_lv(&class, src).await?;
-                let size = vol.size();
-                (Some(vol), size)
-            }
-        };
-
-        if let Some(existing) = self.lv(&vg_name, &lv_name).await? {
-            if existing
-                .tag_value(NAME_TAG)
-                .map(|v| format!("{NAME_TAG}{v}"))
-                != Some(tag.clone())
-            {
-                return Err(Error::already_exists(format!(
-                    "LV {vg_name}/{lv_name} belongs to another name"
-                )));
-            }
-            if self.owner(&existing).map(|c| &c.name) != Some(&class.name) {
-                return Err(Error::already_exists(format!(
-                    "volume {:?} exists in another device class of volume group {vg_name}",
-                    req.name
-                )));
-            }
-            let info = self.volume_info(&class, &existing)?;
-            check_existing(req, existing.size(), info.source.as_ref())?;
-            return Ok(info);
+        let (source, source_size) = self.create_source(&class, req).await?;
+        if let Some(existing) = self.lv(&class.volume_group, &lv_name).await? {
+            return self.existing_volume(&class, req, &existing);
         }
-
         let vg = self.vg(&class).await?;
         let size = Self::size_rules(&class, vg.extent()).new_volume(
             req.required_bytes,
             req.limit_bytes,
             source_size,
         )?;
-        let mut tags = vec![TAG.to_string(), tag, format!("{CLASS_TAG}{}", class.name)];
-        if let Some(src) = &source_lv {
-            tags.push(format!("{SOURCE_TAG}{}", src.lv_name));
-            tags.push(COPY_TAG.into());
-        } else {
-            tags.push(FRESH_TAG.into());
+        let mut tags = vec![
+            TAG.to_string(),
+            name_tag(&req.name),
+            format!("{CLASS_TAG}{}", class.name),
+        ];
+        match &source {
+            Some(src) => tags.extend([format!("{SOURCE_TAG}{}", src.lv_name), COPY_TAG.into()]),
+            None => tags.push(FRESH_TAG.into()),
         }
-        let tag_args: Vec<String> = tags
-            .iter()
-            .flat_map(|t| ["--addtag".to_string(), t.clone()])
-            .collect();
-        let target = format!("{vg_name}/{lv_name}");
-
-        match (&class.thin_pool, &source_lv) {
-            (Some(_), Some(src)) => {
-                // A thin snapshot of the source: instant, shares blocks.
-                let done = self
-                    .runner
-                    .run(
-                        self.lvm("lvcreate")
-                            .args(["-y", "-s", "-n", &lv_name])
-                            .args(tag_args.clone())
-                            .arg(format!("{vg_name}/{}", src.lv_name)),
-                    )
-                    .await;
-                if let Err(e) = done {
-                    return Err(self.judge_failure(&class, 0, e.into()).await);
-                }
-                // The snapshot's own tags came along: keep only ours.
-                for t in src.tags() {
-                    if !tags.iter().any(|x| x == t) {
-                        self.runner
-                            .run(self.lvm("lvchange").args(["--deltag", t, &target]))
-                            .await?;
-                    }
-                }
-                if size > src.size() {
-                    self.runner
-                        .run(
-                            self.lvm("lvextend")
-                                .args(["-L", &format!("{size}b"), &target]),
-                        )
-                        .await?;
-                }
-            }
-            (Some(pool), None) => {
-                // The pool must exist (thin volumes may overcommit its
-                // space) and zero the chunks it hands out: without that, a
-                // write into a new chunk leaves the rest of it showing
-                // whatever the chunk last held, another tenant's data.
-                let p = self.pool(&class, pool).await?;
-                if !p.zeroes_new_chunks() && class.zero_on_delete {
-                    return Err(Error::precondition(format!(
-                        "thin pool {vg_name}/{pool} does not zero new chunks, so a new volume \
-                         could read a previous tenant's data: turn it on with \
-                         `lvchange --zero y {vg_name}/{pool}` (or set zero_on_delete = false \
-                         for class {:?} if the storage below zeroes freed space)",
-                        class.name
-                    )));
-                }
-                let done = self
-                    .runner
-                    .run(
-                        self.lvm("lvcreate")
-                            .args([
-                                "-y",
-                                "-V",
-                                &format!("{size}b"),
-                                "--thinpool",
-                                &format!("{vg_name}/{pool}"),
-                                "-n",
-                                &lv_name,
-                            ])
-                            .args(tag_args),
-                    )
-                    .await;
-                if let Err(e) = done {
-                    return Err(self.judge_failure(&class, 0, e.into()).await);
-                }
-            }
-            (None, src) => {
-                if size > vg.size() {
-                    return Err(Error::out_of_range(format!(
-                        "{size} bytes is more than volume group {vg_name} holds ({})",
-                        vg.size()
-                    )));
-                }
-                if size > vg.free() {
-                    return Err(Error::exhausted(format!(
-                        "volume group {vg_name} has {} bytes free, {size} needed",
-                        vg.free()
-                    )));
-                }
-                // No zeroing here (it needs activation); the start of a
-                // fresh LV is wiped at its first attach instead.
-                let done = self
-                    .runner
-                    .run(
-                        self.lvm("lvcreate")
-                            .args([
-                                "-y",
-                                "-Zn",
-                                "-Wn",
-                                "-L",
-                                &format!("{size}b"),
-                                "-n",
-                                &lv_name,
-                            ])
-                            .args(tag_args)
-                            .arg(&vg_name),
-                    )
-                    .await;
-                if let Err(e) = done {
-                    return Err(self.judge_failure(&class, size, e.into()).await);
-                }
-                if let Some(src) = src {
-                    if let Err(e) = self.copy_lv(&vg_name, &src.lv_name, &lv_name).await {
-                        let _ = self
-                            .runner
-                            .run(self.lvm("lvremove").args(["-y", &target]))
-                            .await;
-                        return Err(e.context("copy the source into the new volume"));
-                    }
-                    let _ = self.deactivate(&vg_name, &lv_name).await;
-                }
-            }
+        let new = NewLv {
+            target: format!("{}/{lv_name}", class.volume_group),
+            name: lv_name,
+            size,
+            tags,
+        };
+        match (&class.thin_pool, &source) {
+            (Some(_), Some(src)) => self.create_thin_copy(&class, &new, src).await?,
+            (Some(pool), None) => self.create_thin(&class, &new, pool).await?,
+            (None, src) => self.create_thick(&class, &new, &vg, src.as_ref()).await?,
         }
         let lv = self
-            .lv(&vg_name, &lv_name)
+            .lv(&class.volume_group, &new.name)
             .await?
-            .ok_or_else(|| Error::internal(format!("LV {target} vanished after lvcreate")))?;
+            .ok_or_else(|| Error::internal(format!("LV {} vanished after lvcreate", new.target)))?;
         self.volume_info(&class, &lv)
     }
 

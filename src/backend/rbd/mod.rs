@@ -28,13 +28,14 @@ use crate::plugin::{
     Capacity, ContentSource, ControllerAttach, CreateSnapshot, CreateVolume, Page, Secrets,
     SizeRules, SnapshotId, SnapshotInfo, VolumeCapability, VolumeId, VolumeInfo,
 };
+use crate::sync::LockExt;
 use cli::CliCluster;
 use cluster::{check_name, Cluster, Layout, Spec};
 use creds::Creds;
 use serde::Deserialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Secrets keys (as ceph-csi names them).
@@ -127,7 +128,14 @@ pub struct RbdBackend {
     /// Where private keyrings are written for one call.
     keys: PathBuf,
     sysfs: PathBuf,
+    /// Parameter sets parsed already (a StorageClass sends the same set
+    /// with every create, and a create reads it three times: validation,
+    /// the id, the create itself).
+    parsed: Mutex<HashMap<BTreeMap<String, String>, Arc<Params>>>,
 }
+
+/// How many parameter sets are kept parsed; past it the memo starts over.
+const PARSED_SETS: usize = 32;
 
 fn check_features(f: &str) -> Result<()> {
     for feature in f.split(',') {
@@ -236,6 +244,7 @@ impl RbdBackend {
             cli,
             keys: state_dir.join("keys"),
             sysfs: "/sys".into(),
+            parsed: Mutex::default(),
         })
     }
 
@@ -271,7 +280,21 @@ impl RbdBackend {
         }
     }
 
-    fn params(&self, parameters: &BTreeMap<String, String>) -> Result<Params> {
+    /// A parameter set, parsed and checked once.
+    fn params(&self, parameters: &BTreeMap<String, String>) -> Result<Arc<Params>> {
+        if let Some(p) = self.parsed.locked().get(parameters) {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(self.parse_params(parameters)?);
+        let mut parsed = self.parsed.locked();
+        if parsed.len() >= PARSED_SETS {
+            parsed.clear();
+        }
+        parsed.insert(parameters.clone(), p.clone());
+        Ok(p)
+    }
+
+    fn parse_params(&self, parameters: &BTreeMap<String, String>) -> Result<Params> {
         let mut p = Params {
             pool: self.settings.pools[0].clone(),
             features: self.settings.image_features.clone(),
@@ -659,8 +682,8 @@ impl Backend for RbdBackend {
     fn volume_id_for(&self, req: &CreateVolume) -> Result<VolumeId> {
         let p = self.params(&req.parameters)?;
         let spec = Spec {
-            pool: p.pool,
-            namespace: p.namespace,
+            pool: p.pool.clone(),
+            namespace: p.namespace.clone(),
             image: format!("fv-{}", locator_for_name(&req.name)),
         };
         VolumeId::new(&self.name, &self.locator(&spec)?)
@@ -700,34 +723,7 @@ impl Backend for RbdBackend {
         });
         let source_size = match &req.source {
             None => 0,
-            Some(ContentSource::Volume(v)) => {
-                let from = self
-                    .volume_spec(v)
-                    .map_err(|_| Error::not_found(format!("source volume {v} does not exist")))?;
-                let info =
-                    self.rbd().info(&creds, &from).await?.ok_or_else(|| {
-                        Error::not_found(format!("source volume {v} does not exist"))
-                    })?;
-                self.copy_of(&creds, &from, &tmp, Some(&p)).await?;
-                info.size
-            }
-            Some(ContentSource::Snapshot(s)) => {
-                let from = self
-                    .snapshot_spec(s)
-                    .map_err(|_| Error::not_found(format!("source snapshot {s} does not exist")))?;
-                let info = self.rbd().info(&creds, &from).await?.ok_or_else(|| {
-                    Error::not_found(format!("source snapshot {s} does not exist"))
-                })?;
-                // The snapshot image's `base` is taken at its first restore:
-                // a snapshot costs one cluster snapshot, not two.
-                match self.rbd().snap_create(&creds, &from, BASE).await {
-                    Ok(()) => {}
-                    Err(e) if e.kind == Kind::AlreadyExists => {}
-                    Err(e) => return Err(e),
-                }
-                self.clone_from(&creds, &from, BASE, &tmp, Some(&p)).await?;
-                info.size
-            }
+            Some(source) => self.copy_source(&creds, source, &tmp, &p).await?,
         };
         let size =
             match Self::size_rules().new_volume(req.required_bytes, req.limit_bytes, source_size) {
@@ -1156,6 +1152,49 @@ impl Backend for RbdBackend {
 }
 
 impl RbdBackend {
+    /// Makes `tmp` a copy of a new volume's source (a volume's full copy,
+    /// or a clone of a snapshot's `base`); the source's size.
+    async fn copy_source(
+        &self,
+        creds: &Creds,
+        source: &ContentSource,
+        tmp: &Spec,
+        p: &Params,
+    ) -> Result<u64> {
+        let gone = |what: &str, id: &dyn std::fmt::Display| {
+            Error::not_found(format!("source {what} {id} does not exist"))
+        };
+        match source {
+            ContentSource::Volume(v) => {
+                let from = self.volume_spec(v).map_err(|_| gone("volume", v))?;
+                let info = self
+                    .rbd()
+                    .info(creds, &from)
+                    .await?
+                    .ok_or_else(|| gone("volume", v))?;
+                self.copy_of(creds, &from, tmp, Some(p)).await?;
+                Ok(info.size)
+            }
+            ContentSource::Snapshot(s) => {
+                let from = self.snapshot_spec(s).map_err(|_| gone("snapshot", s))?;
+                let info = self
+                    .rbd()
+                    .info(creds, &from)
+                    .await?
+                    .ok_or_else(|| gone("snapshot", s))?;
+                // The snapshot image's `base` is taken at its first restore:
+                // a snapshot costs one cluster snapshot, not two.
+                match self.rbd().snap_create(creds, &from, BASE).await {
+                    Ok(()) => {}
+                    Err(e) if e.kind == Kind::AlreadyExists => {}
+                    Err(e) => return Err(e),
+                }
+                self.clone_from(creds, &from, BASE, tmp, Some(p)).await?;
+                Ok(info.size)
+            }
+        }
+    }
+
     /// The device this node has the image mapped at, if any.
     async fn find_mapping(&self, spec: &Spec) -> Result<Option<PathBuf>> {
         Ok(self
