@@ -2,7 +2,22 @@
 
 use super::{Command, CommandRunner, ExecError, Output};
 use std::process::Stdio;
-use tokio::io::AsyncWriteExt;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+/// How long a killed child is waited for before its timeout is reported:
+/// one that dies (anything but a process stuck in the kernel) is gone,
+/// reaped, by then; one that does not is reaped in the background.
+const REAP_GRACE: Duration = Duration::from_secs(5);
+
+/// Everything a child writes to one of its pipes, until it closes.
+async fn read_pipe<R: AsyncRead + Unpin>(pipe: &mut Option<R>) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    if let Some(p) = pipe {
+        p.read_to_end(&mut bytes).await?;
+    }
+    Ok(bytes)
+}
 
 /// Runs commands as child processes of the driver.
 #[derive(Debug, Default, Clone)]
@@ -55,11 +70,22 @@ impl CommandRunner for SystemRunner {
         let limit = self
             .max_timeout
             .map_or(command.timeout, |m| m.min(command.timeout));
-        let waited = tokio::time::timeout(limit, child.wait_with_output()).await;
+        let (mut stdout, mut stderr) = (child.stdout.take(), child.stderr.take());
+        let waited = tokio::time::timeout(limit, async {
+            let (status, out, err) =
+                tokio::join!(child.wait(), read_pipe(&mut stdout), read_pipe(&mut stderr));
+            Ok::<_, std::io::Error>(std::process::Output {
+                status: status?,
+                stdout: out?,
+                stderr: err?,
+            })
+        })
+        .await;
         let out = match waited {
             Err(_) => {
-                // wait_with_output was dropped with the child: kill_on_drop
-                // sends SIGKILL, and tokio reaps it in the background.
+                // Killed, and reaped before the timeout is reported.
+                let _ = child.start_kill();
+                let _ = tokio::time::timeout(REAP_GRACE, child.wait()).await;
                 return Err(ExecError::Timeout {
                     command: shown,
                     after: limit,

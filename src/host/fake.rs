@@ -84,7 +84,7 @@ impl Host for FakeHost {
         SystemHost.require_dir(path, field)
     }
 
-    fn make_target(&self, path: &Path, block: bool) -> Result<()> {
+    fn make_target(&self, path: &Path, block: bool) -> Result<bool> {
         SystemHost.make_target(path, block)
     }
 

@@ -78,7 +78,8 @@ pub trait Host: Send + Sync {
     /// Checks that `path` is a directory, not a symlink.
     fn require_dir(&self, path: &Path, field: &str) -> Result<()>;
     /// Creates a publish target: a directory, or a file for a block bind.
-    fn make_target(&self, path: &Path, block: bool) -> Result<()>;
+    /// Whether it was made now (nothing was there).
+    fn make_target(&self, path: &Path, block: bool) -> Result<bool>;
     /// Removes a publish target (never following a symlink).
     fn remove_target(&self, path: &Path) -> Result<()>;
     /// Removes `path` only if it is an empty directory (not a symlink to
@@ -177,7 +178,7 @@ impl Host for SystemHost {
         targets::require_dir(path, field)
     }
 
-    fn make_target(&self, path: &Path, block: bool) -> Result<()> {
+    fn make_target(&self, path: &Path, block: bool) -> Result<bool> {
         targets::make_target(path, block)
     }
 

@@ -27,9 +27,12 @@ pub fn require_dir(path: &Path, field: &str) -> Result<()> {
 }
 
 /// Creates the publish target: a directory for mount access, an empty file
-/// for block access. Its parent must exist; a symlink at the target is
-/// refused so a bind can never be redirected elsewhere.
-pub fn make_target(target: &Path, block: bool) -> Result<()> {
+/// for block access. Its parent must be a directory (not a symlink); a
+/// symlink at the target is refused so a bind can never be redirected
+/// elsewhere. Whether it was made now: a target made now held nothing and
+/// had nothing mounted on it. The usual case costs one stat and the
+/// create; only a target that exists already is looked at.
+pub fn make_target(target: &Path, block: bool) -> Result<bool> {
     let parent = target
         .parent()
         .ok_or_else(|| Error::invalid("target_path has no parent"))?;
@@ -42,51 +45,48 @@ pub fn make_target(target: &Path, block: bool) -> Result<()> {
             )))
         }
     }
+    let made = if block {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(target)
+            .map(|_| ())
+    } else {
+        std::fs::create_dir(target)
+    };
+    match made {
+        Ok(()) => return Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(Error::io(format!("create target {}", target.display()), e)),
+    }
     match std::fs::symlink_metadata(target) {
         Ok(md) if md.file_type().is_symlink() => Err(Error::invalid(format!(
             "target_path {} is a symlink",
             target.display()
         ))),
-        Ok(md) if block && md.is_file() => Ok(()),
-        Ok(md) if !block && md.is_dir() => Ok(()),
+        Ok(md) if block && md.is_file() => Ok(false),
+        Ok(md) if !block && md.is_dir() => Ok(false),
         Ok(_) => Err(Error::invalid(format!(
             "target_path {} exists and is not a {}",
             target.display(),
             if block { "file" } else { "directory" }
         ))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let made = if block {
-                std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .open(target)
-                    .map(|_| ())
-            } else {
-                std::fs::create_dir(target)
-            };
-            made.map_err(|e| Error::io(format!("create target {}", target.display()), e))
-        }
         Err(e) => Err(Error::io(format!("target {}", target.display()), e)),
     }
 }
 
-/// Removes what [`make_target`] created: an empty directory or a file. A
+/// Removes what [`make_target`] created: an empty directory or a file
+/// (never following a symlink: one at the target is removed itself). A
 /// directory that is not empty is left in place (it holds someone's data).
 pub fn remove_target(target: &Path) -> Result<()> {
-    let md = match std::fs::symlink_metadata(target) {
-        Ok(md) => md,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(Error::io(format!("target {}", target.display()), e)),
-    };
-    let removed = if md.is_dir() {
-        std::fs::remove_dir(target)
-    } else {
-        std::fs::remove_file(target)
+    let removed = match std::fs::remove_dir(target) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => std::fs::remove_file(target),
+        other => other,
     };
     match removed {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => {
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTEMPTY | libc::EEXIST)) => {
             tracing::warn!(target = %target.display(), "target directory not empty after unmount; left in place");
             Ok(())
         }

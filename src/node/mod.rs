@@ -995,8 +995,9 @@ impl NodeOps {
 
     /// Makes the target, records the publish and binds, in one call on the
     /// blocking pool; on a failure, takes back what it did. A `fresh`
-    /// target (no record of it) is first checked to hold nothing: never
-    /// bind over another's mount, nor onto anything that holds something.
+    /// target (no record of it) that was there already is first checked
+    /// to hold nothing: never bind over another's mount, nor onto anything
+    /// that holds something. One made now holds nothing.
     async fn bind_target(&self, fresh: bool, record: PublishRecord, bind: Bind) -> Result<()> {
         let (host, state) = (self.host.clone(), self.state.clone());
         let target = record.target_path.clone();
@@ -1005,20 +1006,22 @@ impl NodeOps {
             if let Some(staging) = &bind.staged_remote {
                 check_remote_stage(m, &bind.volume_id, staging)?;
             }
-            if fresh && m.mounted(&target)?.is_some() {
-                return Err(foreign(&target));
+            let made_now = host.make_target(&target, bind.block)?;
+            if fresh && !made_now {
+                if m.mounted(&target)?.is_some() {
+                    return Err(foreign(&target));
+                }
+                if !host.is_empty(&target)? {
+                    return Err(Error::precondition(format!(
+                        "target_path {} is not empty; ferrovol publishes only onto an empty directory or file",
+                        target.display()
+                    )));
+                }
             }
-            if fresh && !host.is_empty(&target)? {
-                return Err(Error::precondition(format!(
-                    "target_path {} is not empty; ferrovol publishes only onto an empty directory or file",
-                    target.display()
-                )));
-            }
-            if let Err(e) = host
-                .make_target(&target, bind.block)
-                .and_then(|()| state.put_publish(record))
-            {
-                let _ = state.remove_publish(&target);
+            if let Err(e) = state.put_publish(record) {
+                if made_now {
+                    let _ = host.remove_target(&target);
+                }
                 return Err(e);
             }
             let bound = m.bind(&bind.source, &target, bind.readonly, &bind.options);

@@ -874,6 +874,8 @@ async fn foreign_mounts_are_refused_and_left_alone() {
     // Unstage and unpublish with nothing of ours there: OK, tmpfs untouched.
     f.ops.unstage(&id(), &staging).await.unwrap();
     let target = f.dir.path().join("pods/t");
+    // Something is mounted there, so there is a directory there.
+    std::fs::create_dir_all(&target).unwrap();
     f.mounter.mount_foreign(&target);
     f.ops.unpublish(&id(), &target).await.unwrap();
     assert_eq!(f.mounter.get(&staging).unwrap().fstype, "tmpfs");
