@@ -8,7 +8,7 @@ use crate::host::{Host, SystemHost};
 use crate::locks::OpLocks;
 use crate::mount::{Mounter, SystemMounter};
 use crate::node::{Deadlines, NodeOps};
-use crate::plugin::ControllerOps;
+use crate::plugin::{ControllerOps, Registry};
 use crate::service::{Driver, Mode};
 use crate::state::NodeState;
 use std::path::{Path, PathBuf};
@@ -96,47 +96,7 @@ pub fn build_with(
         mounter.clone(),
         &state_dir,
     )?);
-    // A node tells controllers what its backends need to know of it (an
-    // iSCSI initiator name, that it maps rbd images) in its node id:
-    // `<name>/<token>,<token>`.
-    let mut node_id = settings.node_id.clone();
-    if node_id.contains('/') {
-        return Err(Error::invalid("node id must not contain '/'"));
-    }
-    if settings.mode.node() {
-        let mut tokens: Vec<String> = Vec::new();
-        for b in registry.all() {
-            if let Some(t) = b.node_id_suffix()? {
-                if t.is_empty() || t.contains([',', '/']) {
-                    return Err(Error::invalid(format!(
-                        "backend {}: node id token {t:?} is empty or has ',' or '/'",
-                        b.name()
-                    )));
-                }
-                if !tokens.contains(&t) {
-                    tokens.push(t);
-                }
-            }
-        }
-        if tokens
-            .iter()
-            .filter(|t| crate::plugin::is_iscsi_name(t))
-            .count()
-            > 1
-        {
-            return Err(Error::invalid(
-                "backends disagree on this node's initiator name",
-            ));
-        }
-        if !tokens.is_empty() {
-            node_id = format!("{node_id}/{}", tokens.join(","));
-        }
-        if node_id.len() > 256 {
-            return Err(Error::invalid(
-                "node id with the initiator name is over 256 bytes",
-            ));
-        }
-    }
+    let node_id = full_node_id(settings, &registry)?;
     let state = NodeState::open(&state_dir)?;
     // One guard table for both services: an operation on a volume excludes
     // every other operation on it, whichever service it came through.
@@ -179,6 +139,52 @@ pub fn build_with(
         serving: Default::default(),
         controller_expansion: settings.controller_expansion,
     }))
+}
+
+/// The node id this driver reports. A node tells controllers what its
+/// backends need to know of it (an iSCSI initiator name, that it maps rbd
+/// images) in its node id: `<name>/<token>,<token>`.
+fn full_node_id(settings: &Settings, registry: &Registry) -> Result<String> {
+    let node_id = settings.node_id.clone();
+    if node_id.contains('/') {
+        return Err(Error::invalid("node id must not contain '/'"));
+    }
+    if !settings.mode.node() {
+        return Ok(node_id);
+    }
+    let mut tokens: Vec<String> = Vec::new();
+    for b in registry.all() {
+        if let Some(t) = b.node_id_suffix()? {
+            if t.is_empty() || t.contains([',', '/']) {
+                return Err(Error::invalid(format!(
+                    "backend {}: node id token {t:?} is empty or has ',' or '/'",
+                    b.name()
+                )));
+            }
+            if !tokens.contains(&t) {
+                tokens.push(t);
+            }
+        }
+    }
+    let initiators = tokens
+        .iter()
+        .filter(|t| crate::plugin::is_iscsi_name(t))
+        .count();
+    if initiators > 1 {
+        return Err(Error::invalid(
+            "backends disagree on this node's initiator name",
+        ));
+    }
+    let full = match tokens.is_empty() {
+        true => node_id,
+        false => format!("{node_id}/{}", tokens.join(",")),
+    };
+    if full.len() > 256 {
+        return Err(Error::invalid(
+            "node id with the initiator name is over 256 bytes",
+        ));
+    }
+    Ok(full)
 }
 
 fn absolute(p: &Path) -> Result<PathBuf> {

@@ -26,68 +26,72 @@ enum Command {
     /// status 10 + the gRPC code of a failed call.
     Client(ferrovol::client::Args),
     /// Serve the CSI services.
-    Serve {
-        /// unix:///path/csi.sock or tcp://host:port
-        #[arg(
-            long,
-            env = "CSI_ENDPOINT",
-            default_value = "unix:///run/ferrovol/csi.sock"
-        )]
-        endpoint: String,
-        /// This node's id (default: the hostname).
-        #[arg(long, env = "FERROVOL_NODE_ID")]
-        node_id: Option<String>,
-        #[arg(long, env = "FERROVOL_DRIVER_NAME", default_value = "csi.ferrovol.io")]
-        driver_name: String,
-        #[arg(long, env = "FERROVOL_MODE", value_enum, default_value = "all")]
-        mode: Mode,
-        /// Where node state (and the default file pool) lives.
-        #[arg(long, env = "FERROVOL_STATE_DIR", default_value = "/var/lib/ferrovol")]
-        state_dir: PathBuf,
-        /// TOML config file, or a directory of them (`*.toml`, added up in
-        /// name order); without one the `file` backend is enabled.
-        #[arg(long, env = "FERROVOL_CONFIG")]
-        config: Option<PathBuf>,
-        #[arg(long, env = "FERROVOL_LOG_FORMAT", value_enum, default_value = "human")]
-        log_format: LogFormat,
-        /// Caps every external command's timeout (seconds); a command still
-        /// running then is killed and its call fails.
-        #[arg(long, env = "FERROVOL_COMMAND_TIMEOUT")]
-        command_timeout: Option<u64>,
-        /// Seconds in-flight calls get to finish at shutdown.
-        #[arg(long, env = "FERROVOL_SHUTDOWN_GRACE", default_value_t = 30)]
-        shutdown_grace: u64,
-        /// TLS for a tcp:// endpoint: the server's certificate (PEM).
-        #[arg(long, env = "FERROVOL_TLS_CERT")]
-        tls_cert: Option<PathBuf>,
-        /// The server's private key (PEM).
-        #[arg(long, env = "FERROVOL_TLS_KEY")]
-        tls_key: Option<PathBuf>,
-        /// The CA that signs client certificates (PEM); clients must present
-        /// one (mutual TLS).
-        #[arg(long, env = "FERROVOL_TLS_CLIENT_CA")]
-        tls_client_ca: Option<PathBuf>,
-        /// Client connections open at once; more wait until one closes.
-        #[arg(long, env = "FERROVOL_MAX_CONNECTIONS", default_value_t = 256)]
-        max_connections: usize,
-        /// Concurrent calls on one connection (HTTP/2 streams).
-        #[arg(long, env = "FERROVOL_MAX_STREAMS", default_value_t = 64)]
-        max_streams: u32,
-        /// Seconds a new connection has to start talking HTTP/2 before it is
-        /// closed.
-        #[arg(long, env = "FERROVOL_HANDSHAKE_TIMEOUT", default_value_t = 10)]
-        handshake_timeout: u64,
-        /// host:port to serve Prometheus metrics (/metrics), /healthz and
-        /// /readyz on, over plain HTTP; off by default.
-        #[arg(long, env = "FERROVOL_METRICS_ADDR")]
-        metrics_addr: Option<std::net::SocketAddr>,
-        /// Do not offer ControllerExpandVolume: the external-resizer then
-        /// leaves expansion to kubelet, and NodeExpandVolume grows a
-        /// node-local LV or image on its node (for the node-local driver's
-        /// central controller).
-        #[arg(long, env = "FERROVOL_NO_CONTROLLER_EXPANSION")]
-        no_controller_expansion: bool,
-    },
+    Serve(ServeArgs),
+}
+
+/// The settings of `serve`.
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// unix:///path/csi.sock or tcp://host:port
+    #[arg(
+        long,
+        env = "CSI_ENDPOINT",
+        default_value = "unix:///run/ferrovol/csi.sock"
+    )]
+    endpoint: String,
+    /// This node's id (default: the hostname).
+    #[arg(long, env = "FERROVOL_NODE_ID")]
+    node_id: Option<String>,
+    #[arg(long, env = "FERROVOL_DRIVER_NAME", default_value = "csi.ferrovol.io")]
+    driver_name: String,
+    #[arg(long, env = "FERROVOL_MODE", value_enum, default_value = "all")]
+    mode: Mode,
+    /// Where node state (and the default file pool) lives.
+    #[arg(long, env = "FERROVOL_STATE_DIR", default_value = "/var/lib/ferrovol")]
+    state_dir: PathBuf,
+    /// TOML config file, or a directory of them (`*.toml`, added up in
+    /// name order); without one the `file` backend is enabled.
+    #[arg(long, env = "FERROVOL_CONFIG")]
+    config: Option<PathBuf>,
+    #[arg(long, env = "FERROVOL_LOG_FORMAT", value_enum, default_value = "human")]
+    log_format: LogFormat,
+    /// Caps every external command's timeout (seconds); a command still
+    /// running then is killed and its call fails.
+    #[arg(long, env = "FERROVOL_COMMAND_TIMEOUT")]
+    command_timeout: Option<u64>,
+    /// Seconds in-flight calls get to finish at shutdown.
+    #[arg(long, env = "FERROVOL_SHUTDOWN_GRACE", default_value_t = 30)]
+    shutdown_grace: u64,
+    /// TLS for a tcp:// endpoint: the server's certificate (PEM).
+    #[arg(long, env = "FERROVOL_TLS_CERT")]
+    tls_cert: Option<PathBuf>,
+    /// The server's private key (PEM).
+    #[arg(long, env = "FERROVOL_TLS_KEY")]
+    tls_key: Option<PathBuf>,
+    /// The CA that signs client certificates (PEM); clients must present
+    /// one (mutual TLS).
+    #[arg(long, env = "FERROVOL_TLS_CLIENT_CA")]
+    tls_client_ca: Option<PathBuf>,
+    /// Client connections open at once; more wait until one closes.
+    #[arg(long, env = "FERROVOL_MAX_CONNECTIONS", default_value_t = 256)]
+    max_connections: usize,
+    /// Concurrent calls on one connection (HTTP/2 streams).
+    #[arg(long, env = "FERROVOL_MAX_STREAMS", default_value_t = 64)]
+    max_streams: u32,
+    /// Seconds a new connection has to start talking HTTP/2 before it is
+    /// closed.
+    #[arg(long, env = "FERROVOL_HANDSHAKE_TIMEOUT", default_value_t = 10)]
+    handshake_timeout: u64,
+    /// host:port to serve Prometheus metrics (/metrics), /healthz and
+    /// /readyz on, over plain HTTP; off by default.
+    #[arg(long, env = "FERROVOL_METRICS_ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
+    /// Do not offer ControllerExpandVolume: the external-resizer then
+    /// leaves expansion to kubelet, and NodeExpandVolume grows a
+    /// node-local LV or image on its node (for the node-local driver's
+    /// central controller).
+    #[arg(long, env = "FERROVOL_NO_CONTROLLER_EXPANSION")]
+    no_controller_expansion: bool,
 }
 
 fn init_logging(format: LogFormat) {
@@ -130,37 +134,21 @@ fn raise_file_limit() {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
-    if let Command::Client(args) = cli.command {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("tokio runtime");
-        return std::process::ExitCode::from(runtime.block_on(ferrovol::client::run(args)) as u8);
+    match Cli::parse().command {
+        Command::Client(args) => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("tokio runtime");
+            std::process::ExitCode::from(runtime.block_on(ferrovol::client::run(args)) as u8)
+        }
+        Command::Serve(args) => serve(args),
     }
-    let Command::Serve {
-        endpoint,
-        node_id,
-        driver_name,
-        mode,
-        state_dir,
-        config,
-        log_format,
-        command_timeout,
-        shutdown_grace,
-        tls_cert,
-        tls_key,
-        tls_client_ca,
-        max_connections,
-        max_streams,
-        handshake_timeout,
-        metrics_addr,
-        no_controller_expansion,
-    } = cli.command
-    else {
-        unreachable!("the client returned above")
-    };
-    init_logging(log_format);
+}
+
+/// `serve`: the driver, until SIGTERM or SIGINT.
+fn serve(args: ServeArgs) -> std::process::ExitCode {
+    init_logging(args.log_format);
     raise_file_limit();
     // Whatever the driver or a tool it runs creates (images, records,
     // keyrings, working directories) is root's alone unless a mode is
@@ -171,48 +159,7 @@ fn main() -> std::process::ExitCode {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let result = runtime.block_on(async move {
-        let endpoint = Endpoint::parse(&endpoint)?;
-        let tls = server::TlsFiles::from_flags(tls_cert, tls_key, tls_client_ca)?;
-        server::check_endpoint(&endpoint, tls.as_ref())?;
-        let node_id = match node_id {
-            Some(n) => n,
-            None => nix::unistd::gethostname()
-                .map(|h| h.to_string_lossy().into_owned())
-                .map_err(|e| ferrovol::error::Error::internal(format!("hostname: {e}")))?,
-        };
-        let settings = Settings {
-            driver_name,
-            node_id,
-            mode,
-            state_dir,
-            config,
-            command_timeout: command_timeout.map(Duration::from_secs),
-            metrics: metrics_addr.is_some(),
-            controller_expansion: !no_controller_expansion,
-        };
-        let driver = app::build(&settings)?;
-        app::start_backends(&driver).await?;
-        if let Some(addr) = metrics_addr {
-            ferrovol::server::http::serve(addr, driver.clone()).await?;
-        }
-        let served = server::serve(
-            driver.clone(),
-            endpoint,
-            tls,
-            server::Limits {
-                max_connections,
-                max_streams,
-                handshake_timeout: Duration::from_secs(handshake_timeout),
-            },
-            shutdown_signal(),
-            Duration::from_secs(shutdown_grace),
-        )
-        .await;
-        app::stop_backends(&driver).await;
-        served
-    });
-    match result {
+    match runtime.block_on(run(args)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e.message, "ferrovol stopped");
@@ -220,4 +167,46 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+async fn run(a: ServeArgs) -> ferrovol::error::Result<()> {
+    let endpoint = Endpoint::parse(&a.endpoint)?;
+    let tls = server::TlsFiles::from_flags(a.tls_cert, a.tls_key, a.tls_client_ca)?;
+    server::check_endpoint(&endpoint, tls.as_ref())?;
+    let node_id = match a.node_id {
+        Some(n) => n,
+        None => nix::unistd::gethostname()
+            .map(|h| h.to_string_lossy().into_owned())
+            .map_err(|e| ferrovol::error::Error::internal(format!("hostname: {e}")))?,
+    };
+    let settings = Settings {
+        driver_name: a.driver_name,
+        node_id,
+        mode: a.mode,
+        state_dir: a.state_dir,
+        config: a.config,
+        command_timeout: a.command_timeout.map(Duration::from_secs),
+        metrics: a.metrics_addr.is_some(),
+        controller_expansion: !a.no_controller_expansion,
+    };
+    let driver = app::build(&settings)?;
+    app::start_backends(&driver).await?;
+    if let Some(addr) = a.metrics_addr {
+        ferrovol::server::http::serve(addr, driver.clone()).await?;
+    }
+    let served = server::serve(
+        driver.clone(),
+        endpoint,
+        tls,
+        server::Limits {
+            max_connections: a.max_connections,
+            max_streams: a.max_streams,
+            handshake_timeout: Duration::from_secs(a.handshake_timeout),
+        },
+        shutdown_signal(),
+        Duration::from_secs(a.shutdown_grace),
+    )
+    .await;
+    app::stop_backends(&driver).await;
+    served
 }

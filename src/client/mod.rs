@@ -178,6 +178,34 @@ impl std::str::FromStr for Topo {
     }
 }
 
+/// The arguments of `create-volume`.
+#[derive(ClapArgs)]
+pub struct CreateArgs {
+    name: String,
+    #[arg(long)]
+    size: Option<Size>,
+    #[arg(long)]
+    limit: Option<Size>,
+    #[command(flatten)]
+    cap: Cap,
+    /// A StorageClass parameter (repeatable).
+    #[arg(long = "param")]
+    params: Vec<Kv>,
+    #[arg(long, conflicts_with = "from_volume")]
+    from_snapshot: Option<String>,
+    #[arg(long)]
+    from_volume: Option<String>,
+    /// A requisite topology segment set, key=value,... (repeatable).
+    #[arg(long)]
+    requisite: Vec<Topo>,
+    /// A preferred topology segment set (repeatable).
+    #[arg(long)]
+    preferred: Vec<Topo>,
+    /// Mutable parameters (repeatable key=value).
+    #[arg(long = "mutable-param")]
+    mutable: Vec<Kv>,
+}
+
 #[derive(Subcommand)]
 pub enum Call {
     /// GetPluginInfo.
@@ -187,31 +215,7 @@ pub enum Call {
     /// Probe.
     Probe,
     /// CreateVolume.
-    CreateVolume {
-        name: String,
-        #[arg(long)]
-        size: Option<Size>,
-        #[arg(long)]
-        limit: Option<Size>,
-        #[command(flatten)]
-        cap: Cap,
-        /// A StorageClass parameter (repeatable).
-        #[arg(long = "param")]
-        params: Vec<Kv>,
-        #[arg(long, conflicts_with = "from_volume")]
-        from_snapshot: Option<String>,
-        #[arg(long)]
-        from_volume: Option<String>,
-        /// A requisite topology segment set, key=value,... (repeatable).
-        #[arg(long)]
-        requisite: Vec<Topo>,
-        /// A preferred topology segment set (repeatable).
-        #[arg(long)]
-        preferred: Vec<Topo>,
-        /// Mutable parameters (repeatable key=value).
-        #[arg(long = "mutable-param")]
-        mutable: Vec<Kv>,
-    },
+    CreateVolume(CreateArgs),
     /// DeleteVolume.
     DeleteVolume { id: String },
     /// ControllerPublishVolume.
@@ -511,6 +515,104 @@ pub async fn run(args: Args) -> i32 {
     }
 }
 
+/// The CreateVolume request a `create-volume` subcommand asks for.
+fn create_request(a: &CreateArgs, secrets: HashMap<String, String>) -> pb::CreateVolumeRequest {
+    use pb::volume_content_source as vcs;
+    let CreateArgs {
+        name,
+        size,
+        limit,
+        cap,
+        params,
+        from_snapshot,
+        from_volume,
+        requisite,
+        preferred,
+        mutable,
+    } = a;
+    let source = match (from_snapshot, from_volume) {
+        (Some(s), _) => Some(vcs::Type::Snapshot(vcs::SnapshotSource {
+            snapshot_id: s.clone(),
+        })),
+        (_, Some(v)) => Some(vcs::Type::Volume(vcs::VolumeSource {
+            volume_id: v.clone(),
+        })),
+        _ => None,
+    };
+    let topo = |t: &[Topo]| {
+        t.iter()
+            .map(|t| pb::Topology {
+                segments: t.0.clone(),
+            })
+            .collect::<Vec<_>>()
+    };
+    let accessibility =
+        (!requisite.is_empty() || !preferred.is_empty()).then(|| pb::TopologyRequirement {
+            requisite: topo(requisite),
+            preferred: topo(preferred),
+        });
+    pb::CreateVolumeRequest {
+        name: name.clone(),
+        capacity_range: range(*size, *limit),
+        volume_capabilities: vec![cap.build()],
+        parameters: map(params),
+        secrets,
+        volume_content_source: source.map(|t| pb::VolumeContentSource { r#type: Some(t) }),
+        accessibility_requirements: accessibility,
+        mutable_parameters: map(mutable),
+    }
+}
+
+fn print_names(out: Output, names: Vec<String>) {
+    print(out, &serde_json::json!({ "capabilities": names }));
+}
+
+fn plugin_capabilities(a: pb::GetPluginCapabilitiesResponse) -> Vec<String> {
+    use pb::plugin_capability as pc;
+    a.capabilities
+        .iter()
+        .filter_map(|c| match c.r#type.as_ref()? {
+            pc::Type::Service(s) => Some(format!(
+                "SERVICE:{}",
+                pc::service::Type::try_from(s.r#type).ok()?.as_str_name()
+            )),
+            pc::Type::VolumeExpansion(e) => Some(format!(
+                "VOLUME_EXPANSION:{}",
+                pc::volume_expansion::Type::try_from(e.r#type)
+                    .ok()?
+                    .as_str_name()
+            )),
+        })
+        .collect()
+}
+
+fn controller_capabilities(a: pb::ControllerGetCapabilitiesResponse) -> Vec<String> {
+    use pb::controller_service_capability as csc;
+    a.capabilities
+        .iter()
+        .filter_map(|c| match c.r#type.as_ref()? {
+            csc::Type::Rpc(r) => csc::rpc::Type::try_from(r.r#type)
+                .ok()
+                .map(|t| t.as_str_name().to_string()),
+        })
+        .collect()
+}
+
+fn node_capabilities(a: pb::NodeGetCapabilitiesResponse) -> Vec<String> {
+    use pb::node_service_capability as nsc;
+    a.capabilities
+        .iter()
+        .filter_map(|c| match c.r#type.as_ref()? {
+            nsc::Type::Rpc(r) => nsc::rpc::Type::try_from(r.r#type)
+                .ok()
+                .map(|t| t.as_str_name().to_string()),
+        })
+        .collect()
+}
+
+/// One RPC per subcommand: a flat dispatch table (each arm builds its
+/// request from the arguments and prints the answer), kept whole on
+/// purpose so every subcommand's request is read in one place.
 async fn call(
     args: &Args,
     channel: Channel,
@@ -528,76 +630,16 @@ async fn call(
     }
     match &args.call {
         Call::PluginInfo => show!(id.get_plugin_info(pb::GetPluginInfoRequest {})),
-        Call::PluginCapabilities => {
-            use pb::plugin_capability as pc;
-            let a = id
-                .get_plugin_capabilities(pb::GetPluginCapabilitiesRequest {})
-                .await?
-                .into_inner();
-            let names: Vec<String> = a
-                .capabilities
-                .iter()
-                .filter_map(|c| match c.r#type.as_ref()? {
-                    pc::Type::Service(s) => Some(format!(
-                        "SERVICE:{}",
-                        pc::service::Type::try_from(s.r#type).ok()?.as_str_name()
-                    )),
-                    pc::Type::VolumeExpansion(e) => Some(format!(
-                        "VOLUME_EXPANSION:{}",
-                        pc::volume_expansion::Type::try_from(e.r#type)
-                            .ok()?
-                            .as_str_name()
-                    )),
-                })
-                .collect();
-            print(out, &serde_json::json!({ "capabilities": names }));
-        }
+        Call::PluginCapabilities => print_names(
+            out,
+            plugin_capabilities(
+                id.get_plugin_capabilities(pb::GetPluginCapabilitiesRequest {})
+                    .await?
+                    .into_inner(),
+            ),
+        ),
         Call::Probe => show!(id.probe(pb::ProbeRequest {})),
-        Call::CreateVolume {
-            name,
-            size,
-            limit,
-            cap,
-            params,
-            from_snapshot,
-            from_volume,
-            requisite,
-            preferred,
-            mutable,
-        } => {
-            use pb::volume_content_source as vcs;
-            let source = match (from_snapshot, from_volume) {
-                (Some(s), _) => Some(vcs::Type::Snapshot(vcs::SnapshotSource {
-                    snapshot_id: s.clone(),
-                })),
-                (_, Some(v)) => Some(vcs::Type::Volume(vcs::VolumeSource {
-                    volume_id: v.clone(),
-                })),
-                _ => None,
-            };
-            let topo = |t: &[Topo]| {
-                t.iter()
-                    .map(|t| pb::Topology {
-                        segments: t.0.clone(),
-                    })
-                    .collect::<Vec<_>>()
-            };
-            let accessibility =
-                (!requisite.is_empty() || !preferred.is_empty()).then(|| pb::TopologyRequirement {
-                    requisite: topo(requisite),
-                    preferred: topo(preferred),
-                });
-            show!(c.create_volume(pb::CreateVolumeRequest {
-                name: name.clone(),
-                capacity_range: range(*size, *limit),
-                volume_capabilities: vec![cap.build()],
-                parameters: map(params),
-                secrets,
-                volume_content_source: source.map(|t| pb::VolumeContentSource { r#type: Some(t) }),
-                accessibility_requirements: accessibility,
-                mutable_parameters: map(mutable),
-            }))
-        }
+        Call::CreateVolume(a) => show!(c.create_volume(create_request(a, secrets))),
         Call::DeleteVolume { id: v } => show!(c.delete_volume(pb::DeleteVolumeRequest {
             volume_id: v.clone(),
             secrets,
@@ -656,23 +698,14 @@ async fn call(
             }),
             ..Default::default()
         })),
-        Call::ControllerCapabilities => {
-            use pb::controller_service_capability as csc;
-            let a = c
-                .controller_get_capabilities(pb::ControllerGetCapabilitiesRequest {})
-                .await?
-                .into_inner();
-            let names: Vec<&str> = a
-                .capabilities
-                .iter()
-                .filter_map(|c| match c.r#type.as_ref()? {
-                    csc::Type::Rpc(r) => csc::rpc::Type::try_from(r.r#type)
-                        .ok()
-                        .map(|t| t.as_str_name()),
-                })
-                .collect();
-            print(out, &serde_json::json!({ "capabilities": names }));
-        }
+        Call::ControllerCapabilities => print_names(
+            out,
+            controller_capabilities(
+                c.controller_get_capabilities(pb::ControllerGetCapabilitiesRequest {})
+                    .await?
+                    .into_inner(),
+            ),
+        ),
         Call::CreateSnapshot {
             name,
             source,
@@ -793,23 +826,14 @@ async fn call(
             secrets,
             ..Default::default()
         })),
-        Call::NodeCapabilities => {
-            use pb::node_service_capability as nsc;
-            let a = n
-                .node_get_capabilities(pb::NodeGetCapabilitiesRequest {})
-                .await?
-                .into_inner();
-            let names: Vec<&str> = a
-                .capabilities
-                .iter()
-                .filter_map(|c| match c.r#type.as_ref()? {
-                    nsc::Type::Rpc(r) => nsc::rpc::Type::try_from(r.r#type)
-                        .ok()
-                        .map(|t| t.as_str_name()),
-                })
-                .collect();
-            print(out, &serde_json::json!({ "capabilities": names }));
-        }
+        Call::NodeCapabilities => print_names(
+            out,
+            node_capabilities(
+                n.node_get_capabilities(pb::NodeGetCapabilitiesRequest {})
+                    .await?
+                    .into_inner(),
+            ),
+        ),
         Call::NodeInfo => show!(n.node_get_info(pb::NodeGetInfoRequest {})),
         Call::Lifecycle { work } => walk::walk(channel, work, secrets).await?,
     }

@@ -62,39 +62,33 @@ fn is_dir(mode: u32) -> bool {
 /// A path that does not exist is removed already; a symlink at `path` is
 /// removed itself.
 pub fn remove_tree(path: &Path) -> Result<()> {
-    let err = |what: String, e: Errno| Error::io(format!("{what} {}", path.display()), e.into());
-    let mounted = |at: &OsStr| {
-        Error::precondition(format!(
-            "{} has another filesystem mounted at {at:?} inside it: not removed",
-            path.display()
-        ))
-    };
     let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
         return Err(Error::internal(format!(
             "refusing to remove {}",
             path.display()
         )));
     };
+    let mut walk = Walk { path, device: 0 };
     let parent = Dir::open(
         parent,
         OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| err("open the parent of".into(), e))?;
+    .map_err(|e| walk.err("open the parent of".into(), e))?;
     let top = match fstatat(parent.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW) {
         Ok(st) => st,
         Err(Errno::ENOENT) => return Ok(()),
-        Err(e) => return Err(err("inspect".into(), e)),
+        Err(e) => return Err(walk.err("inspect".into(), e)),
     };
     if !is_dir(top.st_mode) {
         return match unlinkat(parent.as_fd(), name, UnlinkatFlags::NoRemoveDir) {
             Ok(()) | Err(Errno::ENOENT) => Ok(()),
-            Err(e) => Err(err("remove".into(), e)),
+            Err(e) => Err(walk.err("remove".into(), e)),
         };
     }
-    let device = top.st_dev;
+    walk.device = top.st_dev;
     let mut stack = vec![Level::new(
-        open_dir(parent.as_fd(), name).map_err(|e| err("open".into(), e))?,
+        open_dir(parent.as_fd(), name).map_err(|e| walk.err("open".into(), e))?,
         name.to_os_string(),
         0,
     )];
@@ -102,90 +96,124 @@ pub fn remove_tree(path: &Path) -> Result<()> {
         // First visit (or entries appeared since): remove what is not a
         // directory, note the subdirectories.
         if level.fresh {
-            level.fresh = false;
-            let names: Vec<OsString> = level
-                .dir
-                .iter()
-                .filter_map(|e| e.ok())
-                .map(|e| OsStr::from_bytes(e.file_name().to_bytes()).to_os_string())
-                .filter(|n| n != "." && n != "..")
-                .collect();
-            for entry in names {
-                let st = match fstatat(
-                    level.dir.as_fd(),
-                    entry.as_os_str(),
-                    AtFlags::AT_SYMLINK_NOFOLLOW,
-                ) {
-                    Ok(st) => st,
-                    Err(Errno::ENOENT) => continue,
-                    Err(e) => return Err(err(format!("inspect {entry:?} under"), e)),
-                };
-                if is_dir(st.st_mode) {
-                    if st.st_dev != device {
-                        return Err(mounted(&entry));
-                    }
-                    level.pending.push(entry);
-                    continue;
-                }
-                match unlinkat(
-                    level.dir.as_fd(),
-                    entry.as_os_str(),
-                    UnlinkatFlags::NoRemoveDir,
-                ) {
-                    Ok(()) | Err(Errno::ENOENT) => {}
-                    Err(e) => return Err(err(format!("remove {entry:?} under"), e)),
-                }
-            }
+            walk.list(level)?;
         }
         if let Some(sub) = level.pending.pop() {
-            let dir = match open_dir(level.dir.as_fd(), &sub) {
-                Ok(d) => d,
-                // Gone, or replaced by something that is not a directory:
-                // it is looked at again when this level is listed again.
-                Err(Errno::ENOENT) => continue,
-                Err(Errno::ELOOP | Errno::ENOTDIR) => {
-                    match unlinkat(
-                        level.dir.as_fd(),
-                        sub.as_os_str(),
-                        UnlinkatFlags::NoRemoveDir,
-                    ) {
-                        Ok(()) | Err(Errno::ENOENT) => continue,
-                        Err(e) => return Err(err(format!("remove {sub:?} under"), e)),
-                    }
-                }
-                Err(e) => return Err(err(format!("open {sub:?} under"), e)),
-            };
-            // What was opened is what gets emptied: check its filesystem.
-            if fstat(dir.as_fd())
-                .map_err(|e| err("inspect".into(), e))?
-                .st_dev
-                != device
-            {
-                return Err(mounted(&sub));
+            if let Some(dir) = walk.open_pending(level, &sub)? {
+                stack.push(Level::new(dir, sub, 0));
             }
-            stack.push(Level::new(dir, sub, 0));
             continue;
         }
         // Emptied: remove it from its parent.
         let done = stack.pop().expect("a level");
-        let (name, relisted) = (done.name, done.relisted);
-        drop(done.dir);
         let up = match stack.last() {
             Some(up) => up.dir.as_fd(),
             None => parent.as_fd(),
         };
-        match unlinkat(up, name.as_os_str(), UnlinkatFlags::RemoveDir) {
-            Ok(()) | Err(Errno::ENOENT) => {}
-            // Something was added meanwhile: list it again, a few times.
-            Err(Errno::ENOTEMPTY) if relisted < RELISTS => {
-                let dir =
-                    open_dir(up, &name).map_err(|e| err(format!("open {name:?} under"), e))?;
-                stack.push(Level::new(dir, name, relisted + 1));
-            }
-            Err(e) => return Err(err(format!("remove {name:?} under"), e)),
+        if let Some(again) = walk.remove_emptied(up, done)? {
+            stack.push(again);
         }
     }
     Ok(())
+}
+
+/// A removal under way: the tree's top and its filesystem.
+struct Walk<'a> {
+    path: &'a Path,
+    device: u64,
+}
+
+impl Walk<'_> {
+    fn err(&self, what: String, e: Errno) -> Error {
+        Error::io(format!("{what} {}", self.path.display()), e.into())
+    }
+
+    fn mounted(&self, at: &OsStr) -> Error {
+        Error::precondition(format!(
+            "{} has another filesystem mounted at {at:?} inside it: not removed",
+            self.path.display()
+        ))
+    }
+
+    /// Lists a level: removes what is not a directory, notes the
+    /// subdirectories (refusing one on another filesystem).
+    fn list(&self, level: &mut Level) -> Result<()> {
+        level.fresh = false;
+        let names: Vec<OsString> = level
+            .dir
+            .iter()
+            .filter_map(|e| e.ok())
+            .map(|e| OsStr::from_bytes(e.file_name().to_bytes()).to_os_string())
+            .filter(|n| n != "." && n != "..")
+            .collect();
+        for entry in names {
+            let st = match fstatat(
+                level.dir.as_fd(),
+                entry.as_os_str(),
+                AtFlags::AT_SYMLINK_NOFOLLOW,
+            ) {
+                Ok(st) => st,
+                Err(Errno::ENOENT) => continue,
+                Err(e) => return Err(self.err(format!("inspect {entry:?} under"), e)),
+            };
+            if is_dir(st.st_mode) {
+                if st.st_dev != self.device {
+                    return Err(self.mounted(&entry));
+                }
+                level.pending.push(entry);
+                continue;
+            }
+            match unlinkat(
+                level.dir.as_fd(),
+                entry.as_os_str(),
+                UnlinkatFlags::NoRemoveDir,
+            ) {
+                Ok(()) | Err(Errno::ENOENT) => {}
+                Err(e) => return Err(self.err(format!("remove {entry:?} under"), e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Opens a subdirectory noted at `level`, checked to be on the tree's
+    /// filesystem. None when it is gone, or was replaced by something
+    /// that is not a directory (removed here; the level is listed again
+    /// when it is emptied).
+    fn open_pending(&self, level: &Level, sub: &OsStr) -> Result<Option<Dir>> {
+        let dir = match open_dir(level.dir.as_fd(), sub) {
+            Ok(d) => d,
+            Err(Errno::ENOENT) => return Ok(None),
+            Err(Errno::ELOOP | Errno::ENOTDIR) => {
+                return match unlinkat(level.dir.as_fd(), sub, UnlinkatFlags::NoRemoveDir) {
+                    Ok(()) | Err(Errno::ENOENT) => Ok(None),
+                    Err(e) => Err(self.err(format!("remove {sub:?} under"), e)),
+                }
+            }
+            Err(e) => return Err(self.err(format!("open {sub:?} under"), e)),
+        };
+        // What was opened is what gets emptied: check its filesystem.
+        let st = fstat(dir.as_fd()).map_err(|e| self.err("inspect".into(), e))?;
+        if st.st_dev != self.device {
+            return Err(self.mounted(sub));
+        }
+        Ok(Some(dir))
+    }
+
+    /// Removes an emptied level from the directory above it. Something
+    /// added meanwhile: the level again, to list once more (a few times).
+    fn remove_emptied(&self, up: std::os::fd::BorrowedFd, done: Level) -> Result<Option<Level>> {
+        let (name, relisted) = (done.name, done.relisted);
+        drop(done.dir);
+        match unlinkat(up, name.as_os_str(), UnlinkatFlags::RemoveDir) {
+            Ok(()) | Err(Errno::ENOENT) => Ok(None),
+            Err(Errno::ENOTEMPTY) if relisted < RELISTS => {
+                let dir =
+                    open_dir(up, &name).map_err(|e| self.err(format!("open {name:?} under"), e))?;
+                Ok(Some(Level::new(dir, name, relisted + 1)))
+            }
+            Err(e) => Err(self.err(format!("remove {name:?} under"), e)),
+        }
+    }
 }
 
 #[cfg(test)]

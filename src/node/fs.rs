@@ -124,6 +124,7 @@ enum Takes {
     /// A comma-separated list of feature names (`^name` turns one off).
     Features,
 }
+use Takes::{Features, Keys, Label, Nothing, Number, OneOf};
 
 /// The mkfs options a StorageClass may add, reviewed one by one per mkfs:
 /// sizes, counts, layout and feature switches. Nothing that names a file
@@ -133,104 +134,109 @@ enum Takes {
 /// something else (mke2fs `-c` runs badblocks) or makes the kernel panic
 /// on an error (mke2fs `-e panic`) is here.
 fn allowed_mkfs_options(fs: &str) -> &'static [(&'static str, Takes)] {
-    use Takes::*;
     match fs {
-        "ext4" | "ext3" => &[
-            ("-b", Number),
-            ("-C", Number),
-            ("-i", Number),
-            ("-I", Number),
-            ("-N", Number),
-            ("-m", Number),
-            ("-g", Number),
-            ("-G", Number),
-            ("-j", Nothing),
-            ("-L", Label),
-            ("-O", Features),
-            (
-                "-T",
-                OneOf(&[
-                    "default",
-                    "floppy",
-                    "small",
-                    "big",
-                    "huge",
-                    "news",
-                    "largefile",
-                    "largefile4",
-                    "hurd",
-                ]),
-            ),
-            ("-e", OneOf(&["continue", "remount-ro"])),
-            ("-J", Keys(&["size", "fast_commit_size"])),
-            (
-                "-E",
-                Keys(&[
-                    "stride",
-                    "stripe_width",
-                    "stripe-width",
-                    "lazy_itable_init",
-                    "lazy_journal_init",
-                    "packed_meta_blocks",
-                    "num_backup_sb",
-                    "resize",
-                    "discard",
-                    "nodiscard",
-                    "quotatype",
-                    "encoding",
-                    "encoding_flags",
-                    "assume_storage_prezeroed",
-                    "orphan_file_size",
-                ]),
-            ),
-        ],
-        "xfs" => &[
-            ("-b", Keys(&["size"])),
-            ("-s", Keys(&["size"])),
-            (
-                "-m",
-                Keys(&[
-                    "crc",
-                    "finobt",
-                    "rmapbt",
-                    "reflink",
-                    "inobtcount",
-                    "bigtime",
-                ]),
-            ),
-            (
-                "-d",
-                Keys(&[
-                    "agcount", "agsize", "su", "sw", "sunit", "swidth", "noalign",
-                ]),
-            ),
-            (
-                "-i",
-                Keys(&["size", "maxpct", "align", "perblock", "sparse", "nrext64"]),
-            ),
-            (
-                "-l",
-                Keys(&["size", "version", "su", "sunit", "lazy-count"]),
-            ),
-            ("-n", Keys(&["size", "version", "ftype"])),
-            ("-L", Label),
-            ("-K", Nothing),
-        ],
-        "btrfs" => &[
-            ("-L", Label),
-            ("-n", Number),
-            ("-s", Number),
-            ("-m", OneOf(&["single", "dup"])),
-            ("-d", OneOf(&["single", "dup"])),
-            ("-O", Features),
-            ("-R", Features),
-            ("-K", Nothing),
-            ("-M", Nothing),
-            ("--csum", OneOf(&["crc32c", "xxhash", "sha256", "blake2"])),
-        ],
+        "ext4" | "ext3" => EXT4_OPTIONS,
+        "xfs" => XFS_OPTIONS,
+        "btrfs" => BTRFS_OPTIONS,
         _ => &[],
     }
 }
+
+const EXT4_OPTIONS: &[(&str, Takes)] = &[
+    ("-b", Number),
+    ("-C", Number),
+    ("-i", Number),
+    ("-I", Number),
+    ("-N", Number),
+    ("-m", Number),
+    ("-g", Number),
+    ("-G", Number),
+    ("-j", Nothing),
+    ("-L", Label),
+    ("-O", Features),
+    (
+        "-T",
+        OneOf(&[
+            "default",
+            "floppy",
+            "small",
+            "big",
+            "huge",
+            "news",
+            "largefile",
+            "largefile4",
+            "hurd",
+        ]),
+    ),
+    ("-e", OneOf(&["continue", "remount-ro"])),
+    ("-J", Keys(&["size", "fast_commit_size"])),
+    (
+        "-E",
+        Keys(&[
+            "stride",
+            "stripe_width",
+            "stripe-width",
+            "lazy_itable_init",
+            "lazy_journal_init",
+            "packed_meta_blocks",
+            "num_backup_sb",
+            "resize",
+            "discard",
+            "nodiscard",
+            "quotatype",
+            "encoding",
+            "encoding_flags",
+            "assume_storage_prezeroed",
+            "orphan_file_size",
+        ]),
+    ),
+];
+
+const XFS_OPTIONS: &[(&str, Takes)] = &[
+    ("-b", Keys(&["size"])),
+    ("-s", Keys(&["size"])),
+    (
+        "-m",
+        Keys(&[
+            "crc",
+            "finobt",
+            "rmapbt",
+            "reflink",
+            "inobtcount",
+            "bigtime",
+        ]),
+    ),
+    (
+        "-d",
+        Keys(&[
+            "agcount", "agsize", "su", "sw", "sunit", "swidth", "noalign",
+        ]),
+    ),
+    (
+        "-i",
+        Keys(&["size", "maxpct", "align", "perblock", "sparse", "nrext64"]),
+    ),
+    (
+        "-l",
+        Keys(&["size", "version", "su", "sunit", "lazy-count"]),
+    ),
+    ("-n", Keys(&["size", "version", "ftype"])),
+    ("-L", Label),
+    ("-K", Nothing),
+];
+
+const BTRFS_OPTIONS: &[(&str, Takes)] = &[
+    ("-L", Label),
+    ("-n", Number),
+    ("-s", Number),
+    ("-m", OneOf(&["single", "dup"])),
+    ("-d", OneOf(&["single", "dup"])),
+    ("-O", Features),
+    ("-R", Features),
+    ("-K", Nothing),
+    ("-M", Nothing),
+    ("--csum", OneOf(&["crc32c", "xxhash", "sha256", "blake2"])),
+];
 
 fn plain_value(v: &str) -> bool {
     !v.is_empty()

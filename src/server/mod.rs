@@ -147,6 +147,43 @@ pub fn prepare_socket(path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// After `shutdown`: stops accepting (through `stop`), then waits for the
+/// RPCs being served (not for idle client connections, which kubelet keeps
+/// open), at most `grace`.
+async fn drain(
+    driver: Arc<Driver>,
+    shutdown: impl Future<Output = ()>,
+    stop: Arc<tokio::sync::Notify>,
+    grace: Duration,
+) {
+    shutdown.await;
+    tracing::info!(
+        in_flight = driver.in_flight.count(),
+        "shutting down: no new connections; waiting for in-flight calls"
+    );
+    stop.notify_one();
+    tokio::select! {
+        _ = driver.in_flight.idle() => {
+            // The last handlers have returned; give their responses a
+            // moment to reach the socket.
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            tracing::info!("no calls in flight; exiting");
+        }
+        _ = tokio::time::sleep(grace) => tracing::warn!("in-flight calls did not finish in time; exiting"),
+    }
+}
+
+/// The unix socket, bound where a stale one is cleared away, open to the
+/// driver's user and group.
+fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener> {
+    prepare_socket(path)?;
+    let listener = tokio::net::UnixListener::bind(path)
+        .map_err(|e| Error::io(format!("bind {}", path.display()), e))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+        .map_err(|e| Error::io(format!("chmod {}", path.display()), e))?;
+    Ok(listener)
+}
+
 /// Serves until `shutdown` resolves; then stops accepting, gives in-flight
 /// RPCs up to `grace` to finish, and removes the socket.
 pub async fn serve(
@@ -192,30 +229,7 @@ pub async fn serve(
         let stop = stop.clone();
         async move { stop.notified().await }
     };
-    // After the signal: stop accepting, then wait for the RPCs being served
-    // (not for idle client connections, which kubelet keeps open), at most
-    // `grace`.
-    let drained = {
-        let stop = stop.clone();
-        let driver = driver.clone();
-        async move {
-            shutdown.await;
-            tracing::info!(
-                in_flight = driver.in_flight.count(),
-                "shutting down: no new connections; waiting for in-flight calls"
-            );
-            stop.notify_one();
-            tokio::select! {
-                _ = driver.in_flight.idle() => {
-                    // The last handlers have returned; give their responses
-                    // a moment to reach the socket.
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    tracing::info!("no calls in flight; exiting");
-                }
-                _ = tokio::time::sleep(grace) => tracing::warn!("in-flight calls did not finish in time; exiting"),
-            }
-        }
-    };
+    let drained = drain(driver.clone(), shutdown, stop, grace);
 
     let socket = match &endpoint {
         Endpoint::Unix(p) => Some(p.clone()),
@@ -223,11 +237,7 @@ pub async fn serve(
     };
     let served = match endpoint {
         Endpoint::Unix(path) => {
-            prepare_socket(&path)?;
-            let listener = tokio::net::UnixListener::bind(&path)
-                .map_err(|e| Error::io(format!("bind {}", path.display()), e))?;
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o660))
-                .map_err(|e| Error::io(format!("chmod {}", path.display()), e))?;
+            let listener = bind_unix(&path)?;
             tracing::info!(endpoint = %format!("unix://{}", path.display()), driver = %driver.name, node = %driver.node_id, ?mode, "serving");
             driver
                 .serving

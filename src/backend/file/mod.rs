@@ -313,6 +313,59 @@ impl FileBackend {
             max: Some(self.settings.max_volume_size.0),
         }
     }
+
+    /// A new volume's source image, if any (it must exist), and the size
+    /// it sets as the minimum.
+    fn create_source(&self, req: &CreateVolume) -> Result<(Option<PathBuf>, u64)> {
+        match &req.source {
+            None => Ok((None, 0)),
+            Some(src @ ContentSource::Snapshot(id)) => {
+                let locator = own_source(&self.name, src)?;
+                let meta = self.load_snapshot(locator)?.ok_or_else(|| {
+                    Error::not_found(format!("source snapshot {id} does not exist"))
+                })?;
+                Ok((Some(self.snap_image(locator)), meta.size_bytes))
+            }
+            Some(src @ ContentSource::Volume(id)) => {
+                let locator = own_source(&self.name, src)?;
+                let (_, size) = self.load_volume(locator)?.ok_or_else(|| {
+                    Error::not_found(format!("source volume {id} does not exist"))
+                })?;
+                Ok((Some(self.image(locator)), size))
+            }
+        }
+    }
+
+    /// Makes the image file at `tmp`: a copy of `source`, or empty; then
+    /// sized and synced off the async workers (a copy's sync writes out
+    /// gigabytes).
+    async fn make_image(&self, source: Option<&Path>, tmp: &Path, size: u64) -> Result<()> {
+        match source {
+            Some(src) => self.copy_image(src, tmp).await?,
+            None => {
+                use std::os::unix::fs::OpenOptionsExt;
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .mode(0o600)
+                    .open(tmp)
+                    .map_err(io(format!("create {}", tmp.display())))?;
+            }
+        }
+        let path = tmp.to_path_buf();
+        crate::host::off_worker("syncing the new image", COPY_TIMEOUT, move || {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map_err(io("open new image"))?;
+            if f.metadata().map_err(io("stat new image"))?.len() < size {
+                f.set_len(size).map_err(io("size new image"))?;
+            }
+            f.sync_all().map_err(io("sync new image"))
+        })
+        .await
+    }
 }
 
 #[async_trait::async_trait]
@@ -336,25 +389,7 @@ impl Backend for FileBackend {
 
     async fn create_volume(&self, req: &CreateVolume) -> Result<VolumeInfo> {
         let locator = locator_for_name(&req.name);
-
-        // The source, if any: it must exist, and it sets the minimum size.
-        let (source_image, source_size) = match &req.source {
-            None => (None, 0),
-            Some(src @ ContentSource::Snapshot(id)) => {
-                let locator = own_source(&self.name, src)?;
-                let meta = self.load_snapshot(locator)?.ok_or_else(|| {
-                    Error::not_found(format!("source snapshot {id} does not exist"))
-                })?;
-                (Some(self.snap_image(locator)), meta.size_bytes)
-            }
-            Some(src @ ContentSource::Volume(id)) => {
-                let locator = own_source(&self.name, src)?;
-                let (_, size) = self.load_volume(locator)?.ok_or_else(|| {
-                    Error::not_found(format!("source volume {id} does not exist"))
-                })?;
-                (Some(self.image(locator)), size)
-            }
-        };
+        let (source_image, source_size) = self.create_source(req)?;
 
         if let Some((meta, size)) = self.load_volume(&locator)? {
             if meta.name != req.name {
@@ -375,34 +410,7 @@ impl Backend for FileBackend {
         let image = self.image(&locator);
         let tmp = self.volumes.join(format!(".{locator}.img.tmp"));
         let made = async {
-            match &source_image {
-                Some(src) => self.copy_image(src, &tmp).await?,
-                None => {
-                    use std::os::unix::fs::OpenOptionsExt;
-                    std::fs::OpenOptions::new()
-                        .write(true)
-                        .create(true)
-                        .truncate(true)
-                        .mode(0o600)
-                        .open(&tmp)
-                        .map_err(io(format!("create {}", tmp.display())))?;
-                }
-            }
-
-            // Sized and synced off the async workers: a copy's sync
-            // writes out gigabytes.
-            let path = tmp.clone();
-            crate::host::off_worker("syncing the new image", COPY_TIMEOUT, move || {
-                let f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(&path)
-                    .map_err(io("open new image"))?;
-                if f.metadata().map_err(io("stat new image"))?.len() < size {
-                    f.set_len(size).map_err(io("size new image"))?;
-                }
-                f.sync_all().map_err(io("sync new image"))
-            })
-            .await?;
+            self.make_image(source_image.as_deref(), &tmp, size).await?;
             let meta = VolumeMeta {
                 name: req.name.clone(),
                 capacity_bytes: size,
