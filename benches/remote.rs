@@ -24,6 +24,7 @@ use ferrovol::proto as pb;
 use ferrovol::proto::controller_client::ControllerClient;
 use std::collections::HashMap;
 use std::future::Future;
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -299,6 +300,94 @@ fn iscsi_config(t: &Tgtd, dir: &std::path::Path) -> String {
     )
 }
 
+/// The tools' floor for the iscsi backend: a target and its LUN over a
+/// new image file (made and synced as the store makes one), two tgtadm
+/// calls; an initiator allowed, one; a target deleted, one.
+fn tgt_floor(tgtd: &Tgtd, dir: &Path, base: u32, count: usize) -> (Figures, Figures, Figures) {
+    let t = tgtd;
+    let made = floor(count, |i| {
+        let image = dir.join(format!("{base}-{i}.img"));
+        let f = std::fs::File::create(&image).unwrap();
+        f.set_len(MIB as u64).unwrap();
+        f.sync_all().unwrap();
+        let backing = image.to_str().unwrap().to_string();
+        let tid = (base + i as u32).to_string();
+        t.tgtadm(&[
+            "--op",
+            "new",
+            "--mode",
+            "target",
+            "--tid",
+            &tid,
+            "-T",
+            &format!("iqn.2026-11.io.ferrovol.floor:t{tid}"),
+        ]);
+        t.tgtadm(&[
+            "--op",
+            "new",
+            "--mode",
+            "logicalunit",
+            "--tid",
+            &tid,
+            "--lun",
+            "1",
+            "-b",
+            &backing,
+        ]);
+    });
+    let bound = floor(count, |i| {
+        let tid = (base + i as u32).to_string();
+        t.tgtadm(&[
+            "--op",
+            "bind",
+            "--mode",
+            "target",
+            "--tid",
+            &tid,
+            "-I",
+            &format!("{INITIATOR}:floor-{i}"),
+        ]);
+    });
+    let deleted = floor(count, |i| {
+        let tid = (base + i as u32).to_string();
+        t.tgtadm(&[
+            "--op", "delete", "--force", "--mode", "target", "--tid", &tid,
+        ]);
+    });
+    (made, bound, deleted)
+}
+
+/// The iscsi rounds' table: [create, publish, delete, create from many
+/// callers] beside [the tools' make, bind, delete], per round.
+type IscsiRound = (usize, [Figures; 4], [Figures; 3]);
+
+fn print_iscsi(results: &[IscsiRound], clients: usize) {
+    header("iscsi (file store, tgtd on loopback)");
+    for (round, [created, published, deleted, together], [made, bound, removed]) in results {
+        let with = format!("{round} volumes there");
+        row(
+            &format!("CreateVolume, {with}"),
+            created,
+            Some(("image+tgtadm target+LUN", made)),
+        );
+        row(
+            &format!("ControllerPublish, {with}"),
+            published,
+            Some(("tgtadm ACL bind", bound)),
+        );
+        row(
+            &format!("DeleteVolume, {with}"),
+            deleted,
+            Some(("tgtadm target delete", removed)),
+        );
+        concurrent_row(
+            &format!("CreateVolume x{clients} callers, {with}"),
+            together,
+            created,
+        );
+    }
+}
+
 /// The iscsi backend over a file store, against tgtd.
 async fn iscsi(n: usize, existing: usize, clients: usize) {
     let tgtd = Arc::new(Tgtd::new());
@@ -349,63 +438,6 @@ async fn iscsi(n: usize, existing: usize, clients: usize) {
             0..count,
         )
     };
-    // The tools' floor: a target and its LUN over a new image file (made
-    // and synced as the store makes one), two tgtadm calls; an initiator
-    // allowed, one; a target deleted, one.
-    let tgt_floor = |base: u32, count: usize| {
-        let t = tgtd.clone();
-        let made = floor(count, |i| {
-            let image = floor_dir.join(format!("{base}-{i}.img"));
-            let f = std::fs::File::create(&image).unwrap();
-            f.set_len(MIB as u64).unwrap();
-            f.sync_all().unwrap();
-            let backing = image.to_str().unwrap().to_string();
-            let tid = (base + i as u32).to_string();
-            t.tgtadm(&[
-                "--op",
-                "new",
-                "--mode",
-                "target",
-                "--tid",
-                &tid,
-                "-T",
-                &format!("iqn.2026-11.io.ferrovol.floor:t{tid}"),
-            ]);
-            t.tgtadm(&[
-                "--op",
-                "new",
-                "--mode",
-                "logicalunit",
-                "--tid",
-                &tid,
-                "--lun",
-                "1",
-                "-b",
-                &backing,
-            ]);
-        });
-        let bound = floor(count, |i| {
-            let tid = (base + i as u32).to_string();
-            t.tgtadm(&[
-                "--op",
-                "bind",
-                "--mode",
-                "target",
-                "--tid",
-                &tid,
-                "-I",
-                &format!("{INITIATOR}:floor-{i}"),
-            ]);
-        });
-        let deleted = floor(count, |i| {
-            let tid = (base + i as u32).to_string();
-            t.tgtadm(&[
-                "--op", "delete", "--force", "--mode", "target", "--tid", &tid,
-            ]);
-        });
-        (made, bound, deleted)
-    };
-
     let mut results = Vec::new();
     for (round, prefix, floor_base) in [(0, "a", 30000u32), (existing, "b", 31000)] {
         if round > 0 {
@@ -416,7 +448,7 @@ async fn iscsi(n: usize, existing: usize, clients: usize) {
                 filled.rate()
             );
         }
-        let (tgt_made, tgt_bound, tgt_deleted) = tgt_floor(floor_base, n);
+        let (tgt_made, tgt_bound, tgt_deleted) = tgt_floor(&tgtd, &floor_dir, floor_base, n);
         let (driver, server) = (h.pid(), tgtd.pid());
         let server: &[u32] = match &server {
             Some(p) => std::slice::from_ref(p),
@@ -433,30 +465,25 @@ async fn iscsi(n: usize, existing: usize, clients: usize) {
             [tgt_made, tgt_bound, tgt_deleted],
         ));
     }
-    header("iscsi (file store, tgtd on loopback)");
-    for (round, [created, published, deleted, together], [made, bound, removed]) in &results {
-        let with = format!("{round} volumes there");
-        row(
-            &format!("CreateVolume, {with}"),
-            created,
-            Some(("image+tgtadm target+LUN", made)),
-        );
-        row(
-            &format!("ControllerPublish, {with}"),
-            published,
-            Some(("tgtadm ACL bind", bound)),
-        );
-        row(
-            &format!("DeleteVolume, {with}"),
-            deleted,
-            Some(("tgtadm target delete", removed)),
-        );
-        concurrent_row(
-            &format!("CreateVolume x{clients} callers, {with}"),
-            together,
-            created,
-        );
+    print_iscsi(&results, clients);
+}
+
+/// The tools' floor for the rbd backend: one rbd process per step, as a
+/// user would run it; (create, remove, snapshot).
+fn rbd_floor(cluster: &CephCluster, n: usize, snaps: usize) -> (Figures, Figures, Figures) {
+    let made = floor(n, |i| {
+        cluster.rbd(&["create", &format!("rbd/floor-{i}"), "--size", "1M"]);
+    });
+    let snapped = floor(snaps, |i| {
+        cluster.rbd(&["snap", "create", &format!("rbd/floor-{i}@s")]);
+    });
+    for i in 0..snaps {
+        cluster.rbd(&["snap", "rm", &format!("rbd/floor-{i}@s")]);
     }
+    let removed = floor(n, |i| {
+        cluster.rbd(&["rm", "--no-progress", &format!("rbd/floor-{i}")]);
+    });
+    (made, removed, snapped)
 }
 
 /// The rbd backend against the Ceph fixture, with secrets in every call
@@ -469,20 +496,7 @@ async fn rbd(n: usize, existing: usize, clients: usize) {
         ("userKey".to_string(), cluster.client_key()),
     ]);
     let snaps = (n / 4).max(2);
-    // The floors: one rbd process per step, as a user would run it.
-    let cl = cluster.clone();
-    let made = floor(n, |i| {
-        cl.rbd(&["create", &format!("rbd/floor-{i}"), "--size", "1M"]);
-    });
-    let snapped = floor(snaps, |i| {
-        cl.rbd(&["snap", "create", &format!("rbd/floor-{i}@s")]);
-    });
-    for i in 0..snaps {
-        cl.rbd(&["snap", "rm", &format!("rbd/floor-{i}@s")]);
-    }
-    let removed = floor(n, |i| {
-        cl.rbd(&["rm", "--no-progress", &format!("rbd/floor-{i}")]);
-    });
+    let (made, removed, snapped) = rbd_floor(&cluster, n, snaps);
     let floors = [
         ("rbd create", &made),
         ("rbd rm", &removed),
@@ -634,6 +648,51 @@ impl RbdPhases<'_> {
     }
 }
 
+/// The tools' floor for the nfs backend: over a mount of the export of
+/// its own, a directory and a small record file written and synced (what
+/// a volume is on the share), then both removed.
+fn nfs_floor(by_hand: &Path, round: usize, count: usize) -> (Figures, Figures) {
+    let made = floor(count, |i| {
+        let dir = by_hand.join(format!("{round}-{i}"));
+        std::fs::create_dir(&dir).unwrap();
+        let record = by_hand.join(format!("{round}-{i}.json"));
+        let f = std::fs::File::create(&record).unwrap();
+        std::io::Write::write_all(&mut &f, b"{}").unwrap();
+        f.sync_all().unwrap();
+    });
+    let removed = floor(count, |i| {
+        std::fs::remove_dir(by_hand.join(format!("{round}-{i}"))).unwrap();
+        std::fs::remove_file(by_hand.join(format!("{round}-{i}.json"))).unwrap();
+    });
+    (made, removed)
+}
+
+/// The nfs rounds' table: [create, delete, create from many callers]
+/// beside [the tools' make, remove], per round.
+type NfsRound = (usize, [Figures; 3], [Figures; 2]);
+
+fn print_nfs(results: &[NfsRound], clients: usize) {
+    header("nfs (the kernel's nfsd, NFSv4.2, in the guest; CPU: the driver's)");
+    for (round, [created, deleted, together], [made, removed]) in results {
+        let with = format!("{round} volumes there");
+        row(
+            &format!("CreateVolume, {with}"),
+            created,
+            Some(("mkdir + record by hand", made)),
+        );
+        row(
+            &format!("DeleteVolume, {with}"),
+            deleted,
+            Some(("rmdir + unlink by hand", removed)),
+        );
+        concurrent_row(
+            &format!("CreateVolume x{clients} callers, {with}"),
+            together,
+            created,
+        );
+    }
+}
+
 /// The nfs backend against the kernel's nfsd, in the guest: volumes are
 /// directories with a record each on the export.
 async fn nfs(n: usize, existing: usize, clients: usize) {
@@ -662,9 +721,7 @@ async fn nfs(n: usize, existing: usize, clients: usize) {
             0..count,
         )
     };
-    // The floor: over a mount of the export of its own, a directory and a
-    // small record file written and synced (what a volume is on the
-    // share), then both removed.
+    // The floor's own mount of the export.
     let mnt = tempfile::tempdir().unwrap();
     run(
         "mount",
@@ -679,21 +736,6 @@ async fn nfs(n: usize, existing: usize, clients: usize) {
     );
     let by_hand = mnt.path().join("floor");
     std::fs::create_dir_all(&by_hand).unwrap();
-    let nfs_floor = |round: usize, count: usize| {
-        let made = floor(count, |i| {
-            let dir = by_hand.join(format!("{round}-{i}"));
-            std::fs::create_dir(&dir).unwrap();
-            let record = by_hand.join(format!("{round}-{i}.json"));
-            let f = std::fs::File::create(&record).unwrap();
-            std::io::Write::write_all(&mut &f, b"{}").unwrap();
-            f.sync_all().unwrap();
-        });
-        let removed = floor(count, |i| {
-            std::fs::remove_dir(by_hand.join(format!("{round}-{i}"))).unwrap();
-            std::fs::remove_file(by_hand.join(format!("{round}-{i}.json"))).unwrap();
-        });
-        (made, removed)
-    };
     let mut results = Vec::new();
     // Volumes on the export: each round leaves its 2n from 8 callers.
     let mut there = 0;
@@ -708,7 +750,7 @@ async fn nfs(n: usize, existing: usize, clients: usize) {
             there = round;
         }
         there += 2 * n;
-        let (made, removed) = nfs_floor(round, n);
+        let (made, removed) = nfs_floor(&by_hand, round, n);
         // nfsd's work is the kernel's: not a process to measure.
         let (driver, server): (u32, &[u32]) = (h.pid(), &[]);
         let created = with_cpu(driver, server, create(prefix, 1, n)).await;
@@ -719,23 +761,5 @@ async fn nfs(n: usize, existing: usize, clients: usize) {
     let _ = std::process::Command::new("umount")
         .arg(mnt.path())
         .status();
-    header("nfs (the kernel's nfsd, NFSv4.2, in the guest; CPU: the driver's)");
-    for (round, [created, deleted, together], [made, removed]) in &results {
-        let with = format!("{round} volumes there");
-        row(
-            &format!("CreateVolume, {with}"),
-            created,
-            Some(("mkdir + record by hand", made)),
-        );
-        row(
-            &format!("DeleteVolume, {with}"),
-            deleted,
-            Some(("rmdir + unlink by hand", removed)),
-        );
-        concurrent_row(
-            &format!("CreateVolume x{clients} callers, {with}"),
-            together,
-            created,
-        );
-    }
+    print_nfs(&results, clients);
 }

@@ -27,37 +27,44 @@ pub struct SystemRunner {
     pub max_timeout: Option<std::time::Duration>,
 }
 
+/// The process a command runs as: its arguments and environment, its
+/// pipes, killed when dropped and when the driver dies.
+fn child_command(command: &Command) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(&command.program);
+    cmd.args(&command.args)
+        .stdin(if command.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // A child outliving its timeout (or a cancelled RPC) is killed.
+        .kill_on_drop(true)
+        .env("LC_ALL", "C")
+        .envs(command.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    // If the driver itself dies (SIGKILL, OOM), its children die with it
+    // instead of running on unsupervised (an orphaned mkfs would race the
+    // restarted driver's retry).
+    // SAFETY: prctl is async-signal-safe and touches no memory of ours;
+    // the closure allocates nothing.
+    #[allow(unsafe_code)]
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd
+}
+
 #[async_trait::async_trait]
 impl CommandRunner for SystemRunner {
     async fn run(&self, command: Command) -> Result<Output, ExecError> {
         let shown = command.to_string();
-        let mut cmd = tokio::process::Command::new(&command.program);
-        cmd.args(&command.args)
-            .stdin(if command.stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            // A child outliving its timeout (or a cancelled RPC) is killed.
-            .kill_on_drop(true)
-            .env("LC_ALL", "C")
-            .envs(command.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-        // If the driver itself dies (SIGKILL, OOM), its children die with it
-        // instead of running on unsupervised (an orphaned mkfs would race the
-        // restarted driver's retry).
-        // SAFETY: prctl is async-signal-safe and touches no memory of ours;
-        // the closure allocates nothing.
-        #[allow(unsafe_code)]
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        let mut cmd = child_command(&command);
         let mut child = cmd.spawn().map_err(|e| ExecError::Spawn {
             command: shown.clone(),
             reason: command.redact_shown(&e.to_string()),

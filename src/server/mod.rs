@@ -173,6 +173,22 @@ async fn drain(
     }
 }
 
+/// The gRPC server's settings. Streams per connection are an HTTP/2
+/// setting (clients queue beyond it); keepalive pings find peers that
+/// vanished without closing.
+fn server_builder(limits: &Limits, tls: Option<&TlsFiles>) -> Result<tonic::transport::Server> {
+    let builder = tonic::transport::Server::builder()
+        .max_concurrent_streams(limits.max_streams)
+        .http2_keepalive_interval(Some(Duration::from_secs(60)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)));
+    match tls {
+        Some(files) => builder
+            .tls_config(files.config()?)
+            .map_err(|e| Error::invalid(format!("TLS: {e}"))),
+        None => Ok(builder),
+    }
+}
+
 /// The unix socket, bound where a stale one is cleared away, open to the
 /// driver's user and group.
 fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener> {
@@ -197,22 +213,10 @@ pub async fn serve(
     let mode = driver.mode;
     check_endpoint(&endpoint, tls.as_ref())?;
     limits.check()?;
-    // Streams per connection are an HTTP/2 setting (clients queue beyond
-    // it); keepalive pings find peers that vanished without closing.
-    let mut builder = tonic::transport::Server::builder()
-        .max_concurrent_streams(limits.max_streams)
-        .http2_keepalive_interval(Some(Duration::from_secs(60)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(20)));
-    if let Some(files) = &tls {
-        builder = builder
-            .tls_config(files.config()?)
-            .map_err(|e| Error::invalid(format!("TLS: {e}")))?;
-    }
     // Every RPC is traced (span, in-flight count, one log line) by a layer.
-    let mut builder = builder.layer(crate::service::trace::RpcLayer::new(
-        driver.in_flight.clone(),
-        driver.metrics.clone(),
-    ));
+    let mut builder = server_builder(&limits, tls.as_ref())?.layer(
+        crate::service::trace::RpcLayer::new(driver.in_flight.clone(), driver.metrics.clone()),
+    );
     let router = builder.add_service(IdentityServer::new(IdentityService(driver.clone())));
     let router = router
         .add_optional_service(
