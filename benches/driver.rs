@@ -255,7 +255,7 @@ async fn main() {
     for _ in 0..set.clients {
         channels.push(connect(&h.socket()).await.expect("a connection per client"));
     }
-    let probe = probe_phase(&h, &channels, set).await;
+    let (probe, probe_cpu) = probe_phase(&h, &channels, set).await;
     // A publish+unpublish cycle is two calls: its floor is half the
     // Probe rate, the cost of the gRPC round trips alone.
     let floor = probe.rate() / 2.0;
@@ -271,17 +271,19 @@ async fn main() {
     scale_phase(&h, &staged, set).await;
     restart_phase(&mut h, &staged, set).await;
     let pool = pool_phases(&h, set).await;
-    summary(set, floor, &publish, &lifecycle, &pool);
+    summary(set, (floor, probe_cpu), &publish, &lifecycle, &pool);
 }
 
-/// Probe from every client: the gRPC floor.
+/// Probe from every client: the gRPC floor; and the driver's CPU per
+/// call (microseconds).
 async fn probe_phase(
     h: &Harness,
     channels: &[tonic::transport::Channel],
     set: Settings,
-) -> Figures {
+) -> (Figures, f64) {
     h.reset_peak_rss();
     let channels = channels.to_vec();
+    let cpu = cpu_of(h.pid());
     let probe = drive(set.clients, set.secs, move |c, _| {
         let mut id = ferrovol::proto::identity_client::IdentityClient::new(channels[c].clone());
         async move {
@@ -296,13 +298,22 @@ async fn probe_phase(
     })
     .await;
     row("Probe", &probe, None, Some(h.status_kb("VmHWM")));
-    probe
+    let probe_cpu = per_op(cpu_of(h.pid()) - cpu, &probe);
+    println!("  driver CPU {probe_cpu:.1} us per call");
+    (probe, probe_cpu)
+}
+
+/// Microseconds of CPU per operation of a phase.
+fn per_op(cpu: Duration, f: &Figures) -> f64 {
+    cpu.as_secs_f64() * 1e6 / f.ops.max(1) as f64
 }
 
 /// What the publish phases measured.
 struct PublishFigures {
     /// Targets on the test folder's filesystem.
     own: Figures,
+    /// The driver's CPU per cycle there (microseconds).
+    own_cpu: f64,
     /// Targets on a journaled ext4 (kubelet's usual filesystem), when one
     /// could be made.
     journaled: Option<(Figures, String)>,
@@ -322,9 +333,11 @@ async fn publish_phases(
 ) -> PublishFigures {
     let share = |f: &Figures| format!("{:.0}% of the gRPC floor", 100.0 * f.rate() / floor);
     h.reset_peak_rss();
+    let cpu = cpu_of(h.pid());
     let own = staged
         .cycles(&h.path("kubelet/pods"), set.clients, set.secs)
         .await;
+    let own_cpu = per_op(cpu_of(h.pid()) - cpu, &own);
     let peak_rss_kb = h.status_kb("VmHWM");
     row(
         "NodePublish+NodeUnpublish (one volume)",
@@ -332,7 +345,10 @@ async fn publish_phases(
         Some(limit),
         Some(peak_rss_kb),
     );
-    println!("  {} (floor: Probe/2 = {floor:.0} cycles/s)", share(&own));
+    println!(
+        "  {} (floor: Probe/2 = {floor:.0} cycles/s); driver CPU {own_cpu:.1} us per cycle",
+        share(&own)
+    );
     let journaled = match JournaledDir::mount(&h.path("kubelet/pods-journaled")) {
         Ok(dir) => {
             let f = staged.cycles(&dir.path, set.clients, set.secs).await;
@@ -363,6 +379,7 @@ async fn publish_phases(
     );
     PublishFigures {
         own,
+        own_cpu,
         journaled,
         shared,
         peak_rss_kb,
@@ -718,7 +735,7 @@ async fn list_walk(channel: tonic::transport::Channel, page: i32) -> (Duration, 
 
 fn summary(
     set: Settings,
-    floor: f64,
+    (floor, probe_cpu): (f64, f64),
     publish: &PublishFigures,
     lifecycle: &Figures,
     pool: &PoolFigures,
@@ -735,6 +752,12 @@ fn summary(
         100.0 * publish.own.rate() / floor,
         ms(publish.own.pct(0.99)),
         publish.peak_rss_kb as f64 / 1024.0
+    );
+    println!(
+        "  driver CPU per publish+unpublish cycle: {:.1} us, {:.1}x the {:.1} us of two Probes",
+        publish.own_cpu,
+        publish.own_cpu / (2.0 * probe_cpu),
+        2.0 * probe_cpu
     );
     if let Some((f, fs)) = &publish.journaled {
         println!(

@@ -46,23 +46,6 @@ struct Figures {
     cpu: Option<(Duration, Option<Duration>)>,
 }
 
-/// CPU time (user and system, its waited-for children included) a
-/// process has used.
-fn cpu_of(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    // utime, stime, cutime, cstime: fields 14-17 of stat (11-14 counted
-    // from the state after the name), in clock ticks of 10 ms.
-    let ticks: u64 = fields
-        .get(11..15)
-        .map(|f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum())
-        .unwrap_or(0);
-    Duration::from_millis(ticks * 10)
-}
-
 /// `phase`, with the CPU time the driver (and its servers, processes of
 /// their own) spent on it per call.
 async fn with_cpu(driver: u32, servers: &[u32], phase: impl Future<Output = Figures>) -> Figures {
