@@ -5,6 +5,28 @@
 use crate::error::{Error, Result};
 use std::fmt;
 
+/// `n` random bytes from the kernel's generator (getrandom(2): no file
+/// to open, nothing read from `/dev` or `/proc`), as lowercase hex.
+#[allow(unsafe_code)] // getrandom(2) through libc: nix has no wrapper for it
+pub fn random_hex(n: usize) -> Result<String> {
+    let mut buf = vec![0u8; n];
+    let mut filled = 0;
+    while filled < n {
+        let rest = &mut buf[filled..];
+        // SAFETY: the kernel writes at most `rest.len()` bytes into `rest`.
+        let got = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        if got < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(Error::io("getrandom", e));
+        }
+        filled += got as usize;
+    }
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
 /// CSI's general size limit for strings, which ids must respect.
 pub const MAX_ID_LEN: usize = 128;
 /// The longest locator a backend may mint.
@@ -165,6 +187,15 @@ pub fn digest_hex(data: &[u8], bytes: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn random_hex_is_fresh_hex_of_the_length_asked() {
+        let (a, b) = (random_hex(16).unwrap(), random_hex(16).unwrap());
+        assert_eq!(a.len(), 32);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        assert_ne!(a, b);
+        assert_eq!(random_hex(0).unwrap(), "");
+    }
     use crate::error::Kind;
 
     #[test]

@@ -152,9 +152,7 @@ fn remove_file(path: &Path) -> Result<()> {
 
 /// A fresh token for a copy.
 fn copy_token() -> Result<String> {
-    std::fs::read_to_string("/proc/sys/kernel/random/uuid")
-        .map(|t| t.trim().to_string())
-        .map_err(|e| Error::io("read a random uuid", e))
+    crate::id::random_hex(16)
 }
 
 /// Whether a publish context's copy token is one ferrovol could have made

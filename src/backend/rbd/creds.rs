@@ -157,11 +157,7 @@ impl Creds {
             .mode(0o700)
             .create(dir)
             .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
-        let mut random = [0u8; 12];
-        std::fs::File::open("/dev/urandom")
-            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut random))
-            .map_err(|e| Error::io("read /dev/urandom", e))?;
-        let name: String = random.iter().map(|b| format!("{b:02x}")).collect();
+        let name = crate::id::random_hex(12)?;
         let keyring = dir.join(format!("{name}.keyring"));
         let mut f = std::fs::OpenOptions::new()
             .write(true)
