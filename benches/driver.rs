@@ -268,10 +268,21 @@ async fn main() {
     };
     let publish = publish_phases(&h, &staged, set, limit, floor).await;
     let lifecycle = lifecycle_phase(&h, &channels, set).await;
+    let reference = reference_lifecycles(set).await;
+    match &reference {
+        Ok(f) => row("  the same on the reference hostpath driver", f, None, None),
+        Err(why) => println!("  (no reference run: {why})"),
+    }
     scale_phase(&h, &staged, set).await;
     restart_phase(&mut h, &staged, set).await;
     let pool = pool_phases(&h, set).await;
-    summary(set, (floor, probe_cpu), &publish, &lifecycle, &pool);
+    summary(
+        set,
+        (floor, probe_cpu),
+        &publish,
+        (&lifecycle, &reference),
+        &pool,
+    );
 }
 
 /// Probe from every client: the gRPC floor; and the driver's CPU per
@@ -434,17 +445,31 @@ impl Drop for JournaledDir {
     }
 }
 
-/// Full lifecycles: create, stage (mkfs), publish, unpublish, unstage,
-/// delete.
+/// Full lifecycles on ferrovol: create, stage (mkfs), publish, unpublish,
+/// unstage, delete.
 async fn lifecycle_phase(
     h: &Harness,
     channels: &[tonic::transport::Channel],
     set: Settings,
 ) -> Figures {
     h.reset_peak_rss();
+    let lifecycle = lifecycles(channels, h.dir.path(), set).await;
+    row(
+        "full lifecycle (create..delete, ext4 mkfs)",
+        &lifecycle,
+        None,
+        Some(h.status_kb("VmHWM")),
+    );
+    lifecycle
+}
+
+/// Full lifecycles from every client for the phase's length, against
+/// whichever driver `channels` reach, with staging paths and targets under
+/// `root`'s `kubelet/`.
+async fn lifecycles(channels: &[tonic::transport::Channel], root: &Path, set: Settings) -> Figures {
     let channels = channels.to_vec();
-    let root = h.dir.path().to_path_buf();
-    let lifecycle = drive(set.clients, set.secs, move |c, i| {
+    let root = root.to_path_buf();
+    drive(set.clients, set.secs, move |c, i| {
         let mut ctl =
             ferrovol::proto::controller_client::ControllerClient::new(channels[c].clone());
         let mut n = ferrovol::proto::node_client::NodeClient::new(channels[c].clone());
@@ -481,16 +506,58 @@ async fn lifecycle_phase(
             .await
             .unwrap();
             let _ = std::fs::remove_dir(&staging);
+            // The reference driver leaves its targets behind.
+            let _ = std::fs::remove_dir(&target);
         }
     })
+    .await
+}
+
+/// The reference driver (the hostpath driver from the shared tools), run
+/// beside ferrovol for the same lifecycles: its figures, or why there are
+/// none.
+async fn reference_lifecycles(set: Settings) -> Result<Figures, String> {
+    let tool = std::env::var_os("FERROVOL_REFERENCE_DRIVER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/tools/hostpathplugin")
+        });
+    if !tool.exists() {
+        return Err(format!("no reference driver at {}", tool.display()));
+    }
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    // The CO makes the targets' parent.
+    std::fs::create_dir_all(dir.path().join("kubelet/pods")).map_err(|e| e.to_string())?;
+    let socket = dir.path().join("hp.sock");
+    let mut child = std::process::Command::new(&tool)
+        .arg(format!("--endpoint=unix://{}", socket.display()))
+        .args(["--nodeid=bench", "--v=0"])
+        .arg(format!("--statedir={}", dir.path().join("state").display()))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("start {}: {e}", tool.display()))?;
+    let figures = async {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let first = loop {
+            match connect(&socket).await {
+                Ok(c) => break c,
+                Err(_) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                Err(e) => return Err(format!("the reference driver never answered: {e}")),
+            }
+        };
+        let mut channels = vec![first];
+        while channels.len() < set.clients {
+            channels.push(connect(&socket).await.map_err(|e| e.to_string())?);
+        }
+        Ok(lifecycles(&channels, dir.path(), set).await)
+    }
     .await;
-    row(
-        "full lifecycle (create..delete, ext4 mkfs)",
-        &lifecycle,
-        None,
-        Some(h.status_kb("VmHWM")),
-    );
-    lifecycle
+    let _ = child.kill();
+    let _ = child.wait();
+    figures
 }
 
 /// Publish latency from one client with no other mounts on the node, and
@@ -737,7 +804,7 @@ fn summary(
     set: Settings,
     (floor, probe_cpu): (f64, f64),
     publish: &PublishFigures,
-    lifecycle: &Figures,
+    (lifecycle, reference): (&Figures, &Result<Figures, String>),
     pool: &PoolFigures,
 ) {
     let clients = set.clients;
@@ -776,6 +843,15 @@ fn summary(
         lifecycle.rate(),
         ms(lifecycle.pct(0.99))
     );
+    if let Ok(r) = reference {
+        println!(
+            "  the reference hostpath driver: {:.1}/s, p99 {}: ferrovol runs {:.2}x its rate, at {:.2}x its p99",
+            r.rate(),
+            ms(r.pct(0.99)),
+            lifecycle.rate() / r.rate(),
+            lifecycle.pct(0.99).as_secs_f64() / r.pct(0.99).as_secs_f64()
+        );
+    }
     for (n, rate) in &pool.create_rates {
         println!("  CreateVolume while the pool grows to {n}: {rate:.0}/s");
     }
@@ -785,7 +861,7 @@ fn summary(
         ms(pool.walk.1)
     );
     println!(
-        "  targets: publish+unpublish >= 50% of the floor, p99 < 10 ms, peak RSS < 8 MB, latency at {} mounts within 20% of 0",
+        "  targets: publish+unpublish >= 50% of the floor, p99 < 10 ms, peak RSS < 8 MB, latency at {} mounts within 20% of 0; lifecycle >= 2x the reference's rate at a p99 no worse",
         set.scale
     );
 }
