@@ -85,55 +85,19 @@ pub trait Host: Send + Sync {
     /// Removes `path` only if it is an empty directory (not a symlink to
     /// one): anything else, or nothing, is left as it is. Whether it
     /// removed something.
-    fn remove_empty_dir(&self, path: &Path) -> Result<bool> {
-        match std::fs::remove_dir(path) {
-            Ok(()) => Ok(true),
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::ENOENT | libc::ENOTDIR | libc::ENOTEMPTY | libc::EEXIST)
-                ) =>
-            {
-                Ok(false)
-            }
-            Err(e) => Err(Error::io(format!("remove {}", path.display()), e)),
-        }
-    }
+    fn remove_empty_dir(&self, path: &Path) -> Result<bool>;
     /// Whether anything (a symlink included) is at `path`.
     fn exists(&self, path: &Path) -> bool;
     /// Whether `path` holds nothing: missing, an empty directory, or an
     /// empty file (a symlink counts as empty here: it is refused by the
     /// path checks).
-    fn is_empty(&self, path: &Path) -> Result<bool> {
-        match std::fs::symlink_metadata(path) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
-            Err(e) => Err(Error::io(format!("inspect {}", path.display()), e)),
-            // A symlink is refused as such where paths are checked.
-            Ok(md) if md.file_type().is_symlink() => Ok(true),
-            Ok(md) if md.is_dir() => Ok(std::fs::read_dir(path)
-                .map_err(|e| Error::io(format!("read {}", path.display()), e))?
-                .next()
-                .is_none()),
-            Ok(md) => Ok(md.is_file() && md.len() == 0),
-        }
-    }
+    fn is_empty(&self, path: &Path) -> Result<bool>;
     /// `path` with every symlink resolved, its last part included (an LV's
     /// `/dev/vg/lv` names `/dev/dm-N`); it must exist.
     fn canonical(&self, path: &Path) -> Result<std::path::PathBuf>;
-
     /// `path` with every symlink on the way resolved (its last part need
     /// not exist).
-    fn resolve(&self, path: &Path) -> Result<std::path::PathBuf> {
-        let parent = path
-            .parent()
-            .ok_or_else(|| Error::invalid(format!("{} has no parent", path.display())))?;
-        let name = path
-            .file_name()
-            .ok_or_else(|| Error::invalid(format!("{} has no name", path.display())))?;
-        let base = std::fs::canonicalize(parent)
-            .map_err(|e| Error::io(format!("resolve {}", parent.display()), e))?;
-        Ok(base.join(name))
-    }
+    fn resolve(&self, path: &Path) -> Result<std::path::PathBuf>;
 }
 
 /// The real host.
@@ -188,6 +152,26 @@ impl Host for SystemHost {
 
     fn exists(&self, path: &Path) -> bool {
         std::fs::symlink_metadata(path).is_ok()
+    }
+
+    fn remove_empty_dir(&self, path: &Path) -> Result<bool> {
+        targets::remove_empty_dir(path)
+    }
+
+    fn is_empty(&self, path: &Path) -> Result<bool> {
+        targets::is_empty(path)
+    }
+
+    fn resolve(&self, path: &Path) -> Result<std::path::PathBuf> {
+        let parent = path
+            .parent()
+            .ok_or_else(|| Error::invalid(format!("{} has no parent", path.display())))?;
+        let name = path
+            .file_name()
+            .ok_or_else(|| Error::invalid(format!("{} has no name", path.display())))?;
+        let base = std::fs::canonicalize(parent)
+            .map_err(|e| Error::io(format!("resolve {}", parent.display()), e))?;
+        Ok(base.join(name))
     }
 
     fn canonical(&self, path: &Path) -> Result<std::path::PathBuf> {

@@ -94,6 +94,40 @@ pub fn remove_target(target: &Path) -> Result<()> {
     }
 }
 
+/// Removes `path` only if it is an empty directory (not a symlink to one):
+/// anything else, or nothing, is left as it is. Whether it removed
+/// something.
+pub fn remove_empty_dir(path: &Path) -> Result<bool> {
+    match std::fs::remove_dir(path) {
+        Ok(()) => Ok(true),
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOENT | libc::ENOTDIR | libc::ENOTEMPTY | libc::EEXIST)
+            ) =>
+        {
+            Ok(false)
+        }
+        Err(e) => Err(Error::io(format!("remove {}", path.display()), e)),
+    }
+}
+
+/// Whether `path` holds nothing: missing, an empty directory, or an empty
+/// file (a symlink counts as empty here: it is refused as such where paths
+/// are checked).
+pub fn is_empty(path: &Path) -> Result<bool> {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+        Err(e) => Err(Error::io(format!("inspect {}", path.display()), e)),
+        Ok(md) if md.file_type().is_symlink() => Ok(true),
+        Ok(md) if md.is_dir() => Ok(std::fs::read_dir(path)
+            .map_err(|e| Error::io(format!("read {}", path.display()), e))?
+            .next()
+            .is_none()),
+        Ok(md) => Ok(md.is_file() && md.len() == 0),
+    }
+}
+
 /// The size of a block device (or file) in bytes.
 pub fn device_size(path: &Path) -> Result<u64> {
     use std::io::{Seek, SeekFrom};

@@ -49,11 +49,23 @@ pub struct FakeMounter {
     hung: Condvar,
     /// Paths whose filesystem answers ESTALE.
     stale: Mutex<Vec<PathBuf>>,
+    /// The fake filesystem mount points must exist in, if the test has
+    /// one (a mount onto nothing fails, as the kernel's does).
+    host: Option<std::sync::Arc<dyn crate::host::Host>>,
 }
 
 impl FakeMounter {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A fake mount table over the fake filesystem `host`: mount points
+    /// must exist there.
+    pub fn on(host: std::sync::Arc<dyn crate::host::Host>) -> Self {
+        Self {
+            host: Some(host),
+            ..Self::default()
+        }
     }
 
     /// Makes the next `times` calls of `op` fail with EIO.
@@ -136,7 +148,8 @@ impl FakeMounter {
                 std::io::Error::from_raw_os_error(libc::EIO),
             ));
         }
-        if op != MountOp::Unmount && !target.exists() {
+        let exists = |p: &Path| self.host.as_ref().is_none_or(|h| h.exists(p));
+        if op != MountOp::Unmount && !exists(target) {
             return Err(Error::io(
                 format!("{op:?} {}", target.display()),
                 std::io::ErrorKind::NotFound.into(),

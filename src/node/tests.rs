@@ -13,6 +13,10 @@ struct Recorder {
     fail_attach: Mutex<bool>,
     /// What the device reports after a refresh.
     device_size: Mutex<u64>,
+    /// Whether the volume is a copy whose filesystem still carries its
+    /// source's UUID; and how many times the node said it renewed it.
+    copy_pending: Mutex<bool>,
+    copies_done: Mutex<usize>,
 }
 
 #[async_trait::async_trait]
@@ -56,6 +60,14 @@ impl Backend for Recorder {
     async fn node_refresh_size(&self, _id: &VolumeId, _attachment: &Attachment) -> Result<u64> {
         Ok(*self.device_size.lock().unwrap())
     }
+    async fn node_copy_pending(&self, _id: &VolumeId, _ctx: &AttachContext) -> Result<bool> {
+        Ok(*self.copy_pending.lock().unwrap())
+    }
+    async fn node_copy_done(&self, _id: &VolumeId, _ctx: &AttachContext) -> Result<()> {
+        *self.copy_pending.lock().unwrap() = false;
+        *self.copies_done.lock().unwrap() += 1;
+        Ok(())
+    }
 }
 
 struct Fixture {
@@ -76,16 +88,16 @@ fn fixture() -> Fixture {
 
 fn fixture_with(deadlines: Deadlines) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("staging")).unwrap();
-    std::fs::create_dir_all(dir.path().join("pods")).unwrap();
     let backend = Arc::new(Recorder::default());
     let mut registry = Registry::new();
     registry.register(backend.clone()).unwrap();
-    let mounter = Arc::new(FakeMounter::new());
     let runner = Arc::new(FakeRunner::new());
     let state = NodeState::open(&dir.path().join("state")).unwrap();
     let registry = Arc::new(registry);
     let host = Arc::new(crate::host::FakeHost::new());
+    host.add_dir(&dir.path().join("staging"));
+    host.add_dir(&dir.path().join("pods"));
+    let mounter = Arc::new(FakeMounter::on(host.clone()));
     let sys_block = dir.path().join("sys-block");
     let loops = Arc::new(crate::host::loopdev::FakeLoops::new(&sys_block, 50).releasing());
     let ops = NodeOps::new(
@@ -175,6 +187,77 @@ async fn stage_formats_empty_device_and_mounts_once() {
         .unwrap();
     assert_eq!(f.mounter.count(), 1);
     assert_eq!(f.runner.calls().len(), 2);
+}
+
+/// A copy (a restored snapshot, a clone) gets a filesystem UUID of its
+/// own at its first stage, checked first, told to the backend once done;
+/// staged again, it is left alone.
+#[tokio::test]
+async fn a_copy_gets_its_own_filesystem_uuid_at_its_first_stage() {
+    let f = fixture();
+    *f.backend.copy_pending.lock().unwrap() = true;
+    f.runner
+        .expect("blkid", Reply::Ok("TYPE=ext4\n".into()))
+        .expect("blkid", Reply::Ok("1111-source\n".into()))
+        .expect("e2fsck", Reply::Fail(1, "fixed".into()))
+        .ok("tune2fs")
+        .expect("blkid", Reply::Ok("2222-copy\n".into()))
+        .expect("blkid", Reply::Ok("TYPE=ext4\n".into()));
+    f.ops
+        .stage(stage_req(&f, AccessMode::SingleNodeWriter))
+        .await
+        .unwrap();
+    assert_eq!(
+        f.runner.lines(),
+        vec![
+            "blkid -p -o export /dev/fake0",
+            "blkid -p -o value -s UUID /dev/fake0",
+            "e2fsck -f -y /dev/fake0",
+            "tune2fs -U random /dev/fake0",
+            "blkid -p -o value -s UUID /dev/fake0",
+            "blkid -p -o export /dev/fake0",
+        ]
+    );
+    assert_eq!(*f.backend.copies_done.lock().unwrap(), 1);
+    assert_eq!(f.mounter.count(), 1);
+    // Unstaged and staged again: the copy is its own now, nothing renewed.
+    f.ops
+        .unstage(&id(), &f.dir.path().join("staging"))
+        .await
+        .unwrap();
+    f.runner.expect("blkid", Reply::Ok("TYPE=ext4\n".into()));
+    f.ops
+        .stage(stage_req(&f, AccessMode::SingleNodeWriter))
+        .await
+        .unwrap();
+    assert_eq!(f.runner.calls().len(), 7);
+    assert_eq!(*f.backend.copies_done.lock().unwrap(), 1);
+}
+
+/// A renewal that leaves the source's UUID in place fails the stage, which
+/// is undone; the backend still counts the copy as pending.
+#[tokio::test]
+async fn a_uuid_renewal_that_changes_nothing_fails_the_stage() {
+    let f = fixture();
+    *f.backend.copy_pending.lock().unwrap() = true;
+    f.runner
+        .expect("blkid", Reply::Ok("TYPE=ext4\n".into()))
+        .expect("blkid", Reply::Ok("1111-source\n".into()))
+        .ok("e2fsck")
+        .ok("tune2fs")
+        .expect("blkid", Reply::Ok("1111-source\n".into()));
+    let e = f
+        .ops
+        .stage(stage_req(&f, AccessMode::SingleNodeWriter))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::Internal, "{}", e.message);
+    assert!(e.message.contains("source's UUID"), "{}", e.message);
+    assert_eq!(*f.backend.copies_done.lock().unwrap(), 0);
+    assert!(*f.backend.copy_pending.lock().unwrap());
+    assert_eq!(f.mounter.count(), 0, "nothing mounted");
+    assert_eq!(f.backend.detached.lock().unwrap().len(), 1, "attach undone");
+    assert!(f.ops.state().stage(&id()).is_none(), "no stage recorded");
 }
 
 #[tokio::test]
@@ -271,7 +354,10 @@ async fn publish_binds_and_failed_bind_is_undone() {
         .await
         .unwrap_err();
     assert!(err.message.contains("Bind"));
-    assert!(!f.dir.path().join("pods/b").exists(), "target left behind");
+    assert!(
+        !f.host.contains(&f.dir.path().join("pods/b")),
+        "target left behind"
+    );
     assert!(f
         .ops
         .state()
@@ -288,7 +374,7 @@ async fn publish_binds_and_failed_bind_is_undone() {
         Kind::FailedPrecondition
     );
     f.ops.unpublish(&id(), &target).await.unwrap();
-    assert!(!target.exists());
+    assert!(!f.host.contains(&target));
     f.ops
         .unstage(&id(), &f.dir.path().join("staging"))
         .await
@@ -409,7 +495,7 @@ async fn stuck_mounts_do_not_stall_other_calls() {
     let mut stuck = Vec::new();
     for i in 0..4 {
         let staging = stuck_dir.join(format!("s{i}"));
-        std::fs::create_dir_all(&staging).unwrap();
+        f.host.add_dir(&staging);
         f.runner.expect("blkid", Reply::Fail(2, String::new()));
         f.runner.ok("mkfs.ext4");
         let ops = f.ops.clone();
@@ -542,10 +628,11 @@ async fn remote_mounts_go_through_the_killable_helper() {
     }
     let dir = tempfile::tempdir().unwrap();
     let staging = dir.path().join("staging");
-    std::fs::create_dir_all(&staging).unwrap();
+    let host = Arc::new(crate::host::FakeHost::new());
+    host.add_dir(&staging);
     let mut registry = Registry::new();
     registry.register(Arc::new(Remote)).unwrap();
-    let mounter = Arc::new(FakeMounter::new());
+    let mounter = Arc::new(FakeMounter::on(host.clone()));
     let runner = Arc::new(FakeRunner::new());
     let ops = NodeOps::new(
         Arc::new(registry),
@@ -553,7 +640,7 @@ async fn remote_mounts_go_through_the_killable_helper() {
         runner.clone(),
         NodeState::open(&dir.path().join("state")).unwrap(),
         crate::locks::OpLocks::new(),
-        Arc::new(crate::host::SystemHost),
+        host,
     );
     let req = |fs: &str| StageRequest {
         volume_id: VolumeId::parse("net:v1").unwrap(),
@@ -783,12 +870,12 @@ async fn a_stale_remote_stage_is_abnormal_and_refuses_publish() {
     }
     let dir = tempfile::tempdir().unwrap();
     let staging = dir.path().join("staging");
-    std::fs::create_dir_all(&staging).unwrap();
     let mut registry = Registry::new();
     registry.register(Arc::new(Share)).unwrap();
-    let mounter = Arc::new(FakeMounter::new());
     let runner = Arc::new(FakeRunner::new());
     let host = Arc::new(crate::host::FakeHost::new());
+    host.add_dir(&staging);
+    let mounter = Arc::new(FakeMounter::on(host.clone()));
     let ops = NodeOps::new(
         Arc::new(registry),
         mounter.clone(),
@@ -842,7 +929,7 @@ async fn a_stale_remote_stage_is_abnormal_and_refuses_publish() {
         .unwrap_err();
     assert_eq!(err.kind, Kind::FailedPrecondition, "{}", err.message);
     assert!(err.message.contains("stale"), "{}", err.message);
-    assert!(!target.exists(), "nothing is left at the target");
+    assert!(!host.contains(&target), "nothing is left at the target");
 }
 
 /// Another's filesystem at a staging path or a target is never taken for
@@ -875,7 +962,7 @@ async fn foreign_mounts_are_refused_and_left_alone() {
     f.ops.unstage(&id(), &staging).await.unwrap();
     let target = f.dir.path().join("pods/t");
     // Something is mounted there, so there is a directory there.
-    std::fs::create_dir_all(&target).unwrap();
+    f.host.add_dir(&target);
     f.mounter.mount_foreign(&target);
     f.ops.unpublish(&id(), &target).await.unwrap();
     assert_eq!(f.mounter.get(&staging).unwrap().fstype, "tmpfs");

@@ -20,6 +20,10 @@ fn pool_with(free: u64) -> Pool {
     let sysfs = dir.path().join("sys-block");
     std::fs::create_dir_all(&sysfs).unwrap();
     let host = Arc::new(FakeHost::new());
+    // The pool's folders as the host seam sees them (the images
+    // themselves are real files in the temporary folder).
+    host.add_dir(&pool.join("volumes"));
+    host.add_dir(&pool.join("snapshots"));
     host.set_usage(
         &pool,
         FsUsage {
