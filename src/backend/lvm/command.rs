@@ -93,6 +93,20 @@ impl LvmBackend {
     /// when the volume group now has less free than `from_vg` bytes (the
     /// extents the call needed from it; 0 for thin volumes), or when the
     /// class's thin pool is full; otherwise the failure as it was.
+    /// Runs an LVM command that takes space; a failure is judged as
+    /// [`LvmBackend::judge_failure`] says.
+    pub(super) async fn run_judged(
+        &self,
+        class: &DeviceClass,
+        from_vg: u64,
+        cmd: Command,
+    ) -> Result<()> {
+        match self.runner.run(cmd).await {
+            Ok(_) => Ok(()),
+            Err(e) => Err(self.judge_failure(class, from_vg, e.into()).await),
+        }
+    }
+
     pub(super) async fn judge_failure(&self, class: &DeviceClass, from_vg: u64, e: Error) -> Error {
         if from_vg > 0 {
             if let Ok(vg) = self.vg(class).await {

@@ -489,18 +489,15 @@ impl LvmBackend {
     /// A copy in a thin pool: a thin snapshot of the source (instant,
     /// shares blocks), keeping only our tags, grown if asked bigger.
     async fn create_thin_copy(&self, class: &DeviceClass, new: &NewLv, src: &Lv) -> Result<()> {
-        let done = self
-            .runner
-            .run(
-                self.lvm("lvcreate")
-                    .args(["-y", "-s", "-n", &new.name])
-                    .args(new.tag_args())
-                    .arg(format!("{}/{}", class.volume_group, src.lv_name)),
-            )
-            .await;
-        if let Err(e) = done {
-            return Err(self.judge_failure(class, 0, e.into()).await);
-        }
+        self.run_judged(
+            class,
+            0,
+            self.lvm("lvcreate")
+                .args(["-y", "-s", "-n", &new.name])
+                .args(new.tag_args())
+                .arg(format!("{}/{}", class.volume_group, src.lv_name)),
+        )
+        .await?;
         // The snapshot's own tags came along: keep only ours.
         for t in src.tags() {
             if !new.tags.iter().any(|x| x == t) {
@@ -536,26 +533,22 @@ impl LvmBackend {
                 class.name
             )));
         }
-        let done = self
-            .runner
-            .run(
-                self.lvm("lvcreate")
-                    .args([
-                        "-y",
-                        "-V",
-                        &format!("{}b", new.size),
-                        "--thinpool",
-                        &format!("{vg_name}/{pool}"),
-                        "-n",
-                        &new.name,
-                    ])
-                    .args(new.tag_args()),
-            )
-            .await;
-        match done {
-            Ok(_) => Ok(()),
-            Err(e) => Err(self.judge_failure(class, 0, e.into()).await),
-        }
+        self.run_judged(
+            class,
+            0,
+            self.lvm("lvcreate")
+                .args([
+                    "-y",
+                    "-V",
+                    &format!("{}b", new.size),
+                    "--thinpool",
+                    &format!("{vg_name}/{pool}"),
+                    "-n",
+                    &new.name,
+                ])
+                .args(new.tag_args()),
+        )
+        .await
     }
 
     /// A thick volume, a copy of `src` if given. No zeroing here (it needs
@@ -581,26 +574,23 @@ impl LvmBackend {
                 vg.free()
             )));
         }
-        let done = self
-            .runner
-            .run(
-                self.lvm("lvcreate")
-                    .args([
-                        "-y",
-                        "-Zn",
-                        "-Wn",
-                        "-L",
-                        &format!("{size}b"),
-                        "-n",
-                        &new.name,
-                    ])
-                    .args(new.tag_args())
-                    .arg(vg_name),
-            )
-            .await;
-        if let Err(e) = done {
-            return Err(self.judge_failure(class, size, e.into()).await);
-        }
+        self.run_judged(
+            class,
+            size,
+            self.lvm("lvcreate")
+                .args([
+                    "-y",
+                    "-Zn",
+                    "-Wn",
+                    "-L",
+                    &format!("{size}b"),
+                    "-n",
+                    &new.name,
+                ])
+                .args(new.tag_args())
+                .arg(vg_name),
+        )
+        .await?;
         if let Some(src) = src {
             if let Err(e) = self.copy_lv(vg_name, &src.lv_name, &new.name).await {
                 let _ = self
@@ -796,17 +786,16 @@ impl Backend for LvmBackend {
                 vg.free()
             )));
         }
-        let done = self
-            .runner
-            .run(self.lvm("lvextend").args([
+        self.run_judged(
+            class,
+            grow,
+            self.lvm("lvextend").args([
                 "-L",
                 &format!("{wanted}b"),
                 &format!("{}/{lv_name}", class.volume_group),
-            ]))
-            .await;
-        if let Err(e) = done {
-            return Err(self.judge_failure(class, grow, e.into()).await);
-        }
+            ]),
+        )
+        .await?;
         Ok(wanted)
     }
 
@@ -883,13 +872,8 @@ impl Backend for LvmBackend {
         for t in &tags {
             cmd = cmd.args(["--addtag", t]);
         }
-        let done = self
-            .runner
-            .run(cmd.arg(format!("{vg_name}/{src_lv}")))
-            .await;
-        if let Err(e) = done {
-            return Err(self.judge_failure(&class, cow, e.into()).await);
-        }
+        self.run_judged(&class, cow, cmd.arg(format!("{vg_name}/{src_lv}")))
+            .await?;
         // The snapshot inherits the origin's tags: drop the ones that are not ours.
         let target = format!("{vg_name}/{snap_name}");
         for t in src.tags() {
