@@ -177,7 +177,11 @@ where
         Ok((live.into_values().collect(), dropped))
     }
 
-    pub fn get(&self, key: &K) -> Option<V> {
+    pub fn get<Q>(&self, key: &Q) -> Option<V>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         self.inner.locked().live.get(key).cloned()
     }
 
@@ -201,17 +205,25 @@ where
     }
 
     /// Removes the record under `key`; one already gone is fine.
-    pub fn remove(&self, key: &K) -> Result<()> {
+    pub fn remove<Q>(&self, key: &Q) -> Result<()>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Serialize + Hash + Eq + ?Sized,
+    {
         let mut inner = self.inner.locked();
         if !inner.live.contains_key(key) {
             return Ok(());
         }
-        self.append(&mut inner, &Entry::<&K, &V>::Del(key))?;
+        self.append(&mut inner, &Entry::<&Q, &V>::Del(key))?;
         inner.live.remove(key);
         self.compact_if_due(&mut inner)
     }
 
-    fn append(&self, inner: &mut Inner<K, V>, entry: &Entry<&K, &V>) -> Result<()> {
+    fn append<Q: Serialize + ?Sized>(
+        &self,
+        inner: &mut Inner<K, V>,
+        entry: &Entry<&Q, &V>,
+    ) -> Result<()> {
         let mut line = serde_json::to_vec(entry)
             .map_err(|e| Error::internal(format!("encode {}: {e}", self.path.display())))?;
         line.push(b'\n');
@@ -342,9 +354,9 @@ mod tests {
         j.put("a".into(), 1).unwrap();
         j.put("b".into(), 2).unwrap();
         j.put("a".into(), 3).unwrap();
-        j.remove(&"b".into()).unwrap();
-        j.remove(&"never".into()).unwrap();
-        assert_eq!(j.get(&"a".into()), Some(3));
+        j.remove("b").unwrap();
+        j.remove("never").unwrap();
+        assert_eq!(j.get("a"), Some(3));
         // Four lines appended, one file, no temporaries.
         assert_eq!(fs::read_to_string(&p).unwrap().lines().count(), 4);
         assert_eq!(names(dir.path()), vec!["j.log"]);
@@ -358,7 +370,7 @@ mod tests {
         let mut v = again.values();
         v.sort();
         assert_eq!(v, vec![3, 9]);
-        assert_eq!(again.get(&"b".into()), None);
+        assert_eq!(again.get("b"), None);
         assert_eq!(again.filtered(|v| *v > 5), vec![9]);
         // Opening rewrote it to its live records.
         assert_eq!(fs::read_to_string(&p).unwrap().lines().count(), 2);
@@ -395,7 +407,7 @@ mod tests {
         j.put("kept".into(), 7).unwrap();
         for i in 0..3 * SLACK_LINES {
             j.put(format!("k{i}"), 1).unwrap();
-            j.remove(&format!("k{i}")).unwrap();
+            j.remove(format!("k{i}").as_str()).unwrap();
         }
         let lines = fs::read_to_string(&p).unwrap().lines().count();
         assert!(

@@ -153,7 +153,7 @@ impl NodeState {
     }
 
     pub fn publish(&self, target: &Path) -> Option<PublishRecord> {
-        self.publishes.get(&target.to_path_buf())
+        self.publishes.get(target)
     }
 
     /// Every target a volume is published to.
@@ -173,7 +173,7 @@ impl NodeState {
     }
 
     pub fn remove_publish(&self, target: &Path) -> Result<()> {
-        self.publishes.remove(&target.to_path_buf())
+        self.publishes.remove(target)
     }
 }
 

@@ -150,16 +150,17 @@ impl NodeOps {
     /// A second target for a volume whose access mode allows one publish
     /// is refused.
     fn check_single_publish(&self, req: &PublishRequest) -> Result<()> {
-        let others = self.state.publishes_of(&req.volume_id);
-        match others.first() {
-            Some(other) if !req.capability.mode.allows_multiple_publish() => {
-                Err(Error::precondition(format!(
-                    "volume {} is already published at {} and its access mode allows one publish",
-                    req.volume_id,
-                    other.target_path.display()
-                )))
-            }
-            _ => Ok(()),
+        // Only a single-publish mode looks at the other records.
+        if req.capability.mode.allows_multiple_publish() {
+            return Ok(());
+        }
+        match self.state.publishes_of(&req.volume_id).first() {
+            Some(other) => Err(Error::precondition(format!(
+                "volume {} is already published at {} and its access mode allows one publish",
+                req.volume_id,
+                other.target_path.display()
+            ))),
+            None => Ok(()),
         }
     }
 
