@@ -150,25 +150,12 @@ impl Creds {
         if let Some(path) = &*written {
             return Ok(path.clone());
         }
-        use std::io::Write;
-        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
-        let name = crate::id::random_hex(12)?;
-        let keyring = dir.join(format!("{name}.keyring"));
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&keyring)
-            .map_err(|e| Error::io("create a private keyring", e))?;
+        crate::records::private_dir(dir)?;
+        let keyring = dir.join(format!("{}.keyring", crate::id::random_hex(12)?));
         // Recorded before the write: a failed write is removed too.
         *written = Some(keyring.clone());
-        f.write_all(format!("[client.{}]\n\tkey = {}\n", self.user, self.key()?).as_bytes())
-            .map_err(|e| Error::io("write a private keyring", e))?;
+        let body = format!("[client.{}]\n\tkey = {}\n", self.user, self.key()?);
+        crate::records::write(&keyring, body.as_bytes())?;
         Ok(keyring)
     }
 }
