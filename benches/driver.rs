@@ -328,6 +328,8 @@ struct PublishFigures {
     /// Targets on a journaled ext4 (kubelet's usual filesystem), when one
     /// could be made.
     journaled: Option<(Figures, String)>,
+    /// Targets on tmpfs.
+    in_memory: Option<Figures>,
     /// All clients on one connection.
     shared: Figures,
     peak_rss_kb: u64,
@@ -360,7 +362,7 @@ async fn publish_phases(
         "  {} (floor: Probe/2 = {floor:.0} cycles/s); driver CPU {own_cpu:.1} us per cycle",
         share(&own)
     );
-    let journaled = match JournaledDir::mount(&h.path("kubelet/pods-journaled")) {
+    let journaled = match ScratchFs::journaled_ext4(&h.path("kubelet/pods-journaled")) {
         Ok(dir) => {
             let f = staged.cycles(&dir.path, set.clients, set.secs).await;
             row(
@@ -378,6 +380,20 @@ async fn publish_phases(
             None
         }
     };
+    // Targets on tmpfs: what the driver reaches when making and removing
+    // a target costs next to nothing.
+    let in_memory = match ScratchFs::tmpfs(&h.path("kubelet/pods-tmpfs")) {
+        Ok(dir) => {
+            let f = staged.cycles(&dir.path, set.clients, set.secs).await;
+            row("  the same, targets on tmpfs", &f, Some(limit), None);
+            println!("  {}", share(&f));
+            Some(f)
+        }
+        Err(e) => {
+            println!("  (no tmpfs for targets: {e})");
+            None
+        }
+    };
     let shared = staged
         .on_one_connection(h)
         .cycles(&h.path("kubelet/pods"), set.clients, set.secs)
@@ -392,6 +408,7 @@ async fn publish_phases(
         own,
         own_cpu,
         journaled,
+        in_memory,
         shared,
         peak_rss_kb,
     }
@@ -408,38 +425,60 @@ fn describe_fs(path: &Path) -> String {
         .unwrap_or_default()
 }
 
-/// A journaled ext4 in an image file, loop-mounted at `path` for the
-/// bench's targets; unmounted (and its loop device freed) when dropped.
-struct JournaledDir {
+/// A filesystem mounted at `path` for the bench's targets: a journaled
+/// ext4 in an image file, or a tmpfs; unmounted (and a loop device freed)
+/// when dropped.
+struct ScratchFs {
     path: PathBuf,
 }
 
-impl JournaledDir {
-    fn mount(path: &Path) -> Result<Self, String> {
+fn run_tool(cmd: &mut std::process::Command) -> Result<(), String> {
+    match cmd.output() {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(String::from_utf8_lossy(&o.stderr).trim().to_string()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+impl ScratchFs {
+    fn journaled_ext4(path: &Path) -> Result<Self, String> {
         let image = path.with_extension("img");
-        let run = |cmd: &mut std::process::Command| match cmd.output() {
-            Ok(o) if o.status.success() => Ok(()),
-            Ok(o) => Err(String::from_utf8_lossy(&o.stderr).trim().to_string()),
-            Err(e) => Err(e.to_string()),
-        };
         std::fs::create_dir_all(path).map_err(|e| e.to_string())?;
-        run(std::process::Command::new("truncate")
-            .args(["-s", "1G"])
-            .arg(&image))?;
-        run(std::process::Command::new("mkfs.ext4")
-            .args(["-q", "-F", "-E", "nodiscard"])
-            .arg(&image))?;
-        run(std::process::Command::new("mount")
-            .args(["-o", "loop"])
-            .arg(&image)
-            .arg(path))?;
+        run_tool(
+            std::process::Command::new("truncate")
+                .args(["-s", "1G"])
+                .arg(&image),
+        )?;
+        run_tool(
+            std::process::Command::new("mkfs.ext4")
+                .args(["-q", "-F", "-E", "nodiscard"])
+                .arg(&image),
+        )?;
+        run_tool(
+            std::process::Command::new("mount")
+                .args(["-o", "loop"])
+                .arg(&image)
+                .arg(path),
+        )?;
+        Ok(Self {
+            path: path.to_path_buf(),
+        })
+    }
+
+    fn tmpfs(path: &Path) -> Result<Self, String> {
+        std::fs::create_dir_all(path).map_err(|e| e.to_string())?;
+        run_tool(
+            std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", "size=64m", "ferrovol-bench"])
+                .arg(path),
+        )?;
         Ok(Self {
             path: path.to_path_buf(),
         })
     }
 }
 
-impl Drop for JournaledDir {
+impl Drop for ScratchFs {
     fn drop(&mut self) {
         let _ = nix::mount::umount2(&self.path, nix::mount::MntFlags::MNT_DETACH);
     }
@@ -829,6 +868,14 @@ fn summary(
     if let Some((f, fs)) = &publish.journaled {
         println!(
             "  publish+unpublish, targets on a journaled ext4: {:.0} cycles/s, {:.0}% of the floor, p99 {} (the test folder's filesystem: {fs})",
+            f.rate(),
+            100.0 * f.rate() / floor,
+            ms(f.pct(0.99))
+        );
+    }
+    if let Some(f) = &publish.in_memory {
+        println!(
+            "  publish+unpublish, targets on tmpfs: {:.0} cycles/s, {:.0}% of the floor, p99 {}",
             f.rate(),
             100.0 * f.rate() / floor,
             ms(f.pct(0.99))
