@@ -3,6 +3,7 @@
 //! a plain `cargo test`. Each fixture is proven by a test that uses it.
 
 mod common;
+mod two_nodes;
 
 use common::fixtures::*;
 use common::*;

@@ -665,6 +665,8 @@ impl Drop for CephCluster {
 pub struct Tgtd {
     pub control_port: u32,
     pub port: u16,
+    /// The address its portal listens on.
+    pub addr: &'static str,
     child: Option<Child>,
 }
 
@@ -673,6 +675,12 @@ impl Tgtd {
     /// control ports up to 32767 only; a tgtd that cannot have its port
     /// (another process's tgtd holds it) makes way for the next one.
     pub fn new() -> Self {
+        Self::on("127.0.0.1")
+    }
+
+    /// A tgtd whose portal listens on `addr` (the private network's
+    /// address, for a peer guest to reach).
+    pub fn on(addr: &'static str) -> Self {
         // Unique per test process and per fixture (tests run in parallel).
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let base = 1000 + (std::process::id() % 3000) * 8;
@@ -682,6 +690,7 @@ impl Tgtd {
             let mut t = Tgtd {
                 control_port: base + n % 8,
                 port: super::free_port(),
+                addr,
                 child: None,
             };
             match t.try_start() {
@@ -693,7 +702,7 @@ impl Tgtd {
     }
 
     pub fn portal(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        format!("{}:{}", self.addr, self.port)
     }
 
     /// tgtd's process id, while it runs.
@@ -726,7 +735,7 @@ impl Tgtd {
                 "-C",
                 &self.control_port.to_string(),
                 "--iscsi",
-                &format!("portal=127.0.0.1:{}", self.port),
+                &format!("portal={}:{}", self.addr, self.port),
             ])
             .stdout(Stdio::null())
             .stderr(log.reopen().unwrap())

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod fixtures;
+pub mod peer;
 pub mod sanity;
 
 use ferrovol::proto::controller_client::ControllerClient;

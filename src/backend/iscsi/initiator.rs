@@ -83,7 +83,13 @@ pub struct Initiator<'a> {
     /// unit tests, as `sysfs` is).
     pub dev: &'a Path,
     pub timeout: Duration,
+    /// How long a session that lost its connection holds I/O before
+    /// failing it (seconds).
+    pub replacement_timeout: u64,
 }
+
+/// The node record's setting for [`Initiator::replacement_timeout`].
+const REPLACEMENT_TIMEOUT: &str = "node.session.timeo.replacement_timeout";
 
 use super::Chap;
 
@@ -178,7 +184,7 @@ impl Initiator<'_> {
             &[],
         )
         .await?;
-        self.write_auth(iqn, portal, incoming, outgoing)?;
+        self.write_session_settings(iqn, portal, incoming, outgoing)?;
         let login = node(self.iscsiadm()).arg("--login").timeout(self.timeout);
         match self.runner.run(login).await {
             Ok(_) => Ok(()),
@@ -304,9 +310,10 @@ impl Initiator<'_> {
         Ok(out)
     }
 
-    /// Sets (or clears) the record's CHAP settings by editing its file, so
-    /// the secret never appears on a command line.
-    fn write_auth(
+    /// Sets the record's CHAP settings (or clears them) and its
+    /// replacement timeout by editing its file, so the secret never
+    /// appears on a command line.
+    fn write_session_settings(
         &self,
         iqn: &str,
         portal: &str,
@@ -325,7 +332,10 @@ impl Initiator<'_> {
                 .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
             let mut lines: Vec<String> = text
                 .lines()
-                .filter(|l| !l.trim_start().starts_with("node.session.auth."))
+                .filter(|l| {
+                    let l = l.trim_start();
+                    !l.starts_with("node.session.auth.") && !l.starts_with(REPLACEMENT_TIMEOUT)
+                })
                 .map(str::to_string)
                 .collect();
             let mut auth = vec![format!(
@@ -340,6 +350,10 @@ impl Initiator<'_> {
                 auth.push(format!("node.session.auth.username_in = {u}"));
                 auth.push(format!("node.session.auth.password_in = {p}"));
             }
+            auth.push(format!(
+                "{REPLACEMENT_TIMEOUT} = {}",
+                self.replacement_timeout
+            ));
             let at = lines
                 .iter()
                 .position(|l| l.starts_with("# END RECORD"))

@@ -86,6 +86,12 @@ pub struct IscsiSettings {
     /// How long a login may take, and the LUN's disk to appear (seconds).
     #[serde(default = "default_login_timeout")]
     pub login_timeout: u64,
+    /// How long a session that lost its connection holds the volume's
+    /// I/O before failing it (seconds; open-iscsi's
+    /// `replacement_timeout`). Also how long the processes of a node
+    /// fenced at detach stay blocked before their writes fail.
+    #[serde(default = "default_replacement_timeout")]
+    pub replacement_timeout: u64,
 }
 
 fn default_tgt_socket_dir() -> PathBuf {
@@ -96,6 +102,9 @@ fn default_initiator_file() -> PathBuf {
 }
 fn default_node_db() -> PathBuf {
     "/etc/iscsi/nodes".into()
+}
+fn default_replacement_timeout() -> u64 {
+    120
 }
 fn default_login_timeout() -> u64 {
     30
@@ -1025,6 +1034,16 @@ impl Backend for IscsiBackend {
         if let Some(tid) = self.tid_of(&record.iqn, false).await? {
             for i in &gone {
                 self.target.disallow(tid, i).await?;
+                // Fenced: a node still logged in when its volume is
+                // detached (a node lost, its teardown never came) loses
+                // its connections before the detach answers, so none of
+                // its writes land once the volume moves on. It cannot log
+                // in again: it just left the ACL.
+                let closed = self.target.close_connections(tid, i).await?;
+                if closed > 0 {
+                    tracing::warn!(volume = %id, initiator = %i, connections = closed,
+                        "fenced: the node was still logged in to the volume's target at detach; its connections are closed");
+                }
             }
         }
         for i in &gone {
@@ -1168,6 +1187,7 @@ impl IscsiBackend {
             sysfs: &self.sysfs,
             dev: &self.dev,
             timeout: Duration::from_secs(self.settings.login_timeout),
+            replacement_timeout: self.settings.replacement_timeout,
         }
     }
 }

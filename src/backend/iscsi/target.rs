@@ -36,6 +36,10 @@ pub trait Target: Send + Sync {
     /// The initiators logged in to target `tid` (NOT_FOUND: no such
     /// target).
     async fn sessions(&self, tid: u32) -> Result<Vec<String>>;
+    /// Closes every connection `initiator` has to target `tid` (its
+    /// commands not yet taken stop there); returns how many it closed.
+    /// Call it after the initiator left the ACL, or it logs in again.
+    async fn close_connections(&self, tid: u32, initiator: &str) -> Result<usize>;
     /// Makes target `tid` named `iqn` with `backing` as LUN 1, or nothing.
     async fn create(&self, tid: u32, iqn: &str, backing: &Path) -> Result<()>;
     /// Removes target `tid`; refused by the server while sessions exist.
@@ -93,6 +97,20 @@ impl Tgt {
     /// tgt's default is made from the target and LUN numbers, which repeat
     /// across target servers and over time, and multipath would take two
     /// volumes with one identity for two paths to one disk.
+    /// Every connection to target `tid`.
+    async fn connections(&self, tid: u32) -> Result<Vec<Connection>> {
+        let text = self
+            .call(
+                ipc::Request {
+                    mode: ipc::MODE_CONNECTION,
+                    ..ipc::Request::target(ipc::OP_SHOW, Some(tid), "")
+                },
+                || format!("list the connections of target {tid}"),
+            )
+            .await?;
+        Ok(parse_connections(&text))
+    }
+
     async fn identify(&self, tid: u32, iqn: &str) -> Result<()> {
         let serial = serial_for(iqn);
         let params = format!("targetOps scsi_id=fv{serial},scsi_sn={serial},");
@@ -128,16 +146,36 @@ impl Target for Tgt {
     }
 
     async fn sessions(&self, tid: u32) -> Result<Vec<String>> {
-        let text = self
-            .call(
-                ipc::Request {
-                    mode: ipc::MODE_CONNECTION,
-                    ..ipc::Request::target(ipc::OP_SHOW, Some(tid), "")
+        let mut names: Vec<String> = Vec::new();
+        for c in self.connections(tid).await? {
+            if !names.contains(&c.initiator) {
+                names.push(c.initiator);
+            }
+        }
+        Ok(names)
+    }
+
+    async fn close_connections(&self, tid: u32, initiator: &str) -> Result<usize> {
+        let mut closed = 0;
+        for c in self.connections(tid).await? {
+            if c.initiator != initiator {
+                continue;
+            }
+            // One already gone (the initiator left meanwhile) is closed.
+            self.change(
+                ipc::Request::connection(ipc::OP_DELETE, tid, c.session, c.connection),
+                &[ipc::NO_SESSION, ipc::NO_CONNECTION],
+                || {
+                    format!(
+                        "close connection {} of session {} ({initiator}) on target {tid}",
+                        c.connection, c.session
+                    )
                 },
-                || format!("list the connections of target {tid}"),
             )
             .await?;
-        Ok(parse_connections(&text))
+            closed += 1;
+        }
+        Ok(closed)
     }
 
     async fn create(&self, tid: u32, iqn: &str, backing: &Path) -> Result<()> {
@@ -355,15 +393,34 @@ pub fn parse_targets(text: &str) -> Vec<TargetState> {
     out
 }
 
-/// The initiators in tgtd's connection listing of one target (`Session:
-/// N`, `Connection: M`, `Initiator: NAME`, the address), each once.
-pub fn parse_connections(text: &str) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
+/// One connection of an initiator to a target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Connection {
+    pub session: u64,
+    pub connection: u32,
+    pub initiator: String,
+}
+
+/// tgtd's connection listing of one target: `Session: N`, under it
+/// `Connection: M`, under that `Initiator: NAME` and the address.
+pub fn parse_connections(text: &str) -> Vec<Connection> {
+    let mut out = Vec::new();
+    let (mut session, mut connection) = (None, None);
     for line in text.lines() {
-        if let Some(rest) = line.trim().strip_prefix("Initiator: ") {
-            let name = rest.split_whitespace().next().unwrap_or("").to_string();
-            if !name.is_empty() && !out.contains(&name) {
-                out.push(name);
+        let t = line.trim();
+        if let Some(n) = t.strip_prefix("Session: ") {
+            session = n.trim().parse().ok();
+            connection = None;
+        } else if let Some(n) = t.strip_prefix("Connection: ") {
+            connection = n.trim().parse().ok();
+        } else if let Some(rest) = t.strip_prefix("Initiator: ") {
+            let name = rest.split_whitespace().next().unwrap_or("");
+            if let (Some(s), Some(c), false) = (session, connection, name.is_empty()) {
+                out.push(Connection {
+                    session: s,
+                    connection: c,
+                    initiator: name.to_string(),
+                });
             }
         }
     }
@@ -401,6 +458,8 @@ pub mod ipc {
 
     pub const NO_TARGET: u32 = 4;
     pub const NO_LUN: u32 = 5;
+    pub const NO_SESSION: u32 = 6;
+    pub const NO_CONNECTION: u32 = 7;
     pub const TARGET_EXIST: u32 = 9;
     pub const LUN_EXIST: u32 = 10;
     pub const ACL_EXIST: u32 = 12;
@@ -418,6 +477,8 @@ pub mod ipc {
         pub tid: Option<u32>,
         pub lun: Option<u64>,
         pub outgoing: bool,
+        /// A connection: its session id and connection id.
+        pub connection: Option<(u64, u32)>,
         pub params: &'a str,
     }
 
@@ -429,6 +490,7 @@ pub mod ipc {
                 tid,
                 lun: None,
                 outgoing: false,
+                connection: None,
                 params,
             }
         }
@@ -446,6 +508,14 @@ pub mod ipc {
                 ..Self::target(op, tid, params)
             }
         }
+        /// Connection `cid` of session `sid` of target `tid`.
+        pub fn connection(op: u32, tid: u32, sid: u64, cid: u32) -> Self {
+            Request {
+                mode: MODE_CONNECTION,
+                connection: Some((sid, cid)),
+                ..Self::target(op, Some(tid), "")
+            }
+        }
 
         /// The bytes tgtadm would send for it.
         pub fn encode(&self) -> Vec<u8> {
@@ -459,6 +529,10 @@ pub mod ipc {
             // bound without a target goes to every target (~0 too).
             let tid = self.tid.map_or(-1i32, |t| t as i32);
             req[76..80].copy_from_slice(&tid.to_ne_bytes());
+            if let Some((sid, cid)) = self.connection {
+                req[80..88].copy_from_slice(&sid.to_ne_bytes());
+                req[96..100].copy_from_slice(&cid.to_ne_bytes());
+            }
             req[88..96].copy_from_slice(&self.lun.unwrap_or(u64::MAX).to_ne_bytes());
             req[108..112].copy_from_slice(&u32::from(self.outgoing).to_ne_bytes());
             req.extend_from_slice(self.params.as_bytes());

@@ -125,8 +125,35 @@ fn management_requests_match_tgtadm() {
 fn connection_listing_is_parsed() {
     let text = "Session: 3\n    Connection: 0\n        Initiator: iqn.1993-08.org.debian:01:aa alias: n\n        IP Address: 127.0.0.1\n\
                 Session: 4\n    Connection: 0\n        Initiator: iqn.1993-08.org.debian:01:aa\n        IP Address: 10.0.0.1\n";
-    assert_eq!(parse_connections(text), ["iqn.1993-08.org.debian:01:aa"]);
+    let conn = |session, initiator: &str| super::target::Connection {
+        session,
+        connection: 0,
+        initiator: initiator.into(),
+    };
+    assert_eq!(
+        parse_connections(text),
+        [
+            conn(3, "iqn.1993-08.org.debian:01:aa"),
+            conn(4, "iqn.1993-08.org.debian:01:aa")
+        ]
+    );
     assert!(parse_connections("").is_empty());
+    // An initiator line outside a session's connection names nothing.
+    assert!(parse_connections("Initiator: iqn.x:y\n").is_empty());
+}
+
+/// Closing a connection sends its session and connection ids where
+/// tgtadm's `--op delete --mode conn --tid 3 --sid 5 --cid 1` puts them.
+#[test]
+fn connection_close_request_carries_session_and_connection() {
+    use target::ipc::*;
+    let req = Request::connection(OP_DELETE, 3, 5, 1).encode();
+    assert_eq!(&req[0..4], &MODE_CONNECTION.to_ne_bytes());
+    assert_eq!(&req[4..8], &OP_DELETE.to_ne_bytes());
+    assert_eq!(&req[76..80], &3i32.to_ne_bytes());
+    assert_eq!(&req[80..88], &5u64.to_ne_bytes());
+    assert_eq!(&req[96..100], &1u32.to_ne_bytes());
+    assert_eq!(req.len(), 121);
 }
 
 #[test]
@@ -553,6 +580,7 @@ impl Setup {
             node_db: self.dir.path().join("nodes"),
             multipath: false,
             login_timeout: 2,
+            replacement_timeout: 15,
         }
     }
 
@@ -1057,7 +1085,8 @@ async fn stage_logs_in_with_chap_from_the_record_file() {
     let record = record_dir.join("10.0.0.5,3260");
     std::fs::write(
         &record,
-        "# BEGIN RECORD 2.1.8\nnode.name = x\nnode.session.auth.authmethod = None\n# END RECORD\n",
+        "# BEGIN RECORD 2.1.8\nnode.name = x\nnode.session.auth.authmethod = None\n\
+         node.session.timeo.replacement_timeout = 120\n# END RECORD\n",
     )
     .unwrap();
     sysfs_session(s.dir.path(), 4, "sdc", "LOGGED_IN", 16384);
@@ -1096,8 +1125,10 @@ async fn stage_logs_in_with_chap_from_the_record_file() {
     );
     assert!(lines.iter().all(|l| !l.contains("secret")));
     let text = std::fs::read_to_string(&record).unwrap();
-    assert!(text.contains("node.session.auth.authmethod = CHAP\nnode.session.auth.username = alice\nnode.session.auth.password = alice-secret-01\n# END RECORD"), "{text}");
+    assert!(text.contains("node.session.auth.authmethod = CHAP\nnode.session.auth.username = alice\nnode.session.auth.password = alice-secret-01\nnode.session.timeo.replacement_timeout = 15\n# END RECORD"), "{text}");
     assert!(!text.contains("authmethod = None"));
+    // The backend's replacement timeout replaces open-iscsi's.
+    assert!(!text.contains("replacement_timeout = 120"), "{text}");
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(
         std::fs::metadata(&record).unwrap().permissions().mode() & 0o777,
