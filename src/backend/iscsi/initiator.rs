@@ -366,6 +366,15 @@ impl Initiator<'_> {
         Ok(())
     }
 
+    /// The kernel's state of session `sid` (`LOGGED_IN`, `FAILED`,
+    /// `FREE`); empty when it is gone.
+    fn session_state(&self, sid: u32) -> String {
+        std::fs::read_to_string(self.session_dir(sid).join("state"))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    }
+
     fn session_dir(&self, sid: u32) -> PathBuf {
         self.sysfs
             .join("class/iscsi_session")
@@ -473,9 +482,17 @@ impl Initiator<'_> {
             }
         }
         for session in sessions {
+            // A session that lost its target (a node fenced at detach, a
+            // target gone) cannot take a flush: its disk's unwritten data
+            // has nowhere to go, and the flush would fail or wait.
+            let state = self.session_state(session.sid);
+            if state != "LOGGED_IN" {
+                tracing::warn!(%iqn, sid = session.sid, %state,
+                    "the session is not logged in: its disks are removed unflushed");
+            }
             for disk in self.disks(session.sid) {
                 let dev = self.dev.join(&disk);
-                if dev.exists() {
+                if state == "LOGGED_IN" && dev.exists() {
                     self.run(
                         Command::new("blockdev")
                             .args(["--flushbufs", &path_arg(&dev)?])
@@ -580,30 +597,23 @@ impl Initiator<'_> {
         let Some(session) = self.sessions(iqn).await?.into_iter().next() else {
             return Ok(Some(format!("no iSCSI session to {iqn}")));
         };
-        let state = std::fs::read_to_string(self.session_dir(session.sid).join("state"))
-            .unwrap_or_default();
-        if state.trim() != "LOGGED_IN" {
+        let state = self.session_state(session.sid);
+        if state != "LOGGED_IN" {
             return Ok(Some(format!(
                 "iSCSI session {} to {iqn} is {}",
                 session.sid,
-                if state.trim().is_empty() {
-                    "gone"
-                } else {
-                    state.trim()
-                }
+                if state.is_empty() { "gone" } else { &state }
             )));
         }
         let disk = device.file_name().map(|d| d.to_string_lossy().into_owned());
         if device.starts_with(self.dev.join("mapper")) {
             let mut disks = Vec::new();
             for s in self.sessions(iqn).await? {
-                let state = std::fs::read_to_string(self.session_dir(s.sid).join("state"))
-                    .unwrap_or_default();
-                if state.trim() != "LOGGED_IN" {
+                let state = self.session_state(s.sid);
+                if state != "LOGGED_IN" {
                     return Ok(Some(format!(
-                        "path {} of {iqn} is down ({})",
-                        s.portal,
-                        state.trim()
+                        "path {} of {iqn} is down ({state})",
+                        s.portal
                     )));
                 }
                 disks.extend(self.disks(s.sid));

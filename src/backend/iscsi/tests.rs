@@ -1244,6 +1244,33 @@ async fn unstage_removes_disks_logs_out_and_is_idempotent() {
     assert!(!s.runner.lines().iter().any(|l| l.contains("-r 9")));
 }
 
+/// A session that lost its target (its node fenced at detach) takes no
+/// flush: its disk is removed unflushed, and the logout and the record's
+/// removal follow as for a live one.
+#[tokio::test]
+async fn unstage_of_a_failed_session_removes_its_disk_unflushed() {
+    let s = Setup::new();
+    let b = s.node();
+    let id = VolumeId::parse("iscsi:pvc-1").unwrap();
+    sysfs_session(s.dir.path(), 4, "sdc", "FAILED", 16384);
+    s.runner
+        .expect("iscsiadm", Reply::Ok(SESSION.into()))
+        .ok("iscsiadm")
+        .ok("iscsiadm");
+    b.node_detach(&id, None).await.unwrap();
+    assert_eq!(
+        std::fs::read_to_string(s.dir.path().join("sys/block/sdc/device/delete")).unwrap(),
+        "1"
+    );
+    assert_eq!(
+        s.runner.lines()[1..],
+        [
+            "iscsiadm -m session -r 4 --logout".to_string(),
+            format!("iscsiadm -m node -T {IQN} -o delete"),
+        ]
+    );
+}
+
 #[tokio::test]
 async fn rescan_and_condition_read_the_session() {
     let s = Setup::new();
@@ -1389,7 +1416,8 @@ async fn multipath_logs_in_everywhere_and_stages_the_map() {
         s.runner.lines().last().unwrap(),
         "multipath -f 360000000000000f0aa"
     );
-    // Once it is gone, the disks and both sessions go.
+    // Once it is gone, the disks and both sessions go; the disk of the
+    // path that is down goes unflushed.
     for disk in ["sdc", "sdd"] {
         std::fs::remove_dir_all(
             s.dir
@@ -1402,7 +1430,6 @@ async fn multipath_logs_in_everywhere_and_stages_the_map() {
     }
     s.runner
         .expect("iscsiadm", Reply::Ok(both.clone()))
-        .ok("blockdev")
         .ok("blockdev")
         .ok("iscsiadm")
         .ok("iscsiadm")
@@ -1417,12 +1444,11 @@ async fn multipath_logs_in_everywhere_and_stages_the_map() {
         )
     };
     assert_eq!(
-        lines[n - 6..n - 1],
+        lines[n - 5..n - 1],
         [
             "iscsiadm -m session".to_string(),
             flush("sdc"),
             "iscsiadm -m session -r 4 --logout".to_string(),
-            flush("sdd"),
             "iscsiadm -m session -r 5 --logout".to_string(),
         ]
     );
