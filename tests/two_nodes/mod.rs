@@ -263,12 +263,9 @@ async fn guest_two_nodes_iscsi_moves_and_fences_a_lost_node() {
         .controller_unpublish_volume(detach_req(&id, &node_a))
         .await
         .unwrap();
-    // Before the detach answered, A was out: no connection of A's left.
-    let tid_conns = tgtd.tgtadm(&["--op", "show", "--mode", "target"]);
-    assert!(
-        !tid_conns.contains(PEER_INITIATOR),
-        "A is still on the target after the detach:\n{tid_conns}"
-    );
+    // What the target has once the detach answered (checked below, after
+    // the data).
+    let on_target = tgtd.tgtadm(&["--op", "show", "--mode", "target"]);
     let ctx = h
         .controller()
         .controller_publish_volume(attach_req(&id, &node_b, &cap))
@@ -280,22 +277,31 @@ async fn guest_two_nodes_iscsi_moves_and_fences_a_lost_node() {
     let handed_over = direct_sum(&b_target.join("blob"));
 
     // A runs again: its session fails (the target closed it, and will not
-    // let it in again), and none of its writes land.
+    // let it in again), and none of its writes land. (Were A not fenced,
+    // its writes would go on: the wait ends either way.)
+    let before_thaw = writes();
     a.peer.thaw();
     wait_for(
-        "A's session to the volume to fail",
+        "A's session to fail, or A to write again",
         Duration::from_secs(120),
         || {
-            peer_session_states(&a.peer, prefix)
-                .iter()
-                .all(|s| s != "LOGGED_IN")
+            writes() > before_thaw + 3
+                || peer_session_states(&a.peer, prefix)
+                    .iter()
+                    .all(|s| s != "LOGGED_IN")
         },
     );
     let after = writes();
     assert_eq!(
         direct_sum(&b_target.join("blob")),
         handed_over,
-        "A's writes reached the volume after B took it over (A counted {after} writes)"
+        "A's writes reached the volume after B took it over ({} since the thaw)",
+        after - before_thaw
+    );
+    // Before the detach answered, A was out: no connection of A's left.
+    assert!(
+        !on_target.contains(PEER_INITIATOR),
+        "A was still on the target when the detach answered:\n{on_target}"
     );
     let stats = a
         .node()
