@@ -428,6 +428,12 @@ fn uuid() -> String {
 
 impl CephCluster {
     pub fn new() -> Self {
+        Self::on("127.0.0.1")
+    }
+
+    /// A cluster whose monitor and OSD serve on `addr` (the private
+    /// network's address, for a peer guest to reach).
+    pub fn on(addr: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path().to_path_buf();
         let d = d.as_path();
@@ -435,13 +441,18 @@ impl CephCluster {
             std::fs::create_dir_all(d.join(sub)).unwrap();
         }
         let fsid = uuid();
-        let mon_addr = format!("127.0.0.1:{}", super::free_port());
+        let mon_addr = format!("{addr}:{}", super::free_port());
+        let public = if addr == "127.0.0.1" {
+            String::new()
+        } else {
+            format!("public addr = {addr}\n")
+        };
         let conf = d.join("ceph.conf");
         let admin = d.join("admin.keyring");
         std::fs::write(
             &conf,
             format!(
-                "[global]\nfsid = {fsid}\nmon host = v1:{mon_addr}\nmon initial members = a\n\
+                "[global]\nfsid = {fsid}\nmon host = v1:{mon_addr}\nmon initial members = a\n{public}\
                  auth cluster required = cephx\nauth service required = cephx\nauth client required = cephx\n\
                  osd pool default size = 1\nosd pool default min size = 1\nmon allow pool size one = true\n\
                  mon allow pool delete = true\nosd objectstore = memstore\nmemstore device bytes = 1073741824\n\

@@ -6,8 +6,8 @@
 #![allow(dead_code)]
 
 use super::fixtures::wait_for;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Shutdown, TcpStream};
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -33,21 +33,27 @@ impl Peer {
     }
 
     /// Runs `script` with bash on the peer: its exit code and its output
-    /// (stdout and stderr together).
+    /// (stdout and stderr together). The answer ends at the agent's
+    /// `peer-exit=N` line: the connection's end can come later.
     pub fn try_sh(script: &str) -> std::io::Result<(i32, String)> {
         let addr = format!("{PEER_ADDR}:{AGENT_PORT}").parse().unwrap();
         let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-        s.set_read_timeout(Some(Duration::from_secs(600)))?;
-        s.write_all(script.as_bytes())?;
-        s.shutdown(Shutdown::Write)?;
+        s.set_read_timeout(Some(Duration::from_secs(120)))?;
+        // The script, then the end line; the connection stays open both
+        // ways until the answer is read.
+        s.write_all(format!("{script}\n__FERROVOL_END__\n").as_bytes())?;
         let mut out = String::new();
-        s.read_to_string(&mut out)?;
-        let Some((body, rc)) = out.trim_end().rsplit_once("peer-exit=") else {
-            return Err(std::io::Error::other(format!(
-                "the peer's agent gave no exit code: {out}"
-            )));
-        };
-        Ok((rc.trim().parse().unwrap_or(-1), body.to_string()))
+        for line in BufReader::new(s).lines() {
+            let line = line?;
+            if let Some(rc) = line.strip_prefix("peer-exit=") {
+                return Ok((rc.trim().parse().unwrap_or(-1), out));
+            }
+            out.push_str(&line);
+            out.push('\n');
+        }
+        Err(std::io::Error::other(format!(
+            "the peer's agent gave no exit code: {out}"
+        )))
     }
 
     /// Runs `script` on the peer; panics with its output unless it
@@ -56,7 +62,12 @@ impl Peer {
         match Peer::try_sh(script) {
             Ok((0, out)) => out,
             Ok((rc, out)) => panic!("on the peer, exit {rc}: {script}\n{out}"),
-            Err(e) => panic!("the peer's agent: {e} (running {script})"),
+            Err(e) => panic!(
+                "the peer's agent: {e} (running {script})\nthe peer's kernel and processes:\n{}",
+                Peer::try_sh("dmesg | tail -n 40; ps axfo pid,stat,wchan:20,args | tail -n 40")
+                    .map(|(_, o)| o)
+                    .unwrap_or_default()
+            ),
         }
     }
 
@@ -147,8 +158,10 @@ impl PeerDriver {
     /// Starts the node service with `config` (`@DIR@` stands for its
     /// folder) as node `node_name`, and waits until it answers Probe.
     pub async fn start(config: &str, node_name: &str) -> PeerDriver {
+        static RUN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let run = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let peer = Peer::reach();
-        let dir = format!("/tmp/ferrovol-peer-{node_name}");
+        let dir = format!("/tmp/ferrovol-peer-{node_name}-{run}");
         let bin = env!("CARGO_BIN_EXE_ferrovol");
         let config = config.replace("@DIR@", &dir);
         peer.sh(&format!(
@@ -172,7 +185,9 @@ echo $! > $d/relay.pid
         let endpoint =
             tonic::transport::Endpoint::from_shared(format!("http://{PEER_ADDR}:{DRIVER_PORT}"))
                 .unwrap()
-                .connect_timeout(Duration::from_secs(5));
+                .connect_timeout(Duration::from_secs(5))
+                // No call of a test waits on the peer without end.
+                .timeout(Duration::from_secs(180));
         let mut last = String::new();
         for _ in 0..300 {
             match endpoint.connect().await {
@@ -231,6 +246,9 @@ pid=$(cat $d/driver.pid)
 kill -TERM $pid 2>/dev/null
 for i in $(seq 100); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
 kill -KILL $pid 2>/dev/null
+# What a failed test left mounted there goes (lazily: a dead device
+# cannot hold the next test up).
+grep -o \" $d/[^ ]*\" /proc/mounts | sort -r | while read -r m; do umount -l \"$m\"; done
 true",
             self.dir
         ));

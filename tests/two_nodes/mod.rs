@@ -7,6 +7,7 @@ use super::common::fixtures::*;
 use super::common::peer::*;
 use super::common::*;
 use ferrovol::proto as pb;
+use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -27,24 +28,28 @@ fn iscsi_config(prefix: &str, tgtd: &Tgtd) -> String {
     )
 }
 
+type Secrets = HashMap<String, String>;
+
 fn attach_req(
     id: &str,
     node: &str,
     cap: &pb::VolumeCapability,
+    secrets: &Secrets,
 ) -> pb::ControllerPublishVolumeRequest {
     pb::ControllerPublishVolumeRequest {
         volume_id: id.into(),
         node_id: node.into(),
         volume_capability: Some(cap.clone()),
+        secrets: secrets.clone(),
         ..Default::default()
     }
 }
 
-fn detach_req(id: &str, node: &str) -> pb::ControllerUnpublishVolumeRequest {
+fn detach_req(id: &str, node: &str, secrets: &Secrets) -> pb::ControllerUnpublishVolumeRequest {
     pb::ControllerUnpublishVolumeRequest {
         volume_id: id.into(),
         node_id: node.into(),
-        ..Default::default()
+        secrets: secrets.clone(),
     }
 }
 
@@ -55,13 +60,15 @@ async fn stage_on_peer(
     id: &str,
     name: &str,
     cap: &pb::VolumeCapability,
-    ctx: &std::collections::HashMap<String, String>,
+    ctx: &HashMap<String, String>,
+    secrets: &Secrets,
 ) -> (String, String) {
     let staging = peer.path(&format!("kubelet/staging/{name}"));
     let target = peer.path(&format!("kubelet/pods/{name}"));
     peer.peer.sh(&format!("mkdir -p {staging}"));
     let stage = pb::NodeStageVolumeRequest {
         publish_context: ctx.clone(),
+        secrets: secrets.clone(),
         ..stage_req(id, Path::new(&staging), cap.clone())
     };
     if let Err(e) = peer.node().node_stage_volume(stage).await {
@@ -86,13 +93,15 @@ async fn stage_here(
     id: &str,
     name: &str,
     cap: &pb::VolumeCapability,
-    ctx: &std::collections::HashMap<String, String>,
+    ctx: &HashMap<String, String>,
+    secrets: &Secrets,
 ) -> (std::path::PathBuf, std::path::PathBuf) {
     let staging = h.path(&format!("kubelet/staging/{name}"));
     let target = h.path(&format!("kubelet/pods/{name}"));
     std::fs::create_dir_all(&staging).unwrap();
     let stage = pb::NodeStageVolumeRequest {
         publish_context: ctx.clone(),
+        secrets: secrets.clone(),
         ..stage_req(id, &staging, cap.clone())
     };
     h.node().node_stage_volume(stage).await.unwrap();
@@ -101,27 +110,6 @@ async fn stage_here(
         .await
         .unwrap();
     (staging, target)
-}
-
-/// The sessions the peer's initiator has to targets named with `prefix`.
-fn peer_sessions(peer: &Peer, prefix: &str) -> usize {
-    let (_, out) = Peer::try_sh("iscsiadm -m session 2>/dev/null; true").unwrap();
-    let _ = peer;
-    out.lines().filter(|l| l.contains(prefix)).count()
-}
-
-/// The state the kernel of the peer gives each of its iSCSI sessions to
-/// targets named with `prefix` (LOGGED_IN, FAILED, ...).
-fn peer_session_states(peer: &Peer, prefix: &str) -> Vec<String> {
-    peer.sh(&format!(
-        "for s in /sys/class/iscsi_session/session*; do
-           [ -e \"$s\" ] || continue
-           grep -q '^{prefix}' $s/targetname && cat $s/state
-         done; true"
-    ))
-    .lines()
-    .map(str::to_string)
-    .collect()
 }
 
 /// The checksum of a file read past the page cache.
@@ -138,64 +126,88 @@ fn direct_sum(path: &Path) -> String {
     )
 }
 
+/// What differs between the backends in [`move_and_fence`].
+struct Backend<'a> {
+    /// The driver's config, for both nodes (`@DIR@` each node's folder).
+    config: String,
+    /// The peer's, when it differs (a path only this guest has).
+    peer_config: Option<String>,
+    secrets: Secrets,
+    /// How a refusal names node A.
+    a_named: &'a str,
+    /// Node A's kernel still holds the volume (a session, a mapping).
+    a_holds: &'a dyn Fn() -> bool,
+    /// After a detach of A: A can no longer reach the volume, as the
+    /// server sees it (its connections gone, its client blocklisted).
+    a_shut_out: &'a dyn Fn() -> Result<(), String>,
+}
+
 /// A volume moves between two kernels the way the CO moves it (teardown
 /// on A, detach, attach to B, stage on B) and keeps its data; B is refused,
 /// naming A, in every single-node mode while A holds it. Then A holds it
 /// and writes without pause, A's guest is frozen, and the CO detaches it
 /// from A with no teardown (a forced detach after a node is lost): the
-/// detach fences A (out of the ACL, its connections closed at the target)
-/// before it answers, B takes the volume over, and when A runs again none
-/// of its writes reach the volume. A's node reports the volume abnormal
-/// and unstages cleanly; nothing is left on either node or on tgtd.
-#[tokio::test]
-#[ignore = "needs the two-node guest: run tests/guest/suite"]
-async fn guest_two_nodes_iscsi_moves_and_fences_a_lost_node() {
-    require_guest();
-    let prefix = "iqn.2026-11.io.ferrovol.two";
-    let tgtd = Tgtd::on(MAIN_ADDR);
-    let _iscsid = Iscsid::new();
-    let config = iscsi_config(prefix, &tgtd);
-    let h = Harness::start_with(Some(&config)).await;
-    let a = PeerDriver::start(&config, "node-a").await;
+/// detach fences A before it answers, B takes the volume over, and when A
+/// runs again none of its writes reach the volume. A's node reports the
+/// volume abnormal and unstages cleanly; nothing is left on A.
+async fn move_and_fence(h: &Harness, b: Backend<'_>, name: &str) {
+    let t0 = std::time::Instant::now();
+    let step = |what: &str| eprintln!("[{:6.1} s] {name}: {what}", t0.elapsed().as_secs_f64());
+    let a = PeerDriver::start(b.peer_config.as_ref().unwrap_or(&b.config), "node-a").await;
     let node_a = a.node_id().await;
     let node_b = h.node_id().await;
-    assert_eq!(node_a, format!("node-a/{PEER_INITIATOR}"));
+    let secrets = &b.secrets;
     let cap = mount_cap("ext4", SNW);
+    let mut create = create_req(name, 64 * MIB, cap.clone());
+    create.secrets = secrets.clone();
     let id = h
         .controller()
-        .create_volume(create_req("pvc-two-iscsi", 64 * MIB, cap.clone()))
+        .create_volume(create)
         .await
         .unwrap()
         .into_inner()
         .volume
         .unwrap()
         .volume_id;
+    let attach = |node: &str| {
+        let r = attach_req(&id, node, &cap, secrets);
+        let mut c = h.controller();
+        async move {
+            c.controller_publish_volume(r)
+                .await
+                .unwrap()
+                .into_inner()
+                .publish_context
+        }
+    };
+    let detach = |node: &str| {
+        let r = detach_req(&id, node, secrets);
+        let mut c = h.controller();
+        async move { c.controller_unpublish_volume(r).await.unwrap() }
+    };
 
+    step("attach to A, stage, write");
     // On A: attached, staged, published, written.
-    let ctx = h
-        .controller()
-        .controller_publish_volume(attach_req(&id, &node_a, &cap))
-        .await
-        .unwrap()
-        .into_inner()
-        .publish_context;
-    let (a_staging, a_target) = stage_on_peer(&a, &id, "v", &cap, &ctx).await;
+    let ctx = attach(&node_a).await;
+    let (a_staging, a_target) = stage_on_peer(&a, &id, "v", &cap, &ctx, secrets).await;
     a.peer
         .sh(&format!("echo written-on-a > {a_target}/data && sync"));
+    assert!((b.a_holds)());
     // B is refused while A holds it, in every single-node mode.
     for mode in [SNW, SNRO, SNSW, SNMW] {
         let r = h
             .controller()
-            .controller_publish_volume(attach_req(&id, &node_b, &mount_cap("ext4", mode)))
+            .controller_publish_volume(attach_req(&id, &node_b, &mount_cap("ext4", mode), secrets))
             .await;
         assert_eq!(
             code(&r),
             tonic::Code::FailedPrecondition,
             "mode {mode}: {r:?}"
         );
-        assert!(format!("{r:?}").contains(PEER_INITIATOR), "{r:?}");
+        assert!(format!("{r:?}").contains(b.a_named), "{r:?}");
     }
 
+    step("move to B");
     // The CO's move: teardown on A, detach, attach to B, stage on B.
     a.node()
         .node_unpublish_volume(unpublish_req(&id, Path::new(&a_target)))
@@ -205,43 +217,28 @@ async fn guest_two_nodes_iscsi_moves_and_fences_a_lost_node() {
         .node_unstage_volume(unstage_req(&id, Path::new(&a_staging)))
         .await
         .unwrap();
-    assert_eq!(peer_sessions(&a.peer, prefix), 0);
-    h.controller()
-        .controller_unpublish_volume(detach_req(&id, &node_a))
-        .await
-        .unwrap();
-    let ctx = h
-        .controller()
-        .controller_publish_volume(attach_req(&id, &node_b, &cap))
-        .await
-        .unwrap()
-        .into_inner()
-        .publish_context;
-    let (b_staging, b_target) = stage_here(&h, &id, "v", &cap, &ctx).await;
+    assert!(!(b.a_holds)(), "A still holds the volume after its unstage");
+    detach(&node_a).await;
+    let ctx = attach(&node_b).await;
+    let (b_staging, b_target) = stage_here(h, &id, "v", &cap, &ctx, secrets).await;
     assert_eq!(
         std::fs::read_to_string(b_target.join("data")).unwrap(),
         "written-on-a\n"
     );
+    step("back to A");
     // And back to A, for the lost-node round.
     h.unpublish_unstage(&id, &b_staging, &b_target).await;
-    h.controller()
-        .controller_unpublish_volume(detach_req(&id, &node_b))
-        .await
-        .unwrap();
-    let ctx = h
-        .controller()
-        .controller_publish_volume(attach_req(&id, &node_a, &cap))
-        .await
-        .unwrap()
-        .into_inner()
-        .publish_context;
-    let (a_staging, a_target) = stage_on_peer(&a, &id, "v", &cap, &ctx).await;
+    detach(&node_b).await;
+    let ctx = attach(&node_a).await;
+    let (a_staging, a_target) = stage_on_peer(&a, &id, "v", &cap, &ctx, secrets).await;
 
+    step("A writes");
     // A writes without pause: 64 KiB blocks straight to the device.
     a.peer.sh(&format!(
-        "dd if=/dev/zero of={a_target}/blob bs=64k count=16 status=none && sync
+        "dd if=/dev/zero of={a_target}/blob bs=64k count=16 conv=fsync status=none
+         rm -f /tmp/a-writes
          (n=0; while :; do n=$((n+1))
-            dd if=/dev/urandom of={a_target}/blob bs=64k count=1 seek=$((n % 16)) \
+            dd if=/dev/urandom of={a_target}/blob bs=64k count=1 seek=$((n % 16)) \\
                conv=notrunc oflag=direct status=none || break
             echo $n > /tmp/a-writes
           done) </dev/null >/dev/null 2>&1 &
@@ -252,57 +249,48 @@ async fn guest_two_nodes_iscsi_moves_and_fences_a_lost_node() {
             .map(|(_, o)| o.trim().parse().unwrap_or(0))
             .unwrap_or(0)
     };
+    let writing = || {
+        a.peer
+            .sh("kill -0 $(cat /tmp/a-writer.pid) 2>/dev/null && echo yes; true")
+            .contains("yes")
+    };
     let started = writes();
     wait_for("A to write", Duration::from_secs(60), || {
         writes() > started + 3
     });
 
-    // A is lost: frozen, no teardown. The CO detaches it anyway.
+    step("freeze A, detach it, attach to B");
+    // A is lost: frozen, no teardown. The CO detaches it anyway, and
+    // attaches the volume to B.
     a.peer.freeze();
-    h.controller()
-        .controller_unpublish_volume(detach_req(&id, &node_a))
-        .await
-        .unwrap();
-    // What the target has once the detach answered (checked below, after
-    // the data).
-    let on_target = tgtd.tgtadm(&["--op", "show", "--mode", "target"]);
-    let ctx = h
-        .controller()
-        .controller_publish_volume(attach_req(&id, &node_b, &cap))
-        .await
-        .unwrap()
-        .into_inner()
-        .publish_context;
-    let (b_staging, b_target) = stage_here(&h, &id, "v", &cap, &ctx).await;
+    detach(&node_a).await;
+    // What the server says once the detach answered (checked below,
+    // after the data).
+    let shut_out = (b.a_shut_out)();
+    let ctx = attach(&node_b).await;
+    let (b_staging, b_target) = stage_here(h, &id, "v", &cap, &ctx, secrets).await;
     let handed_over = direct_sum(&b_target.join("blob"));
 
-    // A runs again: its session fails (the target closed it, and will not
-    // let it in again), and none of its writes land. (Were A not fenced,
+    // A runs again; its writer fails (at once, or once the kernel gives
+    // up on the volume) and none of its writes land. (Were A not fenced,
     // its writes would go on: the wait ends either way.)
+    step("thaw A");
     let before_thaw = writes();
     a.peer.thaw();
     wait_for(
-        "A's session to fail, or A to write again",
+        "A's writer to fail, or A to write again",
         Duration::from_secs(120),
-        || {
-            writes() > before_thaw + 3
-                || peer_session_states(&a.peer, prefix)
-                    .iter()
-                    .all(|s| s != "LOGGED_IN")
-        },
+        || writes() > before_thaw + 3 || !writing(),
     );
-    let after = writes();
     assert_eq!(
         direct_sum(&b_target.join("blob")),
         handed_over,
         "A's writes reached the volume after B took it over ({} since the thaw)",
-        after - before_thaw
+        writes() - before_thaw
     );
-    // Before the detach answered, A was out: no connection of A's left.
-    assert!(
-        !on_target.contains(PEER_INITIATOR),
-        "A was still on the target when the detach answered:\n{on_target}"
-    );
+    if let Err(e) = shut_out {
+        panic!("A could still reach the volume when the detach answered: {e}");
+    }
     let stats = a
         .node()
         .node_get_volume_stats(pb::NodeGetVolumeStatsRequest {
@@ -316,11 +304,10 @@ async fn guest_two_nodes_iscsi_moves_and_fences_a_lost_node() {
     let condition = stats.volume_condition.expect("a condition");
     assert!(condition.abnormal, "{condition:?}");
 
-    // A's kubelet tears down what it had, and nothing is left. Its pod's
-    // writer is killed, but stays blocked (holding the mount busy) until
-    // the session's replacement timeout fails its write: the kubelet
-    // retries the unpublish until then, as here.
-    let _ = Peer::try_sh("kill $(cat /tmp/a-writer.pid) 2>/dev/null; true");
+    step("teardown on A");
+    // A's kubelet tears down what it had, and nothing is left. A writer
+    // still blocked holds the mount busy until the kernel fails its
+    // write: the kubelet retries the unpublish until then, as here.
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     loop {
         let r = a
@@ -340,7 +327,7 @@ async fn guest_two_nodes_iscsi_moves_and_fences_a_lost_node() {
         .node_unstage_volume(unstage_req(&id, Path::new(&a_staging)))
         .await
         .unwrap_or_else(|e| panic!("unstage on the fenced node: {e}\n{}", a.log()));
-    assert_eq!(peer_sessions(&a.peer, prefix), 0);
+    assert!(!(b.a_holds)(), "the fenced node still holds the volume");
     assert_eq!(
         a.peer
             .sh(&format!("grep -c ' {}' /proc/mounts || true", a.dir))
@@ -350,17 +337,101 @@ async fn guest_two_nodes_iscsi_moves_and_fences_a_lost_node() {
     // B's data is as B found it.
     assert_eq!(direct_sum(&b_target.join("blob")), handed_over);
     h.unpublish_unstage(&id, &b_staging, &b_target).await;
-    h.controller()
-        .controller_unpublish_volume(detach_req(&id, &node_b))
-        .await
-        .unwrap();
+    detach(&node_b).await;
     h.controller()
         .delete_volume(pb::DeleteVolumeRequest {
             volume_id: id.clone(),
-            ..Default::default()
+            secrets: secrets.clone(),
         })
         .await
         .unwrap();
+}
+
+/// [`move_and_fence`] on iscsi: the detach takes A's initiator out of the
+/// target's ACL and closes its connections.
+#[tokio::test]
+#[ignore = "needs the two-node guest: run tests/guest/suite"]
+async fn guest_two_nodes_iscsi_moves_and_fences_a_lost_node() {
+    require_guest();
+    let prefix = "iqn.2026-11.io.ferrovol.two";
+    let tgtd = Tgtd::on(MAIN_ADDR);
+    let _iscsid = Iscsid::new();
+    let config = iscsi_config(prefix, &tgtd);
+    let h = Harness::start_with(Some(&config)).await;
+    let sessions = || {
+        Peer::try_sh("iscsiadm -m session 2>/dev/null; true")
+            .unwrap()
+            .1
+            .lines()
+            .filter(|l| l.contains(prefix))
+            .count()
+    };
+    let shut_out = || {
+        let t = tgtd.tgtadm(&["--op", "show", "--mode", "target"]);
+        match t.contains(PEER_INITIATOR) {
+            true => Err(format!("the target still lists A:\n{t}")),
+            false => Ok(()),
+        }
+    };
+    let backend = Backend {
+        config: config.clone(),
+        peer_config: None,
+        secrets: Secrets::new(),
+        a_named: PEER_INITIATOR,
+        a_holds: &|| sessions() > 0,
+        a_shut_out: &shut_out,
+    };
+    move_and_fence(&h, backend, "pvc-two-iscsi").await;
     let left = tgtd.tgtadm(&["--op", "show", "--mode", "target"]);
     assert!(!left.contains(prefix), "{left}");
+}
+
+/// [`move_and_fence`] on rbd: the detach blocklists the client A recorded
+/// at stage (each mapping has its own), before A's mark goes.
+#[tokio::test]
+#[ignore = "needs the two-node guest: run tests/guest/suite"]
+async fn guest_two_nodes_rbd_moves_and_fences_a_lost_node() {
+    require_guest();
+    let cluster = CephCluster::on(MAIN_ADDR);
+    let peer_config = format!(
+        "[[backend]]\ntype = \"rbd\"\ncluster_id = \"two\"\nmonitors = [\"v1:{}\"]\npools = [\"rbd\"]\n",
+        cluster.mon_addr
+    );
+    let config = format!(
+        "{peer_config}user = \"ferrovol\"\nkeyring = \"{}\"\n",
+        cluster.client_keyring.display()
+    );
+    let h = Harness::start_with(Some(&config)).await;
+    let secrets = Secrets::from([
+        ("userID".to_string(), "ferrovol".to_string()),
+        ("userKey".to_string(), cluster.client_key()),
+    ]);
+    let mapped = || {
+        Peer::try_sh("rbd device list 2>/dev/null; true")
+            .unwrap()
+            .1
+            .lines()
+            .filter(|l| l.contains("rbd "))
+            .count()
+    };
+    let blocklist = || cluster.ceph(&["osd", "blocklist", "ls"]);
+    let before = blocklist();
+    let shut_out = || {
+        let now = blocklist();
+        match now.contains(&format!("{PEER_ADDR}:0/")) && now != before {
+            true => Ok(()),
+            false => Err(format!("A's client is not blocklisted:\n{now}")),
+        }
+    };
+    let backend = Backend {
+        config: config.clone(),
+        peer_config: Some(peer_config),
+        secrets: secrets.clone(),
+        a_named: "node-a",
+        a_holds: &|| mapped() > 0,
+        a_shut_out: &shut_out,
+    };
+    move_and_fence(&h, backend, "pvc-two-rbd").await;
+    let left = cluster.rbd(&["ls", "rbd"]);
+    assert!(left.trim().is_empty(), "{left}");
 }

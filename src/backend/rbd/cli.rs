@@ -232,6 +232,17 @@ impl Cluster for CliCluster {
             .collect())
     }
 
+    async fn blocklist(&self, creds: &Creds, addr: &str, expire: u64) -> Result<()> {
+        super::cluster::check_client_addr(addr)?;
+        self.run_cmd(
+            self.tool(Command::new("ceph"), creds)?
+                .args(["--connect-timeout", "20"])
+                .args(["osd", "blocklist", "add", addr, &expire.to_string()]),
+        )
+        .await
+        .map(|_| ())
+    }
+
     async fn list(&self, creds: &Creds, place: &Spec) -> Result<Vec<String>> {
         let out = self
             .run(creds, &["ls", &place.pool_arg(), "--format", "json"])

@@ -179,6 +179,10 @@ pub trait Cluster: Send + Sync {
     }
     /// The addresses of the clients watching the image (mapped it).
     async fn watchers(&self, creds: &Creds, spec: &Spec) -> Result<Vec<String>>;
+    /// Denies the client instance at `addr` (`ip:port/nonce`, checked by
+    /// [`check_client_addr`]) every OSD operation for `expire` seconds
+    /// (`osd blocklist add`; cephx `profile rbd` on the monitors allows it).
+    async fn blocklist(&self, creds: &Creds, addr: &str, expire: u64) -> Result<()>;
     /// The names of the images of a pool (and namespace) `place` names.
     async fn list(&self, creds: &Creds, place: &Spec) -> Result<Vec<String>>;
     /// The sizes of these images, `None` for one that is gone: what a page
@@ -275,4 +279,25 @@ pub fn feature_bits(features: &str) -> Result<u64> {
         };
     }
     Ok(bits)
+}
+
+/// A Ceph client instance's address as the kernel shows it
+/// (`10.0.0.2:0/3459289423`, `[fd00::2]:0/17`): what may go into a
+/// blocklist command.
+pub fn check_client_addr(addr: &str) -> Result<()> {
+    let (host_port, nonce) = addr.split_once('/').unwrap_or(("", ""));
+    let ok = addr.len() <= 64
+        && host_port.contains(':')
+        && !nonce.is_empty()
+        && nonce.bytes().all(|b| b.is_ascii_digit())
+        && host_port
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() || matches!(b, b'.' | b':' | b'[' | b']'));
+    if ok {
+        Ok(())
+    } else {
+        Err(crate::error::Error::internal(format!(
+            "{addr:?} is not a Ceph client address"
+        )))
+    }
 }

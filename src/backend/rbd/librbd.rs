@@ -1014,6 +1014,20 @@ impl Cluster for LibCluster {
             .await
     }
 
+    async fn blocklist(&self, creds: &Creds, addr: &str, expire: u64) -> Result<()> {
+        super::cluster::check_client_addr(addr)?;
+        let cmd = serde_json::json!({
+            "prefix": "osd blocklist",
+            "blocklistop": "add",
+            "addr": addr,
+            "expire": expire as f64,
+        })
+        .to_string();
+        self.call(creds, DEADLINE, move |c| c.mon_command(&cmd))
+            .await
+            .map(|_| ())
+    }
+
     async fn list(&self, creds: &Creds, place: &Spec) -> Result<Vec<String>> {
         self.on(creds, place, |ctx| {
             Ok(ctx.list()?.into_iter().map(|(_, name)| name).collect())

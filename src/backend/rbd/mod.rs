@@ -53,6 +53,10 @@ const META_FS_COPY: &str = "ferrovol.fscopy";
 /// may use the image, and on what terms it was published there (see
 /// `ControllerAttach::terms`; older marks are a bare `single` or `multi`).
 const META_NODE: &str = "ferrovol.node.";
+/// `ferrovol.client.<node name>` = the address of the kernel client that
+/// maps the image on that node (`ip:port/nonce`), recorded at stage and
+/// removed at unstage: a detach that still finds it fences that client.
+const META_CLIENT: &str = "ferrovol.client.";
 /// The token a node that maps rbd images carries in its node id.
 pub const NODE_TOKEN: &str = "rbd";
 /// The snapshot of a snapshot image that restores clone from (the image
@@ -81,9 +85,15 @@ pub struct RbdSettings {
     /// Features of new images (krbd supports `layering` everywhere).
     #[serde(default = "default_features")]
     pub image_features: String,
-    /// Options for `rbd device map` on nodes.
+    /// Options for `rbd device map` on nodes (`noshare` is always added:
+    /// each mapping has a client of its own, so fencing one volume's
+    /// client on a node touches none of its other volumes).
     #[serde(default)]
     pub map_options: String,
+    /// How long a client fenced at detach stays blocklisted (seconds):
+    /// longer than any node may stay frozen and come back.
+    #[serde(default = "default_fence_expiry")]
+    pub fence_expiry: u64,
     /// How the controller talks to the cluster: `librbd` (kept
     /// connections in the driver's process), `cli` (an `rbd` process per
     /// step), or `auto`: librbd when its libraries load, else the CLI.
@@ -100,6 +110,9 @@ pub enum Client {
     Cli,
 }
 
+fn default_fence_expiry() -> u64 {
+    30 * 24 * 3600
+}
 fn default_depth() -> u32 {
     4
 }
@@ -132,6 +145,20 @@ pub struct RbdBackend {
     /// with every create, and a create reads it three times: validation,
     /// the id, the create itself).
     parsed: Mutex<HashMap<BTreeMap<String, String>, Arc<Params>>>,
+    /// Node side, per staged volume (in memory only): what unstage needs
+    /// to remove the node's client record, and the condition check to see
+    /// the record gone (the node fenced).
+    staged: Mutex<HashMap<String, Staged>>,
+}
+
+/// A volume staged on this node.
+#[derive(Clone)]
+struct Staged {
+    /// The stage's secrets.
+    secrets: Secrets,
+    node: String,
+    /// The client address recorded in the image, if one was.
+    client: Option<String>,
 }
 
 /// How many parameter sets are kept parsed; past it the memo starts over.
@@ -245,6 +272,7 @@ impl RbdBackend {
             keys: state_dir.join("keys"),
             sysfs: "/sys".into(),
             parsed: Mutex::default(),
+            staged: Mutex::default(),
         })
     }
 
@@ -1022,6 +1050,12 @@ impl Backend for RbdBackend {
         let Some((_, meta)) = self.rbd().describe(&creds, &spec).await? else {
             return Ok(());
         };
+        for (key, addr) in meta.iter().filter(|(k, _)| k.starts_with(META_CLIENT)) {
+            let holder = &key[META_CLIENT.len()..];
+            if node_id.is_none_or(|n| node_name(n) == holder) {
+                self.fence(&creds, &spec, id, holder, addr).await?;
+            }
+        }
         for key in meta.keys().filter(|k| k.starts_with(META_NODE)) {
             let holder = &key[META_NODE.len()..];
             if node_id.is_none_or(|n| node_name(n) == holder) {
@@ -1049,24 +1083,21 @@ impl Backend for RbdBackend {
                 holders.join(", ")
             )));
         }
-        if let Some(m) = self.find_mapping(&spec).await? {
-            return Ok(Attachment::Device { path: m });
-        }
-        let mut options = self.settings.map_options.clone();
-        if let Some(o) = ctx.volume_context.get(CTX_MAP_OPTIONS) {
-            check_map_options(o)?;
-            if !options.is_empty() {
-                options.push(',');
-            }
-            options.push_str(o);
-        }
-        if ctx.readonly {
-            if !options.is_empty() {
-                options.push(',');
-            }
-            options.push_str("ro");
-        }
-        let path = self.cli.map(&creds, &spec, &options).await?;
+        let path = match self.find_mapping(&spec).await? {
+            Some(m) => m,
+            None => self.map(&creds, &spec, ctx).await?,
+        };
+        let client = self
+            .record_client(&creds, &spec, node, &path, &meta)
+            .await?;
+        self.staged.locked().insert(
+            id.to_string(),
+            Staged {
+                secrets: ctx.secrets.clone(),
+                node: node.to_string(),
+                client,
+            },
+        );
         Ok(Attachment::Device { path })
     }
 
@@ -1105,6 +1136,17 @@ impl Backend for RbdBackend {
                 }
             }
         }
+        // Unmapped: this node's client record goes, so the detach has no
+        // one to fence. Without the stage's secrets (the driver restarted
+        // since) it stays, and the detach fences a client that is gone.
+        let staged = self.staged.locked().get(&id.to_string()).cloned();
+        if let Some(Staged { secrets, node, .. }) = staged {
+            let creds = self.creds(&secrets)?;
+            self.rbd()
+                .remove_meta(&creds, &spec, &format!("{META_CLIENT}{node}"))
+                .await?;
+            self.staged.locked().remove(&id.to_string());
+        }
         Ok(())
     }
 
@@ -1140,6 +1182,22 @@ impl Backend for RbdBackend {
                 spec.arg()
             )));
         }
+        // The client this node recorded at stage is no longer in the
+        // image: a detach fenced it (blocklisted; its I/O fails).
+        let staged = self.staged.locked().get(&id.to_string()).cloned();
+        if let Some(Staged {
+            secrets,
+            node,
+            client: Some(addr),
+        }) = staged
+        {
+            let meta = self.rbd().meta(&self.creds(&secrets)?, &spec).await?;
+            if meta.get(&format!("{META_CLIENT}{node}")) != Some(&addr) {
+                return Ok(Some(format!(
+                    "the volume was detached from this node while staged here: its client {addr} is fenced"
+                )));
+            }
+        }
         // With credentials of its own, the node also asks the cluster
         // (bounded by the command timeout).
         if let Ok(creds) = self.creds(&Secrets::default()) {
@@ -1152,6 +1210,87 @@ impl Backend for RbdBackend {
 }
 
 impl RbdBackend {
+    /// Maps the image on this node, with its own client (`noshare`).
+    async fn map(&self, creds: &Creds, spec: &Spec, ctx: &AttachContext) -> Result<PathBuf> {
+        let mut options: Vec<&str> = Vec::new();
+        if !self.settings.map_options.is_empty() {
+            options.push(&self.settings.map_options);
+        }
+        if let Some(o) = ctx.volume_context.get(CTX_MAP_OPTIONS) {
+            check_map_options(o)?;
+            options.push(o);
+        }
+        if ctx.readonly {
+            options.push("ro");
+        }
+        if !options.iter().any(|o| o.split(',').any(|x| x == "noshare")) {
+            options.push("noshare");
+        }
+        self.cli.map(creds, spec, &options.join(",")).await
+    }
+
+    /// Records in the image which client maps it on `node` (the mapping at
+    /// `device`), unless it says so already; returns the address. A kernel
+    /// that does not show its client's address leaves nothing to fence
+    /// (logged).
+    async fn record_client(
+        &self,
+        creds: &Creds,
+        spec: &Spec,
+        node: &str,
+        device: &std::path::Path,
+        meta: &BTreeMap<String, String>,
+    ) -> Result<Option<String>> {
+        let dev_id = device
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("rbd"))
+            .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            .ok_or_else(|| Error::internal(format!("{} is not an rbd device", device.display())))?;
+        let attr = self
+            .sysfs
+            .join("bus/rbd/devices")
+            .join(dev_id)
+            .join("client_addr");
+        let addr = match std::fs::read_to_string(&attr) {
+            Ok(a) => a.trim().to_string(),
+            Err(e) => {
+                tracing::warn!(device = %device.display(), error = %e,
+                    "the kernel shows no client address for the mapping: a detach cannot fence it");
+                return Ok(None);
+            }
+        };
+        cluster::check_client_addr(&addr)?;
+        let key = format!("{META_CLIENT}{node}");
+        if meta.get(&key) != Some(&addr) {
+            self.rbd().set_meta(creds, spec, &key, &addr).await?;
+        }
+        Ok(Some(addr))
+    }
+
+    /// Controller side, at detach: the client `node` recorded is denied
+    /// the cluster before its mark goes, so none of its writes land once
+    /// the volume is someone else's. A node that unstaged removed its
+    /// record; one that did not (lost, frozen, its teardown never came)
+    /// is fenced.
+    async fn fence(
+        &self,
+        creds: &Creds,
+        spec: &Spec,
+        id: &VolumeId,
+        node: &str,
+        addr: &str,
+    ) -> Result<()> {
+        self.rbd()
+            .blocklist(creds, addr, self.settings.fence_expiry)
+            .await?;
+        tracing::warn!(volume = %id, %node, client = %addr, expire_secs = self.settings.fence_expiry,
+            "fenced: the node still had the image mapped at detach; its client is blocklisted");
+        self.rbd()
+            .remove_meta(creds, spec, &format!("{META_CLIENT}{node}"))
+            .await
+    }
+
     /// Makes `tmp` a copy of a new volume's source (a volume's full copy,
     /// or a clone of a snapshot's `base`); the source's size.
     async fn copy_source(

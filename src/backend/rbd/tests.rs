@@ -29,6 +29,7 @@ fn backend(r: Arc<FakeRunner>, dir: &std::path::Path, own_user: bool) -> RbdBack
         max_clone_depth: 1,
         image_features: "layering".into(),
         map_options: "queue_depth=128".into(),
+        fence_expiry: 3600,
         client: Client::Cli,
     };
     RbdBackend::new("rbd", settings, r, dir.to_path_buf())
@@ -558,6 +559,107 @@ async fn publish_fences_single_node_volumes() {
     assert_eq!(b.supports(&fs).unwrap_err().kind, Kind::InvalidArgument);
 }
 
+/// A detach that finds a node's client record (the node never unstaged:
+/// lost, frozen) blocklists that client before the node's mark goes; a
+/// node that unstaged left no record, and nothing is blocklisted.
+#[tokio::test]
+async fn detach_fences_a_client_still_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = Arc::new(FakeRunner::new());
+    let b = backend(r.clone(), dir.path(), false);
+    let id = VolumeId::parse("rbd:v1.c1.rbd._e.fv-a").unwrap();
+    let held = r#"{"ferrovol.name":"a","ferrovol.node.node-a":"single","ferrovol.client.node-a":"10.0.0.2:0/3459289423"}"#;
+    r.expect("rbd", Reply::Ok(info("fv-a", MIB)))
+        .expect("rbd", Reply::Ok(held.into()))
+        .ok("ceph")
+        .ok("rbd")
+        .ok("rbd");
+    b.controller_detach(&id, Some("node-a/rbd"), &secrets())
+        .await
+        .unwrap();
+    let o = ops(&r);
+    let n = o.len();
+    assert!(
+        o[n - 3].ends_with("--connect-timeout 20 osd blocklist add 10.0.0.2:0/3459289423 3600"),
+        "{o:?}"
+    );
+    assert_eq!(
+        o[n - 2..],
+        [
+            "image-meta remove rbd/fv-a ferrovol.client.node-a",
+            "image-meta remove rbd/fv-a ferrovol.node.node-a"
+        ]
+    );
+    // Unstaged there: no record, no blocklist.
+    r.expect("rbd", Reply::Ok(info("fv-a", MIB)))
+        .expect(
+            "rbd",
+            Reply::Ok(r#"{"ferrovol.name":"a","ferrovol.node.node-a":"single"}"#.into()),
+        )
+        .ok("rbd");
+    b.controller_detach(&id, Some("node-a/rbd"), &secrets())
+        .await
+        .unwrap();
+    assert!(r.lines().iter().filter(|l| l.contains("blocklist")).count() == 1);
+    // A record that is not a client address is never put on a command line.
+    let bad = r#"{"ferrovol.name":"a","ferrovol.client.node-a":"10.0.0.2:0/1 --yes"}"#;
+    r.expect("rbd", Reply::Ok(info("fv-a", MIB)))
+        .expect("rbd", Reply::Ok(bad.into()));
+    let e = b
+        .controller_detach(&id, Some("node-a/rbd"), &secrets())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::Internal, "{e}");
+    assert!(r.lines().iter().filter(|l| l.contains("blocklist")).count() == 1);
+}
+
+/// A node whose recorded client left the image while it was staged there
+/// (a detach fenced it) reports the volume abnormal, naming the client.
+#[tokio::test]
+async fn a_fenced_stage_is_abnormal() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = Arc::new(FakeRunner::new());
+    let b = backend(r.clone(), dir.path(), false);
+    let id = VolumeId::parse("rbd:v1.c1.rbd._e.fv-a").unwrap();
+    let dev0 = dir.path().join("sys/bus/rbd/devices/0");
+    std::fs::create_dir_all(&dev0).unwrap();
+    std::fs::write(dev0.join("client_addr"), "10.0.0.2:0/77\n").unwrap();
+    let recorded = r#"{"ferrovol.node.node-a":"single","ferrovol.client.node-a":"10.0.0.2:0/77"}"#;
+    // Found mapped, its client recorded already: nothing written.
+    r.expect("rbd", Reply::Ok(recorded.into()))
+        .expect("rbd", Reply::Ok(MAPPED.into()));
+    let a = b.node_attach(&id, &stage_ctx("node-a")).await.unwrap();
+    assert!(!ops(&r).iter().any(|l| l.contains("image-meta set")));
+    r.expect("rbd", Reply::Ok(MAPPED.into()))
+        .expect("rbd", Reply::Ok(recorded.into()));
+    assert_eq!(b.node_condition(&id, &a).await.unwrap(), None);
+    r.expect("rbd", Reply::Ok(MAPPED.into()))
+        .expect("rbd", Reply::Ok(r#"{"ferrovol.name":"a"}"#.into()));
+    let c = b.node_condition(&id, &a).await.unwrap().unwrap();
+    assert!(c.contains("fenced") && c.contains("10.0.0.2:0/77"), "{c}");
+}
+
+#[test]
+fn client_addresses_are_checked() {
+    for ok in [
+        "10.0.0.2:0/3459289423",
+        "[fd00::2]:0/17",
+        "127.0.0.1:6789/0",
+    ] {
+        cluster::check_client_addr(ok).unwrap();
+    }
+    for bad in [
+        "",
+        "10.0.0.2:0",
+        "10.0.0.2/1",
+        "10.0.0.2:0/x",
+        "a b:0/1",
+        "10.0.0.2:0/1;x",
+    ] {
+        assert!(cluster::check_client_addr(bad).is_err(), "{bad}");
+    }
+}
+
 #[test]
 fn capacity_is_what_the_pool_can_still_take() {
     let df = r#"{"stats":{},"pools":[
@@ -604,13 +706,18 @@ async fn the_node_maps_only_what_is_published_to_it() {
     assert!(!ops(&r).iter().any(|l| l.contains("map")));
 
     // Published here: mapped with the config's, the class's and read-only
-    // options.
+    // options, with a client of its own; the client's address (as the
+    // kernel shows it) is recorded in the image.
+    let dev3 = dir.path().join("sys/bus/rbd/devices/3");
+    std::fs::create_dir_all(&dev3).unwrap();
+    std::fs::write(dev3.join("client_addr"), "10.0.0.2:0/3459289423\n").unwrap();
     r.expect(
         "rbd",
         Reply::Ok(r#"{"ferrovol.name":"a","ferrovol.node.node-a":"single"}"#.into()),
     )
     .expect("rbd", Reply::Ok("[]".into()))
-    .expect("rbd", Reply::Ok("/dev/rbd3\n".into()));
+    .expect("rbd", Reply::Ok("/dev/rbd3\n".into()))
+    .ok("rbd");
     let a = b.node_attach(&id, &stage_ctx("node-a")).await.unwrap();
     assert_eq!(
         a,
@@ -618,9 +725,13 @@ async fn the_node_maps_only_what_is_published_to_it() {
             path: "/dev/rbd3".into()
         }
     );
+    let o = ops(&r);
     assert_eq!(
-        ops(&r).last().unwrap(),
-        "device map rbd/fv-a --options queue_depth=128,ms_mode=crc,ro"
+        o[o.len() - 2..],
+        [
+            "device map rbd/fv-a --options queue_depth=128,ms_mode=crc,ro,noshare",
+            "image-meta set rbd/fv-a ferrovol.client.node-a 10.0.0.2:0/3459289423"
+        ]
     );
     // After a restart: the mapping is found.
     r.expect("rbd", Reply::Ok(r#"{"ferrovol.name":"a"}"#.into()))
@@ -633,14 +744,21 @@ async fn the_node_maps_only_what_is_published_to_it() {
         }
     );
 
-    // Unstage unmaps; not mapped is success.
+    // Unstage unmaps, then removes this node's client record (with the
+    // stage's secrets); not mapped is success, with nothing left to remove.
     r.expect("rbd", Reply::Ok(MAPPED.into()))
         .ok("rbd")
-        .expect("rbd", Reply::Ok("[]".into()));
+        .expect("rbd", Reply::Ok("[]".into()))
+        .ok("rbd");
     b.node_detach(&id, Some(&a)).await.unwrap();
     assert!(r.lines().iter().any(|l| l == "rbd device unmap /dev/rbd0"));
+    assert_eq!(
+        ops(&r).last().unwrap(),
+        "image-meta remove rbd/fv-a ferrovol.client.node-a"
+    );
     r.expect("rbd", Reply::Ok(String::new()));
     b.node_detach(&id, None).await.unwrap();
+    assert!(ops(&r).last().unwrap().starts_with("device list"));
 
     // Condition: the mapping gone is abnormal.
     r.expect("rbd", Reply::Ok("[]".into()));
