@@ -344,8 +344,10 @@ impl NfsServer {
             });
             child
         });
+        // Loopback, and the private network a peer guest is on.
         let line = format!(
-            "{} 127.0.0.1(rw,no_root_squash,insecure,fsid=0,no_subtree_check)\n",
+            "{0} 127.0.0.1(rw,no_root_squash,insecure,fsid=0,no_subtree_check) \
+             10.0.0.0/24(rw,no_root_squash,insecure,fsid=0,no_subtree_check)\n",
             export.display()
         );
         std::fs::write("/etc/exports", line).unwrap();

@@ -11,8 +11,8 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
-const SNRO: i32 = 2;
-const SNSW: i32 = 7;
+const MNRO: i32 = 3;
+const SNSW: i32 = 6;
 
 /// An iscsi backend on `tgtd` (listening on the private network), its LUNs
 /// in a file pool; the same text configures both nodes. A session that
@@ -128,10 +128,6 @@ fn direct_sum(path: &Path) -> String {
 
 /// What differs between the backends in [`move_and_fence`].
 struct Backend<'a> {
-    /// The driver's config, for both nodes (`@DIR@` each node's folder).
-    config: String,
-    /// The peer's, when it differs (a path only this guest has).
-    peer_config: Option<String>,
     secrets: Secrets,
     /// How a refusal names node A.
     a_named: &'a str,
@@ -150,10 +146,9 @@ struct Backend<'a> {
 /// detach fences A before it answers, B takes the volume over, and when A
 /// runs again none of its writes reach the volume. A's node reports the
 /// volume abnormal and unstages cleanly; nothing is left on A.
-async fn move_and_fence(h: &Harness, b: Backend<'_>, name: &str) {
+async fn move_and_fence(h: &Harness, a: &PeerDriver, b: &Backend<'_>, name: &str) {
     let t0 = std::time::Instant::now();
     let step = |what: &str| eprintln!("[{:6.1} s] {name}: {what}", t0.elapsed().as_secs_f64());
-    let a = PeerDriver::start(b.peer_config.as_ref().unwrap_or(&b.config), "node-a").await;
     let node_a = a.node_id().await;
     let node_b = h.node_id().await;
     let secrets = &b.secrets;
@@ -189,7 +184,7 @@ async fn move_and_fence(h: &Harness, b: Backend<'_>, name: &str) {
     step("attach to A, stage, write");
     // On A: attached, staged, published, written.
     let ctx = attach(&node_a).await;
-    let (a_staging, a_target) = stage_on_peer(&a, &id, "v", &cap, &ctx, secrets).await;
+    let (a_staging, a_target) = stage_on_peer(a, &id, "v", &cap, &ctx, secrets).await;
     a.peer
         .sh(&format!("echo written-on-a > {a_target}/data && sync"));
     assert!((b.a_holds)());
@@ -230,7 +225,7 @@ async fn move_and_fence(h: &Harness, b: Backend<'_>, name: &str) {
     h.unpublish_unstage(&id, &b_staging, &b_target).await;
     detach(&node_b).await;
     let ctx = attach(&node_a).await;
-    let (a_staging, a_target) = stage_on_peer(&a, &id, "v", &cap, &ctx, secrets).await;
+    let (a_staging, a_target) = stage_on_peer(a, &id, "v", &cap, &ctx, secrets).await;
 
     step("A writes");
     // A writes without pause: 64 KiB blocks straight to the device.
@@ -347,8 +342,309 @@ async fn move_and_fence(h: &Harness, b: Backend<'_>, name: &str) {
         .unwrap();
 }
 
-/// [`move_and_fence`] on iscsi: the detach takes A's initiator out of the
-/// target's ACL and closes its connections.
+/// A raw block volume moves from A to B the way the CO moves it, and B
+/// reads what A wrote to the device; B is refused, naming A, in every
+/// single-node mode while A holds it.
+async fn move_block(h: &Harness, a: &PeerDriver, b: &Backend<'_>, name: &str) {
+    let node_a = a.node_id().await;
+    let node_b = h.node_id().await;
+    let secrets = &b.secrets;
+    let cap = block_cap(SNW);
+    let mut create = create_req(name, 32 * MIB, cap.clone());
+    create.secrets = secrets.clone();
+    let id = h
+        .controller()
+        .create_volume(create)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let ctx = h
+        .controller()
+        .controller_publish_volume(attach_req(&id, &node_a, &cap, secrets))
+        .await
+        .unwrap()
+        .into_inner()
+        .publish_context;
+    let (a_staging, a_target) = stage_on_peer(a, &id, "blk", &cap, &ctx, secrets).await;
+    let pattern = format!("moved-block-{name}");
+    a.peer.sh(&format!(
+        "printf %s {pattern} | dd of={a_target} bs=4096 conv=sync,notrunc,fsync status=none"
+    ));
+    for mode in [SNW, SNRO, SNSW, SNMW] {
+        let r = h
+            .controller()
+            .controller_publish_volume(attach_req(&id, &node_b, &block_cap(mode), secrets))
+            .await;
+        assert_eq!(
+            code(&r),
+            tonic::Code::FailedPrecondition,
+            "mode {mode}: {r:?}"
+        );
+        assert!(format!("{r:?}").contains(b.a_named), "{r:?}");
+    }
+    a.node()
+        .node_unpublish_volume(unpublish_req(&id, Path::new(&a_target)))
+        .await
+        .unwrap();
+    a.node()
+        .node_unstage_volume(unstage_req(&id, Path::new(&a_staging)))
+        .await
+        .unwrap();
+    assert!(
+        !(b.a_holds)(),
+        "A still holds the block volume after its unstage"
+    );
+    h.controller()
+        .controller_unpublish_volume(detach_req(&id, &node_a, secrets))
+        .await
+        .unwrap();
+    let ctx = h
+        .controller()
+        .controller_publish_volume(attach_req(&id, &node_b, &cap, secrets))
+        .await
+        .unwrap()
+        .into_inner()
+        .publish_context;
+    let (b_staging, b_target) = stage_here(h, &id, "blk", &cap, &ctx, secrets).await;
+    let head = run(
+        "sh",
+        &[
+            "-c",
+            &format!(
+                "dd if={} bs=4096 count=1 iflag=direct status=none | head -c {}",
+                b_target.display(),
+                pattern.len()
+            ),
+        ],
+    );
+    assert_eq!(head, pattern);
+    h.unpublish_unstage(&id, &b_staging, &b_target).await;
+    h.controller()
+        .controller_unpublish_volume(detach_req(&id, &node_b, secrets))
+        .await
+        .unwrap();
+    h.controller()
+        .delete_volume(pb::DeleteVolumeRequest {
+            volume_id: id.clone(),
+            secrets: secrets.clone(),
+        })
+        .await
+        .unwrap();
+}
+
+/// An rbd block volume shared by both nodes: MULTI_NODE_MULTI_WRITER
+/// published to both, each reads what the other wrote; then read-only on
+/// both (MULTI_NODE_READER_ONLY), where writes fail on both.
+async fn share_block(h: &Harness, a: &PeerDriver, b: &Backend<'_>) {
+    let node_a = a.node_id().await;
+    let node_b = h.node_id().await;
+    let secrets = &b.secrets;
+    let cap = block_cap(MNMW);
+    let mut create = create_req("pvc-two-shared", 32 * MIB, cap.clone());
+    create.secrets = secrets.clone();
+    let id = h
+        .controller()
+        .create_volume(create)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let mut on = Vec::new();
+    for node in [&node_a, &node_b] {
+        on.push(
+            h.controller()
+                .controller_publish_volume(attach_req(&id, node, &cap, secrets))
+                .await
+                .unwrap()
+                .into_inner()
+                .publish_context,
+        );
+    }
+    let (a_staging, a_target) = stage_on_peer(a, &id, "shared", &cap, &on[0], secrets).await;
+    let (b_staging, b_target) = stage_here(h, &id, "shared", &cap, &on[1], secrets).await;
+    let b_dev = b_target.display().to_string();
+    a.peer.sh(&format!(
+        "printf from-a | dd of={a_target} bs=4096 conv=sync,notrunc,fsync status=none"
+    ));
+    run(
+        "sh",
+        &[
+            "-c",
+            &format!(
+                "printf from-b | dd of={b_dev} bs=4096 seek=1 conv=sync,notrunc,fsync status=none"
+            ),
+        ],
+    );
+    let read = |dev: &str, block: u32| {
+        format!("dd if={dev} bs=4096 skip={block} count=1 iflag=direct status=none | head -c 6")
+    };
+    assert_eq!(run("sh", &["-c", &read(&b_dev, 0)]), "from-a");
+    assert_eq!(a.peer.sh(&read(&a_target, 1)), "from-b");
+    for (node, ctx) in [(&node_a, &on[0]), (&node_b, &on[1])] {
+        let _ = ctx;
+        if node == &node_a {
+            a.node()
+                .node_unpublish_volume(unpublish_req(&id, Path::new(&a_target)))
+                .await
+                .unwrap();
+            a.node()
+                .node_unstage_volume(unstage_req(&id, Path::new(&a_staging)))
+                .await
+                .unwrap();
+        } else {
+            h.unpublish_unstage(&id, &b_staging, &b_target).await;
+        }
+        h.controller()
+            .controller_unpublish_volume(detach_req(&id, node, secrets))
+            .await
+            .unwrap();
+    }
+
+    // Read-only on both: both read, neither writes.
+    let ro = block_cap(MNRO);
+    let mut on = Vec::new();
+    for node in [&node_a, &node_b] {
+        let mut r = attach_req(&id, node, &ro, secrets);
+        r.readonly = true;
+        on.push(
+            h.controller()
+                .controller_publish_volume(r)
+                .await
+                .unwrap()
+                .into_inner()
+                .publish_context,
+        );
+    }
+    let (a_staging, a_target) = stage_on_peer(a, &id, "ro", &ro, &on[0], secrets).await;
+    let (b_staging, b_target) = stage_here(h, &id, "ro", &ro, &on[1], secrets).await;
+    let b_dev = b_target.display().to_string();
+    assert_eq!(a.peer.sh(&read(&a_target, 1)), "from-b");
+    assert_eq!(run("sh", &["-c", &read(&b_dev, 0)]), "from-a");
+    let write =
+        |dev: &str| format!("printf x | dd of={dev} bs=4096 conv=sync,notrunc,fsync status=none");
+    assert_ne!(
+        Peer::try_sh(&write(&a_target)).unwrap().0,
+        0,
+        "A wrote to a read-only volume"
+    );
+    assert!(
+        !std::process::Command::new("sh")
+            .args(["-c", &write(&b_dev)])
+            .status()
+            .unwrap()
+            .success(),
+        "B wrote to a read-only volume"
+    );
+    a.node()
+        .node_unpublish_volume(unpublish_req(&id, Path::new(&a_target)))
+        .await
+        .unwrap();
+    a.node()
+        .node_unstage_volume(unstage_req(&id, Path::new(&a_staging)))
+        .await
+        .unwrap();
+    h.unpublish_unstage(&id, &b_staging, &b_target).await;
+    for node in [&node_a, &node_b] {
+        h.controller()
+            .controller_unpublish_volume(detach_req(&id, node, secrets))
+            .await
+            .unwrap();
+    }
+    h.controller()
+        .delete_volume(pb::DeleteVolumeRequest {
+            volume_id: id.clone(),
+            secrets: secrets.clone(),
+        })
+        .await
+        .unwrap();
+}
+
+/// An nfs volume staged on both nodes at once: each sees the files the
+/// other writes, through its own mount of the export. (nfs has no attach:
+/// nothing to publish to a node, nothing to fence.)
+#[tokio::test]
+#[ignore = "needs the two-node guest: run tests/guest/suite"]
+async fn guest_two_nodes_nfs_volume_is_written_from_both() {
+    require_guest();
+    let server = NfsServer::new();
+    let config = format!(
+        "[[backend]]\ntype = \"nfs\"\n[[backend.export]]\nname = \"main\"\nserver = \"{MAIN_ADDR}\"\n\
+         share = \"/\"\nversion = \"4.2\"\n"
+    );
+    let h = Harness::start_with(Some(&config)).await;
+    let a = PeerDriver::start(&config, "node-a").await;
+    let cap = mount_cap("", MNMW);
+    let vol = h
+        .controller()
+        .create_volume(create_req("pvc-two-nfs", 64 * MIB, cap.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let id = vol.volume_id.clone();
+    let none = HashMap::new();
+    let (a_staging, a_target) = stage_on_peer(&a, &id, "nfs", &cap, &none, &none).await;
+    let (b_staging, b_target) = stage_here(&h, &id, "nfs", &cap, &none, &none).await;
+    // Both write at once; each sees the other's file.
+    let writer_a = Peer::try_sh(&format!(
+        "for i in $(seq 50); do echo $i >> {a_target}/from-a; done; sync"
+    ));
+    for i in 1..=50 {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(b_target.join("from-b"))
+            .unwrap();
+        writeln!(f, "{i}").unwrap();
+    }
+    assert_eq!(writer_a.unwrap().0, 0);
+    let lines = |text: String| text.lines().count();
+    wait_for("B to see A's file", Duration::from_secs(30), || {
+        std::fs::read_to_string(b_target.join("from-a")).is_ok_and(|t| lines(t) == 50)
+    });
+    wait_for("A to see B's file", Duration::from_secs(30), || {
+        Peer::try_sh(&format!("cat {a_target}/from-b"))
+            .is_ok_and(|(rc, out)| rc == 0 && lines(out) == 50)
+    });
+    assert_eq!(
+        std::fs::read_to_string(server.export.join("pvc-two-nfs/from-a"))
+            .map(lines)
+            .unwrap(),
+        50
+    );
+    a.node()
+        .node_unpublish_volume(unpublish_req(&id, Path::new(&a_target)))
+        .await
+        .unwrap();
+    a.node()
+        .node_unstage_volume(unstage_req(&id, Path::new(&a_staging)))
+        .await
+        .unwrap();
+    h.unpublish_unstage(&id, &b_staging, &b_target).await;
+    assert_eq!(
+        a.peer
+            .sh(&format!("grep -c ' {}' /proc/mounts || true", a.dir))
+            .trim(),
+        "0"
+    );
+    h.controller()
+        .delete_volume(pb::DeleteVolumeRequest {
+            volume_id: id,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}
+
+/// [`move_block`] and [`move_and_fence`] on iscsi: the detach takes A's
+/// initiator out of the target's ACL and closes its connections.
 #[tokio::test]
 #[ignore = "needs the two-node guest: run tests/guest/suite"]
 async fn guest_two_nodes_iscsi_moves_and_fences_a_lost_node() {
@@ -374,20 +670,21 @@ async fn guest_two_nodes_iscsi_moves_and_fences_a_lost_node() {
         }
     };
     let backend = Backend {
-        config: config.clone(),
-        peer_config: None,
         secrets: Secrets::new(),
         a_named: PEER_INITIATOR,
         a_holds: &|| sessions() > 0,
         a_shut_out: &shut_out,
     };
-    move_and_fence(&h, backend, "pvc-two-iscsi").await;
+    let a = PeerDriver::start(&config, "node-a").await;
+    move_block(&h, &a, &backend, "pvc-two-iscsi-blk").await;
+    move_and_fence(&h, &a, &backend, "pvc-two-iscsi").await;
     let left = tgtd.tgtadm(&["--op", "show", "--mode", "target"]);
     assert!(!left.contains(prefix), "{left}");
 }
 
-/// [`move_and_fence`] on rbd: the detach blocklists the client A recorded
-/// at stage (each mapping has its own), before A's mark goes.
+/// [`move_block`] and [`move_and_fence`] on rbd: the detach blocklists the
+/// client A recorded at stage (each mapping has its own), before A's mark
+/// goes.
 #[tokio::test]
 #[ignore = "needs the two-node guest: run tests/guest/suite"]
 async fn guest_two_nodes_rbd_moves_and_fences_a_lost_node() {
@@ -423,15 +720,16 @@ async fn guest_two_nodes_rbd_moves_and_fences_a_lost_node() {
             false => Err(format!("A's client is not blocklisted:\n{now}")),
         }
     };
+    let a = PeerDriver::start(&peer_config, "node-a").await;
     let backend = Backend {
-        config: config.clone(),
-        peer_config: Some(peer_config),
         secrets: secrets.clone(),
         a_named: "node-a",
         a_holds: &|| mapped() > 0,
         a_shut_out: &shut_out,
     };
-    move_and_fence(&h, backend, "pvc-two-rbd").await;
+    move_block(&h, &a, &backend, "pvc-two-rbd-blk").await;
+    share_block(&h, &a, &backend).await;
+    move_and_fence(&h, &a, &backend, "pvc-two-rbd").await;
     let left = cluster.rbd(&["ls", "rbd"]);
     assert!(left.trim().is_empty(), "{left}");
 }

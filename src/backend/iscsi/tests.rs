@@ -484,6 +484,20 @@ impl TgtdState {
                     }
                 }
             }
+            // Session N is the Nth of the target's sessions, connection 0.
+            (MODE_CONNECTION, OP_DELETE) => {
+                let sid = u64::from_ne_bytes(header[80..88].try_into().unwrap()) as usize;
+                let cid = word(96);
+                match self.targets.get_mut(&tid_u) {
+                    None => (NO_TARGET, String::new()),
+                    Some(t) if sid == 0 || sid > t.sessions.len() => (NO_SESSION, String::new()),
+                    Some(_) if cid != 0 => (NO_CONNECTION, String::new()),
+                    Some(t) => {
+                        t.sessions[sid - 1] = String::new();
+                        (0, String::new())
+                    }
+                }
+            }
             (MODE_CONNECTION, OP_SHOW) => match self.targets.get(&tid_u) {
                 None => (NO_TARGET, String::new()),
                 Some(t) => (
@@ -491,6 +505,7 @@ impl TgtdState {
                     t.sessions
                         .iter()
                         .enumerate()
+                        .filter(|(_, s)| !s.is_empty())
                         .map(|(i, s)| {
                             format!("Session: {}\n\tConnection: 0\n\t\tInitiator: {s}\n\t\tIP Address: 127.0.0.1\n", i + 1)
                         })
@@ -843,12 +858,39 @@ async fn publish_sets_chap_then_the_acl_and_unpublish_takes_it_back() {
         Kind::NotFound
     );
 
-    // Unpublish takes the initiator out of the ACL; again, and for an
-    // unknown volume, it is a no-op.
+    // Unpublish takes the initiator out of the ACL and, when the node is
+    // still logged in (lost: its unstage never came), closes its
+    // connections: another initiator's stay. Again, and for an unknown
+    // volume, it is a no-op.
+    let tid = t.target(IQN).unwrap().0;
+    t.edit(|st| {
+        st.targets.get_mut(&tid).unwrap().sessions =
+            vec!["iqn.2026-01.io.other:n".into(), INITIATOR.into()]
+    });
     b.controller_detach(&id, Some(NODE), &Secrets::default())
         .await
         .unwrap();
-    assert!(t.target(IQN).unwrap().1.acl.is_empty());
+    let (_, after) = t.target(IQN).unwrap();
+    assert!(after.acl.is_empty());
+    assert_eq!(after.sessions, ["iqn.2026-01.io.other:n", ""]);
+    let closes: Vec<_> = t
+        .requests()
+        .into_iter()
+        .filter(|r| (r.0, r.1) == (MODE_CONNECTION, OP_DELETE))
+        .collect();
+    assert_eq!(closes.len(), 1);
+    // The ACL went first: a closed connection cannot log in again.
+    let order: Vec<_> = t.requests().into_iter().map(|r| (r.0, r.1)).collect();
+    let unbind = order
+        .iter()
+        .rposition(|r| *r == (MODE_TARGET, OP_UNBIND))
+        .unwrap();
+    let close = order
+        .iter()
+        .rposition(|r| *r == (MODE_CONNECTION, OP_DELETE))
+        .unwrap();
+    assert!(unbind < close, "{order:?}");
+    t.edit(|st| st.targets.get_mut(&tid).unwrap().sessions.clear());
     b.controller_detach(&id, Some(NODE), &Secrets::default())
         .await
         .unwrap();
