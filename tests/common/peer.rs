@@ -45,7 +45,10 @@ impl Peer {
         let mut out = String::new();
         for line in BufReader::new(s).lines() {
             let line = line?;
-            if let Some(rc) = line.strip_prefix("peer-exit=") {
+            // The exit line follows the output, on the output's last line
+            // when that has no newline.
+            if let Some((last, rc)) = line.rsplit_once("peer-exit=") {
+                out.push_str(last);
                 return Ok((rc.trim().parse().unwrap_or(-1), out));
             }
             out.push_str(&line);

@@ -8,7 +8,7 @@ use super::common::peer::*;
 use super::common::*;
 use ferrovol::proto as pb;
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 const MNRO: i32 = 3;
@@ -29,101 +29,190 @@ fn iscsi_config(prefix: &str, tgtd: &Tgtd) -> String {
 }
 
 type Secrets = HashMap<String, String>;
+type Context = HashMap<String, String>;
 
-fn attach_req(
-    id: &str,
-    node: &str,
-    cap: &pb::VolumeCapability,
-    secrets: &Secrets,
-) -> pb::ControllerPublishVolumeRequest {
-    pb::ControllerPublishVolumeRequest {
-        volume_id: id.into(),
-        node_id: node.into(),
-        volume_capability: Some(cap.clone()),
-        secrets: secrets.clone(),
-        ..Default::default()
+/// Both nodes, as the CO drives them: the controller and node B here, node
+/// A on the peer, with the secrets every call carries.
+struct Nodes<'a> {
+    h: &'a Harness,
+    a: &'a PeerDriver,
+    secrets: Secrets,
+    node_a: String,
+    node_b: String,
+}
+
+impl<'a> Nodes<'a> {
+    async fn new(h: &'a Harness, a: &'a PeerDriver, secrets: &Secrets) -> Nodes<'a> {
+        Nodes {
+            h,
+            a,
+            secrets: secrets.clone(),
+            node_a: a.node_id().await,
+            node_b: h.node_id().await,
+        }
+    }
+
+    async fn create(&self, name: &str, size: i64, cap: &pb::VolumeCapability) -> String {
+        let mut r = create_req(name, size, cap.clone());
+        r.secrets = self.secrets.clone();
+        let vol = self.h.controller().create_volume(r).await.unwrap();
+        vol.into_inner().volume.unwrap().volume_id
+    }
+
+    async fn delete(&self, id: &str) {
+        let r = pb::DeleteVolumeRequest {
+            volume_id: id.into(),
+            secrets: self.secrets.clone(),
+        };
+        self.h.controller().delete_volume(r).await.unwrap();
+    }
+
+    /// ControllerPublish to `node`.
+    async fn try_attach(
+        &self,
+        id: &str,
+        node: &str,
+        cap: &pb::VolumeCapability,
+        readonly: bool,
+    ) -> Result<Context, tonic::Status> {
+        let r = pb::ControllerPublishVolumeRequest {
+            volume_id: id.into(),
+            node_id: node.into(),
+            volume_capability: Some(cap.clone()),
+            readonly,
+            secrets: self.secrets.clone(),
+            ..Default::default()
+        };
+        let answer = self.h.controller().controller_publish_volume(r).await?;
+        Ok(answer.into_inner().publish_context)
+    }
+
+    async fn attach(&self, id: &str, node: &str, cap: &pb::VolumeCapability) -> Context {
+        self.try_attach(id, node, cap, false).await.unwrap()
+    }
+
+    /// ControllerUnpublish for `node`.
+    async fn detach(&self, id: &str, node: &str) {
+        let r = pb::ControllerUnpublishVolumeRequest {
+            volume_id: id.into(),
+            node_id: node.into(),
+            secrets: self.secrets.clone(),
+        };
+        self.h
+            .controller()
+            .controller_unpublish_volume(r)
+            .await
+            .unwrap();
+    }
+
+    /// B is refused, naming A, in each mode of `caps` while A holds `id`.
+    async fn b_refused(&self, id: &str, caps: &[pb::VolumeCapability], a_named: &str) {
+        for cap in caps {
+            let r = self.try_attach(id, &self.node_b, cap, false).await;
+            let e = r.expect_err("B was let in while A holds the volume");
+            assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{cap:?}: {e}");
+            assert!(e.message().contains(a_named), "{e}");
+        }
+    }
+
+    /// Stage and publish on A (the peer) as `name`, with the context of
+    /// the attach to A.
+    async fn stage_a(
+        &self,
+        id: &str,
+        name: &str,
+        cap: &pb::VolumeCapability,
+        ctx: &Context,
+    ) -> (String, String) {
+        let staging = self.a.path(&format!("kubelet/staging/{name}"));
+        let target = self.a.path(&format!("kubelet/pods/{name}"));
+        self.a.peer.sh(&format!("mkdir -p {staging}"));
+        let stage = pb::NodeStageVolumeRequest {
+            publish_context: ctx.clone(),
+            secrets: self.secrets.clone(),
+            ..stage_req(id, Path::new(&staging), cap.clone())
+        };
+        if let Err(e) = self.a.node().node_stage_volume(stage).await {
+            panic!("stage on the peer: {e}\n{}", self.a.log());
+        }
+        let (s, t) = (Path::new(&staging), Path::new(&target));
+        let publish = publish_req(id, s, t, cap.clone(), false);
+        self.a.node().node_publish_volume(publish).await.unwrap();
+        (staging, target)
+    }
+
+    /// Unpublish and unstage on A.
+    async fn unstage_a(&self, id: &str, (staging, target): &(String, String)) {
+        let unpublish = unpublish_req(id, Path::new(target));
+        self.a
+            .node()
+            .node_unpublish_volume(unpublish)
+            .await
+            .unwrap();
+        let unstage = unstage_req(id, Path::new(staging));
+        if let Err(e) = self.a.node().node_unstage_volume(unstage).await {
+            panic!("unstage on the peer: {e}\n{}", self.a.log());
+        }
+    }
+
+    /// Stage and publish on B (this guest) as `name`.
+    async fn stage_b(
+        &self,
+        id: &str,
+        name: &str,
+        cap: &pb::VolumeCapability,
+        ctx: &Context,
+    ) -> (PathBuf, PathBuf) {
+        let staging = self.h.path(&format!("kubelet/staging/{name}"));
+        let target = self.h.path(&format!("kubelet/pods/{name}"));
+        std::fs::create_dir_all(&staging).unwrap();
+        let stage = pb::NodeStageVolumeRequest {
+            publish_context: ctx.clone(),
+            secrets: self.secrets.clone(),
+            ..stage_req(id, &staging, cap.clone())
+        };
+        self.h.node().node_stage_volume(stage).await.unwrap();
+        let publish = publish_req(id, &staging, &target, cap.clone(), false);
+        self.h.node().node_publish_volume(publish).await.unwrap();
+        (staging, target)
+    }
+
+    async fn unstage_b(&self, id: &str, (staging, target): &(PathBuf, PathBuf)) {
+        self.h.unpublish_unstage(id, staging, target).await;
+    }
+
+    /// Nothing of A's driver folder is mounted on A.
+    fn nothing_mounted_on_a(&self) {
+        let script = format!("grep -c ' {}' /proc/mounts || true", self.a.dir);
+        assert_eq!(self.a.peer.sh(&script).trim(), "0");
     }
 }
 
-fn detach_req(id: &str, node: &str, secrets: &Secrets) -> pb::ControllerUnpublishVolumeRequest {
-    pb::ControllerUnpublishVolumeRequest {
-        volume_id: id.into(),
-        node_id: node.into(),
-        secrets: secrets.clone(),
-    }
+/// The first `len` bytes of 4 KiB block `block` of `dev`, read past the
+/// page cache (a shell script for either node).
+fn read_block(dev: &str, block: u32, len: usize) -> String {
+    format!("dd if={dev} bs=4096 skip={block} count=1 iflag=direct status=none | head -c {len}")
 }
 
-/// Stage and publish on the peer, with the context of the controller's
-/// attach to it.
-async fn stage_on_peer(
-    peer: &PeerDriver,
-    id: &str,
-    name: &str,
-    cap: &pb::VolumeCapability,
-    ctx: &HashMap<String, String>,
-    secrets: &Secrets,
-) -> (String, String) {
-    let staging = peer.path(&format!("kubelet/staging/{name}"));
-    let target = peer.path(&format!("kubelet/pods/{name}"));
-    peer.peer.sh(&format!("mkdir -p {staging}"));
-    let stage = pb::NodeStageVolumeRequest {
-        publish_context: ctx.clone(),
-        secrets: secrets.clone(),
-        ..stage_req(id, Path::new(&staging), cap.clone())
-    };
-    if let Err(e) = peer.node().node_stage_volume(stage).await {
-        panic!("stage on the peer: {e}\n{}", peer.log());
-    }
-    peer.node()
-        .node_publish_volume(publish_req(
-            id,
-            Path::new(&staging),
-            Path::new(&target),
-            cap.clone(),
-            false,
-        ))
-        .await
-        .unwrap();
-    (staging, target)
+/// Writes `text` as 4 KiB block `block` of `dev`, synchronously (a shell
+/// script for either node).
+fn write_block(dev: &str, block: u32, text: &str) -> String {
+    format!(
+        "printf %s {text} | dd of={dev} bs=4096 seek={block} conv=sync,notrunc,fsync status=none"
+    )
 }
 
-/// Stage and publish on this guest's node.
-async fn stage_here(
-    h: &Harness,
-    id: &str,
-    name: &str,
-    cap: &pb::VolumeCapability,
-    ctx: &HashMap<String, String>,
-    secrets: &Secrets,
-) -> (std::path::PathBuf, std::path::PathBuf) {
-    let staging = h.path(&format!("kubelet/staging/{name}"));
-    let target = h.path(&format!("kubelet/pods/{name}"));
-    std::fs::create_dir_all(&staging).unwrap();
-    let stage = pb::NodeStageVolumeRequest {
-        publish_context: ctx.clone(),
-        secrets: secrets.clone(),
-        ..stage_req(id, &staging, cap.clone())
-    };
-    h.node().node_stage_volume(stage).await.unwrap();
-    h.node()
-        .node_publish_volume(publish_req(id, &staging, &target, cap.clone(), false))
-        .await
-        .unwrap();
-    (staging, target)
+/// Runs a shell script on this guest; its output.
+fn here(script: &str) -> String {
+    run("sh", &["-c", script])
 }
 
 /// The checksum of a file read past the page cache.
 fn direct_sum(path: &Path) -> String {
-    run(
-        "sh",
-        &[
-            "-c",
-            &format!(
-                "dd if={} iflag=direct bs=64k status=none | sha256sum",
-                path.display()
-            ),
-        ],
-    )
+    here(&format!(
+        "dd if={} iflag=direct bs=64k status=none | sha256sum",
+        path.display()
+    ))
 }
 
 /// What differs between the backends in [`move_and_fence`].
@@ -136,6 +225,27 @@ struct Backend<'a> {
     /// After a detach of A: A can no longer reach the volume, as the
     /// server sees it (its connections gone, its client blocklisted).
     a_shut_out: &'a dyn Fn() -> Result<(), String>,
+    /// The id of a node this backend would serve, which does not exist,
+    /// and how a refusal names it.
+    gone_node: (&'a str, &'a str),
+}
+
+/// A node that is gone for good (its Node object deleted, the machine
+/// never coming back): ControllerUnpublish for it succeeds, as the
+/// external-attacher expects, and leaves the volume free for B.
+async fn node_gone(n: &Nodes<'_>, b: &Backend<'_>) {
+    let cap = mount_cap("ext4", SNW);
+    let id = n.create("pvc-two-gone", 32 * MIB, &cap).await;
+    let (gone, named) = b.gone_node;
+    n.attach(&id, gone, &cap).await;
+    n.b_refused(&id, &[cap.clone()], named).await;
+    n.detach(&id, gone).await;
+    n.detach(&id, gone).await;
+    let ctx = n.attach(&id, &n.node_b, &cap).await;
+    let on_b = n.stage_b(&id, "gone", &cap, &ctx).await;
+    n.unstage_b(&id, &on_b).await;
+    n.detach(&id, &n.node_b).await;
+    n.delete(&id).await;
 }
 
 /// A volume moves between two kernels the way the CO moves it (teardown
@@ -146,86 +256,38 @@ struct Backend<'a> {
 /// detach fences A before it answers, B takes the volume over, and when A
 /// runs again none of its writes reach the volume. A's node reports the
 /// volume abnormal and unstages cleanly; nothing is left on A.
-async fn move_and_fence(h: &Harness, a: &PeerDriver, b: &Backend<'_>, name: &str) {
+async fn move_and_fence(n: &Nodes<'_>, b: &Backend<'_>, name: &str) {
     let t0 = std::time::Instant::now();
     let step = |what: &str| eprintln!("[{:6.1} s] {name}: {what}", t0.elapsed().as_secs_f64());
-    let node_a = a.node_id().await;
-    let node_b = h.node_id().await;
-    let secrets = &b.secrets;
+    let (a, node_a, node_b) = (n.a, &n.node_a, &n.node_b);
     let cap = mount_cap("ext4", SNW);
-    let mut create = create_req(name, 64 * MIB, cap.clone());
-    create.secrets = secrets.clone();
-    let id = h
-        .controller()
-        .create_volume(create)
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
-    let attach = |node: &str| {
-        let r = attach_req(&id, node, &cap, secrets);
-        let mut c = h.controller();
-        async move {
-            c.controller_publish_volume(r)
-                .await
-                .unwrap()
-                .into_inner()
-                .publish_context
-        }
-    };
-    let detach = |node: &str| {
-        let r = detach_req(&id, node, secrets);
-        let mut c = h.controller();
-        async move { c.controller_unpublish_volume(r).await.unwrap() }
-    };
+    let id = n.create(name, 64 * MIB, &cap).await;
 
     step("attach to A, stage, write");
-    // On A: attached, staged, published, written.
-    let ctx = attach(&node_a).await;
-    let (a_staging, a_target) = stage_on_peer(a, &id, "v", &cap, &ctx, secrets).await;
+    let ctx = n.attach(&id, node_a, &cap).await;
+    let on_a = n.stage_a(&id, "v", &cap, &ctx).await;
     a.peer
-        .sh(&format!("echo written-on-a > {a_target}/data && sync"));
+        .sh(&format!("echo written-on-a > {}/data && sync", on_a.1));
     assert!((b.a_holds)());
-    // B is refused while A holds it, in every single-node mode.
-    for mode in [SNW, SNRO, SNSW, SNMW] {
-        let r = h
-            .controller()
-            .controller_publish_volume(attach_req(&id, &node_b, &mount_cap("ext4", mode), secrets))
-            .await;
-        assert_eq!(
-            code(&r),
-            tonic::Code::FailedPrecondition,
-            "mode {mode}: {r:?}"
-        );
-        assert!(format!("{r:?}").contains(b.a_named), "{r:?}");
-    }
+    let modes = [SNW, SNRO, SNSW, SNMW].map(|m| mount_cap("ext4", m));
+    n.b_refused(&id, &modes, b.a_named).await;
 
     step("move to B");
-    // The CO's move: teardown on A, detach, attach to B, stage on B.
-    a.node()
-        .node_unpublish_volume(unpublish_req(&id, Path::new(&a_target)))
-        .await
-        .unwrap();
-    a.node()
-        .node_unstage_volume(unstage_req(&id, Path::new(&a_staging)))
-        .await
-        .unwrap();
+    n.unstage_a(&id, &on_a).await;
     assert!(!(b.a_holds)(), "A still holds the volume after its unstage");
-    detach(&node_a).await;
-    let ctx = attach(&node_b).await;
-    let (b_staging, b_target) = stage_here(h, &id, "v", &cap, &ctx, secrets).await;
+    n.detach(&id, node_a).await;
+    let ctx = n.attach(&id, node_b, &cap).await;
+    let on_b = n.stage_b(&id, "v", &cap, &ctx).await;
     assert_eq!(
-        std::fs::read_to_string(b_target.join("data")).unwrap(),
+        std::fs::read_to_string(on_b.1.join("data")).unwrap(),
         "written-on-a\n"
     );
+
     step("back to A");
-    // And back to A, for the lost-node round.
-    h.unpublish_unstage(&id, &b_staging, &b_target).await;
-    detach(&node_b).await;
-    let ctx = attach(&node_a).await;
-    let (a_staging, a_target) = stage_on_peer(a, &id, "v", &cap, &ctx, secrets).await;
+    n.unstage_b(&id, &on_b).await;
+    n.detach(&id, node_b).await;
+    let ctx = n.attach(&id, node_a, &cap).await;
+    let (a_staging, a_target) = n.stage_a(&id, "v", &cap, &ctx).await;
 
     step("A writes");
     // A writes without pause: 64 KiB blocks straight to the device.
@@ -258,13 +320,14 @@ async fn move_and_fence(h: &Harness, a: &PeerDriver, b: &Backend<'_>, name: &str
     // A is lost: frozen, no teardown. The CO detaches it anyway, and
     // attaches the volume to B.
     a.peer.freeze();
-    detach(&node_a).await;
+    n.detach(&id, node_a).await;
     // What the server says once the detach answered (checked below,
     // after the data).
     let shut_out = (b.a_shut_out)();
-    let ctx = attach(&node_b).await;
-    let (b_staging, b_target) = stage_here(h, &id, "v", &cap, &ctx, secrets).await;
-    let handed_over = direct_sum(&b_target.join("blob"));
+    let ctx = n.attach(&id, node_b, &cap).await;
+    let on_b = n.stage_b(&id, "v", &cap, &ctx).await;
+    let blob = on_b.1.join("blob");
+    let handed_over = direct_sum(&blob);
 
     // A runs again; its writer fails (at once, or once the kernel gives
     // up on the volume) and none of its writes land. (Were A not fenced,
@@ -278,7 +341,7 @@ async fn move_and_fence(h: &Harness, a: &PeerDriver, b: &Backend<'_>, name: &str
         || writes() > before_thaw + 3 || !writing(),
     );
     assert_eq!(
-        direct_sum(&b_target.join("blob")),
+        direct_sum(&blob),
         handed_over,
         "A's writes reached the volume after B took it over ({} since the thaw)",
         writes() - before_thaw
@@ -323,245 +386,84 @@ async fn move_and_fence(h: &Harness, a: &PeerDriver, b: &Backend<'_>, name: &str
         .await
         .unwrap_or_else(|e| panic!("unstage on the fenced node: {e}\n{}", a.log()));
     assert!(!(b.a_holds)(), "the fenced node still holds the volume");
-    assert_eq!(
-        a.peer
-            .sh(&format!("grep -c ' {}' /proc/mounts || true", a.dir))
-            .trim(),
-        "0"
-    );
+    n.nothing_mounted_on_a();
     // B's data is as B found it.
-    assert_eq!(direct_sum(&b_target.join("blob")), handed_over);
-    h.unpublish_unstage(&id, &b_staging, &b_target).await;
-    detach(&node_b).await;
-    h.controller()
-        .delete_volume(pb::DeleteVolumeRequest {
-            volume_id: id.clone(),
-            secrets: secrets.clone(),
-        })
-        .await
-        .unwrap();
+    assert_eq!(direct_sum(&blob), handed_over);
+    n.unstage_b(&id, &on_b).await;
+    n.detach(&id, node_b).await;
+    n.delete(&id).await;
 }
 
 /// A raw block volume moves from A to B the way the CO moves it, and B
 /// reads what A wrote to the device; B is refused, naming A, in every
 /// single-node mode while A holds it.
-async fn move_block(h: &Harness, a: &PeerDriver, b: &Backend<'_>, name: &str) {
-    let node_a = a.node_id().await;
-    let node_b = h.node_id().await;
-    let secrets = &b.secrets;
+async fn move_block(n: &Nodes<'_>, b: &Backend<'_>, name: &str) {
+    let (node_a, node_b) = (&n.node_a, &n.node_b);
     let cap = block_cap(SNW);
-    let mut create = create_req(name, 32 * MIB, cap.clone());
-    create.secrets = secrets.clone();
-    let id = h
-        .controller()
-        .create_volume(create)
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
-    let ctx = h
-        .controller()
-        .controller_publish_volume(attach_req(&id, &node_a, &cap, secrets))
-        .await
-        .unwrap()
-        .into_inner()
-        .publish_context;
-    let (a_staging, a_target) = stage_on_peer(a, &id, "blk", &cap, &ctx, secrets).await;
+    let id = n.create(name, 32 * MIB, &cap).await;
+    let ctx = n.attach(&id, node_a, &cap).await;
+    let on_a = n.stage_a(&id, "blk", &cap, &ctx).await;
     let pattern = format!("moved-block-{name}");
-    a.peer.sh(&format!(
-        "printf %s {pattern} | dd of={a_target} bs=4096 conv=sync,notrunc,fsync status=none"
-    ));
-    for mode in [SNW, SNRO, SNSW, SNMW] {
-        let r = h
-            .controller()
-            .controller_publish_volume(attach_req(&id, &node_b, &block_cap(mode), secrets))
-            .await;
-        assert_eq!(
-            code(&r),
-            tonic::Code::FailedPrecondition,
-            "mode {mode}: {r:?}"
-        );
-        assert!(format!("{r:?}").contains(b.a_named), "{r:?}");
-    }
-    a.node()
-        .node_unpublish_volume(unpublish_req(&id, Path::new(&a_target)))
-        .await
-        .unwrap();
-    a.node()
-        .node_unstage_volume(unstage_req(&id, Path::new(&a_staging)))
-        .await
-        .unwrap();
+    n.a.peer.sh(&write_block(&on_a.1, 0, &pattern));
+    let modes = [SNW, SNRO, SNSW, SNMW].map(block_cap);
+    n.b_refused(&id, &modes, b.a_named).await;
+    n.unstage_a(&id, &on_a).await;
     assert!(
         !(b.a_holds)(),
         "A still holds the block volume after its unstage"
     );
-    h.controller()
-        .controller_unpublish_volume(detach_req(&id, &node_a, secrets))
-        .await
-        .unwrap();
-    let ctx = h
-        .controller()
-        .controller_publish_volume(attach_req(&id, &node_b, &cap, secrets))
-        .await
-        .unwrap()
-        .into_inner()
-        .publish_context;
-    let (b_staging, b_target) = stage_here(h, &id, "blk", &cap, &ctx, secrets).await;
-    let head = run(
-        "sh",
-        &[
-            "-c",
-            &format!(
-                "dd if={} bs=4096 count=1 iflag=direct status=none | head -c {}",
-                b_target.display(),
-                pattern.len()
-            ),
-        ],
-    );
-    assert_eq!(head, pattern);
-    h.unpublish_unstage(&id, &b_staging, &b_target).await;
-    h.controller()
-        .controller_unpublish_volume(detach_req(&id, &node_b, secrets))
-        .await
-        .unwrap();
-    h.controller()
-        .delete_volume(pb::DeleteVolumeRequest {
-            volume_id: id.clone(),
-            secrets: secrets.clone(),
-        })
-        .await
-        .unwrap();
+    n.detach(&id, node_a).await;
+    let ctx = n.attach(&id, node_b, &cap).await;
+    let on_b = n.stage_b(&id, "blk", &cap, &ctx).await;
+    let b_dev = on_b.1.display().to_string();
+    assert_eq!(here(&read_block(&b_dev, 0, pattern.len())), pattern);
+    n.unstage_b(&id, &on_b).await;
+    n.detach(&id, node_b).await;
+    n.delete(&id).await;
 }
 
 /// An rbd block volume shared by both nodes: MULTI_NODE_MULTI_WRITER
 /// published to both, each reads what the other wrote; then read-only on
 /// both (MULTI_NODE_READER_ONLY), where writes fail on both.
-async fn share_block(h: &Harness, a: &PeerDriver, b: &Backend<'_>) {
-    let node_a = a.node_id().await;
-    let node_b = h.node_id().await;
-    let secrets = &b.secrets;
+async fn share_block(n: &Nodes<'_>) {
+    let (a, node_a, node_b) = (n.a, &n.node_a, &n.node_b);
     let cap = block_cap(MNMW);
-    let mut create = create_req("pvc-two-shared", 32 * MIB, cap.clone());
-    create.secrets = secrets.clone();
-    let id = h
-        .controller()
-        .create_volume(create)
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
-    let mut on = Vec::new();
-    for node in [&node_a, &node_b] {
-        on.push(
-            h.controller()
-                .controller_publish_volume(attach_req(&id, node, &cap, secrets))
-                .await
-                .unwrap()
-                .into_inner()
-                .publish_context,
-        );
-    }
-    let (a_staging, a_target) = stage_on_peer(a, &id, "shared", &cap, &on[0], secrets).await;
-    let (b_staging, b_target) = stage_here(h, &id, "shared", &cap, &on[1], secrets).await;
-    let b_dev = b_target.display().to_string();
-    a.peer.sh(&format!(
-        "printf from-a | dd of={a_target} bs=4096 conv=sync,notrunc,fsync status=none"
-    ));
-    run(
-        "sh",
-        &[
-            "-c",
-            &format!(
-                "printf from-b | dd of={b_dev} bs=4096 seek=1 conv=sync,notrunc,fsync status=none"
-            ),
-        ],
-    );
-    let read = |dev: &str, block: u32| {
-        format!("dd if={dev} bs=4096 skip={block} count=1 iflag=direct status=none | head -c 6")
-    };
-    assert_eq!(run("sh", &["-c", &read(&b_dev, 0)]), "from-a");
-    assert_eq!(a.peer.sh(&read(&a_target, 1)), "from-b");
-    for (node, ctx) in [(&node_a, &on[0]), (&node_b, &on[1])] {
-        let _ = ctx;
-        if node == &node_a {
-            a.node()
-                .node_unpublish_volume(unpublish_req(&id, Path::new(&a_target)))
-                .await
-                .unwrap();
-            a.node()
-                .node_unstage_volume(unstage_req(&id, Path::new(&a_staging)))
-                .await
-                .unwrap();
-        } else {
-            h.unpublish_unstage(&id, &b_staging, &b_target).await;
-        }
-        h.controller()
-            .controller_unpublish_volume(detach_req(&id, node, secrets))
-            .await
-            .unwrap();
-    }
+    let id = n.create("pvc-two-shared", 32 * MIB, &cap).await;
+    let ctx_a = n.attach(&id, node_a, &cap).await;
+    let ctx_b = n.attach(&id, node_b, &cap).await;
+    let on_a = n.stage_a(&id, "shared", &cap, &ctx_a).await;
+    let on_b = n.stage_b(&id, "shared", &cap, &ctx_b).await;
+    let (a_dev, b_dev) = (on_a.1.clone(), on_b.1.display().to_string());
+    a.peer.sh(&write_block(&a_dev, 0, "from-a"));
+    here(&write_block(&b_dev, 1, "from-b"));
+    assert_eq!(here(&read_block(&b_dev, 0, 6)), "from-a");
+    assert_eq!(a.peer.sh(&read_block(&a_dev, 1, 6)), "from-b");
+    n.unstage_a(&id, &on_a).await;
+    n.unstage_b(&id, &on_b).await;
+    n.detach(&id, node_a).await;
+    n.detach(&id, node_b).await;
 
     // Read-only on both: both read, neither writes.
     let ro = block_cap(MNRO);
-    let mut on = Vec::new();
-    for node in [&node_a, &node_b] {
-        let mut r = attach_req(&id, node, &ro, secrets);
-        r.readonly = true;
-        on.push(
-            h.controller()
-                .controller_publish_volume(r)
-                .await
-                .unwrap()
-                .into_inner()
-                .publish_context,
-        );
-    }
-    let (a_staging, a_target) = stage_on_peer(a, &id, "ro", &ro, &on[0], secrets).await;
-    let (b_staging, b_target) = stage_here(h, &id, "ro", &ro, &on[1], secrets).await;
-    let b_dev = b_target.display().to_string();
-    assert_eq!(a.peer.sh(&read(&a_target, 1)), "from-b");
-    assert_eq!(run("sh", &["-c", &read(&b_dev, 0)]), "from-a");
-    let write =
-        |dev: &str| format!("printf x | dd of={dev} bs=4096 conv=sync,notrunc,fsync status=none");
-    assert_ne!(
-        Peer::try_sh(&write(&a_target)).unwrap().0,
-        0,
-        "A wrote to a read-only volume"
-    );
-    assert!(
-        !std::process::Command::new("sh")
-            .args(["-c", &write(&b_dev)])
-            .status()
-            .unwrap()
-            .success(),
-        "B wrote to a read-only volume"
-    );
-    a.node()
-        .node_unpublish_volume(unpublish_req(&id, Path::new(&a_target)))
-        .await
+    let ctx_a = n.try_attach(&id, node_a, &ro, true).await.unwrap();
+    let ctx_b = n.try_attach(&id, node_b, &ro, true).await.unwrap();
+    let on_a = n.stage_a(&id, "ro", &ro, &ctx_a).await;
+    let on_b = n.stage_b(&id, "ro", &ro, &ctx_b).await;
+    let (a_dev, b_dev) = (on_a.1.clone(), on_b.1.display().to_string());
+    assert_eq!(a.peer.sh(&read_block(&a_dev, 1, 6)), "from-b");
+    assert_eq!(here(&read_block(&b_dev, 0, 6)), "from-a");
+    let refused = Peer::try_sh(&write_block(&a_dev, 2, "x")).unwrap().0;
+    assert_ne!(refused, 0, "A wrote to a read-only volume");
+    let written = std::process::Command::new("sh")
+        .args(["-c", &write_block(&b_dev, 2, "x")])
+        .status()
         .unwrap();
-    a.node()
-        .node_unstage_volume(unstage_req(&id, Path::new(&a_staging)))
-        .await
-        .unwrap();
-    h.unpublish_unstage(&id, &b_staging, &b_target).await;
-    for node in [&node_a, &node_b] {
-        h.controller()
-            .controller_unpublish_volume(detach_req(&id, node, secrets))
-            .await
-            .unwrap();
-    }
-    h.controller()
-        .delete_volume(pb::DeleteVolumeRequest {
-            volume_id: id.clone(),
-            secrets: secrets.clone(),
-        })
-        .await
-        .unwrap();
+    assert!(!written.success(), "B wrote to a read-only volume");
+    n.unstage_a(&id, &on_a).await;
+    n.unstage_b(&id, &on_b).await;
+    n.detach(&id, node_a).await;
+    n.detach(&id, node_b).await;
+    n.delete(&id).await;
 }
 
 /// An nfs volume staged on both nodes at once: each sees the files the
@@ -578,19 +480,12 @@ async fn guest_two_nodes_nfs_volume_is_written_from_both() {
     );
     let h = Harness::start_with(Some(&config)).await;
     let a = PeerDriver::start(&config, "node-a").await;
+    let n = Nodes::new(&h, &a, &Secrets::new()).await;
     let cap = mount_cap("", MNMW);
-    let vol = h
-        .controller()
-        .create_volume(create_req("pvc-two-nfs", 64 * MIB, cap.clone()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
-    let id = vol.volume_id.clone();
-    let none = HashMap::new();
-    let (a_staging, a_target) = stage_on_peer(&a, &id, "nfs", &cap, &none, &none).await;
-    let (b_staging, b_target) = stage_here(&h, &id, "nfs", &cap, &none, &none).await;
+    let id = n.create("pvc-two-nfs", 64 * MIB, &cap).await;
+    let on_a = n.stage_a(&id, "nfs", &cap, &Context::new()).await;
+    let on_b = n.stage_b(&id, "nfs", &cap, &Context::new()).await;
+    let (a_target, b_target) = (&on_a.1, &on_b.1);
     // Both write at once; each sees the other's file.
     let writer_a = Peer::try_sh(&format!(
         "for i in $(seq 50); do echo $i >> {a_target}/from-a; done; sync"
@@ -619,28 +514,10 @@ async fn guest_two_nodes_nfs_volume_is_written_from_both() {
             .unwrap(),
         50
     );
-    a.node()
-        .node_unpublish_volume(unpublish_req(&id, Path::new(&a_target)))
-        .await
-        .unwrap();
-    a.node()
-        .node_unstage_volume(unstage_req(&id, Path::new(&a_staging)))
-        .await
-        .unwrap();
-    h.unpublish_unstage(&id, &b_staging, &b_target).await;
-    assert_eq!(
-        a.peer
-            .sh(&format!("grep -c ' {}' /proc/mounts || true", a.dir))
-            .trim(),
-        "0"
-    );
-    h.controller()
-        .delete_volume(pb::DeleteVolumeRequest {
-            volume_id: id,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    n.unstage_a(&id, &on_a).await;
+    n.unstage_b(&id, &on_b).await;
+    n.nothing_mounted_on_a();
+    n.delete(&id).await;
 }
 
 /// [`move_block`] and [`move_and_fence`] on iscsi: the detach takes A's
@@ -674,10 +551,16 @@ async fn guest_two_nodes_iscsi_moves_and_fences_a_lost_node() {
         a_named: PEER_INITIATOR,
         a_holds: &|| sessions() > 0,
         a_shut_out: &shut_out,
+        gone_node: (
+            "node-gone/iqn.2026-11.io.ferrovol:gone",
+            "iqn.2026-11.io.ferrovol:gone",
+        ),
     };
     let a = PeerDriver::start(&config, "node-a").await;
-    move_block(&h, &a, &backend, "pvc-two-iscsi-blk").await;
-    move_and_fence(&h, &a, &backend, "pvc-two-iscsi").await;
+    let n = Nodes::new(&h, &a, &backend.secrets).await;
+    node_gone(&n, &backend).await;
+    move_block(&n, &backend, "pvc-two-iscsi-blk").await;
+    move_and_fence(&n, &backend, "pvc-two-iscsi").await;
     let left = tgtd.tgtadm(&["--op", "show", "--mode", "target"]);
     assert!(!left.contains(prefix), "{left}");
 }
@@ -726,10 +609,13 @@ async fn guest_two_nodes_rbd_moves_and_fences_a_lost_node() {
         a_named: "node-a",
         a_holds: &|| mapped() > 0,
         a_shut_out: &shut_out,
+        gone_node: ("node-gone/rbd", "node-gone"),
     };
-    move_block(&h, &a, &backend, "pvc-two-rbd-blk").await;
-    share_block(&h, &a, &backend).await;
-    move_and_fence(&h, &a, &backend, "pvc-two-rbd").await;
+    let n = Nodes::new(&h, &a, &backend.secrets).await;
+    node_gone(&n, &backend).await;
+    move_block(&n, &backend, "pvc-two-rbd-blk").await;
+    share_block(&n).await;
+    move_and_fence(&n, &backend, "pvc-two-rbd").await;
     let left = cluster.rbd(&["ls", "rbd"]);
     assert!(left.trim().is_empty(), "{left}");
 }

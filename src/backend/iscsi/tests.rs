@@ -1243,26 +1243,38 @@ async fn a_refused_login_leaves_no_record() {
     );
 }
 
-#[tokio::test]
-async fn unstage_removes_disks_logs_out_and_is_idempotent() {
-    let s = Setup::new();
-    let b = s.node();
+/// Unstage of volume `iscsi:pvc-1` with one session (sid 4, disk sdc) in
+/// kernel state `state`: the disk is deleted; the commands run after the
+/// session listing.
+async fn unstage_with_a_session(
+    s: &Setup,
+    b: &IscsiBackend,
+    state: &str,
+    flushes: bool,
+) -> Vec<String> {
     let id = VolumeId::parse("iscsi:pvc-1").unwrap();
-    sysfs_session(s.dir.path(), 4, "sdc", "LOGGED_IN", 16384);
-    // The disk's buffers are flushed, then it is deleted, then logout.
-    s.runner
-        .expect("iscsiadm", Reply::Ok(SESSION.into()))
-        .ok("blockdev")
-        .ok("iscsiadm")
-        .ok("iscsiadm");
+    sysfs_session(s.dir.path(), 4, "sdc", state, 16384);
+    s.runner.expect("iscsiadm", Reply::Ok(SESSION.into()));
+    if flushes {
+        s.runner.ok("blockdev");
+    }
+    s.runner.ok("iscsiadm").ok("iscsiadm");
     b.node_detach(&id, None).await.unwrap();
     assert_eq!(
         std::fs::read_to_string(s.dir.path().join("sys/block/sdc/device/delete")).unwrap(),
         "1"
     );
-    let lines = s.runner.lines();
+    s.runner.lines()[1..].to_vec()
+}
+
+#[tokio::test]
+async fn unstage_removes_disks_logs_out_and_is_idempotent() {
+    let s = Setup::new();
+    let b = s.node();
+    let id = VolumeId::parse("iscsi:pvc-1").unwrap();
+    // The disk's buffers are flushed, then it is deleted, then logout.
     assert_eq!(
-        lines[1..],
+        unstage_with_a_session(&s, &b, "LOGGED_IN", true).await,
         [
             format!(
                 "blockdev --flushbufs {}",
@@ -1293,19 +1305,8 @@ async fn unstage_removes_disks_logs_out_and_is_idempotent() {
 async fn unstage_of_a_failed_session_removes_its_disk_unflushed() {
     let s = Setup::new();
     let b = s.node();
-    let id = VolumeId::parse("iscsi:pvc-1").unwrap();
-    sysfs_session(s.dir.path(), 4, "sdc", "FAILED", 16384);
-    s.runner
-        .expect("iscsiadm", Reply::Ok(SESSION.into()))
-        .ok("iscsiadm")
-        .ok("iscsiadm");
-    b.node_detach(&id, None).await.unwrap();
     assert_eq!(
-        std::fs::read_to_string(s.dir.path().join("sys/block/sdc/device/delete")).unwrap(),
-        "1"
-    );
-    assert_eq!(
-        s.runner.lines()[1..],
+        unstage_with_a_session(&s, &b, "FAILED", false).await,
         [
             "iscsiadm -m session -r 4 --logout".to_string(),
             format!("iscsiadm -m node -T {IQN} -o delete"),

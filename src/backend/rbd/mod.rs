@@ -666,6 +666,7 @@ impl Backend for RbdBackend {
                 AccessMode::SingleNodeReaderOnly,
                 AccessMode::SingleNodeSingleWriter,
                 AccessMode::SingleNodeMultiWriter,
+                AccessMode::MultiNodeReaderOnly,
                 AccessMode::MultiNodeMultiWriter,
             ],
         }
@@ -1010,24 +1011,27 @@ impl Backend for RbdBackend {
         let Some((_, meta)) = self.rbd().describe(&creds, &spec).await? else {
             return Err(Error::not_found(format!("volume {id} does not exist")));
         };
-        let multi = req.capability.mode == AccessMode::MultiNodeMultiWriter;
-        let mark = format!(
-            "{}{}",
-            if multi { "multi;" } else { "single;" },
-            req.terms()
-        );
+        // Nodes may share the image only in the same many-node mode: all
+        // writers of a raw block volume, or all read-only.
+        let kind = match req.capability.mode {
+            AccessMode::MultiNodeMultiWriter => "multi",
+            AccessMode::MultiNodeReaderOnly => "readers",
+            _ => "single",
+        };
+        let mark = format!("{kind};{}", req.terms());
         for (key, value) in &meta {
             let Some(other) = key.strip_prefix(META_NODE) else {
                 continue;
             };
-            let (kind, terms) = value.split_once(';').unwrap_or((value.as_str(), ""));
+            let (their_kind, terms) = value.split_once(';').unwrap_or((value.as_str(), ""));
             if other == node {
                 check_publish_terms(id, node, Some(terms).filter(|t| !t.is_empty()), req)?;
                 continue;
             }
-            if !multi || kind != "multi" {
+            if kind == "single" || their_kind != kind {
                 return Err(Error::precondition(format!(
-                    "volume {id} is published to node {other}; a single-node volume is used by one node at a time"
+                    "volume {id} is published to node {other} ({}); it is shared only by nodes that all publish it in one many-node mode",
+                    if their_kind == "single" { "single-node" } else { their_kind }
                 )));
             }
         }

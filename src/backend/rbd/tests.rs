@@ -533,6 +533,32 @@ async fn publish_fences_single_node_volumes() {
     b.controller_attach(&id, &attach("node-b/rbd", AccessMode::MultiNodeMultiWriter))
         .await
         .unwrap();
+    // Read-only on many nodes: readers share with readers only.
+    let readers = r#"{"ferrovol.node.node-a":"readers;multi_node_reader_only/block/ro"}"#;
+    let mut ro_many = attach("node-b/rbd", AccessMode::MultiNodeReaderOnly);
+    ro_many.readonly = true;
+    r.expect("rbd", Reply::Ok(info("fv-a", MIB)))
+        .expect("rbd", Reply::Ok(readers.into()))
+        .ok("rbd");
+    b.controller_attach(&id, &ro_many).await.unwrap();
+    assert!(ops(&r)
+        .last()
+        .unwrap()
+        .contains("ferrovol.node.node-b readers;"));
+    for (held, wanted) in [
+        (
+            readers,
+            attach("node-b/rbd", AccessMode::MultiNodeMultiWriter),
+        ),
+        (multi, ro_many.clone()),
+        (held, ro_many.clone()),
+    ] {
+        r.expect("rbd", Reply::Ok(info("fv-a", MIB)))
+            .expect("rbd", Reply::Ok(held.into()));
+        let e = b.controller_attach(&id, &wanted).await.unwrap_err();
+        assert_eq!(e.kind, Kind::FailedPrecondition, "{held}: {e}");
+        assert!(e.message.contains("node-a"), "{e}");
+    }
     // Unpublish removes only that node's key; unknown volume is fine.
     r.expect("rbd", Reply::Ok(info("fv-a", MIB)))
         .expect("rbd", Reply::Ok(r#"{"ferrovol.name":"a","ferrovol.node.node-a":"multi","ferrovol.node.node-b":"multi"}"#.into()))
