@@ -238,7 +238,7 @@ async fn node_gone(n: &Nodes<'_>, b: &Backend<'_>) {
     let id = n.create("pvc-two-gone", 32 * MIB, &cap).await;
     let (gone, named) = b.gone_node;
     n.attach(&id, gone, &cap).await;
-    n.b_refused(&id, &[cap.clone()], named).await;
+    n.b_refused(&id, std::slice::from_ref(&cap), named).await;
     n.detach(&id, gone).await;
     n.detach(&id, gone).await;
     let ctx = n.attach(&id, &n.node_b, &cap).await;
