@@ -57,6 +57,11 @@ const META_NODE: &str = "ferrovol.node.";
 /// maps the image on that node (`ip:port/nonce`), recorded at stage and
 /// removed at unstage: a detach that still finds it fences that client.
 const META_CLIENT: &str = "ferrovol.client.";
+
+/// The metadata key of `node`'s client record.
+fn client_key(node: &str) -> String {
+    format!("{META_CLIENT}{node}")
+}
 /// The token a node that maps rbd images carries in its node id.
 pub const NODE_TOKEN: &str = "rbd";
 /// The snapshot of a snapshot image that restores clone from (the image
@@ -1147,7 +1152,7 @@ impl Backend for RbdBackend {
         if let Some(Staged { secrets, node, .. }) = staged {
             let creds = self.creds(&secrets)?;
             self.rbd()
-                .remove_meta(&creds, &spec, &format!("{META_CLIENT}{node}"))
+                .remove_meta(&creds, &spec, &client_key(&node))
                 .await?;
             self.staged.locked().remove(&id.to_string());
         }
@@ -1196,7 +1201,7 @@ impl Backend for RbdBackend {
         }) = staged
         {
             let meta = self.rbd().meta(&self.creds(&secrets)?, &spec).await?;
-            if meta.get(&format!("{META_CLIENT}{node}")) != Some(&addr) {
+            if meta.get(&client_key(&node)) != Some(&addr) {
                 return Ok(Some(format!(
                     "the volume was detached from this node while staged here: its client {addr} is fenced"
                 )));
@@ -1265,7 +1270,7 @@ impl RbdBackend {
             }
         };
         cluster::check_client_addr(&addr)?;
-        let key = format!("{META_CLIENT}{node}");
+        let key = client_key(node);
         if meta.get(&key) != Some(&addr) {
             self.rbd().set_meta(creds, spec, &key, &addr).await?;
         }
@@ -1290,9 +1295,7 @@ impl RbdBackend {
             .await?;
         tracing::warn!(volume = %id, %node, client = %addr, expire_secs = self.settings.fence_expiry,
             "fenced: the node still had the image mapped at detach; its client is blocklisted");
-        self.rbd()
-            .remove_meta(creds, spec, &format!("{META_CLIENT}{node}"))
-            .await
+        self.rbd().remove_meta(creds, spec, &client_key(node)).await
     }
 
     /// Makes `tmp` a copy of a new volume's source (a volume's full copy,
