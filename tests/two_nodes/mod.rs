@@ -524,7 +524,7 @@ async fn guest_two_nodes_nfs_volume_is_written_from_both() {
 /// initiator out of the target's ACL and closes its connections.
 #[tokio::test]
 #[ignore = "needs the two-node guest: run tests/guest/suite"]
-async fn guest_two_nodes_iscsi_moves_and_fences_a_lost_node() {
+async fn guest_two_nodes_iscsi_moves_fences_and_lets_a_gone_node_go() {
     require_guest();
     let prefix = "iqn.2026-11.io.ferrovol.two";
     let tgtd = Tgtd::on(MAIN_ADDR);
@@ -570,7 +570,7 @@ async fn guest_two_nodes_iscsi_moves_and_fences_a_lost_node() {
 /// goes.
 #[tokio::test]
 #[ignore = "needs the two-node guest: run tests/guest/suite"]
-async fn guest_two_nodes_rbd_moves_and_fences_a_lost_node() {
+async fn guest_two_nodes_rbd_moves_shares_fences_and_lets_a_gone_node_go() {
     require_guest();
     let cluster = CephCluster::on(MAIN_ADDR);
     let peer_config = format!(
