@@ -7,9 +7,11 @@ use super::common::fixtures::*;
 use super::common::peer::*;
 use super::common::*;
 use ferrovol::proto as pb;
+use ferrovol::proto::node_client::NodeClient;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use tonic::transport::Channel;
 
 const MNRO: i32 = 3;
 const SNSW: i32 = 6;
@@ -127,18 +129,33 @@ impl<'a> Nodes<'a> {
         let staging = self.a.path(&format!("kubelet/staging/{name}"));
         let target = self.a.path(&format!("kubelet/pods/{name}"));
         self.a.peer.sh(&format!("mkdir -p {staging}"));
+        let (s, t) = (Path::new(&staging), Path::new(&target));
+        if let Err(e) = self.stage_on(self.a.node(), id, s, t, cap, ctx).await {
+            panic!("stage on the peer: {e}\n{}", self.a.log());
+        }
+        (staging, target)
+    }
+
+    /// NodeStage at `staging` and NodePublish at `target` through `node`,
+    /// with the context of the attach to that node.
+    async fn stage_on(
+        &self,
+        mut node: NodeClient<Channel>,
+        id: &str,
+        staging: &Path,
+        target: &Path,
+        cap: &pb::VolumeCapability,
+        ctx: &Context,
+    ) -> Result<(), tonic::Status> {
         let stage = pb::NodeStageVolumeRequest {
             publish_context: ctx.clone(),
             secrets: self.secrets.clone(),
-            ..stage_req(id, Path::new(&staging), cap.clone())
+            ..stage_req(id, staging, cap.clone())
         };
-        if let Err(e) = self.a.node().node_stage_volume(stage).await {
-            panic!("stage on the peer: {e}\n{}", self.a.log());
-        }
-        let (s, t) = (Path::new(&staging), Path::new(&target));
-        let publish = publish_req(id, s, t, cap.clone(), false);
-        self.a.node().node_publish_volume(publish).await.unwrap();
-        (staging, target)
+        node.node_stage_volume(stage).await?;
+        let publish = publish_req(id, staging, target, cap.clone(), false);
+        node.node_publish_volume(publish).await?;
+        Ok(())
     }
 
     /// Unpublish and unstage on A.
@@ -166,14 +183,10 @@ impl<'a> Nodes<'a> {
         let staging = self.h.path(&format!("kubelet/staging/{name}"));
         let target = self.h.path(&format!("kubelet/pods/{name}"));
         std::fs::create_dir_all(&staging).unwrap();
-        let stage = pb::NodeStageVolumeRequest {
-            publish_context: ctx.clone(),
-            secrets: self.secrets.clone(),
-            ..stage_req(id, &staging, cap.clone())
-        };
-        self.h.node().node_stage_volume(stage).await.unwrap();
-        let publish = publish_req(id, &staging, &target, cap.clone(), false);
-        self.h.node().node_publish_volume(publish).await.unwrap();
+        let node = self.h.node();
+        self.stage_on(node, id, &staging, &target, cap, ctx)
+            .await
+            .unwrap();
         (staging, target)
     }
 
