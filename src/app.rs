@@ -113,8 +113,12 @@ pub fn build_with(
         .with_deadlines(Deadlines::default().capped(settings.command_timeout))
         .with_allowed_paths(config.node.allowed_paths.clone()),
     );
-    let controller =
+    let mut controller =
         ControllerOps::new(registry.clone(), locks, &node_id, &config.node.topology_key);
+    if settings.mode.controller() {
+        let ledger = crate::plugin::Ledger::open(&state_dir.join("controller"))?;
+        controller = controller.with_ledger(ledger);
+    }
     if settings.mode.node() {
         let (dropped, unmounted) = node.reconcile()?;
         tracing::info!(

@@ -248,6 +248,10 @@ fn each_overlay_deploys_the_drivers_its_backends_need() {
             assert_eq!(spec["storageCapacity"].as_bool(), Some(local));
             assert_eq!(spec["podInfoOnMount"].as_bool(), Some(false));
             assert_eq!(spec["fsGroupPolicy"].as_str(), Some("File"));
+            // NodeGetInfo's count moves with the node's devices: the
+            // kubelet reads it again, no more often than every 10 s.
+            let period = spec["nodeAllocatableUpdatePeriodSeconds"].as_i64();
+            assert!(period.is_some_and(|p| p >= 10), "{}: {period:?}", r.name);
         }
         for sc in r.kind("StorageClass") {
             let p = s(&sc["provisioner"]);

@@ -2291,6 +2291,10 @@ mod sanity {
     const MODE_SPECIFIC: &str =
         "ControllerPublishVolume|Node Service|CreateVolume|GetCapacity|ExpandVolume";
 
+    /// A node count small enough for the attach-limit spec, which
+    /// publishes that many volumes and one more.
+    const LIMITED: &str = "[node]\nmax_volumes_per_node = 6\n";
+
     fn map(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
         kv.iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -2366,19 +2370,18 @@ mod sanity {
         require_guest();
         let tgtd = Tgtd::new();
         let _iscsid = Iscsid::new();
-        let h = Harness::start_with(Some(&iscsi_over_files(
-            "iqn.2026-11.io.ferrovol.sanity",
-            &tgtd,
-        )))
-        .await;
+        let config = iscsi_over_files("iqn.2026-11.io.ferrovol.sanity", &tgtd);
+        let h = Harness::start_with(Some(&format!("{LIMITED}{config}"))).await;
         Sanity {
             name: "iscsi",
+            attach_limit: true,
             volume_bytes: Some(16 << 20),
             ..Default::default()
         }
         .run(&h);
         Sanity {
             name: "iscsi-chap",
+            attach_limit: true,
             volume_bytes: Some(16 << 20),
             focus_unless_full: Some(MODE_SPECIFIC),
             secrets: map(&[
@@ -2399,7 +2402,7 @@ mod sanity {
         require_guest();
         let cluster = CephCluster::new();
         let config = format!(
-            "[[backend]]\ntype = \"rbd\"\ncluster_id = \"sanity\"\nmonitors = [\"v1:{}\"]\npools = [\"rbd\"]\n\
+            "{LIMITED}[[backend]]\ntype = \"rbd\"\ncluster_id = \"sanity\"\nmonitors = [\"v1:{}\"]\npools = [\"rbd\"]\n\
              user = \"ferrovol\"\nkeyring = \"{}\"\n",
             cluster.mon_addr,
             cluster.client_keyring.display()
@@ -2408,6 +2411,7 @@ mod sanity {
         let key = cluster.client_key();
         Sanity {
             name: "rbd",
+            attach_limit: true,
             volume_bytes: Some(16 << 20),
             skip_unless_full: Some("Snapshot"),
             secrets: map(&[("userID", "ferrovol"), ("userKey", &key)]),

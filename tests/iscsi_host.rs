@@ -504,3 +504,123 @@ async fn a_read_only_controller_publish_is_read_only_on_the_node() {
     assert_eq!(e.raw_os_error(), Some(30), "EROFS: {e}");
     h.teardown(&p).await;
 }
+
+/// A publish to node `node-<name>` (the helpers name every node `node`).
+fn on(
+    mut req: pb::ControllerPublishVolumeRequest,
+    name: &str,
+) -> pb::ControllerPublishVolumeRequest {
+    req.node_id = req.node_id.replacen("node/", &format!("node-{name}/"), 1);
+    req
+}
+
+fn off(
+    mut req: pb::ControllerUnpublishVolumeRequest,
+    name: &str,
+) -> pb::ControllerUnpublishVolumeRequest {
+    req.node_id = req.node_id.replacen("node/", &format!("node-{name}/"), 1);
+    req
+}
+
+/// Attach limits at the controller: a node holding `max_volumes_per_node`
+/// volumes gets no more (RESOURCE_EXHAUSTED, and the target's ACL is left
+/// alone), the volumes it holds are answered again, another node has its
+/// own count, and the count outlives a crash of the controller.
+#[tokio::test]
+async fn a_node_at_its_attach_limit_is_refused_and_the_count_outlives_a_crash() {
+    require_root();
+    let t = Tgtd::new();
+    let (_names, initiator_file) = initiator_file("this-node");
+    let config = format!(
+        "[node]\nmax_volumes_per_node = 2\n{}",
+        config(&t, &initiator_file)
+    );
+    let mut h = Harness::start_with(Some(&config)).await;
+    let info = h
+        .node()
+        .node_get_info(pb::NodeGetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    // iSCSI LUNs have no kernel ceiling: the configured count.
+    assert_eq!(info.max_volumes_per_node, 2);
+    let mut c = h.controller();
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        let v = c
+            .create_volume(create_req(
+                &format!("pvc-limit-{n}"),
+                16 * MIB,
+                mount_cap("ext4", SNW),
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        ids.push(v.volume_id);
+    }
+    let grants_to = |initiator: &str| {
+        t.tgtadm(&["--op", "show", "--mode", "target"])
+            .matches(initiator)
+            .count()
+    };
+    for id in &ids[..2] {
+        c.controller_publish_volume(on(publish(id, NODE_A, SECRET), "a"))
+            .await
+            .unwrap();
+    }
+    let refused = c
+        .controller_publish_volume(on(publish(&ids[2], NODE_A, SECRET), "a"))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused.message().contains("node node-a has 2 volumes"),
+        "{refused:?}"
+    );
+    assert_eq!(grants_to(NODE_A), 2, "the refused volume's ACL was touched");
+    // Held volumes are answered again; another node has room.
+    c.controller_publish_volume(on(publish(&ids[0], NODE_A, SECRET), "a"))
+        .await
+        .unwrap();
+    c.controller_publish_volume(on(publish(&ids[2], NODE_B, SECRET), "b"))
+        .await
+        .unwrap();
+
+    // A crash: the restarted controller still knows node A is full.
+    h.kill();
+    h.spawn().await;
+    let mut c = h.controller();
+    let again = c
+        .controller_publish_volume(on(publish(&ids[2], NODE_A, SECRET), "a"))
+        .await
+        .unwrap_err();
+    assert_eq!(again.code(), Code::ResourceExhausted, "{again:?}");
+    // A volume leaves node A: the third (moved from B) gets its place.
+    c.controller_unpublish_volume(off(unpublish(&ids[0], NODE_A), "a"))
+        .await
+        .unwrap();
+    c.controller_unpublish_volume(off(unpublish(&ids[2], NODE_B), "b"))
+        .await
+        .unwrap();
+    c.controller_publish_volume(on(publish(&ids[2], NODE_A, SECRET), "a"))
+        .await
+        .unwrap();
+    assert_eq!(grants_to(NODE_A), 2);
+
+    for (id, node) in [(&ids[1], NODE_A), (&ids[2], NODE_A), (&ids[2], NODE_B)] {
+        c.controller_unpublish_volume(unpublish(id, node))
+            .await
+            .unwrap();
+    }
+    for id in &ids {
+        c.delete_volume(pb::DeleteVolumeRequest {
+            volume_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    assert_eq!(grants_to(NODE_A) + grants_to(NODE_B), 0);
+}

@@ -10,6 +10,7 @@ mod stage;
 
 use crate::error::{Error, Kind, Result};
 use crate::exec::CommandRunner;
+use crate::host::devices::{DeviceKind, DeviceTables};
 use crate::host::loopdev::LoopDevices;
 use crate::host::Host;
 use crate::locks::{self, OpGuard, OpLocks};
@@ -18,6 +19,7 @@ use crate::plugin::{
     AccessType, AttachContext, Attachment, Backend, Registry, Secrets, VolumeCapability, VolumeId,
 };
 use crate::state::{NodeState, PublishRecord, StageRecord};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -139,6 +141,8 @@ pub struct NodeOps {
     allowed_paths: Vec<PathBuf>,
     /// Read-only loop devices for read-only block publishes.
     loops: LoopDevices,
+    /// The kernel's device tables, for the node's volume limit.
+    devices: DeviceTables,
 }
 
 impl NodeOps {
@@ -160,7 +164,65 @@ impl NodeOps {
             deadlines: Deadlines::default(),
             allowed_paths: Vec::new(),
             loops: LoopDevices::new(),
+            devices: DeviceTables::default(),
         }
+    }
+
+    /// The same, reading these device tables (a test's fixture tree).
+    pub fn with_device_tables(mut self, devices: DeviceTables) -> Self {
+        self.devices = devices;
+        self
+    }
+
+    /// NodeGetInfo's `max_volumes_per_node`: `cap` (the configured count;
+    /// 0 or less: none) bounded by the room the kernel leaves for each kind
+    /// of device this node's backends attach, counting the devices of
+    /// staged volumes as ferrovol's own (see [`crate::host::devices`]).
+    /// 0 when nothing bounds it, as CSI reads 0: no limit.
+    pub async fn volume_limit(&self, cap: i64) -> Result<i64> {
+        let kinds: Vec<DeviceKind> = self
+            .registry
+            .all()
+            .filter_map(|b| b.node_device())
+            .collect();
+        let cap = u64::try_from(cap).ok().filter(|c| *c > 0);
+        if kinds.is_empty() {
+            return Ok(cap.unwrap_or(0) as i64);
+        }
+        let staged: Vec<PathBuf> = self
+            .state
+            .stages()
+            .into_iter()
+            .filter_map(|s| match s.attachment {
+                Some(Attachment::Device { path }) => Some(path),
+                _ => None,
+            })
+            .collect();
+        let tables = self.devices.clone();
+        let room = crate::host::off_worker(
+            "reading the kernel's device tables",
+            self.deadlines.quick,
+            move || {
+                // Devices as /dev names them: an iSCSI disk's by-path link
+                // resolves to its sdX.
+                let ours: HashSet<String> = staged
+                    .iter()
+                    .filter_map(|p| std::fs::canonicalize(p).ok())
+                    .filter_map(|p| Some(p.file_name()?.to_string_lossy().into_owned()))
+                    .collect();
+                Ok(kinds.iter().filter_map(|k| tables.room(*k, &ours)).min())
+            },
+        )
+        .await?;
+        Ok(match (cap, room) {
+            (None, None) => 0,
+            // CSI reads 0 as no limit: a node with no room left says 1,
+            // and the stage that would take a second device fails.
+            (cap, room) => cap
+                .unwrap_or(u64::MAX)
+                .min(room.unwrap_or(u64::MAX))
+                .clamp(1, i64::MAX as u64) as i64,
+        })
     }
 
     /// The same, with these loop devices (a test's fake kernel).

@@ -24,6 +24,9 @@ impl Backend for Recorder {
     fn name(&self) -> &str {
         "rec"
     }
+    fn node_device(&self) -> Option<DeviceKind> {
+        Some(DeviceKind::Loop)
+    }
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             device_mount: true,
@@ -1025,4 +1028,48 @@ async fn a_replaced_target_is_not_ours() {
     f.ops.unpublish(&id(), &target).await.unwrap();
     assert_eq!(f.mounter.get(&target).unwrap().fstype, "tmpfs");
     assert!(f.ops.state().publish(&target).is_none());
+}
+
+#[tokio::test]
+async fn the_volume_limit_is_the_cap_within_the_room_the_kernel_leaves() {
+    let f = fixture();
+    let sys = f.dir.path().join("sys");
+    let put = |rel: &str, text: &str| {
+        let p = sys.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    };
+    // 16 partitions a loop device: 2^16 of them; 3 bound, one ours.
+    put("module/loop/parameters/max_part", "15\n");
+    for n in 0..3 {
+        put(
+            &format!("block/loop{n}/loop/backing_file"),
+            "/somewhere.img\n",
+        );
+    }
+    let dev = f.dir.path().join("dev");
+    std::fs::create_dir_all(&dev).unwrap();
+    std::fs::write(dev.join("loop1"), "").unwrap();
+    f.ops
+        .state()
+        .put_stage(StageRecord {
+            volume_id: id(),
+            staging_path: f.dir.path().join("staging/v1"),
+            capability: mount_cap(AccessMode::SingleNodeWriter),
+            attachment: Some(Attachment::Device {
+                path: dev.join("loop1"),
+            }),
+            fs_type: Some("ext4".into()),
+            mounted: None,
+        })
+        .unwrap();
+    let tables = crate::host::devices::DeviceTables::at(&sys, &f.dir.path().join("devices"));
+    let ops = Arc::into_inner(f.ops).unwrap().with_device_tables(tables);
+    let room = (1 << 16) - 2;
+    assert_eq!(ops.volume_limit(256).await.unwrap(), 256);
+    assert_eq!(ops.volume_limit(0).await.unwrap(), room);
+    assert_eq!(ops.volume_limit(1 << 20).await.unwrap(), room);
+    // Another loop device bound by someone else: one place fewer, at once.
+    put("block/loop7/loop/backing_file", "/other.img\n");
+    assert_eq!(ops.volume_limit(0).await.unwrap(), room - 1);
 }

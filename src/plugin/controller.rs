@@ -5,6 +5,7 @@
 //! topology, takes the operation guard over every id the operation touches,
 //! and delegates to the backend.
 
+use super::attached::Ledger;
 use super::{
     Backend, Capacity, ContentSource, ControllerAttach, CreateSnapshot, CreateVolume, Page,
     Registry, Secrets, SnapshotId, SnapshotInfo, VolumeCapability, VolumeId, VolumeInfo,
@@ -97,6 +98,8 @@ pub struct ControllerOps {
     locks: OpLocks,
     node_id: String,
     topology_key: String,
+    /// What ControllerPublish granted, for attach limits; `None`: none kept.
+    ledger: Option<Ledger>,
 }
 
 /// Parses a page token: the id of the last entry of the previous page, as
@@ -148,7 +151,22 @@ impl ControllerOps {
             locks,
             node_id: node_id.to_string(),
             topology_key: topology_key.to_string(),
+            ledger: None,
         }
+    }
+
+    /// Keeps a ledger of grants: publishes beyond a node's limit are
+    /// refused.
+    pub fn with_ledger(mut self, ledger: Ledger) -> Self {
+        self.ledger = Some(ledger);
+        self
+    }
+
+    /// How many volumes the ledger has attached to `node_id`'s node.
+    pub fn attached_to(&self, node_id: &str) -> u64 {
+        self.ledger
+            .as_ref()
+            .map_or(0, |l| l.held(super::node_name(node_id)))
     }
 
     pub fn registry(&self) -> &Registry {
@@ -257,7 +275,11 @@ impl ControllerOps {
             return Ok(());
         };
         let _guard = self.guard(&[locks::volume_key(&id)], &[])?;
-        backend.delete_volume(&id, secrets).await
+        backend.delete_volume(&id, secrets).await?;
+        match &self.ledger {
+            Some(ledger) => ledger.release(&id, None),
+            None => Ok(()),
+        }
     }
 
     /// ControllerGetVolume.
@@ -299,10 +321,15 @@ impl ControllerOps {
     /// others (a deployment may mix them) the volume is reachable as it is,
     /// and the answer is an empty publish context once the volume and the
     /// node check out.
+    ///
+    /// `limit` is the most volumes the node takes (`None`: no limit): a
+    /// publish of a volume it does not hold yet to a node holding that
+    /// many is refused, RESOURCE_EXHAUSTED, before the backend attaches.
     pub async fn publish(
         &self,
         id: &VolumeId,
         req: ControllerAttach,
+        limit: Option<u64>,
     ) -> Result<BTreeMap<String, String>> {
         let backend = self.registry.for_volume(id)?.clone();
         backend.supports(&req.capability)?;
@@ -321,7 +348,15 @@ impl ControllerOps {
             return Err(Error::not_found(format!("volume {id} does not exist")));
         }
         let mut context = if backend.capabilities().attach {
-            backend.controller_attach(id, &req).await?
+            let place = match &self.ledger {
+                Some(ledger) => Some(ledger.reserve(id, super::node_name(&req.node_id), limit)?),
+                None => None,
+            };
+            let context = backend.controller_attach(id, &req).await?;
+            if let Some(place) = place {
+                place.commit()?;
+            }
+            context
         } else if backend.capabilities().node_local
             && super::node_name(&req.node_id) != super::node_name(&self.node_id)
         {
@@ -365,7 +400,11 @@ impl ControllerOps {
             None => vec![],
         };
         let _guard = self.guard(&[exclusive], &shared)?;
-        backend.controller_detach(&id, node_id, secrets).await
+        backend.controller_detach(&id, node_id, secrets).await?;
+        match &self.ledger {
+            Some(ledger) => ledger.release(&id, node_id.map(super::node_name)),
+            None => Ok(()),
+        }
     }
 
     /// ListVolumes: one page, from a cursor (the last id of the previous

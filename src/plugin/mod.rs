@@ -3,6 +3,7 @@
 //! id, and the CSI services speak to them only through [`Backend`]. Backends
 //! know nothing of gRPC.
 
+mod attached;
 pub mod controller;
 mod fields;
 mod registry;
@@ -14,6 +15,7 @@ pub use crate::id::{
     digest_hex, is_dns_label, is_locator, locator_for_name, validate_name, SnapshotId, VolumeId,
     MAX_ID_LEN, MAX_LOCATOR_LEN,
 };
+pub use attached::Ledger;
 pub use controller::ControllerOps;
 pub use fields::{join_fields, split_fields};
 pub use registry::Registry;
@@ -96,6 +98,14 @@ pub trait Backend: Send + Sync {
     /// at start, on nodes. A token has no `,` or `/`.
     fn node_id_suffix(&self) -> Result<Option<String>> {
         Ok(None)
+    }
+
+    /// The kind of device a stage of this backend's volumes attaches on
+    /// the node, one per volume; `None` for none (a remote filesystem) or
+    /// one the kernel sets no count on (an LV). NodeGetInfo's volume count
+    /// is bounded by the room left for each kind the node's backends use.
+    fn node_device(&self) -> Option<crate::host::devices::DeviceKind> {
+        None
     }
 
     /// Which access types and modes this backend can serve.

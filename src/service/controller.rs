@@ -92,6 +92,7 @@ impl Controller for ControllerService {
             }
             let capability = convert::required_capability(r.volume_capability.as_ref())?;
             let id = convert::volume_id(&r.volume_id)?;
+            let limit = self.0.volume_limit_of(&r.node_id).await?;
             let context = self
                 .0
                 .controller
@@ -104,6 +105,7 @@ impl Controller for ControllerService {
                         volume_context: params(&r.volume_context),
                         secrets: Secrets::from(&r.secrets),
                     },
+                    limit,
                 )
                 .await?;
             Ok(pb::ControllerPublishVolumeResponse {

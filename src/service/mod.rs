@@ -115,6 +115,21 @@ impl Driver {
         Ok(())
     }
 
+    /// The most volumes ControllerPublish attaches to `node_id`'s node
+    /// (`None`: no limit). For this process's own node, what its
+    /// NodeGetInfo answers; for another node, the configured count, which
+    /// bounds every node's answer (the scheduler holds each node to its
+    /// own, read through CSINode).
+    pub async fn volume_limit_of(&self, node_id: &str) -> Result<Option<u64>> {
+        let configured = self.settings.max_volumes_per_node;
+        let here = crate::plugin::node_name(node_id) == crate::plugin::node_name(&self.node_id);
+        let limit = match self.mode.node() && here {
+            true => self.node.volume_limit(configured).await?,
+            false => configured,
+        };
+        Ok(u64::try_from(limit).ok().filter(|l| *l > 0))
+    }
+
     /// This node's topology segment.
     pub fn topology(&self) -> HashMap<String, String> {
         self.controller.node_topology()

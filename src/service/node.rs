@@ -232,7 +232,7 @@ impl Node for NodeService {
             });
             Ok(pb::NodeGetInfoResponse {
                 node_id: d.node_id.clone(),
-                max_volumes_per_node: d.settings.max_volumes_per_node,
+                max_volumes_per_node: d.node.volume_limit(d.settings.max_volumes_per_node).await?,
                 accessible_topology: topology,
             })
         })

@@ -28,6 +28,10 @@ pub struct Sanity<'a> {
     pub focus_unless_full: Option<&'a str>,
     /// Test volume size in bytes (default 64 MiB; expansion to twice it).
     pub volume_bytes: Option<u64>,
+    /// Runs the attach-limit spec (`--csi.testnodevolumeattachlimit`): as
+    /// many volumes as NodeGetInfo's `max_volumes_per_node` published to
+    /// the node, and one more refused. Keep the driver's count small.
+    pub attach_limit: bool,
 }
 
 /// Counts from one run.
@@ -96,6 +100,9 @@ impl Sanity<'_> {
             // own time limit ending everything.
             .arg("--ginkgo.timeout=20m")
             .arg(format!("--ginkgo.json-report={}", report.display()));
+        if self.attach_limit {
+            cmd.arg("--csi.testnodevolumeattachlimit");
+        }
         // JSON is YAML: the suite reads both files as YAML.
         if !self.parameters.is_empty() {
             let p = h.path("sanity-parameters.yaml");

@@ -374,6 +374,10 @@ impl Backend for FileBackend {
         &self.name
     }
 
+    fn node_device(&self) -> Option<crate::host::devices::DeviceKind> {
+        Some(crate::host::devices::DeviceKind::Loop)
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::node_local_block_device()
     }

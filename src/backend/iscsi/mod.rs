@@ -687,6 +687,10 @@ impl Backend for IscsiBackend {
         &self.name
     }
 
+    fn node_device(&self) -> Option<crate::host::devices::DeviceKind> {
+        Some(crate::host::devices::DeviceKind::Iscsi)
+    }
+
     fn capabilities(&self) -> Capabilities {
         let store = self.store.as_ref().map(|s| s.capabilities());
         Capabilities {

@@ -655,6 +655,10 @@ impl Backend for RbdBackend {
         &self.name
     }
 
+    fn node_device(&self) -> Option<crate::host::devices::DeviceKind> {
+        Some(crate::host::devices::DeviceKind::Rbd)
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             provision: true,

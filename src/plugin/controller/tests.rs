@@ -286,6 +286,7 @@ async fn secrets_reach_the_backend_for_every_rpc_that_carries_them() {
             volume_context: BTreeMap::new(),
             secrets: secrets(),
         },
+        None,
     )
     .await
     .unwrap();
@@ -523,7 +524,11 @@ async fn publish_answers_for_backends_that_do_not_attach() {
     };
     // Reachable as it is on its own node: an empty context, twice.
     for _ in 0..2 {
-        assert!(c.publish(&v.id, attach("node-a")).await.unwrap().is_empty());
+        assert!(c
+            .publish(&v.id, attach("node-a"), None)
+            .await
+            .unwrap()
+            .is_empty());
     }
     // A read-only publish says so to the node, in the context.
     let ro = ControllerAttach {
@@ -531,17 +536,20 @@ async fn publish_answers_for_backends_that_do_not_attach() {
         ..attach("node-a")
     };
     assert_eq!(
-        c.publish(&v.id, ro).await.unwrap(),
+        c.publish(&v.id, ro, None).await.unwrap(),
         BTreeMap::from([(super::super::CTX_READONLY.to_string(), "true".to_string())])
     );
     // Another node cannot reach a node-local volume; unknown volumes are NOT_FOUND.
     assert_eq!(
-        c.publish(&v.id, attach("node-b")).await.unwrap_err().kind,
+        c.publish(&v.id, attach("node-b"), None)
+            .await
+            .unwrap_err()
+            .kind,
         Kind::NotFound
     );
     let missing = VolumeId::new("file", "nope").unwrap();
     assert_eq!(
-        c.publish(&missing, attach("node-a"))
+        c.publish(&missing, attach("node-a"), None)
             .await
             .unwrap_err()
             .kind,
@@ -607,7 +615,7 @@ async fn a_single_node_publish_holds_the_volume() {
     ] {
         let spawn = |node: &str, mode| {
             let (c2, id2, a) = (c.clone(), id.clone(), attach(node, mode));
-            tokio::spawn(async move { c2.publish(&id2, a).await })
+            tokio::spawn(async move { c2.publish(&id2, a, None).await })
         };
         let held = spawn("node-a", first);
         entered.notified().await;
@@ -669,4 +677,70 @@ async fn topology_is_checked_for_node_local_backends_only() {
             .available_bytes,
         42
     );
+}
+
+#[tokio::test]
+async fn a_node_holding_its_limit_is_refused_before_the_backend_attaches() {
+    let b = Arc::new(Memory::new("net", remote_attach()));
+    let dir = tempfile::tempdir().unwrap();
+    let c = ops(vec![b.clone()]).with_ledger(super::Ledger::open(dir.path()).unwrap());
+    let mut ids = Vec::new();
+    for n in 0..4 {
+        let v = c
+            .create_volume(new_volume(&format!("pvc-{n}"), &[]))
+            .await
+            .unwrap();
+        ids.push(v.volume.id);
+    }
+    let attach = |node: &str| ControllerAttach {
+        node_id: node.into(),
+        capability: cap(),
+        readonly: false,
+        volume_context: BTreeMap::new(),
+        secrets: Secrets::default(),
+    };
+    let attaches = || {
+        b.secrets_seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(op, _)| *op == "controller_attach")
+            .count()
+    };
+    // The node's id carries tokens after its name: counted by the name.
+    let node_b = "node-b/iqn.2026-11.io.example:b";
+    for id in &ids[..2] {
+        c.publish(id, attach(node_b), Some(2)).await.unwrap();
+    }
+    let e = c
+        .publish(&ids[2], attach(node_b), Some(2))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::ResourceExhausted);
+    assert!(
+        e.message.contains("node node-b has 2 volumes"),
+        "{}",
+        e.message
+    );
+    assert_eq!(attaches(), 2, "the backend was not asked");
+    assert_eq!(c.attached_to(node_b), 2);
+    // A volume the node holds is answered again; another node has room.
+    c.publish(&ids[0], attach(node_b), Some(2)).await.unwrap();
+    c.publish(&ids[2], attach("node-c"), Some(2)).await.unwrap();
+    // An unpublish (by the name alone too) frees a place; so does a
+    // volume deleted while attached.
+    c.unpublish(&ids[0].to_string(), Some("node-b"), &Secrets::default())
+        .await
+        .unwrap();
+    c.publish(&ids[2], attach(node_b), Some(2)).await.unwrap();
+    c.delete_volume(&ids[1].to_string(), &Secrets::default())
+        .await
+        .unwrap();
+    assert_eq!(c.attached_to(node_b), 1);
+    c.publish(&ids[3], attach(node_b), Some(2)).await.unwrap();
+    assert_eq!(c.attached_to(node_b), 2);
+    assert_eq!(c.attached_to("node-c"), 1);
+    // No limit: none enforced, still counted.
+    c.publish(&ids[0], attach(node_b), None).await.unwrap();
+    assert_eq!(c.attached_to(node_b), 3);
 }
