@@ -59,6 +59,29 @@ pub struct NewVolume {
     /// The requisite topologies; empty when the request has none.
     pub requisite: Vec<Topology>,
     pub secrets: Secrets,
+    /// Mutable parameters (a VolumeAttributesClass's), applied once made.
+    pub mutable: BTreeMap<String, String>,
+}
+
+/// Mutable parameters checked against a backend: each key one it has
+/// (INVALID_ARGUMENT naming the first that is not, and the ones it has),
+/// each value valid.
+fn check_mutable(backend: &dyn Backend, changes: &BTreeMap<String, String>) -> Result<()> {
+    let known = backend.mutable_keys();
+    if let Some(key) = changes.keys().find(|k| !known.contains(&k.as_str())) {
+        return Err(Error::invalid(match known.is_empty() {
+            true => format!(
+                "mutable parameter {key:?}: backend {} has no mutable parameters",
+                backend.name()
+            ),
+            false => format!(
+                "mutable parameter {key:?} is not one backend {} can change (it can: {})",
+                backend.name(),
+                known.join(", ")
+            ),
+        }));
+    }
+    backend.check_mutable(changes)
 }
 
 /// A validated CreateSnapshot request.
@@ -228,6 +251,7 @@ impl ControllerOps {
             }
             _ => {}
         }
+        check_mutable(backend.as_ref(), &req.mutable)?;
         let topology = self.topology_of(backend.as_ref());
         if topology.is_some()
             && !req.requisite.is_empty()
@@ -263,7 +287,33 @@ impl ControllerOps {
             &shared,
         )?;
         let volume = backend.create_volume(&request).await?;
+        // A retried create applies them again: no change when they hold.
+        if !req.mutable.is_empty() {
+            backend
+                .modify_volume(&volume.id, &req.mutable, &request.secrets)
+                .await?;
+        }
         Ok(Placed { volume, topology })
+    }
+
+    /// ControllerModifyVolume: every key checked (known to the volume's
+    /// backend, a valid value) before the backend changes anything.
+    pub async fn modify_volume(
+        &self,
+        id: &VolumeId,
+        changes: &BTreeMap<String, String>,
+        secrets: &Secrets,
+    ) -> Result<()> {
+        let backend = self.registry.for_volume(id)?.clone();
+        if changes.is_empty() {
+            return Err(Error::invalid("mutable_parameters is required"));
+        }
+        check_mutable(backend.as_ref(), changes)?;
+        let _guard = self.guard(&[locks::volume_key(id)], &[])?;
+        if backend.get_volume(id, secrets).await?.is_none() {
+            return Err(Error::not_found(format!("volume {id} does not exist")));
+        }
+        backend.modify_volume(id, changes, secrets).await
     }
 
     /// DeleteVolume. An id that cannot be ours names nothing: done.

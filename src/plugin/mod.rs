@@ -169,6 +169,33 @@ pub trait Backend: Send + Sync {
         }
     }
 
+    /// The mutable parameters of this backend's volumes: the keys a
+    /// VolumeAttributesClass may set (CreateVolume's `mutable_parameters`)
+    /// and ControllerModifyVolume may change. None by default.
+    fn mutable_keys(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// Checks the values of mutable parameters whose keys are among
+    /// [`Backend::mutable_keys`], before anything is made or changed:
+    /// INVALID_ARGUMENT naming the first key whose value is not valid.
+    fn check_mutable(&self, _changes: &BTreeMap<String, String>) -> Result<()> {
+        Ok(())
+    }
+
+    /// Applies checked mutable parameters to a volume: every one or none
+    /// (what cannot be done is found before anything is changed, and is
+    /// INVALID_ARGUMENT naming its key); a value the volume has already is
+    /// no change. The volume's recorded parameters follow.
+    async fn modify_volume(
+        &self,
+        _id: &VolumeId,
+        _changes: &BTreeMap<String, String>,
+        _secrets: &Secrets,
+    ) -> Result<()> {
+        Err(self.unimplemented("modify volumes"))
+    }
+
     /// Checks StorageClass parameters meant for this backend (the
     /// `backend` key and the CO's own `csi.storage.k8s.io/` keys are taken
     /// out first). By default a backend takes none.

@@ -112,6 +112,11 @@ impl Registry {
         })
     }
 
+    /// Whether any backend has mutable parameters (MODIFY_VOLUME).
+    pub fn modifies(&self) -> bool {
+        self.backends.values().any(|b| !b.mutable_keys().is_empty())
+    }
+
     /// The union of every backend's capabilities.
     pub fn capabilities(&self) -> Capabilities {
         let mut all = Capabilities::default();

@@ -47,6 +47,7 @@ impl Controller for ControllerService {
                     source,
                     requisite,
                     secrets: Secrets::from(&r.secrets),
+                    mutable: params(&r.mutable_parameters),
                 })
                 .await?;
             Ok(pb::CreateVolumeResponse {
@@ -250,6 +251,9 @@ impl Controller for ControllerService {
             if c.attach {
                 types.extend([T::PublishUnpublishVolume, T::PublishReadonly]);
             }
+            if self.0.registry.modifies() {
+                types.push(T::ModifyVolume);
+            }
             if c.snapshot {
                 types.extend([T::CreateDeleteSnapshot, T::ListSnapshots, T::GetSnapshot]);
             }
@@ -424,10 +428,23 @@ impl Controller for ControllerService {
         request: Request<pb::ControllerModifyVolumeRequest>,
     ) -> Result<Response<pb::ControllerModifyVolumeResponse>, Status> {
         let r = request.into_inner();
-        respond(&r.volume_id, async {
-            Err::<pb::ControllerModifyVolumeResponse, _>(Error::unimplemented(
-                "no backend has mutable parameters",
-            ))
+        respond_hiding(&r.volume_id, &r.secrets, async {
+            if !self.0.registry.modifies() {
+                return Err(Error::unimplemented("no backend has mutable parameters"));
+            }
+            if r.volume_id.is_empty() {
+                return Err(Error::invalid("volume_id is required"));
+            }
+            let id = convert::volume_id(&r.volume_id)?;
+            self.0
+                .controller
+                .modify_volume(
+                    &id,
+                    &params(&r.mutable_parameters),
+                    &Secrets::from(&r.secrets),
+                )
+                .await?;
+            Ok(pb::ControllerModifyVolumeResponse {})
         })
         .await
     }

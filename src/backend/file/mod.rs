@@ -59,6 +59,40 @@ struct VolumeMeta {
     /// its first stage, once the node gave it its own).
     #[serde(default)]
     copy_pending: bool,
+    /// Every block of the image allocated (mutable `preallocate`): its
+    /// writes never meet a full pool, and an expansion allocates too.
+    #[serde(default)]
+    preallocated: bool,
+}
+
+/// The mutable parameter that allocates a volume's whole image.
+const PREALLOCATE: &str = "preallocate";
+
+/// `preallocate`'s value.
+fn preallocate_value(changes: &BTreeMap<String, String>) -> Result<Option<bool>> {
+    match changes.get(PREALLOCATE).map(String::as_str) {
+        None => Ok(None),
+        Some("true") => Ok(Some(true)),
+        Some("false") => Ok(Some(false)),
+        Some(v) => Err(Error::invalid(format!(
+            "mutable parameter {PREALLOCATE}: {v:?} is not true or false"
+        ))),
+    }
+}
+
+/// Allocates `image`'s blocks up to `len` bytes (its size stays).
+async fn allocate(image: PathBuf, len: u64) -> Result<()> {
+    crate::host::off_worker("allocating the image", COPY_TIMEOUT, move || {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&image)
+            .map_err(io("open image"))?;
+        let len = i64::try_from(len).map_err(|_| Error::invalid("image size out of range"))?;
+        nix::fcntl::fallocate(&f, nix::fcntl::FallocateFlags::empty(), 0, len)
+            .map_err(|e| Error::io("allocate image", e.into()))?;
+        f.sync_all().map_err(io("sync image"))
+    })
+    .await
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -275,6 +309,21 @@ impl FileBackend {
         Ok(self.host.fs_usage(&self.settings.pool)?.available_bytes)
     }
 
+    /// Room for a volume to grow by `bytes`: more than the whole pool
+    /// can never be (OUT_OF_RANGE, final: the CO lets the user ask for
+    /// less); more than is free now may be later (RESOURCE_EXHAUSTED).
+    fn ensure_growth(&self, bytes: u64) -> Result<()> {
+        let usage = self.host.fs_usage(&self.settings.pool)?;
+        if bytes > usage.total_bytes {
+            return Err(Error::out_of_range(format!(
+                "growing by {bytes} bytes is more than pool {} holds ({} bytes)",
+                self.settings.pool.display(),
+                usage.total_bytes
+            )));
+        }
+        self.ensure_space(bytes)
+    }
+
     fn ensure_space(&self, bytes: u64) -> Result<()> {
         let free = self.free_bytes()?;
         if bytes > free {
@@ -378,6 +427,52 @@ impl Backend for FileBackend {
         Some(crate::host::devices::DeviceKind::Loop)
     }
 
+    fn mutable_keys(&self) -> &'static [&'static str] {
+        &[PREALLOCATE]
+    }
+
+    fn check_mutable(&self, changes: &BTreeMap<String, String>) -> Result<()> {
+        preallocate_value(changes).map(|_| ())
+    }
+
+    async fn modify_volume(
+        &self,
+        id: &VolumeId,
+        changes: &BTreeMap<String, String>,
+        _secrets: &Secrets,
+    ) -> Result<()> {
+        self.own(id.backend())?;
+        let (mut meta, size) = self
+            .load_volume(id.locator())?
+            .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
+        let Some(want) = preallocate_value(changes)? else {
+            return Ok(());
+        };
+        if want == meta.preallocated {
+            return Ok(());
+        }
+        let image = self.image(id.locator());
+        if want {
+            use std::os::unix::fs::MetadataExt;
+            let held = std::fs::metadata(&image)
+                .map_err(io("stat image"))?
+                .blocks()
+                .saturating_mul(512);
+            let needed = size.saturating_sub(held);
+            let free = self.free_bytes()?;
+            if needed > free {
+                return Err(Error::invalid(format!(
+                    "mutable parameter {PREALLOCATE}: volume {id} needs {needed} more bytes \
+                     and pool {} has {free} free; nothing was changed",
+                    self.settings.pool.display()
+                )));
+            }
+            allocate(image, size).await?;
+        }
+        meta.preallocated = want;
+        write_json(&self.meta(id.locator()), &meta).await
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::node_local_block_device()
     }
@@ -420,6 +515,7 @@ impl Backend for FileBackend {
                 capacity_bytes: size,
                 source: req.source.clone(),
                 copy_pending: req.source.is_some(),
+                preallocated: false,
             };
             write_json(&self.meta(&locator), &meta).await?;
             std::fs::rename(&tmp, &image).map_err(io("move new image into place"))?;
@@ -496,17 +592,21 @@ impl Backend for FileBackend {
         let Some(wanted) = self.size_rules().expansion(size, required, limit)? else {
             return Ok(size);
         };
-        self.ensure_space(wanted - size)?;
+        self.ensure_growth(wanted - size)?;
         let image = self.image(id.locator());
+        let grown = image.clone();
         crate::host::off_worker("growing the image", COPY_TIMEOUT, move || {
             let f = std::fs::OpenOptions::new()
                 .write(true)
-                .open(&image)
+                .open(&grown)
                 .map_err(io("open image"))?;
             f.set_len(wanted).map_err(io("grow image"))?;
             f.sync_all().map_err(io("sync image"))
         })
         .await?;
+        if meta.preallocated {
+            allocate(image, wanted).await?;
+        }
         meta.capacity_bytes = wanted;
         write_json(&self.meta(id.locator()), &meta).await?;
         Ok(wanted)

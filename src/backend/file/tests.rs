@@ -163,13 +163,23 @@ async fn expansion_grows_the_image_and_checks_space() {
         p.backend.expand_volume(&v.id, MIB, 0, &none).await.unwrap(),
         21 * MIB
     );
+    // More than is free now may work later (transient); more than the
+    // whole pool never will (final: the CO lets the user ask for less).
+    assert_eq!(
+        p.backend
+            .expand_volume(&v.id, 150 * MIB, 0, &none)
+            .await
+            .unwrap_err()
+            .kind,
+        Kind::ResourceExhausted
+    );
     assert_eq!(
         p.backend
             .expand_volume(&v.id, 500 * MIB, 0, &none)
             .await
             .unwrap_err()
             .kind,
-        Kind::ResourceExhausted
+        Kind::OutOfRange
     );
     assert_eq!(
         p.backend
@@ -372,4 +382,96 @@ async fn a_failed_snapshot_copy_is_out_of_space_only_when_the_pool_is() {
         .await
         .unwrap()
         .is_empty());
+}
+
+/// Blocks the image holds on disk.
+fn allocated(p: &Pool, name: &str) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p.dir.path().join(format!("pool/volumes/{name}.img")))
+        .unwrap()
+        .blocks()
+        * 512
+}
+
+#[tokio::test]
+async fn preallocate_allocates_the_image_and_its_growth_or_changes_nothing() {
+    let p = pool_with(100 * MIB);
+    let none = Secrets::default();
+    let v = p
+        .backend
+        .create_volume(&req("pvc-1", 8 * MIB, 0))
+        .await
+        .unwrap();
+    assert!(allocated(&p, "pvc-1") < MIB, "a new image is sparse");
+    let set = |v: &str| BTreeMap::from([(PREALLOCATE.to_string(), v.to_string())]);
+    // A value that is not one is refused before anything changes.
+    let e = p.backend.check_mutable(&set("yes")).unwrap_err();
+    assert_eq!(e.kind, Kind::InvalidArgument);
+    assert!(e.message.contains("preallocate"), "{}", e.message);
+
+    p.backend
+        .modify_volume(&v.id, &set("true"), &none)
+        .await
+        .unwrap();
+    assert_eq!(allocated(&p, "pvc-1"), 8 * MIB);
+    // Again: no change. Growth is allocated too.
+    p.backend
+        .modify_volume(&v.id, &set("true"), &none)
+        .await
+        .unwrap();
+    p.backend
+        .expand_volume(&v.id, 12 * MIB, 0, &none)
+        .await
+        .unwrap();
+    assert_eq!(allocated(&p, "pvc-1"), 12 * MIB);
+    // Back to false: recorded, nothing freed; growth stays sparse.
+    p.backend
+        .modify_volume(&v.id, &set("false"), &none)
+        .await
+        .unwrap();
+    p.backend
+        .expand_volume(&v.id, 16 * MIB, 0, &none)
+        .await
+        .unwrap();
+    assert_eq!(allocated(&p, "pvc-1"), 12 * MIB);
+
+    // A pool without the room: refused, naming the key, nothing allocated
+    // and the record unchanged.
+    let big = p
+        .backend
+        .create_volume(&req("pvc-2", 90 * MIB, 0))
+        .await
+        .unwrap();
+    p.host.set_usage(
+        &p.dir.path().join("pool"),
+        FsUsage {
+            total_bytes: 200 * MIB,
+            free_bytes: 50 * MIB,
+            available_bytes: 50 * MIB,
+            ..Default::default()
+        },
+    );
+    let e = p
+        .backend
+        .modify_volume(&big.id, &set("true"), &none)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::InvalidArgument);
+    assert!(
+        e.message.contains("preallocate") && e.message.contains("nothing was changed"),
+        "{}",
+        e.message
+    );
+    assert!(allocated(&p, "pvc-2") < MIB);
+    let (meta, _) = p.backend.load_volume("pvc-2").unwrap().unwrap();
+    assert!(!meta.preallocated);
+    let missing = VolumeId::parse("file:nope").unwrap();
+    assert_eq!(
+        p.backend
+            .modify_volume(&missing, &set("true"), &none)
+            .await
+            .unwrap_err()
+            .kind,
+        Kind::NotFound
+    );
 }

@@ -21,6 +21,8 @@ struct Memory {
     /// When set, create_volume and controller_attach wait on `release`
     /// after telling `entered`.
     hold: Option<(Arc<Notify>, Arc<Notify>)>,
+    /// What modify_volume was asked, per volume.
+    modified: Mutex<Vec<(String, BTreeMap<String, String>)>>,
 }
 
 impl Memory {
@@ -35,6 +37,7 @@ impl Memory {
             returned: Default::default(),
             metadata_seen: Default::default(),
             hold: None,
+            modified: Default::default(),
         }
     }
 
@@ -181,6 +184,28 @@ impl Backend for Memory {
         self.saw("controller_detach", secrets);
         Ok(())
     }
+    fn mutable_keys(&self) -> &'static [&'static str] {
+        &["tier", "iops"]
+    }
+    fn check_mutable(&self, changes: &BTreeMap<String, String>) -> Result<()> {
+        match changes.get("tier").map(String::as_str) {
+            None | Some("gold" | "silver") => Ok(()),
+            Some(v) => Err(Error::invalid(format!("mutable parameter tier: {v:?}"))),
+        }
+    }
+    async fn modify_volume(
+        &self,
+        id: &VolumeId,
+        changes: &BTreeMap<String, String>,
+        secrets: &Secrets,
+    ) -> Result<()> {
+        self.saw("modify_volume", secrets);
+        self.modified
+            .lock()
+            .unwrap()
+            .push((id.to_string(), changes.clone()));
+        Ok(())
+    }
 }
 
 fn local() -> Capabilities {
@@ -237,6 +262,7 @@ fn new_volume(name: &str, parameters: &[(&str, &str)]) -> NewVolume {
         source: None,
         requisite: vec![],
         secrets: secrets(),
+        mutable: BTreeMap::new(),
     }
 }
 
@@ -743,4 +769,70 @@ async fn a_node_holding_its_limit_is_refused_before_the_backend_attaches() {
     // No limit: none enforced, still counted.
     c.publish(&ids[0], attach(node_b), None).await.unwrap();
     assert_eq!(c.attached_to(node_b), 3);
+}
+
+#[tokio::test]
+async fn modify_checks_every_key_before_the_backend_changes_anything() {
+    let b = Arc::new(Memory::new("net", remote_attach()));
+    let c = ops(vec![b.clone()]);
+    let kv = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    // At create: a bad key or value makes nothing; good ones are applied.
+    let mut bad = new_volume("pvc-bad", &[]);
+    bad.mutable = kv(&[("tier", "gold"), ("colour", "red")]);
+    let e = c.create_volume(bad).await.unwrap_err();
+    assert_eq!(e.kind, Kind::InvalidArgument);
+    assert!(
+        e.message.contains("\"colour\"") && e.message.contains("tier, iops"),
+        "{}",
+        e.message
+    );
+    let mut bad = new_volume("pvc-bad", &[]);
+    bad.mutable = kv(&[("tier", "bronze")]);
+    assert_eq!(
+        c.create_volume(bad).await.unwrap_err().kind,
+        Kind::InvalidArgument
+    );
+    assert!(b.volumes.lock().unwrap().is_empty(), "nothing made");
+    let mut good = new_volume("pvc-1", &[]);
+    good.mutable = kv(&[("tier", "gold")]);
+    let v = c.create_volume(good).await.unwrap().volume;
+    assert_eq!(
+        b.modified.lock().unwrap().clone(),
+        vec![(v.id.to_string(), kv(&[("tier", "gold")]))]
+    );
+
+    // Modify: every key checked first; the backend sees none of a bad set.
+    for changes in [
+        kv(&[("tier", "silver"), ("x", "1")]),
+        kv(&[("tier", "tin")]),
+        kv(&[]),
+    ] {
+        let e = c
+            .modify_volume(&v.id, &changes, &secrets())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind, Kind::InvalidArgument, "{changes:?}");
+    }
+    assert_eq!(b.modified.lock().unwrap().len(), 1);
+    c.modify_volume(
+        &v.id,
+        &kv(&[("tier", "silver"), ("iops", "100")]),
+        &secrets(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(b.modified.lock().unwrap().len(), 2);
+    let missing = VolumeId::new("net", "nope").unwrap();
+    assert_eq!(
+        c.modify_volume(&missing, &kv(&[("tier", "gold")]), &secrets())
+            .await
+            .unwrap_err()
+            .kind,
+        Kind::NotFound
+    );
 }
