@@ -130,6 +130,9 @@ struct VolumeRecord {
     /// quotas.
     #[serde(default)]
     project_id: Option<u32>,
+    /// The directory's mode, when a mutable `mountPermissions` set it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mode: Option<u32>,
 }
 
 /// The record of a snapshot, beside its archive on the share.
@@ -208,6 +211,55 @@ const PARAMETERS: &[&str] = &[
     "onDelete",
     "mountPermissions",
 ];
+
+/// The mutable parameters: the volume directory's mode, and what
+/// DeleteVolume does with it.
+const MUTABLE: &[&str] = &["mountPermissions", "onDelete"];
+
+/// Mutable parameters, parsed.
+#[derive(Debug, Default)]
+struct Changes {
+    mode: Option<u32>,
+    on_delete: Option<OnDelete>,
+}
+
+impl Changes {
+    fn parse(changes: &BTreeMap<String, String>) -> Result<Self> {
+        let mode = match changes.get("mountPermissions") {
+            Some(v) => Some(parse_mode(v).map_err(|e| e.context("mutable parameter"))?),
+            None => None,
+        };
+        let on_delete = match changes.get("onDelete") {
+            Some(v) => Some(OnDelete::parse(v).map_err(|e| e.context("mutable parameter"))?),
+            None => None,
+        };
+        Ok(Self { mode, on_delete })
+    }
+}
+
+/// An octal directory mode (`mountPermissions`).
+fn parse_mode(v: &str) -> Result<u32> {
+    u32::from_str_radix(v, 8)
+        .ok()
+        .filter(|m| *m <= 0o7777)
+        .ok_or_else(|| Error::invalid(format!("mountPermissions {v:?} is not an octal mode")))
+}
+
+/// Sets the mode of the volume directory `rel` under `root` (never through
+/// a symlink); returns the mode it had.
+fn set_mode(root: &Path, rel: &Path, mode: u32) -> Result<u32> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = share::resolve(root, rel)?
+        .ok_or_else(|| Error::not_found(format!("{} is gone from the share", rel.display())))?;
+    let old = std::fs::symlink_metadata(&dir)
+        .map_err(|e| Error::io(format!("inspect {}", dir.display()), e))?
+        .permissions()
+        .mode()
+        & 0o7777;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| Error::io(format!("chmod {}", dir.display()), e))?;
+    Ok(old)
+}
 
 /// The backend.
 pub struct NfsBackend {
@@ -701,6 +753,62 @@ impl Backend for NfsBackend {
         Ok(())
     }
 
+    fn mutable_keys(&self) -> &'static [&'static str] {
+        MUTABLE
+    }
+
+    fn check_mutable(&self, changes: &BTreeMap<String, String>) -> Result<()> {
+        Changes::parse(changes).map(|_| ())
+    }
+
+    async fn modify_volume(
+        &self,
+        id: &VolumeId,
+        changes: &BTreeMap<String, String>,
+        _secrets: &Secrets,
+    ) -> Result<()> {
+        let changes = Changes::parse(changes)?;
+        let gone = || Error::not_found(format!("volume {id} does not exist"));
+        let loc = self.locate(id).map_err(|_| gone())?;
+        let held = self.hold(&loc).await?;
+        let mut record = Self::read_record(&held.dir, &loc.subdir)
+            .await?
+            .ok_or_else(gone)?;
+        let before = record.clone();
+        let (root, subdir) = (held.dir.clone(), loc.subdir.clone());
+        // The directory's mode first, remembering the old one: if the
+        // record cannot follow, the mode goes back (all or nothing).
+        let old_mode = match changes.mode {
+            Some(mode) => Some(
+                blocking("changing the volume directory's mode", move || {
+                    set_mode(&root, &subdir, mode)
+                })
+                .await?,
+            ),
+            None => None,
+        };
+        if let Some(mode) = changes.mode {
+            record.mode = Some(mode);
+        }
+        if let Some(on_delete) = changes.on_delete {
+            record.on_delete = on_delete;
+        }
+        if record == before {
+            return Ok(());
+        }
+        if let Err(e) = Self::write_record(&held.dir, &record).await {
+            if let Some(old) = old_mode {
+                let (root, subdir) = (held.dir.clone(), loc.subdir.clone());
+                let _ = blocking("restoring the directory's mode", move || {
+                    set_mode(&root, &subdir, old)
+                })
+                .await;
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
     fn validate_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {
         for (k, v) in parameters {
             if !PARAMETERS.contains(&k.as_str()) {
@@ -714,12 +822,7 @@ impl Backend for NfsBackend {
                     OnDelete::parse(v)?;
                 }
                 "mountPermissions" => {
-                    u32::from_str_radix(v, 8)
-                        .ok()
-                        .filter(|m| *m <= 0o7777)
-                        .ok_or_else(|| {
-                            Error::invalid(format!("mountPermissions {v:?} is not an octal mode"))
-                        })?;
+                    parse_mode(v)?;
                 }
                 _ => {}
             }
@@ -738,7 +841,7 @@ impl Backend for NfsBackend {
             None => self.settings.on_delete,
         };
         let mode = match req.parameters.get("mountPermissions") {
-            Some(v) => u32::from_str_radix(v, 8).map_err(|_| Error::invalid("mountPermissions"))?,
+            Some(v) => parse_mode(v)?,
             None => self.settings.directory_mode,
         };
         let held = self.hold(&loc).await?;
@@ -782,6 +885,7 @@ impl Backend for NfsBackend {
                 req.limit_bytes
             },
             on_delete,
+            mode: None,
         };
         // The record first: a crash in between leaves a record whose
         // directory a retry makes, never a directory nobody claims.

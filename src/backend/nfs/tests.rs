@@ -403,3 +403,69 @@ fn parameters_are_checked() {
         );
     }
 }
+
+#[tokio::test]
+async fn modify_changes_the_mode_and_the_delete_policy_all_or_nothing() {
+    let f = fixture_with("directory_mode = 0o2770\n");
+    f.runner.ok("mount");
+    let none = Secrets::default();
+    let v = f
+        .backend
+        .create_volume(&req("pvc-m", &[(PV, "pvc-m")], &[]))
+        .await
+        .unwrap();
+    let work = f.share();
+    let mode = || {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(work.join("pvc-m"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
+    };
+    let kv = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    // One bad value: refused before anything changes, naming it.
+    let bad = kv(&[("mountPermissions", "0750"), ("onDelete", "shred")]);
+    let e = f.backend.check_mutable(&bad).unwrap_err();
+    assert_eq!(e.kind, Kind::InvalidArgument);
+    assert!(e.message.contains("onDelete"), "{}", e.message);
+    assert_eq!(
+        f.backend
+            .modify_volume(&v.id, &bad, &none)
+            .await
+            .unwrap_err()
+            .kind,
+        Kind::InvalidArgument
+    );
+    assert_eq!(mode(), 0o2770);
+
+    let good = kv(&[("mountPermissions", "0750"), ("onDelete", "retain")]);
+    f.backend.modify_volume(&v.id, &good, &none).await.unwrap();
+    assert_eq!(mode(), 0o750);
+    // Again: no change.
+    f.backend.modify_volume(&v.id, &good, &none).await.unwrap();
+    let record = NfsBackend::read_record(&work, Path::new("pvc-m"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (record.mode, record.on_delete),
+        (Some(0o750), OnDelete::Retain)
+    );
+    // The recorded policy is what delete follows now.
+    f.backend.delete_volume(&v.id, &none).await.unwrap();
+    assert!(work.join("pvc-m").is_dir(), "a retained volume was removed");
+    assert_eq!(
+        f.backend
+            .modify_volume(&v.id, &good, &none)
+            .await
+            .unwrap_err()
+            .kind,
+        Kind::NotFound
+    );
+}
