@@ -12,6 +12,7 @@ async fn csi_sanity_file_backend() {
     let h = Harness::start().await;
     let tally = Sanity {
         name: "file",
+        mutable: [("preallocate".to_string(), "true".to_string())].into(),
         ..Default::default()
     }
     .run(&h);

@@ -26,8 +26,10 @@ impl Controller for ControllerService {
             crate::plugin::validate_name("volume", &r.name)?;
             let capabilities = convert::capabilities(&r.volume_capabilities)?;
             let (required_bytes, limit_bytes) = convert::capacity_range(r.capacity_range.as_ref())?;
-            if !r.mutable_parameters.is_empty() {
-                return Err(Error::invalid("mutable_parameters are not supported"));
+            if !r.mutable_parameters.is_empty() && !self.0.registry.modifies() {
+                return Err(Error::invalid(
+                    "mutable_parameters: no configured backend has mutable parameters",
+                ));
             }
             let source = convert::content_source(r.volume_content_source.as_ref())?;
             let requisite = r

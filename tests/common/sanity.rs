@@ -32,6 +32,9 @@ pub struct Sanity<'a> {
     /// many volumes as NodeGetInfo's `max_volumes_per_node` published to
     /// the node, and one more refused. Keep the driver's count small.
     pub attach_limit: bool,
+    /// Mutable parameters for the modify specs (a VolumeAttributesClass's
+    /// keys, `--csi.testvolumemutableparameters`); none: those specs skip.
+    pub mutable: BTreeMap<String, String>,
 }
 
 /// Counts from one run.
@@ -108,6 +111,11 @@ impl Sanity<'_> {
             let p = h.path("sanity-parameters.yaml");
             std::fs::write(&p, serde_json::to_string(&self.parameters).unwrap()).unwrap();
             cmd.arg(format!("--csi.testvolumeparameters={}", p.display()));
+        }
+        if !self.mutable.is_empty() {
+            let p = h.path("sanity-mutable.yaml");
+            std::fs::write(&p, serde_json::to_string(&self.mutable).unwrap()).unwrap();
+            cmd.arg(format!("--csi.testvolumemutableparameters={}", p.display()));
         }
         if !self.secrets.is_empty() {
             let all: BTreeMap<&str, &BTreeMap<String, String>> =
