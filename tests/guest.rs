@@ -2315,6 +2315,7 @@ mod sanity {
             Sanity {
                 name: &format!("lvm-{class}"),
                 parameters: map(&[("deviceClass", class)]),
+                mutable: map(&[("readAhead", "256")]),
                 volume_bytes: Some(16 << 20),
                 focus_unless_full: (class == "thin").then_some(MODE_SPECIFIC),
                 ..Default::default()
@@ -2334,6 +2335,7 @@ mod sanity {
         let mut h = Harness::start_with(Some(config)).await;
         Sanity {
             name: "nfs",
+            mutable: map(&[("mountPermissions", "0770"), ("onDelete", "delete")]),
             ..Default::default()
         }
         .run(&h);

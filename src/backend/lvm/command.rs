@@ -48,6 +48,30 @@ impl LvmBackend {
             .find(|l| l.lv_name == lv && l.has_tag(TAG)))
     }
 
+    /// An LV's read-ahead setting as lvs reports it in sectors (`auto`,
+    /// or a count; 0 for none).
+    pub(super) async fn read_ahead(&self, target: &str) -> Result<String> {
+        let out = self
+            .runner
+            .run(self.lvm("lvs").args([
+                "--reportformat",
+                "json",
+                "--units",
+                "s",
+                "--nosuffix",
+                "-o",
+                "lv_read_ahead",
+                target,
+            ]))
+            .await?;
+        let v: serde_json::Value = serde_json::from_str(&out.stdout)
+            .map_err(|e| Error::internal(format!("lvs report: {e}")))?;
+        v["report"][0]["lv"][0]["lv_read_ahead"]
+            .as_str()
+            .map(|s| s.trim().to_string())
+            .ok_or_else(|| Error::internal(format!("lvs reported no read-ahead for {target}")))
+    }
+
     pub(super) async fn vg(&self, class: &DeviceClass) -> Result<Vg> {
         let out = self
             .runner

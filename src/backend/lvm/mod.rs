@@ -46,6 +46,28 @@ const COPY_TAG: &str = "ferrovol-copy";
 /// The StorageClass parameter that picks a device class.
 pub const DEVICE_CLASS_PARAMETER: &str = "deviceClass";
 
+/// The mutable parameter for an LV's read-ahead: `auto`, `none`, or a
+/// count of 512-byte sectors, a multiple of 8 up to 65,536 (32 MiB).
+const READ_AHEAD: &str = "readAhead";
+
+/// `readAhead`'s value, as lvchange and lvs write it (`none` is 0).
+fn read_ahead_value(changes: &BTreeMap<String, String>) -> Result<Option<String>> {
+    let Some(v) = changes.get(READ_AHEAD) else {
+        return Ok(None);
+    };
+    match v.as_str() {
+        "auto" => Ok(Some("auto".into())),
+        "none" | "0" => Ok(Some("0".into())),
+        n => match n.parse::<u32>() {
+            Ok(k) if k % 8 == 0 && (8..=65_536).contains(&k) => Ok(Some(k.to_string())),
+            _ => Err(Error::invalid(format!(
+                "mutable parameter {READ_AHEAD}: {v:?} is not auto, none, or a multiple of 8 \
+                 sectors from 8 to 65536"
+            ))),
+        },
+    }
+}
+
 /// `[[backend]] type = "lvm"` settings.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -624,6 +646,38 @@ impl Backend for LvmBackend {
         Ok(())
     }
 
+    fn mutable_keys(&self) -> &'static [&'static str] {
+        &[READ_AHEAD]
+    }
+
+    fn check_mutable(&self, changes: &BTreeMap<String, String>) -> Result<()> {
+        read_ahead_value(changes).map(|_| ())
+    }
+
+    async fn modify_volume(
+        &self,
+        id: &VolumeId,
+        changes: &BTreeMap<String, String>,
+        _secrets: &Secrets,
+    ) -> Result<()> {
+        let (class, lv_name) = self.split(id.locator())?;
+        if self.class_lv(class, lv_name).await?.is_none() {
+            return Err(Error::not_found(format!("volume {id} does not exist")));
+        }
+        let Some(want) = read_ahead_value(changes)? else {
+            return Ok(());
+        };
+        let target = format!("{}/{lv_name}", class.volume_group);
+        // LVM's metadata is the record: read it, change it only if it differs.
+        if self.read_ahead(&target).await? == want {
+            return Ok(());
+        }
+        self.runner
+            .run(self.lvm("lvchange").args(["--readahead", &want, &target]))
+            .await?;
+        Ok(())
+    }
+
     fn validate_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {
         for key in parameters.keys() {
             if key != DEVICE_CLASS_PARAMETER {
@@ -779,6 +833,13 @@ impl Backend for LvmBackend {
             None => wanted - lv.size(),
             Some(_) => 0,
         };
+        if grow > vg.size() {
+            return Err(Error::out_of_range(format!(
+                "growing by {grow} bytes is more than volume group {} holds ({} bytes)",
+                class.volume_group,
+                vg.size()
+            )));
+        }
         if grow > vg.free() {
             return Err(Error::exhausted(format!(
                 "volume group {} has {} bytes free",

@@ -1057,3 +1057,42 @@ async fn a_deactivation_that_did_not_happen_fails_the_detach() {
     );
     b.node_detach(&id, None).await.unwrap();
 }
+
+#[tokio::test]
+async fn read_ahead_is_changed_only_when_it_differs_and_checked_first() {
+    let r = Arc::new(FakeRunner::new());
+    let row = lv_row(
+        "fv-pvc-1",
+        12 * MIB,
+        "ferrovol,ferrovol-name:pvc-1",
+        "-wi-a-----",
+    );
+    let ra = |v: &str| format!(r#"{{"report":[{{"lv":[{{"lv_read_ahead":"{v}"}}]}}]}}"#);
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&row))));
+    r.expect("lvs", Reply::Ok(ra("auto")));
+    r.expect("lvchange", Reply::Ok(String::new()));
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&row))));
+    r.expect("lvs", Reply::Ok(ra("256")));
+    let b = backend(r.clone(), None);
+    let id = b.volume_id_for(&create("pvc-1", MIB, 0)).unwrap();
+    let set = |v: &str| BTreeMap::from([(READ_AHEAD.to_string(), v.to_string())]);
+    for bad in ["100", "banana", "131072", "-8"] {
+        let e = b.check_mutable(&set(bad)).unwrap_err();
+        assert_eq!(e.kind, Kind::InvalidArgument, "{bad}");
+        assert!(e.message.contains("readAhead"), "{}", e.message);
+    }
+    let none = Secrets::default();
+    b.modify_volume(&id, &set("256"), &none).await.unwrap();
+    // Already 256: nothing run.
+    b.modify_volume(&id, &set("256"), &none).await.unwrap();
+    let changes: Vec<String> = r
+        .lines()
+        .into_iter()
+        .filter(|l| l.starts_with("lvchange"))
+        .collect();
+    assert_eq!(changes, [format!("lvchange --readahead 256 vg0/fv-pvc-1")]);
+    assert!(r
+        .lines()
+        .iter()
+        .any(|l| l.contains("-o lv_read_ahead vg0/fv-pvc-1")));
+}
