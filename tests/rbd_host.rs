@@ -532,3 +532,91 @@ async fn rbd_a_cluster_that_does_not_answer_is_unavailable_in_bounded_time() {
     assert_eq!(code(&r), Code::InvalidArgument, "{r:?}");
     assert!(!r.unwrap_err().message().contains("AQDzZkVn"));
 }
+
+/// QoS limits as mutable parameters, on both roads: set at create (a
+/// VolumeAttributesClass), changed and cleared by ControllerModifyVolume
+/// (0 removes the override), a set with one bad value changes nothing.
+#[tokio::test]
+async fn rbd_qos_limits_are_mutable_parameters() {
+    require_root();
+    let cluster = CephCluster::new();
+    for road in ["librbd", "cli"] {
+        let h = Harness::start_with(Some(&rbd_config(&cluster, road))).await;
+        let mut c = h.controller();
+        let name = format!("pvc-qos-{road}");
+        let image = format!("rbd/fv-{name}");
+        let overrides = || -> serde_json::Map<String, serde_json::Value> {
+            let all: serde_json::Value = serde_json::from_str(&cluster.rbd(&[
+                "image-meta",
+                "list",
+                "--format",
+                "json",
+                &image,
+            ]))
+            .unwrap_or(serde_json::json!({}));
+            all.as_object()
+                .unwrap()
+                .iter()
+                .filter(|(k, _)| k.starts_with("conf_"))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        };
+        let mut req = create_req(&name, 4 * MIB, mount_cap("ext4", SNW));
+        req.secrets = secrets(&cluster);
+        req.mutable_parameters = HashMap::from([("qosIopsLimit".into(), "100".into())]);
+        let id = c
+            .create_volume(req)
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap()
+            .volume_id;
+        assert_eq!(
+            serde_json::Value::Object(overrides()),
+            serde_json::json!({"conf_rbd_qos_iops_limit": "100"})
+        );
+        let modify = |pairs: &[(&str, &str)]| pb::ControllerModifyVolumeRequest {
+            volume_id: id.clone(),
+            secrets: secrets(&cluster),
+            mutable_parameters: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        let changed = [("qosIopsLimit", "0"), ("qosBpsLimit", "1048576")];
+        c.controller_modify_volume(modify(&changed)).await.unwrap();
+        let want = serde_json::json!({"conf_rbd_qos_bps_limit": "1048576"});
+        assert_eq!(serde_json::Value::Object(overrides()), want);
+        // What librbd's clients read as the image's config.
+        assert_eq!(
+            cluster
+                .rbd(&["config", "image", "get", &image, "rbd_qos_bps_limit"])
+                .trim(),
+            "1048576"
+        );
+        // Again: no change.
+        c.controller_modify_volume(modify(&changed)).await.unwrap();
+        // One bad value or key: INVALID_ARGUMENT naming it, nothing applied.
+        for bad in [
+            &[("qosBpsLimit", "5"), ("qosWriteIopsLimit", "lots")][..],
+            &[("qosBpsLimit", "5"), ("features", "journaling")][..],
+        ] {
+            let e = c.controller_modify_volume(modify(bad)).await.unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+            assert!(e.message().contains(bad[1].0), "{road}: {}", e.message());
+            assert_eq!(serde_json::Value::Object(overrides()), want);
+        }
+        c.delete_volume(pb::DeleteVolumeRequest {
+            volume_id: id.clone(),
+            secrets: secrets(&cluster),
+        })
+        .await
+        .unwrap();
+        let e = c
+            .controller_modify_volume(modify(&changed))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    }
+}

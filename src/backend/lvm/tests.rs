@@ -1090,7 +1090,10 @@ async fn read_ahead_is_changed_only_when_it_differs_and_checked_first() {
         .into_iter()
         .filter(|l| l.starts_with("lvchange"))
         .collect();
-    assert_eq!(changes, ["lvchange --readahead 256 vg0/fv-pvc-1".to_string()]);
+    assert_eq!(
+        changes,
+        ["lvchange --readahead 256 vg0/fv-pvc-1".to_string()]
+    );
     assert!(r
         .lines()
         .iter()

@@ -125,6 +125,50 @@ fn default_features() -> String {
     "layering".into()
 }
 
+/// The mutable parameters: librbd's QoS limits on the image, each set as
+/// the image's own config override (`conf_rbd_qos_*` metadata, what `rbd
+/// config image set` writes). 0 is no limit.
+const QOS_KEYS: [&str; 6] = [
+    "qosIopsLimit",
+    "qosBpsLimit",
+    "qosReadIopsLimit",
+    "qosWriteIopsLimit",
+    "qosReadBpsLimit",
+    "qosWriteBpsLimit",
+];
+
+/// The rbd config options the QoS keys set, in [`QOS_KEYS`]'s order.
+const QOS_OPTIONS: [&str; 6] = [
+    "rbd_qos_iops_limit",
+    "rbd_qos_bps_limit",
+    "rbd_qos_read_iops_limit",
+    "rbd_qos_write_iops_limit",
+    "rbd_qos_read_bps_limit",
+    "rbd_qos_write_bps_limit",
+];
+
+/// QoS changes as (rbd option, value in decimal), each value a whole
+/// number from 0 to 2^53.
+fn qos_changes(changes: &BTreeMap<String, String>) -> Result<Vec<(&'static str, String)>> {
+    let mut out = Vec::new();
+    for (key, option) in QOS_KEYS.iter().zip(QOS_OPTIONS) {
+        let Some(v) = changes.get(*key) else {
+            continue;
+        };
+        let n = v
+            .parse::<u64>()
+            .ok()
+            .filter(|n| *n <= 1 << 53)
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "mutable parameter {key}: {v:?} is not a whole number from 0 (no limit) to 2^53"
+                ))
+            })?;
+        out.push((option, n.to_string()));
+    }
+    Ok(out)
+}
+
 /// The StorageClass parameters of a volume.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Params {
@@ -715,6 +759,59 @@ impl Backend for RbdBackend {
 
     fn validate_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {
         self.params(parameters).map(|_| ())
+    }
+
+    fn mutable_keys(&self) -> &'static [&'static str] {
+        &QOS_KEYS
+    }
+
+    fn check_mutable(&self, changes: &BTreeMap<String, String>) -> Result<()> {
+        qos_changes(changes).map(|_| ())
+    }
+
+    async fn modify_volume(
+        &self,
+        id: &VolumeId,
+        changes: &BTreeMap<String, String>,
+        secrets: &Secrets,
+    ) -> Result<()> {
+        let wanted = qos_changes(changes)?;
+        let gone = || Error::not_found(format!("volume {id} does not exist"));
+        let spec = self.volume_spec(id).map_err(|_| gone())?;
+        let creds = self.creds(secrets)?;
+        let Some((_, meta)) = self.rbd().describe(&creds, &spec).await? else {
+            return Err(gone());
+        };
+        if !meta.contains_key(META_NAME) {
+            return Err(gone());
+        }
+        // The image's config overrides are its record: what differs is
+        // changed, and a failure puts back what was changed before it.
+        let mut done: Vec<(&str, Option<&String>)> = Vec::new();
+        for (option, value) in &wanted {
+            let key = format!("conf_{option}");
+            let old = meta.get(&key);
+            let now = old.map(String::as_str).unwrap_or("0");
+            if now == value {
+                continue;
+            }
+            let applied = match value.as_str() {
+                "0" => self.rbd().remove_meta(&creds, &spec, &key).await,
+                v => self.rbd().set_meta(&creds, &spec, &key, v).await,
+            };
+            if let Err(e) = applied {
+                for (option, old) in done.into_iter().rev() {
+                    let key = format!("conf_{option}");
+                    let _ = match old {
+                        Some(v) => self.rbd().set_meta(&creds, &spec, &key, v).await,
+                        None => self.rbd().remove_meta(&creds, &spec, &key).await,
+                    };
+                }
+                return Err(e);
+            }
+            done.push((option, old));
+        }
+        Ok(())
     }
 
     fn volume_id_for(&self, req: &CreateVolume) -> Result<VolumeId> {
