@@ -2377,6 +2377,7 @@ mod sanity {
         Sanity {
             name: "iscsi",
             attach_limit: true,
+            mutable: map(&[("thinProvisioning", "true"), ("preallocate", "true")]),
             volume_bytes: Some(16 << 20),
             ..Default::default()
         }
@@ -2414,6 +2415,7 @@ mod sanity {
         Sanity {
             name: "rbd",
             attach_limit: true,
+            mutable: map(&[("qosIopsLimit", "500")]),
             volume_bytes: Some(16 << 20),
             skip_unless_full: Some("Snapshot"),
             secrets: map(&[("userID", "ferrovol"), ("userKey", &key)]),

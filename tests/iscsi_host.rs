@@ -624,3 +624,74 @@ async fn a_node_at_its_attach_limit_is_refused_and_the_count_outlives_a_crash() 
     }
     assert_eq!(grants_to(NODE_A) + grants_to(NODE_B), 0);
 }
+
+/// Mutable parameters through the binary on a real tgtd: the LUN's thin
+/// provisioning (changed live, seen in tgt's own listing) and the file
+/// store's preallocation passed on; a set with one bad value changes
+/// nothing.
+#[tokio::test]
+async fn iscsi_mutable_parameters_change_the_live_lun_and_the_store() {
+    require_root();
+    let t = Tgtd::new();
+    let (_names, initiator_file) = initiator_file("this-node");
+    let h = Harness::start_with(Some(&config(&t, &initiator_file))).await;
+    let mut c = h.controller();
+    let mut req = create_req("pvc-mut", 16 * MIB, mount_cap("ext4", SNW));
+    req.mutable_parameters = HashMap::from([("thinProvisioning".into(), "true".into())]);
+    let id = c
+        .create_volume(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    // tgt's listing of LUN 1: its Thin-provisioning line.
+    let thin = || {
+        let shown = t.tgtadm(&["--op", "show", "--mode", "target"]);
+        let lun1 = shown.split("LUN: 1").nth(1).expect("LUN 1").to_string();
+        lun1.lines()
+            .find_map(|l| l.trim().strip_prefix("Thin-provisioning: "))
+            .map(|v| v == "Yes")
+            .expect("a Thin-provisioning line")
+    };
+    assert!(thin(), "set at create");
+    let image = h.path("pool/volumes/pvc-mut.img");
+    let allocated = || {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&image).unwrap().blocks() * 512
+    };
+    assert!(allocated() < MIB as u64);
+    let modify = |pairs: &[(&str, &str)]| pb::ControllerModifyVolumeRequest {
+        volume_id: id.clone(),
+        mutable_parameters: pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..Default::default()
+    };
+    let bad = c
+        .controller_modify_volume(modify(&[
+            ("thinProvisioning", "false"),
+            ("preallocate", "maybe"),
+        ]))
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument, "{bad:?}");
+    assert!(bad.message().contains("preallocate"), "{bad:?}");
+    assert!(thin(), "nothing changed");
+    c.controller_modify_volume(modify(&[
+        ("thinProvisioning", "false"),
+        ("preallocate", "true"),
+    ]))
+    .await
+    .unwrap();
+    assert!(!thin());
+    assert_eq!(allocated(), 16 * MIB as u64);
+    c.delete_volume(pb::DeleteVolumeRequest {
+        volume_id: id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+}

@@ -172,8 +172,8 @@ pub trait Backend: Send + Sync {
     /// The mutable parameters of this backend's volumes: the keys a
     /// VolumeAttributesClass may set (CreateVolume's `mutable_parameters`)
     /// and ControllerModifyVolume may change. None by default.
-    fn mutable_keys(&self) -> &'static [&'static str] {
-        &[]
+    fn mutable_keys(&self) -> Vec<&'static str> {
+        Vec::new()
     }
 
     /// Checks the values of mutable parameters whose keys are among

@@ -427,8 +427,8 @@ impl Backend for FileBackend {
         Some(crate::host::devices::DeviceKind::Loop)
     }
 
-    fn mutable_keys(&self) -> &'static [&'static str] {
-        &[PREALLOCATE]
+    fn mutable_keys(&self) -> Vec<&'static str> {
+        vec![PREALLOCATE]
     }
 
     fn check_mutable(&self, changes: &BTreeMap<String, String>) -> Result<()> {

@@ -135,6 +135,33 @@ struct Record {
     /// it was kept have none).
     #[serde(default)]
     lun_bytes: Option<u64>,
+    /// LUN 1 reports thin provisioning (mutable `thinProvisioning`).
+    #[serde(default)]
+    thin_provisioning: bool,
+}
+
+/// The mutable parameter of the LUN itself; the store's own are passed on.
+const THIN_PROVISIONING: &str = "thinProvisioning";
+
+/// `thinProvisioning`'s value.
+fn thin_value(changes: &BTreeMap<String, String>) -> Result<Option<bool>> {
+    match changes.get(THIN_PROVISIONING).map(String::as_str) {
+        None => Ok(None),
+        Some("true") => Ok(Some(true)),
+        Some("false") => Ok(Some(false)),
+        Some(v) => Err(Error::invalid(format!(
+            "mutable parameter {THIN_PROVISIONING}: {v:?} is not true or false"
+        ))),
+    }
+}
+
+/// The changes meant for the store: all but the LUN's own key.
+fn store_changes(changes: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    changes
+        .iter()
+        .filter(|(k, _)| k.as_str() != THIN_PROVISIONING)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
 }
 
 /// A copy waiting for its own filesystem UUID.
@@ -542,6 +569,9 @@ impl IscsiBackend {
                 Err(e) => return Err(e),
             }
         };
+        if record.thin_provisioning {
+            self.target.set_thin_provisioning(tid, true).await?;
+        }
         let mut open = true;
         for (user, outgoing) in [
             (&record.incoming_user, false),
@@ -790,6 +820,7 @@ impl Backend for IscsiBackend {
                 outgoing_user: None,
                 copy: None,
                 lun_bytes: None,
+                thin_provisioning: false,
             },
         };
         record.lun_bytes.get_or_insert(info.capacity_bytes);
@@ -853,6 +884,53 @@ impl Backend for IscsiBackend {
 
     async fn capacity(&self, parameters: &BTreeMap<String, String>) -> Result<Capacity> {
         self.store()?.capacity(parameters).await
+    }
+
+    fn mutable_keys(&self) -> Vec<&'static str> {
+        // The LUN's own key, and the store's.
+        let mut keys = vec![THIN_PROVISIONING];
+        if let Some(store) = &self.store {
+            keys.extend(store.mutable_keys());
+        }
+        keys
+    }
+
+    fn check_mutable(&self, changes: &BTreeMap<String, String>) -> Result<()> {
+        thin_value(changes)?;
+        self.store()?.check_mutable(&store_changes(changes))
+    }
+
+    async fn modify_volume(
+        &self,
+        id: &VolumeId,
+        changes: &BTreeMap<String, String>,
+        secrets: &Secrets,
+    ) -> Result<()> {
+        self.own_volume(id)?;
+        let thin = thin_value(changes)?;
+        let _volume = self.volume_mutex(id).lock_owned().await;
+        let mut record = self
+            .load(id)?
+            .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
+        // The store's keys first: it checks them whole before it changes
+        // anything; then the LUN, whose change cannot be refused.
+        let for_store = store_changes(changes);
+        if !for_store.is_empty() {
+            self.store()?
+                .modify_volume(&self.to_store(id)?, &for_store, secrets)
+                .await?;
+        }
+        let Some(on) = thin.filter(|on| *on != record.thin_provisioning) else {
+            return Ok(());
+        };
+        let tid = self.ensure_target(id, &mut record).await?;
+        self.target.set_thin_provisioning(tid, on).await?;
+        record.thin_provisioning = on;
+        if let Err(e) = self.save(id, &record) {
+            let _ = self.target.set_thin_provisioning(tid, !on).await;
+            return Err(e);
+        }
+        Ok(())
     }
 
     async fn expand_volume(

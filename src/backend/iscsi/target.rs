@@ -20,6 +20,8 @@ pub struct TargetState {
     pub accounts: Vec<(String, bool)>,
     /// Initiators logged in now.
     pub sessions: Vec<String>,
+    /// Whether LUN 1 reports thin provisioning.
+    pub thin: bool,
 }
 
 /// What the backend needs from a target server. Changes that find the
@@ -56,6 +58,11 @@ pub trait Target: Send + Sync {
     /// it is this one: the caller knows which it bound.
     async fn bind_account(&self, tid: u32, user: &str, outgoing: bool) -> Result<()>;
     async fn unbind_account(&self, tid: u32, user: &str, outgoing: bool) -> Result<()>;
+    /// Whether LUN 1 reports thin provisioning (READ CAPACITY's LBPME and
+    /// the Logical Block Provisioning VPD page, UNMAP served by punching
+    /// holes in the backing store). Changes on a live LUN; initiators see
+    /// it at their next rescan or login.
+    async fn set_thin_provisioning(&self, tid: u32, on: bool) -> Result<()>;
 }
 
 /// A Linux tgt target server, through its management socket.
@@ -243,6 +250,15 @@ impl Target for Tgt {
         .map(|_| ())
     }
 
+    async fn set_thin_provisioning(&self, tid: u32, on: bool) -> Result<()> {
+        let params = format!("thin_provisioning={}", u8::from(on));
+        self.call(ipc::Request::lun(ipc::OP_UPDATE, tid, &params), || {
+            format!("set thin provisioning on target {tid}'s LUN 1")
+        })
+        .await
+        .map(|_| ())
+    }
+
     async fn allow(&self, tid: u32, initiator: &str) -> Result<()> {
         self.change(
             ipc::Request::target(
@@ -370,6 +386,10 @@ pub fn parse_targets(text: &str) -> Vec<TargetState> {
             Section::Luns => {
                 if let Some(n) = t.strip_prefix("LUN: ") {
                     lun = n.trim().parse().ok();
+                } else if let Some(v) = t.strip_prefix("Thin-provisioning: ") {
+                    if lun == Some(1) {
+                        cur.thin = v.trim() == "Yes";
+                    }
                 } else if let Some(path) = t.strip_prefix("Backing store path: ") {
                     if let Some(n) = lun.filter(|n| *n != 0) {
                         cur.luns.push((n, PathBuf::from(path.trim())));

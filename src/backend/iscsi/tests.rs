@@ -980,6 +980,7 @@ async fn a_lost_target_is_rebuilt_closed_until_the_secret_comes_back() {
                 outgoing_user: None,
                 copy: None,
                 lun_bytes: None,
+                thin_provisioning: true,
             },
         )
         .unwrap();
@@ -988,6 +989,11 @@ async fn a_lost_target_is_rebuilt_closed_until_the_secret_comes_back() {
     b.health().await.unwrap();
     let (_, rebuilt) = t.target(IQN).expect("rebuilt");
     assert_eq!(rebuilt.lun1.as_deref(), Some("/dev/loop7"));
+    // Its recorded thin provisioning with it.
+    assert_eq!(
+        rebuilt.updates.last().map(String::as_str),
+        Some("thin_provisioning=1")
+    );
     assert!(rebuilt.acl.is_empty() && rebuilt.incoming.is_empty());
     // Probe does not check again for a while.
     let asked = t.requests().len();
@@ -1650,4 +1656,45 @@ async fn a_stuck_volume_does_not_hold_up_another() {
     assert!(b.load(&other).unwrap().unwrap().initiators.is_empty());
     release.notify_one();
     deleting.await.unwrap().unwrap();
+}
+
+/// Thin provisioning is changed on the live LUN only when it differs, and
+/// recorded (a rebuilt target gets it back); a refusal leaves the record.
+#[tokio::test]
+async fn thin_provisioning_is_set_on_the_live_lun_and_recorded() {
+    use target::ipc::*;
+    let s = Setup::new();
+    let t = FakeTgtd::start(s.dir.path());
+    let b = s.backend();
+    let id = s.created(&b).await;
+    let none = Secrets::default();
+    let set = |v: &str| BTreeMap::from([(THIN_PROVISIONING.to_string(), v.to_string())]);
+    let e = b.check_mutable(&set("maybe")).unwrap_err();
+    assert_eq!(e.kind, Kind::InvalidArgument);
+    assert!(e.message.contains(THIN_PROVISIONING), "{}", e.message);
+    assert_eq!(b.mutable_keys(), [THIN_PROVISIONING]);
+
+    let updates = || t.target(IQN).unwrap().1.updates;
+    let before = updates().len();
+    b.modify_volume(&id, &set("true"), &none).await.unwrap();
+    assert_eq!(updates().last().unwrap(), "thin_provisioning=1");
+    assert!(b.load(&id).unwrap().unwrap().thin_provisioning);
+    b.modify_volume(&id, &set("true"), &none).await.unwrap();
+    assert_eq!(updates().len(), before + 1, "no change asked twice");
+
+    t.refuse_next(MODE_DEVICE, OP_UPDATE, 2);
+    assert!(b.modify_volume(&id, &set("false"), &none).await.is_err());
+    assert!(b.load(&id).unwrap().unwrap().thin_provisioning);
+    b.modify_volume(&id, &set("false"), &none).await.unwrap();
+    assert_eq!(updates().last().unwrap(), "thin_provisioning=0");
+    assert!(!b.load(&id).unwrap().unwrap().thin_provisioning);
+
+    let missing = VolumeId::parse("iscsi:nope").unwrap();
+    assert_eq!(
+        b.modify_volume(&missing, &set("true"), &none)
+            .await
+            .unwrap_err()
+            .kind,
+        Kind::NotFound
+    );
 }

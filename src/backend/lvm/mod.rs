@@ -646,8 +646,8 @@ impl Backend for LvmBackend {
         Ok(())
     }
 
-    fn mutable_keys(&self) -> &'static [&'static str] {
-        &[READ_AHEAD]
+    fn mutable_keys(&self) -> Vec<&'static str> {
+        vec![READ_AHEAD]
     }
 
     fn check_mutable(&self, changes: &BTreeMap<String, String>) -> Result<()> {

@@ -753,8 +753,8 @@ impl Backend for NfsBackend {
         Ok(())
     }
 
-    fn mutable_keys(&self) -> &'static [&'static str] {
-        MUTABLE
+    fn mutable_keys(&self) -> Vec<&'static str> {
+        MUTABLE.to_vec()
     }
 
     fn check_mutable(&self, changes: &BTreeMap<String, String>) -> Result<()> {

@@ -761,8 +761,8 @@ impl Backend for RbdBackend {
         self.params(parameters).map(|_| ())
     }
 
-    fn mutable_keys(&self) -> &'static [&'static str] {
-        &QOS_KEYS
+    fn mutable_keys(&self) -> Vec<&'static str> {
+        QOS_KEYS.to_vec()
     }
 
     fn check_mutable(&self, changes: &BTreeMap<String, String>) -> Result<()> {

@@ -184,8 +184,8 @@ impl Backend for Memory {
         self.saw("controller_detach", secrets);
         Ok(())
     }
-    fn mutable_keys(&self) -> &'static [&'static str] {
-        &["tier", "iops"]
+    fn mutable_keys(&self) -> Vec<&'static str> {
+        vec!["tier", "iops"]
     }
     fn check_mutable(&self, changes: &BTreeMap<String, String>) -> Result<()> {
         match changes.get("tier").map(String::as_str) {
