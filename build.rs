@@ -22,6 +22,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ".csi.v1.Snapshot.creation_time",
             "#[serde(serialize_with = \"crate::client::timestamp\")]",
         )
+        .field_attribute(
+            ".csi.v1.VolumeGroupSnapshot.creation_time",
+            "#[serde(serialize_with = \"crate::client::timestamp\")]",
+        )
         .compile_fds(descriptors)?;
 
     // The git revision, when this is built from a checkout, goes into the
