@@ -117,7 +117,14 @@ pub fn build_with(
         ControllerOps::new(registry.clone(), locks, &node_id, &config.node.topology_key);
     if settings.mode.controller() {
         let ledger = crate::plugin::Ledger::open(&state_dir.join("controller"))?;
-        controller = controller.with_ledger(ledger);
+        let groups = crate::plugin::GroupStore::open(&state_dir.join("controller/groups"))?;
+        // The node freezes what it stages; a controller alone has nothing
+        // staged here to freeze.
+        let quiesce = settings
+            .mode
+            .node()
+            .then(|| node.clone() as Arc<dyn crate::plugin::controller::Quiesce>);
+        controller = controller.with_ledger(ledger).with_groups(groups, quiesce);
     }
     if settings.mode.node() {
         let (dropped, unmounted) = node.reconcile()?;

@@ -135,6 +135,7 @@ macro_rules! id_type {
 
 id_type!(VolumeId, "volume");
 id_type!(SnapshotId, "snapshot");
+id_type!(GroupSnapshotId, "group snapshot");
 
 /// Turns a CO-chosen name into a locator: the name itself when it is already
 /// a safe locator (so ids stay readable, `pvc-...`), otherwise a digest of it.

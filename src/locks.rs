@@ -27,6 +27,10 @@ pub fn snapshot_key(id: &SnapshotId) -> String {
 
 /// A CreateVolume name (two names may not race to one id, nor one name to
 /// two backends).
+pub fn group_snapshot_key(id: &crate::id::GroupSnapshotId) -> String {
+    format!("group snapshot {id}")
+}
+
 pub fn volume_name_key(name: &str) -> String {
     format!("volume name {name}")
 }

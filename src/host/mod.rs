@@ -6,6 +6,7 @@
 pub mod devices;
 #[cfg(test)]
 mod fake;
+pub mod freeze;
 pub mod loopdev;
 mod targets;
 mod tree;

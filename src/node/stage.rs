@@ -400,3 +400,40 @@ impl NodeOps {
         self.undo_stage(backend.as_ref(), &record).await
     }
 }
+
+/// The node's part in a group snapshot: the staged filesystems of the
+/// group's sources frozen together (see `plugin::controller::Quiesce`).
+#[async_trait::async_trait]
+impl crate::plugin::controller::Quiesce for NodeOps {
+    async fn freeze(
+        &self,
+        volumes: &[VolumeId],
+        deadline: std::time::Duration,
+    ) -> Result<crate::host::freeze::Frozen> {
+        let mut paths = Vec::new();
+        for id in volumes {
+            let Some(record) = self.state().stage(id) else {
+                continue; // not staged here: nothing writes to it here
+            };
+            if matches!(record.capability.access, AccessType::Block) {
+                return Err(Error::precondition(format!(
+                    "volume {id} is staged as a raw block device at {}: nothing can hold its \
+                     writes for a group snapshot (unstage it, or use a filesystem volume)",
+                    record.staging_path.display()
+                )));
+            }
+            match self.stage_presence(&record).await? {
+                Presence::Ours => paths.push(record.staging_path.clone()),
+                Presence::Absent => {}
+                Presence::Stale | Presence::Foreign => {
+                    return Err(Error::precondition(format!(
+                        "volume {id}'s staging path {} does not hold its own filesystem; \
+                         it cannot be frozen for a group snapshot",
+                        record.staging_path.display()
+                    )))
+                }
+            }
+        }
+        crate::host::freeze::Frozen::freeze(paths, deadline).await
+    }
+}

@@ -6,6 +6,7 @@
 //! and delegates to the backend.
 
 use super::attached::Ledger;
+use super::groups::GroupStore;
 use super::{
     Backend, Capacity, ContentSource, ControllerAttach, CreateSnapshot, CreateVolume, Page,
     Registry, Secrets, SnapshotId, SnapshotInfo, VolumeCapability, VolumeId, VolumeInfo,
@@ -123,7 +124,14 @@ pub struct ControllerOps {
     topology_key: String,
     /// What ControllerPublish granted, for attach limits; `None`: none kept.
     ledger: Option<Ledger>,
+    /// Group snapshots taken here; `None`: none served.
+    groups: Option<GroupStore>,
+    /// What freezes the staged filesystems of a group's sources.
+    quiesce: Option<Arc<dyn group::Quiesce>>,
 }
+
+mod group;
+pub use group::{GroupSnapshotInfo, NewGroupSnapshot, Quiesce, FREEZE_DEADLINE};
 
 /// Parses a page token: the id of the last entry of the previous page, as
 /// `(backend, locator)`. The entry itself may be gone since; the walk goes
@@ -175,6 +183,8 @@ impl ControllerOps {
             node_id: node_id.to_string(),
             topology_key: topology_key.to_string(),
             ledger: None,
+            groups: None,
+            quiesce: None,
         }
     }
 
@@ -578,7 +588,8 @@ impl ControllerOps {
             return Ok(());
         };
         let _guard = self.guard(&[locks::snapshot_key(&id)], &[])?;
-        backend.delete_snapshot(&id, secrets).await
+        backend.delete_snapshot(&id, secrets).await?;
+        self.forget_member(&id)
     }
 
     /// GetSnapshot.
@@ -587,6 +598,7 @@ impl ControllerOps {
         backend
             .get_snapshot(id)
             .await?
+            .map(|s| self.with_group(s))
             .ok_or_else(|| Error::not_found(format!("snapshot {id} does not exist")))
     }
 
@@ -628,6 +640,7 @@ impl ControllerOps {
                     (s.id.backend(), s.id.locator()) > (b.as_str(), l.as_str())
                 })
             });
+            let found = found.into_iter().map(|s| self.with_group(s)).collect();
             return Ok(finish(found, limit, |s| s.id.to_string()));
         }
         let mut entries = Vec::new();
@@ -645,7 +658,8 @@ impl ControllerOps {
             let Some(page) = page_for(backend.name(), from.as_ref(), limit, entries.len()) else {
                 continue;
             };
-            entries.extend(backend.list_snapshots(source.as_ref(), &page).await?);
+            let page = backend.list_snapshots(source.as_ref(), &page).await?;
+            entries.extend(page.into_iter().map(|s| self.with_group(s)));
             if entries.len() > limit {
                 break;
             }

@@ -6,18 +6,20 @@
 mod attached;
 pub mod controller;
 mod fields;
+mod groups;
 mod registry;
 mod secrets;
 mod sizing;
 mod types;
 
 pub use crate::id::{
-    digest_hex, is_dns_label, is_locator, locator_for_name, validate_name, SnapshotId, VolumeId,
-    MAX_ID_LEN, MAX_LOCATOR_LEN,
+    digest_hex, is_dns_label, is_locator, locator_for_name, validate_name, GroupSnapshotId,
+    SnapshotId, VolumeId, MAX_ID_LEN, MAX_LOCATOR_LEN,
 };
 pub use attached::Ledger;
 pub use controller::ControllerOps;
 pub use fields::{join_fields, split_fields};
+pub use groups::GroupStore;
 pub use registry::Registry;
 pub use secrets::Secrets;
 pub use sizing::{check_existing, own_source, round_up, SizeRules};

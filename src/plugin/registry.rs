@@ -128,6 +128,9 @@ impl Registry {
             all.expand |= c.expand;
             all.expand_online |= c.expand && c.expand_online;
             all.snapshot |= c.snapshot;
+            if all.group_snapshot == super::GroupSnapshots::None {
+                all.group_snapshot = c.group_snapshot;
+            }
             all.clone |= c.clone;
             all.block |= c.block;
             all.node_local |= c.node_local;

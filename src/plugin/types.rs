@@ -1,6 +1,6 @@
 //! The plain types backends and services exchange.
 
-use super::{Secrets, SnapshotId, VolumeId};
+use super::{GroupSnapshotId, Secrets, SnapshotId, VolumeId};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -23,6 +23,8 @@ pub struct Capabilities {
     pub expand_online: bool,
     /// CreateSnapshot / DeleteSnapshot / ListSnapshots, and volumes from them.
     pub snapshot: bool,
+    /// Group snapshots, and how.
+    pub group_snapshot: GroupSnapshots,
     /// Volumes cloned from volumes.
     pub clone: bool,
     /// Raw block access.
@@ -45,6 +47,7 @@ impl Capabilities {
             expand: true,
             expand_online: true,
             snapshot: true,
+            group_snapshot: GroupSnapshots::Frozen,
             clone: true,
             block: true,
             node_local: true,
@@ -262,6 +265,20 @@ pub struct SnapshotInfo {
     pub size_bytes: u64,
     pub created: SystemTime,
     pub ready: bool,
+    /// The group snapshot it was taken in, if any (the plugin layer, which
+    /// keeps the groups, fills it in).
+    pub group: Option<GroupSnapshotId>,
+}
+
+/// How a backend takes a group snapshot (several volumes at one instant).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum GroupSnapshots {
+    /// It cannot.
+    #[default]
+    None,
+    /// One ordinary snapshot per member, taken while the node holds the
+    /// members' writes (their staged filesystems frozen together).
+    Frozen,
 }
 
 /// Free space as a backend reports it.

@@ -3,7 +3,8 @@
 
 use crate::error::{Error, Result};
 use crate::proto::{
-    controller_server::ControllerServer, identity_server::IdentityServer, node_server::NodeServer,
+    controller_server::ControllerServer, group_controller_server::GroupControllerServer,
+    identity_server::IdentityServer, node_server::NodeServer,
 };
 use crate::service::{
     controller::ControllerService, identity::IdentityService, node::NodeService, Driver,
@@ -223,6 +224,11 @@ pub async fn serve(
             mode.controller()
                 .then(|| ControllerServer::new(ControllerService(driver.clone()))),
         )
+        .add_optional_service(mode.controller().then(|| {
+            GroupControllerServer::new(crate::service::group::GroupControllerService(
+                driver.clone(),
+            ))
+        }))
         .add_optional_service(
             mode.node()
                 .then(|| NodeServer::new(NodeService(driver.clone()))),

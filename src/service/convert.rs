@@ -183,7 +183,26 @@ pub fn snapshot_to_pb(s: &SnapshotInfo) -> pb::Snapshot {
             nanos: since.subsec_nanos() as i32,
         }),
         ready_to_use: s.ready,
-        group_snapshot_id: String::new(),
+        group_snapshot_id: s.group.as_ref().map(|g| g.to_string()).unwrap_or_default(),
+    }
+}
+
+fn timestamp(t: std::time::SystemTime) -> prost_types::Timestamp {
+    let since = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    prost_types::Timestamp {
+        seconds: since.as_secs() as i64,
+        nanos: since.subsec_nanos() as i32,
+    }
+}
+
+pub fn group_snapshot_to_pb(
+    g: &crate::plugin::controller::GroupSnapshotInfo,
+) -> pb::VolumeGroupSnapshot {
+    pb::VolumeGroupSnapshot {
+        group_snapshot_id: g.id.to_string(),
+        snapshots: g.snapshots.iter().map(snapshot_to_pb).collect(),
+        creation_time: Some(timestamp(g.created)),
+        ready_to_use: g.ready,
     }
 }
 

@@ -41,6 +41,9 @@ impl Identity for IdentityService {
             if caps.node_local {
                 out.push(service(pc::service::Type::VolumeAccessibilityConstraints));
             }
+            if caps.group_snapshot != crate::plugin::GroupSnapshots::None {
+                out.push(service(pc::service::Type::GroupControllerService));
+            }
             if caps.expand {
                 // ONLINE when any backend grows volumes in use; a backend
                 // that cannot still refuses those with FAILED_PRECONDITION.

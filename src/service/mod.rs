@@ -4,6 +4,7 @@
 
 pub mod controller;
 pub mod convert;
+pub mod group;
 pub mod identity;
 pub mod node;
 pub mod trace;

@@ -302,6 +302,7 @@ impl FileBackend {
             size_bytes: meta.size_bytes,
             created: UNIX_EPOCH + Duration::from_nanos(meta.created_unix_nanos as u64),
             ready: true,
+            group: None,
         })
     }
 

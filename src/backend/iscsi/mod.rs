@@ -731,6 +731,7 @@ impl Backend for IscsiBackend {
             // tgt cannot grow a LUN under I/O (see Target::refresh).
             expand_online: false,
             snapshot: store.as_ref().is_some_and(|c| c.snapshot),
+            group_snapshot: crate::plugin::GroupSnapshots::None,
             clone: store.as_ref().is_some_and(|c| c.clone),
             block: true,
             node_local: false,

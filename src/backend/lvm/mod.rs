@@ -350,6 +350,7 @@ impl LvmBackend {
                 .unwrap_or(lv.size()),
             created: lv.created(),
             ready: true,
+            group: None,
         })
     }
 

@@ -645,6 +645,7 @@ impl NfsBackend {
             size_bytes: r.size_bytes,
             created: UNIX_EPOCH + Duration::from_secs(r.created_unix_secs),
             ready: true,
+            group: None,
         })
     }
 
@@ -730,6 +731,7 @@ impl Backend for NfsBackend {
             expand: true,
             expand_online: true,
             snapshot: true,
+            group_snapshot: crate::plugin::GroupSnapshots::None,
             clone: true,
             block: false,
             node_local: false,

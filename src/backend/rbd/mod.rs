@@ -621,6 +621,7 @@ impl RbdBackend {
             size_bytes: size,
             created,
             ready: true,
+            group: None,
         })
     }
 
@@ -711,6 +712,7 @@ impl Backend for RbdBackend {
             expand: true,
             expand_online: true,
             snapshot: true,
+            group_snapshot: crate::plugin::GroupSnapshots::None,
             clone: true,
             block: true,
             node_local: false,

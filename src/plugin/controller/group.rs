@@ -1,0 +1,345 @@
+//! Group snapshots (the GroupController service): several volumes of one
+//! backend snapshotted at one instant. For backends whose members are
+//! ordinary snapshots ([`GroupSnapshots::Frozen`]), this module takes them
+//! itself: every source volume's operation guard, the staged filesystems
+//! of the sources frozen together by the node, one snapshot per source,
+//! all thawed; a group that did not finish leaves nothing.
+
+use super::super::groups::{GroupRecord, GroupStore};
+use super::super::{
+    Backend, CreateSnapshot, GroupSnapshotId, GroupSnapshots, Secrets, SnapshotId, SnapshotInfo,
+    VolumeId,
+};
+use super::{split_parameters, ControllerOps};
+use crate::error::{Error, Result};
+use crate::host::freeze::Frozen;
+use crate::locks;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// How long the members' filesystems may stay frozen: every member's
+/// snapshot is cut within it, or the group fails (and leaves nothing).
+pub const FREEZE_DEADLINE: Duration = Duration::from_secs(60);
+
+/// What holds the writes of volumes staged on this node while a group's
+/// snapshots are cut (the node service).
+#[async_trait::async_trait]
+pub trait Quiesce: Send + Sync {
+    /// Freezes the filesystems of those of `volumes` staged here, all
+    /// together; FAILED_PRECONDITION for one staged as a raw block device
+    /// (nothing can hold its writes).
+    async fn freeze(&self, volumes: &[VolumeId], deadline: Duration) -> Result<Frozen>;
+}
+
+/// A validated CreateVolumeGroupSnapshot request.
+#[derive(Debug, Clone)]
+pub struct NewGroupSnapshot {
+    pub name: String,
+    pub sources: Vec<VolumeId>,
+    pub parameters: BTreeMap<String, String>,
+    pub secrets: Secrets,
+}
+
+/// A group snapshot as the CO sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupSnapshotInfo {
+    pub id: GroupSnapshotId,
+    pub snapshots: Vec<SnapshotInfo>,
+    pub created: SystemTime,
+    pub ready: bool,
+}
+
+/// A group found: its id, its backend, its record.
+type Found = (GroupSnapshotId, Arc<dyn Backend>, GroupRecord);
+
+/// The name of a member's snapshot: the group's and its source's.
+fn member_name(group: &str, source: &VolumeId) -> String {
+    format!("{group}/{source}")
+}
+
+impl ControllerOps {
+    /// Keeps group snapshots in `store`, freezing staged members through
+    /// `quiesce` (none: only volumes no node here stages can be grouped).
+    pub fn with_groups(mut self, store: GroupStore, quiesce: Option<Arc<dyn Quiesce>>) -> Self {
+        self.groups = Some(store);
+        self.quiesce = quiesce;
+        self
+    }
+
+    /// Whether any backend takes group snapshots (GROUP_CONTROLLER_SERVICE).
+    pub fn groups_served(&self) -> bool {
+        self.groups.is_some()
+            && self
+                .registry
+                .all()
+                .any(|b| b.capabilities().group_snapshot != GroupSnapshots::None)
+    }
+
+    fn store(&self) -> Result<&GroupStore> {
+        self.groups
+            .as_ref()
+            .ok_or_else(|| Error::unimplemented("group snapshots are not served here"))
+    }
+
+    /// `s` with the group it was taken in, if any.
+    pub(super) fn with_group(&self, mut s: SnapshotInfo) -> SnapshotInfo {
+        if let Some(store) = &self.groups {
+            s.group = store.group_of(&s.id);
+        }
+        s
+    }
+
+    /// CreateVolumeGroupSnapshot.
+    pub async fn create_group_snapshot(&self, req: NewGroupSnapshot) -> Result<GroupSnapshotInfo> {
+        let store = self.store()?;
+        let Some(first) = req.sources.first() else {
+            return Err(Error::invalid("source_volume_ids is required"));
+        };
+        let unique: BTreeSet<&VolumeId> = req.sources.iter().collect();
+        if unique.len() != req.sources.len() {
+            return Err(Error::invalid("source_volume_ids names a volume twice"));
+        }
+        if let Some(other) = req.sources.iter().find(|v| v.backend() != first.backend()) {
+            return Err(Error::invalid(format!(
+                "a group snapshot spans one backend: {first} and {other} are in different ones"
+            )));
+        }
+        let backend = self.registry.for_volume(first)?.clone();
+        if backend.capabilities().group_snapshot == GroupSnapshots::None {
+            return Err(Error::precondition(format!(
+                "backend {} cannot snapshot volumes together at one instant",
+                backend.name()
+            )));
+        }
+        let (parameters, metadata) = split_parameters(&req.parameters);
+        backend.validate_snapshot_parameters(&parameters)?;
+        let id = GroupSnapshotId::new(backend.name(), &super::super::locator_for_name(&req.name))?;
+        let member = |source: &VolumeId| CreateSnapshot {
+            source: source.clone(),
+            name: member_name(&req.name, source),
+            parameters: parameters.clone(),
+            metadata: metadata.clone(),
+            secrets: req.secrets.clone(),
+        };
+        let members = req
+            .sources
+            .iter()
+            .map(|s| backend.snapshot_id_for(&member(s)))
+            .collect::<Result<Vec<SnapshotId>>>()?;
+        let mut exclusive = vec![locks::group_snapshot_key(&id)];
+        exclusive.extend(req.sources.iter().map(locks::volume_key));
+        exclusive.extend(members.iter().map(locks::snapshot_key));
+        let _guard = self.guard(&exclusive, &[])?;
+
+        if let Some(existing) = store.get(&id)? {
+            let same = existing.name == req.name
+                && existing.sources == req.sources
+                && existing.parameters == parameters;
+            if !same {
+                return Err(Error::already_exists(format!(
+                    "group snapshot {:?} exists with other source volumes or parameters",
+                    req.name
+                )));
+            }
+            if existing.complete {
+                return self.group_info(backend.as_ref(), &id, &existing).await;
+            }
+            // Cut short (a crash): what it made goes, and it is taken again.
+            self.remove_members(backend.as_ref(), &existing, &req.secrets)
+                .await?;
+        }
+        for source in &req.sources {
+            if backend.get_volume(source, &req.secrets).await?.is_none() {
+                return Err(Error::not_found(format!(
+                    "source volume {source} does not exist"
+                )));
+            }
+        }
+        let mut record = GroupRecord {
+            name: req.name.clone(),
+            sources: req.sources.clone(),
+            parameters: parameters.clone(),
+            members,
+            created_unix_nanos: 0,
+            complete: false,
+        };
+        // Recorded before anything is made: a crash leaves a record a
+        // retry (or a delete) finds, never snapshots nobody knows of.
+        store.put(&id, &record)?;
+        let taken = self.cut(backend.as_ref(), &req, &member).await;
+        match taken {
+            Ok(created) => {
+                record.created_unix_nanos = created
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_nanos();
+                record.complete = true;
+                store.put(&id, &record)?;
+                self.group_info(backend.as_ref(), &id, &record).await
+            }
+            Err(e) => {
+                let cleaned = self
+                    .remove_members(backend.as_ref(), &record, &req.secrets)
+                    .await;
+                if cleaned.is_ok() {
+                    store.remove(&id)?;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Freezes the sources, cuts one snapshot per source, thaws: the
+    /// instant the group shows.
+    async fn cut(
+        &self,
+        backend: &dyn Backend,
+        req: &NewGroupSnapshot,
+        member: &impl Fn(&VolumeId) -> CreateSnapshot,
+    ) -> Result<SystemTime> {
+        let Some(quiesce) = &self.quiesce else {
+            return Err(Error::precondition(format!(
+                "group snapshots of backend {} need the node service in this process \
+                 (--mode all) to hold the members' writes",
+                backend.name()
+            )));
+        };
+        let frozen = quiesce.freeze(&req.sources, FREEZE_DEADLINE).await?;
+        let instant = SystemTime::now();
+        for source in &req.sources {
+            backend.create_snapshot(&member(source)).await?;
+        }
+        frozen.thaw()?;
+        Ok(instant)
+    }
+
+    /// Deletes the members `record` names (those that exist).
+    async fn remove_members(
+        &self,
+        backend: &dyn Backend,
+        record: &GroupRecord,
+        secrets: &Secrets,
+    ) -> Result<()> {
+        for m in &record.members {
+            backend.delete_snapshot(m, secrets).await?;
+        }
+        Ok(())
+    }
+
+    async fn group_info(
+        &self,
+        backend: &dyn Backend,
+        id: &GroupSnapshotId,
+        record: &GroupRecord,
+    ) -> Result<GroupSnapshotInfo> {
+        let mut snapshots = Vec::new();
+        for m in &record.members {
+            if let Some(mut s) = backend.get_snapshot(m).await? {
+                s.group = Some(id.clone());
+                snapshots.push(s);
+            }
+        }
+        Ok(GroupSnapshotInfo {
+            id: id.clone(),
+            ready: snapshots.iter().all(|s| s.ready),
+            snapshots,
+            created: UNIX_EPOCH + Duration::from_nanos(record.created_unix_nanos as u64),
+        })
+    }
+
+    /// The group `raw` names and its record; `None` when there is none.
+    fn find_group(
+        &self,
+        raw: &str,
+    ) -> Result<Option<(GroupSnapshotId, Arc<dyn Backend>, GroupRecord)>> {
+        if raw.is_empty() {
+            return Err(Error::invalid("group_snapshot_id is required"));
+        }
+        let Ok(id) = GroupSnapshotId::parse(raw) else {
+            return Ok(None);
+        };
+        let Some(backend) = self.backend(id.backend()) else {
+            return Ok(None);
+        };
+        Ok(self
+            .store()?
+            .get(&id)?
+            .filter(|r| r.complete)
+            .map(|r| (id, backend, r)))
+    }
+
+    /// INVALID_ARGUMENT when `snapshot_ids` (if given) is not the group's
+    /// members.
+    fn check_members(record: &GroupRecord, snapshot_ids: &[String]) -> Result<()> {
+        if snapshot_ids.is_empty() {
+            return Ok(());
+        }
+        let given: BTreeSet<&str> = snapshot_ids.iter().map(String::as_str).collect();
+        let ours: Vec<String> = record.members.iter().map(|m| m.to_string()).collect();
+        let ours: BTreeSet<&str> = ours.iter().map(String::as_str).collect();
+        if given != ours {
+            return Err(Error::invalid(format!(
+                "snapshot_ids do not match the group's members ({})",
+                ours.into_iter().collect::<Vec<_>>().join(", ")
+            )));
+        }
+        Ok(())
+    }
+
+    /// GetVolumeGroupSnapshot.
+    pub async fn get_group_snapshot(
+        &self,
+        raw_id: &str,
+        snapshot_ids: &[String],
+    ) -> Result<GroupSnapshotInfo> {
+        let (id, backend, record) = self
+            .find_group(raw_id)?
+            .ok_or_else(|| Error::not_found(format!("group snapshot {raw_id:?} does not exist")))?;
+        Self::check_members(&record, snapshot_ids)?;
+        self.group_info(backend.as_ref(), &id, &record).await
+    }
+
+    /// DeleteVolumeGroupSnapshot: the group and every member; a group that
+    /// does not exist is deleted already.
+    pub async fn delete_group_snapshot(
+        &self,
+        raw_id: &str,
+        snapshot_ids: &[String],
+        secrets: &Secrets,
+    ) -> Result<()> {
+        let Some((id, backend, record)) = self.find_group(raw_id)? else {
+            return Ok(());
+        };
+        Self::check_members(&record, snapshot_ids)?;
+        let mut exclusive = vec![locks::group_snapshot_key(&id)];
+        exclusive.extend(record.members.iter().map(locks::snapshot_key));
+        let _guard = self.guard(&exclusive, &[])?;
+        self.remove_members(backend.as_ref(), &record, secrets)
+            .await?;
+        self.store()?.remove(&id)
+    }
+
+    /// A member deleted on its own (the CO should not, but may): the
+    /// group's record lets go of it.
+    pub(super) fn forget_member(&self, snapshot: &SnapshotId) -> Result<()> {
+        let Some(store) = &self.groups else {
+            return Ok(());
+        };
+        let Some(group) = store.group_of(snapshot) else {
+            return Ok(());
+        };
+        let Some(mut record) = store.get(&group)? else {
+            return Ok(());
+        };
+        let at = record.members.iter().position(|m| m == snapshot);
+        if let Some(i) = at {
+            record.members.remove(i);
+            record.sources.remove(i);
+        }
+        match record.members.is_empty() {
+            true => store.remove(&group),
+            false => store.put(&group, &record),
+        }
+    }
+}
