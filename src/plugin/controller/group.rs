@@ -252,7 +252,7 @@ impl ControllerOps {
     fn find_group(
         &self,
         raw: &str,
-    ) -> Result<Option<(GroupSnapshotId, Arc<dyn Backend>, GroupRecord)>> {
+    ) -> Result<Option<Found>> {
         if raw.is_empty() {
             return Err(Error::invalid("group_snapshot_id is required"));
         }
