@@ -8,6 +8,7 @@ pub mod peer;
 pub mod sanity;
 
 use ferrovol::proto::controller_client::ControllerClient;
+use ferrovol::proto::group_controller_client::GroupControllerClient;
 use ferrovol::proto::identity_client::IdentityClient;
 use ferrovol::proto::node_client::NodeClient;
 use ferrovol::proto::{self as pb};
@@ -188,6 +189,9 @@ impl Harness {
     }
     pub fn node(&self) -> NodeClient<Channel> {
         NodeClient::new(self.channel.clone().expect("driver running"))
+    }
+    pub fn group(&self) -> GroupControllerClient<Channel> {
+        GroupControllerClient::new(self.channel.clone().expect("driver running"))
     }
 
     /// Loop devices whose image lives under this test's folder.

@@ -249,10 +249,7 @@ impl ControllerOps {
     }
 
     /// The group `raw` names and its record; `None` when there is none.
-    fn find_group(
-        &self,
-        raw: &str,
-    ) -> Result<Option<Found>> {
+    fn find_group(&self, raw: &str) -> Result<Option<Found>> {
         if raw.is_empty() {
             return Err(Error::invalid("group_snapshot_id is required"));
         }

@@ -1,0 +1,239 @@
+//! Group snapshots through the binary on the host, with the file backend:
+//! two volumes staged with ext4 and written in an interleaved pattern (a
+//! sequence number to one, then the same to the other) while the group
+//! snapshot is cut; the restored pair must be one that some instant held.
+//! Needs root (real loop devices and mounts).
+
+mod common;
+
+use common::*;
+use ferrovol::proto as pb;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+const MIB: i64 = 1 << 20;
+
+/// Writes 1, 2, 3, ... to `a` then the same to `b`, each at offset 0,
+/// until told to stop; returns the last number written.
+fn interleave(a: PathBuf, b: PathBuf, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let open = |p: &Path| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(p)
+                .unwrap()
+        };
+        let (fa, fb) = (open(&a), open(&b));
+        let mut i = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            i += 1;
+            let line = format!("{i:020}\n");
+            fa.write_all_at(line.as_bytes(), 0).unwrap();
+            fb.write_all_at(line.as_bytes(), 0).unwrap();
+        }
+        i
+    })
+}
+
+fn read_seq(p: &Path) -> u64 {
+    std::fs::read_to_string(p)
+        .unwrap_or_default()
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}
+
+fn snapshot_source(id: &str) -> pb::VolumeContentSource {
+    pb::VolumeContentSource {
+        r#type: Some(pb::volume_content_source::Type::Snapshot(
+            pb::volume_content_source::SnapshotSource {
+                snapshot_id: id.to_string(),
+            },
+        )),
+    }
+}
+
+#[tokio::test]
+async fn a_group_snapshot_restores_to_one_instant_of_interleaved_writes() {
+    require_root();
+    let h = Harness::start().await;
+    let caps = h
+        .identity()
+        .get_plugin_capabilities(pb::GetPluginCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        format!("{caps:?}").contains("GroupControllerService"),
+        "{caps:?}"
+    );
+    let gcaps = h
+        .group()
+        .group_controller_get_capabilities(pb::GroupControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(gcaps.capabilities.len(), 1, "{gcaps:?}");
+
+    let cap = mount_cap("ext4", SNW);
+    let data = h.provision("data", 64 * MIB, cap.clone()).await;
+    let wal = h.provision("wal", 64 * MIB, cap.clone()).await;
+    let (fa, fb) = (data.target.join("seq"), wal.target.join("seq"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = interleave(fa.clone(), fb.clone(), stop.clone());
+    while read_seq(&fa) < 1000 {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let request = pb::CreateVolumeGroupSnapshotRequest {
+        name: "group-1".into(),
+        source_volume_ids: vec![data.id.clone(), wal.id.clone()],
+        ..Default::default()
+    };
+    let group = h
+        .group()
+        .create_volume_group_snapshot(request.clone())
+        .await
+        .unwrap()
+        .into_inner()
+        .group_snapshot
+        .unwrap();
+    // Thawed: the writer goes on.
+    let after = read_seq(&fa);
+    while read_seq(&fa) <= after {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let last = writer.join().unwrap();
+    assert!(group.ready_to_use);
+    assert_eq!(group.snapshots.len(), 2);
+    for s in &group.snapshots {
+        assert_eq!(s.group_snapshot_id, group.group_snapshot_id);
+    }
+    // Idempotent by name.
+    let again = h
+        .group()
+        .create_volume_group_snapshot(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .group_snapshot
+        .unwrap();
+    assert_eq!(again, group);
+
+    // Each member restored into a volume of its own, mounted, read.
+    let mut restored = Vec::new();
+    for (i, s) in group.snapshots.iter().enumerate() {
+        let mut req = create_req(&format!("restored-{i}"), 64 * MIB, cap.clone());
+        req.volume_content_source = Some(snapshot_source(&s.snapshot_id));
+        let id = h
+            .controller()
+            .create_volume(req)
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap()
+            .volume_id;
+        let staging = h.path(&format!("kubelet/staging/restored-{i}"));
+        std::fs::create_dir_all(&staging).unwrap();
+        h.node()
+            .node_stage_volume(stage_req(&id, &staging, cap.clone()))
+            .await
+            .unwrap();
+        restored.push((id, staging, s.source_volume_id.clone()));
+    }
+    let seq_of = |source: &str| {
+        let (_, staging, _) = restored.iter().find(|(_, _, s)| s == source).unwrap();
+        read_seq(&staging.join("seq"))
+    };
+    let (ra, rb) = (seq_of(&data.id), seq_of(&wal.id));
+    println!("writer reached {last}; the group holds data={ra} wal={rb}");
+    assert!(ra > 0 && ra < last, "data={ra} last={last}");
+    assert!(
+        ra == rb || ra == rb + 1,
+        "data={ra} wal={rb}: no instant of the writer held this pair"
+    );
+
+    // Get answers the same group; delete takes every member with it.
+    let members: Vec<String> = group
+        .snapshots
+        .iter()
+        .map(|s| s.snapshot_id.clone())
+        .collect();
+    let got = h
+        .group()
+        .get_volume_group_snapshot(pb::GetVolumeGroupSnapshotRequest {
+            group_snapshot_id: group.group_snapshot_id.clone(),
+            snapshot_ids: members.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .group_snapshot
+        .unwrap();
+    assert_eq!(got, group);
+    h.group()
+        .delete_volume_group_snapshot(pb::DeleteVolumeGroupSnapshotRequest {
+            group_snapshot_id: group.group_snapshot_id.clone(),
+            snapshot_ids: members,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let left = h
+        .controller()
+        .list_snapshots(pb::ListSnapshotsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(left.entries.is_empty(), "{left:?}");
+
+    // A member staged as a raw block device cannot be held: refused, and
+    // nothing is made.
+    let raw = h.provision("raw", 16 * MIB, block_cap(SNW)).await;
+    let refused = h
+        .group()
+        .create_volume_group_snapshot(pb::CreateVolumeGroupSnapshotRequest {
+            name: "group-2".into(),
+            source_volume_ids: vec![data.id.clone(), raw.id.clone()],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    let left = h
+        .controller()
+        .list_snapshots(pb::ListSnapshotsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(left.entries.is_empty(), "{left:?}");
+
+    for (id, staging, _) in &restored {
+        h.node()
+            .node_unstage_volume(unstage_req(id, staging))
+            .await
+            .unwrap();
+        h.controller()
+            .delete_volume(pb::DeleteVolumeRequest {
+                volume_id: id.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    for p in [&data, &wal, &raw] {
+        h.teardown(p).await;
+    }
+    assert!(h.loop_devices().is_empty(), "{:?}", h.loop_devices());
+    assert!(h.mounts().is_empty(), "{:?}", h.mounts());
+}
