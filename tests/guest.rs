@@ -2270,6 +2270,164 @@ async fn guest_lvm_volume_grows_on_the_node() {
     h.teardown(&p).await;
 }
 
+/// lvm group snapshots, thick and thin: taken while no member is staged
+/// (nothing writes them then); a member in use is refused with nothing
+/// made (LVM must suspend each origin itself, which a filesystem frozen
+/// for the group refuses on this kernel). Restored members hold what each
+/// volume held.
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_lvm_group_snapshots_of_volumes_not_in_use() {
+    require_guest();
+    let vg = LvmVg::new("fvgroup", 256);
+    vg.thin_pool("pool", "96M", &[]);
+    let config = "[[backend]]\ntype = \"lvm\"\n\
+        [[backend.device_class]]\nname = \"thick\"\nvolume_group = \"fvgroup\"\n\
+        [[backend.device_class]]\nname = \"thin\"\nvolume_group = \"fvgroup\"\nthin_pool = \"pool\"\n";
+    let h = Harness::start_with(Some(config)).await;
+    let cap = mount_cap("ext4", SNW);
+    for class in ["thick", "thin"] {
+        let mut ids = Vec::new();
+        for name in ["data", "wal"] {
+            let mut req = create_req(&format!("{class}-{name}"), 16 * MIB, cap.clone());
+            req.parameters.insert("deviceClass".into(), class.into());
+            let id = h
+                .controller()
+                .create_volume(req)
+                .await
+                .unwrap()
+                .into_inner()
+                .volume
+                .unwrap()
+                .volume_id;
+            // Written while staged, then let go.
+            let staging = h.path(&format!("kubelet/staging/{class}-{name}"));
+            std::fs::create_dir_all(&staging).unwrap();
+            h.node()
+                .node_stage_volume(stage_req(&id, &staging, cap.clone()))
+                .await
+                .unwrap();
+            std::fs::write(staging.join("who"), format!("{class}-{name}")).unwrap();
+            ids.push((id, staging));
+        }
+        // One still staged: refused, nothing made.
+        h.node()
+            .node_unstage_volume(unstage_req(&ids[0].0, &ids[0].1))
+            .await
+            .unwrap();
+        let request = pb::CreateVolumeGroupSnapshotRequest {
+            name: format!("{class}-group"),
+            source_volume_ids: ids.iter().map(|(id, _)| id.clone()).collect(),
+            ..Default::default()
+        };
+        let refused = h
+            .group()
+            .create_volume_group_snapshot(request.clone())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            refused.code(),
+            tonic::Code::FailedPrecondition,
+            "{refused:?}"
+        );
+        assert!(
+            refused.message().contains("no member is in use"),
+            "{refused:?}"
+        );
+        let snaps = || {
+            run("lvs", &["--noheadings", "-o", "lv_name", "fvgroup"])
+                .lines()
+                .filter(|l| l.trim().starts_with("fvs-"))
+                .count()
+        };
+        assert_eq!(snaps(), 0, "a refused group made snapshots");
+        h.node()
+            .node_unstage_volume(unstage_req(&ids[1].0, &ids[1].1))
+            .await
+            .unwrap();
+        let group = h
+            .group()
+            .create_volume_group_snapshot(request)
+            .await
+            .unwrap()
+            .into_inner()
+            .group_snapshot
+            .unwrap();
+        assert_eq!(group.snapshots.len(), 2);
+        assert_eq!(snaps(), 2);
+        // Each member restores what its source held.
+        for s in &group.snapshots {
+            assert_eq!(s.group_snapshot_id, group.group_snapshot_id);
+            let mut req = create_req(
+                &format!("{}-restored", s.snapshot_id.replace([':', '.'], "-")),
+                16 * MIB,
+                cap.clone(),
+            );
+            req.parameters.insert("deviceClass".into(), class.into());
+            req.volume_content_source = Some(pb::VolumeContentSource {
+                r#type: Some(pb::volume_content_source::Type::Snapshot(
+                    pb::volume_content_source::SnapshotSource {
+                        snapshot_id: s.snapshot_id.clone(),
+                    },
+                )),
+            });
+            let id = h
+                .controller()
+                .create_volume(req)
+                .await
+                .unwrap()
+                .into_inner()
+                .volume
+                .unwrap()
+                .volume_id;
+            let staging = h.path(&format!("kubelet/staging/restored-{class}"));
+            std::fs::create_dir_all(&staging).unwrap();
+            h.node()
+                .node_stage_volume(stage_req(&id, &staging, cap.clone()))
+                .await
+                .unwrap();
+            let source = ids
+                .iter()
+                .position(|(v, _)| *v == s.source_volume_id)
+                .unwrap();
+            let name = ["data", "wal"][source];
+            assert_eq!(
+                std::fs::read_to_string(staging.join("who")).unwrap(),
+                format!("{class}-{name}")
+            );
+            h.node()
+                .node_unstage_volume(unstage_req(&id, &staging))
+                .await
+                .unwrap();
+            h.controller()
+                .delete_volume(pb::DeleteVolumeRequest {
+                    volume_id: id,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
+        h.group()
+            .delete_volume_group_snapshot(pb::DeleteVolumeGroupSnapshotRequest {
+                group_snapshot_id: group.group_snapshot_id.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(snaps(), 0);
+        for (id, _) in ids {
+            h.controller()
+                .delete_volume(pb::DeleteVolumeRequest {
+                    volume_id: id,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
+    }
+    assert!(h.mounts().is_empty(), "{:?}", h.mounts());
+}
+
 /// csi-sanity, the upstream conformance suite, against every backend that
 /// needs the real kernel, in each mode CI covers: lvm (thick and thin),
 /// nfs (plain and over xfs project quotas), iscsi (plain, and with CHAP

@@ -408,6 +408,7 @@ impl crate::plugin::controller::Quiesce for NodeOps {
     async fn freeze(
         &self,
         volumes: &[VolumeId],
+        staged_ok: bool,
         deadline: std::time::Duration,
     ) -> Result<crate::host::freeze::Frozen> {
         let mut paths = Vec::new();
@@ -415,6 +416,15 @@ impl crate::plugin::controller::Quiesce for NodeOps {
             let Some(record) = self.state().stage(id) else {
                 continue; // not staged here: nothing writes to it here
             };
+            if !staged_ok {
+                return Err(Error::precondition(format!(
+                    "volume {id} is staged at {}: its backend snapshots a volume by holding \
+                     the device itself, which it cannot do under a filesystem frozen for the \
+                     group, so its group snapshots are taken only while no member is in use \
+                     (stop the workload, then snapshot)",
+                    record.staging_path.display()
+                )));
+            }
             if matches!(record.capability.access, AccessType::Block) {
                 return Err(Error::precondition(format!(
                     "volume {id} is staged as a raw block device at {}: nothing can hold its \

@@ -171,6 +171,14 @@ pub trait Backend: Send + Sync {
         }
     }
 
+    /// Why this backend takes no group snapshots (FAILED_PRECONDITION).
+    fn group_snapshot_refusal(&self) -> String {
+        format!(
+            "backend {} cannot snapshot volumes together at one instant",
+            self.name()
+        )
+    }
+
     /// The mutable parameters of this backend's volumes: the keys a
     /// VolumeAttributesClass may set (CreateVolume's `mutable_parameters`)
     /// and ControllerModifyVolume may change. None by default.

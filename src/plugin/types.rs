@@ -279,6 +279,12 @@ pub enum GroupSnapshots {
     /// One ordinary snapshot per member, taken while the node holds the
     /// members' writes (their staged filesystems frozen together).
     Frozen,
+    /// One ordinary snapshot per member, taken only while no member is
+    /// staged (nothing writes them): the backend's own snapshot must hold
+    /// the device itself, which a frozen filesystem refuses (LVM suspends
+    /// each origin, and on the kernels this was tested on a filesystem
+    /// frozen from userspace cannot be frozen again under it).
+    Unstaged,
 }
 
 /// Free space as a backend reports it.

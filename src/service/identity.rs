@@ -41,7 +41,9 @@ impl Identity for IdentityService {
             if caps.node_local {
                 out.push(service(pc::service::Type::VolumeAccessibilityConstraints));
             }
-            if caps.group_snapshot != crate::plugin::GroupSnapshots::None {
+            // Group snapshots are answered wherever snapshots are: a backend
+            // that cannot take them at one instant says why.
+            if caps.snapshot {
                 out.push(service(pc::service::Type::GroupControllerService));
             }
             if caps.expand {

@@ -635,7 +635,11 @@ impl Backend for LvmBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::node_local_block_device()
+        Capabilities {
+            // lvcreate suspends each origin itself (see GroupSnapshots).
+            group_snapshot: crate::plugin::GroupSnapshots::Unstaged,
+            ..Capabilities::node_local_block_device()
+        }
     }
 
     async fn health(&self) -> Result<()> {

@@ -759,6 +759,17 @@ impl Backend for NfsBackend {
         MUTABLE.to_vec()
     }
 
+    fn group_snapshot_refusal(&self) -> String {
+        format!(
+            "backend {}: nfs volumes are directories of one export, and their snapshots are \
+             copies taken one at a time; nothing here can hold writes that arrive over NFS \
+             from every node, so no group of them shows one instant. Group volumes whose \
+             writes the driver can hold (file, lvm) or snapshot the export's filesystem on \
+             the server",
+            self.name
+        )
+    }
+
     fn check_mutable(&self, changes: &BTreeMap<String, String>) -> Result<()> {
         Changes::parse(changes).map(|_| ())
     }

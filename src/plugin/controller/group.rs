@@ -28,8 +28,14 @@ pub const FREEZE_DEADLINE: Duration = Duration::from_secs(60);
 pub trait Quiesce: Send + Sync {
     /// Freezes the filesystems of those of `volumes` staged here, all
     /// together; FAILED_PRECONDITION for one staged as a raw block device
-    /// (nothing can hold its writes).
-    async fn freeze(&self, volumes: &[VolumeId], deadline: Duration) -> Result<Frozen>;
+    /// (nothing can hold its writes), or for any staged one at all unless
+    /// `staged_ok`.
+    async fn freeze(
+        &self,
+        volumes: &[VolumeId],
+        staged_ok: bool,
+        deadline: Duration,
+    ) -> Result<Frozen>;
 }
 
 /// A validated CreateVolumeGroupSnapshot request.
@@ -67,13 +73,10 @@ impl ControllerOps {
         self
     }
 
-    /// Whether any backend takes group snapshots (GROUP_CONTROLLER_SERVICE).
+    /// Whether group snapshots are answered here (a backend that cannot
+    /// take them says why).
     pub fn groups_served(&self) -> bool {
-        self.groups.is_some()
-            && self
-                .registry
-                .all()
-                .any(|b| b.capabilities().group_snapshot != GroupSnapshots::None)
+        self.groups.is_some() && self.registry.capabilities().snapshot
     }
 
     fn store(&self) -> Result<&GroupStore> {
@@ -107,10 +110,7 @@ impl ControllerOps {
         }
         let backend = self.registry.for_volume(first)?.clone();
         if backend.capabilities().group_snapshot == GroupSnapshots::None {
-            return Err(Error::precondition(format!(
-                "backend {} cannot snapshot volumes together at one instant",
-                backend.name()
-            )));
+            return Err(Error::precondition(backend.group_snapshot_refusal()));
         }
         let (parameters, metadata) = split_parameters(&req.parameters);
         backend.validate_snapshot_parameters(&parameters)?;
@@ -205,7 +205,10 @@ impl ControllerOps {
                 backend.name()
             )));
         };
-        let frozen = quiesce.freeze(&req.sources, FREEZE_DEADLINE).await?;
+        let staged_ok = backend.capabilities().group_snapshot == GroupSnapshots::Frozen;
+        let frozen = quiesce
+            .freeze(&req.sources, staged_ok, FREEZE_DEADLINE)
+            .await?;
         let instant = SystemTime::now();
         for source in &req.sources {
             backend.create_snapshot(&member(source)).await?;

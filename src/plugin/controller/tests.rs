@@ -857,6 +857,7 @@ impl super::Quiesce for FakeNode {
     async fn freeze(
         &self,
         volumes: &[VolumeId],
+        _staged_ok: bool,
         deadline: std::time::Duration,
     ) -> Result<crate::host::freeze::Frozen> {
         if *self.refuse.lock().unwrap() {
