@@ -132,9 +132,17 @@ async fn every_subcommand_against_the_driver() {
             got.stderr
         );
     }
+    ok(
+        &h,
+        &["modify-volume", &id, "--mutable-param", "preallocate=true"],
+    );
     let modified = client(&h, &["modify-volume", &id, "--mutable-param", "x=y"]);
-    assert_ne!(modified.code, 0);
-    assert!(modified.code > 10, "{}", modified.stderr);
+    assert_eq!(
+        modified.code,
+        10 + tonic::Code::InvalidArgument as i32,
+        "{}",
+        modified.stderr
+    );
 
     // Attach: no backend here attaches, so the driver does not offer it
     // (exit 10 + UNIMPLEMENTED); an unknown snapshot is NOT_FOUND (exit 15).
@@ -224,6 +232,51 @@ async fn every_subcommand_against_the_driver() {
         .as_str()
         .unwrap()
         .to_string();
+
+    // A group snapshot of the staged volume and the restored one.
+    let gcaps = okj(&["group-capabilities"]);
+    assert_eq!(
+        gcaps["capabilities"].as_array().unwrap().len(),
+        1,
+        "{gcaps}"
+    );
+    let group = okj(&[
+        "create-group-snapshot",
+        "group-client",
+        "--source",
+        &id,
+        "--source",
+        &rid,
+    ])["group_snapshot"]
+        .clone();
+    let gid = group["group_snapshot_id"].as_str().unwrap().to_string();
+    let members = group["snapshots"].as_array().unwrap().clone();
+    assert_eq!(members.len(), 2, "{group}");
+    assert!(group["creation_time"].as_str().is_some(), "{group}");
+    let first = members[0]["snapshot_id"].as_str().unwrap();
+    assert_eq!(
+        okj(&["get-group-snapshot", &gid])["group_snapshot"]["group_snapshot_id"],
+        gid.as_str()
+    );
+    assert_eq!(
+        okj(&["get-snapshot", first])["snapshot"]["group_snapshot_id"],
+        gid.as_str()
+    );
+    let wrong = client(&h, &["delete-group-snapshot", &gid, "--snapshot", first]);
+    assert_eq!(
+        wrong.code,
+        10 + tonic::Code::InvalidArgument as i32,
+        "{}",
+        wrong.stderr
+    );
+    ok(&h, &["delete-group-snapshot", &gid]);
+    let gone = client(&h, &["get-group-snapshot", &gid]);
+    assert_eq!(
+        gone.code,
+        10 + tonic::Code::NotFound as i32,
+        "{}",
+        gone.stderr
+    );
 
     ok(&h, &["unpublish", &id, "--target", &tg]);
     ok(&h, &["unstage", &id, "--staging", &st]);

@@ -9,6 +9,7 @@
 mod walk;
 
 use crate::proto::controller_client::ControllerClient;
+use crate::proto::group_controller_client::GroupControllerClient;
 use crate::proto::identity_client::IdentityClient;
 use crate::proto::node_client::NodeClient;
 use crate::proto::{self as pb, volume_capability as vc};
@@ -286,6 +287,30 @@ pub enum Call {
     },
     /// GetSnapshot.
     GetSnapshot { id: String },
+    /// CreateVolumeGroupSnapshot: the sources' snapshots at one instant.
+    CreateGroupSnapshot {
+        name: String,
+        /// A source volume id (repeatable; at least one).
+        #[arg(long = "source", required = true)]
+        sources: Vec<String>,
+        #[arg(long = "param")]
+        params: Vec<Kv>,
+    },
+    /// DeleteVolumeGroupSnapshot (the group and its members).
+    DeleteGroupSnapshot {
+        id: String,
+        /// A member snapshot id (repeatable; checked against the group).
+        #[arg(long = "snapshot")]
+        snapshots: Vec<String>,
+    },
+    /// GetVolumeGroupSnapshot.
+    GetGroupSnapshot {
+        id: String,
+        #[arg(long = "snapshot")]
+        snapshots: Vec<String>,
+    },
+    /// GroupControllerGetCapabilities.
+    GroupCapabilities,
     /// ControllerExpandVolume.
     ControllerExpand {
         id: String,
@@ -622,6 +647,7 @@ async fn call(
     let mut id = IdentityClient::new(channel.clone());
     let mut c = ControllerClient::new(channel.clone());
     let mut n = NodeClient::new(channel.clone());
+    let mut g = GroupControllerClient::new(channel.clone());
     macro_rules! show {
         ($e:expr) => {{
             let answer = $e.await?.into_inner();
@@ -736,6 +762,35 @@ async fn call(
             snapshot_id: s.clone(),
             secrets,
         })),
+        Call::CreateGroupSnapshot {
+            name,
+            sources,
+            params,
+        } => show!(
+            g.create_volume_group_snapshot(pb::CreateVolumeGroupSnapshotRequest {
+                name: name.clone(),
+                source_volume_ids: sources.clone(),
+                secrets,
+                parameters: map(params),
+            })
+        ),
+        Call::DeleteGroupSnapshot { id: gid, snapshots } => show!(g.delete_volume_group_snapshot(
+            pb::DeleteVolumeGroupSnapshotRequest {
+                group_snapshot_id: gid.clone(),
+                snapshot_ids: snapshots.clone(),
+                secrets,
+            }
+        )),
+        Call::GetGroupSnapshot { id: gid, snapshots } => show!(g.get_volume_group_snapshot(
+            pb::GetVolumeGroupSnapshotRequest {
+                group_snapshot_id: gid.clone(),
+                snapshot_ids: snapshots.clone(),
+                secrets,
+            }
+        )),
+        Call::GroupCapabilities => {
+            show!(g.group_controller_get_capabilities(pb::GroupControllerGetCapabilitiesRequest {}))
+        }
         Call::ControllerExpand { id: v, size, limit } => {
             show!(
                 c.controller_expand_volume(pb::ControllerExpandVolumeRequest {
