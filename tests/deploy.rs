@@ -1157,3 +1157,75 @@ fn programs_the_code_runs() -> BTreeSet<String> {
     }
     found
 }
+
+/// The rest of the CSI surface in the manifests: the snapshotter serves
+/// group snapshots and the resizer VolumeAttributesClass changes; every
+/// backend has an example VolumeAttributesClass of its own driver naming
+/// only keys that backend can change, and the backends that take group
+/// snapshots (file, lvm) a VolumeGroupSnapshotClass.
+#[test]
+fn group_snapshots_and_attribute_classes_are_deployed_per_backend() {
+    let mutable: BTreeMap<&str, &[&str]> = BTreeMap::from([
+        ("file", &["preallocate"][..]),
+        ("lvm", &["readAhead"][..]),
+        ("nfs", &["mountPermissions", "onDelete"][..]),
+        (
+            "iscsi",
+            &["thinProvisioning", "preallocate", "readAhead"][..],
+        ),
+        (
+            "rbd",
+            &[
+                "qosIopsLimit",
+                "qosBpsLimit",
+                "qosReadIopsLimit",
+                "qosWriteIopsLimit",
+                "qosReadBpsLimit",
+                "qosWriteBpsLimit",
+            ][..],
+        ),
+    ]);
+    for r in all_rendered() {
+        for w in r.kind("Deployment").into_iter().chain(r.kind("DaemonSet")) {
+            for c in containers(w) {
+                let image = s(&c["image"]);
+                if image.contains("csi-snapshotter") {
+                    assert_eq!(
+                        flag(c, "feature-gates").as_deref(),
+                        Some("CSIVolumeGroupSnapshot=true"),
+                        "{}",
+                        r.name
+                    );
+                }
+                if image.contains("csi-resizer") {
+                    assert_eq!(
+                        flag(c, "feature-gates").as_deref(),
+                        Some("VolumeAttributesClass=true"),
+                        "{}",
+                        r.name
+                    );
+                }
+            }
+        }
+        for sc in r.kind("StorageClass") {
+            let backend = s(&sc["parameters"]["backend"]);
+            let driver = s(&sc["provisioner"]);
+            let vac = r.named(
+                "VolumeAttributesClass",
+                &format!("ferrovol-{backend}-example"),
+            );
+            assert_eq!(s(&vac["driverName"]), driver);
+            for key in vac["parameters"].as_mapping().unwrap().keys() {
+                assert!(
+                    mutable[backend].contains(&s(key)),
+                    "{}: {backend} cannot change {key:?}",
+                    r.name
+                );
+            }
+            if matches!(backend, "file" | "lvm") {
+                let g = r.named("VolumeGroupSnapshotClass", &format!("ferrovol-{backend}"));
+                assert_eq!(s(&g["driver"]), driver);
+            }
+        }
+    }
+}
