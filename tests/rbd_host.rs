@@ -620,3 +620,114 @@ async fn rbd_qos_limits_are_mutable_parameters() {
         assert_eq!(e.code(), Code::NotFound, "{e:?}");
     }
 }
+
+/// Group snapshots on a real cluster: on the librbd road every member's
+/// exclusive lock is held while all are snapshotted, then each member is
+/// an ordinary snapshot image that names its group; an image without the
+/// exclusive-lock feature is refused with nothing left behind, and so is
+/// the CLI road (it cannot hold locks across calls).
+#[tokio::test]
+async fn rbd_group_snapshots_hold_every_member_at_once() {
+    require_root();
+    let cluster = CephCluster::new();
+    let h = Harness::start_with(Some(&rbd_config(&cluster, "librbd"))).await;
+    let mut c = h.controller();
+    let make = |name: &str, features: &str| {
+        let mut req = create_req(name, 4 * MIB, mount_cap("ext4", SNW));
+        req.secrets = secrets(&cluster);
+        req.parameters
+            .insert("imageFeatures".into(), features.into());
+        req
+    };
+    let mut ids = Vec::new();
+    for (name, features) in [
+        ("pvc-g-data", "layering,exclusive-lock"),
+        ("pvc-g-wal", "layering,exclusive-lock"),
+        ("pvc-g-plain", "layering"),
+    ] {
+        ids.push(
+            c.create_volume(make(name, features))
+                .await
+                .unwrap()
+                .into_inner()
+                .volume
+                .unwrap()
+                .volume_id,
+        );
+    }
+    let image_snaps = |image: &str| cluster.rbd(&["snap", "ls", &format!("rbd/{image}")]);
+    let group = |name: &str, sources: &[&String]| pb::CreateVolumeGroupSnapshotRequest {
+        name: name.into(),
+        source_volume_ids: sources.iter().map(|s| s.to_string()).collect(),
+        secrets: secrets(&cluster),
+        ..Default::default()
+    };
+    let refused = h
+        .group()
+        .create_volume_group_snapshot(group("g-plain", &[&ids[0], &ids[2]]))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("exclusive-lock"), "{refused:?}");
+    assert!(
+        image_snaps("fv-pvc-g-data").trim().is_empty(),
+        "a cut was left"
+    );
+
+    let g = h
+        .group()
+        .create_volume_group_snapshot(group("g-1", &[&ids[0], &ids[1]]))
+        .await
+        .unwrap()
+        .into_inner()
+        .group_snapshot
+        .unwrap();
+    assert_eq!(g.snapshots.len(), 2);
+    for s in &g.snapshots {
+        assert_eq!(s.group_snapshot_id, g.group_snapshot_id);
+        assert!(s.ready_to_use);
+    }
+    // The cuts became the members' own images; none is left on a source.
+    for image in ["fv-pvc-g-data", "fv-pvc-g-wal"] {
+        assert!(
+            image_snaps(image).trim().is_empty(),
+            "{image}: {}",
+            image_snaps(image)
+        );
+    }
+    let fvs = images(&cluster)
+        .into_iter()
+        .filter(|i| i.starts_with("fvs-"))
+        .count();
+    assert_eq!(fvs, 2);
+    h.group()
+        .delete_volume_group_snapshot(pb::DeleteVolumeGroupSnapshotRequest {
+            group_snapshot_id: g.group_snapshot_id.clone(),
+            secrets: secrets(&cluster),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(!images(&cluster).iter().any(|i| i.starts_with("fvs-")));
+
+    // The CLI road cannot hold the locks: refused, nothing made.
+    drop(c);
+    drop(h);
+    let h = Harness::start_with(Some(&rbd_config(&cluster, "cli"))).await;
+    let refused = h
+        .group()
+        .create_volume_group_snapshot(group("g-cli", &[&ids[0], &ids[1]]))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("librbd"), "{refused:?}");
+    let mut c = h.controller();
+    for id in ids {
+        c.delete_volume(pb::DeleteVolumeRequest {
+            volume_id: id,
+            secrets: secrets(&cluster),
+        })
+        .await
+        .unwrap();
+    }
+}

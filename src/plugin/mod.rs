@@ -171,6 +171,18 @@ pub trait Backend: Send + Sync {
         }
     }
 
+    /// For [`GroupSnapshots::Cut`]: cuts, at one instant, what each
+    /// member's `create_snapshot` then makes its snapshot from.
+    async fn cut_group(&self, _members: &[CreateSnapshot]) -> Result<()> {
+        Err(self.unimplemented("cut group snapshots"))
+    }
+
+    /// Removes what [`Backend::cut_group`] cut that no member's snapshot
+    /// took over (a group that failed); idempotent.
+    async fn uncut_group(&self, _members: &[CreateSnapshot]) -> Result<()> {
+        Ok(())
+    }
+
     /// Why this backend takes no group snapshots (FAILED_PRECONDITION).
     fn group_snapshot_refusal(&self) -> String {
         format!(

@@ -285,6 +285,10 @@ pub enum GroupSnapshots {
     /// each origin, and on the kernels this was tested on a filesystem
     /// frozen from userspace cannot be frozen again under it).
     Unstaged,
+    /// One ordinary snapshot per member, each made from a point-in-time
+    /// cut the backend takes of all of them at once
+    /// ([`super::Backend::cut_group`]).
+    Cut,
 }
 
 /// Free space as a backend reports it.

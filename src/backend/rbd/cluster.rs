@@ -220,6 +220,18 @@ pub trait Cluster: Send + Sync {
     async fn snap_remove(&self, creds: &Creds, spec: &Spec, snap: &str) -> Result<()>;
     /// The bytes `pool` can still take.
     async fn pool_available(&self, creds: &Creds, pool: &str) -> Result<u64>;
+    /// Snapshots every `(image, snapshot name)` at one instant: each
+    /// image's exclusive lock is taken and held (a client writing it, a
+    /// node's kernel client, gives the lock up when asked and waits for it
+    /// before its next write), every snapshot is cut, every lock let go. A
+    /// failure removes the snapshots made. Needs a client that can hold
+    /// locks across calls: only librbd can.
+    async fn snap_together(&self, _creds: &Creds, _members: &[(Spec, String)]) -> Result<()> {
+        Err(Error::precondition(
+            "group snapshots of rbd volumes hold every member's exclusive lock at once, \
+             which only the librbd road can (client = \"librbd\" in the backend's config)",
+        ))
+    }
 }
 
 /// `ceph df detail --format json`: what each pool can still take.

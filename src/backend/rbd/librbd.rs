@@ -138,6 +138,8 @@ api! {
     rbd_resize: fn(Image, u64) -> c_int;
     rbd_flatten: fn(Image) -> c_int;
     rbd_snap_create: fn(Image, *const c_char) -> c_int;
+    rbd_lock_acquire: fn(Image, c_int) -> c_int;
+    rbd_lock_release: fn(Image) -> c_int;
     rbd_snap_remove: fn(Image, *const c_char) -> c_int;
     rbd_metadata_set: fn(Image, *const c_char, *const c_char) -> c_int;
     rbd_metadata_remove: fn(Image, *const c_char) -> c_int;
@@ -1251,6 +1253,61 @@ impl Cluster for LibCluster {
         let snap = snap.to_string();
         self.image(creds, spec, true, DEADLINE, move |img| {
             img.name_op("remove snapshot", img.api.rbd_snap_remove, &snap)
+        })
+        .await
+    }
+
+    async fn snap_together(&self, creds: &Creds, members: &[(Spec, String)]) -> Result<()> {
+        let members = members.to_vec();
+        self.call(creds, DEADLINE, move |c| {
+            let ctxs = members
+                .iter()
+                .map(|(spec, _)| c.ioctx(spec))
+                .collect::<Result<Vec<_>>>()?;
+            let imgs = ctxs
+                .iter()
+                .zip(&members)
+                .map(|(ctx, (spec, _))| ctx.open(spec, true))
+                .collect::<Result<Vec<_>>>()?;
+            let mut locked = Vec::new();
+            let mut cut = Vec::new();
+            let mut outcome = Ok(());
+            for img in &imgs {
+                // SAFETY: an image open for writing; 0 is RBD_LOCK_MODE_EXCLUSIVE.
+                let ret = unsafe { (img.api.rbd_lock_acquire)(img.image, 0) };
+                if ret == -libc::EINVAL {
+                    outcome = Err(Error::precondition(format!(
+                        "{} has no exclusive-lock feature: nothing can hold its writes for \
+                         a group snapshot (imageFeatures: layering,exclusive-lock)",
+                        img.spec.arg()
+                    )));
+                    break;
+                }
+                if let Err(e) = check(|| img.what("take the exclusive lock of"), ret) {
+                    outcome = Err(e);
+                    break;
+                }
+                locked.push(img);
+            }
+            if outcome.is_ok() {
+                for (img, (_, snap)) in imgs.iter().zip(&members) {
+                    if let Err(e) = img.name_op("snapshot", img.api.rbd_snap_create, snap) {
+                        outcome = Err(e);
+                        break;
+                    }
+                    cut.push((img, snap));
+                }
+            }
+            if outcome.is_err() {
+                for (img, snap) in &cut {
+                    let _ = img.name_op("remove snapshot", img.api.rbd_snap_remove, snap);
+                }
+            }
+            for img in locked {
+                // SAFETY: a lock this handle took.
+                unsafe { (img.api.rbd_lock_release)(img.image) };
+            }
+            outcome
         })
         .await
     }

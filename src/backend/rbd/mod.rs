@@ -125,6 +125,13 @@ fn default_features() -> String {
     "layering".into()
 }
 
+/// The snapshot of the source a copy into `to` is made from: cut by the
+/// copy itself, or beforehand for a group (made at one instant with the
+/// group's other members), in which case the copy finds it there.
+fn cut_name(to: &Spec) -> String {
+    format!("tmp-{}", to.image)
+}
+
 /// The mutable parameters: librbd's QoS limits on the image, each set as
 /// the image's own config override (`conf_rbd_qos_*` metadata, what `rbd
 /// config image set` writes). 0 is no limit.
@@ -331,6 +338,22 @@ impl RbdBackend {
         self
     }
 
+    /// The image a snapshot of `src` is kept as.
+    fn snapshot_image(src: &Spec, req: &CreateSnapshot) -> Spec {
+        src.with_image(&format!("fvs-{}", locator_for_name(&req.name)))
+    }
+
+    /// A group member's cut: its source image and the snapshot of it that
+    /// `create_snapshot` copies from.
+    fn member_cut(&self, req: &CreateSnapshot) -> Result<(Spec, String)> {
+        let src = self.volume_spec(&req.source).map_err(|_| {
+            Error::not_found(format!("source volume {} does not exist", req.source))
+        })?;
+        let spec = Self::snapshot_image(&src, req);
+        let tmp = spec.with_image(&format!("tmp-{}", spec.image));
+        Ok((src, cut_name(&tmp)))
+    }
+
     fn rbd(&self) -> &dyn Cluster {
         self.cluster.as_ref()
     }
@@ -521,7 +544,7 @@ impl RbdBackend {
         to: &Spec,
         params: Option<&Params>,
     ) -> Result<()> {
-        let snap = format!("tmp-{}", to.image);
+        let snap = cut_name(to);
         match self.rbd().snap_create(creds, from, &snap).await {
             Ok(_) => {}
             Err(e) if e.kind == Kind::AlreadyExists => {}
@@ -712,7 +735,7 @@ impl Backend for RbdBackend {
             expand: true,
             expand_online: true,
             snapshot: true,
-            group_snapshot: crate::plugin::GroupSnapshots::None,
+            group_snapshot: crate::plugin::GroupSnapshots::Cut,
             clone: true,
             block: true,
             node_local: false,
@@ -1003,12 +1026,40 @@ impl Backend for RbdBackend {
         }
     }
 
+    async fn cut_group(&self, members: &[CreateSnapshot]) -> Result<()> {
+        let Some(first) = members.first() else {
+            return Ok(());
+        };
+        let creds = self.creds(&first.secrets)?;
+        let cuts = members
+            .iter()
+            .map(|m| self.member_cut(m))
+            .collect::<Result<Vec<_>>>()?;
+        self.rbd().snap_together(&creds, &cuts).await
+    }
+
+    async fn uncut_group(&self, members: &[CreateSnapshot]) -> Result<()> {
+        let Some(first) = members.first() else {
+            return Ok(());
+        };
+        let creds = self.creds(&first.secrets)?;
+        for m in members {
+            let (src, snap) = self.member_cut(m)?;
+            match self.rbd().snap_remove(&creds, &src, &snap).await {
+                Ok(()) => {}
+                Err(e) if e.kind == Kind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
     async fn create_snapshot(&self, req: &CreateSnapshot) -> Result<SnapshotInfo> {
         let src = self.volume_spec(&req.source).map_err(|_| {
             Error::not_found(format!("source volume {} does not exist", req.source))
         })?;
         let creds = self.creds(&req.secrets)?;
-        let spec = src.with_image(&format!("fvs-{}", locator_for_name(&req.name)));
+        let spec = Self::snapshot_image(&src, req);
         let source = req.source.to_string();
         if let Some((info, meta)) = self.rbd().describe(&creds, &spec).await? {
             if meta.get(META_NAME) != Some(&req.name) || meta.get(META_SOURCE) != Some(&source) {

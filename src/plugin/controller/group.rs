@@ -198,6 +198,20 @@ impl ControllerOps {
         req: &NewGroupSnapshot,
         member: &impl Fn(&VolumeId) -> CreateSnapshot,
     ) -> Result<SystemTime> {
+        let members: Vec<CreateSnapshot> = req.sources.iter().map(member).collect();
+        if backend.capabilities().group_snapshot == GroupSnapshots::Cut {
+            // The backend holds the instant itself; each member's snapshot
+            // is then made from its cut.
+            let instant = SystemTime::now();
+            backend.cut_group(&members).await?;
+            for m in &members {
+                if let Err(e) = backend.create_snapshot(m).await {
+                    let _ = backend.uncut_group(&members).await;
+                    return Err(e);
+                }
+            }
+            return Ok(instant);
+        }
         let Some(quiesce) = &self.quiesce else {
             return Err(Error::precondition(format!(
                 "group snapshots of backend {} need the node service in this process \
@@ -210,8 +224,8 @@ impl ControllerOps {
             .freeze(&req.sources, staged_ok, FREEZE_DEADLINE)
             .await?;
         let instant = SystemTime::now();
-        for source in &req.sources {
-            backend.create_snapshot(&member(source)).await?;
+        for m in &members {
+            backend.create_snapshot(m).await?;
         }
         frozen.thaw()?;
         Ok(instant)
