@@ -2428,6 +2428,190 @@ async fn guest_lvm_group_snapshots_of_volumes_not_in_use() {
     assert!(h.mounts().is_empty(), "{:?}", h.mounts());
 }
 
+/// rbd group snapshots with kernel clients writing: two volumes mapped
+/// and mounted here, a writer putting 1, 2, 3, ... on one then the other
+/// (each write synced, so the devices see them in that order), the group
+/// cut while it runs (every member's exclusive lock held by the controller
+/// meanwhile, the kernel client waiting for it), and the restored pair
+/// one that some instant held.
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_rbd_group_snapshot_holds_every_writer_at_one_instant() {
+    require_guest();
+    let cluster = CephCluster::new();
+    let config = format!(
+        "[[backend]]\ntype = \"rbd\"\ncluster_id = \"guest\"\nmonitors = [\"v1:{}\"]\npools = [\"rbd\"]\n\
+         user = \"ferrovol\"\nkeyring = \"{}\"\n",
+        cluster.mon_addr,
+        cluster.client_keyring.display()
+    );
+    let h = Harness::start_with(Some(&config)).await;
+    let secrets = HashMap::from([
+        ("userID".to_string(), "ferrovol".to_string()),
+        ("userKey".to_string(), cluster.client_key()),
+    ]);
+    let cap = mount_cap("ext4", SNW);
+    let node = h.node_id().await;
+    // Made (from a snapshot or not), published here, staged.
+    let bring_up = |name: String, from: Option<String>| {
+        let (h, secrets, cap, node) = (&h, secrets.clone(), cap.clone(), node.clone());
+        async move {
+            let mut req = create_req(&name, 32 * MIB, cap.clone());
+            req.secrets = secrets.clone();
+            req.parameters
+                .insert("imageFeatures".into(), "layering,exclusive-lock".into());
+            req.volume_content_source = from.map(|s| pb::VolumeContentSource {
+                r#type: Some(pb::volume_content_source::Type::Snapshot(
+                    pb::volume_content_source::SnapshotSource { snapshot_id: s },
+                )),
+            });
+            let id = h
+                .controller()
+                .create_volume(req)
+                .await
+                .unwrap()
+                .into_inner()
+                .volume
+                .unwrap()
+                .volume_id;
+            h.controller()
+                .controller_publish_volume(pb::ControllerPublishVolumeRequest {
+                    volume_id: id.clone(),
+                    node_id: node,
+                    volume_capability: Some(cap.clone()),
+                    secrets: secrets.clone(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            let staging = h.path(&format!("kubelet/staging/{name}"));
+            std::fs::create_dir_all(&staging).unwrap();
+            h.node()
+                .node_stage_volume(pb::NodeStageVolumeRequest {
+                    secrets: secrets.clone(),
+                    ..stage_req(&id, &staging, cap)
+                })
+                .await
+                .unwrap();
+            (id, staging)
+        }
+    };
+    let (a, a_dir) = bring_up("grp-data".into(), None).await;
+    let (b, b_dir) = bring_up("grp-wal".into(), None).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (fa, fb, stop) = (a_dir.join("seq"), b_dir.join("seq"), stop.clone());
+        std::thread::spawn(move || {
+            use std::os::unix::fs::FileExt;
+            let open = |p: &std::path::Path| {
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(p)
+                    .unwrap()
+            };
+            let (fa, fb) = (open(&fa), open(&fb));
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                i += 1;
+                let line = format!("{i:020}\n");
+                for f in [&fa, &fb] {
+                    f.write_all_at(line.as_bytes(), 0).unwrap();
+                    f.sync_data().unwrap();
+                }
+            }
+            i
+        })
+    };
+    let read = |p: &std::path::Path| -> u64 {
+        std::fs::read_to_string(p)
+            .unwrap_or_default()
+            .trim()
+            .parse()
+            .unwrap_or(0)
+    };
+    while read(&a_dir.join("seq")) < 20 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let group = h
+        .group()
+        .create_volume_group_snapshot(pb::CreateVolumeGroupSnapshotRequest {
+            name: "rbd-group".into(),
+            source_volume_ids: vec![a.clone(), b.clone()],
+            secrets: secrets.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .group_snapshot
+        .unwrap();
+    // The writers have their locks back: they go on.
+    let after = read(&a_dir.join("seq"));
+    while read(&a_dir.join("seq")) <= after {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let last = writer.join().unwrap();
+    let mut restored = std::collections::BTreeMap::new();
+    for s in &group.snapshots {
+        let name = if s.source_volume_id == a {
+            "grp-r-data"
+        } else {
+            "grp-r-wal"
+        };
+        let (id, dir) = bring_up(name.into(), Some(s.snapshot_id.clone())).await;
+        restored.insert(s.source_volume_id.clone(), (id, dir));
+    }
+    let (ra, rb) = (
+        read(&restored[&a].1.join("seq")),
+        read(&restored[&b].1.join("seq")),
+    );
+    println!("writer reached {last}; the group holds data={ra} wal={rb}");
+    assert!(ra > 0 && ra < last, "data={ra} last={last}");
+    assert!(
+        ra == rb || ra == rb + 1,
+        "data={ra} wal={rb}: no instant held this pair"
+    );
+
+    for (id, dir) in restored
+        .values()
+        .chain([&(a.clone(), a_dir), &(b.clone(), b_dir)])
+    {
+        h.node()
+            .node_unstage_volume(unstage_req(id, dir))
+            .await
+            .unwrap();
+        h.controller()
+            .controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
+                volume_id: id.to_string(),
+                node_id: node.clone(),
+                secrets: secrets.clone(),
+            })
+            .await
+            .unwrap();
+    }
+    h.group()
+        .delete_volume_group_snapshot(pb::DeleteVolumeGroupSnapshotRequest {
+            group_snapshot_id: group.group_snapshot_id.clone(),
+            secrets: secrets.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    for id in restored.values().map(|(id, _)| id.clone()).chain([a, b]) {
+        h.controller()
+            .delete_volume(pb::DeleteVolumeRequest {
+                volume_id: id,
+                secrets: secrets.clone(),
+            })
+            .await
+            .unwrap();
+    }
+    assert!(h.mounts().is_empty(), "{:?}", h.mounts());
+}
+
 /// csi-sanity, the upstream conformance suite, against every backend that
 /// needs the real kernel, in each mode CI covers: lvm (thick and thin),
 /// nfs (plain and over xfs project quotas), iscsi (plain, and with CHAP
