@@ -2531,9 +2531,21 @@ async fn guest_rbd_group_snapshot_holds_every_writer_at_one_instant() {
             .parse()
             .unwrap_or(0)
     };
-    while read(&a_dir.join("seq")) < 20 {
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let wait_for = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while !done() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what}: not within 120 s; the driver's log:\n{}",
+                h.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    wait_for("the writer's first 20 rounds", &|| {
+        read(&a_dir.join("seq")) >= 20
+    });
+    println!("writing; cutting the group");
     let group = h
         .group()
         .create_volume_group_snapshot(pb::CreateVolumeGroupSnapshotRequest {
@@ -2548,10 +2560,11 @@ async fn guest_rbd_group_snapshot_holds_every_writer_at_one_instant() {
         .group_snapshot
         .unwrap();
     // The writers have their locks back: they go on.
+    println!("group cut; the writer goes on?");
     let after = read(&a_dir.join("seq"));
-    while read(&a_dir.join("seq")) <= after {
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    wait_for("the writer going on after the cut", &|| {
+        read(&a_dir.join("seq")) > after
+    });
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let last = writer.join().unwrap();
     let mut restored = std::collections::BTreeMap::new();

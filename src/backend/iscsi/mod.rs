@@ -887,6 +887,16 @@ impl Backend for IscsiBackend {
         self.store()?.capacity(parameters).await
     }
 
+    fn group_snapshot_refusal(&self) -> String {
+        format!(
+            "backend {}: iSCSI volumes are written by remote initiators, and holding them \
+             at one instant means pausing the target without failing their commands, which \
+             ferrovol does not do yet: snapshot the volumes one by one, or use rbd or the \
+             node-local backends for group snapshots",
+            self.name
+        )
+    }
+
     fn mutable_keys(&self) -> Vec<&'static str> {
         // The LUN's own key, and the store's.
         let mut keys = vec![THIN_PROVISIONING];
