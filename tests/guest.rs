@@ -2428,15 +2428,16 @@ async fn guest_lvm_group_snapshots_of_volumes_not_in_use() {
     assert!(h.mounts().is_empty(), "{:?}", h.mounts());
 }
 
-/// rbd group snapshots with kernel clients writing: two volumes mapped
-/// and mounted here, a writer putting 1, 2, 3, ... on one then the other
-/// (each write synced, so the devices see them in that order), the group
-/// cut while it runs (every member's exclusive lock held by the controller
-/// meanwhile, the kernel client waiting for it), and the restored pair
-/// one that some instant held.
+/// rbd group snapshots with kernel clients: while two volumes are mapped
+/// and written here (1, 2, 3, ... to one then the other, each write
+/// synced) a group is refused, and the writer never sees an error (a
+/// kernel client refused a held lock would fail its writes, which is why
+/// the cut waits for no member to be mapped); once both are unstaged the
+/// group is cut (every member's exclusive lock held while all are
+/// snapshotted) and each member restores the last number written.
 #[tokio::test]
 #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
-async fn guest_rbd_group_snapshot_holds_every_writer_at_one_instant() {
+async fn guest_rbd_group_snapshots_wait_for_members_not_in_use() {
     require_guest();
     let cluster = CephCluster::new();
     let config = format!(
@@ -2545,7 +2546,34 @@ async fn guest_rbd_group_snapshot_holds_every_writer_at_one_instant() {
     wait_for("the writer's first 20 rounds", &|| {
         read(&a_dir.join("seq")) >= 20
     });
-    println!("writing; cutting the group");
+    let refused = h
+        .group()
+        .create_volume_group_snapshot(pb::CreateVolumeGroupSnapshotRequest {
+            name: "rbd-group".into(),
+            source_volume_ids: vec![a.clone(), b.clone()],
+            secrets: secrets.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    assert!(refused.message().contains("is mapped"), "{refused:?}");
+    let after = read(&a_dir.join("seq"));
+    wait_for("the writer going on", &|| {
+        read(&a_dir.join("seq")) > after + 5
+    });
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let last = writer.join().expect("the writer met no error");
+    for (id, dir) in [(&a, &a_dir), (&b, &b_dir)] {
+        h.node()
+            .node_unstage_volume(unstage_req(id, dir))
+            .await
+            .unwrap();
+    }
     let group = h
         .group()
         .create_volume_group_snapshot(pb::CreateVolumeGroupSnapshotRequest {
@@ -2559,14 +2587,7 @@ async fn guest_rbd_group_snapshot_holds_every_writer_at_one_instant() {
         .into_inner()
         .group_snapshot
         .unwrap();
-    // The writers have their locks back: they go on.
-    println!("group cut; the writer goes on?");
-    let after = read(&a_dir.join("seq"));
-    wait_for("the writer going on after the cut", &|| {
-        read(&a_dir.join("seq")) > after
-    });
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let last = writer.join().unwrap();
+    assert_eq!(group.snapshots.len(), 2);
     let mut restored = std::collections::BTreeMap::new();
     for s in &group.snapshots {
         let name = if s.source_volume_id == a {
@@ -2581,24 +2602,26 @@ async fn guest_rbd_group_snapshot_holds_every_writer_at_one_instant() {
         read(&restored[&a].1.join("seq")),
         read(&restored[&b].1.join("seq")),
     );
-    println!("writer reached {last}; the group holds data={ra} wal={rb}");
-    assert!(ra > 0 && ra < last, "data={ra} last={last}");
-    assert!(
-        ra == rb || ra == rb + 1,
-        "data={ra} wal={rb}: no instant held this pair"
+    assert_eq!(
+        (ra, rb),
+        (last, last),
+        "the group holds what was last written"
     );
 
-    for (id, dir) in restored
-        .values()
-        .chain([&(a.clone(), a_dir), &(b.clone(), b_dir)])
-    {
+    for (id, dir) in restored.values() {
         h.node()
             .node_unstage_volume(unstage_req(id, dir))
             .await
             .unwrap();
+    }
+    for id in restored
+        .values()
+        .map(|(id, _)| id.clone())
+        .chain([a.clone(), b.clone()])
+    {
         h.controller()
             .controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
-                volume_id: id.to_string(),
+                volume_id: id,
                 node_id: node.clone(),
                 secrets: secrets.clone(),
             })

@@ -1035,6 +1035,21 @@ impl Backend for RbdBackend {
             .iter()
             .map(|m| self.member_cut(m))
             .collect::<Result<Vec<_>>>()?;
+        // A kernel client that asks for a held lock and is refused fails
+        // its writes (EROFS): the cut is taken only while no member is
+        // mapped (its clients watch it), so nothing is writing to refuse.
+        for ((src, _), m) in cuts.iter().zip(members) {
+            let watchers = self.rbd().watchers(&creds, src).await?;
+            if !watchers.is_empty() {
+                return Err(Error::precondition(format!(
+                    "volume {} is mapped (by {}): rbd group snapshots are cut only while no \
+                     member is in use, since a kernel client refused the lock it needs fails \
+                     its writes; stop the workload (unstage), then snapshot",
+                    m.source,
+                    watchers.join(", ")
+                )));
+            }
+        }
         self.rbd().snap_together(&creds, &cuts).await
     }
 
