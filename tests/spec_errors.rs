@@ -347,13 +347,33 @@ async fn controller_codes() {
         .unwrap()
         .into_inner();
     assert_eq!(far.available_capacity, 0);
+    // ControllerModifyVolume: mutable_parameters are required, a key the
+    // backend cannot change is refused, a volume that is not there is
+    // NOT_FOUND.
+    let modify = |id: &str, kv: &[(&str, &str)]| pb::ControllerModifyVolumeRequest {
+        volume_id: id.into(),
+        mutable_parameters: kv
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..Default::default()
+    };
     let r = c
-        .controller_modify_volume(pb::ControllerModifyVolumeRequest {
-            volume_id: odd.volume_id.clone(),
-            ..Default::default()
-        })
+        .controller_modify_volume(modify(&odd.volume_id, &[]))
         .await;
-    assert_eq!(code(&r), Code::Unimplemented);
+    assert_eq!(code(&r), Code::InvalidArgument);
+    let r = c
+        .controller_modify_volume(modify(&odd.volume_id, &[("tier", "gold")]))
+        .await;
+    assert_eq!(code(&r), Code::InvalidArgument);
+    let r = c
+        .controller_modify_volume(modify("file:no-such-volume", &[("preallocate", "true")]))
+        .await;
+    assert_eq!(code(&r), Code::NotFound);
+    let r = c
+        .controller_modify_volume(modify("", &[("preallocate", "true")]))
+        .await;
+    assert_eq!(code(&r), Code::InvalidArgument);
 }
 
 #[tokio::test]

@@ -1,4 +1,4 @@
-"""Calls every RPC of the three CSI services with an empty request over a
+"""Calls every RPC of the CSI services with an empty request over a
 unix socket, as grpcio for Python does, and prints one line per call:
 `<Service>/<Method> <CODE>`.
 
