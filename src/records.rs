@@ -29,6 +29,18 @@ pub fn write(path: &Path, bytes: &[u8]) -> Result<()> {
     replace(path, bytes, true).map_err(|e| Error::io(format!("write {}", path.display()), e))
 }
 
+/// The JSON record at `path`; `None` when there is none. One that does
+/// not parse is INTERNAL, naming it.
+pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
+    match fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| Error::internal(format!("corrupt record {}: {e}", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io(format!("read {}", path.display()), e)),
+    }
+}
+
 /// Writes `value` as pretty JSON to `path`, as [`write`] does.
 pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     let bytes = serde_json::to_vec_pretty(value)

@@ -47,16 +47,6 @@ fn read_seq(p: &Path) -> u64 {
         .unwrap_or(0)
 }
 
-fn snapshot_source(id: &str) -> pb::VolumeContentSource {
-    pb::VolumeContentSource {
-        r#type: Some(pb::volume_content_source::Type::Snapshot(
-            pb::volume_content_source::SnapshotSource {
-                snapshot_id: id.to_string(),
-            },
-        )),
-    }
-}
-
 #[tokio::test]
 async fn a_group_snapshot_restores_to_one_instant_of_interleaved_writes() {
     require_root();

@@ -2364,13 +2364,7 @@ async fn guest_lvm_group_snapshots_of_volumes_not_in_use() {
                 cap.clone(),
             );
             req.parameters.insert("deviceClass".into(), class.into());
-            req.volume_content_source = Some(pb::VolumeContentSource {
-                r#type: Some(pb::volume_content_source::Type::Snapshot(
-                    pb::volume_content_source::SnapshotSource {
-                        snapshot_id: s.snapshot_id.clone(),
-                    },
-                )),
-            });
+            req.volume_content_source = Some(snapshot_source(&s.snapshot_id));
             let id = h
                 .controller()
                 .create_volume(req)
@@ -2461,11 +2455,7 @@ async fn guest_rbd_group_snapshots_wait_for_members_not_in_use() {
             req.secrets = secrets.clone();
             req.parameters
                 .insert("imageFeatures".into(), "layering,exclusive-lock".into());
-            req.volume_content_source = from.map(|s| pb::VolumeContentSource {
-                r#type: Some(pb::volume_content_source::Type::Snapshot(
-                    pb::volume_content_source::SnapshotSource { snapshot_id: s },
-                )),
-            });
+            req.volume_content_source = from.as_deref().map(snapshot_source);
             let id = h
                 .controller()
                 .create_volume(req)

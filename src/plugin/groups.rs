@@ -70,14 +70,7 @@ impl GroupStore {
     }
 
     pub fn get(&self, id: &GroupSnapshotId) -> Result<Option<GroupRecord>> {
-        let path = self.path(id);
-        match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|e| Error::internal(format!("{}: {e}", path.display()))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(Error::io(format!("read {}", path.display()), e)),
-        }
+        crate::records::read_json(&self.path(id))
     }
 
     /// Writes `record` durably; a complete one enters the index.

@@ -31,6 +31,19 @@ pub fn node_name(node_id: &str) -> &str {
     node_id.split_once('/').map_or(node_id, |(n, _)| n)
 }
 
+/// A mutable parameter that is `true` or `false`: its value, if given;
+/// INVALID_ARGUMENT naming it otherwise.
+pub fn mutable_bool(changes: &BTreeMap<String, String>, key: &str) -> Result<Option<bool>> {
+    match changes.get(key).map(String::as_str) {
+        None => Ok(None),
+        Some("true") => Ok(Some(true)),
+        Some("false") => Ok(Some(false)),
+        Some(v) => Err(Error::invalid(format!(
+            "mutable parameter {key}: {v:?} is not true or false"
+        ))),
+    }
+}
+
 /// The tokens of a node id: `<name>/<token>,<token>...`, what the node's
 /// attaching backends told controllers about it (see
 /// [`Backend::node_id_suffix`]).

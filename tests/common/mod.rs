@@ -301,6 +301,17 @@ pub const SNRO: i32 = 2;
 pub const MNMW: i32 = 5;
 pub const SNMW: i32 = 7;
 
+/// A content source naming a snapshot (a restore).
+pub fn snapshot_source(id: &str) -> pb::VolumeContentSource {
+    pb::VolumeContentSource {
+        r#type: Some(pb::volume_content_source::Type::Snapshot(
+            pb::volume_content_source::SnapshotSource {
+                snapshot_id: id.to_string(),
+            },
+        )),
+    }
+}
+
 pub fn create_req(name: &str, size: i64, cap: pb::VolumeCapability) -> pb::CreateVolumeRequest {
     pb::CreateVolumeRequest {
         name: name.into(),

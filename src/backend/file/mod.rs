@@ -19,6 +19,7 @@ use crate::plugin::{
     Capacity, ContentSource, CreateSnapshot, CreateVolume, Page, Secrets, SizeRules, SnapshotId,
     SnapshotInfo, VolumeId, VolumeInfo,
 };
+use crate::records::read_json;
 use crate::sync::LockExt;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -70,14 +71,7 @@ const PREALLOCATE: &str = "preallocate";
 
 /// `preallocate`'s value.
 fn preallocate_value(changes: &BTreeMap<String, String>) -> Result<Option<bool>> {
-    match changes.get(PREALLOCATE).map(String::as_str) {
-        None => Ok(None),
-        Some("true") => Ok(Some(true)),
-        Some("false") => Ok(Some(false)),
-        Some(v) => Err(Error::invalid(format!(
-            "mutable parameter {PREALLOCATE}: {v:?} is not true or false"
-        ))),
-    }
+    crate::plugin::mutable_bool(changes, PREALLOCATE)
 }
 
 /// Allocates `image`'s blocks up to `len` bytes (its size stays).
@@ -151,16 +145,6 @@ fn index_remove(set: &Mutex<BTreeSet<String>>, locator: &str) {
 
 fn io(context: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> Error {
     move |e| Error::io(context, e)
-}
-
-fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Option<T>> {
-    match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| Error::internal(format!("corrupt metadata {}: {e}", path.display()))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Error::io(format!("read {}", path.display()), e)),
-    }
 }
 
 /// Writes a metadata file atomically and durably (fsynced), off the async

@@ -145,14 +145,7 @@ const THIN_PROVISIONING: &str = "thinProvisioning";
 
 /// `thinProvisioning`'s value.
 fn thin_value(changes: &BTreeMap<String, String>) -> Result<Option<bool>> {
-    match changes.get(THIN_PROVISIONING).map(String::as_str) {
-        None => Ok(None),
-        Some("true") => Ok(Some(true)),
-        Some("false") => Ok(Some(false)),
-        Some(v) => Err(Error::invalid(format!(
-            "mutable parameter {THIN_PROVISIONING}: {v:?} is not true or false"
-        ))),
-    }
+    crate::plugin::mutable_bool(changes, THIN_PROVISIONING)
 }
 
 /// The changes meant for the store: all but the LUN's own key.
@@ -446,14 +439,7 @@ impl IscsiBackend {
     }
 
     fn load(&self, id: &VolumeId) -> Result<Option<Record>> {
-        let path = self.record_path(id);
-        match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|e| Error::internal(format!("{}: {e}", path.display()))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(Error::io(format!("read {}", path.display()), e)),
-        }
+        crate::records::read_json(&self.record_path(id))
     }
 
     fn save(&self, id: &VolumeId, record: &Record) -> Result<()> {

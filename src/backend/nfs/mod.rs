@@ -482,13 +482,7 @@ impl NfsBackend {
     async fn read_record(root: &Path, subdir: &Path) -> Result<Option<VolumeRecord>> {
         let path = Self::record_path(root, subdir);
         blocking("reading a volume record", move || {
-            match std::fs::read(&path) {
-                Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
-                    Error::internal(format!("corrupt record {}: {e}", path.display()))
-                }),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                Err(e) => Err(Error::io(format!("read {}", path.display()), e)),
-            }
+            crate::records::read_json(&path)
         })
         .await
     }
