@@ -627,7 +627,7 @@ async fn rbd_qos_limits_are_mutable_parameters() {
 /// exclusive-lock feature is refused with nothing left behind, and so is
 /// the CLI road (it cannot hold locks across calls).
 #[tokio::test]
-async fn rbd_group_snapshots_hold_every_member_at_once() {
+async fn rbd_group_snapshots_cut_every_member_or_leave_nothing() {
     require_root();
     let cluster = CephCluster::new();
     let h = Harness::start_with(Some(&rbd_config(&cluster, "librbd"))).await;
