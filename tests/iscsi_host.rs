@@ -695,3 +695,87 @@ async fn iscsi_mutable_parameters_change_the_live_lun_and_the_store() {
     .await
     .unwrap();
 }
+
+/// iSCSI group snapshots: taken while no member is published (the store's
+/// snapshots, one per member, each naming its group); a group with a
+/// member published to a node is refused with nothing made.
+#[tokio::test]
+async fn iscsi_group_snapshots_of_volumes_not_in_use() {
+    require_root();
+    let t = Tgtd::new();
+    let (_names, initiator_file) = initiator_file("this-node");
+    let h = Harness::start_with(Some(&config(&t, &initiator_file))).await;
+    let mut c = h.controller();
+    let mut ids = Vec::new();
+    for name in ["pvc-gdata", "pvc-gwal"] {
+        ids.push(
+            c.create_volume(create_req(name, 8 * MIB, mount_cap("ext4", SNW)))
+                .await
+                .unwrap()
+                .into_inner()
+                .volume
+                .unwrap()
+                .volume_id,
+        );
+    }
+    let request = |name: &str| pb::CreateVolumeGroupSnapshotRequest {
+        name: name.into(),
+        source_volume_ids: ids.clone(),
+        ..Default::default()
+    };
+    let snapshots = || {
+        let mut c = h.controller();
+        async move {
+            c.list_snapshots(pb::ListSnapshotsRequest::default())
+                .await
+                .unwrap()
+                .into_inner()
+                .entries
+                .len()
+        }
+    };
+    c.controller_publish_volume(on(publish(&ids[0], NODE_A, SECRET), "a"))
+        .await
+        .unwrap();
+    let refused = h
+        .group()
+        .create_volume_group_snapshot(request("g-busy"))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains(NODE_A), "{refused:?}");
+    assert_eq!(snapshots().await, 0);
+    c.controller_unpublish_volume(off(unpublish(&ids[0], NODE_A), "a"))
+        .await
+        .unwrap();
+    let g = h
+        .group()
+        .create_volume_group_snapshot(request("g-1"))
+        .await
+        .unwrap()
+        .into_inner()
+        .group_snapshot
+        .unwrap();
+    assert_eq!(g.snapshots.len(), 2);
+    for s in &g.snapshots {
+        assert!(s.snapshot_id.starts_with("iscsi:"), "{s:?}");
+        assert_eq!(s.group_snapshot_id, g.group_snapshot_id);
+    }
+    assert_eq!(snapshots().await, 2);
+    h.group()
+        .delete_volume_group_snapshot(pb::DeleteVolumeGroupSnapshotRequest {
+            group_snapshot_id: g.group_snapshot_id,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(snapshots().await, 0);
+    for id in ids {
+        c.delete_volume(pb::DeleteVolumeRequest {
+            volume_id: id,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+}

@@ -717,7 +717,11 @@ impl Backend for IscsiBackend {
             // tgt cannot grow a LUN under I/O (see Target::refresh).
             expand_online: false,
             snapshot: store.as_ref().is_some_and(|c| c.snapshot),
-            group_snapshot: crate::plugin::GroupSnapshots::None,
+            // Members not in use only (see cut_group).
+            group_snapshot: match store.as_ref().is_some_and(|c| c.snapshot) {
+                true => crate::plugin::GroupSnapshots::Cut,
+                false => crate::plugin::GroupSnapshots::None,
+            },
             clone: store.as_ref().is_some_and(|c| c.clone),
             block: true,
             node_local: false,
@@ -873,14 +877,35 @@ impl Backend for IscsiBackend {
         self.store()?.capacity(parameters).await
     }
 
-    fn group_snapshot_refusal(&self) -> String {
-        format!(
-            "backend {}: iSCSI volumes are written by remote initiators, and holding them \
-             at one instant means pausing the target without failing their commands, which \
-             ferrovol does not do yet: snapshot the volumes one by one, or use rbd or the \
-             node-local backends for group snapshots",
-            self.name
-        )
+    async fn cut_group(&self, members: &[CreateSnapshot]) -> Result<()> {
+        // Writers are remote initiators, which nothing here can hold: a
+        // group is taken only while no member is published or logged in
+        // to (ControllerPublish waits on the group's guard meanwhile), so
+        // each member's store snapshot, one after another, shows the same
+        // instant.
+        for m in members {
+            self.own_volume(&m.source)?;
+            let record = self
+                .load(&m.source)?
+                .ok_or_else(|| Error::not_found(format!("volume {} does not exist", m.source)))?;
+            let sessions = self
+                .target_sessions(&record.iqn)
+                .await?
+                .map(|(_, s)| s)
+                .unwrap_or_default();
+            let mut users: BTreeSet<&str> = record.initiators.iter().map(String::as_str).collect();
+            users.extend(sessions.iter().map(String::as_str));
+            if !users.is_empty() {
+                return Err(Error::precondition(format!(
+                    "volume {} is in use by {}: iSCSI group snapshots are taken only while no \
+                     member is published (its writers are remote initiators, which the \
+                     driver cannot hold at one instant); stop the workload, then snapshot",
+                    m.source,
+                    users.into_iter().collect::<Vec<_>>().join(", ")
+                )));
+            }
+        }
+        Ok(())
     }
 
     fn mutable_keys(&self) -> Vec<&'static str> {
