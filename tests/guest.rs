@@ -1933,17 +1933,9 @@ async fn guest_iscsi_over_an_lvm_store() {
 async fn guest_rbd_backend_full_lifecycle() {
     require_guest();
     let cluster = CephCluster::new();
-    let config = format!(
-        "[[backend]]\ntype = \"rbd\"\ncluster_id = \"guest\"\nmonitors = [\"v1:{}\"]\npools = [\"rbd\"]\n\
-         user = \"ferrovol\"\nkeyring = \"{}\"\n",
-        cluster.mon_addr,
-        cluster.client_keyring.display()
-    );
+    let config = cluster.backend_config("guest");
     let mut h = Harness::start_with(Some(&config)).await;
-    let secrets = HashMap::from([
-        ("userID".to_string(), "ferrovol".to_string()),
-        ("userKey".to_string(), cluster.client_key()),
-    ]);
+    let secrets = cluster.secrets();
     let mapped = || -> usize {
         let out = run("rbd", &["device", "list", "--format", "json"]);
         serde_json::from_str::<Vec<serde_json::Value>>(if out.trim().is_empty() {
@@ -2434,17 +2426,9 @@ async fn guest_lvm_group_snapshots_of_volumes_not_in_use() {
 async fn guest_rbd_group_snapshots_wait_for_members_not_in_use() {
     require_guest();
     let cluster = CephCluster::new();
-    let config = format!(
-        "[[backend]]\ntype = \"rbd\"\ncluster_id = \"guest\"\nmonitors = [\"v1:{}\"]\npools = [\"rbd\"]\n\
-         user = \"ferrovol\"\nkeyring = \"{}\"\n",
-        cluster.mon_addr,
-        cluster.client_keyring.display()
-    );
+    let config = cluster.backend_config("guest");
     let h = Harness::start_with(Some(&config)).await;
-    let secrets = HashMap::from([
-        ("userID".to_string(), "ferrovol".to_string()),
-        ("userKey".to_string(), cluster.client_key()),
-    ]);
+    let secrets = cluster.secrets();
     let cap = mount_cap("ext4", SNW);
     let node = h.node_id().await;
     // Made (from a snapshot or not), published here, staged.
@@ -2772,12 +2756,7 @@ mod sanity {
     async fn guest_sanity_rbd() {
         require_guest();
         let cluster = CephCluster::new();
-        let config = format!(
-            "{LIMITED}[[backend]]\ntype = \"rbd\"\ncluster_id = \"sanity\"\nmonitors = [\"v1:{}\"]\npools = [\"rbd\"]\n\
-             user = \"ferrovol\"\nkeyring = \"{}\"\n",
-            cluster.mon_addr,
-            cluster.client_keyring.display()
-        );
+        let config = format!("{LIMITED}{}", cluster.backend_config("sanity"));
         let h = Harness::start_with(Some(&config)).await;
         let key = cluster.client_key();
         Sanity {

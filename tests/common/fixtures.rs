@@ -659,6 +659,25 @@ impl CephCluster {
             .expect("key in keyring")
             .to_string()
     }
+
+    /// An rbd backend table on this cluster's `rbd` pool, with the client
+    /// user's keyring as the driver's own credentials.
+    pub fn backend_config(&self, cluster_id: &str) -> String {
+        format!(
+            "[[backend]]\ntype = \"rbd\"\ncluster_id = \"{cluster_id}\"\nmonitors = [\"v1:{}\"]\n\
+             pools = [\"rbd\"]\nuser = \"ferrovol\"\nkeyring = \"{}\"\n",
+            self.mon_addr,
+            self.client_keyring.display()
+        )
+    }
+
+    /// The CSI secrets a call carries for the client user.
+    pub fn secrets(&self) -> std::collections::HashMap<String, String> {
+        std::collections::HashMap::from([
+            ("userID".to_string(), "ferrovol".to_string()),
+            ("userKey".to_string(), self.client_key()),
+        ])
+    }
 }
 
 impl Drop for CephCluster {
