@@ -110,11 +110,6 @@ impl Frozen {
         Ok(frozen)
     }
 
-    /// How many filesystems are frozen.
-    pub fn count(&self) -> usize {
-        self.held.locked().len()
-    }
-
     /// Thaws them all; UNAVAILABLE when the deadline had thawed them
     /// already (what was copied meanwhile may not show one instant).
     pub fn thaw(self) -> Result<()> {
