@@ -731,3 +731,178 @@ async fn rbd_group_snapshots_cut_every_member_or_leave_nothing() {
         .unwrap();
     }
 }
+
+/// Group snapshots of images in use (here by librbd writers, `rbd bench`,
+/// which hold the exclusive locks): on the librbd road the cut goes
+/// through a temporary rbd group, whose snapshot the writers hand their
+/// locks over for and go on after; each member is a copy of its cut, and
+/// no group, group snapshot or temporary image is left. An in-use member
+/// without the exclusive-lock feature is refused leaving nothing, and the
+/// CLI road refuses in-use members (it cannot reach a group's snapshots).
+#[tokio::test]
+async fn rbd_group_snapshots_of_images_being_written() {
+    require_root();
+    let cluster = CephCluster::new();
+    let h = Harness::start_with(Some(&rbd_config(&cluster, "librbd"))).await;
+    let mut c = h.controller();
+    let mut ids = Vec::new();
+    for (name, features) in [
+        ("pvc-w-data", "layering,exclusive-lock"),
+        ("pvc-w-wal", "layering,exclusive-lock"),
+        ("pvc-w-plain", "layering"),
+    ] {
+        let mut req = create_req(name, 8 * MIB, mount_cap("ext4", SNW));
+        req.secrets = secrets(&cluster);
+        req.parameters
+            .insert("imageFeatures".into(), features.into());
+        ids.push(
+            c.create_volume(req)
+                .await
+                .unwrap()
+                .into_inner()
+                .volume
+                .unwrap()
+                .volume_id,
+        );
+    }
+    let conf = cluster.conf.to_str().unwrap().to_string();
+    let keyring = cluster.client_keyring.to_str().unwrap().to_string();
+    // A writer on each image, known to hold it once it is a watcher.
+    let writer = |image: &str| {
+        let child = std::process::Command::new("rbd")
+            .args(["-c", &conf, "--id", "ferrovol", "--keyring", &keyring])
+            .args(["bench", "--io-type", "write", "--io-size", "4096"])
+            .args([
+                "--io-threads",
+                "2",
+                "--io-total",
+                "100G",
+                "--io-pattern",
+                "rand",
+            ])
+            .arg(format!("rbd/{image}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        common::fixtures::wait_for(
+            &format!("a writer on {image}"),
+            std::time::Duration::from_secs(60),
+            || {
+                cluster
+                    .rbd(&["status", &format!("rbd/{image}")])
+                    .contains("watcher=")
+            },
+        );
+        child
+    };
+    let group = |name: &str, sources: &[&String]| pb::CreateVolumeGroupSnapshotRequest {
+        name: name.into(),
+        source_volume_ids: sources.iter().map(|s| s.to_string()).collect(),
+        secrets: secrets(&cluster),
+        ..Default::default()
+    };
+    let leftovers = || {
+        let groups = cluster.rbd(&["group", "ls", "rbd"]);
+        let tmp: Vec<String> = images(&cluster)
+            .into_iter()
+            .filter(|i| i.starts_with("tmp-"))
+            .collect();
+        let snaps: Vec<String> = ["fv-pvc-w-data", "fv-pvc-w-wal", "fv-pvc-w-plain"]
+            .iter()
+            .map(|i| cluster.rbd(&["snap", "ls", "--all", &format!("rbd/{i}")]))
+            .filter(|s| !s.trim().is_empty())
+            .collect();
+        (groups.trim().to_string(), tmp, snaps)
+    };
+    let nothing = (String::new(), Vec::<String>::new(), Vec::<String>::new());
+
+    let mut writers = vec![writer("fv-pvc-w-data"), writer("fv-pvc-w-plain")];
+    let refused = h
+        .group()
+        .create_volume_group_snapshot(group("w-plain", &[&ids[0], &ids[2]]))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("exclusive-lock"), "{refused:?}");
+    assert_eq!(leftovers(), nothing);
+
+    writers.push(writer("fv-pvc-w-wal"));
+    let g = h
+        .group()
+        .create_volume_group_snapshot(group("w-1", &[&ids[0], &ids[1]]))
+        .await
+        .unwrap()
+        .into_inner()
+        .group_snapshot
+        .unwrap();
+    assert_eq!(g.snapshots.len(), 2);
+    for s in &g.snapshots {
+        assert_eq!(s.group_snapshot_id, g.group_snapshot_id);
+        assert!(s.ready_to_use);
+        assert_eq!(s.size_bytes, 8 * MIB);
+    }
+    assert_eq!(leftovers(), nothing);
+    // Each member is a flat copy of its own.
+    for image in images(&cluster).iter().filter(|i| i.starts_with("fvs-")) {
+        let info = cluster.rbd(&["info", &format!("rbd/{image}")]);
+        assert!(!info.contains("parent:"), "{image}: {info}");
+    }
+    // The writers went on through the cut: none has stopped.
+    for w in &mut writers {
+        if let Some(status) = w.try_wait().unwrap() {
+            let mut err = String::new();
+            use std::io::Read;
+            w.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            panic!("a writer stopped ({status}) through the group's cut: {err}");
+        }
+    }
+    h.group()
+        .delete_volume_group_snapshot(pb::DeleteVolumeGroupSnapshotRequest {
+            group_snapshot_id: g.group_snapshot_id.clone(),
+            secrets: secrets(&cluster),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(!images(&cluster).iter().any(|i| i.starts_with("fvs-")));
+    // The CLI road cannot read a group's snapshots: in-use members refused.
+    drop(c);
+    drop(h);
+    let h = Harness::start_with(Some(&rbd_config(&cluster, "cli"))).await;
+    let refused = h
+        .group()
+        .create_volume_group_snapshot(group("w-cli", &[&ids[0], &ids[1]]))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("librbd"), "{refused:?}");
+    assert_eq!(leftovers(), nothing);
+    // The writers stop; their watches end with them.
+    for mut w in writers {
+        // SAFETY: a signal to a child of this test.
+        unsafe { libc::kill(w.id() as i32, libc::SIGINT) };
+        let _ = w.wait();
+    }
+    for image in ["fv-pvc-w-data", "fv-pvc-w-wal", "fv-pvc-w-plain"] {
+        common::fixtures::wait_for(
+            &format!("the writer's watch on {image} to end"),
+            std::time::Duration::from_secs(90),
+            || {
+                !cluster
+                    .rbd(&["status", &format!("rbd/{image}")])
+                    .contains("watcher=")
+            },
+        );
+    }
+    let mut c = h.controller();
+    for id in ids {
+        c.delete_volume(pb::DeleteVolumeRequest {
+            volume_id: id,
+            secrets: secrets(&cluster),
+        })
+        .await
+        .unwrap();
+    }
+    assert!(images(&cluster).is_empty(), "{:?}", images(&cluster));
+}

@@ -573,7 +573,9 @@ impl CephCluster {
             osd_keyring.to_str().unwrap(),
         ]);
         cluster.osd = Some(daemon("ceph-osd", &["-c", &c, "-i", "0", "-f"]));
-        wait_for("the OSD to come up", Duration::from_secs(60), || {
+        // Bounds for a guest on a busy machine (its emulated CPU is the
+        // first to starve); an idle one is ready in seconds.
+        wait_for("the OSD to come up", Duration::from_secs(240), || {
             cluster.ceph(&["osd", "stat"]).contains("1 up")
         });
         let mgr_keyring = d.join("mgr/keyring");
@@ -607,7 +609,7 @@ impl CephCluster {
         // the OSD about the pool.
         wait_for(
             "the manager's pool figures",
-            Duration::from_secs(90),
+            Duration::from_secs(240),
             || {
                 let df: serde_json::Value =
                     serde_json::from_str(&cluster.ceph(&["df", "--format", "json"]))

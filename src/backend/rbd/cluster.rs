@@ -232,6 +232,26 @@ pub trait Cluster: Send + Sync {
              which only the librbd road can (client = \"librbd\" in the backend's config)",
         ))
     }
+
+    /// Copies every `(image, to)` as all were at one instant, for images in
+    /// use: a temporary rbd group (`group`: its pool, namespace and name)
+    /// takes each member's exclusive lock the way a writing client (a
+    /// node's kernel client) hands it over and waits for it back, snapshots
+    /// all, and each member is copied from its snapshot (a full, flat copy:
+    /// the group's snapshots cannot be cloned from before Ceph 18). The
+    /// group and its snapshots are removed, and on failure the copies
+    /// made. Only librbd can reach a group's snapshots.
+    async fn copy_together(
+        &self,
+        _creds: &Creds,
+        _group: &Spec,
+        _members: &[(Spec, Spec)],
+    ) -> Result<()> {
+        Err(Error::precondition(
+            "group snapshots of rbd volumes in use go through an rbd group, whose snapshots \
+             only the librbd road can read (client = \"librbd\" in the backend's config)",
+        ))
+    }
 }
 
 /// `ceph df detail --format json`: what each pool can still take.

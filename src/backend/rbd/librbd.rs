@@ -62,6 +62,25 @@ struct TrashInfo {
 }
 
 #[repr(C)]
+struct SnapInfo {
+    id: u64,
+    size: u64,
+    name: *const c_char,
+}
+
+#[repr(C)]
+struct GroupNamespace {
+    group_pool: i64,
+    group_name: *mut c_char,
+    group_snap_name: *mut c_char,
+}
+
+/// librbd.h's `RBD_SNAP_NAMESPACE_TYPE_GROUP`.
+const SNAP_NAMESPACE_GROUP: c_int = 1;
+/// librbd.h's `RBD_FEATURE_EXCLUSIVE_LOCK`.
+const FEATURE_EXCLUSIVE_LOCK: u64 = 1 << 2;
+
+#[repr(C)]
 struct WatcherInfo {
     addr: *mut c_char,
     id: i64,
@@ -146,6 +165,18 @@ api! {
     rbd_metadata_list: fn(Image, *const c_char, u64, *mut c_char, *mut usize, *mut c_char, *mut usize) -> c_int;
     rbd_watchers_list: fn(Image, *mut WatcherInfo, *mut usize) -> c_int;
     rbd_watchers_list_cleanup: fn(*mut WatcherInfo, usize);
+    rbd_get_features: fn(Image, *mut u64) -> c_int;
+    rbd_snap_list: fn(Image, *mut SnapInfo, *mut c_int) -> c_int;
+    rbd_snap_list_end: fn(*mut SnapInfo);
+    rbd_snap_get_namespace_type: fn(Image, u64, *mut c_int) -> c_int;
+    rbd_snap_get_group_namespace: fn(Image, u64, *mut GroupNamespace, usize) -> c_int;
+    rbd_snap_group_namespace_cleanup: fn(*mut GroupNamespace, usize) -> c_int;
+    rbd_snap_set_by_id: fn(Image, u64) -> c_int;
+    rbd_copy3: fn(Image, IoCtx, *const c_char, Options) -> c_int;
+    rbd_group_create: fn(IoCtx, *const c_char) -> c_int;
+    rbd_group_remove: fn(IoCtx, *const c_char) -> c_int;
+    rbd_group_image_add: fn(IoCtx, *const c_char, IoCtx, *const c_char) -> c_int;
+    rbd_group_snap_create2: fn(IoCtx, *const c_char, *const c_char, u32) -> c_int;
 }
 
 fn open(name: &str) -> std::result::Result<*mut c_void, String> {
@@ -696,6 +727,66 @@ impl Img<'_> {
             Err(e) if e.os_error == Some(libc::ENOENT) => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    fn features(&self) -> Result<u64> {
+        let mut bits = 0u64;
+        // SAFETY: an open image, valid out pointer.
+        check(|| self.what("features of"), unsafe {
+            (self.api.rbd_get_features)(self.image, &mut bits)
+        })?;
+        Ok(bits)
+    }
+
+    /// The id of the image's snapshot that the group `group`'s snapshot
+    /// made (in the group namespace, where no name reaches it).
+    fn group_snap_id(&self, group: &str) -> Result<u64> {
+        let mut cap: c_int = 16;
+        let snaps = loop {
+            let mut rows: Vec<SnapInfo> = Vec::with_capacity(cap as usize);
+            let mut n = cap;
+            // SAFETY: an open image; room for `n` entries (the list ends
+            // with an entry of its own).
+            let ret = unsafe { (self.api.rbd_snap_list)(self.image, rows.as_mut_ptr(), &mut n) };
+            if ret == -libc::ERANGE && n > cap {
+                cap = n;
+                continue;
+            }
+            let count = check(|| self.what("snapshots of"), ret)? as usize;
+            // SAFETY: librbd filled `count` entries and the end marker.
+            unsafe { rows.set_len(count) };
+            let ids: Vec<u64> = rows.iter().map(|r| r.id).collect();
+            // SAFETY: the list librbd filled, handed back once.
+            unsafe { (self.api.rbd_snap_list_end)(rows.as_mut_ptr()) };
+            break ids;
+        };
+        for id in snaps {
+            let mut kind: c_int = 0;
+            // SAFETY: an open image, a snapshot id it listed, out pointer.
+            check(|| self.what("snapshot namespace of"), unsafe {
+                (self.api.rbd_snap_get_namespace_type)(self.image, id, &mut kind)
+            })?;
+            if kind != SNAP_NAMESPACE_GROUP {
+                continue;
+            }
+            // SAFETY: zeroed is the empty struct librbd fills.
+            let mut ns: GroupNamespace = unsafe { std::mem::zeroed() };
+            let size = std::mem::size_of::<GroupNamespace>();
+            // SAFETY: as above; the struct's size given.
+            check(|| self.what("group of a snapshot of"), unsafe {
+                (self.api.rbd_snap_get_group_namespace)(self.image, id, &mut ns, size)
+            })?;
+            let name = owned(ns.group_name);
+            // SAFETY: filled above, freed once.
+            unsafe { (self.api.rbd_snap_group_namespace_cleanup)(&mut ns, size) };
+            if name == group {
+                return Ok(id);
+            }
+        }
+        Err(Error::internal(format!(
+            "{} holds no snapshot of group {group}",
+            self.spec.arg()
+        )))
     }
 
     fn watchers(&self) -> Result<Vec<String>> {
@@ -1308,6 +1399,92 @@ impl Cluster for LibCluster {
                 unsafe { (img.api.rbd_lock_release)(img.image) };
             }
             outcome
+        })
+        .await
+    }
+
+    async fn copy_together(
+        &self,
+        creds: &Creds,
+        group: &Spec,
+        members: &[(Spec, Spec)],
+    ) -> Result<()> {
+        let (group, members) = (group.clone(), members.to_vec());
+        // Copies take as long as the members' data does.
+        self.call(creds, LONG, move |c| {
+            let api = c.api;
+            let gctx = c.ioctx(&group)?;
+            let gname = cstr("group", &group.image)?;
+            let what = || format!("rbd group {}", group.arg());
+            // SAFETY (each call below): a live ioctx, NUL-terminated names.
+            let ret = unsafe { (api.rbd_group_create)(gctx.io, gname.as_ptr()) };
+            if ret == -libc::EEXIST {
+                // Ours (the name is this group snapshot's), left by an
+                // attempt that did not finish: its cut is stale.
+                check(what, unsafe {
+                    (api.rbd_group_remove)(gctx.io, gname.as_ptr())
+                })?;
+                check(what, unsafe {
+                    (api.rbd_group_create)(gctx.io, gname.as_ptr())
+                })?;
+            } else {
+                check(what, ret)?;
+            }
+            let mut made = Vec::new();
+            let outcome = (|| -> Result<()> {
+                for (from, _) in &members {
+                    let ctx = c.ioctx(from)?;
+                    let img = ctx.open(from, false)?;
+                    if img.features()? & FEATURE_EXCLUSIVE_LOCK == 0 {
+                        return Err(Error::precondition(format!(
+                            "{} has no exclusive-lock feature: nothing can hold its writes \
+                             for a group snapshot (imageFeatures: layering,exclusive-lock)",
+                            from.arg()
+                        )));
+                    }
+                    let name = cstr("image", &from.image)?;
+                    check(|| format!("add {} to {}", from.arg(), what()), unsafe {
+                        (api.rbd_group_image_add)(gctx.io, gname.as_ptr(), ctx.io, name.as_ptr())
+                    })?;
+                }
+                // Each member's exclusive lock is taken from its writers
+                // (kernel clients wait for it to come back) while all are
+                // snapshotted; quiesce requests go to clients that take
+                // them.
+                let snap = cstr("snapshot", "cut")?;
+                check(|| format!("snapshot {}", what()), unsafe {
+                    (api.rbd_group_snap_create2)(gctx.io, gname.as_ptr(), snap.as_ptr(), 0)
+                })?;
+                for (from, to) in &members {
+                    let ctx = c.ioctx(from)?;
+                    let img = ctx.open(from, false)?;
+                    let id = img.group_snap_id(&group.image)?;
+                    check(|| img.what("open the group's snapshot of"), unsafe {
+                        (api.rbd_snap_set_by_id)(img.image, id)
+                    })?;
+                    let tctx = c.ioctx(to)?;
+                    let name = cstr("image", &to.image)?;
+                    let opts = Opts::new(api);
+                    check(
+                        || format!("copy {} as cut to {}", from.arg(), to.arg()),
+                        unsafe { (api.rbd_copy3)(img.image, tctx.io, name.as_ptr(), opts.opts) },
+                    )?;
+                    made.push(to.clone());
+                }
+                Ok(())
+            })();
+            if outcome.is_err() {
+                for to in &made {
+                    if let (Ok(ctx), Ok(name)) = (c.ioctx(to), cstr("image", &to.image)) {
+                        unsafe { (api.rbd_remove)(ctx.io, name.as_ptr()) };
+                    }
+                }
+            }
+            // The group, its snapshot and the members' place in it go.
+            let removed = check(|| format!("remove {}", what()), unsafe {
+                (api.rbd_group_remove)(gctx.io, gname.as_ptr())
+            });
+            outcome.and(removed.map(|_| ()))
         })
         .await
     }

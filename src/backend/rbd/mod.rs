@@ -49,6 +49,9 @@ const META_CREATED: &str = "ferrovol.created";
 /// On a copy (a restore, a clone) whose filesystem still carries its
 /// source's UUID, until the node that first stages it renews it.
 const META_FS_COPY: &str = "ferrovol.fscopy";
+/// On a group member's temporary image copied from the group's cut (see
+/// `cut_group`): the snapshot's name, whose `create_snapshot` finishes it.
+const META_GROUP_CUT: &str = "ferrovol.groupcut";
 /// `ferrovol.node.<node name>` = `single;<terms>` | `multi;<terms>`: who
 /// may use the image, and on what terms it was published there (see
 /// `ControllerAttach::terms`; older marks are a bare `single` or `multi`).
@@ -349,9 +352,13 @@ impl RbdBackend {
         let src = self.volume_spec(&req.source).map_err(|_| {
             Error::not_found(format!("source volume {} does not exist", req.source))
         })?;
-        let spec = Self::snapshot_image(&src, req);
-        let tmp = spec.with_image(&format!("tmp-{}", spec.image));
+        let tmp = Self::snapshot_tmp(&Self::snapshot_image(&src, req));
         Ok((src, cut_name(&tmp)))
+    }
+
+    /// Where a snapshot image is made before it is renamed into place.
+    fn snapshot_tmp(spec: &Spec) -> Spec {
+        spec.with_image(&format!("tmp-{}", spec.image))
     }
 
     fn rbd(&self) -> &dyn Cluster {
@@ -701,12 +708,36 @@ impl RbdBackend {
         self.rbd().finish(creds, tmp, to, meta, copied).await
     }
 
+    /// Keeps `tmp` when it is the copy a group's cut made for snapshot
+    /// `name` (true), else clears it as [`Self::clear_tmp`] does.
+    async fn group_copy_or_clear(&self, creds: &Creds, tmp: &Spec, name: &str) -> Result<bool> {
+        if self.rbd().info(creds, tmp).await?.is_none() {
+            return Ok(false);
+        }
+        let meta = self.rbd().meta(creds, tmp).await.unwrap_or_default();
+        if meta.get(META_GROUP_CUT).map(String::as_str) == Some(name) {
+            return Ok(true);
+        }
+        self.clear_found_tmp(creds, tmp, name, &meta).await?;
+        Ok(false)
+    }
+
     /// Clears a leftover temporary image of ours (a create cut short).
     async fn clear_tmp(&self, creds: &Creds, tmp: &Spec, name: &str) -> Result<()> {
         if self.rbd().info(creds, tmp).await?.is_none() {
             return Ok(());
         }
         let meta = self.rbd().meta(creds, tmp).await.unwrap_or_default();
+        self.clear_found_tmp(creds, tmp, name, &meta).await
+    }
+
+    async fn clear_found_tmp(
+        &self,
+        creds: &Creds,
+        tmp: &Spec,
+        name: &str,
+        meta: &BTreeMap<String, String>,
+    ) -> Result<()> {
         if meta.get(META_NAME).is_some_and(|n| n != name) {
             return Err(Error::precondition(format!(
                 "image {} is another request's work in progress",
@@ -1035,22 +1066,39 @@ impl Backend for RbdBackend {
             .iter()
             .map(|m| self.member_cut(m))
             .collect::<Result<Vec<_>>>()?;
-        // A kernel client that asks for a held lock and is refused fails
-        // its writes (EROFS): the cut is taken only while no member is
-        // mapped (its clients watch it), so nothing is writing to refuse.
-        for ((src, _), m) in cuts.iter().zip(members) {
-            let watchers = self.rbd().watchers(&creds, src).await?;
-            if !watchers.is_empty() {
-                return Err(Error::precondition(format!(
-                    "volume {} is mapped (by {}): rbd group snapshots are cut only while no \
-                     member is in use, since a kernel client refused the lock it needs fails \
-                     its writes; stop the workload (unstage), then snapshot",
-                    m.source,
-                    watchers.join(", ")
-                )));
-            }
+        let mut in_use = false;
+        for (src, _) in &cuts {
+            in_use |= !self.rbd().watchers(&creds, src).await?.is_empty();
         }
-        self.rbd().snap_together(&creds, &cuts).await
+        if !in_use {
+            // Nothing writes: every member's lock held while each is
+            // snapshotted, and each member's snapshot a clone of its cut.
+            return self.rbd().snap_together(&creds, &cuts).await;
+        }
+        // Mapped members: a kernel client refused a lock that
+        // `snap_together` holds fails its writes, while one an rbd group's
+        // snapshot takes makes it wait. Each member is copied from the
+        // group's cut into its temporary image, which `create_snapshot`
+        // then finishes.
+        let mut pairs = Vec::new();
+        for (m, (src, _)) in members.iter().zip(&cuts) {
+            let tmp = Self::snapshot_tmp(&Self::snapshot_image(src, m));
+            self.clear_tmp(&creds, &tmp, &m.name).await?;
+            pairs.push((src.clone(), tmp));
+        }
+        // Named after the first member's snapshot, this group's own.
+        let first_image = Self::snapshot_image(&pairs[0].0, first).image;
+        let group = pairs[0]
+            .0
+            .with_image(&format!("fvg-{}", first_image.trim_start_matches("fvs-")));
+        self.rbd().copy_together(&creds, &group, &pairs).await?;
+        for (m, (_, tmp)) in members.iter().zip(&pairs) {
+            self.rbd().set_meta(&creds, tmp, META_NAME, &m.name).await?;
+            self.rbd()
+                .set_meta(&creds, tmp, META_GROUP_CUT, &m.name)
+                .await?;
+        }
+        Ok(())
     }
 
     async fn uncut_group(&self, members: &[CreateSnapshot]) -> Result<()> {
@@ -1065,6 +1113,8 @@ impl Backend for RbdBackend {
                 Err(e) if e.kind == Kind::NotFound => {}
                 Err(e) => return Err(e),
             }
+            let tmp = Self::snapshot_tmp(&Self::snapshot_image(&src, m));
+            self.clear_tmp(&creds, &tmp, &m.name).await?;
         }
         Ok(())
     }
@@ -1088,10 +1138,11 @@ impl Backend for RbdBackend {
         let src_info = self.rbd().info(&creds, &src).await?.ok_or_else(|| {
             Error::not_found(format!("source volume {} does not exist", req.source))
         })?;
-        let tmp = spec.with_image(&format!("tmp-{}", spec.image));
-        self.clear_tmp(&creds, &tmp, &req.name).await?;
-        self.copy_of(&creds, &src, &tmp, None).await?;
-        self.flatten_if_deep(&creds, &tmp).await?;
+        let tmp = Self::snapshot_tmp(&spec);
+        if !self.group_copy_or_clear(&creds, &tmp, &req.name).await? {
+            self.copy_of(&creds, &src, &tmp, None).await?;
+            self.flatten_if_deep(&creds, &tmp).await?;
+        }
         let created = now_secs().to_string();
         let meta = [
             (META_NAME, req.name.as_str()),
@@ -1112,6 +1163,17 @@ impl Backend for RbdBackend {
         };
         let creds = self.creds(secrets)?;
         if self.rbd().info(&creds, &spec).await?.is_none() {
+            // A group's copy whose snapshot was never finished goes too.
+            let tmp = Self::snapshot_tmp(&spec);
+            if self.rbd().info(&creds, &tmp).await?.is_some()
+                && self
+                    .rbd()
+                    .meta(&creds, &tmp)
+                    .await?
+                    .contains_key(META_GROUP_CUT)
+            {
+                self.remove(&creds, &tmp).await?;
+            }
             self.purge_trash(&creds, &spec).await;
             return Ok(());
         }
