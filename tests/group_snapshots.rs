@@ -8,44 +8,10 @@ mod common;
 
 use common::*;
 use ferrovol::proto as pb;
-use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 const MIB: i64 = 1 << 20;
-
-/// Writes 1, 2, 3, ... to `a` then the same to `b`, each at offset 0,
-/// until told to stop; returns the last number written.
-fn interleave(a: PathBuf, b: PathBuf, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
-    std::thread::spawn(move || {
-        let open = |p: &Path| {
-            std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(p)
-                .unwrap()
-        };
-        let (fa, fb) = (open(&a), open(&b));
-        let mut i = 0u64;
-        while !stop.load(Ordering::Relaxed) {
-            i += 1;
-            let line = format!("{i:020}\n");
-            fa.write_all_at(line.as_bytes(), 0).unwrap();
-            fb.write_all_at(line.as_bytes(), 0).unwrap();
-        }
-        i
-    })
-}
-
-fn read_seq(p: &Path) -> u64 {
-    std::fs::read_to_string(p)
-        .unwrap_or_default()
-        .trim()
-        .parse()
-        .unwrap_or(0)
-}
 
 #[tokio::test]
 async fn a_group_snapshot_restores_to_one_instant_of_interleaved_writes() {
@@ -74,7 +40,7 @@ async fn a_group_snapshot_restores_to_one_instant_of_interleaved_writes() {
     let wal = h.provision("wal", 64 * MIB, cap.clone()).await;
     let (fa, fb) = (data.target.join("seq"), wal.target.join("seq"));
     let stop = Arc::new(AtomicBool::new(false));
-    let writer = interleave(fa.clone(), fb.clone(), stop.clone());
+    let writer = interleave(fa.clone(), fb.clone(), false, stop.clone());
     while read_seq(&fa) < 1000 {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }

@@ -1837,10 +1837,31 @@ async fn guest_iscsi_over_an_lvm_store() {
         .unwrap();
     let id = vol.volume_id.clone();
     assert_eq!(id, "iscsi:luns.fv-pvc-lun");
+    // LUN 1 is the LV served through its hold device (device-mapper is
+    // here): a linear map of all of it.
     let shown = tgtd.tgtadm(&["--op", "show", "--mode", "target"]);
-    assert!(
-        shown.contains("Backing store path: /dev/fviscsi/fv-pvc-lun"),
-        "{shown}"
+    let hold = shown
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Backing store path: /dev/mapper/"))
+        .unwrap_or_else(|| panic!("no hold device behind the LUN: {shown}"))
+        .to_string();
+    assert!(hold.starts_with("fvh-"), "{shown}");
+    let lv = run(
+        "lvs",
+        &[
+            "--noheadings",
+            "-o",
+            "lv_kernel_major,lv_kernel_minor,lv_size",
+            "--units",
+            "s",
+            "--nosuffix",
+            "fviscsi/fv-pvc-lun",
+        ],
+    );
+    let f: Vec<&str> = lv.split_whitespace().collect();
+    assert_eq!(
+        run("dmsetup", &["table", &hold]).trim(),
+        format!("0 {} linear {}:{} 0", f[2], f[0], f[1])
     );
     let ctx = h
         .controller()
@@ -1921,6 +1942,198 @@ async fn guest_iscsi_over_an_lvm_store() {
     assert!(!tgtd
         .tgtadm(&["--op", "show", "--mode", "target"])
         .contains("Target "));
+    assert!(
+        !std::path::Path::new("/dev/mapper").join(&hold).exists(),
+        "the hold device was left"
+    );
+}
+
+/// iSCSI group snapshots of volumes in use, over each store (files, LVs):
+/// two volumes published to this node and staged with ext4, written in an
+/// interleaved pattern (1, 2, 3, ... to one then the other, each write
+/// synced: a flush the initiator sends) while the group is cut. The
+/// controller holds the members' writers at their hold devices (dm
+/// suspend), snapshots each member in its store, lets them go: the writer
+/// never sees an error, and the restored pair is one some single instant
+/// held (equal, or the first one ahead by one). No hold is left suspended.
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_iscsi_group_snapshots_of_volumes_being_written() {
+    require_guest();
+    let tgtd = Tgtd::new();
+    let _iscsid = Iscsid::new();
+    let _vg = LvmVg::new("fvigroup", 160);
+    let prefix = "iqn.2026-11.io.ferrovol.grp";
+    for store in ["file", "lvm"] {
+        let config = if store == "file" {
+            iscsi_over_files(prefix, &tgtd)
+        } else {
+            format!(
+                "[[backend]]\ntype = \"iscsi\"\niqn_prefix = \"{prefix}\"\nportals = [\"{}\"]\n\
+                 control_port = {}\n[backend.store]\ntype = \"lvm\"\n\
+                 [[backend.store.device_class]]\nname = \"luns\"\nvolume_group = \"fvigroup\"\n",
+                tgtd.portal(),
+                tgtd.control_port
+            )
+        };
+        let h = Harness::start_with(Some(&config)).await;
+        let node_id = h.node_id().await;
+        let cap = mount_cap("ext4", SNW);
+        // Made (from a snapshot or not), published here, staged.
+        let bring_up = |name: String, from: Option<String>| {
+            let (h, cap, node_id) = (&h, cap.clone(), node_id.clone());
+            async move {
+                let mut req = create_req(&name, 16 * MIB, cap.clone());
+                if store == "lvm" {
+                    req.parameters.insert("deviceClass".into(), "luns".into());
+                }
+                req.volume_content_source = from.as_deref().map(snapshot_source);
+                let id = h
+                    .controller()
+                    .create_volume(req)
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .volume
+                    .unwrap()
+                    .volume_id;
+                let ctx = h
+                    .controller()
+                    .controller_publish_volume(pb::ControllerPublishVolumeRequest {
+                        volume_id: id.clone(),
+                        node_id,
+                        volume_capability: Some(cap.clone()),
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .publish_context;
+                let staging = h.path(&format!("kubelet/staging/{name}"));
+                std::fs::create_dir_all(&staging).unwrap();
+                h.node()
+                    .node_stage_volume(pb::NodeStageVolumeRequest {
+                        publish_context: ctx,
+                        ..stage_req(&id, &staging, cap)
+                    })
+                    .await
+                    .unwrap();
+                (id, staging)
+            }
+        };
+        let wait_for = |what: &str, done: &dyn Fn() -> bool| {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+            while !done() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{what}: not within 120 s; the driver's log:\n{}",
+                    h.log()
+                );
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        };
+        let (a, a_dir) = bring_up(format!("{store}-data"), None).await;
+        let (b, b_dir) = bring_up(format!("{store}-wal"), None).await;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = interleave(a_dir.join("seq"), b_dir.join("seq"), true, stop.clone());
+        wait_for("the writer's first 20 rounds", &|| {
+            read_seq(&a_dir.join("seq")) >= 20
+        });
+        let group = h
+            .group()
+            .create_volume_group_snapshot(pb::CreateVolumeGroupSnapshotRequest {
+                name: format!("{store}-group"),
+                source_volume_ids: vec![a.clone(), b.clone()],
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .group_snapshot
+            .unwrap();
+        assert_eq!(group.snapshots.len(), 2);
+        let suspended = run(
+            "dmsetup",
+            &["info", "-c", "--noheadings", "-o", "name,suspended"],
+        );
+        assert!(
+            !suspended
+                .lines()
+                .any(|l| l.contains("fvh-") && l.contains("Suspended")),
+            "{suspended}"
+        );
+        let after = read_seq(&a_dir.join("seq"));
+        wait_for("the writer going on", &|| {
+            read_seq(&a_dir.join("seq")) > after + 5
+        });
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let last = writer.join().expect("the writer met no error");
+        let mut restored = Vec::new();
+        let mut held = std::collections::BTreeMap::new();
+        for s in &group.snapshots {
+            let which = if s.source_volume_id == a {
+                "data"
+            } else {
+                "wal"
+            };
+            let (id, dir) =
+                bring_up(format!("{store}-r-{which}"), Some(s.snapshot_id.clone())).await;
+            held.insert(which, read_seq(&dir.join("seq")));
+            restored.push((id, dir));
+        }
+        let (la, lb) = (held["data"], held["wal"]);
+        assert!(
+            lb >= 20 && (la == lb || la == lb + 1),
+            "{store}: the group holds data={la} wal={lb}: no single instant held that \
+             (the writer reached {last})"
+        );
+        eprintln!("{store}: writer reached {last}; the group holds data={la} wal={lb}");
+        for (id, dir) in restored
+            .iter()
+            .chain(&[(a.clone(), a_dir.clone()), (b.clone(), b_dir.clone())])
+        {
+            h.node()
+                .node_unstage_volume(unstage_req(id, dir))
+                .await
+                .unwrap();
+            h.controller()
+                .controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
+                    volume_id: id.clone(),
+                    node_id: node_id.clone(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
+        for (id, _) in &restored {
+            h.controller()
+                .delete_volume(pb::DeleteVolumeRequest {
+                    volume_id: id.clone(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
+        h.group()
+            .delete_volume_group_snapshot(pb::DeleteVolumeGroupSnapshotRequest {
+                group_snapshot_id: group.group_snapshot_id.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        for id in [a, b] {
+            h.controller()
+                .delete_volume(pb::DeleteVolumeRequest {
+                    volume_id: id,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
+        let left = run("dmsetup", &["ls"]);
+        assert!(!left.contains("fvh-"), "{store}: holds left: {left}");
+        assert!(h.mounts().is_empty(), "{:?}", h.mounts());
+    }
 }
 
 /// The rbd backend with krbd: a mounted volume and a raw block one, data
@@ -2262,15 +2475,23 @@ async fn guest_lvm_volume_grows_on_the_node() {
     h.teardown(&p).await;
 }
 
-/// lvm group snapshots, thick and thin: taken while no member is staged
-/// (nothing writes them then); a member in use is refused with nothing
-/// made (LVM must suspend each origin itself, which a filesystem frozen
-/// for the group refuses on this kernel). Restored members hold what each
-/// volume held.
+/// lvm group snapshots, thick and thin, of two staged volumes written in
+/// an interleaved pattern (1, 2, 3, ... to one then the other, each write
+/// synced) while the group is cut: the members' filesystems are frozen
+/// together and LVM's own suspend of each origin nests under that freeze
+/// (Linux 6.8 and later; the guest boots a newer kernel than that). The
+/// writer never sees an error, and the restored pair is one some single
+/// instant held: equal, or the first one ahead by one. Deleting the group
+/// leaves no snapshot volume.
 #[tokio::test]
 #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
-async fn guest_lvm_group_snapshots_of_volumes_not_in_use() {
+async fn guest_lvm_group_snapshots_of_volumes_being_written() {
     require_guest();
+    assert!(
+        ferrovol::host::freeze::block_freeze_nests(),
+        "the guest's kernel ({}) cannot nest LVM's suspend under a freeze: boot 6.8 or later",
+        std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default()
+    );
     let vg = LvmVg::new("fvgroup", 256);
     vg.thin_pool("pool", "96M", &[]);
     let config = "[[backend]]\ntype = \"lvm\"\n\
@@ -2278,11 +2499,19 @@ async fn guest_lvm_group_snapshots_of_volumes_not_in_use() {
         [[backend.device_class]]\nname = \"thin\"\nvolume_group = \"fvgroup\"\nthin_pool = \"pool\"\n";
     let h = Harness::start_with(Some(config)).await;
     let cap = mount_cap("ext4", SNW);
-    for class in ["thick", "thin"] {
-        let mut ids = Vec::new();
-        for name in ["data", "wal"] {
-            let mut req = create_req(&format!("{class}-{name}"), 16 * MIB, cap.clone());
+    let snaps = || {
+        run("lvs", &["--noheadings", "-o", "lv_name", "fvgroup"])
+            .lines()
+            .filter(|l| l.trim().starts_with("fvs-"))
+            .count()
+    };
+    // Made (from a snapshot or not) and staged.
+    let bring_up = |name: String, class: &'static str, from: Option<String>| {
+        let (h, cap) = (&h, cap.clone());
+        async move {
+            let mut req = create_req(&name, 16 * MIB, cap.clone());
             req.parameters.insert("deviceClass".into(), class.into());
+            req.volume_content_source = from.as_deref().map(snapshot_source);
             let id = h
                 .controller()
                 .create_volume(req)
@@ -2292,54 +2521,41 @@ async fn guest_lvm_group_snapshots_of_volumes_not_in_use() {
                 .volume
                 .unwrap()
                 .volume_id;
-            // Written while staged, then let go.
-            let staging = h.path(&format!("kubelet/staging/{class}-{name}"));
+            let staging = h.path(&format!("kubelet/staging/{name}"));
             std::fs::create_dir_all(&staging).unwrap();
             h.node()
-                .node_stage_volume(stage_req(&id, &staging, cap.clone()))
+                .node_stage_volume(stage_req(&id, &staging, cap))
                 .await
                 .unwrap();
-            std::fs::write(staging.join("who"), format!("{class}-{name}")).unwrap();
-            ids.push((id, staging));
+            (id, staging)
         }
-        // One still staged: refused, nothing made.
-        h.node()
-            .node_unstage_volume(unstage_req(&ids[0].0, &ids[0].1))
-            .await
-            .unwrap();
-        let request = pb::CreateVolumeGroupSnapshotRequest {
-            name: format!("{class}-group"),
-            source_volume_ids: ids.iter().map(|(id, _)| id.clone()).collect(),
-            ..Default::default()
-        };
-        let refused = h
-            .group()
-            .create_volume_group_snapshot(request.clone())
-            .await
-            .unwrap_err();
-        assert_eq!(
-            refused.code(),
-            tonic::Code::FailedPrecondition,
-            "{refused:?}"
-        );
-        assert!(
-            refused.message().contains("no member is in use"),
-            "{refused:?}"
-        );
-        let snaps = || {
-            run("lvs", &["--noheadings", "-o", "lv_name", "fvgroup"])
-                .lines()
-                .filter(|l| l.trim().starts_with("fvs-"))
-                .count()
-        };
-        assert_eq!(snaps(), 0, "a refused group made snapshots");
-        h.node()
-            .node_unstage_volume(unstage_req(&ids[1].0, &ids[1].1))
-            .await
-            .unwrap();
+    };
+    let wait_for = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while !done() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what}: not within 120 s; the driver's log:\n{}",
+                h.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    for class in ["thick", "thin"] {
+        let (a, a_dir) = bring_up(format!("{class}-data"), class, None).await;
+        let (b, b_dir) = bring_up(format!("{class}-wal"), class, None).await;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = interleave(a_dir.join("seq"), b_dir.join("seq"), true, stop.clone());
+        wait_for("the writer's first 20 rounds", &|| {
+            read_seq(&a_dir.join("seq")) >= 20
+        });
         let group = h
             .group()
-            .create_volume_group_snapshot(request)
+            .create_volume_group_snapshot(pb::CreateVolumeGroupSnapshotRequest {
+                name: format!("{class}-group"),
+                source_volume_ids: vec![a.clone(), b.clone()],
+                ..Default::default()
+            })
             .await
             .unwrap()
             .into_inner()
@@ -2347,51 +2563,59 @@ async fn guest_lvm_group_snapshots_of_volumes_not_in_use() {
             .unwrap();
         assert_eq!(group.snapshots.len(), 2);
         assert_eq!(snaps(), 2);
-        // Each member restores what its source held.
+        // Thawed: the writer goes on.
+        let after = read_seq(&a_dir.join("seq"));
+        wait_for("the writer going on", &|| {
+            read_seq(&a_dir.join("seq")) > after + 5
+        });
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let last = writer.join().expect("the writer met no error");
+        let mut restored = Vec::new();
+        let mut held = std::collections::BTreeMap::new();
         for s in &group.snapshots {
             assert_eq!(s.group_snapshot_id, group.group_snapshot_id);
-            let mut req = create_req(
-                &format!("{}-restored", s.snapshot_id.replace([':', '.'], "-")),
-                16 * MIB,
-                cap.clone(),
-            );
-            req.parameters.insert("deviceClass".into(), class.into());
-            req.volume_content_source = Some(snapshot_source(&s.snapshot_id));
-            let id = h
-                .controller()
-                .create_volume(req)
-                .await
-                .unwrap()
-                .into_inner()
-                .volume
-                .unwrap()
-                .volume_id;
-            let staging = h.path(&format!("kubelet/staging/restored-{class}"));
-            std::fs::create_dir_all(&staging).unwrap();
+            let which = if s.source_volume_id == a {
+                "data"
+            } else {
+                "wal"
+            };
+            let (id, dir) = bring_up(
+                format!("{class}-r-{which}"),
+                class,
+                Some(s.snapshot_id.clone()),
+            )
+            .await;
+            held.insert(which, read_seq(&dir.join("seq")));
+            restored.push((id, dir));
+        }
+        let (la, lb) = (held["data"], held["wal"]);
+        assert!(
+            lb >= 20 && (la == lb || la == lb + 1),
+            "{class}: the group holds data={la} wal={lb}: no single instant held that \
+             (the writer reached {last})"
+        );
+        eprintln!("{class}: writer reached {last}; the group holds data={la} wal={lb}");
+        let delete = |id: String| {
+            let h = &h;
+            async move {
+                h.controller()
+                    .delete_volume(pb::DeleteVolumeRequest {
+                        volume_id: id,
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap();
+            }
+        };
+        let sources = [(a, a_dir), (b, b_dir)];
+        for (id, dir) in restored.iter().chain(&sources) {
             h.node()
-                .node_stage_volume(stage_req(&id, &staging, cap.clone()))
+                .node_unstage_volume(unstage_req(id, dir))
                 .await
                 .unwrap();
-            let source = ids
-                .iter()
-                .position(|(v, _)| *v == s.source_volume_id)
-                .unwrap();
-            let name = ["data", "wal"][source];
-            assert_eq!(
-                std::fs::read_to_string(staging.join("who")).unwrap(),
-                format!("{class}-{name}")
-            );
-            h.node()
-                .node_unstage_volume(unstage_req(&id, &staging))
-                .await
-                .unwrap();
-            h.controller()
-                .delete_volume(pb::DeleteVolumeRequest {
-                    volume_id: id,
-                    ..Default::default()
-                })
-                .await
-                .unwrap();
+        }
+        for (id, _) in restored {
+            delete(id).await;
         }
         h.group()
             .delete_volume_group_snapshot(pb::DeleteVolumeGroupSnapshotRequest {
@@ -2400,16 +2624,10 @@ async fn guest_lvm_group_snapshots_of_volumes_not_in_use() {
             })
             .await
             .unwrap();
-        assert_eq!(snaps(), 0);
-        for (id, _) in ids {
-            h.controller()
-                .delete_volume(pb::DeleteVolumeRequest {
-                    volume_id: id,
-                    ..Default::default()
-                })
-                .await
-                .unwrap();
+        for (id, _) in sources {
+            delete(id).await;
         }
+        assert_eq!(snaps(), 0);
     }
     assert!(h.mounts().is_empty(), "{:?}", h.mounts());
 }
@@ -2474,38 +2692,8 @@ async fn guest_rbd_group_snapshots_of_mapped_and_unmapped_volumes() {
     let (a, a_dir) = bring_up("grp-data".into(), None).await;
     let (b, b_dir) = bring_up("grp-wal".into(), None).await;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writer = {
-        let (fa, fb, stop) = (a_dir.join("seq"), b_dir.join("seq"), stop.clone());
-        std::thread::spawn(move || {
-            use std::os::unix::fs::FileExt;
-            let open = |p: &std::path::Path| {
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .truncate(false)
-                    .write(true)
-                    .open(p)
-                    .unwrap()
-            };
-            let (fa, fb) = (open(&fa), open(&fb));
-            let mut i = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                i += 1;
-                let line = format!("{i:020}\n");
-                for f in [&fa, &fb] {
-                    f.write_all_at(line.as_bytes(), 0).unwrap();
-                    f.sync_data().unwrap();
-                }
-            }
-            i
-        })
-    };
-    let read = |p: &std::path::Path| -> u64 {
-        std::fs::read_to_string(p)
-            .unwrap_or_default()
-            .trim()
-            .parse()
-            .unwrap_or(0)
-    };
+    let writer = interleave(a_dir.join("seq"), b_dir.join("seq"), true, stop.clone());
+    let read = |p: &std::path::Path| read_seq(p);
     let wait_for = |what: &str, done: &dyn Fn() -> bool| {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
         while !done() {

@@ -25,6 +25,28 @@ mod sys {
     nix::ioctl_readwrite_bad!(fithaw, 0xC004_5878, libc::c_int);
 }
 
+/// Whether this kernel lets a filesystem frozen from userspace (FIFREEZE)
+/// be frozen again through its block device, as a device-mapper suspend
+/// does (LVM suspends an origin to snapshot it): since Linux 6.8 the
+/// kernel counts freezes of the two kinds; before, the second fails EBUSY
+/// (seen on 6.1; 6.12 tested to nest, thick and thin snapshots alike).
+pub fn block_freeze_nests() -> bool {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|r| release_nests(r.trim()))
+        .unwrap_or(false)
+}
+
+/// `release` (`uname -r`) is Linux 6.8 or later.
+fn release_nests(release: &str) -> bool {
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(major), Some(minor)) => (major, minor) >= (6, 8),
+        _ => false,
+    }
+}
+
 /// Freezes the filesystem mounted at `path`; returns the descriptor that
 /// thaws it.
 #[allow(unsafe_code)] // FIFREEZE on a descriptor this function opened
@@ -141,5 +163,26 @@ impl Drop for Frozen {
         self.gone.store(true, Ordering::SeqCst);
         drop(held);
         thaw_all(&self.held);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nested_block_freezes_from_linux_6_8() {
+        for (release, nests) in [
+            ("6.1.0-56-amd64", false),
+            ("6.7.12", false),
+            ("6.8.0-45-generic", true),
+            ("6.12.95+deb12-amd64", true),
+            ("7.0.1", true),
+            ("5.15.0", false),
+            ("", false),
+            ("garbage", false),
+        ] {
+            assert_eq!(release_nests(release), nests, "{release}");
+        }
     }
 }

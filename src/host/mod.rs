@@ -7,6 +7,7 @@ pub mod devices;
 #[cfg(test)]
 mod fake;
 pub mod freeze;
+pub mod hold;
 pub mod loopdev;
 mod targets;
 mod tree;

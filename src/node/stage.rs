@@ -419,9 +419,9 @@ impl crate::plugin::controller::Quiesce for NodeOps {
             if !staged_ok {
                 return Err(Error::precondition(format!(
                     "volume {id} is staged at {}: its backend snapshots a volume by holding \
-                     the device itself, which it cannot do under a filesystem frozen for the \
-                     group, so its group snapshots are taken only while no member is in use \
-                     (stop the workload, then snapshot)",
+                     the device itself, which this kernel cannot do under a filesystem frozen \
+                     for the group (Linux 6.8 and later can), so its group snapshots are taken \
+                     only while no member is in use (stop the workload, then snapshot)",
                     record.staging_path.display()
                 )));
             }

@@ -282,8 +282,8 @@ pub enum GroupSnapshots {
     /// One ordinary snapshot per member, taken only while no member is
     /// staged (nothing writes them): the backend's own snapshot must hold
     /// the device itself, which a frozen filesystem refuses (LVM suspends
-    /// each origin, and on the kernels this was tested on a filesystem
-    /// frozen from userspace cannot be frozen again under it).
+    /// each origin, and before Linux 6.8 a filesystem frozen from
+    /// userspace cannot be frozen again under it).
     Unstaged,
     /// One ordinary snapshot per member, each made from a point-in-time
     /// cut the backend takes of all of them at once

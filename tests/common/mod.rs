@@ -706,3 +706,49 @@ pub fn cpu_of(pid: u32) -> Duration {
         .unwrap_or(0);
     Duration::from_millis(ticks * 10)
 }
+
+/// Writes 1, 2, 3, ... to `a` then the same number to `b` (each at offset
+/// 0, each write synced when `sync`), until `stop` is set; the thread
+/// answers the last number written. A write that fails panics the thread:
+/// joining it says whether the writer met an error. A group snapshot of
+/// the two restores to a pair some instant held: equal, or `a` one ahead.
+pub fn interleave(
+    a: PathBuf,
+    b: PathBuf,
+    sync: bool,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        use std::os::unix::fs::FileExt;
+        let open = |p: &Path| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(p)
+                .unwrap()
+        };
+        let (fa, fb) = (open(&a), open(&b));
+        let mut i = 0u64;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            i += 1;
+            let line = format!("{i:020}\n");
+            for f in [&fa, &fb] {
+                f.write_all_at(line.as_bytes(), 0).unwrap();
+                if sync {
+                    f.sync_data().unwrap();
+                }
+            }
+        }
+        i
+    })
+}
+
+/// The number [`interleave`] last wrote to `p` (0: none).
+pub fn read_seq(p: &Path) -> u64 {
+    std::fs::read_to_string(p)
+        .unwrap_or_default()
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}

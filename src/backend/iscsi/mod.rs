@@ -24,6 +24,7 @@ mod tests;
 use crate::config::BackendConfig;
 use crate::error::{Error, Kind, Result};
 use crate::exec::CommandRunner;
+use crate::host::hold::Holds;
 use crate::plugin::{
     check_publish_terms, digest_hex, AccessMode, AttachContext, Attachment, Backend, Capabilities,
     Capacity, ContentSource, ControllerAttach, CreateSnapshot, CreateVolume, Page, Secrets,
@@ -44,6 +45,9 @@ pub const CHAP_PASSWORD: &str = "chapPassword";
 /// ...and mutual CHAP, the target's answer to the initiator.
 pub const MUTUAL_USER: &str = "chapMutualUsername";
 pub const MUTUAL_PASSWORD: &str = "chapMutualPassword";
+
+/// How long a group snapshot may hold its members' writers.
+const HOLD_DEADLINE: Duration = Duration::from_secs(60);
 
 /// Publish context keys.
 const CTX_PORTALS: &str = "portals";
@@ -138,6 +142,21 @@ struct Record {
     /// LUN 1 reports thin provisioning (mutable `thinProvisioning`).
     #[serde(default)]
     thin_provisioning: bool,
+    /// The hold device LUN 1 is served through (see `crate::host::hold`):
+    /// none where the target host has no device-mapper, and on targets
+    /// made before holds were.
+    #[serde(default)]
+    hold: Option<String>,
+}
+
+impl Record {
+    /// What tgtd serves as LUN 1.
+    fn served(&self) -> PathBuf {
+        match &self.hold {
+            Some(name) => PathBuf::from("/dev/mapper").join(name),
+            None => self.device.clone(),
+        }
+    }
 }
 
 /// The mutable parameter of the LUN itself; the store's own are passed on.
@@ -207,6 +226,8 @@ pub struct IscsiBackend {
     /// CHAP passwords last given, by account, for rebuilding targets.
     passwords: Mutex<HashMap<String, String>>,
     last_reconcile: Mutex<Option<Instant>>,
+    /// Hold devices for LUNs, where this host has device-mapper.
+    holds: Option<Holds>,
     sysfs: PathBuf,
     /// Device nodes (see `Initiator::dev`).
     dev: PathBuf,
@@ -343,6 +364,7 @@ impl IscsiBackend {
             crate::config::absolute(p, what)?;
         }
         let target = Arc::new(Tgt::new(settings.control_port, &settings.tgt_socket_dir));
+        let holds = Holds::available().then(|| Holds::new(runner.clone()));
         Ok(IscsiBackend {
             name: name.to_string(),
             settings,
@@ -354,6 +376,7 @@ impl IscsiBackend {
             volumes: Mutex::new(HashMap::new()),
             passwords: Mutex::new(HashMap::new()),
             last_reconcile: Mutex::new(None),
+            holds,
             sysfs: "/sys".into(),
             dev: "/dev".into(),
         })
@@ -364,6 +387,7 @@ impl IscsiBackend {
     fn with_roots(mut self, root: &std::path::Path) -> Self {
         self.sysfs = root.join("sys");
         self.dev = root.join("dev");
+        self.holds = None;
         self
     }
 
@@ -527,6 +551,14 @@ impl IscsiBackend {
         };
         record.device = path.clone();
         record.attachment = attachment.clone();
+        record.hold = match &self.holds {
+            Some(holds) => {
+                let name = Holds::name_for(&record.iqn);
+                holds.ensure(&name, path).await?;
+                Some(name)
+            }
+            None => None,
+        };
         let mut tries = 0;
         let tid = loop {
             let tid = {
@@ -534,7 +566,7 @@ impl IscsiBackend {
                 tids.last += 1;
                 tids.last
             };
-            match self.target.create(tid, &record.iqn, &record.device).await {
+            match self.target.create(tid, &record.iqn, &record.served()).await {
                 Ok(()) => {
                     self.tids
                         .lock()
@@ -734,6 +766,17 @@ impl Backend for IscsiBackend {
         }
     }
 
+    async fn start(&self) -> Result<()> {
+        // A driver that died cutting a group left its holds suspended:
+        // the initiators' I/O waits on them until they are resumed.
+        if let (Some(_), Some(holds)) = (&self.store, &self.holds) {
+            for name in holds.resume_all().await? {
+                tracing::warn!(hold = %name, "resumed a hold device a group snapshot left suspended");
+            }
+        }
+        Ok(())
+    }
+
     async fn health(&self) -> Result<()> {
         if self.store.is_none() {
             return Ok(());
@@ -812,6 +855,7 @@ impl Backend for IscsiBackend {
                 copy: None,
                 lun_bytes: None,
                 thin_provisioning: false,
+                hold: None,
             },
         };
         record.lun_bytes.get_or_insert(info.capacity_bytes);
@@ -842,6 +886,11 @@ impl Backend for IscsiBackend {
             }
             self.target.delete(tid).await?;
             self.tids.lock().await.by_iqn.remove(&iqn);
+        }
+        if let (Some(holds), Some(name)) =
+            (&self.holds, record.as_ref().and_then(|r| r.hold.as_ref()))
+        {
+            holds.remove(name).await?;
         }
         store
             .node_detach(&store_id, record.as_ref().map(|r| &r.attachment))
@@ -878,11 +927,13 @@ impl Backend for IscsiBackend {
     }
 
     async fn cut_group(&self, members: &[CreateSnapshot]) -> Result<()> {
-        // Writers are remote initiators, which nothing here can hold: a
-        // group is taken only while no member is published or logged in
-        // to (ControllerPublish waits on the group's guard meanwhile), so
-        // each member's store snapshot, one after another, shows the same
-        // instant.
+        // Writers are remote initiators. Members nobody uses have none
+        // (ControllerPublish waits on the group's guard meanwhile), so
+        // their store snapshots, one after another, show the same instant.
+        // Members in use are held first: every one's hold device suspended
+        // (what is in flight finishes, what comes next waits, flushes
+        // included), then every member snapshotted, then all let go.
+        let mut held = Vec::new();
         for m in members {
             self.own_volume(&m.source)?;
             let record = self
@@ -895,17 +946,61 @@ impl Backend for IscsiBackend {
                 .unwrap_or_default();
             let mut users: BTreeSet<&str> = record.initiators.iter().map(String::as_str).collect();
             users.extend(sessions.iter().map(String::as_str));
-            if !users.is_empty() {
-                return Err(Error::precondition(format!(
-                    "volume {} is in use by {}: iSCSI group snapshots are taken only while no \
-                     member is published (its writers are remote initiators, which the \
-                     driver cannot hold at one instant); stop the workload, then snapshot",
-                    m.source,
-                    users.into_iter().collect::<Vec<_>>().join(", ")
-                )));
+            if users.is_empty() {
+                continue;
+            }
+            match (&self.holds, &record.hold) {
+                (Some(_), Some(name)) => held.push(name.clone()),
+                _ => {
+                    return Err(Error::precondition(format!(
+                        "volume {} is in use by {} and served without a hold device (this \
+                         target host has no device-mapper, or the target was made before \
+                         holds were: it gets one when it is next made): nothing can hold its \
+                         initiators' writes for a group snapshot; stop the workload, then \
+                         snapshot",
+                        m.source,
+                        users.into_iter().collect::<Vec<_>>().join(", ")
+                    )))
+                }
             }
         }
-        Ok(())
+        let Some(holds) = self.holds.as_ref().filter(|_| !held.is_empty()) else {
+            return Ok(());
+        };
+        let mut suspended = Vec::new();
+        let mut outcome = Ok(());
+        for name in &held {
+            match holds.suspend(name).await {
+                Ok(()) => suspended.push(name),
+                Err(e) => {
+                    outcome = Err(e);
+                    break;
+                }
+            }
+        }
+        if outcome.is_ok() {
+            let snapshots = async {
+                for m in members {
+                    self.create_snapshot(m).await?;
+                }
+                Ok::<_, Error>(())
+            };
+            outcome = match tokio::time::timeout(HOLD_DEADLINE, snapshots).await {
+                Ok(r) => r,
+                Err(_) => Err(Error::unavailable(format!(
+                    "the members' snapshots took longer than the {} s their writers may be \
+                     held: the group is not taken",
+                    HOLD_DEADLINE.as_secs()
+                ))),
+            };
+        }
+        for name in suspended {
+            if let Err(e) = holds.resume(name).await {
+                tracing::error!(hold = %name, error = %e.message, "could not resume a hold device");
+                outcome = outcome.and(Err(e));
+            }
+        }
+        outcome
     }
 
     fn mutable_keys(&self) -> Vec<&'static str> {
@@ -1004,7 +1099,10 @@ impl Backend for IscsiBackend {
         store
             .node_refresh_size(&store_id, &record.attachment)
             .await?;
-        self.target.refresh(tid, &record.device).await?;
+        if let (Some(holds), Some(name)) = (&self.holds, &record.hold) {
+            holds.resize(name, &record.device).await?;
+        }
+        self.target.refresh(tid, &record.served()).await?;
         record.lun_bytes = Some(size);
         self.save(id, &record)?;
         Ok(size)

@@ -981,6 +981,7 @@ async fn a_lost_target_is_rebuilt_closed_until_the_secret_comes_back() {
                 copy: None,
                 lun_bytes: None,
                 thin_provisioning: true,
+                hold: None,
             },
         )
         .unwrap();

@@ -177,6 +177,11 @@ pub struct LvmBackend {
     settings: LvmSettings,
     runner: Arc<dyn CommandRunner>,
     host: Arc<dyn Host>,
+    /// How members of a group are held: lvcreate suspends each origin
+    /// itself, which nests under the group's freeze only on kernels that
+    /// count nested freezes ([`crate::host::freeze::block_freeze_nests`]);
+    /// elsewhere groups are taken only while no member is staged.
+    group_snapshots: crate::plugin::GroupSnapshots,
     // No lock of its own: the operation guard covers every id an operation
     // touches, and lvm serializes changes to a volume group's metadata
     // itself. A create racing another for the last free extents fails in
@@ -232,6 +237,11 @@ impl LvmBackend {
             settings,
             runner,
             host: Arc::new(SystemHost),
+            group_snapshots: if crate::host::freeze::block_freeze_nests() {
+                crate::plugin::GroupSnapshots::Frozen
+            } else {
+                crate::plugin::GroupSnapshots::Unstaged
+            },
         })
     }
 
@@ -636,8 +646,7 @@ impl Backend for LvmBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            // lvcreate suspends each origin itself (see GroupSnapshots).
-            group_snapshot: crate::plugin::GroupSnapshots::Unstaged,
+            group_snapshot: self.group_snapshots,
             ..Capabilities::node_local_block_device()
         }
     }
