@@ -4,6 +4,7 @@
 //! a fake, so that what depends on them is unit-tested without root.
 
 pub mod devices;
+pub mod extents;
 #[cfg(test)]
 mod fake;
 pub mod freeze;

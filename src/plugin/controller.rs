@@ -131,6 +131,7 @@ pub struct ControllerOps {
 }
 
 mod group;
+mod metadata;
 pub use group::{GroupSnapshotInfo, NewGroupSnapshot, Quiesce, FREEZE_DEADLINE};
 
 /// Parses a page token: the id of the last entry of the previous page, as

@@ -362,6 +362,39 @@ pub trait Backend: Send + Sync {
         Ok(None)
     }
 
+    /// Changed block tracking: the ranges of `snapshot` that hold data,
+    /// from `start` (rounded down to the backend's granularity), at most
+    /// `max` of them.
+    async fn allocated_blocks(
+        &self,
+        _snapshot: &SnapshotId,
+        _start: u64,
+        _max: usize,
+        _secrets: &Secrets,
+    ) -> Result<BlockPage> {
+        Err(Error::precondition(format!(
+            "backend {} has no changed block tracking",
+            self.name()
+        )))
+    }
+
+    /// Changed block tracking: the ranges where `target` differs from
+    /// `base`, an earlier snapshot of the same volume, from `start`, at
+    /// most `max` of them.
+    async fn changed_blocks(
+        &self,
+        _base: &SnapshotId,
+        _target: &SnapshotId,
+        _start: u64,
+        _max: usize,
+        _secrets: &Secrets,
+    ) -> Result<BlockPage> {
+        Err(Error::precondition(format!(
+            "backend {} has no changed block tracking",
+            self.name()
+        )))
+    }
+
     /// The error for an operation this backend does not offer.
     fn unimplemented(&self, what: &str) -> Error {
         Error::unimplemented(format!("backend {} cannot {what}", self.name()))

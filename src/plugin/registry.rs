@@ -134,6 +134,7 @@ impl Registry {
             all.clone |= c.clone;
             all.block |= c.block;
             all.node_local |= c.node_local;
+            all.snapshot_metadata |= c.snapshot_metadata;
             for m in c.access_modes {
                 if !all.access_modes.contains(&m) {
                     all.access_modes.push(m);

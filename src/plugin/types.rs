@@ -33,6 +33,10 @@ pub struct Capabilities {
     pub node_local: bool,
     /// The access modes this backend serves.
     pub access_modes: Vec<AccessMode>,
+    /// Changed block tracking: which blocks of a snapshot hold data, which
+    /// changed between two snapshots of a volume (the SnapshotMetadata
+    /// service).
+    pub snapshot_metadata: bool,
 }
 
 impl Capabilities {
@@ -57,8 +61,24 @@ impl Capabilities {
                 AccessMode::SingleNodeSingleWriter,
                 AccessMode::SingleNodeMultiWriter,
             ],
+            snapshot_metadata: false,
         }
     }
+}
+
+/// One page of a snapshot's block metadata (changed block tracking): byte
+/// ranges in ascending order, none overlapping.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BlockPage {
+    /// Every range is this many bytes (FIXED_LENGTH); None: each range its
+    /// own length (VARIABLE_LENGTH).
+    pub fixed: Option<u64>,
+    /// The snapshot's size (the target's, for a delta).
+    pub capacity: u64,
+    /// (offset, length) of each range.
+    pub ranges: Vec<(u64, u64)>,
+    /// Where the next page starts; None: the last page.
+    pub next: Option<u64>,
 }
 
 /// How the volume is consumed.

@@ -5,6 +5,7 @@ use crate::error::{Error, Result};
 use crate::proto::{
     controller_server::ControllerServer, group_controller_server::GroupControllerServer,
     identity_server::IdentityServer, node_server::NodeServer,
+    snapshot_metadata_server::SnapshotMetadataServer,
 };
 use crate::service::{
     controller::ControllerService, identity::IdentityService, node::NodeService, Driver,
@@ -229,6 +230,13 @@ pub async fn serve(
                 driver.clone(),
             ))
         }))
+        .add_optional_service(
+            (mode.controller() && driver.controller.metadata_served()).then(|| {
+                SnapshotMetadataServer::new(crate::service::metadata::SnapshotMetadataService(
+                    driver.clone(),
+                ))
+            }),
+        )
         .add_optional_service(
             mode.node()
                 .then(|| NodeServer::new(NodeService(driver.clone()))),

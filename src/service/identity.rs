@@ -46,6 +46,9 @@ impl Identity for IdentityService {
             if caps.snapshot {
                 out.push(service(pc::service::Type::GroupControllerService));
             }
+            if caps.snapshot_metadata {
+                out.push(service(pc::service::Type::SnapshotMetadataService));
+            }
             if caps.expand {
                 // ONLINE when any backend grows volumes in use; a backend
                 // that cannot still refuses those with FAILED_PRECONDITION.

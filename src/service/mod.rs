@@ -6,6 +6,7 @@ pub mod controller;
 pub mod convert;
 pub mod group;
 pub mod identity;
+pub mod metadata;
 pub mod node;
 pub mod trace;
 

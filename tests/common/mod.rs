@@ -11,6 +11,7 @@ use ferrovol::proto::controller_client::ControllerClient;
 use ferrovol::proto::group_controller_client::GroupControllerClient;
 use ferrovol::proto::identity_client::IdentityClient;
 use ferrovol::proto::node_client::NodeClient;
+use ferrovol::proto::snapshot_metadata_client::SnapshotMetadataClient;
 use ferrovol::proto::{self as pb};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -192,6 +193,25 @@ impl Harness {
     }
     pub fn group(&self) -> GroupControllerClient<Channel> {
         GroupControllerClient::new(self.channel.clone().expect("driver running"))
+    }
+    pub fn metadata(&self) -> SnapshotMetadataClient<Channel> {
+        SnapshotMetadataClient::new(self.channel.clone().expect("driver running"))
+    }
+
+    /// Takes snapshot `name` of `volume`; answers its id.
+    pub async fn snapshot(&self, name: &str, volume: &str) -> String {
+        self.controller()
+            .create_snapshot(pb::CreateSnapshotRequest {
+                name: name.into(),
+                source_volume_id: volume.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .snapshot
+            .unwrap()
+            .snapshot_id
     }
 
     /// Loop devices whose image lives under this test's folder.

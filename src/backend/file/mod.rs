@@ -15,9 +15,9 @@ use crate::exec::{Command, CommandRunner};
 use crate::host::loopdev::LoopDevices;
 use crate::host::Host;
 use crate::plugin::{
-    check_existing, locator_for_name, own_source, AttachContext, Attachment, Backend, Capabilities,
-    Capacity, ContentSource, CreateSnapshot, CreateVolume, Page, Secrets, SizeRules, SnapshotId,
-    SnapshotInfo, VolumeId, VolumeInfo,
+    check_existing, locator_for_name, own_source, AttachContext, Attachment, Backend, BlockPage,
+    Capabilities, Capacity, ContentSource, CreateSnapshot, CreateVolume, Page, Secrets, SizeRules,
+    SnapshotId, SnapshotInfo, VolumeId, VolumeInfo,
 };
 use crate::records::read_json;
 use crate::sync::LockExt;
@@ -29,6 +29,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 const MIB: u64 = 1 << 20;
 const COPY_TIMEOUT: Duration = Duration::from_secs(3600);
+/// The unit changed block tracking compares and reports in: the pool's
+/// filesystem block.
+const CBT_BLOCK: u64 = 4096;
 
 /// `[[backend]] type = "file"` settings.
 #[derive(Debug, Clone, Deserialize)]
@@ -279,6 +282,15 @@ impl FileBackend {
         Ok(self.snap_image(locator).exists().then_some(meta))
     }
 
+    /// A snapshot of this pool's image and metadata, or NOT_FOUND.
+    fn snapshot_image(&self, id: &SnapshotId) -> Result<(PathBuf, SnapshotMeta)> {
+        self.own(id.backend())?;
+        let meta = self
+            .load_snapshot(id.locator())?
+            .ok_or_else(|| Error::not_found(format!("snapshot {id} does not exist")))?;
+        Ok((self.snap_image(id.locator()), meta))
+    }
+
     fn snapshot_info(&self, locator: &str, meta: SnapshotMeta) -> Result<SnapshotInfo> {
         Ok(SnapshotInfo {
             id: SnapshotId::new(&self.name, locator)?,
@@ -459,7 +471,75 @@ impl Backend for FileBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::node_local_block_device()
+        Capabilities {
+            snapshot_metadata: true,
+            ..Capabilities::node_local_block_device()
+        }
+    }
+
+    async fn allocated_blocks(
+        &self,
+        snapshot: &SnapshotId,
+        start: u64,
+        max: usize,
+        _secrets: &Secrets,
+    ) -> Result<BlockPage> {
+        let (image, meta) = self.snapshot_image(snapshot)?;
+        let capacity = meta.size_bytes;
+        let (extents, next) = if start < capacity {
+            crate::host::off_worker("reading a snapshot's extents", COPY_TIMEOUT, move || {
+                let f = std::fs::File::open(&image).map_err(io("open the snapshot"))?;
+                crate::host::extents::data_extents(&f, start, capacity, max)
+                    .map_err(io("read the snapshot's extents"))
+            })
+            .await?
+        } else {
+            (Vec::new(), None)
+        };
+        Ok(BlockPage {
+            fixed: None,
+            capacity,
+            ranges: extents.iter().map(|e| (e.offset, e.len)).collect(),
+            next,
+        })
+    }
+
+    async fn changed_blocks(
+        &self,
+        base: &SnapshotId,
+        target: &SnapshotId,
+        start: u64,
+        max: usize,
+        _secrets: &Secrets,
+    ) -> Result<BlockPage> {
+        let (base_image, base_meta) = self.snapshot_image(base)?;
+        let (target_image, target_meta) = self.snapshot_image(target)?;
+        if base_meta.source_volume != target_meta.source_volume {
+            return Err(Error::invalid(format!(
+                "snapshots {base} and {target} are of different volumes ({} and {})",
+                base_meta.source_volume, target_meta.source_volume
+            )));
+        }
+        let capacity = target_meta.size_bytes;
+        let (extents, next) = if start < capacity {
+            crate::host::off_worker("comparing two snapshots", COPY_TIMEOUT, move || {
+                let a = std::fs::File::open(&base_image).map_err(io("open the base snapshot"))?;
+                let b =
+                    std::fs::File::open(&target_image).map_err(io("open the target snapshot"))?;
+                // Both in the pool's snapshots folder: one filesystem.
+                crate::host::extents::differing(&a, &b, true, start, capacity, CBT_BLOCK, max)
+                    .map_err(io("compare the snapshots"))
+            })
+            .await?
+        } else {
+            (Vec::new(), None)
+        };
+        Ok(BlockPage {
+            fixed: None,
+            capacity,
+            ranges: extents.iter().map(|e| (e.offset, e.len)).collect(),
+            next,
+        })
     }
 
     async fn health(&self) -> Result<()> {

@@ -763,6 +763,7 @@ impl Backend for IscsiBackend {
                 AccessMode::SingleNodeSingleWriter,
                 AccessMode::SingleNodeMultiWriter,
             ],
+            snapshot_metadata: false,
         }
     }
 

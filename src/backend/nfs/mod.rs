@@ -738,6 +738,7 @@ impl Backend for NfsBackend {
                 AccessMode::SingleNodeSingleWriter,
                 AccessMode::SingleNodeMultiWriter,
             ],
+            snapshot_metadata: false,
         }
     }
 

@@ -778,6 +778,7 @@ impl Backend for RbdBackend {
                 AccessMode::MultiNodeReaderOnly,
                 AccessMode::MultiNodeMultiWriter,
             ],
+            snapshot_metadata: false,
         }
     }
 
