@@ -779,3 +779,69 @@ async fn iscsi_group_snapshots_of_volumes_not_in_use() {
         .unwrap();
     }
 }
+
+/// Changed block tracking of iSCSI volumes is their store's: on a file
+/// store, blocks written into a LUN's image between two snapshots are the
+/// delta, answered under the iscsi backend's own snapshot ids.
+#[tokio::test]
+async fn iscsi_changed_blocks_come_from_the_store() {
+    require_root();
+    let t = Tgtd::new();
+    let (_names, initiator_file) = initiator_file("this-node");
+    let h = Harness::start_with(Some(&config(&t, &initiator_file))).await;
+    let id = h
+        .controller()
+        .create_volume(create_req("pvc-cbt", 8 * MIB, block_cap(SNW)))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    // Written as tgtd would: into the LUN's image, synced.
+    let image = h.path("pool/volumes/pvc-cbt.img");
+    let write = |block: u64, byte: u8| {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&image)
+            .unwrap();
+        f.write_all_at(&[byte; 4096], block * 4096).unwrap();
+        f.sync_all().unwrap();
+    };
+    write(3, 1);
+    let s1 = h.snapshot("cbt-a", &id).await;
+    write(3, 2);
+    write(700, 2);
+    let s2 = h.snapshot("cbt-b", &id).await;
+    assert!(s1.starts_with("iscsi:"), "{s1}");
+    let mut stream = h
+        .metadata()
+        .get_metadata_delta(pb::GetMetadataDeltaRequest {
+            base_snapshot_id: s1.clone(),
+            target_snapshot_id: s2.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut got = Vec::new();
+    while let Some(m) = stream.message().await.unwrap() {
+        assert_eq!(m.volume_capacity_bytes, 8 * MIB);
+        got.extend(
+            m.block_metadata
+                .iter()
+                .map(|b| (b.byte_offset, b.size_bytes)),
+        );
+    }
+    assert_eq!(got, vec![(3 * 4096, 4096), (700 * 4096, 4096)]);
+    let missing = h
+        .metadata()
+        .get_metadata_allocated(pb::GetMetadataAllocatedRequest {
+            snapshot_id: "iscsi:nosuch".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), tonic::Code::NotFound, "{missing:?}");
+}

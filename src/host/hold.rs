@@ -13,6 +13,9 @@
 //! only while nothing has it open. A suspended hold never outlives its
 //! holder for long: the caller resumes it, and [`Holds::resume_all`] resumes
 //! any left suspended by a driver that died (run at start).
+//!
+//! Holds are used only where the kernel has device-mapper loaded; elsewhere
+//! the device is served directly.
 
 use crate::error::{Error, Result};
 use crate::exec::{Command, CommandRunner, ExecError};
@@ -55,9 +58,10 @@ impl Holds {
         self
     }
 
-    /// Whether this host has device-mapper (its control node).
+    /// Whether this host's kernel has device-mapper loaded (its misc
+    /// device registered; a control node alone may be a leftover).
     pub fn available() -> bool {
-        Path::new("/dev/mapper/control").exists()
+        Path::new("/sys/class/misc/device-mapper").exists()
     }
 
     /// The hold's name for `key` (a volume's own string).

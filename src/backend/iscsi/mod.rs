@@ -26,9 +26,9 @@ use crate::error::{Error, Kind, Result};
 use crate::exec::CommandRunner;
 use crate::host::hold::Holds;
 use crate::plugin::{
-    check_publish_terms, digest_hex, AccessMode, AttachContext, Attachment, Backend, Capabilities,
-    Capacity, ContentSource, ControllerAttach, CreateSnapshot, CreateVolume, Page, Secrets,
-    SnapshotId, SnapshotInfo, VolumeId, VolumeInfo,
+    check_publish_terms, digest_hex, AccessMode, AttachContext, Attachment, Backend, BlockPage,
+    Capabilities, Capacity, ContentSource, ControllerAttach, CreateSnapshot, CreateVolume, Page,
+    Secrets, SnapshotId, SnapshotInfo, VolumeId, VolumeInfo,
 };
 use crate::sync::LockExt;
 use serde::{Deserialize, Serialize};
@@ -749,7 +749,6 @@ impl Backend for IscsiBackend {
             // tgt cannot grow a LUN under I/O (see Target::refresh).
             expand_online: false,
             snapshot: store.as_ref().is_some_and(|c| c.snapshot),
-            // Members not in use only (see cut_group).
             group_snapshot: match store.as_ref().is_some_and(|c| c.snapshot) {
                 true => crate::plugin::GroupSnapshots::Cut,
                 false => crate::plugin::GroupSnapshots::None,
@@ -763,7 +762,8 @@ impl Backend for IscsiBackend {
                 AccessMode::SingleNodeSingleWriter,
                 AccessMode::SingleNodeMultiWriter,
             ],
-            snapshot_metadata: false,
+            // The store's own, of the store's snapshots.
+            snapshot_metadata: store.as_ref().is_some_and(|c| c.snapshot_metadata),
         }
     }
 
@@ -771,8 +771,15 @@ impl Backend for IscsiBackend {
         // A driver that died cutting a group left its holds suspended:
         // the initiators' I/O waits on them until they are resumed.
         if let (Some(_), Some(holds)) = (&self.store, &self.holds) {
-            for name in holds.resume_all().await? {
-                tracing::warn!(hold = %name, "resumed a hold device a group snapshot left suspended");
+            match holds.resume_all().await {
+                Ok(resumed) => {
+                    for name in resumed {
+                        tracing::warn!(hold = %name, "resumed a hold device a group snapshot left suspended");
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e.message, "could not look for hold devices left suspended")
+                }
             }
         }
         Ok(())
@@ -1135,6 +1142,32 @@ impl Backend for IscsiBackend {
             Some(s) => Ok(Some(self.snapshot_from_store(s)?)),
             None => Ok(None),
         }
+    }
+
+    async fn allocated_blocks(
+        &self,
+        snapshot: &SnapshotId,
+        start: u64,
+        max: usize,
+        secrets: &Secrets,
+    ) -> Result<BlockPage> {
+        self.store()?
+            .allocated_blocks(&self.snap_to_store(snapshot)?, start, max, secrets)
+            .await
+    }
+
+    async fn changed_blocks(
+        &self,
+        base: &SnapshotId,
+        target: &SnapshotId,
+        start: u64,
+        max: usize,
+        secrets: &Secrets,
+    ) -> Result<BlockPage> {
+        let (base, target) = (self.snap_to_store(base)?, self.snap_to_store(target)?);
+        self.store()?
+            .changed_blocks(&base, &target, start, max, secrets)
+            .await
     }
 
     async fn list_snapshots(
