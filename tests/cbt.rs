@@ -158,6 +158,94 @@ async fn changed_blocks_are_exactly_the_blocks_written_between_two_snapshots() {
     }
     assert!(rebuilt == target, "base + delta is not the target");
 
+    // The same through the client, as a backup tool would: each snapshot
+    // restored to a raw block volume, a full image of the first from its
+    // allocated ranges, the second's delta written over it: the image is
+    // the second snapshot, byte for byte.
+    let restore = |name: &'static str, snapshot: String| {
+        let h = &h;
+        async move {
+            let mut req = create_req(name, 16 * MIB, block_cap(SNW));
+            req.volume_content_source = Some(snapshot_source(&snapshot));
+            let id = h
+                .controller()
+                .create_volume(req)
+                .await
+                .unwrap()
+                .into_inner()
+                .volume
+                .unwrap()
+                .volume_id;
+            let staging = h.path(&format!("kubelet/staging/{name}"));
+            let target = h.path(&format!("kubelet/pods/{name}"));
+            std::fs::create_dir_all(&staging).unwrap();
+            h.node()
+                .node_stage_volume(stage_req(&id, &staging, block_cap(SNW)))
+                .await
+                .unwrap();
+            h.node()
+                .node_publish_volume(publish_req(&id, &staging, &target, block_cap(SNW), false))
+                .await
+                .unwrap();
+            Published {
+                id,
+                staging,
+                target,
+            }
+        }
+    };
+    let (r1, r2) = (
+        restore("cbt-r1", s1.clone()).await,
+        restore("cbt-r2", s2.clone()).await,
+    );
+    let backup = h.path("backup.img");
+    let client = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrovol"))
+            .arg("client")
+            .arg("--endpoint")
+            .arg(format!("unix://{}", h.socket().display()))
+            .arg("--output")
+            .arg("json")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let b = backup.to_str().unwrap();
+    let full = client(&[
+        "backup",
+        &s1,
+        "--data",
+        r1.target.to_str().unwrap(),
+        "--out",
+        b,
+    ]);
+    assert_eq!(full["image_bytes"], 16 * MIB);
+    let inc = client(&[
+        "backup",
+        &s2,
+        "--base",
+        &s1,
+        "--data",
+        r2.target.to_str().unwrap(),
+        "--out",
+        b,
+    ]);
+    assert_eq!(inc["ranges"], 3, "{inc}");
+    assert_eq!(inc["bytes_copied"], 3 * B, "{inc}");
+    assert!(
+        std::fs::read(&backup).unwrap() == target,
+        "full + delta is not the second snapshot"
+    );
+    let listed = client(&["delta", &s1, &s2, "--max-results", "2"]);
+    assert_eq!(listed["messages"], 2, "{listed}");
+    assert_eq!(listed["ranges"].as_array().unwrap().len(), 3, "{listed}");
+
     // Errors the spec names.
     let err = |r: Result<Vec<pb::GetMetadataDeltaResponse>, tonic::Status>| r.unwrap_err().code();
     assert_eq!(
@@ -183,7 +271,7 @@ async fn changed_blocks_are_exactly_the_blocks_written_between_two_snapshots() {
         tonic::Code::InvalidArgument
     );
 
-    for p in [&vol, &other] {
+    for p in [&vol, &other, &r1, &r2] {
         h.teardown(p).await;
     }
 }

@@ -6,6 +6,7 @@
 //! (13 INVALID_ARGUMENT, 15 NOT_FOUND, 19 FAILED_PRECONDITION, ...), 1 when
 //! the driver cannot be reached, 2 for a usage error.
 
+mod metadata;
 mod walk;
 
 use crate::proto::controller_client::ControllerClient;
@@ -311,6 +312,38 @@ pub enum Call {
     },
     /// GroupControllerGetCapabilities.
     GroupCapabilities,
+    /// GetMetadataAllocated: the ranges of a snapshot that hold data.
+    Allocated {
+        snapshot: String,
+        #[arg(long, default_value_t = 0)]
+        starting_offset: i64,
+        #[arg(long, default_value_t = 0)]
+        max_results: i32,
+    },
+    /// GetMetadataDelta: the ranges that changed from BASE to TARGET.
+    Delta {
+        base: String,
+        target: String,
+        #[arg(long, default_value_t = 0)]
+        starting_offset: i64,
+        #[arg(long, default_value_t = 0)]
+        max_results: i32,
+    },
+    /// A backup image by changed block tracking. Without --base: the
+    /// snapshot's allocated ranges, read from DATA (the snapshot's bytes: a
+    /// volume restored from it, attached as a block device), written into
+    /// a new OUT. With --base: the ranges that changed since BASE, read
+    /// from DATA, written over OUT (which holds BASE's image). OUT ends as
+    /// large as the snapshot.
+    Backup {
+        snapshot: String,
+        #[arg(long)]
+        data: std::path::PathBuf,
+        #[arg(long)]
+        out: std::path::PathBuf,
+        #[arg(long)]
+        base: Option<String>,
+    },
     /// ControllerExpandVolume.
     ControllerExpand {
         id: String,
@@ -790,6 +823,55 @@ async fn call(
         )),
         Call::GroupCapabilities => {
             show!(g.group_controller_get_capabilities(pb::GroupControllerGetCapabilitiesRequest {}))
+        }
+        Call::Allocated {
+            snapshot,
+            starting_offset,
+            max_results,
+        } => {
+            let found = metadata::allocated(
+                channel.clone(),
+                snapshot,
+                *starting_offset,
+                *max_results,
+                secrets,
+            )
+            .await?;
+            print(out, &found);
+        }
+        Call::Delta {
+            base,
+            target,
+            starting_offset,
+            max_results,
+        } => {
+            let found = metadata::delta(
+                channel.clone(),
+                base,
+                target,
+                *starting_offset,
+                *max_results,
+                secrets,
+            )
+            .await?;
+            print(out, &found);
+        }
+        Call::Backup {
+            snapshot,
+            data,
+            out: image,
+            base,
+        } => {
+            let done = metadata::backup(
+                channel.clone(),
+                snapshot,
+                base.as_deref(),
+                data,
+                image,
+                secrets,
+            )
+            .await?;
+            print(out, &done);
         }
         Call::ControllerExpand { id: v, size, limit } => {
             show!(
