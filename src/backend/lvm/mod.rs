@@ -15,11 +15,12 @@ use crate::exec::{path_arg, Command, CommandRunner};
 use crate::host::{Host, SystemHost};
 use crate::plugin::{
     check_existing, digest_hex, is_dns_label, locator_for_name, own_source, round_up,
-    AttachContext, Attachment, Backend, Capabilities, Capacity, ContentSource, CreateSnapshot,
-    CreateVolume, Page, Secrets, SizeRules, SnapshotId, SnapshotInfo, VolumeId, VolumeInfo,
+    AttachContext, Attachment, Backend, BlockPage, Capabilities, Capacity, ContentSource,
+    CreateSnapshot, CreateVolume, Page, Secrets, SizeRules, SnapshotId, SnapshotInfo, VolumeId,
+    VolumeInfo,
 };
 use serde::Deserialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -133,6 +134,7 @@ fn is_lvm_name(name: &str) -> bool {
         && name != ".."
 }
 
+mod blocks;
 mod command;
 mod report;
 
@@ -182,6 +184,8 @@ pub struct LvmBackend {
     /// count nested freezes ([`crate::host::freeze::block_freeze_nests`]);
     /// elsewhere groups are taken only while no member is staged.
     group_snapshots: crate::plugin::GroupSnapshots,
+    /// One metadata snapshot at a time per thin pool (see `blocks`).
+    pool_locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     // No lock of its own: the operation guard covers every id an operation
     // touches, and lvm serializes changes to a volume group's metadata
     // itself. A create racing another for the last free extents fails in
@@ -237,12 +241,23 @@ impl LvmBackend {
             settings,
             runner,
             host: Arc::new(SystemHost),
+            pool_locks: Default::default(),
             group_snapshots: if crate::host::freeze::block_freeze_nests() {
                 crate::plugin::GroupSnapshots::Frozen
             } else {
                 crate::plugin::GroupSnapshots::Unstaged
             },
         })
+    }
+
+    /// The lock of thin pool `vg/pool`'s metadata snapshot.
+    fn pool_lock(&self, vg: &str, pool: &str) -> Arc<tokio::sync::Mutex<()>> {
+        use crate::sync::LockExt;
+        self.pool_locks
+            .locked()
+            .entry(format!("{vg}/{pool}"))
+            .or_default()
+            .clone()
     }
 
     /// The same, on another host seam.
@@ -647,6 +662,12 @@ impl Backend for LvmBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             group_snapshot: self.group_snapshots,
+            // Thin snapshots: from the pool's block map.
+            snapshot_metadata: self
+                .settings
+                .device_classes
+                .iter()
+                .any(|c| c.thin_pool.is_some()),
             ..Capabilities::node_local_block_device()
         }
     }
@@ -963,6 +984,27 @@ impl Backend for LvmBackend {
             .await?
             .ok_or_else(|| Error::internal(format!("snapshot {target} vanished")))?;
         self.snapshot_info(&class, &lv)
+    }
+
+    async fn allocated_blocks(
+        &self,
+        snapshot: &SnapshotId,
+        start: u64,
+        max: usize,
+        _secrets: &Secrets,
+    ) -> Result<BlockPage> {
+        self.thin_allocated(snapshot, start, max).await
+    }
+
+    async fn changed_blocks(
+        &self,
+        base: &SnapshotId,
+        target: &SnapshotId,
+        start: u64,
+        max: usize,
+        _secrets: &Secrets,
+    ) -> Result<BlockPage> {
+        self.thin_changed(base, target, start, max).await
     }
 
     async fn delete_snapshot(&self, id: &SnapshotId, _secrets: &Secrets) -> Result<()> {
