@@ -21,15 +21,17 @@ FROM debian:bookworm-slim
 # step): util-linux and mount (blkid, findmnt, losetup, mount, wipefs,
 # blkdiscard, blockdev), e2fsprogs, xfsprogs and btrfs-progs (make, check,
 # grow and re-UUID filesystems; xfs_quota for nfs), lvm2 (lvm, the iscsi
-# store), open-iscsi and multipath-tools (iscsi nodes), nfs-common
+# store), dmsetup (iscsi hold devices, thin pool messages),
+# thin-provisioning-tools (thin_dump, thin_delta: lvm changed block
+# tracking), open-iscsi and multipath-tools (iscsi nodes), nfs-common
 # (mount.nfs), ceph-common (rbd). The iscsi controller speaks to the host's
 # tgtd over its management socket itself: no tgt package. Versions follow the Debian release; pinning each
 # would break the build at every point release.
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
-      util-linux mount e2fsprogs xfsprogs btrfs-progs lvm2 \
-      open-iscsi multipath-tools nfs-common ceph-common \
+      util-linux mount e2fsprogs xfsprogs btrfs-progs lvm2 dmsetup \
+      thin-provisioning-tools open-iscsi multipath-tools nfs-common ceph-common \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /home/builder/src/target/release/ferrovol /usr/local/bin/ferrovol
 ENTRYPOINT ["/usr/local/bin/ferrovol"]
