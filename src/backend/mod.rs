@@ -82,6 +82,25 @@ fn build_backend(
                 Some(store) => {
                     let mut store = store.clone();
                     store.name = Some(format!("{}-store", bc.name()));
+                    if store.kind == "lvm" {
+                        // LVM reads every device it scans: one of the LUNs'
+                        // hold devices, suspended while a group is cut,
+                        // would hold its commands until it is let go.
+                        let own = store
+                            .settings
+                            .get("lvm_config")
+                            .and_then(|v| v.as_str())
+                            .unwrap_or("")
+                            .to_string();
+                        store.settings.insert(
+                            "lvm_config".into(),
+                            toml::Value::String(
+                                format!("devices/ignore_suspended_devices=1 {own}")
+                                    .trim()
+                                    .to_string(),
+                            ),
+                        );
+                    }
                     Some(build_backend(&store, runner, host, mounter, state_dir)?)
                 }
                 None => None,

@@ -112,7 +112,12 @@ impl Holds {
     async fn table(&self, name: &str) -> Result<Option<String>> {
         match self.runner.run(self.dmsetup().args(["table", name])).await {
             Ok(out) => Ok(Some(out.stdout.trim().to_string())),
-            Err(e) if stderr(&e).contains("No such device") => Ok(None),
+            Err(e)
+                if stderr(&e).contains("No such device")
+                    || stderr(&e).contains("does not exist") =>
+            {
+                Ok(None)
+            }
             Err(e) => Err(e.into()),
         }
     }

@@ -46,8 +46,10 @@ pub const CHAP_PASSWORD: &str = "chapPassword";
 pub const MUTUAL_USER: &str = "chapMutualUsername";
 pub const MUTUAL_PASSWORD: &str = "chapMutualPassword";
 
-/// How long a group snapshot may hold its members' writers.
-const HOLD_DEADLINE: Duration = Duration::from_secs(60);
+/// How long a group snapshot may hold its members' writers: well inside
+/// an initiator's SCSI command timeout (Linux: 30 s), past which it aborts
+/// the commands held.
+const HOLD_DEADLINE: Duration = Duration::from_secs(20);
 
 /// Publish context keys.
 const CTX_PORTALS: &str = "portals";
@@ -1390,7 +1392,9 @@ impl IscsiBackend {
         if record.copy.is_some() || !store.node_copy_pending(&store_id, &none).await? {
             return Ok(());
         }
-        if let Some(uuid) = crate::node::fs::uuid(self.runner.as_ref(), &record.device).await? {
+        // Read through what tgtd serves: the initiators' writes are in its
+        // cache until they reach the store's device.
+        if let Some(uuid) = crate::node::fs::uuid(self.runner.as_ref(), &record.served()).await? {
             record.copy = Some(FsCopy {
                 token: copy_token()?,
                 uuid,
@@ -1407,7 +1411,7 @@ impl IscsiBackend {
         let Some(copy) = &record.copy else {
             return Ok(());
         };
-        let now = crate::node::fs::uuid(self.runner.as_ref(), &record.device).await?;
+        let now = crate::node::fs::uuid(self.runner.as_ref(), &record.served()).await?;
         if now.is_some_and(|u| u != copy.uuid) {
             tracing::info!(volume = %id, "the copy's filesystem has its own UUID now");
             record.copy = None;
