@@ -25,8 +25,9 @@ async fn identity_and_node_info() {
         .unwrap()
         .into_inner();
     // CONTROLLER_SERVICE, VOLUME_ACCESSIBILITY_CONSTRAINTS,
-    // GROUP_CONTROLLER_SERVICE, and online expansion.
-    assert_eq!(caps.capabilities.len(), 4, "{caps:?}");
+    // GROUP_CONTROLLER_SERVICE, SNAPSHOT_METADATA_SERVICE, and online
+    // expansion.
+    assert_eq!(caps.capabilities.len(), 5, "{caps:?}");
     assert!(
         format!("{caps:?}").contains("GroupControllerService"),
         "{caps:?}"
@@ -852,7 +853,7 @@ async fn modes_serve_only_their_services() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(caps.capabilities.len(), 4);
+    assert_eq!(caps.capabilities.len(), 5);
 
     let controller_only = Harness::start_with_env(None, &[("FERROVOL_MODE", "controller")]).await;
     let r = controller_only
@@ -1075,7 +1076,7 @@ fn mounted_uuid(path: &std::path::Path) -> String {
 
 /// Clients that send the socket path as `:authority` (kubelet before 1.26
 /// with the node-driver-registrar, csc, grpcio, grpc-java) reach every RPC
-/// of the four services, and get the answers a well-behaved client gets.
+/// of the five services, and get the answers a well-behaved client gets.
 /// Needs python3 with grpcio and grpcio-tools (`.ci/run` installs them).
 #[tokio::test]
 async fn clients_sending_the_socket_path_as_authority_reach_every_rpc() {
@@ -1101,8 +1102,12 @@ async fn clients_sending_the_socket_path_as_authority_reach_every_rpc() {
     // What a client with an authority the server takes gets: the reference.
     let reference = run("localhost");
     let lines: Vec<&str> = reference.lines().collect();
-    // Identity, Controller, GroupController, Node.
-    assert_eq!(lines.len(), 3 + 15 + 4 + 8, "{reference}");
+    // Identity, Controller, GroupController, SnapshotMetadata, Node.
+    assert_eq!(lines.len(), 3 + 15 + 4 + 2 + 8, "{reference}");
+    assert!(
+        lines.contains(&"SnapshotMetadata/GetMetadataDelta INVALID_ARGUMENT"),
+        "{reference}"
+    );
     assert!(
         lines.contains(&"GroupController/GroupControllerGetCapabilities OK"),
         "{reference}"

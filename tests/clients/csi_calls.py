@@ -46,7 +46,10 @@ def main():
         for method in service.methods:
             request = getattr(messages, method.input_type.name)()
             try:
-                getattr(stub, method.name)(request, timeout=10)
+                answer = getattr(stub, method.name)(request, timeout=10)
+                # A server stream answers as it is read.
+                if hasattr(answer, "__next__"):
+                    list(answer)
                 code = "OK"
             except grpc.RpcError as e:
                 code = e.code().name
