@@ -163,36 +163,9 @@ async fn changed_blocks_are_exactly_the_blocks_written_between_two_snapshots() {
     // allocated ranges, the second's delta written over it: the image is
     // the second snapshot, byte for byte.
     let restore = |name: &'static str, snapshot: String| {
-        let h = &h;
-        async move {
-            let mut req = create_req(name, 16 * MIB, block_cap(SNW));
-            req.volume_content_source = Some(snapshot_source(&snapshot));
-            let id = h
-                .controller()
-                .create_volume(req)
-                .await
-                .unwrap()
-                .into_inner()
-                .volume
-                .unwrap()
-                .volume_id;
-            let staging = h.path(&format!("kubelet/staging/{name}"));
-            let target = h.path(&format!("kubelet/pods/{name}"));
-            std::fs::create_dir_all(&staging).unwrap();
-            h.node()
-                .node_stage_volume(stage_req(&id, &staging, block_cap(SNW)))
-                .await
-                .unwrap();
-            h.node()
-                .node_publish_volume(publish_req(&id, &staging, &target, block_cap(SNW), false))
-                .await
-                .unwrap();
-            Published {
-                id,
-                staging,
-                target,
-            }
-        }
+        let mut req = create_req(name, 16 * MIB, block_cap(SNW));
+        req.volume_content_source = Some(snapshot_source(&snapshot));
+        h.provision_req(req)
     };
     let (r1, r2) = (
         restore("cbt-r1", s1.clone()).await,

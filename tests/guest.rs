@@ -2662,37 +2662,10 @@ async fn guest_lvm_thin_changed_blocks() {
     const K64: u64 = 64 << 10;
     let cap = block_cap(SNW);
     let bring_up = |name: &'static str, class: &'static str, from: Option<String>| {
-        let (h, cap) = (&h, cap.clone());
-        async move {
-            let mut req = create_req(name, 16 * MIB, cap.clone());
-            req.parameters.insert("deviceClass".into(), class.into());
-            req.volume_content_source = from.as_deref().map(snapshot_source);
-            let id = h
-                .controller()
-                .create_volume(req)
-                .await
-                .unwrap()
-                .into_inner()
-                .volume
-                .unwrap()
-                .volume_id;
-            let staging = h.path(&format!("kubelet/staging/{name}"));
-            let target = h.path(&format!("kubelet/pods/{name}"));
-            std::fs::create_dir_all(&staging).unwrap();
-            h.node()
-                .node_stage_volume(stage_req(&id, &staging, cap.clone()))
-                .await
-                .unwrap();
-            h.node()
-                .node_publish_volume(publish_req(&id, &staging, &target, cap, false))
-                .await
-                .unwrap();
-            Published {
-                id,
-                staging,
-                target,
-            }
-        }
+        let mut req = create_req(name, 16 * MIB, cap.clone());
+        req.parameters.insert("deviceClass".into(), class.into());
+        req.volume_content_source = from.as_deref().map(snapshot_source);
+        h.provision_req(req)
     };
     let write = |dev: &std::path::Path, offset: u64, byte: u8| {
         use std::os::unix::fs::FileExt;

@@ -472,9 +472,16 @@ impl Harness {
     /// Creates a volume, stages it under `kubelet/staging/<name>` and
     /// publishes it at `kubelet/pods/<name>`.
     pub async fn provision(&self, name: &str, size: i64, cap: pb::VolumeCapability) -> Published {
+        self.provision_req(create_req(name, size, cap)).await
+    }
+
+    /// [`Harness::provision`] of a request of the caller's (parameters, a
+    /// content source), with its first capability.
+    pub async fn provision_req(&self, req: pb::CreateVolumeRequest) -> Published {
+        let (name, cap) = (req.name.clone(), req.volume_capabilities[0].clone());
         let id = self
             .controller()
-            .create_volume(create_req(name, size, cap.clone()))
+            .create_volume(req)
             .await
             .unwrap()
             .into_inner()
