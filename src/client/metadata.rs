@@ -34,6 +34,41 @@ impl Ranges {
     }
 }
 
+/// The fields both responses carry.
+trait Page {
+    fn parts(&self) -> (i32, i64, &[pb::BlockMetadata]);
+}
+
+impl Page for pb::GetMetadataAllocatedResponse {
+    fn parts(&self) -> (i32, i64, &[pb::BlockMetadata]) {
+        (
+            self.block_metadata_type,
+            self.volume_capacity_bytes,
+            &self.block_metadata,
+        )
+    }
+}
+
+impl Page for pb::GetMetadataDeltaResponse {
+    fn parts(&self) -> (i32, i64, &[pb::BlockMetadata]) {
+        (
+            self.block_metadata_type,
+            self.volume_capacity_bytes,
+            &self.block_metadata,
+        )
+    }
+}
+
+/// Reads a stream to its end.
+async fn gather<T: Page>(mut stream: tonic::Streaming<T>) -> Result<Ranges, Status> {
+    let mut out = Ranges::default();
+    while let Some(m) = stream.message().await? {
+        let (kind, capacity, blocks) = m.parts();
+        out.add(kind, capacity, blocks);
+    }
+    Ok(out)
+}
+
 pub async fn allocated(
     channel: Channel,
     snapshot: &str,
@@ -41,7 +76,7 @@ pub async fn allocated(
     max_results: i32,
     secrets: HashMap<String, String>,
 ) -> Result<Ranges, Status> {
-    let mut stream = SnapshotMetadataClient::new(channel)
+    let stream = SnapshotMetadataClient::new(channel)
         .get_metadata_allocated(pb::GetMetadataAllocatedRequest {
             snapshot_id: snapshot.to_string(),
             starting_offset,
@@ -50,15 +85,7 @@ pub async fn allocated(
         })
         .await?
         .into_inner();
-    let mut out = Ranges::default();
-    while let Some(m) = stream.message().await? {
-        out.add(
-            m.block_metadata_type,
-            m.volume_capacity_bytes,
-            &m.block_metadata,
-        );
-    }
-    Ok(out)
+    gather(stream).await
 }
 
 pub async fn delta(
@@ -69,7 +96,7 @@ pub async fn delta(
     max_results: i32,
     secrets: HashMap<String, String>,
 ) -> Result<Ranges, Status> {
-    let mut stream = SnapshotMetadataClient::new(channel)
+    let stream = SnapshotMetadataClient::new(channel)
         .get_metadata_delta(pb::GetMetadataDeltaRequest {
             base_snapshot_id: base.to_string(),
             target_snapshot_id: target.to_string(),
@@ -79,15 +106,7 @@ pub async fn delta(
         })
         .await?
         .into_inner();
-    let mut out = Ranges::default();
-    while let Some(m) = stream.message().await? {
-        out.add(
-            m.block_metadata_type,
-            m.volume_capacity_bytes,
-            &m.block_metadata,
-        );
-    }
-    Ok(out)
+    gather(stream).await
 }
 
 /// What a backup wrote.
