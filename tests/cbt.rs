@@ -172,23 +172,7 @@ async fn changed_blocks_are_exactly_the_blocks_written_between_two_snapshots() {
         restore("cbt-r2", s2.clone()).await,
     );
     let backup = h.path("backup.img");
-    let client = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrovol"))
-            .arg("client")
-            .arg("--endpoint")
-            .arg(format!("unix://{}", h.socket().display()))
-            .arg("--output")
-            .arg("json")
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
-    };
+    let client = |args: &[&str]| h.client_json(args);
     let b = backup.to_str().unwrap();
     let full = client(&[
         "backup",

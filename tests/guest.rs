@@ -2689,24 +2689,7 @@ async fn guest_lvm_thin_changed_blocks() {
             .map(|r| (r[0].as_u64().unwrap(), r[1].as_u64().unwrap()))
             .collect()
     };
-    let client = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrovol"))
-            .arg("client")
-            .arg("--endpoint")
-            .arg(format!("unix://{}", h.socket().display()))
-            .arg("--output")
-            .arg("json")
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?}: {}\n{}",
-            String::from_utf8_lossy(&out.stderr),
-            h.log()
-        );
-        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
-    };
+    let client = |args: &[&str]| h.client_json(args);
     let m = MIB as u64;
     let allocated = client(&["allocated", &s1]);
     assert_eq!(allocated["volume_capacity_bytes"], 16 * MIB);

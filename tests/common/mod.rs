@@ -475,6 +475,28 @@ impl Harness {
         self.provision_req(create_req(name, size, cap)).await
     }
 
+    /// Runs `ferrovol client ARGS --output json` against this driver and
+    /// answers what it printed; a failed call fails the test, with the
+    /// driver's log.
+    pub fn client_json(&self, args: &[&str]) -> serde_json::Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_ferrovol"))
+            .arg("client")
+            .arg("--endpoint")
+            .arg(format!("unix://{}", self.socket().display()))
+            .arg("--output")
+            .arg("json")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.log()
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
     /// [`Harness::provision`] of a request of the caller's (parameters, a
     /// content source), with its first capability.
     pub async fn provision_req(&self, req: pb::CreateVolumeRequest) -> Published {
