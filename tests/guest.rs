@@ -2025,17 +2025,7 @@ async fn guest_iscsi_group_snapshots_of_volumes_being_written() {
                 (id, staging)
             }
         };
-        let wait_for = |what: &str, done: &dyn Fn() -> bool| {
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-            while !done() {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "{what}: not within 120 s; the driver's log:\n{}",
-                    h.log()
-                );
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-        };
+        let wait_for = |what: &str, done: &dyn Fn() -> bool| h.wait_until(what, done);
         let (a, a_dir) = bring_up(format!("{store}-data"), None).await;
         let (b, b_dir) = bring_up(format!("{store}-wal"), None).await;
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -2538,17 +2528,7 @@ async fn guest_lvm_group_snapshots_of_volumes_being_written() {
             (id, staging)
         }
     };
-    let wait_for = |what: &str, done: &dyn Fn() -> bool| {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-        while !done() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{what}: not within 120 s; the driver's log:\n{}",
-                h.log()
-            );
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-    };
+    let wait_for = |what: &str, done: &dyn Fn() -> bool| h.wait_until(what, done);
     for class in ["thick", "thin"] {
         let (a, a_dir) = bring_up(format!("{class}-data"), class, None).await;
         let (b, b_dir) = bring_up(format!("{class}-wal"), class, None).await;
@@ -2839,17 +2819,7 @@ async fn guest_rbd_group_snapshots_of_mapped_and_unmapped_volumes() {
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = interleave(a_dir.join("seq"), b_dir.join("seq"), true, stop.clone());
     let read = |p: &std::path::Path| read_seq(p);
-    let wait_for = |what: &str, done: &dyn Fn() -> bool| {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-        while !done() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{what}: not within 120 s; the driver's log:\n{}",
-                h.log()
-            );
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-    };
+    let wait_for = |what: &str, done: &dyn Fn() -> bool| h.wait_until(what, done);
     wait_for("the writer's first 20 rounds", &|| {
         read(&a_dir.join("seq")) >= 20
     });

@@ -475,6 +475,20 @@ impl Harness {
         self.provision_req(create_req(name, size, cap)).await
     }
 
+    /// Waits (up to 120 s, polling every 20 ms) until `done`; a wait that
+    /// runs out fails the test with the driver's log.
+    pub fn wait_until(&self, what: &str, done: &dyn Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !done() {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not within 120 s; the driver's log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Runs `ferrovol client ARGS --output json` against this driver and
     /// answers what it printed; a failed call fails the test, with the
     /// driver's log.
