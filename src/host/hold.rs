@@ -321,6 +321,32 @@ mod tests {
         assert!(!lines
             .iter()
             .any(|l| l.contains("vg-lv") && l.contains("resume")));
+        // Grown: reloaded at the new size and resumed; the same size:
+        // nothing but the look.
+        std::fs::write(root.path().join("sys/dev/block/1:3/size"), "4096\n").unwrap();
+        r.expect("dmsetup", Reply::Ok(format!("{table}\n")))
+            .ok("dmsetup")
+            .ok("dmsetup");
+        holds.resize(&name, &device).await.unwrap();
+        let grown = "0 4096 linear 1:3 0";
+        assert!(r
+            .lines()
+            .contains(&format!("dmsetup reload {name} --table {grown}")));
+        let before = r.lines().len();
+        r.expect("dmsetup", Reply::Ok(format!("{grown}\n")));
+        holds.resize(&name, &device).await.unwrap();
+        assert_eq!(r.lines().len(), before + 1);
+        // Removed when there; gone already: no error, nothing removed.
+        r.expect("dmsetup", Reply::Ok(format!("{grown}\n")))
+            .ok("dmsetup");
+        holds.remove(&name).await.unwrap();
+        assert_eq!(r.lines().last().unwrap(), &format!("dmsetup remove {name}"));
+        r.expect(
+            "dmsetup",
+            Reply::Fail(1, "Device does not exist.\nCommand failed.".into()),
+        );
+        holds.remove(&name).await.unwrap();
+        assert!(r.lines().last().unwrap().starts_with("dmsetup table"));
         // Names not of a hold are refused before anything runs.
         let before = r.lines().len();
         assert!(holds.suspend("vg-lv").await.is_err());
