@@ -261,7 +261,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn holds_are_made_once_mended_only_when_unused_and_resumed_after_a_crash() {
+    async fn holds_are_made_once_mended_only_when_unused_resized_removed_and_resumed_after_a_crash() {
         let root = tempfile::tempdir().unwrap();
         let device = fixture(root.path());
         let r = Arc::new(FakeRunner::new());
