@@ -38,7 +38,6 @@ fn stderr(e: &ExecError) -> &str {
 #[derive(Clone)]
 pub struct Holds {
     runner: Arc<dyn CommandRunner>,
-    dev: PathBuf,
     sysfs: PathBuf,
 }
 
@@ -46,14 +45,12 @@ impl Holds {
     pub fn new(runner: Arc<dyn CommandRunner>) -> Self {
         Holds {
             runner,
-            dev: "/dev".into(),
             sysfs: "/sys".into(),
         }
     }
 
-    /// Another `dev` and `sys` root (tests).
-    pub fn with_roots(mut self, dev: &Path, sysfs: &Path) -> Self {
-        self.dev = dev.to_path_buf();
+    /// Another `sys` root (tests).
+    pub fn with_sysfs(mut self, sysfs: &Path) -> Self {
         self.sysfs = sysfs.to_path_buf();
         self
     }
@@ -70,8 +67,8 @@ impl Holds {
     }
 
     /// Where the hold `name` is served from.
-    pub fn path(&self, name: &str) -> PathBuf {
-        self.dev.join("mapper").join(name)
+    pub fn path(name: &str) -> PathBuf {
+        Path::new("/dev/mapper").join(name)
     }
 
     fn dmsetup(&self) -> Command {
@@ -137,8 +134,8 @@ impl Holds {
     }
 
     /// Makes hold `name` over `device` (or finds it made), sized to it
-    /// now; answers the path to serve.
-    pub async fn ensure(&self, name: &str, device: &Path) -> Result<PathBuf> {
+    /// now; it is served from [`Holds::path`].
+    pub async fn ensure(&self, name: &str, device: &Path) -> Result<()> {
         Self::check_name(name)?;
         let want = self.table_for(device)?;
         match self.table(name).await? {
@@ -160,7 +157,7 @@ impl Holds {
                     .await?;
             }
         }
-        Ok(self.path(name))
+        Ok(())
     }
 
     async fn reload(&self, name: &str, table: &str) -> Result<()> {
@@ -261,12 +258,12 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn holds_are_made_once_mended_only_when_unused_resized_removed_and_resumed_after_a_crash() {
+    async fn holds_are_made_once_mended_only_when_unused_resized_removed_and_resumed_after_a_crash()
+    {
         let root = tempfile::tempdir().unwrap();
         let device = fixture(root.path());
         let r = Arc::new(FakeRunner::new());
-        let holds =
-            Holds::new(r.clone()).with_roots(&root.path().join("dev"), &root.path().join("sys"));
+        let holds = Holds::new(r.clone()).with_sysfs(&root.path().join("sys"));
         let name = Holds::name_for("iqn.2026-01.io.ferrovol:v1");
         assert!(name.starts_with("fvh-") && name.len() == 36, "{name}");
         assert_eq!(name, Holds::name_for("iqn.2026-01.io.ferrovol:v1"));
@@ -281,8 +278,8 @@ mod tests {
             ),
         )
         .ok("dmsetup");
-        let path = holds.ensure(&name, &device).await.unwrap();
-        assert_eq!(path, root.path().join("dev/mapper").join(&name));
+        holds.ensure(&name, &device).await.unwrap();
+        assert_eq!(Holds::path(&name), Path::new("/dev/mapper").join(&name));
         // There with this table: nothing run but the look.
         r.expect("dmsetup", Reply::Ok(format!("{table}\n")));
         holds.ensure(&name, &device).await.unwrap();

@@ -155,7 +155,7 @@ impl Record {
     /// What tgtd serves as LUN 1.
     fn served(&self) -> PathBuf {
         match &self.hold {
-            Some(name) => PathBuf::from("/dev/mapper").join(name),
+            Some(name) => Holds::path(name),
             None => self.device.clone(),
         }
     }
