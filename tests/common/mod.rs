@@ -807,6 +807,12 @@ pub fn interleave(
     })
 }
 
+/// Whether a restored pair of [`interleave`]'s files is one some instant
+/// of the writer held: equal, or the first one ahead by one.
+pub fn one_instant(first: u64, second: u64) -> bool {
+    first == second || first == second + 1
+}
+
 /// The number [`interleave`] last wrote to `p` (0: none).
 pub fn read_seq(p: &Path) -> u64 {
     std::fs::read_to_string(p)
