@@ -184,6 +184,26 @@ async fn controller_path(cluster: &CephCluster, road: &str) {
         .await
         .unwrap();
 
+    // Known writes for changed block tracking: 8 KiB at 0 before the
+    // first snapshot, 64 KiB at 0 after it.
+    let bench = |size: &str, total: &str| {
+        cluster.rbd(&[
+            "bench",
+            "--io-type",
+            "write",
+            "--io-pattern",
+            "seq",
+            "--io-threads",
+            "1",
+            "--io-size",
+            size,
+            "--io-total",
+            total,
+            "rbd/fv-pvc-rbd",
+        ])
+    };
+    bench("4096", "8192");
+
     // Snapshots, a restore and a clone chain past the flatten depth.
     let snap = c
         .create_snapshot(pb::CreateSnapshotRequest {
@@ -198,6 +218,44 @@ async fn controller_path(cluster: &CephCluster, road: &str) {
         .snapshot
         .unwrap();
     assert!(snap.ready_to_use);
+
+    // Changed block tracking, exact: what the first snapshot holds, and
+    // what changed up to a second one.
+    bench("65536", "65536");
+    let snap2 = h.snapshot("snap-2", &vol.volume_id).await;
+    let ranges = |v: serde_json::Value| -> Vec<(u64, u64)> {
+        v["ranges"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| (r[0].as_u64().unwrap(), r[1].as_u64().unwrap()))
+            .collect()
+    };
+    let allocated = h.client_json(&["allocated", &snap.snapshot_id]);
+    assert_eq!(allocated["volume_capacity_bytes"], 20 * MIB, "{allocated}");
+    assert_eq!(ranges(allocated), [(0, 8192)], "{road}");
+    let delta = h.client_json(&["delta", &snap.snapshot_id, &snap2]);
+    assert_eq!(ranges(delta), [(0, 65536)], "{road}");
+    let later = h.client_json(&[
+        "delta",
+        &snap.snapshot_id,
+        &snap2,
+        "--starting-offset",
+        "16384",
+    ]);
+    assert_eq!(ranges(later), [(16384, 49152)], "{road}");
+    c.delete_snapshot(pb::DeleteSnapshotRequest {
+        snapshot_id: snap2,
+        secrets: secrets(cluster),
+    })
+    .await
+    .unwrap();
+    let cuts = cluster.rbd(&["snap", "ls", "rbd/fv-pvc-rbd"]);
+    assert!(
+        !cuts.contains("fvs-pvc-snap-2"),
+        "the second cut stayed: {cuts}"
+    );
+    assert!(cuts.contains("tmp-tmp-fvs-"), "the first cut went: {cuts}");
     assert_eq!(snap.source_volume_id, vol.volume_id);
     let got = c
         .list_snapshots(pb::ListSnapshotsRequest {

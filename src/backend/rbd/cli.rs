@@ -4,7 +4,7 @@
 //! is not there, and the node's map and unmap always.
 
 use super::cluster::{
-    pool_available, Cluster, Info, Layout, Listed, Spec, TrashEntry, EEXIST, ENOENT,
+    pool_available, Cluster, Info, Layout, Listed, Pager, Spec, TrashEntry, EEXIST, ENOENT,
 };
 use super::creds::Creds;
 use crate::error::{Error, Result};
@@ -24,6 +24,39 @@ struct Status {
 #[derive(Debug, Clone, Deserialize)]
 struct Watcher {
     address: String,
+}
+
+/// One row of `rbd snap ls --format json` (user snapshots).
+#[derive(Debug, Clone, Deserialize)]
+struct Snap {
+    name: String,
+}
+
+/// One extent of `rbd diff --format json`.
+#[derive(Debug, Clone, Deserialize)]
+struct DiffExtent {
+    offset: u64,
+    length: u64,
+}
+
+/// A page of `rbd diff` output (every extent of the image, in order).
+pub(super) fn diff_page(
+    out: &str,
+    start: u64,
+    max: usize,
+) -> Result<(Vec<(u64, u64)>, Option<u64>)> {
+    let extents: Vec<DiffExtent> = if out.trim().is_empty() {
+        Vec::new()
+    } else {
+        json("diff", out)?
+    };
+    let mut pager = Pager::new(start, max);
+    for e in extents {
+        if !pager.take(e.offset, e.length) {
+            break;
+        }
+    }
+    Ok(pager.done())
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -384,6 +417,39 @@ impl Cluster for CliCluster {
         self.run(creds, &["snap", "rm", &format!("{}@{snap}", spec.arg())])
             .await
             .map(|_| ())
+    }
+
+    async fn snaps(&self, creds: &Creds, spec: &Spec) -> Result<Vec<String>> {
+        let out = self
+            .run(creds, &["snap", "ls", &spec.arg(), "--format", "json"])
+            .await?;
+        let snaps: Vec<Snap> = json("snap ls", &out)?;
+        Ok(snaps.into_iter().map(|s| s.name).collect())
+    }
+
+    /// The command line has no offset: each page reads the whole diff
+    /// and keeps its part.
+    async fn diff(
+        &self,
+        creds: &Creds,
+        spec: &Spec,
+        at: Option<&str>,
+        from: Option<&str>,
+        start: u64,
+        max: usize,
+    ) -> Result<(Vec<(u64, u64)>, Option<u64>)> {
+        let image = match at {
+            Some(snap) => format!("{}@{snap}", spec.arg()),
+            None => spec.arg(),
+        };
+        let mut cmd = self
+            .cmd(creds)?
+            .args(["diff", "--format", "json", &image])
+            .timeout(LONG);
+        if let Some(f) = from {
+            cmd = cmd.args(["--from-snap", f]);
+        }
+        diff_page(&self.run_cmd(cmd).await?, start, max)
     }
 
     async fn pool_available(&self, creds: &Creds, pool: &str) -> Result<u64> {

@@ -107,6 +107,53 @@ pub struct Layout<'a> {
     pub data_pool: &'a str,
 }
 
+/// One page of an image's diff: its extents as they come (in order),
+/// merged where they touch, at most `max`; the offset of the first extent
+/// that did not fit is where the next page starts.
+pub struct Pager {
+    start: u64,
+    max: usize,
+    ranges: Vec<(u64, u64)>,
+    next: Option<u64>,
+}
+
+impl Pager {
+    pub fn new(start: u64, max: usize) -> Pager {
+        Pager {
+            start,
+            max: max.max(1),
+            ranges: Vec::new(),
+            next: None,
+        }
+    }
+
+    /// Takes one extent (the part from the page's start); false once the
+    /// page is full.
+    pub fn take(&mut self, offset: u64, len: u64) -> bool {
+        let (from, to) = (offset.max(self.start), offset.saturating_add(len));
+        if to <= from {
+            return true;
+        }
+        if let Some((at, n)) = self.ranges.last_mut() {
+            if *at + *n >= from {
+                *n = (*n).max(to - *at);
+                return true;
+            }
+        }
+        if self.ranges.len() == self.max {
+            self.next = Some(from);
+            return false;
+        }
+        self.ranges.push((from, to - from));
+        true
+    }
+
+    /// The page's ranges and where the next one starts.
+    pub fn done(self) -> (Vec<(u64, u64)>, Option<u64>) {
+        (self.ranges, self.next)
+    }
+}
+
 /// errno values decisions are made by.
 pub const ENOENT: i32 = 2;
 pub const EEXIST: i32 = 17;
@@ -218,6 +265,21 @@ pub trait Cluster: Send + Sync {
     async fn rename(&self, creds: &Creds, from: &Spec, to: &Spec) -> Result<()>;
     async fn snap_create(&self, creds: &Creds, spec: &Spec, snap: &str) -> Result<()>;
     async fn snap_remove(&self, creds: &Creds, spec: &Spec, snap: &str) -> Result<()>;
+    /// The names of the image's own (user) snapshots.
+    async fn snaps(&self, creds: &Creds, spec: &Spec) -> Result<Vec<String>>;
+    /// One page (see [`Pager`]) of the exact extents from `start` that
+    /// image `spec`, at snapshot `at` or its head, holds data in, its
+    /// parent's included (`from` None), or that changed since its earlier
+    /// snapshot `from` (written, or discarded).
+    async fn diff(
+        &self,
+        creds: &Creds,
+        spec: &Spec,
+        at: Option<&str>,
+        from: Option<&str>,
+        start: u64,
+        max: usize,
+    ) -> Result<(Vec<(u64, u64)>, Option<u64>)>;
     /// The bytes `pool` can still take.
     async fn pool_available(&self, creds: &Creds, pool: &str) -> Result<u64>;
     /// Snapshots every `(image, snapshot name)` at one instant: each

@@ -15,7 +15,9 @@
 
 #![allow(unsafe_code)]
 
-use super::cluster::{feature_bits, Cluster, Info, Inspected, Layout, Parent, Spec, TrashEntry};
+use super::cluster::{
+    feature_bits, Cluster, Info, Inspected, Layout, Pager, Parent, Spec, TrashEntry,
+};
 use super::creds::Creds;
 use crate::error::{Error, Kind, Result};
 use crate::sync::LockExt;
@@ -75,7 +77,8 @@ struct GroupNamespace {
     group_snap_name: *mut c_char,
 }
 
-/// librbd.h's `RBD_SNAP_NAMESPACE_TYPE_GROUP`.
+/// librbd.h's `RBD_SNAP_NAMESPACE_TYPE_USER` and `_GROUP`.
+const SNAP_NAMESPACE_USER: c_int = 0;
 const SNAP_NAMESPACE_GROUP: c_int = 1;
 /// librbd.h's `RBD_FEATURE_EXCLUSIVE_LOCK`.
 const FEATURE_EXCLUSIVE_LOCK: u64 = 1 << 2;
@@ -177,6 +180,25 @@ api! {
     rbd_group_remove: fn(IoCtx, *const c_char) -> c_int;
     rbd_group_image_add: fn(IoCtx, *const c_char, IoCtx, *const c_char) -> c_int;
     rbd_group_snap_create2: fn(IoCtx, *const c_char, *const c_char, u32) -> c_int;
+    rbd_diff_iterate2: fn(Image, *const c_char, u64, u64, u8, u8,
+        Option<unsafe extern "C" fn(u64, usize, c_int, *mut c_void) -> c_int>, *mut c_void) -> c_int;
+}
+
+/// `rbd_diff_iterate2`'s callback: each extent into the [`Pager`] `arg`
+/// points to; a full page ends the walk (ECANCELED, no error here).
+unsafe extern "C" fn take_extent(
+    offset: u64,
+    len: usize,
+    _exists: c_int,
+    arg: *mut c_void,
+) -> c_int {
+    // SAFETY: `arg` is the pager the caller lent for this walk only.
+    let pager = unsafe { &mut *(arg as *mut Pager) };
+    if pager.take(offset, len as u64) {
+        0
+    } else {
+        -libc::ECANCELED
+    }
 }
 
 fn open(name: &str) -> std::result::Result<*mut c_void, String> {
@@ -546,6 +568,22 @@ impl Ctx<'_> {
         })
     }
 
+    /// The image read-only at its snapshot `snap`.
+    fn open_at<'s>(&self, spec: &'s Spec, snap: &str) -> Result<Img<'s>> {
+        let name = cstr("image", &spec.image)?;
+        let at = cstr("snapshot", snap)?;
+        let mut image: Image = std::ptr::null_mut();
+        // SAFETY: a live ioctx, NUL-terminated names.
+        check(|| format!("open image {}@{snap}", spec.arg()), unsafe {
+            (self.api().rbd_open_read_only)(self.io, name.as_ptr(), &mut image, at.as_ptr())
+        })?;
+        Ok(Img {
+            api: self.api(),
+            image,
+            spec,
+        })
+    }
+
     /// Whether the image exists: its id object (`rbd_id.<name>`, where
     /// format 2 images have kept their id since 2012) read by one OSD op,
     /// without the cost of opening an image.
@@ -738,11 +776,10 @@ impl Img<'_> {
         Ok(bits)
     }
 
-    /// The id of the image's snapshot that the group `group`'s snapshot
-    /// made (in the group namespace, where no name reaches it).
-    fn group_snap_id(&self, group: &str) -> Result<u64> {
+    /// Every snapshot of the image (all namespaces): id and name.
+    fn snap_list(&self) -> Result<Vec<(u64, String)>> {
         let mut cap: c_int = 16;
-        let snaps = loop {
+        loop {
             let mut rows: Vec<SnapInfo> = Vec::with_capacity(cap as usize);
             let mut n = cap;
             // SAFETY: an open image; room for `n` entries (the list ends
@@ -755,18 +792,39 @@ impl Img<'_> {
             let count = check(|| self.what("snapshots of"), ret)? as usize;
             // SAFETY: librbd filled `count` entries and the end marker.
             unsafe { rows.set_len(count) };
-            let ids: Vec<u64> = rows.iter().map(|r| r.id).collect();
+            let out = rows.iter().map(|r| (r.id, owned(r.name))).collect();
             // SAFETY: the list librbd filled, handed back once.
             unsafe { (self.api.rbd_snap_list_end)(rows.as_mut_ptr()) };
-            break ids;
-        };
-        for id in snaps {
-            let mut kind: c_int = 0;
-            // SAFETY: an open image, a snapshot id it listed, out pointer.
-            check(|| self.what("snapshot namespace of"), unsafe {
-                (self.api.rbd_snap_get_namespace_type)(self.image, id, &mut kind)
-            })?;
-            if kind != SNAP_NAMESPACE_GROUP {
+            return Ok(out);
+        }
+    }
+
+    fn snap_namespace(&self, id: u64) -> Result<c_int> {
+        let mut kind: c_int = 0;
+        // SAFETY: an open image, a snapshot id it listed, out pointer.
+        check(|| self.what("snapshot namespace of"), unsafe {
+            (self.api.rbd_snap_get_namespace_type)(self.image, id, &mut kind)
+        })?;
+        Ok(kind)
+    }
+
+    /// The names of the image's user snapshots.
+    fn user_snaps(&self) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        for (id, name) in self.snap_list()? {
+            if self.snap_namespace(id)? == SNAP_NAMESPACE_USER {
+                out.push(name);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The id of the image's snapshot that the group `group`'s snapshot
+    /// made (in the group namespace, where no name reaches it).
+    fn group_snap_id(&self, group: &str) -> Result<u64> {
+        let snaps = self.snap_list()?;
+        for (id, _) in snaps {
+            if self.snap_namespace(id)? != SNAP_NAMESPACE_GROUP {
                 continue;
             }
             // SAFETY: zeroed is the empty struct librbd fills.
@@ -787,6 +845,40 @@ impl Img<'_> {
             "{} holds no snapshot of group {group}",
             self.spec.arg()
         )))
+    }
+
+    /// One page of the exact extents from `start` holding data (with the
+    /// parent's), or changed since snapshot `from`.
+    fn diff(
+        &self,
+        from: Option<&str>,
+        start: u64,
+        max: usize,
+    ) -> Result<(Vec<(u64, u64)>, Option<u64>)> {
+        let size = self.size()?;
+        let mut pager = Pager::new(start, max);
+        if start < size {
+            let from = from.map(|f| cstr("snapshot", f)).transpose()?;
+            let from_ptr = from.as_ref().map_or(std::ptr::null(), |f| f.as_ptr());
+            // SAFETY: an open image; `pager` outlives the walk, which
+            // calls back on this thread only; exact extents, parent's too.
+            let ret = unsafe {
+                (self.api.rbd_diff_iterate2)(
+                    self.image,
+                    from_ptr,
+                    start,
+                    size - start,
+                    1,
+                    0,
+                    Some(take_extent),
+                    &mut pager as *mut Pager as *mut c_void,
+                )
+            };
+            if ret != -libc::ECANCELED {
+                check(|| self.what("diff of"), ret)?;
+            }
+        }
+        Ok(pager.done())
     }
 
     fn watchers(&self) -> Result<Vec<String>> {
@@ -1344,6 +1436,38 @@ impl Cluster for LibCluster {
         let snap = snap.to_string();
         self.image(creds, spec, true, DEADLINE, move |img| {
             img.name_op("remove snapshot", img.api.rbd_snap_remove, &snap)
+        })
+        .await
+    }
+
+    async fn snaps(&self, creds: &Creds, spec: &Spec) -> Result<Vec<String>> {
+        self.image(creds, spec, false, DEADLINE, |img| img.user_snaps())
+            .await
+    }
+
+    async fn diff(
+        &self,
+        creds: &Creds,
+        spec: &Spec,
+        at: Option<&str>,
+        from: Option<&str>,
+        start: u64,
+        max: usize,
+    ) -> Result<(Vec<(u64, u64)>, Option<u64>)> {
+        let (spec, at, from) = (
+            spec.clone(),
+            at.map(str::to_string),
+            from.map(str::to_string),
+        );
+        // Exact extents read every object's snapshot list: long on big
+        // images.
+        self.call(creds, LONG, move |c| {
+            let ctx = c.ioctx(&spec)?;
+            let img = match &at {
+                Some(snap) => ctx.open_at(&spec, snap)?,
+                None => ctx.open(&spec, false)?,
+            };
+            img.diff(from.as_deref(), start, max)
         })
         .await
     }

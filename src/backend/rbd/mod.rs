@@ -24,9 +24,9 @@ use crate::error::{Error, Kind, Result};
 use crate::exec::CommandRunner;
 use crate::plugin::{
     check_existing, check_publish_terms, join_fields, locator_for_name, node_name, node_tokens,
-    split_fields, AccessMode, AccessType, AttachContext, Attachment, Backend, Capabilities,
-    Capacity, ContentSource, ControllerAttach, CreateSnapshot, CreateVolume, Page, Secrets,
-    SizeRules, SnapshotId, SnapshotInfo, VolumeCapability, VolumeId, VolumeInfo,
+    split_fields, AccessMode, AccessType, AttachContext, Attachment, Backend, BlockPage,
+    Capabilities, Capacity, ContentSource, ControllerAttach, CreateSnapshot, CreateVolume, Page,
+    Secrets, SizeRules, SnapshotId, SnapshotInfo, VolumeCapability, VolumeId, VolumeInfo,
 };
 use crate::sync::LockExt;
 use cli::CliCluster;
@@ -541,15 +541,17 @@ impl RbdBackend {
         self.rbd().clone_image(creds, from, snap, to, layout).await
     }
 
-    /// A point-in-time clone of image `from` as `to`: a snapshot of `from`,
-    /// a clone of it, and the snapshot removed again (format 2 clones keep
-    /// what they need).
+    /// A point-in-time clone of image `from` as `to`: a snapshot of `from`
+    /// (its cut) and a clone of it. A volume's clone removes the cut again
+    /// (format 2 clones keep what they need); a snapshot's keeps it on its
+    /// source, where the changes between two snapshots are read.
     async fn copy_of(
         &self,
         creds: &Creds,
         from: &Spec,
         to: &Spec,
         params: Option<&Params>,
+        keep_cut: bool,
     ) -> Result<()> {
         let snap = cut_name(to);
         match self.rbd().snap_create(creds, from, &snap).await {
@@ -558,9 +560,48 @@ impl RbdBackend {
             Err(e) => return Err(e),
         }
         let cloned = self.clone_from(creds, from, &snap, to, params).await;
+        if keep_cut && cloned.is_ok() {
+            return Ok(());
+        }
         let removed = self.rbd().snap_remove(creds, from, &snap).await;
         cloned?;
         removed
+    }
+
+    /// The cut snapshot image `spec` was cloned from, kept on its source.
+    fn snapshot_cut(spec: &Spec) -> String {
+        cut_name(&Self::snapshot_tmp(spec))
+    }
+
+    /// Removes the cuts of this volume's snapshots kept on it (before the
+    /// volume goes: its snapshots, clones of them, then keep them in the
+    /// trash namespace while they need them).
+    async fn remove_cuts(&self, creds: &Creds, spec: &Spec) -> Result<()> {
+        let prefix = Self::snapshot_cut(&spec.with_image("fvs-"));
+        for snap in self.rbd().snaps(creds, spec).await? {
+            if snap.starts_with(&prefix) {
+                match self.rbd().snap_remove(creds, spec, &snap).await {
+                    Ok(()) => {}
+                    Err(e) if e.kind == Kind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A snapshot image's metadata and size; NOT_FOUND when it is not one.
+    async fn snapshot_meta(
+        &self,
+        creds: &Creds,
+        id: &SnapshotId,
+    ) -> Result<(Spec, u64, BTreeMap<String, String>)> {
+        let gone = || Error::not_found(format!("snapshot {id} does not exist"));
+        let spec = self.snapshot_spec(id).map_err(|_| gone())?;
+        match self.rbd().describe(creds, &spec).await? {
+            Some((info, meta)) if meta.contains_key(META_NAME) => Ok((spec, info.size, meta)),
+            _ => Err(gone()),
+        }
     }
 
     /// Removes an image, or moves it to the trash when clones still need
@@ -778,8 +819,95 @@ impl Backend for RbdBackend {
                 AccessMode::MultiNodeReaderOnly,
                 AccessMode::MultiNodeMultiWriter,
             ],
-            snapshot_metadata: false,
+            snapshot_metadata: true,
         }
+    }
+
+    /// The snapshot image's extents holding data, its source's included
+    /// (it is a clone of its cut), exact.
+    async fn allocated_blocks(
+        &self,
+        snapshot: &SnapshotId,
+        start: u64,
+        max: usize,
+        secrets: &Secrets,
+    ) -> Result<BlockPage> {
+        let creds = self.creds(secrets)?;
+        let (spec, capacity, _) = self.snapshot_meta(&creds, snapshot).await?;
+        let (ranges, next) = self
+            .rbd()
+            .diff(&creds, &spec, None, None, start, max)
+            .await?;
+        Ok(BlockPage {
+            fixed: None,
+            capacity,
+            ranges,
+            next,
+        })
+    }
+
+    /// The extents that changed on the source between the two snapshots'
+    /// cuts, exact.
+    async fn changed_blocks(
+        &self,
+        base: &SnapshotId,
+        target: &SnapshotId,
+        start: u64,
+        max: usize,
+        secrets: &Secrets,
+    ) -> Result<BlockPage> {
+        let creds = self.creds(secrets)?;
+        let (base_spec, _, base_meta) = self.snapshot_meta(&creds, base).await?;
+        let (target_spec, capacity, target_meta) = self.snapshot_meta(&creds, target).await?;
+        let (from, to) = (base_meta.get(META_SOURCE), target_meta.get(META_SOURCE));
+        if from != to {
+            return Err(Error::invalid(format!(
+                "snapshots {base} and {target} are of different volumes"
+            )));
+        }
+        let created =
+            |m: &BTreeMap<String, String>| m.get(META_CREATED).and_then(|c| c.parse::<u64>().ok());
+        if created(&base_meta) > created(&target_meta) {
+            return Err(Error::invalid(format!(
+                "base snapshot {base} is newer than target snapshot {target}"
+            )));
+        }
+        let src = to
+            .and_then(|s| VolumeId::parse(s).ok())
+            .and_then(|v| self.volume_spec(&v).ok())
+            .ok_or_else(|| Error::internal(format!("snapshot {target} names no source volume")))?;
+        let (from_cut, to_cut) = (
+            Self::snapshot_cut(&base_spec),
+            Self::snapshot_cut(&target_spec),
+        );
+        let kept = self.rbd().snaps(&creds, &src).await.map_err(|e| {
+            if e.kind == Kind::NotFound {
+                Error::precondition(format!(
+                    "the source volume of snapshots {base} and {target} is deleted: \
+                     the points they were cut at went with it"
+                ))
+            } else {
+                e
+            }
+        })?;
+        for (id, cut) in [(base, &from_cut), (target, &to_cut)] {
+            if !kept.contains(cut) {
+                return Err(Error::precondition(format!(
+                    "snapshot {id} keeps no cut on its source volume (a group snapshot \
+                     taken while the volume was in use is a full copy): no changes to read"
+                )));
+            }
+        }
+        let (ranges, next) = self
+            .rbd()
+            .diff(&creds, &src, Some(&to_cut), Some(&from_cut), start, max)
+            .await?;
+        Ok(BlockPage {
+            fixed: None,
+            capacity,
+            ranges,
+            next,
+        })
     }
 
     fn supports(&self, capability: &VolumeCapability) -> Result<()> {
@@ -975,6 +1103,7 @@ impl Backend for RbdBackend {
                 at.join(", ")
             )));
         }
+        self.remove_cuts(&creds, &spec).await?;
         self.remove(&creds, &spec).await
     }
 
@@ -1141,7 +1270,7 @@ impl Backend for RbdBackend {
         })?;
         let tmp = Self::snapshot_tmp(&spec);
         if !self.group_copy_or_clear(&creds, &tmp, &req.name).await? {
-            self.copy_of(&creds, &src, &tmp, None).await?;
+            self.copy_of(&creds, &src, &tmp, None, true).await?;
             self.flatten_if_deep(&creds, &tmp).await?;
         }
         let created = now_secs().to_string();
@@ -1178,7 +1307,25 @@ impl Backend for RbdBackend {
             self.purge_trash(&creds, &spec).await;
             return Ok(());
         }
-        // Its `base` snapshot goes first (format 2: to the snapshot trash
+        // The cut kept on its source goes first (to the snapshot trash
+        // while this image is its clone): a retry finds it gone.
+        let meta = self.rbd().meta(&creds, &spec).await?;
+        if let Some(src) = meta
+            .get(META_SOURCE)
+            .and_then(|s| VolumeId::parse(s).ok())
+            .and_then(|v| self.volume_spec(&v).ok())
+        {
+            match self
+                .rbd()
+                .snap_remove(&creds, &src, &Self::snapshot_cut(&spec))
+                .await
+            {
+                Ok(()) => {}
+                Err(e) if e.kind == Kind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        // Its `base` snapshot goes next (format 2: to the snapshot trash
         // while restored volumes still need it).
         match self.rbd().snap_remove(&creds, &spec, BASE).await {
             Ok(_) => {}
@@ -1550,7 +1697,7 @@ impl RbdBackend {
                     .info(creds, &from)
                     .await?
                     .ok_or_else(|| gone("volume", v))?;
-                self.copy_of(creds, &from, tmp, Some(p)).await?;
+                self.copy_of(creds, &from, tmp, Some(p), false).await?;
                 Ok(info.size)
             }
             ContentSource::Snapshot(s) => {

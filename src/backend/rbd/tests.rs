@@ -306,8 +306,7 @@ async fn a_snapshot_takes_one_cluster_snapshot_and_restores_take_base() {
         .expect("rbd", Reply::Ok(info("fv-src", 16 << 20)))
         .expect("rbd", Reply::Fail(2, NO_IMAGE.into())) // its temporary
         .ok("rbd") // snap create
-        .ok("rbd") // clone
-        .ok("rbd") // snap rm
+        .ok("rbd") // clone (the cut kept)
         .expect("rbd", Reply::Ok(clone_info("tmp-fvs-s1", "fv-src")))
         .expect("rbd", Reply::Ok(info("fv-src", 16 << 20)))
         .expect("rbd", Reply::Ok("{}".into()))
@@ -331,6 +330,10 @@ async fn a_snapshot_takes_one_cluster_snapshot_and_restores_take_base() {
         snapshots,
         ["snap create rbd/fv-src@tmp-tmp-fvs-s1"],
         "{o:#?}"
+    );
+    assert!(
+        !o.iter().any(|l| l.starts_with("snap rm")),
+        "the cut stays on the source for changed blocks: {o:#?}"
     );
     assert_eq!(o.last().unwrap(), "rename rbd/tmp-fvs-s1 rbd/fvs-s1");
 
@@ -399,6 +402,12 @@ async fn deletes_refuse_watchers_and_trash_what_clones_need() {
     r.expect("rbd", Reply::Ok(info("fv-a", MIB)))
         .expect("rbd", Reply::Ok(ours.into()))
         .expect("rbd", Reply::Ok(r#"{"watchers":[]}"#.into()))
+        // Its snapshots' cuts go first; a snapshot someone else made stays.
+        .expect(
+            "rbd",
+            Reply::Ok(r#"[{"id":4,"name":"tmp-tmp-fvs-s1","size":1048576},{"id":5,"name":"backup-nightly","size":1048576}]"#.into()),
+        )
+        .ok("rbd")
         .expect("rbd", Reply::Fail(39, "rbd: image has snapshots with linked clones - these must be deleted or flattened before the image can be removed.".into()))
         .ok("rbd")
         .expect("rbd", Reply::Ok(r#"[{"id":"102e3ea2dccd","name":"fv-a"},{"id":"99","name":"not-ours"}]"#.into()))
@@ -407,8 +416,10 @@ async fn deletes_refuse_watchers_and_trash_what_clones_need() {
     let o = ops(&r);
     let n = o.len();
     assert_eq!(
-        o[n - 4..],
+        o[n - 6..],
         [
+            "snap ls rbd/fv-a --format json",
+            "snap rm rbd/fv-a@tmp-tmp-fvs-s1",
             "rm rbd/fv-a",
             "trash mv rbd/fv-a",
             "trash ls rbd --format json",
@@ -422,6 +433,7 @@ async fn deletes_refuse_watchers_and_trash_what_clones_need() {
     r.expect("rbd", Reply::Ok(info("fv-a", MIB)))
         .expect("rbd", Reply::Ok(ours.into()))
         .expect("rbd", Reply::Ok(r#"{"watchers":[]}"#.into()))
+        .expect("rbd", Reply::Ok("[]".into()))
         .expect(
             "rbd",
             Reply::Fail(
@@ -989,4 +1001,91 @@ async fn a_page_of_volumes_reads_its_own_sizes() {
     let o = ops(&r);
     assert_eq!(o.len(), 5, "{o:#?}");
     assert_eq!(o[4], "ls -l rbd --format json");
+}
+
+#[test]
+fn diff_pages_merge_touching_extents_and_say_where_the_next_starts() {
+    let out = r#"[{"offset":0,"length":4096,"exists":"true"},{"offset":4096,"length":4096,"exists":"true"},
+        {"offset":1048576,"length":8192,"exists":"false"},{"offset":4194304,"length":4096,"exists":"true"}]"#;
+    let (ranges, next) = cli::diff_page(out, 0, 2).unwrap();
+    assert_eq!(ranges, [(0, 8192), (1048576, 8192)]);
+    assert_eq!(next, Some(4194304));
+    // From inside an extent: its part from there on.
+    let (ranges, next) = cli::diff_page(out, 6144, 8).unwrap();
+    assert_eq!(ranges, [(6144, 2048), (1048576, 8192), (4194304, 4096)]);
+    assert_eq!(next, None);
+    assert_eq!(cli::diff_page("", 0, 8).unwrap(), (vec![], None));
+    assert!(cli::diff_page("not json", 0, 8).is_err());
+}
+
+#[tokio::test]
+async fn changed_blocks_read_the_source_between_the_two_cuts() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = Arc::new(FakeRunner::new());
+    let b = backend(r.clone(), dir.path(), false);
+    let (s1, s2) = (
+        SnapshotId::parse("rbd:v1.c1.rbd._e.fvs-s1").unwrap(),
+        SnapshotId::parse("rbd:v1.c1.rbd._e.fvs-s2").unwrap(),
+    );
+    let meta = |name: &str, src: &str, at: u64| {
+        format!(
+            r#"{{"ferrovol.name":"{name}","ferrovol.source":"rbd:v1.c1.rbd._e.{src}","ferrovol.created":"{at}"}}"#
+        )
+    };
+    let both = |r: &FakeRunner, src2: &str| {
+        r.expect("rbd", Reply::Ok(clone_info("fvs-s1", "fv-src")))
+            .expect("rbd", Reply::Ok(meta("s1", "fv-src", 100)))
+            .expect("rbd", Reply::Ok(clone_info("fvs-s2", src2)))
+            .expect("rbd", Reply::Ok(meta("s2", src2, 200)));
+    };
+    both(&r, "fv-src");
+    r.expect(
+        "rbd",
+        Reply::Ok(r#"[{"id":4,"name":"tmp-tmp-fvs-s1"},{"id":6,"name":"tmp-tmp-fvs-s2"}]"#.into()),
+    )
+    .expect(
+        "rbd",
+        Reply::Ok(r#"[{"offset":65536,"length":4096,"exists":"true"}]"#.into()),
+    );
+    let page = b.changed_blocks(&s1, &s2, 0, 16, &secrets()).await.unwrap();
+    assert_eq!(page.ranges, [(65536, 4096)]);
+    assert_eq!(page.capacity, 16 << 20);
+    assert_eq!(
+        ops(&r).last().unwrap(),
+        "diff --format json rbd/fv-src@tmp-tmp-fvs-s2 --from-snap tmp-tmp-fvs-s1"
+    );
+
+    // A snapshot without its cut (a copy of a volume in use): no changes
+    // to read, and no diff run.
+    both(&r, "fv-src");
+    r.expect(
+        "rbd",
+        Reply::Ok(r#"[{"id":6,"name":"tmp-tmp-fvs-s2"}]"#.into()),
+    );
+    let n = r.lines().len();
+    let e = b
+        .changed_blocks(&s1, &s2, 0, 16, &secrets())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::FailedPrecondition, "{e}");
+    assert!(e.message.contains("fvs-s1"), "{e}");
+    assert!(!ops(&r).iter().skip(n).any(|l| l.starts_with("diff")));
+
+    // Of two volumes: INVALID_ARGUMENT; backwards: the same.
+    both(&r, "fv-other");
+    let e = b
+        .changed_blocks(&s1, &s2, 0, 16, &secrets())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::InvalidArgument, "{e}");
+    r.expect("rbd", Reply::Ok(clone_info("fvs-s2", "fv-src")))
+        .expect("rbd", Reply::Ok(meta("s2", "fv-src", 200)))
+        .expect("rbd", Reply::Ok(clone_info("fvs-s1", "fv-src")))
+        .expect("rbd", Reply::Ok(meta("s1", "fv-src", 100)));
+    let e = b
+        .changed_blocks(&s2, &s1, 0, 16, &secrets())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::InvalidArgument, "{e}");
+    assert!(e.message.contains("newer"), "{e}");
 }
