@@ -745,13 +745,12 @@ async fn rbd_group_snapshots_cut_every_member_or_leave_nothing() {
         assert_eq!(s.group_snapshot_id, g.group_snapshot_id);
         assert!(s.ready_to_use);
     }
-    // The cuts became the members' own images; none is left on a source.
+    // Each member's snapshot is a clone of its cut, which stays on its
+    // source (one each: what changed blocks are read between) until the
+    // snapshot goes.
     for image in ["fv-pvc-g-data", "fv-pvc-g-wal"] {
-        assert!(
-            image_snaps(image).trim().is_empty(),
-            "{image}: {}",
-            image_snaps(image)
-        );
+        let snaps = image_snaps(image);
+        assert_eq!(snaps.matches("tmp-tmp-fvs-").count(), 1, "{image}: {snaps}");
     }
     let fvs = images(&cluster)
         .into_iter()
@@ -767,6 +766,13 @@ async fn rbd_group_snapshots_cut_every_member_or_leave_nothing() {
         .await
         .unwrap();
     assert!(!images(&cluster).iter().any(|i| i.starts_with("fvs-")));
+    for image in ["fv-pvc-g-data", "fv-pvc-g-wal"] {
+        assert!(
+            image_snaps(image).trim().is_empty(),
+            "{image}: {}",
+            image_snaps(image)
+        );
+    }
 
     // The CLI road cannot hold the locks: refused, nothing made.
     drop(c);

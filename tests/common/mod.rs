@@ -514,7 +514,19 @@ impl Harness {
     /// [`Harness::provision`] of a request of the caller's (parameters, a
     /// content source), with its first capability.
     pub async fn provision_req(&self, req: pb::CreateVolumeRequest) -> Published {
+        self.provision_on(req, false).await
+    }
+
+    /// [`Harness::provision_req`] for a backend that attaches: the volume
+    /// published to this node by the controller (with the request's
+    /// secrets) before the node stages it.
+    pub async fn provision_attached(&self, req: pb::CreateVolumeRequest) -> Published {
+        self.provision_on(req, true).await
+    }
+
+    async fn provision_on(&self, req: pb::CreateVolumeRequest, attach: bool) -> Published {
         let (name, cap) = (req.name.clone(), req.volume_capabilities[0].clone());
+        let secrets = req.secrets.clone();
         let id = self
             .controller()
             .create_volume(req)
@@ -524,11 +536,26 @@ impl Harness {
             .volume
             .unwrap()
             .volume_id;
+        if attach {
+            self.controller()
+                .controller_publish_volume(pb::ControllerPublishVolumeRequest {
+                    volume_id: id.clone(),
+                    node_id: self.node_id().await,
+                    volume_capability: Some(cap.clone()),
+                    secrets: secrets.clone(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
         let staging = self.path(&format!("kubelet/staging/{name}"));
         std::fs::create_dir_all(&staging).unwrap();
         let target = self.path(&format!("kubelet/pods/{name}"));
         self.node()
-            .node_stage_volume(stage_req(&id, &staging, cap.clone()))
+            .node_stage_volume(pb::NodeStageVolumeRequest {
+                secrets,
+                ..stage_req(&id, &staging, cap.clone())
+            })
             .await
             .unwrap();
         self.node()
