@@ -441,6 +441,81 @@ fn components_add_the_host_paths_their_backends_use() {
     }
 }
 
+/// Changed block tracking reaches backup clients where a remote backend
+/// that tracks blocks (rbd, iscsi) is deployed: the sidecar in the
+/// controller pod on ferrovol's socket, a Service in front of its port,
+/// and a SnapshotMetadataService named after the driver whose address is
+/// that Service; its TLS Secret is mounted where its flags say. Not with
+/// nfs alone (no block map), nor on the node-local name.
+#[test]
+fn snapshot_metadata_is_served_beside_the_remote_controller() {
+    for r in all_rendered() {
+        let backends: BTreeSet<&str> = r
+            .kind("StorageClass")
+            .iter()
+            .map(|sc| s(&sc["parameters"]["backend"]))
+            .collect();
+        let wanted = backends.contains("rbd") || backends.contains("iscsi");
+        let services = r.kind("SnapshotMetadataService");
+        assert_eq!(services.len(), usize::from(wanted), "{}", r.name);
+        let with_sidecar: Vec<&Value> = r
+            .workloads()
+            .into_iter()
+            .filter(|w| {
+                containers(w)
+                    .iter()
+                    .any(|c| s(&c["name"]) == "csi-snapshot-metadata")
+            })
+            .collect();
+        if !wanted {
+            assert!(with_sidecar.is_empty(), "{}", r.name);
+            continue;
+        }
+        assert_eq!(with_sidecar.len(), 1, "{}", r.name);
+        let w = with_sidecar[0];
+        assert_eq!(s(&w["metadata"]["name"]), "ferrovol-controller");
+        let sidecar = container(w, "csi-snapshot-metadata");
+        let ferrovol = container(w, "ferrovol");
+        let socket = flag(sidecar, "csi-address").unwrap();
+        assert_eq!(
+            flag(ferrovol, "endpoint").unwrap(),
+            format!("unix://{socket}")
+        );
+        let driver = flag(ferrovol, "driver-name").unwrap();
+        let sms = services[0];
+        assert_eq!(s(&sms["metadata"]["name"]), driver, "{}", r.name);
+        // address = <service>.<namespace>:<port>, that port leading to the
+        // sidecar's.
+        let address = s(&sms["spec"]["address"]);
+        let (host, service_port) = address.rsplit_once(':').unwrap();
+        let (svc_name, svc_ns) = host.split_once('.').unwrap();
+        let svc = r.named("Service", svc_name);
+        assert_eq!(s(&svc["metadata"]["namespace"]), svc_ns);
+        let p = seq(&svc["spec"]["ports"])
+            .iter()
+            .find(|p| p["port"].as_i64().unwrap().to_string() == service_port)
+            .expect("the address's port");
+        assert_eq!(
+            port(sidecar, s(&p["targetPort"])).to_string(),
+            flag(sidecar, "port").unwrap()
+        );
+        let labels = &w["spec"]["template"]["metadata"]["labels"];
+        for (k, v) in svc["spec"]["selector"].as_mapping().unwrap() {
+            assert_eq!(
+                &labels[s(k)],
+                v,
+                "{}: the Service selects the controller",
+                r.name
+            );
+        }
+        let cert = flag(sidecar, "tls-cert").unwrap();
+        let dir = std::path::Path::new(&cert).parent().unwrap();
+        let m = mount(sidecar, dir.to_str().unwrap()).expect("the TLS mount");
+        let secret = s(&volume(w, s(&m["name"]))["secret"]["secretName"]);
+        assert_eq!(s(&r.named("Secret", secret)["type"]), "kubernetes.io/tls");
+    }
+}
+
 /// Names that must resolve inside one render: ConfigMaps and Secrets that
 /// pods mount, and the Secrets StorageClasses and snapshot classes name.
 #[test]
@@ -577,6 +652,7 @@ fn sidecar_flags_exist_in_their_releases() {
             "csi-node-driver-registrar",
             "csi-provisioner",
             "csi-resizer",
+            "csi-snapshot-metadata",
             "csi-snapshotter",
             "livenessprobe"
         ]

@@ -4,7 +4,8 @@ are errors), against the API schemas of each Kubernetes version given.
 
 Built-in kinds are checked with kubernetes-validate (which ships the
 schemas); VolumeSnapshotClass and VolumeGroupSnapshotClass, CRDs of the
-snapshot controller, with the schemas beside this script. Any other kind is an
+snapshot controller, and SnapshotMetadataService (external-snapshot-metadata's
+CRD) with the schemas beside this script. Any other kind is an
 error: a manifest this cannot check does not pass.
 
 usage: validate.py -k 1.34.0 [-k 1.37.0] FILE...
@@ -22,6 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CRDS = {
     ("snapshot.storage.k8s.io/v1", "VolumeSnapshotClass"): "volumesnapshotclass.json",
     ("groupsnapshot.storage.k8s.io/v1", "VolumeGroupSnapshotClass"): "volumegroupsnapshotclass.json",
+    ("cbt.storage.k8s.io/v1beta1", "SnapshotMetadataService"): "snapshotmetadataservice.json",
 }
 
 
