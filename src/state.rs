@@ -28,6 +28,23 @@ pub struct StageRecord {
     /// after: compared before a mount there is taken for ours.
     #[serde(default)]
     pub mounted: Option<crate::mount::MountId>,
+    /// The LUKS mapping the volume is served through (encrypted volumes),
+    /// named before it is opened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crypt: Option<String>,
+}
+
+impl StageRecord {
+    /// The device the volume is served from: its LUKS mapping when it is
+    /// encrypted, else what the backend attached; None for remote
+    /// filesystems and attaches under way.
+    pub fn device(&self) -> Option<PathBuf> {
+        match (&self.crypt, &self.attachment) {
+            (Some(name), Some(Attachment::Device { .. })) => Some(crate::host::crypt::path(name)),
+            (None, Some(Attachment::Device { path })) => Some(path.clone()),
+            _ => None,
+        }
+    }
 }
 
 /// A published target.
@@ -198,6 +215,7 @@ mod tests {
             }),
             fs_type: Some("ext4".into()),
             mounted: None,
+            crypt: None,
         }
     }
 

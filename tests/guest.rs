@@ -2647,7 +2647,13 @@ async fn guest_lvm_thin_changed_blocks() {
         req.volume_content_source = from.as_deref().map(snapshot_source);
         h.provision_req(req)
     };
-    let (thin_vol, snaps, _) = changed_blocks_backup(&h, "cbt-thin", K64, |name, from| {
+    let m = MIB as u64;
+    // The pool's chunks: 64 KiB.
+    let expected = Expected {
+        allocated: vec![(0, m + K64)],
+        delta: vec![(m, K64), (5 * m, K64)],
+    };
+    let (thin_vol, snaps, _) = changed_blocks_backup(&h, "cbt-thin", expected, |name, from| {
         bring_up(name, "thin", from)
     })
     .await;
@@ -2682,20 +2688,28 @@ async fn guest_lvm_thin_changed_blocks() {
     assert!(h.mounts().is_empty(), "{:?}", h.mounts());
 }
 
+/// What a backend reports for [`changed_blocks_backup`]'s writes, at its
+/// granularity: the first snapshot's allocated ranges, and the two
+/// rewritten blocks' ranges in the delta.
+struct Expected {
+    allocated: Vec<(u64, u64)>,
+    delta: Vec<(u64, u64)>,
+}
+
 /// Changed block tracking through a raw block volume of 16 MiB staged
 /// here (`bring_up(name, snapshot to restore)`): 4 KiB written at 0 and at
 /// 1 MiB, a snapshot; 1 MiB and 5 MiB rewritten, a second one. What the
-/// first holds is the first MiB (which the node zeroes at first stage) and
-/// the block at 1 MiB, each rounded out to `grain`; the delta exactly the
-/// two blocks rewritten, rounded out to `grain`, paged as asked and from an
-/// offset; a backup image made by the client from the first snapshot's
-/// ranges, then the delta over it, equals the second snapshot restored.
-/// The restores are torn down; the volume and both snapshots are the
-/// caller's, with what the backup copied.
+/// first holds (the first MiB, which the node zeroes at first stage, and
+/// the block at 1 MiB) and the delta (the two blocks rewritten) are
+/// exactly what the backend's granularity makes of them (`expected`),
+/// paged as asked and from an offset; a backup image made by the client
+/// from the first snapshot's ranges, then the delta over it, equals the
+/// second snapshot restored. The restores are torn down; the volume and
+/// both snapshots are the caller's, with what the backup copied.
 async fn changed_blocks_backup<F, Fut>(
     h: &Harness,
     name: &str,
-    grain: u64,
+    expected: Expected,
     bring_up: F,
 ) -> (Published, Vec<String>, u64)
 where
@@ -2730,18 +2744,30 @@ where
     assert_eq!(allocated["volume_capacity_bytes"], 16 * MIB);
     assert_eq!(
         ranges(&allocated),
-        vec![(0, m + grain)],
+        expected.allocated,
         "{name}: {allocated}"
     );
+    // Each rewritten block is in the delta.
+    for at in [m, 5 * m] {
+        assert!(
+            expected
+                .delta
+                .iter()
+                .any(|(o, l)| *o <= at && at + 4096 <= o + l),
+            "{name}: the block at {at} is not in the expected delta"
+        );
+    }
     let delta = client(&["delta", &s1, &s2, "--max-results", "1"]);
-    assert_eq!(
-        ranges(&delta),
-        vec![(m, grain), (5 * m, grain)],
-        "{name}: {delta}"
-    );
+    assert_eq!(ranges(&delta), expected.delta, "{name}: {delta}");
     assert_eq!(delta["messages"], 2, "{delta}");
     let later = client(&["delta", &s1, &s2, "--starting-offset", &(2 * m).to_string()]);
-    assert_eq!(ranges(&later), vec![(5 * m, grain)], "{later}");
+    let tail: Vec<(u64, u64)> = expected
+        .delta
+        .iter()
+        .filter(|(o, l)| o + l > 2 * m)
+        .map(|(o, l)| ((*o).max(2 * m), o + l - (*o).max(2 * m)))
+        .collect();
+    assert_eq!(ranges(&later), tail, "{later}");
 
     // A backup: the first snapshot's ranges, then the delta, each read
     // from the snapshot restored; the image is the second snapshot.
@@ -2769,7 +2795,8 @@ where
         "--out",
         b,
     ]);
-    assert_eq!(inc["bytes_copied"], 2 * grain, "{inc}");
+    let delta_bytes: u64 = expected.delta.iter().map(|(_, l)| l).sum();
+    assert_eq!(inc["bytes_copied"], delta_bytes, "{inc}");
     let restored = {
         use std::io::Read;
         let mut all = vec![0u8; 16 * MIB as usize];
@@ -2793,7 +2820,8 @@ where
 /// Changed block tracking of rbd snapshots on both roads to the cluster
 /// (librbd's diff_iterate2, the `rbd diff` command line): a raw block
 /// volume mapped here by the kernel client, written between two snapshots
-/// (see [`changed_blocks_backup`]); exact: 4 KiB granularity. The
+/// (see [`changed_blocks_backup`]); exact within the objects the base
+/// snapshot held, from an object's start for one first written after. The
 /// snapshot's cut stays on the volume while the snapshot lives, and goes
 /// with it; the delta of two volumes' snapshots is INVALID_ARGUMENT.
 #[tokio::test]
@@ -2811,7 +2839,15 @@ async fn guest_rbd_changed_blocks() {
             req.volume_content_source = from.as_deref().map(snapshot_source);
             h.provision_attached(req)
         };
-        let (vol, snaps, copied) = changed_blocks_backup(&h, "cbt-rbd", 4096, bring_up).await;
+        // Exact within an object (4 MiB) the base snapshot held; an object
+        // first written after it comes from its start to its last write's
+        // end (librbd knows no finer for an object without a clone).
+        let m = MIB as u64;
+        let expected = Expected {
+            allocated: vec![(0, m + 4096)],
+            delta: vec![(m, 4096), (4 * m, m + 4096)],
+        };
+        let (vol, snaps, copied) = changed_blocks_backup(&h, "cbt-rbd", expected, bring_up).await;
         eprintln!("{road}: the backup copied {copied} bytes");
         let image = |id: &str| format!("rbd/{}", id.rsplit('.').next().unwrap());
         let cuts = cluster.rbd(&["snap", "ls", &image(&vol.id)]);

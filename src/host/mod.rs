@@ -3,6 +3,7 @@
 //! publish targets), behind a [`Host`] trait with a real implementation and
 //! a fake, so that what depends on them is unit-tested without root.
 
+pub mod crypt;
 pub mod devices;
 pub mod extents;
 #[cfg(test)]

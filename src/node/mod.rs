@@ -10,6 +10,7 @@ mod stage;
 
 use crate::error::{Error, Kind, Result};
 use crate::exec::CommandRunner;
+use crate::host::crypt;
 use crate::host::devices::{DeviceKind, DeviceTables};
 use crate::host::loopdev::LoopDevices;
 use crate::host::Host;
@@ -49,10 +50,11 @@ fn foreign(path: &Path) -> Error {
 }
 
 /// The source string the kernel shows for a stage's mount.
-fn mount_source(att: &Attachment) -> String {
-    match att {
-        Attachment::Device { path } => path.display().to_string(),
-        Attachment::Remote { source, .. } => source.clone(),
+fn mount_source(record: &StageRecord, att: &Attachment) -> String {
+    match (record.device(), att) {
+        (Some(device), _) => device.display().to_string(),
+        (None, Attachment::Remote { source, .. }) => source.clone(),
+        (None, Attachment::Device { path }) => path.display().to_string(),
     }
 }
 
@@ -338,8 +340,8 @@ impl NodeOps {
                     _ if p.device.is_some() => {
                         p.device.as_ref().and_then(|d| self.mounter.node_id(d).ok())
                     }
-                    (AccessType::Block, Some(Attachment::Device { path })) => {
-                        self.mounter.node_id(path).ok()
+                    (AccessType::Block, Some(Attachment::Device { .. })) => {
+                        stage.device().and_then(|d| self.mounter.node_id(&d).ok())
                     }
                     (AccessType::Mount { .. }, _) => stage.mounted,
                     _ => None,
@@ -396,10 +398,10 @@ impl NodeOps {
     /// (block access).
     async fn target_identity(&self, stage: &StageRecord) -> Result<Option<MountId>> {
         match (&stage.capability.access, &stage.attachment) {
-            (AccessType::Block, Some(Attachment::Device { path })) => {
-                let p = path.clone();
+            (AccessType::Block, Some(Attachment::Device { .. })) => {
+                let p = stage.device().unwrap_or_default();
                 self.off_worker(
-                    format!("identifying {}", path.display()),
+                    format!("identifying {}", p.display()),
                     self.deadlines.quick,
                     move |m| m.node_id(&p).map(Some),
                 )
@@ -419,7 +421,7 @@ impl NodeOps {
         let Some(att) = &record.attachment else {
             return Ok(false);
         };
-        let (p, source) = (record.staging_path.clone(), mount_source(att));
+        let (p, source) = (record.staging_path.clone(), mount_source(record, att));
         self.off_worker(
             format!(
                 "reading the mount table for {}",
@@ -539,8 +541,8 @@ impl NodeOps {
             AccessType::Block => {
                 // A publish target is the device itself; the staging path
                 // of a block volume is a plain folder, so ask the device.
-                let device = match (&stage.attachment, volume_path == stage.staging_path) {
-                    (Some(Attachment::Device { path }), true) => path.clone(),
+                let device = match (stage.device(), volume_path == stage.staging_path) {
+                    (Some(device), true) => device,
                     _ => volume_path.to_path_buf(),
                 };
                 stats.total_bytes = self.host.device_size(&device)?;
@@ -587,8 +589,11 @@ impl NodeOps {
                 "the device has {size} bytes, fewer than the {required} asked; expand the volume first"
             )));
         }
-        if let (AccessType::Mount { .. }, Attachment::Device { path }) =
-            (&stage.capability.access, &attachment)
+        // An encrypted volume's mapping grows to its device first.
+        if let Some(name) = &stage.crypt {
+            crypt::resize(self.runner.as_ref(), name).await?;
+        }
+        if let (AccessType::Mount { .. }, Some(path)) = (&stage.capability.access, &stage.device())
         {
             let fs = stage
                 .fs_type

@@ -194,7 +194,7 @@ impl NodeOps {
         stage: &StageRecord,
         record: &mut PublishRecord,
     ) -> Result<Bind> {
-        let Some(Attachment::Device { path }) = &stage.attachment else {
+        let Some(path) = &stage.device() else {
             return Err(Error::precondition(format!(
                 "volume {} has no device attached",
                 req.volume_id
@@ -377,8 +377,7 @@ impl NodeOps {
         record: &PublishRecord,
         stage: &StageRecord,
     ) -> Result<()> {
-        let (Some(dev), Some(Attachment::Device { path })) = (&record.device, &stage.attachment)
-        else {
+        let (Some(dev), Some(path)) = (&record.device, &stage.device()) else {
             return Ok(());
         };
         // A device gone from /dev (a LUN that went away) still names the

@@ -54,6 +54,7 @@ impl NodeOps {
             attachment: None,
             fs_type: None,
             mounted: None,
+            crypt: None,
         };
         if let AccessType::Mount {
             fs_type,
@@ -147,7 +148,7 @@ impl NodeOps {
             // Mounted but not yet recorded (a crash in between, or a record
             // older than this check): ours if it is our device's.
             None => match self.top_entry(path).await? {
-                Some(e) if e.source == mount_source(attachment) => {
+                Some(e) if e.source == mount_source(record, attachment) => {
                     let mut updated = record.clone();
                     updated.mounted = Some(id);
                     self.put_stage(updated).await?;
@@ -167,6 +168,11 @@ impl NodeOps {
         let attachment = backend.node_attach(&record.volume_id, ctx).await?;
         record.attachment = Some(attachment.clone());
         self.put_stage(record.clone()).await?;
+        // A read-only mode, or a read-only ControllerPublish.
+        let readonly = ctx.readonly || record.capability.mode.is_readonly();
+        if let Attachment::Device { path } = &attachment {
+            self.unlock(record, path, ctx, readonly).await?;
+        }
         let AccessType::Mount { mount_flags, .. } = &record.capability.access else {
             return Ok(());
         };
@@ -174,8 +180,6 @@ impl NodeOps {
             .fs_type
             .clone()
             .unwrap_or_else(|| fs::DEFAULT_FS.into());
-        // A read-only mode, or a read-only ControllerPublish.
-        let readonly = ctx.readonly || record.capability.mode.is_readonly();
         let options = MountOptions::parse(mount_flags, readonly)?;
         match self.stage_presence(record).await? {
             Presence::Ours => return Ok(()),
@@ -185,7 +189,8 @@ impl NodeOps {
         }
         let target = record.staging_path.clone();
         match &attachment {
-            Attachment::Device { path } => {
+            Attachment::Device { .. } => {
+                let path = &record.device().unwrap_or_default();
                 if backend.node_copy_pending(&record.volume_id, ctx).await? {
                     self.renew_fs_uuid(path, &target).await?;
                     backend.node_copy_done(&record.volume_id, ctx).await?;
@@ -233,6 +238,85 @@ impl NodeOps {
                 .await
             }
         }
+    }
+
+    /// An encrypted volume's device opened (its LUKS2 header made first
+    /// when the volume asks for encryption and the device is empty), the
+    /// mapping named in the record before it is opened. A device with a
+    /// header of ours is opened whatever the volume context says (a
+    /// restore or clone of an encrypted volume); one with another's header,
+    /// or a volume that asks for encryption over unencrypted data, is
+    /// refused. A mapping left open for this device (a restart) is reused.
+    async fn unlock(
+        &self,
+        record: &mut StageRecord,
+        device: &Path,
+        ctx: &AttachContext,
+        readonly: bool,
+    ) -> Result<()> {
+        let runner = self.runner.as_ref();
+        let wanted = ctx
+            .volume_context
+            .get(crypt::CONTEXT_KEY)
+            .is_some_and(|v| v == crypt::LUKS2);
+        if !wanted && !crypt::has_magic(device).await? {
+            return Ok(());
+        }
+        let name = crypt::name_for(&record.volume_id.to_string());
+        // A mapping of ours already open on this device: a stage that
+        // was cut short, or a restart.
+        let devno = crypt::devno(device)?;
+        let open = crypt::backing(runner, &name).await?;
+        if open == Some(devno) {
+            if record.crypt.is_none() {
+                record.crypt = Some(name);
+                self.put_stage(record.clone()).await?;
+            }
+            return Ok(());
+        }
+        let header = crypt::header(runner, device).await?;
+        match &header {
+            None if !wanted => return Ok(()),
+            Some(s) if s != crypt::SUBSYSTEM => {
+                return Err(Error::precondition(format!(
+                "the device of volume {} holds a LUKS volume ferrovol did not make; not opening it",
+                record.volume_id
+            )))
+            }
+            _ => {}
+        }
+        let passphrase = ctx.secrets.get(crypt::PASSPHRASE_KEY).ok_or_else(|| {
+            Error::invalid(format!(
+                "volume {} is encrypted: NodeStage needs its passphrase in secret {}",
+                record.volume_id,
+                crypt::PASSPHRASE_KEY
+            ))
+        })?;
+        crypt::check_passphrase(passphrase)?;
+        if let Some(other) = open {
+            // Our name over another device: a mapping left from an earlier
+            // attach (the device renamed since); closed only when unused.
+            tracing::warn!(volume = %record.volume_id, device = ?other, "closing a stale encryption mapping");
+            crypt::close(runner, &name).await?;
+        }
+        if header.is_none() {
+            if readonly {
+                return Err(Error::precondition(format!(
+                    "volume {} asks for encryption but was never formatted; its first stage cannot be read-only",
+                    record.volume_id
+                )));
+            }
+            if let Some(found) = fs::probe(runner, device).await? {
+                return Err(Error::precondition(format!(
+                    "volume {} asks for encryption but its device holds unencrypted data ({found}); not formatting over it",
+                    record.volume_id
+                )));
+            }
+            crypt::format(runner, device, passphrase).await?;
+        }
+        record.crypt = Some(name.clone());
+        self.put_stage(record.clone()).await?;
+        crypt::open(runner, device, &name, passphrase, readonly).await
     }
 
     /// Gives the filesystem on a copied device a UUID of its own (see
@@ -338,6 +422,9 @@ impl NodeOps {
                     break;
                 }
             }
+        }
+        if let Some(name) = &record.crypt {
+            crypt::close(self.runner.as_ref(), name).await?;
         }
         backend
             .node_detach(&record.volume_id, record.attachment.as_ref())

@@ -35,7 +35,7 @@ pub fn split_parameters(
     let mut own = BTreeMap::new();
     let mut metadata = BTreeMap::new();
     for (k, v) in all {
-        if k == BACKEND_PARAMETER {
+        if k == BACKEND_PARAMETER || k == ENCRYPTED_PARAMETER {
             continue;
         }
         if k.starts_with(CO_PREFIX) {
@@ -45,6 +45,31 @@ pub fn split_parameters(
         }
     }
     (own, metadata)
+}
+
+/// The StorageClass parameter that turns LUKS2 encryption on (`"true"`)
+/// for a block backend's volumes: the node formats, opens and closes it.
+pub const ENCRYPTED_PARAMETER: &str = "encrypted";
+
+/// Whether the parameters ask for encryption; a value other than true or
+/// false, or a backend without devices, is INVALID_ARGUMENT.
+fn wants_encryption(backend: &dyn Backend, all: &BTreeMap<String, String>) -> Result<bool> {
+    let on = match all.get(ENCRYPTED_PARAMETER).map(String::as_str) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(Error::invalid(format!(
+                "parameter {ENCRYPTED_PARAMETER} must be true or false, not {other:?}"
+            )))
+        }
+    };
+    if on && !backend.capabilities().block {
+        return Err(Error::invalid(format!(
+            "backend {} serves no block devices: its volumes cannot be encrypted",
+            backend.name()
+        )));
+    }
+    Ok(on)
 }
 
 /// A validated CreateVolume request.
@@ -240,6 +265,7 @@ impl ControllerOps {
         let backend = self.registry.for_parameters(&req.parameters)?.clone();
         let (parameters, metadata) = split_parameters(&req.parameters);
         backend.validate_parameters(&parameters)?;
+        let encrypted = wants_encryption(backend.as_ref(), &req.parameters)?;
         let caps = backend.capabilities();
         if !caps.provision {
             return Err(backend.unimplemented("create volumes"));
@@ -297,7 +323,13 @@ impl ControllerOps {
             ],
             &shared,
         )?;
-        let volume = backend.create_volume(&request).await?;
+        let mut volume = backend.create_volume(&request).await?;
+        if encrypted {
+            volume.context.insert(
+                crate::host::crypt::CONTEXT_KEY.to_string(),
+                crate::host::crypt::LUKS2.to_string(),
+            );
+        }
         // A retried create applies them again: no change when they hold.
         if !req.mutable.is_empty() {
             backend

@@ -1,0 +1,290 @@
+//! LUKS2 encryption of a volume's device, through `cryptsetup`: the node
+//! formats a volume that asks for encryption at its first stage, opens it
+//! at every stage (the filesystem or raw device a pod sees is the opened
+//! mapping), and closes it at unstage. The passphrase reaches cryptsetup
+//! on its stdin only, marked secret for whatever the runner shows.
+//!
+//! Headers ferrovol makes carry the LUKS2 subsystem `ferrovol`; a LUKS
+//! device without it is someone else's and is never opened. Mappings are
+//! named `fvc-<32 hex>` from the volume id; one of that name found open is
+//! reused only when it maps the volume's device. Mappings are opened with
+//! `--disable-keyring`: the volume key stays in the dm-crypt table, so a
+//! resize needs no passphrase (NodeExpandVolume carries none).
+
+use crate::error::{Error, Result};
+use crate::exec::{Command, CommandRunner, ExecError};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The LUKS2 subsystem of the headers ferrovol makes.
+pub const SUBSYSTEM: &str = "ferrovol";
+/// The volume context key that asks for encryption, and its one value.
+pub const CONTEXT_KEY: &str = "encrypted";
+pub const LUKS2: &str = "luks2";
+/// The NodeStage secret that holds a volume's passphrase.
+pub const PASSPHRASE_KEY: &str = "encryptionPassphrase";
+const PREFIX: &str = "fvc-";
+/// Formatting and opening run the key derivation (argon2id, set below to
+/// take about half a second where the header is made).
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+/// What a failed command said on stderr.
+fn stderr(e: &ExecError) -> &str {
+    match e {
+        ExecError::Failed { output, .. } => &output.stderr,
+        _ => "",
+    }
+}
+
+fn cryptsetup() -> Command {
+    Command::new("cryptsetup").timeout(TIMEOUT)
+}
+
+fn dev_arg(device: &Path) -> Result<String> {
+    crate::exec::path_arg(device)
+}
+
+/// The mapping's name for a volume (its id string).
+pub fn name_for(volume: &str) -> String {
+    format!("{PREFIX}{}", crate::id::digest_hex(volume.as_bytes(), 16))
+}
+
+/// Where mapping `name` is served from.
+pub fn path(name: &str) -> PathBuf {
+    Path::new("/dev/mapper").join(name)
+}
+
+fn check_name(name: &str) -> Result<()> {
+    let ok = name
+        .strip_prefix(PREFIX)
+        .is_some_and(|h| h.len() == 32 && h.chars().all(|c| c.is_ascii_hexdigit()));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::internal(format!(
+            "{name:?} is not an encryption mapping's name"
+        )))
+    }
+}
+
+/// A passphrase as the secrets carry it: non-empty, and never more than
+/// cryptsetup reads from a key file by default.
+pub fn check_passphrase(p: &str) -> Result<()> {
+    if p.is_empty() || p.len() > 8192 {
+        return Err(Error::invalid(format!(
+            "secret {PASSPHRASE_KEY} must hold 1 to 8192 bytes"
+        )));
+    }
+    Ok(())
+}
+
+/// Whether `device` starts with LUKS's magic: one read of 6 bytes, no
+/// process (what every stage of an unencrypted volume pays).
+pub async fn has_magic(device: &Path) -> Result<bool> {
+    let device = device.to_path_buf();
+    crate::host::off_worker("reading a device's first bytes", TIMEOUT, move || {
+        use std::os::unix::fs::FileExt;
+        // A device that is not there holds no header (what uses it next
+        // says it is missing).
+        let f = match std::fs::File::open(&device) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(Error::io(format!("open {}", device.display()), e)),
+        };
+        let mut magic = [0u8; 6];
+        match f.read_exact_at(&mut magic, 0) {
+            Ok(()) => Ok(&magic == b"LUKS\xba\xbe"),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(false),
+            Err(e) => Err(Error::io(format!("read {}", device.display()), e)),
+        }
+    })
+    .await
+}
+
+/// The LUKS header on `device`: None when it has none, else its subsystem
+/// (empty when unset, or for LUKS1).
+pub async fn header(runner: &dyn CommandRunner, device: &Path) -> Result<Option<String>> {
+    let dev = dev_arg(device)?;
+    match runner.run(cryptsetup().args(["isLuks", &dev])).await {
+        Ok(_) => {}
+        Err(ExecError::Failed { output, .. }) if output.code == Some(1) => return Ok(None),
+        Err(e) => return Err(Error::from(e).context("look for a LUKS header")),
+    }
+    let out = runner
+        .run(cryptsetup().args(["luksDump", &dev]))
+        .await
+        .map_err(|e| Error::from(e).context("read the LUKS header"))?;
+    Ok(Some(subsystem(&out.stdout)))
+}
+
+/// The `Subsystem:` of `cryptsetup luksDump` output.
+pub fn subsystem(dump: &str) -> String {
+    dump.lines()
+        .find_map(|l| l.trim().strip_prefix("Subsystem:"))
+        .map(|s| s.trim())
+        .filter(|s| *s != "(no subsystem)")
+        .unwrap_or("")
+        .to_string()
+}
+
+/// Formats `device` as LUKS2 (subsystem [`SUBSYSTEM`]) with `passphrase`.
+/// A small header (1 MiB of key slots) leaves the volume most of its size.
+pub async fn format(runner: &dyn CommandRunner, device: &Path, passphrase: &str) -> Result<()> {
+    check_passphrase(passphrase)?;
+    let cmd = cryptsetup()
+        .args([
+            "luksFormat",
+            "--type",
+            "luks2",
+            "--batch-mode",
+            "--subsystem",
+            SUBSYSTEM,
+            "--pbkdf",
+            "argon2id",
+            "--pbkdf-memory",
+            "65536",
+            "--pbkdf-parallel",
+            "1",
+            "--iter-time",
+            "500",
+            "--luks2-metadata-size",
+            "16k",
+            "--luks2-keyslots-size",
+            "1m",
+            "--key-file",
+            "-",
+            &dev_arg(device)?,
+        ])
+        .stdin(passphrase.as_bytes().to_vec())
+        .secret(passphrase);
+    runner
+        .run(cmd)
+        .await
+        .map(|_| ())
+        .map_err(|e| Error::from(e).context("format the device with LUKS2"))
+}
+
+/// Opens `device` as mapping `name` with `passphrase`. A passphrase that
+/// opens no key slot is INVALID_ARGUMENT, nothing touched.
+pub async fn open(
+    runner: &dyn CommandRunner,
+    device: &Path,
+    name: &str,
+    passphrase: &str,
+    readonly: bool,
+) -> Result<()> {
+    check_name(name)?;
+    check_passphrase(passphrase)?;
+    let mut cmd = cryptsetup().args(["open", "--type", "luks2", "--disable-keyring"]);
+    if readonly {
+        cmd = cmd.arg("--readonly");
+    }
+    let cmd = cmd
+        .args(["--key-file", "-", &dev_arg(device)?, name])
+        .stdin(passphrase.as_bytes().to_vec())
+        .secret(passphrase);
+    match runner.run(cmd).await {
+        Ok(_) => Ok(()),
+        // cryptsetup's exit status 2: no key slot opens with it.
+        Err(ExecError::Failed { output, .. }) if output.code == Some(2) => {
+            Err(Error::invalid(format!(
+                "the passphrase in secret {PASSPHRASE_KEY} does not open the LUKS header on {}",
+                device.display()
+            )))
+        }
+        Err(e) => Err(Error::from(e).context("open the encrypted device")),
+    }
+}
+
+/// The device (major, minor) mapping `name` maps; None when there is no
+/// such mapping.
+pub async fn backing(runner: &dyn CommandRunner, name: &str) -> Result<Option<(u32, u32)>> {
+    check_name(name)?;
+    let cmd = Command::new("dmsetup")
+        .timeout(Duration::from_secs(30))
+        .args(["deps", "-o", "devno", name]);
+    let out = match runner.run(cmd).await {
+        Ok(out) => out.stdout,
+        Err(e)
+            if stderr(&e).contains("No such device") || stderr(&e).contains("does not exist") =>
+        {
+            return Ok(None)
+        }
+        Err(e) => return Err(e.into()),
+    };
+    parse_deps(&out)
+        .map(Some)
+        .ok_or_else(|| Error::internal(format!("dmsetup deps {name}: {out:?}")))
+}
+
+/// The one device of `dmsetup deps -o devno` output (`1 dependencies  :
+/// (7, 3)`).
+pub fn parse_deps(out: &str) -> Option<(u32, u32)> {
+    let (count, rest) = out.trim().split_once(' ')?;
+    if count != "1" {
+        return None;
+    }
+    let inner = rest.split_once('(')?.1.split_once(')')?.0;
+    let (major, minor) = inner.split_once(',')?;
+    Some((major.trim().parse().ok()?, minor.trim().parse().ok()?))
+}
+
+/// The (major, minor) of block device `device`.
+pub fn devno(device: &Path) -> Result<(u32, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let rdev = std::fs::metadata(device)
+        .map_err(|e| Error::io(format!("stat {}", device.display()), e))?
+        .rdev();
+    Ok((libc::major(rdev), libc::minor(rdev)))
+}
+
+/// Closes mapping `name`; one that is gone already is no error.
+pub async fn close(runner: &dyn CommandRunner, name: &str) -> Result<()> {
+    check_name(name)?;
+    if backing(runner, name).await?.is_none() {
+        return Ok(());
+    }
+    runner
+        .run(cryptsetup().args(["close", name]))
+        .await
+        .map(|_| ())
+        .map_err(|e| Error::from(e).context("close the encrypted device"))
+}
+
+/// Grows mapping `name` to its device's size.
+pub async fn resize(runner: &dyn CommandRunner, name: &str) -> Result<()> {
+    check_name(name)?;
+    runner
+        .run(cryptsetup().args(["resize", name]))
+        .await
+        .map(|_| ())
+        .map_err(|e| Error::from(e).context("grow the encrypted mapping"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_tool_output() {
+        let n = name_for("file:v1.abc");
+        assert!(check_name(&n).is_ok(), "{n}");
+        assert_eq!(n, name_for("file:v1.abc"));
+        assert_ne!(n, name_for("file:v1.abd"));
+        assert!(check_name("fvc-../../x").is_err());
+        assert!(check_name("vg-lv").is_err());
+        assert_eq!(parse_deps(" 1 dependencies\t: (7, 3)\n"), Some((7, 3)));
+        assert_eq!(parse_deps("1 dependencies  : (253, 12)"), Some((253, 12)));
+        assert_eq!(parse_deps("2 dependencies  : (7, 3) (7, 4)"), None);
+        assert_eq!(parse_deps("0 dependencies  :"), None);
+        let dump = "LUKS header information\nVersion:       \t2\nEpoch:         \t3\n\
+                    Metadata area: \t16384 [bytes]\nUUID:          \tx\nLabel:         \t(no label)\n\
+                    Subsystem:     \tferrovol\nFlags:       \t(no flags)\n";
+        assert_eq!(subsystem(dump), "ferrovol");
+        assert_eq!(subsystem("Subsystem:     \t(no subsystem)\n"), "");
+        assert_eq!(subsystem("Version: 1\n"), "");
+        assert!(check_passphrase("").is_err());
+        assert!(check_passphrase(&"x".repeat(8193)).is_err());
+        assert!(check_passphrase("correct horse").is_ok());
+    }
+}
