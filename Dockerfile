@@ -23,7 +23,7 @@ FROM debian:bookworm-slim
 # grow and re-UUID filesystems; xfs_quota for nfs), lvm2 (lvm, the iscsi
 # store), dmsetup (iscsi hold devices, thin pool messages),
 # thin-provisioning-tools (thin_dump, thin_delta: lvm changed block
-# tracking), open-iscsi and multipath-tools (iscsi nodes), nfs-common
+# tracking), cryptsetup-bin (LUKS2 encryption on the nodes), open-iscsi and multipath-tools (iscsi nodes), nfs-common
 # (mount.nfs), ceph-common (rbd). The iscsi controller speaks to the host's
 # tgtd over its management socket itself: no tgt package. Versions follow the Debian release; pinning each
 # would break the build at every point release.
@@ -31,7 +31,7 @@ FROM debian:bookworm-slim
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       util-linux mount e2fsprogs xfsprogs btrfs-progs lvm2 dmsetup \
-      thin-provisioning-tools open-iscsi multipath-tools nfs-common ceph-common \
+      thin-provisioning-tools cryptsetup-bin open-iscsi multipath-tools nfs-common ceph-common \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /home/builder/src/target/release/ferrovol /usr/local/bin/ferrovol
 ENTRYPOINT ["/usr/local/bin/ferrovol"]

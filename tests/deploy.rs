@@ -1186,6 +1186,7 @@ const PROGRAMS: &[(&str, &str)] = &[
     ("dmsetup", "dmsetup"),
     ("thin_dump", "thin-provisioning-tools"),
     ("thin_delta", "thin-provisioning-tools"),
+    ("cryptsetup", "cryptsetup-bin"),
     ("iscsiadm", "open-iscsi"),
     ("multipath", "multipath-tools"),
     ("mount.nfs", "nfs-common"),

@@ -536,8 +536,10 @@ impl Harness {
             .volume
             .unwrap()
             .volume_id;
+        let mut publish_context = HashMap::new();
         if attach {
-            self.controller()
+            publish_context = self
+                .controller()
                 .controller_publish_volume(pb::ControllerPublishVolumeRequest {
                     volume_id: id.clone(),
                     node_id: self.node_id().await,
@@ -546,7 +548,9 @@ impl Harness {
                     ..Default::default()
                 })
                 .await
-                .unwrap();
+                .unwrap()
+                .into_inner()
+                .publish_context;
         }
         let staging = self.path(&format!("kubelet/staging/{name}"));
         std::fs::create_dir_all(&staging).unwrap();
@@ -554,6 +558,7 @@ impl Harness {
         self.node()
             .node_stage_volume(pb::NodeStageVolumeRequest {
                 secrets,
+                publish_context,
                 ..stage_req(&id, &staging, cap.clone())
             })
             .await
