@@ -1023,3 +1023,41 @@ async fn a_group_snapshot_is_one_snapshot_per_member_under_one_freeze_or_nothing
         Kind::InvalidArgument
     );
 }
+
+#[tokio::test]
+async fn encryption_is_asked_in_the_volume_context_of_block_backends_only() {
+    let file = Arc::new(Memory::new("file", local()));
+    let net = Arc::new(Memory::new("net", remote_attach()));
+    let c = ops(vec![file.clone(), net.clone()]);
+    let v = c
+        .create_volume(new_volume(
+            "pvc-1",
+            &[("backend", "file"), ("encrypted", "true")],
+        ))
+        .await
+        .unwrap()
+        .volume;
+    assert_eq!(v.context.get("encrypted").map(String::as_str), Some("luks2"));
+    // The backend never sees the parameter (its own validation would
+    // refuse a key it does not know).
+    let plain = c
+        .create_volume(new_volume(
+            "pvc-2",
+            &[("backend", "file"), ("encrypted", "false")],
+        ))
+        .await
+        .unwrap()
+        .volume;
+    assert!(!plain.context.contains_key("encrypted"));
+    for (params, what) in [
+        (&[("backend", "file"), ("encrypted", "yes")][..], "yes"),
+        (&[("backend", "net"), ("encrypted", "true")][..], "no block devices"),
+    ] {
+        let e = c
+            .create_volume(new_volume("pvc-3", params))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind, Kind::InvalidArgument, "{e}");
+        assert!(e.message.contains(what), "{e}");
+    }
+}
