@@ -223,6 +223,9 @@ async fn main() {
         )
         .await;
     }
+    if std::env::var("FERROVOL_BENCH_CRYPT").as_deref() == Ok("1") {
+        return crypt_phase(env_num("FERROVOL_BENCH_CYCLES", 5) as usize).await;
+    }
     if std::env::var("FERROVOL_BENCH_METRICS").as_deref() == Ok("compare") {
         return metrics_compare(
             env_num("FERROVOL_BENCH_SECS", if full { 3 } else { 1 }),
@@ -1175,4 +1178,164 @@ async fn nfs_phase(secs: u64, clients: usize) {
     // The driver (and its mounts of the share) go before the server.
     drop(h);
     drop(server);
+}
+
+/// The cost of LUKS2 encryption on each block backend, one driver serving
+/// file, lvm, iscsi (file store, tgtd) and rbd: the whole node cycle
+/// (NodeStage, NodePublish, NodeUnpublish, NodeUnstage; encryption opens
+/// and closes the mapping in it) and a sequential write of 256 MiB through
+/// the mounted filesystem (`dd bs=1M oflag=direct conv=fsync`), on a
+/// volume of each backend with and without encryption. Needs dm-crypt: it
+/// runs in the real-kernel guest (`tests/guest/bench-crypt`), whose
+/// emulated CPU makes key derivation and the cipher slow; the ratios are
+/// the point.
+async fn crypt_phase(cycles: usize) {
+    use common::fixtures::{CephCluster, Iscsid, LvmVg, Tgtd};
+    common::fixtures::require_guest();
+    let _vg = LvmVg::new("fvbench", 1024);
+    let tgtd = Tgtd::new();
+    let _iscsid = Iscsid::new();
+    let cluster = CephCluster::new();
+    let config = format!(
+        "[[backend]]\ntype = \"file\"\npool = \"@DIR@/file-pool\"\n\
+         [[backend]]\ntype = \"lvm\"\n[[backend.device_class]]\nname = \"thick\"\nvolume_group = \"fvbench\"\n\
+         {}{}",
+        tgtd.file_store_config("iqn.2026-11.io.ferrovol.bench"),
+        cluster.backend_config("guest"),
+    );
+    let h = Harness::start_with_env(Some(&config), &[("RUST_LOG", "warn")]).await;
+    let node = h.node_id().await;
+    println!("ferrovol encryption benchmark (in the guest): {cycles} node cycles, dd 256 MiB");
+    println!(
+        "  {:<7} {:>14} {:>14} {:>8} {:>12} {:>12} {:>8}",
+        "backend", "cycle plain", "cycle LUKS2", "ratio", "dd plain", "dd LUKS2", "ratio"
+    );
+    for (backend, attach) in [
+        ("file", false),
+        ("lvm", false),
+        ("iscsi", true),
+        ("rbd", true),
+    ] {
+        let mut cycle = Vec::new();
+        let mut dd = Vec::new();
+        for encrypted in [false, true] {
+            let name = format!("bench-{backend}-{encrypted}");
+            let cap = mount_cap("ext4", SNW);
+            let mut secrets = cluster.secrets();
+            secrets.insert("encryptionPassphrase".into(), "bench passphrase".into());
+            let mut req = create_req(&name, 320 * MIB, cap.clone());
+            req.parameters.insert("backend".into(), backend.into());
+            if encrypted {
+                req.parameters.insert("encrypted".into(), "true".into());
+            }
+            req.secrets = secrets.clone();
+            let volume = h
+                .controller()
+                .create_volume(req)
+                .await
+                .unwrap()
+                .into_inner()
+                .volume
+                .unwrap();
+            let (id, volume_context) = (volume.volume_id, volume.volume_context);
+            let mut ctx = std::collections::HashMap::new();
+            if attach {
+                ctx = h
+                    .controller()
+                    .controller_publish_volume(pb::ControllerPublishVolumeRequest {
+                        volume_id: id.clone(),
+                        node_id: node.clone(),
+                        volume_capability: Some(cap.clone()),
+                        secrets: secrets.clone(),
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .publish_context;
+            }
+            let staging = h.path(&format!("kubelet/staging/{name}"));
+            let target = h.path(&format!("kubelet/pods/{name}"));
+            std::fs::create_dir_all(&staging).unwrap();
+            let stage = pb::NodeStageVolumeRequest {
+                secrets: secrets.clone(),
+                publish_context: ctx,
+                volume_context,
+                ..stage_req(&id, &staging, cap.clone())
+            };
+            // The first stage formats (LUKS2 and ext4): not timed.
+            h.node().node_stage_volume(stage.clone()).await.unwrap();
+            h.node()
+                .node_unstage_volume(unstage_req(&id, &staging))
+                .await
+                .unwrap();
+            let start = Instant::now();
+            for _ in 0..cycles {
+                h.node().node_stage_volume(stage.clone()).await.unwrap();
+                h.node()
+                    .node_publish_volume(publish_req(&id, &staging, &target, cap.clone(), false))
+                    .await
+                    .unwrap();
+                h.node()
+                    .node_unpublish_volume(unpublish_req(&id, &target))
+                    .await
+                    .unwrap();
+                h.node()
+                    .node_unstage_volume(unstage_req(&id, &staging))
+                    .await
+                    .unwrap();
+            }
+            cycle.push(start.elapsed() / cycles as u32);
+            h.node().node_stage_volume(stage.clone()).await.unwrap();
+            h.node()
+                .node_publish_volume(publish_req(&id, &staging, &target, cap.clone(), false))
+                .await
+                .unwrap();
+            let start = Instant::now();
+            run_tool(
+                std::process::Command::new("dd")
+                    .arg("if=/dev/zero")
+                    .arg(format!("of={}", target.join("dd.bin").display()))
+                    .args(["bs=1M", "count=256", "oflag=direct", "conv=fsync"]),
+            )
+            .unwrap();
+            dd.push(256.0 / start.elapsed().as_secs_f64());
+            h.node()
+                .node_unpublish_volume(unpublish_req(&id, &target))
+                .await
+                .unwrap();
+            h.node()
+                .node_unstage_volume(unstage_req(&id, &staging))
+                .await
+                .unwrap();
+            if attach {
+                h.controller()
+                    .controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
+                        volume_id: id.clone(),
+                        node_id: node.clone(),
+                        secrets: secrets.clone(),
+                    })
+                    .await
+                    .unwrap();
+            }
+            h.controller()
+                .delete_volume(pb::DeleteVolumeRequest {
+                    volume_id: id,
+                    secrets,
+                })
+                .await
+                .unwrap();
+        }
+        println!(
+            "  {:<7} {:>14} {:>14} {:>7.2}x {:>8.1} MB/s {:>8.1} MB/s {:>7.2}x",
+            backend,
+            ms(cycle[0]),
+            ms(cycle[1]),
+            cycle[1].as_secs_f64() / cycle[0].as_secs_f64(),
+            dd[0],
+            dd[1],
+            dd[0] / dd[1],
+        );
+    }
+    drop(h);
 }

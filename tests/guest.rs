@@ -1187,16 +1187,6 @@ async fn guest_lvm_thin_volumes_never_show_freed_chunks() {
     );
 }
 
-/// An iscsi backend named by `prefix` on `tgtd`, its LUNs in a file pool.
-fn iscsi_over_files(prefix: &str, tgtd: &Tgtd) -> String {
-    format!(
-        "[[backend]]\ntype = \"iscsi\"\niqn_prefix = \"{prefix}\"\nportals = [\"{}\"]\n\
-         control_port = {}\n[backend.store]\ntype = \"file\"\npool = \"@DIR@/pool\"\n",
-        tgtd.portal(),
-        tgtd.control_port
-    )
-}
-
 /// Stages (`stage`) and publishes at `target` a volume that grew while
 /// unused, and has the node grow its filesystem to `bytes`; returns the
 /// filesystem's size.
@@ -1232,7 +1222,7 @@ async fn guest_iscsi_backend_full_lifecycle() {
     let tgtd = Tgtd::new();
     let _iscsid = Iscsid::new();
     let prefix = "iqn.2026-11.io.ferrovol.guest";
-    let config = iscsi_over_files(prefix, &tgtd);
+    let config = tgtd.file_store_config(prefix);
     let mut h = Harness::start_with(Some(&config)).await;
     let node_id = h.node_id().await;
     assert!(node_id.starts_with("test-node/iqn."), "{node_id}");
@@ -1275,6 +1265,8 @@ async fn guest_iscsi_backend_full_lifecycle() {
     let staging = h.path("kubelet/staging/fs");
     let target = h.path("kubelet/pods/fs");
     std::fs::create_dir_all(&staging).unwrap();
+    // Stages from here on carry no volume context: the header on the
+    // device is what says the volume is encrypted.
     let stage = |secrets: HashMap<String, String>| pb::NodeStageVolumeRequest {
         publish_context: ctx.clone(),
         secrets,
@@ -1674,7 +1666,7 @@ async fn guest_iscsi_clone_mounts_beside_its_source() {
     let tgtd = Tgtd::new();
     let _iscsid = Iscsid::new();
     let prefix = "iqn.2026-11.io.ferrovol.copy";
-    let config = iscsi_over_files(prefix, &tgtd);
+    let config = tgtd.file_store_config(prefix);
     let h = Harness::start_with(Some(&config)).await;
     let node_id = h.node_id().await;
     let cap = mount_cap("xfs", SNW);
@@ -1970,7 +1962,7 @@ async fn guest_iscsi_group_snapshots_of_volumes_being_written() {
     let prefix = "iqn.2026-11.io.ferrovol.grp";
     for store in ["file", "lvm"] {
         let config = if store == "file" {
-            iscsi_over_files(prefix, &tgtd)
+            tgtd.file_store_config(prefix)
         } else {
             format!(
                 "[[backend]]\ntype = \"iscsi\"\niqn_prefix = \"{prefix}\"\nportals = [\"{}\"]\n\
@@ -3170,7 +3162,7 @@ mod sanity {
         require_guest();
         let tgtd = Tgtd::new();
         let _iscsid = Iscsid::new();
-        let config = iscsi_over_files("iqn.2026-11.io.ferrovol.sanity", &tgtd);
+        let config = tgtd.file_store_config("iqn.2026-11.io.ferrovol.sanity");
         let h = Harness::start_with(Some(&format!("{LIMITED}{config}"))).await;
         Sanity {
             name: "iscsi",
@@ -3613,7 +3605,7 @@ async fn guest_encrypted_volumes_on_every_block_backend() {
         "[[backend]]\ntype = \"file\"\npool = \"@DIR@/file-pool\"\n\
          [[backend]]\ntype = \"lvm\"\n[[backend.device_class]]\nname = \"thick\"\nvolume_group = \"fvluks\"\n\
          {}{}",
-        iscsi_over_files("iqn.2026-11.io.ferrovol.luks", &tgtd),
+        tgtd.file_store_config("iqn.2026-11.io.ferrovol.luks"),
         cluster.backend_config("guest"),
     );
     let mut h = Harness::start_with(Some(&config)).await;

@@ -705,6 +705,17 @@ pub struct Tgtd {
 }
 
 impl Tgtd {
+    /// An iscsi backend's config for this tgtd, its LUNs in a file store
+    /// in the test's folder, its targets named under `prefix`.
+    pub fn file_store_config(&self, prefix: &str) -> String {
+        format!(
+            "[[backend]]\ntype = \"iscsi\"\niqn_prefix = \"{prefix}\"\nportals = [\"{}\"]\n\
+             control_port = {}\n[backend.store]\ntype = \"file\"\npool = \"@DIR@/pool\"\n",
+            self.portal(),
+            self.control_port
+        )
+    }
+
     /// A tgtd on a control port of this test process's own. tgtadm takes
     /// control ports up to 32767 only; a tgtd that cannot have its port
     /// (another process's tgtd holds it) makes way for the next one.

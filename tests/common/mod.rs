@@ -527,15 +527,15 @@ impl Harness {
     async fn provision_on(&self, req: pb::CreateVolumeRequest, attach: bool) -> Published {
         let (name, cap) = (req.name.clone(), req.volume_capabilities[0].clone());
         let secrets = req.secrets.clone();
-        let id = self
+        let volume = self
             .controller()
             .create_volume(req)
             .await
             .unwrap()
             .into_inner()
             .volume
-            .unwrap()
-            .volume_id;
+            .unwrap();
+        let (id, volume_context) = (volume.volume_id, volume.volume_context);
         let mut publish_context = HashMap::new();
         if attach {
             publish_context = self
@@ -559,12 +559,16 @@ impl Harness {
             .node_stage_volume(pb::NodeStageVolumeRequest {
                 secrets,
                 publish_context,
+                volume_context: volume_context.clone(),
                 ..stage_req(&id, &staging, cap.clone())
             })
             .await
             .unwrap();
         self.node()
-            .node_publish_volume(publish_req(&id, &staging, &target, cap, false))
+            .node_publish_volume(pb::NodePublishVolumeRequest {
+                volume_context,
+                ..publish_req(&id, &staging, &target, cap, false)
+            })
             .await
             .unwrap();
         Published {

@@ -1037,7 +1037,10 @@ async fn encryption_is_asked_in_the_volume_context_of_block_backends_only() {
         .await
         .unwrap()
         .volume;
-    assert_eq!(v.context.get("encrypted").map(String::as_str), Some("luks2"));
+    assert_eq!(
+        v.context.get("encrypted").map(String::as_str),
+        Some("luks2")
+    );
     // The backend never sees the parameter (its own validation would
     // refuse a key it does not know).
     let plain = c
@@ -1051,7 +1054,10 @@ async fn encryption_is_asked_in_the_volume_context_of_block_backends_only() {
     assert!(!plain.context.contains_key("encrypted"));
     for (params, what) in [
         (&[("backend", "file"), ("encrypted", "yes")][..], "yes"),
-        (&[("backend", "net"), ("encrypted", "true")][..], "no block devices"),
+        (
+            &[("backend", "net"), ("encrypted", "true")][..],
+            "no block devices",
+        ),
     ] {
         let e = c
             .create_volume(new_volume("pvc-3", params))
