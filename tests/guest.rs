@@ -3301,10 +3301,11 @@ async fn guest_nfs_a_dead_export_holds_up_only_itself() {
     assert_eq!(code(&r), tonic::Code::Unavailable, "{r:?}");
 }
 
-/// The backing device of LUKS mapping `name` (`dmsetup deps -o devname`).
+/// The backing device of LUKS mapping `name` (`dmsetup deps -o
+/// blkdevname`: its kernel name, which is under /dev for dm devices too).
 fn crypt_backing(name: &str) -> std::path::PathBuf {
     let out = std::process::Command::new("dmsetup")
-        .args(["deps", "-o", "devname", name])
+        .args(["deps", "-o", "blkdevname", name])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string();
