@@ -1238,22 +1238,10 @@ async fn crypt_phase(cycles: usize) {
                 .volume
                 .unwrap();
             let (id, volume_context) = (volume.volume_id, volume.volume_context);
-            let mut ctx = std::collections::HashMap::new();
-            if attach {
-                ctx = h
-                    .controller()
-                    .controller_publish_volume(pb::ControllerPublishVolumeRequest {
-                        volume_id: id.clone(),
-                        node_id: node.clone(),
-                        volume_capability: Some(cap.clone()),
-                        secrets: secrets.clone(),
-                        ..Default::default()
-                    })
-                    .await
-                    .unwrap()
-                    .into_inner()
-                    .publish_context;
-            }
+            let ctx = match attach {
+                true => h.attach_here(&id, &cap, &secrets).await,
+                false => std::collections::HashMap::new(),
+            };
             let staging = h.path(&format!("kubelet/staging/{name}"));
             let target = h.path(&format!("kubelet/pods/{name}"));
             std::fs::create_dir_all(&staging).unwrap();

@@ -3410,20 +3410,7 @@ async fn encrypted_volume_on(
         "{backend}: the mapping outlived the unstage"
     );
     let ctx = match attach {
-        true => {
-            h.controller()
-                .controller_publish_volume(pb::ControllerPublishVolumeRequest {
-                    volume_id: vol.id.clone(),
-                    node_id: h.node_id().await,
-                    volume_capability: Some(cap.clone()),
-                    secrets: secrets.clone(),
-                    ..Default::default()
-                })
-                .await
-                .unwrap()
-                .into_inner()
-                .publish_context
-        }
+        true => h.attach_here(&vol.id, &cap, &secrets).await,
         false => HashMap::new(),
     };
     let stage = |secrets: HashMap<String, String>| pb::NodeStageVolumeRequest {
@@ -3489,7 +3476,7 @@ async fn encrypted_volume_on(
     let statfs = |p: &std::path::Path| nix::sys::statvfs::statvfs(p).unwrap();
     let size = |p: &std::path::Path| {
         let s = statfs(p);
-        s.blocks() as u64 * s.fragment_size() as u64
+        s.blocks() * s.fragment_size()
     };
     let small = size(&vol.target);
     h.grow_staged(
@@ -3497,7 +3484,7 @@ async fn encrypted_volume_on(
         &vol.target,
         Some((&vol.staging, &cap)),
         &secrets,
-        48 * MIB as i64,
+        48 * MIB,
     )
     .await;
     let big = size(&vol.target);

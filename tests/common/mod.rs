@@ -536,22 +536,10 @@ impl Harness {
             .volume
             .unwrap();
         let (id, volume_context) = (volume.volume_id, volume.volume_context);
-        let mut publish_context = HashMap::new();
-        if attach {
-            publish_context = self
-                .controller()
-                .controller_publish_volume(pb::ControllerPublishVolumeRequest {
-                    volume_id: id.clone(),
-                    node_id: self.node_id().await,
-                    volume_capability: Some(cap.clone()),
-                    secrets: secrets.clone(),
-                    ..Default::default()
-                })
-                .await
-                .unwrap()
-                .into_inner()
-                .publish_context;
-        }
+        let publish_context = match attach {
+            true => self.attach_here(&id, &cap, &secrets).await,
+            false => HashMap::new(),
+        };
         let staging = self.path(&format!("kubelet/staging/{name}"));
         std::fs::create_dir_all(&staging).unwrap();
         let target = self.path(&format!("kubelet/pods/{name}"));
@@ -576,6 +564,27 @@ impl Harness {
             staging,
             target,
         }
+    }
+
+    /// ControllerPublishVolume of `id` to this node; its publish context.
+    pub async fn attach_here(
+        &self,
+        id: &str,
+        cap: &pb::VolumeCapability,
+        secrets: &HashMap<String, String>,
+    ) -> HashMap<String, String> {
+        self.controller()
+            .controller_publish_volume(pb::ControllerPublishVolumeRequest {
+                volume_id: id.into(),
+                node_id: self.node_id().await,
+                volume_capability: Some(cap.clone()),
+                secrets: secrets.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .publish_context
     }
 
     /// The node id NodeGetInfo reports.

@@ -4,7 +4,8 @@
 //! is not there, and the node's map and unmap always.
 
 use super::cluster::{
-    pool_available, Cluster, Info, Layout, Listed, Pager, Spec, TrashEntry, EEXIST, ENOENT,
+    pool_available, Cluster, DiffPage, Info, Layout, Listed, Pager, Spec, TrashEntry, EEXIST,
+    ENOENT,
 };
 use super::creds::Creds;
 use crate::error::{Error, Result};
@@ -40,11 +41,7 @@ struct DiffExtent {
 }
 
 /// A page of `rbd diff` output (every extent of the image, in order).
-pub(super) fn diff_page(
-    out: &str,
-    start: u64,
-    max: usize,
-) -> Result<(Vec<(u64, u64)>, Option<u64>)> {
+pub(super) fn diff_page(out: &str, start: u64, max: usize) -> Result<DiffPage> {
     let extents: Vec<DiffExtent> = if out.trim().is_empty() {
         Vec::new()
     } else {
@@ -437,7 +434,7 @@ impl Cluster for CliCluster {
         from: Option<&str>,
         start: u64,
         max: usize,
-    ) -> Result<(Vec<(u64, u64)>, Option<u64>)> {
+    ) -> Result<DiffPage> {
         let image = match at {
             Some(snap) => format!("{}@{snap}", spec.arg()),
             None => spec.arg(),

@@ -107,6 +107,10 @@ pub struct Layout<'a> {
     pub data_pool: &'a str,
 }
 
+/// A page of a diff: its ranges (offset, length), and where the next page
+/// starts (None: this was the last).
+pub type DiffPage = (Vec<(u64, u64)>, Option<u64>);
+
 /// One page of an image's diff: its extents as they come (in order),
 /// merged where they touch, at most `max`; the offset of the first extent
 /// that did not fit is where the next page starts.
@@ -149,7 +153,7 @@ impl Pager {
     }
 
     /// The page's ranges and where the next one starts.
-    pub fn done(self) -> (Vec<(u64, u64)>, Option<u64>) {
+    pub fn done(self) -> DiffPage {
         (self.ranges, self.next)
     }
 }
@@ -279,7 +283,7 @@ pub trait Cluster: Send + Sync {
         from: Option<&str>,
         start: u64,
         max: usize,
-    ) -> Result<(Vec<(u64, u64)>, Option<u64>)>;
+    ) -> Result<DiffPage>;
     /// The bytes `pool` can still take.
     async fn pool_available(&self, creds: &Creds, pool: &str) -> Result<u64>;
     /// Snapshots every `(image, snapshot name)` at one instant: each

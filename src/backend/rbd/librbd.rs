@@ -16,7 +16,7 @@
 #![allow(unsafe_code)]
 
 use super::cluster::{
-    feature_bits, Cluster, Info, Inspected, Layout, Pager, Parent, Spec, TrashEntry,
+    feature_bits, Cluster, DiffPage, Info, Inspected, Layout, Pager, Parent, Spec, TrashEntry,
 };
 use super::creds::Creds;
 use crate::error::{Error, Kind, Result};
@@ -849,12 +849,7 @@ impl Img<'_> {
 
     /// One page of the exact extents from `start` holding data (with the
     /// parent's), or changed since snapshot `from`.
-    fn diff(
-        &self,
-        from: Option<&str>,
-        start: u64,
-        max: usize,
-    ) -> Result<(Vec<(u64, u64)>, Option<u64>)> {
+    fn diff(&self, from: Option<&str>, start: u64, max: usize) -> Result<DiffPage> {
         let size = self.size()?;
         let mut pager = Pager::new(start, max);
         if start < size {
@@ -1453,7 +1448,7 @@ impl Cluster for LibCluster {
         from: Option<&str>,
         start: u64,
         max: usize,
-    ) -> Result<(Vec<(u64, u64)>, Option<u64>)> {
+    ) -> Result<DiffPage> {
         let (spec, at, from) = (
             spec.clone(),
             at.map(str::to_string),
