@@ -3479,6 +3479,42 @@ async fn encrypted_volume_on(
         s.blocks() * s.fragment_size()
     };
     let small = size(&vol.target);
+    if backend == "iscsi" {
+        // tgt grows a LUN only while no node has it: the volume is let go,
+        // grown, and attached and staged again (the node's grow follows).
+        h.unpublish_unstage(&vol.id, &vol.staging, &vol.target)
+            .await;
+        h.controller()
+            .controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
+                volume_id: vol.id.clone(),
+                node_id: h.node_id().await,
+                secrets: secrets.clone(),
+            })
+            .await
+            .unwrap();
+        h.controller()
+            .controller_expand_volume(expand_req(&vol.id, 48 * MIB))
+            .await
+            .unwrap();
+        let ctx = h.attach_here(&vol.id, &cap, &secrets).await;
+        h.node()
+            .node_stage_volume(pb::NodeStageVolumeRequest {
+                publish_context: ctx,
+                ..stage(secrets.clone())
+            })
+            .await
+            .unwrap();
+        h.node()
+            .node_publish_volume(publish_req(
+                &vol.id,
+                &vol.staging,
+                &vol.target,
+                cap.clone(),
+                false,
+            ))
+            .await
+            .unwrap();
+    }
     h.grow_staged(
         &vol.id,
         &vol.target,
