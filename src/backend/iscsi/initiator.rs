@@ -240,7 +240,9 @@ impl Initiator<'_> {
         }
     }
 
-    /// The name of the multipath map holding any of `disks`.
+    /// The name of the multipath map holding any of `disks`. Other holders
+    /// (an encrypted volume's LUKS mapping over the disk) are not maps:
+    /// multipath marks its own by their dm uuid, `mpath-...`.
     fn holder(&self, disks: &[String]) -> Option<String> {
         for disk in disks {
             let holders = self.sysfs.join("block").join(disk).join("holders");
@@ -249,9 +251,12 @@ impl Initiator<'_> {
             };
             for h in holders.flatten() {
                 let dm = h.file_name().to_string_lossy().into_owned();
-                let Ok(name) =
-                    std::fs::read_to_string(self.sysfs.join("block").join(&dm).join("dm/name"))
-                else {
+                let dm_dir = self.sysfs.join("block").join(&dm).join("dm");
+                let uuid = std::fs::read_to_string(dm_dir.join("uuid")).unwrap_or_default();
+                if !uuid.starts_with("mpath-") {
+                    continue;
+                }
+                let Ok(name) = std::fs::read_to_string(dm_dir.join("name")) else {
                     continue;
                 };
                 let name = name.trim();

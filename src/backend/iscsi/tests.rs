@@ -1408,8 +1408,17 @@ async fn multipath_logs_in_everywhere_and_stages_the_map() {
         .ok("iscsiadm")
         .expect("iscsiadm", Reply::Ok(both.clone()))
         .ok("multipath");
-    // The kernel makes the map a moment after `multipath` runs.
+    // An encrypted volume's mapping over a disk is a holder too, not a map.
     let sys = s.dir.path().join("sys");
+    std::fs::create_dir_all(sys.join("block/sdc/holders/dm-4")).unwrap();
+    std::fs::create_dir_all(sys.join("block/dm-4/dm")).unwrap();
+    std::fs::write(sys.join("block/dm-4/dm/name"), "fvc-0123\n").unwrap();
+    std::fs::write(
+        sys.join("block/dm-4/dm/uuid"),
+        "CRYPT-LUKS2-0123-fvc-0123\n",
+    )
+    .unwrap();
+    // The kernel makes the map a moment after `multipath` runs.
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(100)).await;
         for disk in ["sdc", "sdd"] {
@@ -1417,6 +1426,11 @@ async fn multipath_logs_in_everywhere_and_stages_the_map() {
         }
         std::fs::create_dir_all(sys.join("block/dm-3/dm")).unwrap();
         std::fs::write(sys.join("block/dm-3/dm/name"), "360000000000000f0aa\n").unwrap();
+        std::fs::write(
+            sys.join("block/dm-3/dm/uuid"),
+            "mpath-360000000000000f0aa\n",
+        )
+        .unwrap();
     });
     let mut ctx = stage_ctx(&[]);
     ctx.publish_context
