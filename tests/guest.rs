@@ -2691,8 +2691,9 @@ struct Expected {
 /// Changed block tracking through a raw block volume of 16 MiB staged
 /// here (`bring_up(name, snapshot to restore)`): 4 KiB written at 0 and at
 /// 1 MiB, a snapshot; 1 MiB and 5 MiB rewritten, a second one. What the
-/// first holds (the first MiB, which the node zeroes at first stage, and
-/// the block at 1 MiB) and the delta (the two blocks rewritten) are
+/// first holds (the blocks at 0 and 1 MiB, and on lvm and rbd the first
+/// MiB, which their nodes zero at first attach) and the delta (the two
+/// blocks rewritten) are
 /// exactly what the backend's granularity makes of them (`expected`),
 /// paged as asked and from an offset; a backup image made by the client
 /// from the first snapshot's ranges, then the delta over it, equals the
@@ -2807,6 +2808,56 @@ where
     }
     let copied = full["bytes_copied"].as_u64().unwrap() + inc["bytes_copied"].as_u64().unwrap();
     (vol, vec![s1, s2], copied)
+}
+
+/// Changed block tracking of the file backend, and of iscsi over a file
+/// store (the LUN written through the initiator), in the guest (see
+/// [`changed_blocks_backup`]): exact at 4 KiB, the delta only the blocks
+/// whose bytes changed.
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_file_and_iscsi_changed_blocks() {
+    require_guest();
+    let tgtd = Tgtd::new();
+    let _iscsid = Iscsid::new();
+    let config = format!(
+        "[[backend]]\ntype = \"file\"\npool = \"@DIR@/file-pool\"\n{}",
+        tgtd.file_store_config("iqn.2026-11.io.ferrovol.cbt")
+    );
+    let h = Harness::start_with(Some(&config)).await;
+    let m = MIB as u64;
+    for (backend, attach) in [("file", false), ("iscsi", true)] {
+        let bring_up = |name: String, from: Option<String>| {
+            let mut req = create_req(&format!("{backend}-{name}"), 16 * MIB, block_cap(SNW));
+            req.parameters.insert("backend".into(), backend.into());
+            req.volume_content_source = from.as_deref().map(snapshot_source);
+            let h = &h;
+            async move {
+                match attach {
+                    true => h.provision_attached(req).await,
+                    false => h.provision_req(req).await,
+                }
+            }
+        };
+        let expected = Expected {
+            allocated: vec![(0, 4096), (m, 4096)],
+            delta: vec![(m, 4096), (5 * m, 4096)],
+        };
+        let (vol, snaps, copied) =
+            changed_blocks_backup(&h, &format!("cbt-{backend}"), expected, bring_up).await;
+        eprintln!("{backend}: the backup copied {copied} bytes");
+        for s in snaps {
+            h.controller()
+                .delete_snapshot(pb::DeleteSnapshotRequest {
+                    snapshot_id: s,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
+        h.teardown(&vol).await;
+    }
+    assert!(h.mounts().is_empty(), "{:?}", h.mounts());
 }
 
 /// Changed block tracking of rbd snapshots on both roads to the cluster
