@@ -78,53 +78,45 @@ pub fn check_passphrase(p: &str) -> Result<()> {
     Ok(())
 }
 
-/// Whether `device` starts with LUKS's magic: one read of 6 bytes, no
-/// process (what every stage of an unencrypted volume pays).
-pub async fn has_magic(device: &Path) -> Result<bool> {
+/// The LUKS header at the start of `device`, read directly (one read, no
+/// process: what every stage of an unencrypted volume pays): None when
+/// there is none, else its subsystem (empty when unset, and for LUKS1).
+/// A device that is not there holds none (what uses it next says it is
+/// missing).
+pub async fn header(device: &Path) -> Result<Option<String>> {
     let device = device.to_path_buf();
     crate::host::off_worker("reading a device's first bytes", TIMEOUT, move || {
         use std::os::unix::fs::FileExt;
-        // A device that is not there holds no header (what uses it next
-        // says it is missing).
         let f = match std::fs::File::open(&device) {
             Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(Error::io(format!("open {}", device.display()), e)),
         };
-        let mut magic = [0u8; 6];
-        match f.read_exact_at(&mut magic, 0) {
-            Ok(()) => Ok(&magic == b"LUKS\xba\xbe"),
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(false),
+        let mut head = [0u8; 512];
+        match f.read_exact_at(&mut head, 0) {
+            Ok(()) => Ok(parse_header(&head)),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(None),
             Err(e) => Err(Error::io(format!("read {}", device.display()), e)),
         }
     })
     .await
 }
 
-/// The LUKS header on `device`: None when it has none, else its subsystem
-/// (empty when unset, or for LUKS1).
-pub async fn header(runner: &dyn CommandRunner, device: &Path) -> Result<Option<String>> {
-    let dev = dev_arg(device)?;
-    match runner.run(cryptsetup().args(["isLuks", &dev])).await {
-        Ok(_) => {}
-        Err(ExecError::Failed { output, .. }) if output.code == Some(1) => return Ok(None),
-        Err(e) => return Err(Error::from(e).context("look for a LUKS header")),
+/// The subsystem of a LUKS binary header (its first 512 bytes): the magic
+/// `LUKS\xba\xbe`, a big-endian version, and in LUKS2 the NUL-padded
+/// subsystem at byte 208 (after the header size, sequence id, label,
+/// checksum algorithm, salt and uuid fields).
+pub fn parse_header(head: &[u8; 512]) -> Option<String> {
+    if &head[..6] != b"LUKS\xba\xbe" {
+        return None;
     }
-    let out = runner
-        .run(cryptsetup().args(["luksDump", &dev]))
-        .await
-        .map_err(|e| Error::from(e).context("read the LUKS header"))?;
-    Ok(Some(subsystem(&out.stdout)))
-}
-
-/// The `Subsystem:` of `cryptsetup luksDump` output.
-pub fn subsystem(dump: &str) -> String {
-    dump.lines()
-        .find_map(|l| l.trim().strip_prefix("Subsystem:"))
-        .map(|s| s.trim())
-        .filter(|s| *s != "(no subsystem)")
-        .unwrap_or("")
-        .to_string()
+    let version = u16::from_be_bytes([head[6], head[7]]);
+    if version != 2 {
+        return Some(String::new());
+    }
+    let field = &head[208..256];
+    let end = field.iter().position(|b| *b == 0).unwrap_or(field.len());
+    Some(String::from_utf8_lossy(&field[..end]).into_owned())
 }
 
 /// Formats `device` as LUKS2 (subsystem [`SUBSYSTEM`]) with `passphrase`.
@@ -277,12 +269,16 @@ mod tests {
         assert_eq!(parse_deps("1 dependencies  : (253, 12)"), Some((253, 12)));
         assert_eq!(parse_deps("2 dependencies  : (7, 3) (7, 4)"), None);
         assert_eq!(parse_deps("0 dependencies  :"), None);
-        let dump = "LUKS header information\nVersion:       \t2\nEpoch:         \t3\n\
-                    Metadata area: \t16384 [bytes]\nUUID:          \tx\nLabel:         \t(no label)\n\
-                    Subsystem:     \tferrovol\nFlags:       \t(no flags)\n";
-        assert_eq!(subsystem(dump), "ferrovol");
-        assert_eq!(subsystem("Subsystem:     \t(no subsystem)\n"), "");
-        assert_eq!(subsystem("Version: 1\n"), "");
+        let mut head = [0u8; 512];
+        assert_eq!(parse_header(&head), None);
+        head[..6].copy_from_slice(b"LUKS\xba\xbe");
+        head[7] = 2;
+        head[24..27].copy_from_slice(b"lbl");
+        assert_eq!(parse_header(&head).as_deref(), Some(""));
+        head[208..216].copy_from_slice(b"ferrovol");
+        assert_eq!(parse_header(&head).as_deref(), Some("ferrovol"));
+        head[7] = 1;
+        assert_eq!(parse_header(&head).as_deref(), Some(""));
         assert!(check_passphrase("").is_err());
         assert!(check_passphrase(&"x".repeat(8193)).is_err());
         assert!(check_passphrase("correct horse").is_ok());

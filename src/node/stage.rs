@@ -259,7 +259,8 @@ impl NodeOps {
             .volume_context
             .get(crypt::CONTEXT_KEY)
             .is_some_and(|v| v == crypt::LUKS2);
-        if !wanted && !crypt::has_magic(device).await? {
+        let header = crypt::header(device).await?;
+        if !wanted && header.is_none() {
             return Ok(());
         }
         let name = crypt::name_for(&record.volume_id.to_string());
@@ -274,7 +275,6 @@ impl NodeOps {
             }
             return Ok(());
         }
-        let header = crypt::header(runner, device).await?;
         match &header {
             None if !wanted => return Ok(()),
             Some(s) if s != crypt::SUBSYSTEM => {
