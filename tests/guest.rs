@@ -3417,6 +3417,47 @@ async fn encrypted_volume_on(
             false => h.provision_req(req).await,
         }
     }
+    if block {
+        // Encryption asked for over unencrypted data (a volume context
+        // that says so, on a volume with a filesystem): refused, nothing
+        // formatted, the data still there.
+        let mut req = request(&format!("luks-{backend}-plain"), cap.clone(), None);
+        req.parameters.remove("encrypted");
+        let plain = bring_up_on(h, attach, req).await;
+        std::fs::write(plain.target.join("kept"), b"plain data").unwrap();
+        h.unpublish_unstage(&plain.id, &plain.staging, &plain.target)
+            .await;
+        let e = h
+            .node()
+            .node_stage_volume(pb::NodeStageVolumeRequest {
+                secrets: secrets.clone(),
+                volume_context: HashMap::from([("encrypted".into(), "luks2".into())]),
+                ..stage_req(&plain.id, &plain.staging, cap.clone())
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+        assert!(e.message().contains("unencrypted"), "{e:?}");
+        h.node()
+            .node_stage_volume(stage_req(&plain.id, &plain.staging, cap.clone()))
+            .await
+            .unwrap();
+        h.node()
+            .node_publish_volume(publish_req(
+                &plain.id,
+                &plain.staging,
+                &plain.target,
+                cap.clone(),
+                false,
+            ))
+            .await
+            .unwrap();
+        assert_eq!(
+            std::fs::read(plain.target.join("kept")).unwrap(),
+            b"plain data"
+        );
+        h.teardown(&plain).await;
+    }
     let vol = bring_up_on(
         h,
         attach,
@@ -3666,7 +3707,8 @@ async fn encrypted_volume_on(
 /// and the filesystem; a snapshot restores (under a class that does not ask
 /// for encryption) to an encrypted volume that opens with the same key,
 /// with a filesystem UUID of its own; a raw block volume (file) is
-/// encrypted too; the passphrase is never in the driver's log, and no
+/// encrypted too, and (file) a volume with an unencrypted filesystem whose
+/// stage asks for encryption is refused with its data kept; the passphrase is never in the driver's log, and no
 /// mapping is left.
 #[tokio::test]
 #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
