@@ -2691,9 +2691,9 @@ struct Expected {
 /// Changed block tracking through a raw block volume of 16 MiB staged
 /// here (`bring_up(name, snapshot to restore)`): 4 KiB written at 0 and at
 /// 1 MiB, a snapshot; 1 MiB and 5 MiB rewritten, a second one. What the
-/// first holds (the blocks at 0 and 1 MiB, and on lvm and rbd the first
-/// MiB, which their nodes zero at first attach) and the delta (the two
-/// blocks rewritten) are
+/// first holds (the blocks at 0 and 1 MiB; on lvm the whole first MiB,
+/// which its node wipes at first attach; on rbd the object from its start
+/// to its last write) and the delta (the two blocks rewritten) are
 /// exactly what the backend's granularity makes of them (`expected`),
 /// paged as asked and from an offset; a backup image made by the client
 /// from the first snapshot's ranges, then the delta over it, equals the
@@ -2883,8 +2883,9 @@ async fn guest_rbd_changed_blocks() {
             h.provision_attached(req)
         };
         // Exact within an object (4 MiB) the base snapshot held; an object
-        // first written after it comes from its start to its last write's
-        // end (librbd knows no finer for an object without a clone).
+        // first written after it, and every object of the allocated walk,
+        // comes from its start to its last write's end (librbd knows no
+        // finer for an object without a clone).
         let m = MIB as u64;
         let expected = Expected {
             allocated: vec![(0, m + 4096)],
