@@ -28,14 +28,6 @@ const PREFIX: &str = "fvc-";
 /// take about half a second where the header is made).
 const TIMEOUT: Duration = Duration::from_secs(120);
 
-/// What a failed command said on stderr.
-fn stderr(e: &ExecError) -> &str {
-    match e {
-        ExecError::Failed { output, .. } => &output.stderr,
-        _ => "",
-    }
-}
-
 fn cryptsetup() -> Command {
     Command::new("cryptsetup").timeout(TIMEOUT)
 }
@@ -55,10 +47,7 @@ pub fn path(name: &str) -> PathBuf {
 }
 
 fn check_name(name: &str) -> Result<()> {
-    let ok = name
-        .strip_prefix(PREFIX)
-        .is_some_and(|h| h.len() == 32 && h.chars().all(|c| c.is_ascii_hexdigit()));
-    if ok {
+    if super::hold::is_hashed_name(PREFIX, name) {
         Ok(())
     } else {
         Err(Error::internal(format!(
@@ -197,11 +186,7 @@ pub async fn backing(runner: &dyn CommandRunner, name: &str) -> Result<Option<(u
         .args(["deps", "-o", "devno", name]);
     let out = match runner.run(cmd).await {
         Ok(out) => out.stdout,
-        Err(e)
-            if stderr(&e).contains("No such device") || stderr(&e).contains("does not exist") =>
-        {
-            return Ok(None)
-        }
+        Err(e) if super::hold::no_such_map(&e) => return Ok(None),
         Err(e) => return Err(e.into()),
     };
     parse_deps(&out)

@@ -27,11 +27,24 @@ const PREFIX: &str = "fvh-";
 const DMSETUP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What a failed command said on stderr.
-fn stderr(e: &ExecError) -> &str {
+pub(crate) fn stderr(e: &ExecError) -> &str {
     match e {
         ExecError::Failed { output, .. } => &output.stderr,
         _ => "",
     }
+}
+
+/// Whether dmsetup failed because the device it was asked about does not
+/// exist.
+pub(crate) fn no_such_map(e: &ExecError) -> bool {
+    stderr(e).contains("No such device") || stderr(e).contains("does not exist")
+}
+
+/// Whether `name` is `prefix` and 32 hex digits: the names the driver
+/// gives its device-mapper devices (from a digest of a key of its own).
+pub(crate) fn is_hashed_name(prefix: &str, name: &str) -> bool {
+    name.strip_prefix(prefix)
+        .is_some_and(|h| h.len() == 32 && h.chars().all(|c| c.is_ascii_hexdigit()))
 }
 
 /// The hold devices of one backend.
@@ -76,10 +89,7 @@ impl Holds {
     }
 
     fn check_name(name: &str) -> Result<()> {
-        let ok = name
-            .strip_prefix(PREFIX)
-            .is_some_and(|h| h.len() == 32 && h.chars().all(|c| c.is_ascii_hexdigit()));
-        if ok {
+        if is_hashed_name(PREFIX, name) {
             Ok(())
         } else {
             Err(Error::internal(format!("{name:?} is not a hold's name")))
@@ -109,12 +119,7 @@ impl Holds {
     async fn table(&self, name: &str) -> Result<Option<String>> {
         match self.runner.run(self.dmsetup().args(["table", name])).await {
             Ok(out) => Ok(Some(out.stdout.trim().to_string())),
-            Err(e)
-                if stderr(&e).contains("No such device")
-                    || stderr(&e).contains("does not exist") =>
-            {
-                Ok(None)
-            }
+            Err(e) if no_such_map(&e) => Ok(None),
             Err(e) => Err(e.into()),
         }
     }
