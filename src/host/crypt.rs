@@ -109,7 +109,8 @@ pub fn parse_header(head: &[u8; 512]) -> Option<String> {
 }
 
 /// Formats `device` as LUKS2 (subsystem [`SUBSYSTEM`]) with `passphrase`.
-/// A small header (1 MiB of key slots) leaves the volume most of its size.
+/// A small header (1 MiB of key slots; the data starts at 2 MiB) leaves
+/// the volume most of its size.
 pub async fn format(runner: &dyn CommandRunner, device: &Path, passphrase: &str) -> Result<()> {
     check_passphrase(passphrase)?;
     let cmd = cryptsetup()
