@@ -1196,12 +1196,11 @@ async fn crypt_phase(cycles: usize) {
     let tgtd = Tgtd::new();
     let _iscsid = Iscsid::new();
     let cluster = CephCluster::new();
-    let config = format!(
-        "[[backend]]\ntype = \"file\"\npool = \"@DIR@/file-pool\"\n\
-         [[backend]]\ntype = \"lvm\"\n[[backend.device_class]]\nname = \"thick\"\nvolume_group = \"fvbench\"\n\
-         {}{}",
-        tgtd.file_store_config("iqn.2026-11.io.ferrovol.bench"),
-        cluster.backend_config("guest"),
+    let config = common::fixtures::block_backends_config(
+        "fvbench",
+        &tgtd,
+        "iqn.2026-11.io.ferrovol.bench",
+        &cluster,
     );
     let h = Harness::start_with_env(Some(&config), &[("RUST_LOG", "warn")]).await;
     let node = h.node_id().await;

@@ -3719,13 +3719,7 @@ async fn guest_encrypted_volumes_on_every_block_backend() {
     let tgtd = Tgtd::new();
     let _iscsid = Iscsid::new();
     let cluster = CephCluster::new();
-    let config = format!(
-        "[[backend]]\ntype = \"file\"\npool = \"@DIR@/file-pool\"\n\
-         [[backend]]\ntype = \"lvm\"\n[[backend.device_class]]\nname = \"thick\"\nvolume_group = \"fvluks\"\n\
-         {}{}",
-        tgtd.file_store_config("iqn.2026-11.io.ferrovol.luks"),
-        cluster.backend_config("guest"),
-    );
+    let config = block_backends_config("fvluks", &tgtd, "iqn.2026-11.io.ferrovol.luks", &cluster);
     let mut h = Harness::start_with(Some(&config)).await;
     let none = HashMap::new();
     encrypted_volume_on(&mut h, "file", false, &none, true).await;

@@ -866,3 +866,22 @@ impl Drop for Iscsid {
         let _ = self.child.wait();
     }
 }
+
+/// One driver's config with every block backend, each named by its type:
+/// file (a pool in the test's folder), lvm (a thick class on volume group
+/// `vg`), iscsi on `tgtd` (a file store, targets under `iqn_prefix`) and
+/// rbd on `cluster`.
+pub fn block_backends_config(
+    vg: &str,
+    tgtd: &Tgtd,
+    iqn_prefix: &str,
+    cluster: &CephCluster,
+) -> String {
+    format!(
+        "[[backend]]\ntype = \"file\"\npool = \"@DIR@/file-pool\"\n\
+         [[backend]]\ntype = \"lvm\"\n[[backend.device_class]]\nname = \"thick\"\nvolume_group = \"{vg}\"\n\
+         {}{}",
+        tgtd.file_store_config(iqn_prefix),
+        cluster.backend_config("guest"),
+    )
+}
