@@ -604,6 +604,44 @@ async fn a_read_only_block_publish_cannot_be_written() {
     assert!(h.mounts().is_empty());
 }
 
+/// Two pods on one node share a volume (a ReadWriteOnce claim's rolling
+/// update, two replicas placed together, a debug pod): under
+/// SINGLE_NODE_WRITER and SINGLE_NODE_MULTI_WRITER both targets write and
+/// read each other's data, also across a driver restart, and one
+/// unpublished leaves the other serving; SINGLE_NODE_SINGLE_WRITER
+/// (ReadWriteOncePod) refuses the second target; two read-only targets
+/// read. A filesystem volume and a raw block one, on the file backend.
+#[tokio::test]
+async fn two_pods_on_one_node_share_a_single_node_volume() {
+    let mut h = Harness::start().await;
+    for (name, cap) in [
+        ("share-fs", mount_cap("ext4", SNW)),
+        ("share-blk", block_cap(SNW)),
+    ] {
+        let id = h
+            .controller()
+            .create_volume(create_req(name, 16 * MIB, cap.clone()))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap()
+            .volume_id;
+        let staging = h.path(&format!("kubelet/staging/{name}"));
+        std::fs::create_dir_all(&staging).unwrap();
+        h.two_pods_on_one_node(&stage_req(&id, &staging, cap), name)
+            .await;
+        h.controller()
+            .delete_volume(pb::DeleteVolumeRequest {
+                volume_id: id,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    assert!(h.loop_devices().is_empty(), "{:?}", h.loop_devices());
+}
+
 #[tokio::test]
 async fn restart_between_stage_and_unstage() {
     let mut h = Harness::start().await;

@@ -17,7 +17,8 @@ use crate::host::Host;
 use crate::locks::{self, OpGuard, OpLocks};
 use crate::mount::{MountId, MountInfo, MountOptions, Mounter};
 use crate::plugin::{
-    AccessType, AttachContext, Attachment, Backend, Registry, Secrets, VolumeCapability, VolumeId,
+    AccessMode, AccessType, AttachContext, Attachment, Backend, Registry, Secrets,
+    VolumeCapability, VolumeId,
 };
 use crate::state::{NodeState, PublishRecord, StageRecord};
 use std::collections::HashSet;
@@ -325,6 +326,15 @@ impl NodeOps {
     fn lock_target(&self, id: &VolumeId, target: &Path) -> Result<OpGuard> {
         self.locks
             .try_lock(&[locks::target_key(target)], &[locks::volume_key(id)])
+    }
+
+    /// The lock of a publish that must be the volume's only one on the
+    /// node: the volume too is taken exclusively, so that no other publish
+    /// of it is under way while its records are read (two at once would
+    /// each find none).
+    fn lock_only_target(&self, id: &VolumeId, target: &Path) -> Result<OpGuard> {
+        self.locks
+            .try_exclusive(&[locks::target_key(target), locks::volume_key(id)])
     }
 
     /// Brings the state in line with the mount table after a start: publish

@@ -39,7 +39,10 @@ struct Bind {
 impl NodeOps {
     /// NodePublishVolume.
     pub async fn publish(&self, req: PublishRequest) -> Result<()> {
-        let _guard = self.lock_target(&req.volume_id, &req.target_path)?;
+        let _guard = match req.capability.mode.is_one_publish() {
+            true => self.lock_only_target(&req.volume_id, &req.target_path)?,
+            false => self.lock_target(&req.volume_id, &req.target_path)?,
+        };
         let backend = self.backend(&req.volume_id)?.clone();
         self.check_allowed(&req.target_path, "target_path")?;
         backend
@@ -147,18 +150,22 @@ impl NodeOps {
         }
     }
 
-    /// A second target for a volume whose access mode allows one publish
-    /// is refused.
+    /// A second target for a volume on this node is refused when either
+    /// publish asks to be the only one (SINGLE_NODE_SINGLE_WRITER): the
+    /// new one, or one already there. Every other mode may have as many
+    /// targets on the node as the CO asks for.
     fn check_single_publish(&self, req: &PublishRequest) -> Result<()> {
-        // Only a single-publish mode looks at the other records.
-        if req.capability.mode.allows_multiple_publish() {
-            return Ok(());
-        }
-        match self.state.publishes_of(&req.volume_id).first() {
+        let others = self.state.publishes_of(&req.volume_id);
+        let conflict = match req.capability.mode.is_one_publish() {
+            true => others.first(),
+            false => others.iter().find(|o| o.capability.mode.is_one_publish()),
+        };
+        match conflict {
             Some(other) => Err(Error::precondition(format!(
-                "volume {} is already published at {} and its access mode allows one publish",
+                "volume {} is already published at {} and {} allows one publish on a node",
                 req.volume_id,
-                other.target_path.display()
+                other.target_path.display(),
+                AccessMode::SingleNodeSingleWriter.name()
             ))),
             None => Ok(()),
         }

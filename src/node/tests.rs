@@ -34,6 +34,8 @@ impl Backend for Recorder {
             access_modes: vec![
                 AccessMode::SingleNodeWriter,
                 AccessMode::SingleNodeMultiWriter,
+                AccessMode::SingleNodeSingleWriter,
+                AccessMode::SingleNodeReaderOnly,
             ],
             ..Default::default()
         }
@@ -321,6 +323,88 @@ async fn never_formats_a_device_with_another_filesystem() {
         .unwrap_err();
     assert_eq!(err.kind, Kind::FailedPrecondition);
     assert!(!f.runner.lines().iter().any(|l| l.starts_with("mkfs")));
+}
+
+/// A second target on the node: allowed for every pair of single-node
+/// modes but where either publish is SINGLE_NODE_SINGLE_WRITER, which is
+/// FAILED_PRECONDITION with nothing made at the second target; the first
+/// publish gone, the second goes through.
+#[tokio::test]
+async fn second_targets_on_a_node_are_refused_only_for_single_writer_pods() {
+    use AccessMode::*;
+    let modes = [
+        SingleNodeWriter,
+        SingleNodeMultiWriter,
+        SingleNodeSingleWriter,
+        SingleNodeReaderOnly,
+    ];
+    let f = fixture();
+    f.runner.expect("blkid", Reply::Ok("TYPE=ext4\n".into()));
+    f.ops.stage(stage_req(&f, SingleNodeWriter)).await.unwrap();
+    let ro = |m: AccessMode| m.is_readonly();
+    for first in modes {
+        for second in modes {
+            let what = format!("{} then {}", first.name(), second.name());
+            f.ops
+                .publish(publish_req(&f, "a", first, ro(first)))
+                .await
+                .unwrap();
+            let b = f.dir.path().join("pods/b");
+            let got = f
+                .ops
+                .publish(publish_req(&f, "b", second, ro(second)))
+                .await;
+            let refused = first == SingleNodeSingleWriter || second == SingleNodeSingleWriter;
+            match got {
+                Ok(()) => assert!(!refused, "{what}: a second target was taken"),
+                Err(e) => {
+                    assert!(refused, "{what}: {}", e.message);
+                    assert_eq!(e.kind, Kind::FailedPrecondition, "{what}");
+                    assert!(e.message.contains("pods/a"), "{what}: {}", e.message);
+                    assert!(f.mounter.get(&b).is_none(), "{what}");
+                    assert!(!f.host.contains(&b), "{what}: target made");
+                    assert!(f.ops.state().publish(&b).is_none(), "{what}");
+                }
+            }
+            f.ops
+                .unpublish(&id(), &f.dir.path().join("pods/a"))
+                .await
+                .unwrap();
+            if refused {
+                // The only other publish gone, the same call goes through.
+                f.ops
+                    .publish(publish_req(&f, "b", second, ro(second)))
+                    .await
+                    .unwrap();
+            }
+            f.ops.unpublish(&id(), &b).await.unwrap();
+            assert!(f.ops.state().publishes_of(&id()).is_empty(), "{what}");
+        }
+    }
+}
+
+/// A single-writer publish locks its volume against every other publish
+/// or unpublish under way (two at once would each find no other record);
+/// publishes of other modes to other targets run side by side.
+#[test]
+fn a_single_writer_publish_excludes_others_of_its_volume_while_it_runs() {
+    let f = fixture();
+    let (a, b) = (f.dir.path().join("pods/a"), f.dir.path().join("pods/b"));
+    let only = f.ops.lock_only_target(&id(), &a).unwrap();
+    let err = f.ops.lock_target(&id(), &b).unwrap_err();
+    assert_eq!(err.kind, Kind::Aborted, "{}", err.message);
+    let err = f.ops.lock_only_target(&id(), &b).unwrap_err();
+    assert_eq!(err.kind, Kind::Aborted, "{}", err.message);
+    drop(only);
+    let shared = f.ops.lock_target(&id(), &a).unwrap();
+    let beside = f.ops.lock_target(&id(), &b).unwrap();
+    let err = f
+        .ops
+        .lock_only_target(&id(), &f.dir.path().join("pods/c"))
+        .unwrap_err();
+    assert_eq!(err.kind, Kind::Aborted, "{}", err.message);
+    drop((shared, beside));
+    f.ops.lock_only_target(&id(), &b).unwrap();
 }
 
 #[tokio::test]

@@ -134,15 +134,13 @@ impl AccessMode {
                 | AccessMode::MultiNodeMultiWriter
         )
     }
-    /// Modes that allow more than one publish of the volume on a node.
-    pub fn allows_multiple_publish(self) -> bool {
-        matches!(
-            self,
-            AccessMode::MultiNodeReaderOnly
-                | AccessMode::MultiNodeSingleWriter
-                | AccessMode::MultiNodeMultiWriter
-                | AccessMode::SingleNodeMultiWriter
-        )
+    /// Modes that allow one publish of the volume on a node at a time:
+    /// SINGLE_NODE_SINGLE_WRITER alone (Kubernetes' ReadWriteOncePod).
+    /// Every other mode serves several targets on its node: Kubernetes
+    /// reads SINGLE_NODE_WRITER (ReadWriteOnce) as "one node", whose pods
+    /// may share the volume, and read-only modes harm nobody.
+    pub fn is_one_publish(self) -> bool {
+        self == AccessMode::SingleNodeSingleWriter
     }
 }
 

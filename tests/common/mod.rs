@@ -6,6 +6,7 @@
 pub mod fixtures;
 pub mod peer;
 pub mod sanity;
+pub mod sharing;
 
 use ferrovol::proto::controller_client::ControllerClient;
 use ferrovol::proto::group_controller_client::GroupControllerClient;
@@ -319,6 +320,7 @@ pub fn block_cap(mode: i32) -> pb::VolumeCapability {
 pub const SNW: i32 = 1;
 pub const SNRO: i32 = 2;
 pub const MNMW: i32 = 5;
+pub const SNSW: i32 = 6;
 pub const SNMW: i32 = 7;
 
 /// A content source naming a snapshot (a restore).

@@ -14,7 +14,6 @@ use std::time::Duration;
 use tonic::transport::Channel;
 
 const MNRO: i32 = 3;
-const SNSW: i32 = 6;
 
 /// An iscsi backend on `tgtd` (listening on the private network), its LUNs
 /// in a file pool; the same text configures both nodes. A session that
