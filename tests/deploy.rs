@@ -348,14 +348,67 @@ fn node_plugins_register_the_socket_they_serve() {
                 for want in ["NODE_NAME", "NAMESPACE", "POD_NAME"] {
                     assert!(env.contains(&want), "provisioner env lacks {want}");
                 }
-                assert_eq!(
-                    flag(container(ds, "csi-snapshotter"), "node-deployment").as_deref(),
-                    Some("true")
-                );
+                node_mode_snapshotter(&r, ds);
             } else {
                 assert_eq!(mode, "node");
             }
         }
+    }
+}
+
+/// What the external-snapshotter's node mode needs in a node-local pod: the
+/// flag; the node's name in NODE_NAME from the pod's own node (it watches
+/// only the VolumeSnapshotContents labelled managed-by that name); no
+/// leader election (every node's sidecar acts for its node, one lease
+/// would leave all but one idle); and the pod's ClusterRole granting it
+/// the contents (watched by label, updated) and their status, the
+/// classes, and events.
+fn node_mode_snapshotter(r: &Rendered, ds: &Value) {
+    let snap = container(ds, "csi-snapshotter");
+    assert_eq!(flag(snap, "node-deployment").as_deref(), Some("true"));
+    assert_ne!(flag(snap, "leader-election").as_deref(), Some("true"));
+    let node_name = seq(&snap["env"])
+        .iter()
+        .find(|e| e["name"].as_str() == Some("NODE_NAME"))
+        .expect("the node-mode snapshotter needs NODE_NAME");
+    assert_eq!(
+        node_name["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
+        Some("spec.nodeName"),
+        "{}",
+        r.name
+    );
+    let sa = s(&pod(ds)["serviceAccountName"]);
+    let binding = r
+        .kind("ClusterRoleBinding")
+        .into_iter()
+        .find(|b| {
+            seq(&b["subjects"])
+                .iter()
+                .any(|x| x["name"].as_str() == Some(sa))
+        })
+        .expect("the node pod's ClusterRoleBinding");
+    let role = r.named("ClusterRole", s(&binding["roleRef"]["name"]));
+    let grants = |group: &str, resource: &str, verb: &str| {
+        seq(&role["rules"]).iter().any(|rule| {
+            let has = |key: &str, want: &str| seq(&rule[key]).iter().any(|v| s(v) == want);
+            has("apiGroups", group) && has("resources", resource) && has("verbs", verb)
+        })
+    };
+    let snapshots = "snapshot.storage.k8s.io";
+    for verb in ["get", "list", "watch", "update", "patch"] {
+        assert!(grants(snapshots, "volumesnapshotcontents", verb), "{verb}");
+    }
+    for verb in ["update", "patch"] {
+        assert!(
+            grants(snapshots, "volumesnapshotcontents/status", verb),
+            "{verb}"
+        );
+    }
+    for verb in ["get", "list", "watch"] {
+        assert!(grants(snapshots, "volumesnapshotclasses", verb), "{verb}");
+    }
+    for verb in ["create", "patch"] {
+        assert!(grants("", "events", verb), "{verb}");
     }
 }
 
