@@ -1492,6 +1492,66 @@ async fn guest_iscsi_backend_full_lifecycle() {
 /// stages a dm-multipath map over the two disks; expansion reaches the
 /// map; the volume goes on when one path goes away; unstage flushes the map and
 /// leaves no session, disk or record.
+/// Two pods on one node share an iscsi volume (LUNs in tgtd's file
+/// store), a filesystem one and a raw block one: the walk of
+/// [`Harness::two_pods_on_one_node`] (SINGLE_NODE_WRITER and
+/// SINGLE_NODE_MULTI_WRITER serve two writable targets, also across a
+/// driver restart; SINGLE_NODE_SINGLE_WRITER refuses the second;
+/// SINGLE_NODE_READER_ONLY serves two read-only ones), then no session
+/// of ours is left.
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_iscsi_two_pods_on_one_node_share_a_volume() {
+    require_guest();
+    let tgtd = Tgtd::new();
+    let _iscsid = Iscsid::new();
+    let prefix = "iqn.2026-11.io.ferrovol.share";
+    let mut h = Harness::start_with(Some(&tgtd.file_store_config(prefix))).await;
+    let node_id = h.node_id().await;
+    for (name, cap) in [
+        ("share-fs", mount_cap("ext4", SNW)),
+        ("share-blk", block_cap(SNW)),
+    ] {
+        let vol = h
+            .controller()
+            .create_volume(create_req(name, 32 * MIB, cap.clone()))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        let publish_context = h.attach_here(&vol.volume_id, &cap, &HashMap::new()).await;
+        let staging = h.path(&format!("kubelet/staging/{name}"));
+        std::fs::create_dir_all(&staging).unwrap();
+        let stage = pb::NodeStageVolumeRequest {
+            publish_context,
+            volume_context: vol.volume_context.clone(),
+            ..stage_req(&vol.volume_id, &staging, cap)
+        };
+        h.two_pods_on_one_node(&stage, name).await;
+        assert!(
+            !Iscsid::sessions().iter().any(|l| l.contains(prefix)),
+            "{:?}",
+            Iscsid::sessions()
+        );
+        h.controller()
+            .controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
+                volume_id: vol.volume_id.clone(),
+                node_id: node_id.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        h.controller()
+            .delete_volume(pb::DeleteVolumeRequest {
+                volume_id: vol.volume_id,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+}
+
 #[tokio::test]
 #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
 async fn guest_iscsi_multipath_over_two_portals() {
