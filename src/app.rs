@@ -98,6 +98,7 @@ pub fn build_with(
     )?);
     let node_id = full_node_id(settings, &registry)?;
     let state = NodeState::open(&state_dir)?;
+    let intents = Arc::new(crate::intents::Intents::open(&state_dir)?);
     // One guard table for both services: an operation on a volume excludes
     // every other operation on it, whichever service it came through.
     let locks = OpLocks::new();
@@ -111,7 +112,13 @@ pub fn build_with(
             host,
         )
         .with_deadlines(Deadlines::default().capped(settings.command_timeout))
-        .with_allowed_paths(config.node.allowed_paths.clone()),
+        .with_allowed_paths(config.node.allowed_paths.clone())
+        // The holder is this binary, as the kernel has it even if its
+        // file was replaced meanwhile (an upgrade).
+        .with_freezer(crate::host::freeze::Freezer::new(
+            PathBuf::from("/proc/self/exe"),
+            intents.clone(),
+        )),
     );
     let mut controller =
         ControllerOps::new(registry.clone(), locks, &node_id, &config.node.topology_key);
@@ -127,6 +134,15 @@ pub fn build_with(
         controller = controller.with_ledger(ledger).with_groups(groups, quiesce);
     }
     if settings.mode.node() {
+        // What a dead driver left half done comes first: a filesystem it
+        // froze takes no writes until this thaws it.
+        let recovered = node.recover(&intents)?;
+        if recovered > 0 {
+            tracing::warn!(
+                intents = recovered,
+                "a previous run's intents finished or undone"
+            );
+        }
         let (dropped, unmounted) = node.reconcile()?;
         tracing::info!(
             staged = node.state().stages().len(),

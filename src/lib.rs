@@ -14,6 +14,8 @@ pub mod error;
 pub mod exec;
 pub mod host;
 pub mod id;
+pub mod intents;
+pub mod killpoint;
 pub mod locks;
 pub mod metrics;
 pub mod mount;

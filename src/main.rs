@@ -27,6 +27,10 @@ enum Command {
     Client(ferrovol::client::Args),
     /// Serve the CSI services.
     Serve(ServeArgs),
+    /// Holds a group snapshot's freeze for the driver that runs it (see
+    /// src/host/freeze.rs); not for use by hand.
+    #[command(name = "freeze-holder", hide = true)]
+    FreezeHolder,
 }
 
 /// The settings of `serve`.
@@ -143,6 +147,9 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::from(runtime.block_on(ferrovol::client::run(args)) as u8)
         }
         Command::Serve(args) => serve(args),
+        Command::FreezeHolder => {
+            std::process::ExitCode::from(ferrovol::host::freeze::holder_main() as u8)
+        }
     }
 }
 

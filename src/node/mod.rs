@@ -146,6 +146,9 @@ pub struct NodeOps {
     loops: LoopDevices,
     /// The kernel's device tables, for the node's volume limit.
     devices: DeviceTables,
+    /// What freezes staged filesystems for group snapshots (none: the
+    /// node freezes nothing, as in the unit tests).
+    freezer: Option<Arc<crate::host::freeze::Freezer>>,
 }
 
 impl NodeOps {
@@ -168,6 +171,47 @@ impl NodeOps {
             allowed_paths: Vec::new(),
             loops: LoopDevices::new(),
             devices: DeviceTables::default(),
+            freezer: None,
+        }
+    }
+
+    /// The same, freezing staged filesystems through `freezer`.
+    pub fn with_freezer(mut self, freezer: crate::host::freeze::Freezer) -> Self {
+        self.freezer = Some(Arc::new(freezer));
+        self
+    }
+
+    /// Finishes or undoes what a dead driver's intents name, before
+    /// anything is served: a freeze's filesystems are thawed (each only
+    /// while the staging path still holds the mount this node made there).
+    /// Each intent goes once handled.
+    pub fn recover(&self, intents: &crate::intents::Intents) -> Result<usize> {
+        let pending = intents.pending()?;
+        for (id, intent) in &pending {
+            match intent {
+                crate::intents::Intent::Freeze { paths } => {
+                    crate::host::freeze::undo_intent(paths, |path| self.holds_own_mount(path));
+                }
+            }
+            intents.done(id)?;
+        }
+        Ok(pending.len())
+    }
+
+    /// Whether `path` is a staging path of this node's where the mount this
+    /// node made is still in place.
+    fn holds_own_mount(&self, path: &Path) -> bool {
+        let Some(stage) = self
+            .state
+            .stages()
+            .into_iter()
+            .find(|s| s.staging_path == path)
+        else {
+            return false;
+        };
+        match (self.mounter.mounted(path), stage.mounted) {
+            (Ok(Some(now)), Some(made)) => now == made,
+            _ => false,
         }
     }
 

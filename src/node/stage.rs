@@ -531,6 +531,12 @@ impl crate::plugin::controller::Quiesce for NodeOps {
                 }
             }
         }
-        crate::host::freeze::Frozen::freeze(paths, deadline).await
+        if paths.is_empty() {
+            return Ok(crate::host::freeze::Frozen::none());
+        }
+        let Some(freezer) = &self.freezer else {
+            return Err(Error::internal("this node has no freezer"));
+        };
+        freezer.freeze(paths, deadline).await
     }
 }

@@ -167,9 +167,11 @@ impl ControllerOps {
         // Recorded before anything is made: a crash leaves a record a
         // retry (or a delete) finds, never snapshots nobody knows of.
         store.put(&id, &record)?;
+        crate::killpoint::hit("group.recorded");
         let taken = self.cut(backend.as_ref(), &req, &member).await;
         match taken {
             Ok(created) => {
+                crate::killpoint::hit("group.cut");
                 record.created_unix_nanos = created
                     .duration_since(UNIX_EPOCH)
                     .unwrap_or_default()
@@ -225,9 +227,11 @@ impl ControllerOps {
             .await?;
         let instant = SystemTime::now();
         for m in &members {
+            // On a failure the freeze is dropped, which thaws.
             backend.create_snapshot(m).await?;
+            crate::killpoint::hit("group.member");
         }
-        frozen.thaw()?;
+        frozen.thaw().await?;
         Ok(instant)
     }
 
