@@ -1152,6 +1152,11 @@ fn dockerfile_is_multi_stage_non_root_lint_clean_and_installs_exactly_the_backen
     let stages: Vec<&str> = text.lines().filter(|l| l.starts_with("FROM ")).collect();
     assert!(stages.len() >= 2, "multi-stage: {stages:?}");
     assert!(text.contains("cargo build --release --locked"));
+    // The released binary has no kill points: only test builds (through
+    // the crate's dev-dependency on itself) turn the feature on.
+    for never in ["kill-points", "--all-features", "--features"] {
+        assert!(!text.contains(never), "the image's build names {never}");
+    }
     // The build stage runs as a user of its own, not root.
     let build = text.split("\nFROM ").nth(1).unwrap();
     let user = build
