@@ -496,6 +496,7 @@ impl crate::plugin::controller::Quiesce for NodeOps {
         &self,
         volumes: &[VolumeId],
         staged_ok: bool,
+        block_ok: bool,
         deadline: std::time::Duration,
     ) -> Result<crate::host::freeze::Frozen> {
         let mut paths = Vec::new();
@@ -513,6 +514,9 @@ impl crate::plugin::controller::Quiesce for NodeOps {
                 )));
             }
             if matches!(record.capability.access, AccessType::Block) {
+                if block_ok {
+                    continue;
+                }
                 return Err(Error::precondition(format!(
                     "volume {id} is staged as a raw block device at {}: nothing can hold its \
                      writes for a group snapshot (unstage it, or use a filesystem volume)",

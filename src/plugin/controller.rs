@@ -9,9 +9,11 @@ use super::attached::Ledger;
 use super::groups::GroupStore;
 use super::{
     Backend, Capacity, ContentSource, ControllerAttach, CreateSnapshot, CreateVolume, Page,
-    Registry, Secrets, SnapshotId, SnapshotInfo, VolumeCapability, VolumeId, VolumeInfo,
+    Registry, Secrets, SnapshotId, SnapshotInfo, SnapshotInstant, VolumeCapability, VolumeId,
+    VolumeInfo,
 };
 use crate::error::{Error, Kind, Result};
+use crate::host::freeze::Frozen;
 use crate::locks::{self, OpGuard, OpLocks};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -611,7 +613,31 @@ impl ControllerOps {
             ],
             &[locks::volume_key(&request.source)],
         )?;
-        backend.create_snapshot(&request).await
+        // A volume staged here whose backend copies it over time is held
+        // at one instant for the copy: its filesystem frozen (and thawed
+        // by the freeze's holder should this process die meanwhile).
+        let frozen = match (&self.quiesce, backend.capabilities().snapshot_instant) {
+            (Some(quiesce), SnapshotInstant::Frozen) => {
+                quiesce
+                    .freeze(
+                        std::slice::from_ref(&request.source),
+                        true,
+                        true,
+                        group::FREEZE_DEADLINE,
+                    )
+                    .await?
+            }
+            _ => Frozen::none(),
+        };
+        // A failure drops the freeze, which thaws.
+        let made = backend.create_snapshot(&request).await?;
+        if let Err(e) = frozen.thaw().await {
+            // Not one instant after all: the copy goes, and the call fails
+            // (the CO retries it).
+            let _ = backend.delete_snapshot(&made.id, &request.secrets).await;
+            return Err(e);
+        }
+        Ok(made)
     }
 
     /// DeleteSnapshot. An id that cannot be ours names nothing: done.

@@ -25,6 +25,8 @@ pub struct Capabilities {
     pub snapshot: bool,
     /// Group snapshots, and how.
     pub group_snapshot: GroupSnapshots,
+    /// What instant a snapshot of a volume in use shows.
+    pub snapshot_instant: SnapshotInstant,
     /// Volumes cloned from volumes.
     pub clone: bool,
     /// Raw block access.
@@ -52,6 +54,7 @@ impl Capabilities {
             expand_online: true,
             snapshot: true,
             group_snapshot: GroupSnapshots::Frozen,
+            snapshot_instant: SnapshotInstant::Frozen,
             clone: true,
             block: true,
             node_local: true,
@@ -286,6 +289,24 @@ pub struct SnapshotInfo {
     /// The group snapshot it was taken in, if any (the plugin layer, which
     /// keeps the groups, fills it in).
     pub group: Option<GroupSnapshotId>,
+}
+
+/// What a snapshot of a volume in use shows: one instant of it, or its
+/// data copied over a while (a mix of before and after its writes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SnapshotInstant {
+    /// No instant: the copy runs while the volume's writers go on (nothing
+    /// the driver controls can hold them).
+    #[default]
+    Unheld,
+    /// The backend's own snapshot is one instant of the device, as a power
+    /// cut leaves it (crash-consistent).
+    Own,
+    /// The node freezes the volume's staged filesystem around the copy
+    /// (its writes wait, its dirty data is written first): one instant,
+    /// and a clean filesystem. A volume staged as a raw block device has
+    /// nothing to freeze: its copy is not held.
+    Frozen,
 }
 
 /// How a backend takes a group snapshot (several volumes at one instant).

@@ -755,6 +755,12 @@ impl Backend for IscsiBackend {
                 true => crate::plugin::GroupSnapshots::Cut,
                 false => crate::plugin::GroupSnapshots::None,
             },
+            // The initiators write from afar: an lvm store's snapshot holds
+            // the LV itself; a file store's copy runs under their writes.
+            snapshot_instant: match store.as_ref().map(|c| c.snapshot_instant) {
+                Some(crate::plugin::SnapshotInstant::Own) => crate::plugin::SnapshotInstant::Own,
+                _ => crate::plugin::SnapshotInstant::Unheld,
+            },
             clone: store.as_ref().is_some_and(|c| c.clone),
             block: true,
             node_local: false,

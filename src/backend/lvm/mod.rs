@@ -662,6 +662,8 @@ impl Backend for LvmBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             group_snapshot: self.group_snapshots,
+            // lvcreate suspends the origin to cut it: one instant.
+            snapshot_instant: crate::plugin::SnapshotInstant::Own,
             // Thin snapshots: from the pool's block map.
             snapshot_metadata: self
                 .settings

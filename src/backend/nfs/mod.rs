@@ -726,6 +726,9 @@ impl Backend for NfsBackend {
             expand_online: true,
             snapshot: true,
             group_snapshot: crate::plugin::GroupSnapshots::None,
+            // A directory copied file by file while every node's clients
+            // write on: nothing on the driver's side holds them.
+            snapshot_instant: crate::plugin::SnapshotInstant::Unheld,
             clone: true,
             block: false,
             node_local: false,

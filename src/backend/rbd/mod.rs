@@ -808,6 +808,8 @@ impl Backend for RbdBackend {
             expand_online: true,
             snapshot: true,
             group_snapshot: crate::plugin::GroupSnapshots::Cut,
+            // An rbd snapshot is one instant of the image in the cluster.
+            snapshot_instant: crate::plugin::SnapshotInstant::Own,
             clone: true,
             block: true,
             node_local: false,

@@ -28,12 +28,13 @@ pub const FREEZE_DEADLINE: Duration = Duration::from_secs(60);
 pub trait Quiesce: Send + Sync {
     /// Freezes the filesystems of those of `volumes` staged here, all
     /// together; FAILED_PRECONDITION for one staged as a raw block device
-    /// (nothing can hold its writes), or for any staged one at all unless
-    /// `staged_ok`.
+    /// (nothing can hold its writes) unless `block_ok` (then it is left as
+    /// it is), or for any staged one at all unless `staged_ok`.
     async fn freeze(
         &self,
         volumes: &[VolumeId],
         staged_ok: bool,
+        block_ok: bool,
         deadline: Duration,
     ) -> Result<Frozen>;
 }
@@ -223,7 +224,7 @@ impl ControllerOps {
         };
         let staged_ok = backend.capabilities().group_snapshot == GroupSnapshots::Frozen;
         let frozen = quiesce
-            .freeze(&req.sources, staged_ok, FREEZE_DEADLINE)
+            .freeze(&req.sources, staged_ok, false, FREEZE_DEADLINE)
             .await?;
         let instant = SystemTime::now();
         for m in &members {

@@ -859,6 +859,7 @@ impl super::Quiesce for FakeNode {
         &self,
         volumes: &[VolumeId],
         _staged_ok: bool,
+        _block_ok: bool,
         deadline: std::time::Duration,
     ) -> Result<crate::host::freeze::Frozen> {
         if *self.refuse.lock().unwrap() {
