@@ -61,8 +61,12 @@ fn write_through(dirs: &[PathBuf], limit: Duration) -> Option<Duration> {
     }
 }
 
-/// Freeze holders still running (the test runs its rounds one at a time,
-/// so any is one of this test's drivers').
+/// The tests here take turns: [`holders`] sees every holder on the
+/// machine, so no other test's may run meanwhile.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Freeze holders still running (the tests here run one at a time, so any
+/// is one of this test's drivers').
 fn holders() -> Vec<String> {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -105,8 +109,96 @@ async fn wait_exit(h: &mut Harness, within: Duration) {
     h.channel = None;
 }
 
+/// One round: the driver started again set to die at `point` (with its
+/// children, as a container's end kills them, or alone), `call` run
+/// against it until it dies there; then the writes through `targets` are
+/// checked (frozen while no driver runs only where driver and holder died
+/// together at a point that holds a freeze: `holds_freeze`), the driver
+/// is started again without a kill point, and the writes must go through
+/// within [`WRITE_BOUND`]. No holder and no intent is left then. Answers
+/// the round's measured line.
+async fn die_during<F, Fut, T>(
+    h: &mut Harness,
+    point: &str,
+    with_children: bool,
+    holds_freeze: bool,
+    targets: &[PathBuf],
+    call: F,
+) -> String
+where
+    F: FnOnce(&Harness) -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>> + Send + 'static,
+    T: Send + std::fmt::Debug + 'static,
+{
+    let what = format!(
+        "{point}{}",
+        if with_children {
+            " (with its children)"
+        } else {
+            ""
+        }
+    );
+    h.env = vec![("FERROVOL_KILL_AT".into(), point.to_string())];
+    if with_children {
+        h.env.push(("FERROVOL_KILL_CHILDREN".into(), "1".into()));
+    }
+    h.kill();
+    h.spawn().await;
+    let running = tokio::spawn(call(h));
+    wait_exit(h, Duration::from_secs(60)).await;
+    let killed = Instant::now();
+    let answer = running.await.unwrap();
+    assert!(answer.is_err(), "{what}: the call answered {answer:?}");
+    let before_start = if with_children && holds_freeze {
+        assert!(
+            write_through(targets, STILL_FROZEN).is_none(),
+            "{what}: the filesystems were not frozen when driver and holder died"
+        );
+        assert!(!intents_left(h).is_empty(), "{what}: no intent on disk");
+        None
+    } else {
+        // Nothing frozen, or the holder thawed when its input closed.
+        let took = write_through(targets, WRITE_BOUND)
+            .unwrap_or_else(|| panic!("{what}: writes blocked with no driver running"));
+        Some(took)
+    };
+    h.env.clear();
+    let starting = Instant::now();
+    h.spawn().await;
+    let line = match before_start {
+        Some(took) => format!(
+            "{what}: a write after the kill took {:.0} ms, no driver running",
+            took.as_secs_f64() * 1e3
+        ),
+        None => {
+            write_through(targets, WRITE_BOUND).unwrap_or_else(|| {
+                panic!("{what}: writes still blocked after the start:\n{}", h.log())
+            });
+            format!(
+                "{what}: frozen until the start; a write went through {:.0} ms after the \
+                 driver was started ({:.0} ms after the kill, {:.0} ms of them the test's \
+                 check that it was frozen)",
+                starting.elapsed().as_secs_f64() * 1e3,
+                killed.elapsed().as_secs_f64() * 1e3,
+                STILL_FROZEN.as_secs_f64() * 1e3,
+            )
+        }
+    };
+    assert!(
+        holders().is_empty(),
+        "{what}: holders left: {:?}",
+        holders()
+    );
+    assert!(
+        intents_left(h).is_empty(),
+        "{what}: intents left: {:?}",
+        intents_left(h)
+    );
+    line
+}
+
 /// The issue's scenario at every kill point of a group snapshot: two
-/// volumes staged with ext4 and published, holding data, a writer on one;
+/// volumes staged with ext4 and published, holding data;
 /// CreateVolumeGroupSnapshot with the driver set to die at the point,
 /// alone (OOM, a signal) or with its children (the container killed as a
 /// whole: the holder dies too). Then:
@@ -123,98 +215,45 @@ async fn wait_exit(h: &mut Harness, within: Duration) {
 #[tokio::test]
 async fn a_driver_killed_during_a_group_snapshot_leaves_nothing_frozen() {
     require_root();
+    let _turn = ONE_AT_A_TIME.lock().await;
     let mut h = Harness::start().await;
     let cap = mount_cap("ext4", SNW);
     let data = h.provision("data", 32 * MIB, cap.clone()).await;
     let wal = h.provision("wal", 32 * MIB, cap.clone()).await;
-    let mounts = vec![data.staging.clone(), wal.staging.clone()];
-    let _thaw = ThawOnDrop(mounts.clone());
+    let _thaw = ThawOnDrop(vec![data.staging.clone(), wal.staging.clone()]);
     let targets = vec![data.target.clone(), wal.target.clone()];
     std::fs::write(data.target.join("kept"), vec![7u8; 4 << 20]).unwrap();
     let frozen_at = ["freeze.held", "group.member@1", "group.member@2"];
     let mut report = Vec::new();
-    for (round, point) in ferrovol::killpoint::POINTS
+    let points: Vec<String> = ferrovol::killpoint::POINTS
         .iter()
         .flat_map(|p| match *p {
             "group.member" => vec!["group.member@1".to_string(), "group.member@2".into()],
             p => vec![p.to_string()],
         })
-        .enumerate()
-    {
+        .collect();
+    for (round, point) in points.iter().enumerate() {
         for with_children in [false, true] {
-            let what = format!(
-                "{point}{}",
-                if with_children {
-                    " (with its children)"
-                } else {
-                    ""
-                }
-            );
-            h.env = vec![("FERROVOL_KILL_AT".into(), point.clone())];
-            if with_children {
-                h.env.push(("FERROVOL_KILL_CHILDREN".into(), "1".into()));
-            }
-            h.kill();
-            h.spawn().await;
+            let what = format!("{point} {with_children}");
             let request = pb::CreateVolumeGroupSnapshotRequest {
                 name: format!("group-{round}-{with_children}"),
                 source_volume_ids: vec![data.id.clone(), wal.id.clone()],
                 ..Default::default()
             };
-            let mut group = h.group();
-            let call = tokio::spawn({
-                let request = request.clone();
-                async move { group.create_volume_group_snapshot(request).await }
-            });
-            wait_exit(&mut h, Duration::from_secs(60)).await;
-            let killed = Instant::now();
-            let answer = call.await.unwrap();
-            assert!(answer.is_err(), "{what}: the call answered {answer:?}");
-            let holds_freeze = frozen_at.contains(&point.as_str());
-            let before_start = if with_children && holds_freeze {
-                assert!(
-                    write_through(&targets, STILL_FROZEN).is_none(),
-                    "{what}: the filesystems were not frozen when driver and holder died"
-                );
-                assert!(!intents_left(&h).is_empty(), "{what}: no intent on disk");
-                None
-            } else {
-                // Nothing frozen, or the holder thawed when its input closed.
-                let took = write_through(&targets, WRITE_BOUND)
-                    .unwrap_or_else(|| panic!("{what}: writes blocked with no driver running"));
-                Some(took)
-            };
-            h.env.clear();
-            let starting = Instant::now();
-            h.spawn().await;
-            match before_start {
-                Some(took) => report.push(format!(
-                    "{what}: a write after the kill took {:.0} ms, no driver running",
-                    took.as_secs_f64() * 1e3
-                )),
-                None => {
-                    write_through(&targets, WRITE_BOUND).unwrap_or_else(|| {
-                        panic!("{what}: writes still blocked after the start:\n{}", h.log())
-                    });
-                    report.push(format!(
-                        "{what}: frozen until the start; a write went through {:.0} ms after \
-                         the driver was started ({:.0} ms after the kill, {:.0} ms of them \
-                         the test's check that it was frozen)",
-                        starting.elapsed().as_secs_f64() * 1e3,
-                        killed.elapsed().as_secs_f64() * 1e3,
-                        STILL_FROZEN.as_secs_f64() * 1e3,
-                    ));
-                }
-            }
-            assert!(
-                holders().is_empty(),
-                "{what}: holders left: {:?}",
-                holders()
-            );
-            assert!(
-                intents_left(&h).is_empty(),
-                "{what}: intents left: {:?}",
-                intents_left(&h)
+            let sent = request.clone();
+            report.push(
+                die_during(
+                    &mut h,
+                    point,
+                    with_children,
+                    frozen_at.contains(&point.as_str()),
+                    &targets,
+                    |h: &Harness| {
+                        let mut group = h.group();
+                        async move { group.create_volume_group_snapshot(sent).await }
+                    },
+                )
+                .await,
             );
             // The CO retries the same call: it succeeds, once.
             let group = h
@@ -253,7 +292,7 @@ async fn a_driver_killed_during_a_group_snapshot_leaves_nothing_frozen() {
         }
     }
     for line in &report {
-        println!("{line}");
+        println!("group snapshot, killed at {line}");
     }
     assert_eq!(
         std::fs::read(data.target.join("kept")).unwrap(),
@@ -262,6 +301,88 @@ async fn a_driver_killed_during_a_group_snapshot_leaves_nothing_frozen() {
     for p in [&data, &wal] {
         h.teardown(p).await;
     }
+    assert!(h.mounts().is_empty(), "{:?}", h.mounts());
+    assert!(h.loop_devices().is_empty(), "{:?}", h.loop_devices());
+}
+
+/// The same for a single CreateSnapshot of a volume in use, whose
+/// filesystem is frozen for the copy: killed at each freeze point, alone
+/// and with its children, then started again: writes go through within
+/// [`WRITE_BOUND`], no intent or holder is left, and the CO's retry of the
+/// same call makes the one snapshot, which restores.
+#[tokio::test]
+async fn a_driver_killed_during_a_snapshot_leaves_nothing_frozen() {
+    require_root();
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let mut h = Harness::start().await;
+    let cap = mount_cap("ext4", SNW);
+    let vol = h.provision("single", 32 * MIB, cap.clone()).await;
+    let _thaw = ThawOnDrop(vec![vol.staging.clone()]);
+    let targets = vec![vol.target.clone()];
+    std::fs::write(vol.target.join("kept"), b"before every snapshot").unwrap();
+    let mut report = Vec::new();
+    for point in ["freeze.intent", "freeze.held", "freeze.thawed"] {
+        for with_children in [false, true] {
+            let what = format!("{point} {with_children}");
+            let request = pb::CreateSnapshotRequest {
+                name: format!("snap-{point}-{with_children}"),
+                source_volume_id: vol.id.clone(),
+                ..Default::default()
+            };
+            let sent = request.clone();
+            report.push(
+                die_during(
+                    &mut h,
+                    point,
+                    with_children,
+                    point == "freeze.held",
+                    &targets,
+                    |h: &Harness| {
+                        let mut c = h.controller();
+                        async move { c.create_snapshot(sent).await }
+                    },
+                )
+                .await,
+            );
+            let snap = h
+                .controller()
+                .create_snapshot(request)
+                .await
+                .unwrap_or_else(|e| panic!("{what}: the retry: {e:?}\n{}", h.log()))
+                .into_inner()
+                .snapshot
+                .unwrap();
+            assert!(snap.ready_to_use, "{what}");
+            let all = h
+                .controller()
+                .list_snapshots(pb::ListSnapshotsRequest::default())
+                .await
+                .unwrap()
+                .into_inner()
+                .entries;
+            assert_eq!(all.len(), 1, "{what}: {all:?}");
+            let mut req = create_req("restored", 32 * MIB, cap.clone());
+            req.volume_content_source = Some(snapshot_source(&snap.snapshot_id));
+            let restored = h.provision_req(req).await;
+            assert_eq!(
+                std::fs::read(restored.target.join("kept")).unwrap(),
+                b"before every snapshot",
+                "{what}"
+            );
+            h.teardown(&restored).await;
+            h.controller()
+                .delete_snapshot(pb::DeleteSnapshotRequest {
+                    snapshot_id: snap.snapshot_id,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
+    }
+    for line in &report {
+        println!("snapshot, killed at {line}");
+    }
+    h.teardown(&vol).await;
     assert!(h.mounts().is_empty(), "{:?}", h.mounts());
     assert!(h.loop_devices().is_empty(), "{:?}", h.loop_devices());
 }
