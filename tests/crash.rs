@@ -266,13 +266,7 @@ async fn a_driver_killed_during_a_group_snapshot_leaves_nothing_frozen() {
                 .unwrap();
             assert!(group.ready_to_use, "{what}");
             assert_eq!(group.snapshots.len(), 2, "{what}");
-            let all = h
-                .controller()
-                .list_snapshots(pb::ListSnapshotsRequest::default())
-                .await
-                .unwrap()
-                .into_inner()
-                .entries;
+            let all = h.all_snapshots().await;
             assert_eq!(all.len(), 2, "{what}: {all:?}");
             assert!(intents_left(&h).is_empty(), "{what}");
             assert!(holders().is_empty(), "{what}");
@@ -353,13 +347,7 @@ async fn a_driver_killed_during_a_snapshot_leaves_nothing_frozen() {
                 .snapshot
                 .unwrap();
             assert!(snap.ready_to_use, "{what}");
-            let all = h
-                .controller()
-                .list_snapshots(pb::ListSnapshotsRequest::default())
-                .await
-                .unwrap()
-                .into_inner()
-                .entries;
+            let all = h.all_snapshots().await;
             assert_eq!(all.len(), 1, "{what}: {all:?}");
             let mut req = create_req("restored", 32 * MIB, cap.clone());
             req.volume_content_source = Some(snapshot_source(&snap.snapshot_id));

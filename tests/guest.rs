@@ -1513,13 +1513,8 @@ async fn guest_iscsi_two_pods_on_one_node_share_a_volume() {
         ("share-blk", block_cap(SNW)),
     ] {
         let vol = h
-            .controller()
             .create_volume(create_req(name, 32 * MIB, cap.clone()))
-            .await
-            .unwrap()
-            .into_inner()
-            .volume
-            .unwrap();
+            .await;
         let publish_context = h.attach_here(&vol.volume_id, &cap, &HashMap::new()).await;
         let staging = h.path(&format!("kubelet/staging/{name}"));
         std::fs::create_dir_all(&staging).unwrap();
@@ -1542,13 +1537,7 @@ async fn guest_iscsi_two_pods_on_one_node_share_a_volume() {
             })
             .await
             .unwrap();
-        h.controller()
-            .delete_volume(pb::DeleteVolumeRequest {
-                volume_id: vol.volume_id,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        h.delete_volume(&vol.volume_id).await;
     }
 }
 

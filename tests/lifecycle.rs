@@ -619,25 +619,14 @@ async fn two_pods_on_one_node_share_a_single_node_volume() {
         ("share-blk", block_cap(SNW)),
     ] {
         let id = h
-            .controller()
             .create_volume(create_req(name, 16 * MIB, cap.clone()))
             .await
-            .unwrap()
-            .into_inner()
-            .volume
-            .unwrap()
             .volume_id;
         let staging = h.path(&format!("kubelet/staging/{name}"));
         std::fs::create_dir_all(&staging).unwrap();
         h.two_pods_on_one_node(&stage_req(&id, &staging, cap), name)
             .await;
-        h.controller()
-            .delete_volume(pb::DeleteVolumeRequest {
-                volume_id: id,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        h.delete_volume(&id).await;
     }
     assert!(h.loop_devices().is_empty(), "{:?}", h.loop_devices());
 }

@@ -568,6 +568,38 @@ impl Harness {
         }
     }
 
+    /// CreateVolume of `req`; the volume made.
+    pub async fn create_volume(&self, req: pb::CreateVolumeRequest) -> pb::Volume {
+        self.controller()
+            .create_volume(req)
+            .await
+            .unwrap_or_else(|e| panic!("CreateVolume: {e:?}\n{}", self.log()))
+            .into_inner()
+            .volume
+            .unwrap()
+    }
+
+    /// DeleteVolume of `id`, which must succeed.
+    pub async fn delete_volume(&self, id: &str) {
+        self.controller()
+            .delete_volume(pb::DeleteVolumeRequest {
+                volume_id: id.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("DeleteVolume {id}: {e:?}\n{}", self.log()));
+    }
+
+    /// Every snapshot ListSnapshots shows (one page).
+    pub async fn all_snapshots(&self) -> Vec<pb::list_snapshots_response::Entry> {
+        self.controller()
+            .list_snapshots(pb::ListSnapshotsRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .entries
+    }
+
     /// ControllerPublishVolume of `id` to this node; its publish context.
     pub async fn attach_here(
         &self,
