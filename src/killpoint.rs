@@ -25,6 +25,12 @@ pub const POINTS: &[&str] = &[
     "freeze.thawed",
     // Every member is cut and thawed; the group is not yet marked complete.
     "group.cut",
+    // A stage's LUKS format is recorded as under way; cryptsetup has not
+    // run.
+    "crypt.formatting",
+    // cryptsetup formatted the device; the record still says a format is
+    // under way, and nothing is opened.
+    "crypt.formatted",
 ];
 
 /// Dies here if the test asked for it (a no-op without the feature).

@@ -32,6 +32,11 @@ pub struct StageRecord {
     /// named before it is opened.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crypt: Option<String>,
+    /// An intent: a LUKS format of the device was started and is not
+    /// known to have finished. A stage that finds it, and a header of
+    /// ours with no key slot (the format cut short), formats again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub crypt_formatting: bool,
 }
 
 impl StageRecord {
@@ -216,6 +221,7 @@ mod tests {
             fs_type: Some("ext4".into()),
             mounted: None,
             crypt: None,
+            crypt_formatting: false,
         }
     }
 

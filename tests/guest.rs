@@ -3746,6 +3746,104 @@ async fn encrypted_volume_on(
     );
 }
 
+/// A LUKS format cut short by the driver's death is done again by the
+/// CO's retry of the stage, and a finished one is never formatted over:
+/// the driver killed (kill points) with the format recorded as under way
+/// but cryptsetup not run yet; with the device formatted but its key slot
+/// erased, as a luksFormat killed between its header and its slot leaves
+/// it; and with the format finished. Each time the stage is retried with
+/// the driver started again: the first two stage, a file written through
+/// the volume reads back after an unstage and a stage; the third refuses
+/// a wrong passphrase with the header untouched, then stages with the
+/// right one. No mapping is left.
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_a_luks_format_cut_short_is_formatted_again() {
+    require_guest();
+    let mut h = Harness::start().await;
+    let key = "the passphrase of volumes whose format was cut short";
+    let cap = mount_cap("ext4", SNW);
+    let header_of = |dev: &str| -> Vec<u8> {
+        let mut head = vec![0u8; 16384];
+        use std::os::unix::fs::FileExt;
+        std::fs::File::open(dev)
+            .unwrap()
+            .read_exact_at(&mut head, 0)
+            .unwrap();
+        head
+    };
+    for (round, (point, erase)) in [
+        ("crypt.formatting", false),
+        ("crypt.formatted", true),
+        ("crypt.formatted", false),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let name = format!("luks-cut-{round}");
+        let mut req = create_req(&name, 32 * MIB, cap.clone());
+        req.parameters.insert("encrypted".into(), "true".into());
+        let vol = h.create_volume(req).await;
+        let staging = h.path(&format!("kubelet/staging/{name}"));
+        std::fs::create_dir_all(&staging).unwrap();
+        let stage = |passphrase: &str| pb::NodeStageVolumeRequest {
+            secrets: HashMap::from([("encryptionPassphrase".into(), passphrase.into())]),
+            volume_context: vol.volume_context.clone(),
+            ..stage_req(&vol.volume_id, &staging, cap.clone())
+        };
+        h.env = vec![("FERROVOL_KILL_AT".into(), point.into())];
+        h.kill();
+        h.spawn().await;
+        let died = h.node().node_stage_volume(stage(key)).await;
+        assert!(died.is_err(), "{point}: the stage answered {died:?}");
+        h.kill();
+        h.env.clear();
+        let loops = h.loop_devices();
+        assert_eq!(loops.len(), 1, "{point}: {loops:?}");
+        if erase {
+            run("cryptsetup", &["erase", "--batch-mode", &loops[0]]);
+        }
+        h.spawn().await;
+        if point == "crypt.formatted" && !erase {
+            let before = header_of(&loops[0]);
+            let e = h
+                .node()
+                .node_stage_volume(stage("not the passphrase it was formatted with"))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+            assert_eq!(
+                header_of(&loops[0]),
+                before,
+                "a finished header was touched"
+            );
+        }
+        h.node()
+            .node_stage_volume(stage(key))
+            .await
+            .unwrap_or_else(|e| panic!("{point} (erased: {erase}): the retry: {e:?}\n{}", h.log()));
+        std::fs::write(staging.join("kept"), b"written after the retry").unwrap();
+        h.node()
+            .node_unstage_volume(unstage_req(&vol.volume_id, &staging))
+            .await
+            .unwrap();
+        h.node().node_stage_volume(stage(key)).await.unwrap();
+        assert_eq!(
+            std::fs::read(staging.join("kept")).unwrap(),
+            b"written after the retry"
+        );
+        h.node()
+            .node_unstage_volume(unstage_req(&vol.volume_id, &staging))
+            .await
+            .unwrap();
+        h.delete_volume(&vol.volume_id).await;
+    }
+    assert!(h.mounts().is_empty(), "{:?}", h.mounts());
+    let left = run("dmsetup", &["ls"]);
+    assert!(!left.contains("fvc-"), "{left}");
+    assert!(!h.log().contains(key), "the passphrase reached the log");
+}
+
 /// LUKS2 encryption on every block backend (file, lvm, iscsi over a file
 /// store, rbd), one driver serving all four: a StorageClass parameter asks
 /// for it, the node formats the device at the first stage and serves the

@@ -130,8 +130,9 @@ async fn mount_lifecycle_with_snapshot_clone_and_readonly() {
     .await
     .unwrap();
     std::fs::write(target.join("hello.txt"), b"data from pod 1").unwrap();
-    // Same target, other arguments: ALREADY_EXISTS. Second target of a
-    // single-writer volume: FAILED_PRECONDITION.
+    // Same target, other arguments: ALREADY_EXISTS. A second target of a
+    // SINGLE_NODE_WRITER volume is another pod on the node: served. One
+    // that asks to be the only one (SINGLE_NODE_SINGLE_WRITER) is refused.
     let r = n
         .node_publish_volume(publish_req(
             &vol.volume_id,
@@ -142,12 +143,29 @@ async fn mount_lifecycle_with_snapshot_clone_and_readonly() {
         ))
         .await;
     assert_eq!(code(&r), Code::AlreadyExists);
+    let second = h.path("kubelet/pods/p2");
+    n.node_publish_volume(publish_req(
+        &vol.volume_id,
+        &staging,
+        &second,
+        cap.clone(),
+        false,
+    ))
+    .await
+    .unwrap();
+    assert_eq!(
+        std::fs::read(second.join("hello.txt")).unwrap(),
+        b"data from pod 1"
+    );
+    n.node_unpublish_volume(unpublish_req(&vol.volume_id, &second))
+        .await
+        .unwrap();
     let r = n
         .node_publish_volume(publish_req(
             &vol.volume_id,
             &staging,
-            &h.path("kubelet/pods/p2"),
-            cap.clone(),
+            &h.path("kubelet/pods/p3"),
+            mount_cap("ext4", SNSW),
             false,
         ))
         .await;

@@ -108,6 +108,62 @@ pub fn parse_header(head: &[u8; 512]) -> Option<String> {
     Some(String::from_utf8_lossy(&field[..end]).into_owned())
 }
 
+/// Where a LUKS2 header's JSON metadata starts (after the 4 KiB binary
+/// header), and how much of it the headers ferrovol makes have (16 KiB of
+/// metadata in all).
+const JSON_AT: u64 = 4096;
+const JSON_LEN: usize = 16384 - 4096;
+
+/// Whether the LUKS2 header at the start of `device` has a key slot: a
+/// header whose format was cut short has none yet (cryptsetup writes the
+/// header, then adds the slot), or has metadata that does not parse.
+pub async fn has_key_slot(device: &Path) -> Result<bool> {
+    let device = device.to_path_buf();
+    crate::host::off_worker("reading a LUKS header's metadata", TIMEOUT, move || {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::open(&device)
+            .map_err(|e| Error::io(format!("open {}", device.display()), e))?;
+        let mut json = vec![0u8; JSON_LEN];
+        f.read_exact_at(&mut json, JSON_AT)
+            .map_err(|e| Error::io(format!("read {}", device.display()), e))?;
+        Ok(key_slots(&json) > 0)
+    })
+    .await
+}
+
+/// Zeroes both copies of a LUKS2 header ferrovol makes (the first 32 KiB)
+/// and syncs: for a device whose format failed part way, which held
+/// nothing before it (the format's own check), so that the next stage
+/// finds no header and formats afresh.
+pub async fn wipe_header(device: &Path) -> Result<()> {
+    let device = device.to_path_buf();
+    crate::host::off_worker("wiping a failed LUKS header", TIMEOUT, move || {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&device)
+            .map_err(|e| Error::io(format!("open {}", device.display()), e))?;
+        f.write_all_at(&[0u8; 2 * 16384], 0)
+            .and_then(|()| f.sync_all())
+            .map_err(|e| Error::io(format!("wipe the header of {}", device.display()), e))
+    })
+    .await
+}
+
+/// How many key slots a LUKS2 JSON metadata area (NUL-padded) lists; 0
+/// when it does not parse.
+pub fn key_slots(area: &[u8]) -> usize {
+    let end = area.iter().position(|b| *b == 0).unwrap_or(area.len());
+    serde_json::from_slice::<serde_json::Value>(&area[..end])
+        .ok()
+        .and_then(|v| {
+            v.get("keyslots")
+                .and_then(|k| k.as_object())
+                .map(|k| k.len())
+        })
+        .unwrap_or(0)
+}
+
 /// Formats `device` as LUKS2 (subsystem [`SUBSYSTEM`]) with `passphrase`.
 /// A small header (1 MiB of key slots; the data starts at 2 MiB) leaves
 /// the volume most of its size.
@@ -268,5 +324,24 @@ mod tests {
         assert!(check_passphrase("").is_err());
         assert!(check_passphrase(&"x".repeat(8193)).is_err());
         assert!(check_passphrase("correct horse").is_ok());
+    }
+
+    /// The key slots of a LUKS2 metadata area: a format cut short has none
+    /// (or metadata that does not parse), a finished one its slot.
+    #[test]
+    fn key_slots_in_the_metadata() {
+        let mut area = vec![0u8; JSON_LEN];
+        let finished = br#"{"keyslots":{"0":{"type":"luks2"}},"tokens":{},"segments":{}}"#;
+        area[..finished.len()].copy_from_slice(finished);
+        assert_eq!(key_slots(&area), 1);
+        let erased = br#"{"keyslots":{},"tokens":{},"segments":{}}"#;
+        let mut area = vec![0u8; JSON_LEN];
+        area[..erased.len()].copy_from_slice(erased);
+        assert_eq!(key_slots(&area), 0);
+        // Torn: the metadata stops part way.
+        let mut area = vec![0u8; JSON_LEN];
+        area[..20].copy_from_slice(&finished[..20]);
+        assert_eq!(key_slots(&area), 0);
+        assert_eq!(key_slots(&[0u8; 16]), 0);
     }
 }

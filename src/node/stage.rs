@@ -55,6 +55,7 @@ impl NodeOps {
             fs_type: None,
             mounted: None,
             crypt: None,
+            crypt_formatting: false,
         };
         if let AccessType::Mount {
             fs_type,
@@ -293,28 +294,56 @@ impl NodeOps {
             ))
         })?;
         crypt::check_passphrase(passphrase)?;
+        // A format of ours cut short (the record's intent, and a header of
+        // ours with no key slot): nothing was ever opened, so nothing was
+        // written behind it; it is formatted again. A header with a key
+        // slot is never formatted over, whatever the intent says.
+        let cut_short = record.crypt_formatting
+            && header.as_deref() == Some(crypt::SUBSYSTEM)
+            && !crypt::has_key_slot(device).await?;
+        if cut_short {
+            tracing::warn!(volume = %record.volume_id, "a LUKS format cut short (no key slot): formatting again");
+        }
         if let Some(other) = open {
             // Our name over another device: a mapping left from an earlier
             // attach (the device renamed since); closed only when unused.
             tracing::warn!(volume = %record.volume_id, device = ?other, "closing a stale encryption mapping");
             crypt::close(runner, &name).await?;
         }
-        if header.is_none() {
+        if header.is_none() || cut_short {
             if readonly {
                 return Err(Error::precondition(format!(
                     "volume {} asks for encryption but was never formatted; its first stage cannot be read-only",
                     record.volume_id
                 )));
             }
-            if let Some(found) = fs::probe(runner, device).await? {
-                return Err(Error::precondition(format!(
-                    "volume {} asks for encryption but its device holds unencrypted data ({found}); not formatting over it",
-                    record.volume_id
-                )));
+            if header.is_none() {
+                if let Some(found) = fs::probe(runner, device).await? {
+                    return Err(Error::precondition(format!(
+                        "volume {} asks for encryption but its device holds unencrypted data ({found}); not formatting over it",
+                        record.volume_id
+                    )));
+                }
             }
-            crypt::format(runner, device, passphrase).await?;
+            // The intent first: a death inside luksFormat leaves a record
+            // that says a header without a key slot is ours to redo.
+            record.crypt_formatting = true;
+            self.put_stage(record.clone()).await?;
+            crate::killpoint::hit("crypt.formatting");
+            if let Err(e) = crypt::format(runner, device, passphrase).await {
+                // A failed format (cryptsetup's error, or its timeout) may
+                // leave part of a header: it goes, as the stage's undo
+                // takes the intent with the record. The device held
+                // nothing before (checked above, or a format of ours).
+                if let Err(w) = crypt::wipe_header(device).await {
+                    tracing::warn!(volume = %record.volume_id, error = %w.message, "could not wipe a failed LUKS header");
+                }
+                return Err(e);
+            }
+            crate::killpoint::hit("crypt.formatted");
         }
         record.crypt = Some(name.clone());
+        record.crypt_formatting = false;
         self.put_stage(record.clone()).await?;
         crypt::open(runner, device, &name, passphrase, readonly).await
     }

@@ -1146,6 +1146,7 @@ async fn the_volume_limit_is_the_cap_within_the_room_the_kernel_leaves() {
             fs_type: Some("ext4".into()),
             mounted: None,
             crypt: None,
+            crypt_formatting: false,
         })
         .unwrap();
     let tables = crate::host::devices::DeviceTables::at(&sys, &f.dir.path().join("devices"));
