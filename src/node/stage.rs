@@ -28,8 +28,9 @@ impl NodeOps {
         let backend = self.backend(&req.volume_id)?.clone();
         self.check_allowed(&req.staging_path, "staging_target_path")?;
         check_stage_capability(backend.as_ref(), &req.capability)?;
-        if let Some(existing) = self.state.stage(&req.volume_id) {
-            if self.restage_done(&req, &existing).await? {
+        let existing = self.state.stage(&req.volume_id);
+        if let Some(existing) = &existing {
+            if self.restage_done(&req, existing).await? {
                 return Ok(());
             }
             // An interrupted stage: carry on from where it stopped.
@@ -55,7 +56,9 @@ impl NodeOps {
             fs_type: None,
             mounted: None,
             crypt: None,
-            crypt_formatting: false,
+            // An interrupted stage's intent is kept: its LUKS format may
+            // have been cut short.
+            crypt_formatting: existing.is_some_and(|e| e.crypt_formatting),
         };
         if let AccessType::Mount {
             fs_type,
