@@ -330,20 +330,29 @@ impl Held {
         Ok(line.trim_end().to_string())
     }
 
-    /// Ends the holder (its input closed: it thaws what it holds), waits
-    /// for it, makes sure its filesystems are thawed and drops the intent.
-    async fn finish(&mut self) {
+    /// Ends the holder (its input closed: it thaws what it holds) and
+    /// waits for it: whether it ended by itself (a holder that exits has
+    /// thawed; one killed by a signal may not have).
+    async fn end(&mut self) -> bool {
         self.stdin = None;
-        if let Some(mut child) = self.child.take() {
-            let _ = child.wait().await;
+        match self.child.take() {
+            Some(mut child) => child.wait().await.is_ok_and(|s| s.code().is_some()),
+            None => true,
         }
-        self.thawed();
     }
 
-    /// The holder is gone: thaws anything of its still frozen (a holder
-    /// killed while it held), then drops the intent.
-    fn thawed(&mut self) {
-        for path in &self.paths {
+    /// [`Held::end`], then [`Held::thawed`].
+    async fn finish(&mut self) {
+        let thawed_itself = self.end().await;
+        self.thawed(!thawed_itself);
+    }
+
+    /// The holder is gone: thaws what it held directly when it may have
+    /// left it frozen (`direct`: it was killed, or never said it thawed),
+    /// then drops the intent. A holder that said so is taken at its word:
+    /// a FITHAW after it could thaw another's freeze taken since.
+    fn thawed(&mut self, direct: bool) {
+        for path in self.paths.iter().filter(|_| direct) {
             match thaw_path(path) {
                 Ok(true) => {
                     tracing::warn!(path = %path.display(), "thawed a filesystem its holder left frozen")
@@ -383,12 +392,9 @@ impl Frozen {
             Ok(()) => held.answer().await.unwrap_or_default(),
             Err(_) => String::new(),
         };
-        held.stdin = None;
-        if let Some(mut child) = held.child.take() {
-            let _ = child.wait().await;
-        }
+        held.end().await;
         crate::killpoint::hit("freeze.thawed");
-        held.thawed();
+        held.thawed(!matches!(answer.as_str(), THAWED | EXPIRED));
         match answer.as_str() {
             THAWED => Ok(()),
             EXPIRED => Err(Error::unavailable(
