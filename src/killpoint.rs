@@ -8,6 +8,10 @@
 //! reaches `<point>`, `<point>@<n>` at the n-th. `FERROVOL_KILL_CHILDREN=1`
 //! first kills every child of the driver (what a container's end does to
 //! the helpers it runs, a freeze's holder among them).
+//! `FERROVOL_KILL_AFTER_MS=<ms>` lets the operation go on past the point
+//! and dies that long after it: aimed at a point just before a command the
+//! driver runs, it kills the command part way through its own steps (the
+//! driver's children die with it), which no point inside the driver can.
 
 /// Every point, by name: what has happened and what has not yet when the
 /// process dies there.
@@ -31,6 +35,18 @@ pub const POINTS: &[&str] = &[
     // cryptsetup formatted the device; the record still says a format is
     // under way, and nothing is opened.
     "crypt.formatted",
+    // iscsi: the hold devices of the volumes in use are suspended (their
+    // initiators' writes wait); no snapshot is taken.
+    "iscsi.held",
+    // lvm: lvcreate of a snapshot is about to run (with
+    // FERROVOL_KILL_AFTER_MS, it dies part way through, the origin perhaps
+    // suspended).
+    "lvm.snapshot",
+    // lvm: lvcreate made the snapshot; it still carries its origin's tags.
+    "lvm.snapshot.made",
+    // lvm: lvcreate made a copy (restore or clone) with the filling tag;
+    // a thick one holds no data yet, a thin one its source's tags.
+    "lvm.copy.made",
 ];
 
 /// Dies here if the test asked for it (a no-op without the feature).
@@ -67,6 +83,22 @@ pub fn hit(point: &'static str) {
     if count != nth {
         return;
     }
+    if let Some(ms) = std::env::var("FERROVOL_KILL_AFTER_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        tracing::warn!(point, ms, "kill point reached: dying after a delay");
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+            die(point)
+        });
+        return;
+    }
+    die(point)
+}
+
+#[cfg(feature = "kill-points")]
+fn die(point: &'static str) -> ! {
     tracing::warn!(point, "kill point reached: dying");
     if std::env::var("FERROVOL_KILL_CHILDREN").as_deref() == Ok("1") {
         for pid in children() {

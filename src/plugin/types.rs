@@ -302,6 +302,10 @@ pub enum SnapshotInstant {
     /// The backend's own snapshot is one instant of the device, as a power
     /// cut leaves it (crash-consistent).
     Own,
+    /// The backend holds the volume's writers around its copy (every write
+    /// acknowledged before is in it, none issued after): one instant of the
+    /// device, crash-consistent.
+    Held,
     /// The node freezes the volume's staged filesystem around the copy
     /// (its writes wait, its dirty data is written first): one instant,
     /// and a clean filesystem. A volume staged as a raw block device has

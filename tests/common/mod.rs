@@ -900,3 +900,87 @@ pub fn read_seq(p: &Path) -> u64 {
         .parse()
         .unwrap_or(0)
 }
+
+/// A pod's steady writer: writes a counter to `path` and syncs it, again
+/// and again, until stopped, keeping the longest time one write took to
+/// go through (a frozen or suspended device makes it wait).
+pub struct Steady {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    count: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    longest_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Steady {
+    pub fn start(path: PathBuf) -> Self {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        use std::sync::Arc;
+        let stop = Arc::new(AtomicBool::new(false));
+        let count = Arc::new(AtomicU64::new(0));
+        let longest_ms = Arc::new(AtomicU64::new(0));
+        let (s, c, l) = (stop.clone(), count.clone(), longest_ms.clone());
+        let handle = std::thread::spawn(move || {
+            use std::os::unix::fs::FileExt;
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+                .unwrap();
+            let mut i = 0u64;
+            while !s.load(Ordering::Relaxed) {
+                i += 1;
+                let began = Instant::now();
+                f.write_all_at(format!("{i:020}\n").as_bytes(), 0).unwrap();
+                f.sync_data().unwrap();
+                l.fetch_max(began.elapsed().as_millis() as u64, Ordering::Relaxed);
+                c.store(i, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+        Steady {
+            stop,
+            count,
+            longest_ms,
+            handle: Some(handle),
+        }
+    }
+
+    /// How long until the next write goes through, or None within `limit`.
+    pub fn next_write_within(&self, limit: Duration) -> Option<Duration> {
+        let began = Instant::now();
+        let now = self.count.load(std::sync::atomic::Ordering::Relaxed);
+        while began.elapsed() < limit {
+            if self.count.load(std::sync::atomic::Ordering::Relaxed) > now + 1 {
+                return Some(began.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        None
+    }
+
+    /// The longest one write took since the last call, and starts over.
+    pub fn take_longest(&self) -> Duration {
+        Duration::from_millis(
+            self.longest_ms
+                .swap(0, std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+
+    /// Stops it; panics if a write failed.
+    pub fn finish(mut self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.handle
+            .take()
+            .unwrap()
+            .join()
+            .expect("the writer met no error");
+        self.count.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for Steady {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}

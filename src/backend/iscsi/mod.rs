@@ -419,6 +419,100 @@ impl IscsiBackend {
         Self::iqn_for(&self.settings.iqn_prefix, id.locator())
     }
 
+    /// The store's snapshot of volume `req.source`, as this backend's.
+    async fn snapshot_in_store(&self, req: &CreateSnapshot) -> Result<SnapshotInfo> {
+        let mut r = req.clone();
+        r.source = self.to_store(&req.source)?;
+        self.snapshot_from_store(self.store()?.create_snapshot(&r).await?)
+    }
+
+    /// Runs `cut` while the writers of every volume of `sources` that is
+    /// in use are held: each one's hold device suspended (what is in
+    /// flight finishes, what comes next waits, flushes included), for at
+    /// most [`HOLD_DEADLINE`], then resumed. A volume in use without a hold
+    /// device (no device-mapper on the target host, or made before holds
+    /// were) fails the call when `required`; otherwise `cut` runs with its
+    /// writers going on. A driver that dies while holding leaves the holds
+    /// suspended: every start resumes them ([`Holds::resume_all`]).
+    async fn while_held<T>(
+        &self,
+        sources: &[&VolumeId],
+        required: bool,
+        cut: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let mut held = Vec::new();
+        for source in sources {
+            self.own_volume(source)?;
+            let record = self
+                .load(source)?
+                .ok_or_else(|| Error::not_found(format!("volume {source} does not exist")))?;
+            let sessions = self
+                .target_sessions(&record.iqn)
+                .await?
+                .map(|(_, s)| s)
+                .unwrap_or_default();
+            let mut users: BTreeSet<&str> = record.initiators.iter().map(String::as_str).collect();
+            users.extend(sessions.iter().map(String::as_str));
+            if users.is_empty() {
+                continue;
+            }
+            match (&self.holds, &record.hold) {
+                (Some(_), Some(name)) => held.push(name.clone()),
+                _ if !required => tracing::warn!(
+                    volume = %source,
+                    "in use and served without a hold device: its snapshot is copied under its writers"
+                ),
+                _ => {
+                    return Err(Error::precondition(format!(
+                        "volume {source} is in use by {} and served without a hold device (this \
+                         target host has no device-mapper, or the target was made before \
+                         holds were: it gets one when it is next made): nothing can hold its \
+                         initiators' writes for a group snapshot; stop the workload, then \
+                         snapshot",
+                        users.into_iter().collect::<Vec<_>>().join(", ")
+                    )))
+                }
+            }
+        }
+        let Some(holds) = self.holds.as_ref().filter(|_| !held.is_empty()) else {
+            return cut.await;
+        };
+        let mut suspended = Vec::new();
+        let mut outcome = None;
+        for name in &held {
+            match holds.suspend(name).await {
+                Ok(()) => suspended.push(name),
+                Err(e) => {
+                    outcome = Some(Err(e));
+                    break;
+                }
+            }
+        }
+        let mut outcome = match outcome {
+            Some(failed) => failed,
+            None => {
+                crate::killpoint::hit("iscsi.held");
+                match tokio::time::timeout(HOLD_DEADLINE, cut).await {
+                    Ok(r) => r,
+                    Err(_) => Err(Error::unavailable(format!(
+                        "the snapshots took longer than the {} s their writers may be held: \
+                         not taken",
+                        HOLD_DEADLINE.as_secs()
+                    ))),
+                }
+            }
+        };
+        for name in suspended {
+            if let Err(e) = holds.resume(name).await {
+                tracing::error!(hold = %name, error = %e.message, "could not resume a hold device");
+                if outcome.is_ok() {
+                    outcome = Err(e);
+                }
+            }
+        }
+        outcome
+    }
+
     fn own_volume(&self, id: &VolumeId) -> Result<()> {
         if id.backend() != self.name {
             return Err(Error::not_found(format!(
@@ -756,9 +850,11 @@ impl Backend for IscsiBackend {
                 false => crate::plugin::GroupSnapshots::None,
             },
             // The initiators write from afar: an lvm store's snapshot holds
-            // the LV itself; a file store's copy runs under their writes.
+            // the LV itself; a file store's copy is held by the volume's
+            // hold device where the host has device-mapper.
             snapshot_instant: match store.as_ref().map(|c| c.snapshot_instant) {
                 Some(crate::plugin::SnapshotInstant::Own) => crate::plugin::SnapshotInstant::Own,
+                Some(_) if self.holds.is_some() => crate::plugin::SnapshotInstant::Held,
                 _ => crate::plugin::SnapshotInstant::Unheld,
             },
             clone: store.as_ref().is_some_and(|c| c.clone),
@@ -946,77 +1042,16 @@ impl Backend for IscsiBackend {
         // Writers are remote initiators. Members nobody uses have none
         // (ControllerPublish waits on the group's guard meanwhile), so
         // their store snapshots, one after another, show the same instant.
-        // Members in use are held first: every one's hold device suspended
-        // (what is in flight finishes, what comes next waits, flushes
-        // included), then every member snapshotted, then all let go.
-        let mut held = Vec::new();
-        for m in members {
-            self.own_volume(&m.source)?;
-            let record = self
-                .load(&m.source)?
-                .ok_or_else(|| Error::not_found(format!("volume {} does not exist", m.source)))?;
-            let sessions = self
-                .target_sessions(&record.iqn)
-                .await?
-                .map(|(_, s)| s)
-                .unwrap_or_default();
-            let mut users: BTreeSet<&str> = record.initiators.iter().map(String::as_str).collect();
-            users.extend(sessions.iter().map(String::as_str));
-            if users.is_empty() {
-                continue;
+        // Members in use are held first (see `while_held`), then every
+        // member snapshotted, then all let go.
+        let sources: Vec<&VolumeId> = members.iter().map(|m| &m.source).collect();
+        self.while_held(&sources, true, async {
+            for m in members {
+                self.snapshot_in_store(m).await?;
             }
-            match (&self.holds, &record.hold) {
-                (Some(_), Some(name)) => held.push(name.clone()),
-                _ => {
-                    return Err(Error::precondition(format!(
-                        "volume {} is in use by {} and served without a hold device (this \
-                         target host has no device-mapper, or the target was made before \
-                         holds were: it gets one when it is next made): nothing can hold its \
-                         initiators' writes for a group snapshot; stop the workload, then \
-                         snapshot",
-                        m.source,
-                        users.into_iter().collect::<Vec<_>>().join(", ")
-                    )))
-                }
-            }
-        }
-        let Some(holds) = self.holds.as_ref().filter(|_| !held.is_empty()) else {
-            return Ok(());
-        };
-        let mut suspended = Vec::new();
-        let mut outcome = Ok(());
-        for name in &held {
-            match holds.suspend(name).await {
-                Ok(()) => suspended.push(name),
-                Err(e) => {
-                    outcome = Err(e);
-                    break;
-                }
-            }
-        }
-        if outcome.is_ok() {
-            let snapshots = async {
-                for m in members {
-                    self.create_snapshot(m).await?;
-                }
-                Ok::<_, Error>(())
-            };
-            outcome = match tokio::time::timeout(HOLD_DEADLINE, snapshots).await {
-                Ok(r) => r,
-                Err(_) => Err(Error::unavailable(format!(
-                    "the members' snapshots took longer than the {} s their writers may be \
-                     held: the group is not taken",
-                    HOLD_DEADLINE.as_secs()
-                ))),
-            };
-        }
-        for name in suspended {
-            if let Err(e) = holds.resume(name).await {
-                tracing::error!(hold = %name, error = %e.message, "could not resume a hold device");
-                outcome = outcome.and(Err(e));
-            }
-        }
-        outcome
+            Ok(())
+        })
+        .await
     }
 
     fn mutable_keys(&self) -> Vec<&'static str> {
@@ -1128,9 +1163,16 @@ impl Backend for IscsiBackend {
         self.own_volume(&req.source).map_err(|_| {
             Error::not_found(format!("source volume {} does not exist", req.source))
         })?;
-        let mut r = req.clone();
-        r.source = self.to_store(&req.source)?;
-        self.snapshot_from_store(self.store()?.create_snapshot(&r).await?)
+        // A store whose snapshot is one instant needs no hold; a file
+        // store's copy runs under the initiators' writes unless they are
+        // held for it (where the volume has a hold device).
+        let own =
+            self.store()?.capabilities().snapshot_instant == crate::plugin::SnapshotInstant::Own;
+        if own {
+            return self.snapshot_in_store(req).await;
+        }
+        self.while_held(&[&req.source], false, self.snapshot_in_store(req))
+            .await
     }
 
     async fn delete_snapshot(&self, id: &SnapshotId, secrets: &Secrets) -> Result<()> {

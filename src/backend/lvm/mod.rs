@@ -44,6 +44,9 @@ const FRESH_TAG: &str = "ferrovol-fresh";
 /// On a copy (restored snapshot, clone): its filesystem still has the
 /// source's UUID; the node gives it its own at the first stage.
 const COPY_TAG: &str = "ferrovol-copy";
+/// On a copy lvcreate made and the driver has not finished (the source's
+/// data or tags still to settle): a retry finishes it.
+const FILLING_TAG: &str = "ferrovol-filling";
 /// The StorageClass parameter that picks a device class.
 pub const DEVICE_CLASS_PARAMETER: &str = "deviceClass";
 
@@ -137,6 +140,7 @@ fn is_lvm_name(name: &str) -> bool {
 mod blocks;
 mod command;
 mod report;
+mod settle;
 
 #[cfg(test)]
 use report::parse_lv_time;
@@ -172,6 +176,19 @@ impl NewLv {
             .flat_map(|t| ["--addtag".to_string(), t.clone()])
             .collect()
     }
+}
+
+/// The tags `snapshot` took from its origin `src` that are not its own:
+/// lvcreate copies the origin's tags onto a snapshot.
+fn inherited_tags(src: &Lv, snapshot: &Lv, name_tag: &str, source_tag: &str) -> Vec<String> {
+    let size_tag = format!("ferrovol-size:{}", src.size());
+    let own = |t: &str| {
+        t == TAG || t == name_tag || t == source_tag || t == size_tag || t.starts_with(CLASS_TAG)
+    };
+    src.tags()
+        .filter(|t| !own(t) && snapshot.has_tag(t))
+        .map(str::to_string)
+        .collect()
 }
 
 pub struct LvmBackend {
@@ -513,11 +530,7 @@ impl LvmBackend {
     ) -> Result<VolumeInfo> {
         let vg_name = &class.volume_group;
         let tag = name_tag(&req.name);
-        if existing
-            .tag_value(NAME_TAG)
-            .map(|v| format!("{NAME_TAG}{v}"))
-            != Some(tag)
-        {
+        if !existing.has_tag(&tag) {
             return Err(Error::already_exists(format!(
                 "LV {vg_name}/{} belongs to another name",
                 existing.lv_name
@@ -535,7 +548,7 @@ impl LvmBackend {
     }
 
     /// A copy in a thin pool: a thin snapshot of the source (instant,
-    /// shares blocks), keeping only our tags, grown if asked bigger.
+    /// shares blocks), then finished by [`LvmBackend::fill`].
     async fn create_thin_copy(&self, class: &DeviceClass, new: &NewLv, src: &Lv) -> Result<()> {
         self.run_judged(
             class,
@@ -546,22 +559,60 @@ impl LvmBackend {
                 .arg(format!("{}/{}", class.volume_group, src.lv_name)),
         )
         .await?;
-        // The snapshot's own tags came along: keep only ours.
-        for t in src.tags() {
-            if !new.tags.iter().any(|x| x == t) {
+        crate::killpoint::hit("lvm.copy.made");
+        self.fill(class, new, src).await
+    }
+
+    /// Finishes a copy of `src` that lvcreate made with the filling tag
+    /// (again, when a retry finds it still there: every step is safe to
+    /// repeat). A thin copy keeps only its own tags (the source's came
+    /// along) and grows if asked bigger; a thick one gets the source's
+    /// data. The tag goes last: until then the volume is not made.
+    async fn fill(&self, class: &DeviceClass, new: &NewLv, src: &Lv) -> Result<()> {
+        let vg_name = &class.volume_group;
+        let lv = self
+            .lv(vg_name, &new.name)
+            .await?
+            .ok_or_else(|| Error::internal(format!("LV {} vanished after lvcreate", new.target)))?;
+        if class.thin_pool.is_some() {
+            let inherited: Vec<String> = src
+                .tags()
+                .filter(|t| !new.tags.iter().any(|x| x == t) && lv.has_tag(t))
+                .map(str::to_string)
+                .collect();
+            self.drop_tags(&new.target, &inherited).await?;
+            if new.size > lv.size() {
                 self.runner
-                    .run(self.lvm("lvchange").args(["--deltag", t, &new.target]))
+                    .run(
+                        self.lvm("lvextend")
+                            .args(["-L", &format!("{}b", new.size), &new.target]),
+                    )
                     .await?;
             }
+        } else {
+            if let Err(e) = self.copy_lv(vg_name, &src.lv_name, &new.name).await {
+                let _ = self
+                    .runner
+                    .run(self.lvm("lvremove").args(["-y", &new.target]))
+                    .await;
+                return Err(e.context("copy the source into the new volume"));
+            }
+            let _ = self.deactivate(vg_name, &new.name).await;
         }
-        if new.size > src.size() {
-            self.runner
-                .run(
-                    self.lvm("lvextend")
-                        .args(["-L", &format!("{}b", new.size), &new.target]),
-                )
-                .await?;
+        self.drop_tags(&new.target, &[FILLING_TAG.to_string()])
+            .await
+    }
+
+    /// Takes `tags` off LV `target` (`vg/lv`), in one lvchange.
+    async fn drop_tags(&self, target: &str, tags: &[String]) -> Result<()> {
+        if tags.is_empty() {
+            return Ok(());
         }
+        let mut cmd = self.lvm("lvchange");
+        for t in tags {
+            cmd = cmd.args(["--deltag", t.as_str()]);
+        }
+        self.runner.run(cmd.arg(target)).await?;
         Ok(())
     }
 
@@ -640,14 +691,8 @@ impl LvmBackend {
         )
         .await?;
         if let Some(src) = src {
-            if let Err(e) = self.copy_lv(vg_name, &src.lv_name, &new.name).await {
-                let _ = self
-                    .runner
-                    .run(self.lvm("lvremove").args(["-y", &new.target]))
-                    .await;
-                return Err(e.context("copy the source into the new volume"));
-            }
-            let _ = self.deactivate(vg_name, &new.name).await;
+            crate::killpoint::hit("lvm.copy.made");
+            self.fill(class, new, src).await?;
         }
         Ok(())
     }
@@ -672,6 +717,25 @@ impl Backend for LvmBackend {
                 .any(|c| c.thin_pool.is_some()),
             ..Capabilities::node_local_block_device()
         }
+    }
+
+    async fn start(&self) -> Result<()> {
+        // A driver that died while lvcreate cut a snapshot took lvcreate
+        // along: what it left (an origin suspended or on a table the
+        // metadata does not name, a half-made snapshot) is undone before
+        // anything is served. lvm's own lock orders this after any lvcreate
+        // still running.
+        match self.settle().await {
+            Ok(done) => {
+                for what in done {
+                    tracing::warn!("{what}");
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e.message, "could not settle what cut-short snapshots left")
+            }
+        }
+        Ok(())
     }
 
     async fn health(&self) -> Result<()> {
@@ -730,8 +794,20 @@ impl Backend for LvmBackend {
         let class = self.class_for(&req.parameters)?.clone();
         let lv_name = format!("fv-{}", locator_for_name(&req.name));
         let (source, source_size) = self.create_source(&class, req).await?;
-        if let Some(existing) = self.lv(&class.volume_group, &lv_name).await? {
-            return self.existing_volume(&class, req, &existing);
+        // A copy the driver died making is finished by this retry (it is
+        // this request's when it carries this name in this class, made from
+        // this source); any other LV of this name is judged as it is.
+        let existing = self.lv(&class.volume_group, &lv_name).await?;
+        let unfinished = |lv: &Lv| {
+            source.as_ref().is_some_and(|src| {
+                lv.has_tag(FILLING_TAG)
+                    && lv.has_tag(&name_tag(&req.name))
+                    && lv.has_tag(&format!("{SOURCE_TAG}{}", src.lv_name))
+                    && self.owner(lv).is_some_and(|c| c.name == class.name)
+            })
+        };
+        if let Some(existing) = existing.as_ref().filter(|lv| !unfinished(lv)) {
+            return self.existing_volume(&class, req, existing);
         }
         let vg = self.vg(&class).await?;
         let size = Self::size_rules(&class, vg.extent()).new_volume(
@@ -745,7 +821,11 @@ impl Backend for LvmBackend {
             format!("{CLASS_TAG}{}", class.name),
         ];
         match &source {
-            Some(src) => tags.extend([format!("{SOURCE_TAG}{}", src.lv_name), COPY_TAG.into()]),
+            Some(src) => tags.extend([
+                format!("{SOURCE_TAG}{}", src.lv_name),
+                COPY_TAG.into(),
+                FILLING_TAG.into(),
+            ]),
             None => tags.push(FRESH_TAG.into()),
         }
         let new = NewLv {
@@ -754,6 +834,15 @@ impl Backend for LvmBackend {
             size,
             tags,
         };
+        if let (Some(_), Some(src)) = (&existing, &source) {
+            tracing::warn!(lv = %new.target, "finishing a copy whose making was cut short");
+            self.fill(&class, &new, src).await?;
+            let lv = self
+                .lv(&class.volume_group, &new.name)
+                .await?
+                .ok_or_else(|| Error::internal(format!("LV {} vanished", new.target)))?;
+            return self.existing_volume(&class, req, &lv);
+        }
         match (&class.thin_pool, &source) {
             (Some(_), Some(src)) => self.create_thin_copy(&class, &new, src).await?,
             (Some(pool), None) => self.create_thin(&class, &new, pool).await?,
@@ -927,19 +1016,57 @@ impl Backend for LvmBackend {
         let vg_name = class.volume_group.clone();
         let snap_name = format!("fvs-{}", locator_for_name(name));
         let tag = name_tag(name);
-        if let Some(existing) = self.lv(&vg_name, &snap_name).await? {
-            let same = existing
-                .tag_value(NAME_TAG)
-                .map(|v| format!("{NAME_TAG}{v}"))
-                == Some(tag.clone())
-                && existing.tag_value(SOURCE_TAG) == Some(src_lv)
+        let source_tag = format!("{SOURCE_TAG}{src_lv}");
+        let target = format!("{vg_name}/{snap_name}");
+        let mut existing = self.lv(&vg_name, &snap_name).await?;
+        if let Some(lv) = existing.as_ref().filter(|lv| lv.plain()) {
+            // lvcreate makes a classic snapshot's copy-on-write area as a
+            // plain LV (with the snapshot's tags) and only then turns it
+            // into the snapshot: killed between, it leaves that LV, which
+            // holds nothing. It is ours when it carries this snapshot's
+            // tags; it goes, and the snapshot is made again.
+            if !(lv.has_tag(&tag) && lv.has_tag(&source_tag)) {
+                return Err(Error::already_exists(format!(
+                    "LV {target} exists and is not snapshot {name:?}"
+                )));
+            }
+            // lvcreate was cut short with the driver alive (its timeout).
+            for what in self.settle().await? {
+                tracing::warn!("{what}");
+            }
+            existing = self.lv(&vg_name, &snap_name).await?;
+            if existing.as_ref().is_some_and(|lv| lv.plain()) {
+                return Err(Error::unavailable(format!(
+                    "the half-made snapshot {target} is still there: retry"
+                )));
+            }
+        }
+        if let Some(existing) = existing {
+            // Membership, not the first tag of a kind: a snapshot whose
+            // making was cut short still carries its origin's tags beside
+            // its own (a name tag among them).
+            let same = existing.has_tag(&tag)
+                && existing.has_tag(&source_tag)
                 && self.owner(&existing).is_some_and(|c| c.name == class.name);
             if !same {
                 return Err(Error::already_exists(format!(
                     "snapshot {name:?} exists for another source volume"
                 )));
             }
-            return self.snapshot_info(&class, &existing);
+            let inherited = match self.class_lv(&class, src_lv).await? {
+                Some(src) => inherited_tags(&src, &existing, &tag, &source_tag),
+                None => Vec::new(),
+            };
+            if inherited.is_empty() {
+                return self.snapshot_info(&class, &existing);
+            }
+            tracing::warn!(snapshot = %target, "finishing a snapshot whose making was cut short: dropping its origin's tags");
+            self.drop_tags(&target, &inherited).await?;
+            let lv = self
+                .lv(&vg_name, &snap_name)
+                .await?
+                .ok_or_else(|| Error::internal(format!("snapshot {target} vanished")))?;
+            return self.snapshot_info(&class, &lv);
         }
         let src = self
             .class_lv(&class, src_lv)
@@ -962,25 +1089,28 @@ impl Backend for LvmBackend {
         }
         let tags = [
             TAG.to_string(),
-            tag,
+            tag.clone(),
             format!("{CLASS_TAG}{}", class.name),
-            format!("{SOURCE_TAG}{src_lv}"),
+            source_tag.clone(),
             format!("ferrovol-size:{}", src.size()),
         ];
         for t in &tags {
             cmd = cmd.args(["--addtag", t]);
         }
+        // lvcreate suspends the origin while it cuts the snapshot; killed
+        // part way, it can leave the origin suspended (resumed at start).
+        crate::killpoint::hit("lvm.snapshot");
         self.run_judged(&class, cow, cmd.arg(format!("{vg_name}/{src_lv}")))
             .await?;
-        // The snapshot inherits the origin's tags: drop the ones that are not ours.
-        let target = format!("{vg_name}/{snap_name}");
-        for t in src.tags() {
-            if !tags.iter().any(|x| x == t) {
-                self.runner
-                    .run(self.lvm("lvchange").args(["--deltag", t, &target]))
-                    .await?;
-            }
-        }
+        crate::killpoint::hit("lvm.snapshot.made");
+        // The snapshot inherits the origin's tags: drop the ones that are
+        // not ours (a retry finishes this if the driver dies first).
+        let made = self
+            .lv(&vg_name, &snap_name)
+            .await?
+            .ok_or_else(|| Error::internal(format!("snapshot {target} vanished")))?;
+        self.drop_tags(&target, &inherited_tags(&src, &made, &tag, &source_tag))
+            .await?;
         let lv = self
             .lv(&vg_name, &snap_name)
             .await?

@@ -65,6 +65,11 @@ impl Lv {
     pub(super) fn inactive(&self) -> bool {
         self.lv_attr.chars().nth(4) == Some('-')
     }
+    /// A plain LV (the first attribute character `-`): not a snapshot, a
+    /// thin volume or a pool.
+    pub(super) fn plain(&self) -> bool {
+        self.lv_attr.starts_with('-')
+    }
     /// The sixth: `o` when open (mounted or in use).
     pub(super) fn open(&self) -> bool {
         self.lv_attr.chars().nth(5) == Some('o')
