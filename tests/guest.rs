@@ -99,30 +99,6 @@ fn guest_nfs_fixture_serves_a_v4_mount() {
     assert_eq!(std::fs::read(server.export.join("f")).unwrap(), b"over NFS");
 }
 
-#[test]
-#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
-fn guest_ceph_fixture_maps_and_mounts_an_rbd_image() {
-    require_guest();
-    let cluster = CephCluster::new();
-    cluster.rbd(&["create", "rbd/img1", "--size", "64M"]);
-    let dev = cluster.rbd(&["map", "rbd/img1"]).trim().to_string();
-    assert!(dev.starts_with("/dev/rbd"), "{dev}");
-    let result = std::panic::catch_unwind(|| {
-        run("mkfs.ext4", &["-q", "-F", &dev]);
-        let mnt = cluster.dir.path().join("mnt");
-        std::fs::create_dir_all(&mnt).unwrap();
-        run("mount", &[&dev, mnt.to_str().unwrap()]);
-        std::fs::write(mnt.join("f"), b"on rbd").unwrap();
-        run("umount", &[mnt.to_str().unwrap()]);
-    });
-    cluster.rbd(&["unmap", &dev]);
-    if let Err(p) = result {
-        std::panic::resume_unwind(p);
-    }
-    let listed = cluster.rbd(&["ls", "rbd"]);
-    assert_eq!(listed.trim(), "img1");
-}
-
 /// The lvm backend's whole life on a real device-mapper: for a thick and a
 /// thin device class: create, stage, publish, write, grow online, snapshot,
 /// restore into a new volume and read the data back, tear down.
