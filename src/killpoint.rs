@@ -8,6 +8,9 @@
 //! reaches `<point>`, `<point>@<n>` at the n-th. `FERROVOL_KILL_CHILDREN=1`
 //! first kills every child of the driver (what a container's end does to
 //! the helpers it runs, a freeze's holder among them).
+//! `FERROVOL_PAUSE_MS=<ms>` does not kill: the operation stops at the
+//! point for that long (the thread sleeps), so that a test can kill
+//! something else exactly there (a freeze's holder, alone).
 //! `FERROVOL_KILL_AFTER_MS=<ms>` lets the operation go on past the point
 //! and dies that long after it: aimed at a point just before a command the
 //! driver runs, it kills the command part way through its own steps (the
@@ -81,6 +84,14 @@ pub fn hit(point: &'static str) {
         *n
     };
     if count != nth {
+        return;
+    }
+    if let Some(ms) = std::env::var("FERROVOL_PAUSE_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        tracing::warn!(point, ms, "kill point reached: pausing");
+        std::thread::sleep(std::time::Duration::from_millis(ms));
         return;
     }
     if let Some(ms) = std::env::var("FERROVOL_KILL_AFTER_MS")

@@ -301,6 +301,98 @@ async fn a_driver_killed_during_a_group_snapshot_leaves_nothing_frozen() {
     assert!(h.loop_devices().is_empty(), "{:?}", h.loop_devices());
 }
 
+/// The freeze's holder killed alone while it holds a group's freeze (the
+/// driver paused at `freeze.held`, `FERROVOL_PAUSE_MS`, and the holder
+/// SIGKILLed then): a killed holder leaves the filesystems frozen, so the
+/// driver's thaw step, finding it gone, thaws them itself and fails the
+/// group (its cut may not be one instant). The writes go through once the
+/// call has answered, no intent or holder is left, and the CO's retry on
+/// the same driver makes the group.
+#[tokio::test]
+async fn a_holder_killed_alone_is_thawed_by_the_driver() {
+    require_root();
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let h = Harness::start_with_env(
+        None,
+        &[
+            ("FERROVOL_KILL_AT", "freeze.held"),
+            ("FERROVOL_PAUSE_MS", "3000"),
+        ],
+    )
+    .await;
+    let cap = mount_cap("ext4", SNW);
+    let data = h.provision("data", 32 * MIB, cap.clone()).await;
+    let wal = h.provision("wal", 32 * MIB, cap.clone()).await;
+    let _thaw = ThawOnDrop(vec![data.staging.clone(), wal.staging.clone()]);
+    let targets = vec![data.target.clone(), wal.target.clone()];
+    let request = pb::CreateVolumeGroupSnapshotRequest {
+        name: "held-by-a-dead-holder".into(),
+        source_volume_ids: vec![data.id.clone(), wal.id.clone()],
+        ..Default::default()
+    };
+    let sent = request.clone();
+    let mut group = h.group();
+    let call = tokio::spawn(async move { group.create_volume_group_snapshot(sent).await });
+    // Paused at the point: the freeze is held.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !h.log().contains("kill point reached: pausing") {
+        assert!(Instant::now() < deadline, "not paused:\n{}", h.log());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let found = holders();
+    assert_eq!(found.len(), 1, "{found:?}");
+    let holder = found[0].clone();
+    assert!(
+        write_through(&targets, STILL_FROZEN).is_none(),
+        "the filesystems were not frozen at freeze.held"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(holder.parse().unwrap()),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let killed = Instant::now();
+    let answer = call.await.unwrap();
+    assert!(answer.is_err(), "the group was taken: {answer:?}");
+    let answered = killed.elapsed();
+    let took = write_through(&targets, WRITE_BOUND)
+        .unwrap_or_else(|| panic!("writes still blocked after the call failed:\n{}", h.log()));
+    println!(
+        "the holder killed alone: the call failed {:.0} ms after the kill (the driver paused \
+         meanwhile), a write then took {:.0} ms",
+        answered.as_secs_f64() * 1e3,
+        took.as_secs_f64() * 1e3
+    );
+    assert!(intents_left(&h).is_empty());
+    assert!(holders().is_empty());
+    assert!(h.all_snapshots().await.is_empty());
+    let group = h
+        .group()
+        .create_volume_group_snapshot(request)
+        .await
+        .unwrap_or_else(|e| panic!("the retry: {e:?}\n{}", h.log()))
+        .into_inner()
+        .group_snapshot
+        .unwrap();
+    assert_eq!(group.snapshots.len(), 2);
+    h.group()
+        .delete_volume_group_snapshot(pb::DeleteVolumeGroupSnapshotRequest {
+            group_snapshot_id: group.group_snapshot_id.clone(),
+            snapshot_ids: group
+                .snapshots
+                .iter()
+                .map(|s| s.snapshot_id.clone())
+                .collect(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    for p in [&data, &wal] {
+        h.teardown(p).await;
+    }
+    assert!(h.mounts().is_empty(), "{:?}", h.mounts());
+}
+
 /// The same for a single CreateSnapshot of a volume in use, whose
 /// filesystem is frozen for the copy: killed at each freeze point, alone
 /// and with its children, then started again: writes go through within
