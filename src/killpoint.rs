@@ -38,6 +38,12 @@ pub const POINTS: &[&str] = &[
     // cryptsetup formatted the device; the record still says a format is
     // under way, and nothing is opened.
     "crypt.formatted",
+    // ControllerPublish: the node's attach place is in the ledger's
+    // journal; the backend has not attached.
+    "attach.reserved",
+    // ControllerPublish: the backend attached; the place is not yet
+    // counted as a grant in memory.
+    "attach.attached",
     // iscsi: the hold devices of the volumes in use are suspended (their
     // initiators' writes wait); no snapshot is taken.
     "iscsi.held",

@@ -625,6 +625,82 @@ async fn a_node_at_its_attach_limit_is_refused_and_the_count_outlives_a_crash() 
     assert_eq!(grants_to(NODE_A) + grants_to(NODE_B), 0);
 }
 
+/// A controller killed inside ControllerPublish, before the backend
+/// attached (`attach.reserved`) and after it (`attach.attached`): the
+/// node's place was on disk first, so the started controller counts it
+/// (at a limit of one, another volume is refused: the node never gets more
+/// than its limit, and a grant the backend may hold is never forgotten);
+/// the CO's retry of the same publish succeeds with the one ACL entry; its
+/// unpublish frees the place for the other volume.
+#[tokio::test]
+async fn a_publish_cut_short_keeps_its_place_until_the_co_settles_it() {
+    require_root();
+    let t = Tgtd::new();
+    let (_names, initiator_file) = initiator_file("this-node");
+    let config = format!(
+        "[node]\nmax_volumes_per_node = 1\n{}",
+        config(&t, &initiator_file)
+    );
+    let mut h = Harness::start_with(Some(&config)).await;
+    let grants_to = |initiator: &str| {
+        t.tgtadm(&["--op", "show", "--mode", "target"])
+            .matches(initiator)
+            .count()
+    };
+    let mut ids = Vec::new();
+    for n in 0..2 {
+        ids.push(
+            h.create_volume(create_req(
+                &format!("pvc-cut-{n}"),
+                16 * MIB,
+                mount_cap("ext4", SNW),
+            ))
+            .await
+            .volume_id,
+        );
+    }
+    for point in ["attach.reserved", "attach.attached"] {
+        h.env = vec![("FERROVOL_KILL_AT".into(), point.into())];
+        h.kill();
+        h.spawn().await;
+        let died = h
+            .controller()
+            .controller_publish_volume(on(publish(&ids[0], NODE_A, SECRET), "a"))
+            .await;
+        assert!(died.is_err(), "{point}: {died:?}");
+        h.kill();
+        h.env.clear();
+        h.spawn().await;
+        let mut c = h.controller();
+        let refused = c
+            .controller_publish_volume(on(publish(&ids[1], NODE_A, SECRET), "a"))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            refused.code(),
+            Code::ResourceExhausted,
+            "{point}: {refused:?}"
+        );
+        c.controller_publish_volume(on(publish(&ids[0], NODE_A, SECRET), "a"))
+            .await
+            .unwrap_or_else(|e| panic!("{point}: the retry: {e:?}\n{}", h.log()));
+        assert_eq!(grants_to(NODE_A), 1, "{point}");
+        c.controller_unpublish_volume(off(unpublish(&ids[0], NODE_A), "a"))
+            .await
+            .unwrap();
+        c.controller_publish_volume(on(publish(&ids[1], NODE_A, SECRET), "a"))
+            .await
+            .unwrap_or_else(|e| panic!("{point}: the place was not freed: {e:?}"));
+        c.controller_unpublish_volume(off(unpublish(&ids[1], NODE_A), "a"))
+            .await
+            .unwrap();
+        assert_eq!(grants_to(NODE_A), 0, "{point}");
+    }
+    for id in &ids {
+        h.delete_volume(id).await;
+    }
+}
+
 /// Mutable parameters through the binary on a real tgtd: the LUN's thin
 /// provisioning (changed live, seen in tgt's own listing) and the file
 /// store's preallocation passed on; a set with one bad value changes

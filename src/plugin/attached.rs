@@ -9,6 +9,14 @@
 //! it only when the backend attached; a publish already granted is
 //! answered again whatever the count. The ledger is a journal under the
 //! state dir: a restarted controller still knows what it granted.
+//!
+//! The place is written to the journal before the backend attaches, and
+//! taken out again if the attach fails: a controller that dies between
+//! the two finds the place held when it starts (the volume may be
+//! attached: the backend's grant outlives the process). It stays held
+//! until the CO's retry of the publish (answered as held, the backend's
+//! attach done again) or its unpublish settles it: a node is never given
+//! more than its limit, and a grant the driver made is never forgotten.
 
 use super::VolumeId;
 use crate::error::{Error, Result};
@@ -99,6 +107,8 @@ impl Ledger {
                 )));
             }
         }
+        // Durable before the backend attaches (see the module's text).
+        self.grants.put(key(&grant), grant.clone())?;
         count.pending += 1;
         Ok(Reservation {
             ledger: self,
@@ -138,16 +148,21 @@ impl Reservation<'_> {
         let mut tally = self.ledger.tally.locked();
         let count = tally.entry(grant.node.clone()).or_default();
         count.pending = count.pending.saturating_sub(1);
-        self.ledger.grants.put(key(&grant), grant)?;
         count.held += 1;
         Ok(())
     }
 }
 
 impl Drop for Reservation<'_> {
+    /// The attach failed (or the call was cancelled): the place goes back,
+    /// from the journal too.
     fn drop(&mut self) {
         if let Some(g) = &self.grant {
-            if let Some(c) = self.ledger.tally.locked().get_mut(&g.node) {
+            let mut tally = self.ledger.tally.locked();
+            if let Err(e) = self.ledger.grants.remove(&key(g)) {
+                tracing::error!(volume = %g.volume, node = %g.node, error = %e.message, "could not give an attach place back");
+            }
+            if let Some(c) = tally.get_mut(&g.node) {
                 c.pending = c.pending.saturating_sub(1);
             }
         }
@@ -161,6 +176,41 @@ mod tests {
 
     fn vol(n: u32) -> VolumeId {
         VolumeId::parse(&format!("file:v{n}")).unwrap()
+    }
+
+    /// A place is on disk from the reservation on: a failed attach gives
+    /// it back (from the journal too), and a controller that dies before
+    /// the attach answered finds it held when it starts again.
+    #[test]
+    fn a_reserved_place_outlives_a_death_and_a_failed_attach_gives_it_back() {
+        let dir = tempfile::tempdir().unwrap();
+        // (One ledger open at a time: opening rewrites the journal.)
+        let ledger = Ledger::open(dir.path()).unwrap();
+        drop(ledger.reserve(&vol(0), "a", Some(1)).unwrap());
+        drop(ledger);
+        let ledger = Ledger::open(dir.path()).unwrap();
+        assert_eq!(ledger.held("a"), 0);
+        // The process dies with the reservation open.
+        std::mem::forget(ledger.reserve(&vol(2), "a", Some(1)).unwrap());
+        drop(ledger);
+        let again = Ledger::open(dir.path()).unwrap();
+        assert_eq!(again.held("a"), 1);
+        let e = again.reserve(&vol(3), "a", Some(1)).err().unwrap();
+        assert_eq!(e.kind, Kind::ResourceExhausted);
+        // The CO's retry of that publish is answered as held; its
+        // unpublish frees the place.
+        again
+            .reserve(&vol(2), "a", Some(1))
+            .unwrap()
+            .commit()
+            .unwrap();
+        again.release(&vol(2), Some("a")).unwrap();
+        assert_eq!(again.held("a"), 0);
+        again
+            .reserve(&vol(3), "a", Some(1))
+            .unwrap()
+            .commit()
+            .unwrap();
     }
 
     #[test]

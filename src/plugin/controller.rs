@@ -449,7 +449,9 @@ impl ControllerOps {
                 Some(ledger) => Some(ledger.reserve(id, super::node_name(&req.node_id), limit)?),
                 None => None,
             };
+            crate::killpoint::hit("attach.reserved");
             let context = backend.controller_attach(id, &req).await?;
+            crate::killpoint::hit("attach.attached");
             if let Some(place) = place {
                 place.commit()?;
             }
