@@ -47,6 +47,9 @@ pub const POINTS: &[&str] = &[
     // iscsi: the hold devices of the volumes in use are suspended (their
     // initiators' writes wait); no snapshot is taken.
     "iscsi.held",
+    // iscsi ModifyVolume: the store's keys are changed; the LUN's and the
+    // record are not.
+    "iscsi.modify.store",
     // lvm: lvcreate of a snapshot is about to run (with
     // FERROVOL_KILL_AFTER_MS, it dies part way through, the origin perhaps
     // suspended).

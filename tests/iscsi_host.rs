@@ -710,7 +710,7 @@ async fn iscsi_mutable_parameters_change_the_live_lun_and_the_store() {
     require_root();
     let t = Tgtd::new();
     let (_names, initiator_file) = initiator_file("this-node");
-    let h = Harness::start_with(Some(&config(&t, &initiator_file))).await;
+    let mut h = Harness::start_with(Some(&config(&t, &initiator_file))).await;
     let mut c = h.controller();
     let mut req = create_req("pvc-mut", 16 * MIB, mount_cap("ext4", SNW));
     req.mutable_parameters = HashMap::from([("thinProvisioning".into(), "true".into())]);
@@ -756,6 +756,26 @@ async fn iscsi_mutable_parameters_change_the_live_lun_and_the_store() {
     assert_eq!(bad.code(), Code::InvalidArgument, "{bad:?}");
     assert!(bad.message().contains("preallocate"), "{bad:?}");
     assert!(thin(), "nothing changed");
+    // Killed between the store's change and the LUN's
+    // (`iscsi.modify.store`): the volume is half changed until the CO's
+    // retry of the same call, which completes it.
+    h.env = vec![("FERROVOL_KILL_AT".into(), "iscsi.modify.store".into())];
+    h.kill();
+    h.spawn().await;
+    let died = h
+        .controller()
+        .controller_modify_volume(modify(&[
+            ("thinProvisioning", "false"),
+            ("preallocate", "true"),
+        ]))
+        .await;
+    assert!(died.is_err(), "{died:?}");
+    h.kill();
+    h.env.clear();
+    assert_eq!(allocated(), 16 * MIB as u64, "the store's change was made");
+    assert!(thin(), "the LUN's change was not");
+    h.spawn().await;
+    let mut c = h.controller();
     c.controller_modify_volume(modify(&[
         ("thinProvisioning", "false"),
         ("preallocate", "true"),

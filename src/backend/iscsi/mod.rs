@@ -1088,6 +1088,10 @@ impl Backend for IscsiBackend {
                 .modify_volume(&self.to_store(id)?, &for_store, secrets)
                 .await?;
         }
+        // Each step is safe to repeat: the CO's retry of a modify cut
+        // short here (or after the LUN's change, before the record) makes
+        // every change, the record last.
+        crate::killpoint::hit("iscsi.modify.store");
         let Some(on) = thin.filter(|on| *on != record.thin_provisioning) else {
             return Ok(());
         };
