@@ -50,6 +50,9 @@ pub const POINTS: &[&str] = &[
     // iscsi ModifyVolume: the store's keys are changed; the LUN's and the
     // record are not.
     "iscsi.modify.store",
+    // rbd: a group snapshot of volumes in use: the temporary rbd group
+    // holds every member and its snapshot; no member is copied.
+    "rbd.group.cut",
     // lvm: lvcreate of a snapshot is about to run (with
     // FERROVOL_KILL_AFTER_MS, it dies part way through, the origin perhaps
     // suspended).

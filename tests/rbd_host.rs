@@ -942,6 +942,51 @@ async fn rbd_group_snapshots_of_images_being_written() {
     assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
     assert!(refused.message().contains("librbd"), "{refused:?}");
     assert_eq!(leftovers(), nothing);
+    // Killed with the temporary group holding both members and its
+    // snapshot (`rbd.group.cut`), the writers still on: the CO's retry of
+    // the same call makes the group and leaves nothing; a group left so
+    // that nobody retries goes with its members' volumes (an image in a
+    // group cannot be removed), at the end.
+    drop(h);
+    let mut h = Harness::start_with(Some(&rbd_config(&cluster, "librbd"))).await;
+    for (name, retried) in [("w-cut-1", true), ("w-cut-2", false)] {
+        h.env = vec![("FERROVOL_KILL_AT".into(), "rbd.group.cut".into())];
+        h.kill();
+        h.spawn().await;
+        let died = h
+            .group()
+            .create_volume_group_snapshot(group(name, &[&ids[0], &ids[1]]))
+            .await;
+        assert!(died.is_err(), "{name}: {died:?}");
+        h.kill();
+        h.env.clear();
+        h.spawn().await;
+        let left = cluster.rbd(&["group", "ls", "rbd"]);
+        assert!(
+            left.contains("fvg-"),
+            "{name}: the kill left no group: {left}"
+        );
+        if retried {
+            let g = h
+                .group()
+                .create_volume_group_snapshot(group(name, &[&ids[0], &ids[1]]))
+                .await
+                .unwrap_or_else(|e| panic!("{name}: the retry: {e:?}\n{}", h.log()))
+                .into_inner()
+                .group_snapshot
+                .unwrap();
+            assert_eq!(g.snapshots.len(), 2);
+            assert_eq!(leftovers(), nothing, "{name}: after the retry");
+            h.group()
+                .delete_volume_group_snapshot(pb::DeleteVolumeGroupSnapshotRequest {
+                    group_snapshot_id: g.group_snapshot_id.clone(),
+                    secrets: secrets(&cluster),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
+    }
     // The writers stop; their watches end with them.
     for mut w in writers {
         // SAFETY: a signal to a child of this test.
@@ -966,7 +1011,9 @@ async fn rbd_group_snapshots_of_images_being_written() {
             secrets: secrets(&cluster),
         })
         .await
-        .unwrap();
+        .unwrap_or_else(|e| panic!("{e:?}\n{}", h.log()));
     }
     assert!(images(&cluster).is_empty(), "{:?}", images(&cluster));
+    let groups = cluster.rbd(&["group", "ls", "rbd"]);
+    assert!(groups.trim().is_empty(), "groups left: {groups}");
 }

@@ -318,6 +318,23 @@ pub trait Cluster: Send + Sync {
              only the librbd road can read (client = \"librbd\" in the backend's config)",
         ))
     }
+
+    /// The temporary group of [`Cluster::copy_together`] (named `fvg-`,
+    /// in the image's pool) that the image is still a member of: a driver
+    /// that died copying left it, with its snapshots, and an image in a
+    /// group cannot be removed. None when the image is in no group of
+    /// ours (and on roads that cannot make such groups).
+    async fn leftover_group(&self, _creds: &Creds, _spec: &Spec) -> Result<Option<String>> {
+        Ok(None)
+    }
+
+    /// Removes group `name` of the pool (and namespace) `place` names: its
+    /// snapshots go, its members leave it.
+    async fn group_remove(&self, _creds: &Creds, _place: &Spec, name: &str) -> Result<()> {
+        Err(Error::precondition(format!(
+            "rbd group {name} can be removed only on the librbd road"
+        )))
+    }
 }
 
 /// `ceph df detail --format json`: what each pool can still take.

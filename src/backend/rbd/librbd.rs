@@ -70,6 +70,13 @@ struct SnapInfo {
     name: *const c_char,
 }
 
+/// librbd.h's `rbd_group_info_t`.
+#[repr(C)]
+struct GroupInfo {
+    name: *mut c_char,
+    pool: i64,
+}
+
 #[repr(C)]
 struct GroupNamespace {
     group_pool: i64,
@@ -180,6 +187,9 @@ api! {
     rbd_group_remove: fn(IoCtx, *const c_char) -> c_int;
     rbd_group_image_add: fn(IoCtx, *const c_char, IoCtx, *const c_char) -> c_int;
     rbd_group_snap_create2: fn(IoCtx, *const c_char, *const c_char, u32) -> c_int;
+    rbd_get_group: fn(Image, *mut GroupInfo, usize) -> c_int;
+    rbd_group_info_cleanup: fn(*mut GroupInfo, usize) -> c_int;
+    rados_ioctx_get_id: fn(IoCtx) -> i64;
     rbd_diff_iterate2: fn(Image, *const c_char, u64, u64, u8, u8,
         Option<unsafe extern "C" fn(u64, usize, c_int, *mut c_void) -> c_int>, *mut c_void) -> c_int;
 }
@@ -1522,6 +1532,43 @@ impl Cluster for LibCluster {
         .await
     }
 
+    async fn leftover_group(&self, creds: &Creds, spec: &Spec) -> Result<Option<String>> {
+        let s = spec.clone();
+        self.on(creds, spec, move |ctx| {
+            let api = ctx.api();
+            let img = ctx.open(&s, false)?;
+            // SAFETY: zeroed is the empty struct librbd fills.
+            let mut info: GroupInfo = unsafe { std::mem::zeroed() };
+            let size = std::mem::size_of::<GroupInfo>();
+            // SAFETY: an open image, the struct's size given.
+            check(|| img.what("group of"), unsafe {
+                (api.rbd_get_group)(img.image, &mut info, size)
+            })?;
+            let name = owned(info.name);
+            // SAFETY: a live ioctx.
+            let here = unsafe { (api.rados_ioctx_get_id)(ctx.io) };
+            let pool = info.pool;
+            // SAFETY: filled above, freed once.
+            unsafe { (api.rbd_group_info_cleanup)(&mut info, size) };
+            Ok((name.starts_with("fvg-") && pool == here).then_some(name))
+        })
+        .await
+    }
+
+    async fn group_remove(&self, creds: &Creds, place: &Spec, name: &str) -> Result<()> {
+        let (p, name) = (place.clone(), name.to_string());
+        self.on(creds, place, move |ctx| {
+            let g = cstr("group", &name)?;
+            // SAFETY: a live ioctx, a NUL-terminated name.
+            check(
+                || format!("remove rbd group {name} of {}", p.arg()),
+                unsafe { (ctx.api().rbd_group_remove)(ctx.io, g.as_ptr()) },
+            )
+            .map(|_| ())
+        })
+        .await
+    }
+
     async fn copy_together(
         &self,
         creds: &Creds,
@@ -1574,6 +1621,7 @@ impl Cluster for LibCluster {
                 check(|| format!("snapshot {}", what()), unsafe {
                     (api.rbd_group_snap_create2)(gctx.io, gname.as_ptr(), snap.as_ptr(), 0)
                 })?;
+                crate::killpoint::hit("rbd.group.cut");
                 for (from, to) in &members {
                     let ctx = c.ioctx(from)?;
                     let img = ctx.open(from, false)?;

@@ -1105,6 +1105,12 @@ impl Backend for RbdBackend {
                 at.join(", ")
             )));
         }
+        // A group snapshot the driver died making can leave its temporary
+        // group holding the image (and a snapshot of it): it goes first.
+        if let Some(group) = self.rbd().leftover_group(&creds, &spec).await? {
+            tracing::warn!(volume = %id, group = %group, "removing the rbd group a group snapshot cut short left");
+            self.rbd().group_remove(&creds, &spec, &group).await?;
+        }
         self.remove_cuts(&creds, &spec).await?;
         self.remove(&creds, &spec).await
     }
