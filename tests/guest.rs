@@ -2027,7 +2027,8 @@ async fn iscsi_tear_down(h: &Harness, node_id: &str, id: &str, staging: &std::pa
 /// around the store's copy, so the snapshot is one instant of the device.
 /// Two files of the volume are written in an interleaved pattern (each
 /// write synced) while it is taken; each restore (its journal replayed at
-/// the mount) holds a pair some instant held. Killed at `iscsi.held` (the
+/// the mount) holds a pair some instant held, and its filesystem, once
+/// unmounted, passes `e2fsck -fn`. Killed at `iscsi.held` (the
 /// hold suspended, no copy yet), the driver leaves the writes waiting;
 /// the next start resumes the hold and the writes go on, and the CO's
 /// retry of the same snapshot succeeds. No hold is left suspended.
@@ -2103,7 +2104,23 @@ async fn guest_iscsi_snapshot_of_a_volume_in_use_is_held() {
             "snapshot {i} holds p={rp} q={rq}: no instant held that (the writer reached {last})"
         );
         eprintln!("snapshot {i}: p={rp} q={rq} (the writer reached {last})");
-        iscsi_tear_down(&h, &node_id, &r, &r_dir).await;
+        // Its filesystem, its journal replayed at that mount and
+        // unmounted, is clean: the image in the store, checked directly.
+        h.node()
+            .node_unstage_volume(unstage_req(&r, &r_dir))
+            .await
+            .unwrap();
+        let image = h.path(&format!("pool/volumes/held-r{i}.img"));
+        run("e2fsck", &["-fn", image.to_str().unwrap()]);
+        h.controller()
+            .controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
+                volume_id: r.clone(),
+                node_id: node_id.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        h.delete_volume(&r).await;
         h.controller()
             .delete_snapshot(pb::DeleteSnapshotRequest {
                 snapshot_id: snap.clone(),
@@ -3990,7 +4007,8 @@ async fn guest_a_luks_format_cut_short_is_formatted_again() {
 /// suspended or in an unknown state, no half-made snapshot and no stray
 /// layer; the pod's next write goes through within 30 s of the start; the
 /// CO's retry of the same call succeeds, and a retried restore holds the
-/// source's data. Nothing is left at the end.
+/// source's data, its filesystem (cut while the writer wrote) clean after
+/// the mount replayed its journal. Nothing is left at the end.
 #[tokio::test]
 #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
 async fn guest_lvm_snapshots_and_copies_cut_short_converge() {
@@ -4234,6 +4252,12 @@ async fn guest_lvm_snapshots_and_copies_cut_short_converge() {
             .node_unstage_volume(unstage_req(&restored, &rdir))
             .await
             .unwrap();
+        // `whole` was cut while the writer wrote: crash-consistent, its
+        // journal replayed at the mount; unmounted, the filesystem is clean.
+        let rlv = format!("fvcut/{}", restored.split_once('.').unwrap().1);
+        run("lvchange", &["-ay", "-K", &rlv]);
+        run("e2fsck", &["-fn", &format!("/dev/{rlv}")]);
+        run("lvchange", &["-an", &rlv]);
         h.delete_volume(&restored).await;
         report.push(format!(
             "{class} lvm.copy.made: the retry finished the copy; it holds the source's data"
