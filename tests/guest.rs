@@ -1973,7 +1973,6 @@ async fn guest_iscsi_over_an_lvm_store() {
 /// and staged; answers its id and staging path.
 async fn iscsi_bring_up(
     h: &Harness,
-    node_id: &str,
     name: &str,
     from: Option<&str>,
     cap: &pb::VolumeCapability,
@@ -1981,18 +1980,7 @@ async fn iscsi_bring_up(
     let mut req = create_req(name, 16 * MIB, cap.clone());
     req.volume_content_source = from.map(snapshot_source);
     let id = h.create_volume(req).await.volume_id;
-    let ctx = h
-        .controller()
-        .controller_publish_volume(pb::ControllerPublishVolumeRequest {
-            volume_id: id.clone(),
-            node_id: node_id.into(),
-            volume_capability: Some(cap.clone()),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .publish_context;
+    let ctx = h.attach_here(&id, cap, &HashMap::new()).await;
     let staging = h.path(&format!("kubelet/staging/{name}"));
     std::fs::create_dir_all(&staging).unwrap();
     h.node()
@@ -2042,7 +2030,7 @@ async fn guest_iscsi_snapshot_of_a_volume_in_use_is_held() {
     let mut h = Harness::start_with(Some(&config)).await;
     let node_id = h.node_id().await;
     let cap = mount_cap("ext4", SNW);
-    let (a, a_dir) = iscsi_bring_up(&h, &node_id, "held-src", None, &cap).await;
+    let (a, a_dir) = iscsi_bring_up(&h, "held-src", None, &cap).await;
     let (p, q) = (a_dir.join("p"), a_dir.join("q"));
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = interleave(p.clone(), q.clone(), true, stop.clone());
@@ -2096,8 +2084,7 @@ async fn guest_iscsi_snapshot_of_a_volume_in_use_is_held() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let last = writer.join().expect("the writer met no error");
     for (i, snap) in [one, two].iter().enumerate() {
-        let (r, r_dir) =
-            iscsi_bring_up(&h, &node_id, &format!("held-r{i}"), Some(snap), &cap).await;
+        let (r, r_dir) = iscsi_bring_up(&h, &format!("held-r{i}"), Some(snap), &cap).await;
         let (rp, rq) = (read_seq(&r_dir.join("p")), read_seq(&r_dir.join("q")));
         assert!(
             rp >= 20 && one_instant(rp, rq),

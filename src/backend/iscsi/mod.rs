@@ -419,6 +419,19 @@ impl IscsiBackend {
         Self::iqn_for(&self.settings.iqn_prefix, id.locator())
     }
 
+    /// Who can use the volume now: the initiators published to it and
+    /// those logged in to its target.
+    async fn users(&self, record: &Record) -> Result<BTreeSet<String>> {
+        let sessions = self
+            .target_sessions(&record.iqn)
+            .await?
+            .map(|(_, s)| s)
+            .unwrap_or_default();
+        let mut users: BTreeSet<String> = record.initiators.iter().cloned().collect();
+        users.extend(sessions);
+        Ok(users)
+    }
+
     /// The store's snapshot of volume `req.source`, as this backend's.
     async fn snapshot_in_store(&self, req: &CreateSnapshot) -> Result<SnapshotInfo> {
         let mut r = req.clone();
@@ -446,13 +459,7 @@ impl IscsiBackend {
             let record = self
                 .load(source)?
                 .ok_or_else(|| Error::not_found(format!("volume {source} does not exist")))?;
-            let sessions = self
-                .target_sessions(&record.iqn)
-                .await?
-                .map(|(_, s)| s)
-                .unwrap_or_default();
-            let mut users: BTreeSet<&str> = record.initiators.iter().map(String::as_str).collect();
-            users.extend(sessions.iter().map(String::as_str));
+            let users = self.users(&record).await?;
             if users.is_empty() {
                 continue;
             }
@@ -1122,13 +1129,7 @@ impl Backend for IscsiBackend {
         // (Target::refresh): only while no node can use it. Publish and
         // expand of one volume never overlap (the volume's guard), and the
         // ACL keeps out initiators that were not published.
-        let sessions = self
-            .target_sessions(&record.iqn)
-            .await?
-            .map(|(_, s)| s)
-            .unwrap_or_default();
-        let mut users: BTreeSet<&str> = record.initiators.iter().map(String::as_str).collect();
-        users.extend(sessions.iter().map(String::as_str));
+        let users = self.users(&record).await?;
         if !users.is_empty() {
             // A repeat of an expansion that is done asks for nothing new.
             if let Some(bytes) = record
