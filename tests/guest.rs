@@ -3057,7 +3057,7 @@ async fn guest_rbd_changed_blocks() {
         Ok("full") => &["librbd", "cli"],
         _ => &["librbd"],
     };
-    for road in roads.iter().copied() {
+    for road in roads {
         let config = format!("{}client = \"{road}\"\n", cluster.backend_config("guest"));
         let h = Harness::start_with(Some(&config)).await;
         let cap = block_cap(SNW);
