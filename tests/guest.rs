@@ -974,12 +974,26 @@ async fn guest_nfs_capacity_is_an_xfs_project_quota() {
     n.node_unstage_volume(unstage_req(&vol.volume_id, &staging))
         .await
         .unwrap();
-    c.delete_volume(pb::DeleteVolumeRequest {
-        volume_id: vol.volume_id,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    // The file deleted after the refused write may still be held by this
+    // node's NFS client (a silly-renamed `.nfs*` file until its close goes
+    // through): the delete fails until it lets go, and the CO retries, as
+    // here (within 60 s).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let deleted = c
+            .delete_volume(pb::DeleteVolumeRequest {
+                volume_id: vol.volume_id.clone(),
+                ..Default::default()
+            })
+            .await;
+        match deleted {
+            Ok(_) => break,
+            Err(e) if e.message().contains(".nfs") && std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(500)).await
+            }
+            Err(e) => panic!("DeleteVolume: {e:?}"),
+        }
+    }
 }
 
 /// A block volume of `class`, staged and published; returns its id and
