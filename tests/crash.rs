@@ -109,6 +109,22 @@ async fn wait_exit(h: &mut Harness, within: Duration) {
     h.channel = None;
 }
 
+/// Deletes a group snapshot with every member it made.
+async fn delete_group(h: &Harness, group: &pb::VolumeGroupSnapshot) {
+    h.group()
+        .delete_volume_group_snapshot(pb::DeleteVolumeGroupSnapshotRequest {
+            group_snapshot_id: group.group_snapshot_id.clone(),
+            snapshot_ids: group
+                .snapshots
+                .iter()
+                .map(|s| s.snapshot_id.clone())
+                .collect(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}
+
 /// One round: the driver started again set to die at `point` (with its
 /// children, as a container's end kills them, or alone), `call` run
 /// against it until it dies there; then the writes through `targets` are
@@ -273,18 +289,7 @@ async fn a_driver_killed_during_a_group_snapshot_leaves_nothing_frozen() {
             assert!(intents_left(&h).is_empty(), "{what}");
             assert!(holders().is_empty(), "{what}");
             assert!(write_through(&targets, WRITE_BOUND).is_some(), "{what}");
-            h.group()
-                .delete_volume_group_snapshot(pb::DeleteVolumeGroupSnapshotRequest {
-                    group_snapshot_id: group.group_snapshot_id.clone(),
-                    snapshot_ids: group
-                        .snapshots
-                        .iter()
-                        .map(|s| s.snapshot_id.clone())
-                        .collect(),
-                    ..Default::default()
-                })
-                .await
-                .unwrap();
+            delete_group(&h, &group).await;
         }
     }
     for line in &report {
@@ -375,18 +380,7 @@ async fn a_holder_killed_alone_is_thawed_by_the_driver() {
         .group_snapshot
         .unwrap();
     assert_eq!(group.snapshots.len(), 2);
-    h.group()
-        .delete_volume_group_snapshot(pb::DeleteVolumeGroupSnapshotRequest {
-            group_snapshot_id: group.group_snapshot_id.clone(),
-            snapshot_ids: group
-                .snapshots
-                .iter()
-                .map(|s| s.snapshot_id.clone())
-                .collect(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    delete_group(&h, &group).await;
     for p in [&data, &wal] {
         h.teardown(p).await;
     }
