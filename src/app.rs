@@ -230,6 +230,12 @@ pub async fn start_backends(driver: &Driver) -> Result<()> {
     for b in driver.registry.all() {
         b.start().await?;
     }
+    // A group snapshot a dead run was taking: undone (its members were
+    // made by the backends just started).
+    let settled = driver.controller.settle_groups().await;
+    if settled > 0 {
+        tracing::warn!(groups = settled, "unfinished group snapshots undone");
+    }
     Ok(())
 }
 

@@ -53,6 +53,10 @@ pub const POINTS: &[&str] = &[
     // rbd: a group snapshot of volumes in use: the temporary rbd group
     // holds every member and its snapshot; no member is copied.
     "rbd.group.cut",
+    // rbd: a group snapshot of volumes nobody writes: every member's
+    // exclusive lock is held, and the member's cut is made (`@n`: the n-th
+    // member's); the rest are not.
+    "rbd.group.snapped",
     // lvm: lvcreate of a snapshot is about to run (with
     // FERROVOL_KILL_AFTER_MS, it dies part way through, the origin perhaps
     // suspended).
@@ -62,6 +66,13 @@ pub const POINTS: &[&str] = &[
     // lvm: lvcreate made a copy (restore or clone) with the filling tag;
     // a thick one holds no data yet, a thin one its source's tags.
     "lvm.copy.made",
+    // nfs: a volume made from a source has its record (saying it is being
+    // filled) and its empty directory (on a btrfs export, not yet its
+    // subvolume); the copy or the snapshot has not started.
+    "nfs.fill",
+    // nfs on a btrfs export: the snapshot's subvolume is made under its
+    // temporary name; no record says so.
+    "nfs.snapshot.made",
 ];
 
 /// Dies here if the test asked for it (a no-op without the feature).

@@ -89,6 +89,20 @@ fn intents_left(h: &Harness) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The files under `dir`, at any depth.
+fn records_under(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(records_under(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
 /// Waits for the driver to die (at its kill point), the runtime free
 /// meanwhile to run the call that leads it there.
 async fn wait_exit(h: &mut Harness, within: Duration) {
@@ -273,6 +287,12 @@ async fn a_driver_killed_during_a_group_snapshot_leaves_nothing_frozen() {
                 )
                 .await,
             );
+            // The start undid what the dead try made: no member snapshot
+            // and no record is left for a retry that may never come.
+            let left = h.all_snapshots().await;
+            assert!(left.is_empty(), "{what}: the start left {left:?}");
+            let records = records_under(&h.state_dir().join("controller/groups"));
+            assert!(records.is_empty(), "{what}: {records:?}");
             // The CO retries the same call: it succeeds, once.
             let group = h
                 .group()

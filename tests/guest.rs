@@ -642,7 +642,7 @@ async fn guest_nfs_snapshot_restore_and_clone() {
     let server = NfsServer::new();
     let config = "[[backend]]\ntype = \"nfs\"\n\
         [[backend.export]]\nname = \"main\"\nserver = \"127.0.0.1\"\nshare = \"/\"\n";
-    let h = Harness::start_with(Some(config)).await;
+    let mut h = Harness::start_with(Some(config)).await;
     let mut c = h.controller();
     let cap = mount_cap("nfs", 5);
     let src = c
@@ -696,13 +696,37 @@ async fn guest_nfs_snapshot_restore_and_clone() {
         });
         r
     };
+    let restore = from(
+        "pvc-restored",
+        pb::volume_content_source::Type::Snapshot(pb::volume_content_source::SnapshotSource {
+            snapshot_id: snap.snapshot_id.clone(),
+        }),
+    );
+    // The driver dies with the restore's record written and its directory
+    // made, empty (`nfs.fill`): the CO's retry must not take that
+    // directory for the restored volume; it fills it again.
+    h.kill();
+    h.env = vec![("FERROVOL_KILL_AT".into(), "nfs.fill".into())];
+    h.spawn().await;
+    assert!(h.controller().create_volume(restore.clone()).await.is_err());
+    h.kill();
+    h.env.clear();
+    assert!(server.export.join("pvc-restored").is_dir());
+    assert!(!server.export.join("pvc-restored/sub").exists());
+    h.spawn().await;
+    let mut c = h.controller();
+    let listed = c
+        .list_volumes(pb::ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        listed.entries.len(),
+        1,
+        "a volume being filled is not listed"
+    );
     let restored = c
-        .create_volume(from(
-            "pvc-restored",
-            pb::volume_content_source::Type::Snapshot(pb::volume_content_source::SnapshotSource {
-                snapshot_id: snap.snapshot_id.clone(),
-            }),
-        ))
+        .create_volume(restore)
         .await
         .unwrap()
         .into_inner()
@@ -767,6 +791,172 @@ async fn guest_nfs_snapshot_restore_and_clone() {
         .flatten()
         .collect();
     assert!(left.is_empty(), "{left:?}");
+}
+
+/// An nfs export on btrfs that the controller reaches on its own machine
+/// (`btrfs_path`): every volume is a subvolume; a snapshot of a volume
+/// being written over NFS (two files in turn, each write synced) restores
+/// to a pair one instant held; a restore and a clone are writable
+/// snapshots. A driver killed with a snapshot's subvolume made under its
+/// temporary name (`nfs.snapshot.made`), or with a restore's record
+/// written and nothing made (`nfs.fill`), converges on the CO's retry.
+/// Deleting everything leaves no subvolume and no snapshot file.
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_nfs_btrfs_snapshots_are_one_instant() {
+    require_guest();
+    let server = NfsServer::on_btrfs();
+    let export = server.export.clone();
+    let config = format!(
+        "[[backend]]\ntype = \"nfs\"\n\
+         [[backend.export]]\nname = \"main\"\nserver = \"127.0.0.1\"\nshare = \"/\"\n\
+         btrfs_path = \"{}\"\n",
+        export.display()
+    );
+    let mut h = Harness::start_with(Some(&config)).await;
+    let cap = mount_cap("nfs", 5);
+    let subvolumes = || {
+        run("btrfs", &["subvolume", "list", export.to_str().unwrap()])
+            .lines()
+            .map(|l| l.rsplit(' ').next().unwrap_or_default().to_string())
+            .collect::<Vec<_>>()
+    };
+    let is_subvolume = |name: &str| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(export.join(name)).unwrap().ino() == 256
+    };
+    let src = h
+        .create_volume(create_req("pvc-src", 64 * MIB, cap.clone()))
+        .await
+        .volume_id;
+    assert!(is_subvolume("pvc-src"), "{:?}", subvolumes());
+    let staging = h.path("kubelet/staging/src");
+    std::fs::create_dir_all(&staging).unwrap();
+    h.node()
+        .node_stage_volume(stage_req(&src, &staging, cap.clone()))
+        .await
+        .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = interleave(staging.join("p"), staging.join("q"), true, stop.clone());
+    h.wait_until("the writer's first 20 rounds", &|| {
+        read_seq(&staging.join("q")) >= 20
+    });
+    // Killed with the snapshot made under its temporary name.
+    h.kill();
+    h.env = vec![("FERROVOL_KILL_AT".into(), "nfs.snapshot.made".into())];
+    h.spawn().await;
+    let snap_req = pb::CreateSnapshotRequest {
+        name: "snap-live".into(),
+        source_volume_id: src.clone(),
+        ..Default::default()
+    };
+    assert!(h
+        .controller()
+        .create_snapshot(snap_req.clone())
+        .await
+        .is_err());
+    h.kill();
+    h.env.clear();
+    let snaps_dir = export.join(".ferrovol/snapshots");
+    let names = || {
+        let mut v: Vec<String> = std::fs::read_dir(&snaps_dir)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    };
+    assert!(
+        names().iter().any(|n| n.ends_with(".snap.tmp")),
+        "{:?}",
+        names()
+    );
+    h.spawn().await;
+    let snap = h
+        .controller()
+        .create_snapshot(snap_req)
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap()
+        .snapshot_id;
+    assert!(
+        !names().iter().any(|n| n.ends_with(".tmp")),
+        "the retry left its leftover: {:?}",
+        names()
+    );
+    let after = read_seq(&staging.join("q"));
+    h.wait_until("the writer going on", &|| {
+        read_seq(&staging.join("q")) > after + 5
+    });
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let last = writer.join().expect("the writer met no error");
+    let from = |name: &str, source: pb::volume_content_source::Type| {
+        let mut r = create_req(name, 64 * MIB, cap.clone());
+        r.volume_content_source = Some(pb::VolumeContentSource {
+            r#type: Some(source),
+        });
+        r
+    };
+    let restore = from(
+        "pvc-restored",
+        pb::volume_content_source::Type::Snapshot(pb::volume_content_source::SnapshotSource {
+            snapshot_id: snap.clone(),
+        }),
+    );
+    // Killed with the restore's record written, nothing made.
+    h.kill();
+    h.env = vec![("FERROVOL_KILL_AT".into(), "nfs.fill".into())];
+    h.spawn().await;
+    assert!(h.controller().create_volume(restore.clone()).await.is_err());
+    h.kill();
+    h.env.clear();
+    h.spawn().await;
+    let restored = h.create_volume(restore).await.volume_id;
+    assert!(is_subvolume("pvc-restored"));
+    let (rp, rq) = (
+        read_seq(&export.join("pvc-restored/p")),
+        read_seq(&export.join("pvc-restored/q")),
+    );
+    assert!(
+        rq >= 20 && one_instant(rp, rq),
+        "the snapshot holds p={rp} q={rq}: no instant held that (the writer reached {last})"
+    );
+    eprintln!("the snapshot holds p={rp} q={rq} (the writer reached {last})");
+    // Writable, and apart from its snapshot.
+    std::fs::write(export.join("pvc-restored/p"), b"0\n").unwrap();
+    let clone = h
+        .create_volume(from(
+            "pvc-clone",
+            pb::volume_content_source::Type::Volume(pb::volume_content_source::VolumeSource {
+                volume_id: src.clone(),
+            }),
+        ))
+        .await
+        .volume_id;
+    assert!(is_subvolume("pvc-clone"));
+    assert_eq!(read_seq(&export.join("pvc-clone/p")), last);
+    h.node()
+        .node_unstage_volume(unstage_req(&src, &staging))
+        .await
+        .unwrap();
+    for id in [&restored, &clone, &src] {
+        h.delete_volume(id).await;
+    }
+    h.controller()
+        .delete_snapshot(pb::DeleteSnapshotRequest {
+            snapshot_id: snap,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(subvolumes(), Vec::<String>::new());
+    assert_eq!(names(), Vec::<String>::new());
+    assert!(h.mounts().is_empty(), "{:?}", h.mounts());
 }
 
 /// A staged NFS mount whose directory is replaced on the server goes stale
@@ -976,8 +1166,8 @@ async fn guest_nfs_capacity_is_an_xfs_project_quota() {
         .unwrap();
     // The file deleted after the refused write may still be held by this
     // node's NFS client (a silly-renamed `.nfs*` file until its close goes
-    // through): the delete fails until it lets go, and the CO retries, as
-    // here (within 60 s).
+    // through): the delete fails UNAVAILABLE until it lets go, and the CO
+    // retries, as here (within 60 s).
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let deleted = c
@@ -988,7 +1178,11 @@ async fn guest_nfs_capacity_is_an_xfs_project_quota() {
             .await;
         match deleted {
             Ok(_) => break,
-            Err(e) if e.message().contains(".nfs") && std::time::Instant::now() < deadline => {
+            Err(e)
+                if e.code() == tonic::Code::Unavailable
+                    && e.message().contains(".nfs")
+                    && std::time::Instant::now() < deadline =>
+            {
                 tokio::time::sleep(Duration::from_millis(500)).await
             }
             Err(e) => panic!("DeleteVolume: {e:?}"),
@@ -2718,8 +2912,10 @@ async fn guest_lvm_group_snapshots_of_volumes_being_written() {
         let (b, b_dir) = bring_up(format!("{class}-wal"), class, None).await;
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let writer = interleave(a_dir.join("seq"), b_dir.join("seq"), true, stop.clone());
+        // A second writer, on `a` alone, for its single snapshot.
+        let alone = interleave(a_dir.join("p"), a_dir.join("q"), true, stop.clone());
         wait_for("the writer's first 20 rounds", &|| {
-            read_seq(&a_dir.join("seq")) >= 20
+            read_seq(&a_dir.join("seq")) >= 20 && read_seq(&a_dir.join("q")) >= 20
         });
         let group = h
             .group()
@@ -2735,6 +2931,9 @@ async fn guest_lvm_group_snapshots_of_volumes_being_written() {
             .unwrap();
         assert_eq!(group.snapshots.len(), 2);
         assert_eq!(snaps(), 2);
+        // A single snapshot of `a` while both writers go on.
+        let single = h.snapshot(&format!("{class}-single"), &a).await;
+        assert_eq!(snaps(), 3);
         // Thawed: the writer goes on.
         let after = read_seq(&a_dir.join("seq"));
         wait_for("the writer going on", &|| {
@@ -2742,6 +2941,35 @@ async fn guest_lvm_group_snapshots_of_volumes_being_written() {
         });
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let last = writer.join().expect("the writer met no error");
+        let last_alone = alone.join().expect("the second writer met no error");
+        // The single snapshot restores to a pair one instant held, and its
+        // filesystem (the journal replayed at the stage's mount, then
+        // unmounted) is clean.
+        let (r, r_dir) = bring_up(format!("{class}-r-single"), class, Some(single.clone())).await;
+        let (rp, rq) = (read_seq(&r_dir.join("p")), read_seq(&r_dir.join("q")));
+        assert!(
+            rq >= 20 && one_instant(rp, rq),
+            "{class}: the single snapshot holds p={rp} q={rq}: no instant held that \
+             (the writer reached {last_alone})"
+        );
+        eprintln!("{class}: single snapshot holds p={rp} q={rq} (the writer reached {last_alone})");
+        h.node()
+            .node_unstage_volume(unstage_req(&r, &r_dir))
+            .await
+            .unwrap();
+        let rlv = format!("fvgroup/{}", r.rsplit_once('.').unwrap().1);
+        run("lvchange", &["-ay", "-K", &rlv]);
+        run("e2fsck", &["-fn", &format!("/dev/{rlv}")]);
+        run("lvchange", &["-an", &rlv]);
+        h.delete_volume(&r).await;
+        h.controller()
+            .delete_snapshot(pb::DeleteSnapshotRequest {
+                snapshot_id: single,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(snaps(), 2);
         let mut restored = Vec::new();
         let mut held = std::collections::BTreeMap::new();
         for s in &group.snapshots {
@@ -3191,10 +3419,12 @@ async fn guest_rbd_group_snapshots_of_mapped_and_unmapped_volumes() {
     let (b, b_dir) = bring_up("grp-wal".into(), None).await;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = interleave(a_dir.join("seq"), b_dir.join("seq"), true, stop.clone());
+    // A second writer, on `a` alone, for its single snapshot.
+    let alone = interleave(a_dir.join("p"), a_dir.join("q"), true, stop.clone());
     let read = |p: &std::path::Path| read_seq(p);
     let wait_for = |what: &str, done: &dyn Fn() -> bool| h.wait_until(what, done);
     wait_for("the writer's first 20 rounds", &|| {
-        read(&a_dir.join("seq")) >= 20
+        read(&a_dir.join("seq")) >= 20 && read(&a_dir.join("q")) >= 20
     });
     let group_of = |name: &str| pb::CreateVolumeGroupSnapshotRequest {
         name: name.into(),
@@ -3211,12 +3441,79 @@ async fn guest_rbd_group_snapshots_of_mapped_and_unmapped_volumes() {
         .group_snapshot
         .unwrap();
     assert_eq!(live.snapshots.len(), 2);
+    let single = h
+        .controller()
+        .create_snapshot(pb::CreateSnapshotRequest {
+            name: "rbd-single".into(),
+            source_volume_id: a.clone(),
+            secrets: secrets.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap()
+        .snapshot_id;
     let after = read(&a_dir.join("seq"));
     wait_for("the writer going on", &|| {
         read(&a_dir.join("seq")) > after + 5
     });
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let last = writer.join().expect("the writer met no error");
+    let last_alone = alone.join().expect("the second writer met no error");
+    // The single snapshot restores to a pair one instant held, and its
+    // filesystem (the journal replayed at the stage's mount, then
+    // unmounted) is clean.
+    {
+        let (r, r_dir) = bring_up("grp-single".into(), Some(single.clone())).await;
+        let (rp, rq) = (read(&r_dir.join("p")), read(&r_dir.join("q")));
+        assert!(
+            rq >= 20 && one_instant(rp, rq),
+            "the single snapshot holds p={rp} q={rq}: no instant held that \
+             (the writer reached {last_alone})"
+        );
+        eprintln!("single snapshot holds p={rp} q={rq} (the writer reached {last_alone})");
+        h.node()
+            .node_unstage_volume(unstage_req(&r, &r_dir))
+            .await
+            .unwrap();
+        let c = cluster.conf.to_str().unwrap();
+        let dev = run("rbd", &["-c", c, "map", "rbd/fv-grp-single"]);
+        let dev = dev.trim();
+        let checked = std::process::Command::new("e2fsck")
+            .args(["-fn", dev])
+            .output()
+            .unwrap();
+        run("rbd", &["-c", c, "unmap", dev]);
+        assert!(
+            checked.status.success(),
+            "the single snapshot's restore is not clean: {}",
+            String::from_utf8_lossy(&checked.stdout)
+        );
+        h.controller()
+            .controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
+                volume_id: r.clone(),
+                node_id: node.clone(),
+                secrets: secrets.clone(),
+            })
+            .await
+            .unwrap();
+        h.controller()
+            .delete_volume(pb::DeleteVolumeRequest {
+                volume_id: r,
+                secrets: secrets.clone(),
+            })
+            .await
+            .unwrap();
+        h.controller()
+            .delete_snapshot(pb::DeleteSnapshotRequest {
+                snapshot_id: single,
+                secrets: secrets.clone(),
+            })
+            .await
+            .unwrap();
+    }
     for (id, dir) in [(&a, &a_dir), (&b, &b_dir)] {
         h.node()
             .node_unstage_volume(unstage_req(id, dir))
@@ -3409,6 +3706,31 @@ mod sanity {
         .run(&h);
         assert_eq!(h.terminate().code(), Some(0));
         assert!(h.mounts().is_empty(), "{:?}", h.mounts());
+        drop(h);
+        drop(quota);
+        // On btrfs what changes is how volumes, snapshots, restores and
+        // clones are made, and that the controller mounts nothing.
+        let btrfs = NfsServer::on_btrfs();
+        let config = format!(
+            "[[backend]]\ntype = \"nfs\"\n\
+             [[backend.export]]\nname = \"btrfs\"\nserver = \"127.0.0.1\"\nshare = \"/\"\n\
+             btrfs_path = \"{}\"\n",
+            btrfs.export.display()
+        );
+        let mut h = Harness::start_with(Some(&config)).await;
+        Sanity {
+            name: "nfs-btrfs",
+            focus_unless_full: Some("CreateVolume|DeleteVolume|ListVolumes|Snapshot|Node Service"),
+            ..Default::default()
+        }
+        .run(&h);
+        assert_eq!(h.terminate().code(), Some(0));
+        assert!(h.mounts().is_empty(), "{:?}", h.mounts());
+        let left = run(
+            "btrfs",
+            &["subvolume", "list", btrfs.export.to_str().unwrap()],
+        );
+        assert_eq!(left.trim(), "", "subvolumes left: {left}");
     }
 
     #[tokio::test]

@@ -943,13 +943,25 @@ async fn rbd_group_snapshots_of_images_being_written() {
     assert!(refused.message().contains("librbd"), "{refused:?}");
     assert_eq!(leftovers(), nothing);
     // Killed with the temporary group holding both members and its
-    // snapshot (`rbd.group.cut`), the writers still on: the CO's retry of
-    // the same call makes the group and leaves nothing; a group left so
-    // that nobody retries goes with its members' volumes (an image in a
-    // group cannot be removed), at the end.
+    // snapshot (`rbd.group.cut`), the writers still on. A driver with a
+    // user of its own undoes the unfinished group at its next start
+    // (nothing left); one without keeps it for the CO's retry, which
+    // undoes it and makes the group. One nobody retries is removed by the
+    // next group snapshot of those volumes (its members cannot join a
+    // group while the leftover holds them), and by DeleteVolume.
     drop(h);
-    let mut h = Harness::start_with(Some(&rbd_config(&cluster, "librbd"))).await;
-    for (name, retried) in [("w-cut-1", true), ("w-cut-2", false)] {
+    let secrets_only = format!("{}client = \"librbd\"\n", rbd_config_secrets_only(&cluster));
+    for (name, own_user, retried) in [
+        ("w-cut-1", false, true),
+        ("w-cut-2", true, false),
+        ("w-cut-3", false, false),
+    ] {
+        let config = if own_user {
+            rbd_config(&cluster, "librbd")
+        } else {
+            secrets_only.clone()
+        };
+        let mut h = Harness::start_with(Some(&config)).await;
         h.env = vec![("FERROVOL_KILL_AT".into(), "rbd.group.cut".into())];
         h.kill();
         h.spawn().await;
@@ -960,23 +972,30 @@ async fn rbd_group_snapshots_of_images_being_written() {
         assert!(died.is_err(), "{name}: {died:?}");
         h.kill();
         h.env.clear();
-        h.spawn().await;
         let left = cluster.rbd(&["group", "ls", "rbd"]);
         assert!(
             left.contains("fvg-"),
             "{name}: the kill left no group: {left}"
         );
-        if retried {
+        h.spawn().await;
+        if own_user {
+            assert_eq!(leftovers(), nothing, "{name}: the start left it");
+        } else {
+            let left = cluster.rbd(&["group", "ls", "rbd"]);
+            assert!(left.contains("fvg-"), "{name}: not kept for the retry");
+        }
+        let again = if retried { name } else { "w-after" };
+        if retried || !own_user {
             let g = h
                 .group()
-                .create_volume_group_snapshot(group(name, &[&ids[0], &ids[1]]))
+                .create_volume_group_snapshot(group(again, &[&ids[0], &ids[1]]))
                 .await
-                .unwrap_or_else(|e| panic!("{name}: the retry: {e:?}\n{}", h.log()))
+                .unwrap_or_else(|e| panic!("{name}: {again}: {e:?}\n{}", h.log()))
                 .into_inner()
                 .group_snapshot
                 .unwrap();
             assert_eq!(g.snapshots.len(), 2);
-            assert_eq!(leftovers(), nothing, "{name}: after the retry");
+            assert_eq!(leftovers(), nothing, "{name}: after {again}");
             h.group()
                 .delete_volume_group_snapshot(pb::DeleteVolumeGroupSnapshotRequest {
                     group_snapshot_id: g.group_snapshot_id.clone(),
@@ -987,6 +1006,7 @@ async fn rbd_group_snapshots_of_images_being_written() {
                 .unwrap();
         }
     }
+    let mut h = Harness::start_with(Some(&rbd_config(&cluster, "librbd"))).await;
     // The writers stop; their watches end with them.
     for mut w in writers {
         // SAFETY: a signal to a child of this test.
@@ -1004,6 +1024,86 @@ async fn rbd_group_snapshots_of_images_being_written() {
             },
         );
     }
+    // Nobody writes now: the members are cut together, each one's lock
+    // held. Killed with the first member's cut made and the locks held
+    // (`rbd.group.snapped`): the dead driver's locks hold until the
+    // cluster times its watches out, and the CO's retry succeeds then,
+    // without the dead try's cut (another instant).
+    // The ids of an image's snapshots (`rbd snap ls`: SNAPID first).
+    let user_snaps = |image: &str| -> std::collections::BTreeSet<String> {
+        cluster
+            .rbd(&["snap", "ls", &format!("rbd/{image}")])
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+            .collect()
+    };
+    let sources = ["fv-pvc-w-data", "fv-pvc-w-wal"];
+    let before = user_snaps(sources[0]);
+    let left_before = leftovers();
+    h.env = vec![("FERROVOL_KILL_AT".into(), "rbd.group.snapped".into())];
+    h.kill();
+    h.spawn().await;
+    let died = h
+        .group()
+        .create_volume_group_snapshot(group("idle-cut", &[&ids[0], &ids[1]]))
+        .await;
+    assert!(died.is_err(), "{died:?}");
+    h.kill();
+    h.env.clear();
+    let stale: Vec<String> = user_snaps(sources[0])
+        .difference(&before)
+        .cloned()
+        .collect();
+    assert_eq!(stale.len(), 1, "the kill left no cut");
+    h.spawn().await;
+    let restarted = std::time::Instant::now();
+    let mut refusals = Vec::new();
+    let g = loop {
+        match h
+            .group()
+            .create_volume_group_snapshot(group("idle-cut", &[&ids[0], &ids[1]]))
+            .await
+        {
+            Ok(r) => break r.into_inner().group_snapshot.unwrap(),
+            Err(e) => {
+                assert!(
+                    restarted.elapsed() < std::time::Duration::from_secs(180),
+                    "the retries never succeeded: {e:?}\n{}",
+                    h.log()
+                );
+                refusals.push(format!("{:?}: {}", e.code(), e.message()));
+                // The CO's backoff.
+                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            }
+        }
+    };
+    eprintln!(
+        "rbd.group.snapped: the retry succeeded {} ms after the restart; refused before: {refusals:#?}",
+        restarted.elapsed().as_millis()
+    );
+    assert!(
+        refusals.iter().all(|r| r.starts_with("Unavailable")),
+        "a refusal the CO would not retry: {refusals:#?}"
+    );
+    assert_eq!(g.snapshots.len(), 2);
+    // The dead try's cut (another instant) is gone. (The driver's watch
+    // outlived it: the retry took the road for members in use, copies.)
+    let now = user_snaps(sources[0]);
+    assert!(
+        !now.contains(&stale[0]),
+        "the dead try's cut {} is still there: {now:?}",
+        stale[0]
+    );
+    h.group()
+        .delete_volume_group_snapshot(pb::DeleteVolumeGroupSnapshotRequest {
+            group_snapshot_id: g.group_snapshot_id.clone(),
+            secrets: secrets(&cluster),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(leftovers(), left_before);
     let mut c = h.controller();
     for id in ids {
         c.delete_volume(pb::DeleteVolumeRequest {

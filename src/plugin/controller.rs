@@ -656,10 +656,10 @@ impl ControllerOps {
     }
 
     /// GetSnapshot.
-    pub async fn get_snapshot(&self, id: &SnapshotId) -> Result<SnapshotInfo> {
+    pub async fn get_snapshot(&self, id: &SnapshotId, secrets: &Secrets) -> Result<SnapshotInfo> {
         let backend = self.registry.for_snapshot(id)?.clone();
         backend
-            .get_snapshot(id)
+            .get_snapshot(id, secrets)
             .await?
             .map(|s| self.with_group(s))
             .ok_or_else(|| Error::not_found(format!("snapshot {id} does not exist")))
@@ -693,7 +693,7 @@ impl ControllerOps {
             if let Ok(id) = SnapshotId::parse(snapshot_id) {
                 if let Some(b) = self.backend(id.backend()) {
                     if b.capabilities().snapshot {
-                        found.extend(b.get_snapshot(&id).await?);
+                        found.extend(b.get_snapshot(&id, &Secrets::default()).await?);
                     }
                 }
             }

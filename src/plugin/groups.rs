@@ -94,6 +94,26 @@ impl GroupStore {
         Ok(())
     }
 
+    /// The groups recorded and not complete: what a driver that died
+    /// taking them left.
+    pub fn incomplete(&self) -> Result<Vec<(GroupSnapshotId, GroupRecord)>> {
+        let mut out = Vec::new();
+        for backend in read_names(&self.dir)? {
+            for file in read_names(&self.dir.join(&backend))? {
+                let Some(locator) = file.strip_suffix(".json") else {
+                    continue;
+                };
+                let Ok(id) = GroupSnapshotId::new(&backend, locator) else {
+                    continue;
+                };
+                if let Some(record) = self.get(&id)?.filter(|r| !r.complete) {
+                    out.push((id, record));
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// The group `snapshot` was taken in, if any.
     pub fn group_of(&self, snapshot: &SnapshotId) -> Option<GroupSnapshotId> {
         self.index.locked().get(snapshot).cloned()

@@ -290,8 +290,13 @@ pub trait Backend: Send + Sync {
     async fn delete_snapshot(&self, _id: &SnapshotId, _secrets: &Secrets) -> Result<()> {
         Err(self.unimplemented("delete snapshots"))
     }
-    /// Looks a snapshot up; `None` when it does not exist.
-    async fn get_snapshot(&self, _id: &SnapshotId) -> Result<Option<SnapshotInfo>> {
+    /// Looks a snapshot up; `None` when it does not exist. `secrets` are
+    /// the call's (empty when the call carries none).
+    async fn get_snapshot(
+        &self,
+        _id: &SnapshotId,
+        _secrets: &Secrets,
+    ) -> Result<Option<SnapshotInfo>> {
         Err(self.unimplemented("look up snapshots"))
     }
     /// One page of snapshots (see [`Backend::list_volumes`]), only those of

@@ -359,7 +359,11 @@ impl Controller for ControllerService {
         let r = request.into_inner();
         respond_hiding(&r.snapshot_id, &r.secrets, async {
             let id = convert::snapshot_id(&r.snapshot_id)?;
-            let snap = self.0.controller.get_snapshot(&id).await?;
+            let snap = self
+                .0
+                .controller
+                .get_snapshot(&id, &Secrets::from(&r.secrets))
+                .await?;
             Ok(pb::GetSnapshotResponse {
                 snapshot: Some(convert::snapshot_to_pb(&snap)),
             })

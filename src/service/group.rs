@@ -96,7 +96,11 @@ impl GroupController for GroupControllerService {
             let group = self
                 .0
                 .controller
-                .get_group_snapshot(&r.group_snapshot_id, &r.snapshot_ids)
+                .get_group_snapshot(
+                    &r.group_snapshot_id,
+                    &r.snapshot_ids,
+                    &Secrets::from(&r.secrets),
+                )
                 .await?;
             Ok(pb::GetVolumeGroupSnapshotResponse {
                 group_snapshot: Some(convert::group_snapshot_to_pb(&group)),

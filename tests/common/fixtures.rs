@@ -294,31 +294,36 @@ pub struct NfsServer {
     pub dir: tempfile::TempDir,
     mountd: Child,
     rpcbind: Option<Child>,
-    /// The loop device of an XFS export, when it has one.
-    xfs_loop: Option<String>,
+    /// The loop device of an XFS or btrfs export, when it has one.
+    loop_dev: Option<String>,
 }
 
 impl NfsServer {
     pub fn new() -> Self {
-        Self::start_server(false, false)
+        Self::start_server(false, None)
     }
 
     /// NFSv3 and v4 (v3 needs rpcbind; clients mount with `nolock`).
     pub fn with_v3() -> Self {
-        Self::start_server(true, false)
+        Self::start_server(true, None)
     }
 
     /// NFSv4, exporting an XFS filesystem mounted with project quotas.
     pub fn on_xfs_with_quotas() -> Self {
-        Self::start_server(false, true)
+        Self::start_server(false, Some("xfs"))
     }
 
-    fn start_server(v3: bool, xfs: bool) -> Self {
+    /// NFSv4, exporting a btrfs filesystem.
+    pub fn on_btrfs() -> Self {
+        Self::start_server(false, Some("btrfs"))
+    }
+
+    fn start_server(v3: bool, fs: Option<&str>) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let export = dir.path().join("export");
         std::fs::create_dir_all(&export).unwrap();
-        let xfs_loop = xfs.then(|| {
-            let image = dir.path().join("xfs.img");
+        let loop_dev = fs.map(|fs| {
+            let image = dir.path().join(format!("{fs}.img"));
             std::fs::File::create(&image)
                 .unwrap()
                 .set_len(512 << 20)
@@ -326,8 +331,14 @@ impl NfsServer {
             let dev = run("losetup", &["-f", "--show", image.to_str().unwrap()])
                 .trim()
                 .to_string();
-            run("mkfs.xfs", &["-q", &dev]);
-            run("mount", &["-o", "prjquota", &dev, export.to_str().unwrap()]);
+            let options = if fs == "xfs" {
+                run("mkfs.xfs", &["-q", &dev]);
+                "prjquota"
+            } else {
+                run("mkfs.btrfs", &["-q", &dev]);
+                "defaults"
+            };
+            run("mount", &["-o", options, &dev, export.to_str().unwrap()]);
             dev
         });
         if !Path::new("/proc/fs/nfsd/versions").exists() {
@@ -362,7 +373,7 @@ impl NfsServer {
             dir,
             mountd,
             rpcbind,
-            xfs_loop,
+            loop_dev,
         };
         server.start();
         server
@@ -399,7 +410,7 @@ impl Drop for NfsServer {
             let _ = r.kill();
             let _ = r.wait();
         }
-        if let Some(dev) = self.xfs_loop.take() {
+        if let Some(dev) = self.loop_dev.take() {
             try_run("umount", &[self.export.to_str().unwrap()]);
             try_run("losetup", &["-d", &dev]);
         }

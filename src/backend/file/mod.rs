@@ -751,7 +751,11 @@ impl Backend for FileBackend {
         Ok(())
     }
 
-    async fn get_snapshot(&self, id: &SnapshotId) -> Result<Option<SnapshotInfo>> {
+    async fn get_snapshot(
+        &self,
+        id: &SnapshotId,
+        _secrets: &Secrets,
+    ) -> Result<Option<SnapshotInfo>> {
         self.own(id.backend())?;
         match self.load_snapshot(id.locator())? {
             Some(meta) => Ok(Some(self.snapshot_info(id.locator(), meta)?)),

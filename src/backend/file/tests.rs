@@ -308,7 +308,10 @@ async fn sources_of_other_backends_or_missing_ones_are_not_found() {
     );
     assert!(p
         .backend
-        .get_snapshot(&SnapshotId::parse("file:none").unwrap())
+        .get_snapshot(
+            &SnapshotId::parse("file:none").unwrap(),
+            &Secrets::default()
+        )
         .await
         .unwrap()
         .is_none());

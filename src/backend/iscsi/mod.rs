@@ -1189,11 +1189,19 @@ impl Backend for IscsiBackend {
             .await
     }
 
-    async fn get_snapshot(&self, id: &SnapshotId) -> Result<Option<SnapshotInfo>> {
+    async fn get_snapshot(
+        &self,
+        id: &SnapshotId,
+        _secrets: &Secrets,
+    ) -> Result<Option<SnapshotInfo>> {
         if id.backend() != self.name {
             return Ok(None);
         }
-        match self.store()?.get_snapshot(&self.snap_to_store(id)?).await? {
+        match self
+            .store()?
+            .get_snapshot(&self.snap_to_store(id)?, _secrets)
+            .await?
+        {
             Some(s) => Ok(Some(self.snapshot_from_store(s)?)),
             None => Ok(None),
         }

@@ -1161,7 +1161,11 @@ impl Backend for LvmBackend {
         self.remove_lv(class, lv_name).await
     }
 
-    async fn get_snapshot(&self, id: &SnapshotId) -> Result<Option<SnapshotInfo>> {
+    async fn get_snapshot(
+        &self,
+        id: &SnapshotId,
+        _secrets: &Secrets,
+    ) -> Result<Option<SnapshotInfo>> {
         let Ok((class, lv_name)) = self.split(id.locator()) else {
             return Ok(None);
         };

@@ -1159,7 +1159,10 @@ async fn classic_snapshots_are_split_and_zeroed_before_removal() {
     );
     r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&split))));
     assert!(
-        b.get_snapshot(&id).await.unwrap().is_none(),
+        b.get_snapshot(&id, &Secrets::default())
+            .await
+            .unwrap()
+            .is_none(),
         "hidden while deleting"
     );
     r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&split))));

@@ -11,6 +11,7 @@
 //! delete policy) is a small record under `.ferrovol/volumes` on the share;
 //! a directory without a record is not ours and is never touched.
 
+mod btrfs;
 mod share;
 
 use crate::error::{Error, Result};
@@ -83,6 +84,14 @@ pub struct ExportSettings {
     /// advisory.
     #[serde(default)]
     pub xfs_quota_path: Option<PathBuf>,
+    /// Where the exported directory is on this machine, when it is on a
+    /// btrfs filesystem that the controller can reach (it runs on the NFS
+    /// server, or mounts the export's filesystem): each new volume is then
+    /// a btrfs subvolume, and a snapshot, a restore and a clone are btrfs
+    /// snapshots: one instant of the whole volume, made at once whatever
+    /// its size. Without it a snapshot is an archive written file by file.
+    #[serde(default)]
+    pub btrfs_path: Option<PathBuf>,
 }
 
 /// `[[backend]] type = "nfs"` settings.
@@ -133,6 +142,11 @@ struct VolumeRecord {
     /// The directory's mode, when a mutable `mountPermissions` set it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     mode: Option<u32>,
+    /// Being filled from its source: the directory may hold part of it
+    /// (the driver died while it was filled). A retry of the CreateVolume
+    /// empties it and fills it again; nothing lists it meanwhile.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    filling: bool,
 }
 
 /// The record of a snapshot, beside its archive on the share.
@@ -292,7 +306,11 @@ impl NfsBackend {
             check_share(&e.share)?;
             MountOptions::parse(&Self::options_of(e), false)
                 .map_err(|err| err.context(format!("nfs export {:?}", e.name)))?;
-            if let Some(q) = &e.xfs_quota_path {
+            for (key, local) in [
+                ("xfs_quota_path", &e.xfs_quota_path),
+                ("btrfs_path", &e.btrfs_path),
+            ] {
+                let Some(q) = local else { continue };
                 let plain = q.is_absolute()
                     && q.to_str().is_some_and(|t| {
                         t.bytes()
@@ -301,10 +319,16 @@ impl NfsBackend {
                     && !q.components().any(|c| c == std::path::Component::ParentDir);
                 if !plain {
                     return Err(Error::invalid(format!(
-                        "nfs export {:?}: xfs_quota_path must be an absolute path of plain characters",
+                        "nfs export {:?}: {key} must be an absolute path of plain characters",
                         e.name
                     )));
                 }
+            }
+            if e.xfs_quota_path.is_some() && e.btrfs_path.is_some() {
+                return Err(Error::invalid(format!(
+                    "nfs export {:?}: xfs_quota_path and btrfs_path name one filesystem of two types",
+                    e.name
+                )));
             }
         }
         if let Some(d) = &settings.default_export {
@@ -460,7 +484,22 @@ impl NfsBackend {
     }
 
     async fn hold(&self, loc: &Location) -> Result<Held> {
-        self.mounts.hold(&self.spec(&loc.server, &loc.share)).await
+        self.hold_share(&loc.server, &loc.share).await
+    }
+
+    /// The share's root, held: mounted in the working directory, or, for an
+    /// export with `btrfs_path`, that local path itself (everything on
+    /// such an export is done there, never through an NFS client's caches).
+    async fn hold_share(&self, server: &str, share: &str) -> Result<Held> {
+        match self.btrfs_root(server, share) {
+            Some(b) => {
+                let b = b.to_path_buf();
+                let root = b.clone();
+                blocking("inspecting btrfs_path", move || btrfs::check_root(&root)).await?;
+                Ok(self.mounts.local(b))
+            }
+            None => self.mounts.hold(&self.spec(server, share)).await,
+        }
     }
 
     fn record_path(root: &Path, subdir: &Path) -> PathBuf {
@@ -579,6 +618,145 @@ impl NfsBackend {
     }
 }
 
+/// Subvolumes on an export's btrfs filesystem, reached locally.
+impl NfsBackend {
+    /// The local path of the export (server, share), when it is btrfs.
+    fn btrfs_root(&self, server: &str, share: &str) -> Option<&Path> {
+        self.settings
+            .exports
+            .iter()
+            .find(|e| e.server == server && e.share == share)
+            .and_then(|e| e.btrfs_path.as_deref())
+    }
+
+    /// The subvolume a new volume under `root` can be a snapshot of: its
+    /// source's, when that is a subvolume on the same filesystem (the same
+    /// export's `btrfs_path`); None when the source must be copied.
+    /// NOT_FOUND when the source does not exist.
+    async fn subvolume_source(
+        &self,
+        source: &ContentSource,
+        root: &Path,
+    ) -> Result<Option<PathBuf>> {
+        let same = |server: &str, share: &str| self.btrfs_root(server, share) == Some(root);
+        let root = root.to_path_buf();
+        match source {
+            ContentSource::Snapshot(id) => {
+                own_source(&self.name, source)?;
+                let (server, share, locator) = self.locate_snapshot(id)?;
+                if !same(&server, &share) {
+                    return Ok(None);
+                }
+                if Self::read_snapshot(&root, &locator).await?.is_none() {
+                    return Err(Error::not_found(format!(
+                        "source snapshot {id} does not exist"
+                    )));
+                }
+                let snap = Self::snapshot_dir(&root).join(format!("{locator}.snap"));
+                Ok(btrfs::is_subvolume(&snap).then_some(snap))
+            }
+            ContentSource::Volume(id) => {
+                own_source(&self.name, source)?;
+                let loc = self.locate(id)?;
+                if !same(&loc.server, &loc.share) {
+                    return Ok(None);
+                }
+                if Self::read_record(&root, &loc.subdir).await?.is_none() {
+                    return Err(Error::not_found(format!(
+                        "source volume {id} does not exist"
+                    )));
+                }
+                let subdir = loc.subdir.clone();
+                let dir = blocking("inspecting the source", move || resolve(&root, &subdir))
+                    .await?
+                    .ok_or_else(|| {
+                        Error::not_found(format!("source volume {id} has no directory"))
+                    })?;
+                Ok(btrfs::is_subvolume(&dir).then_some(dir))
+            }
+        }
+    }
+
+    /// Makes a volume's directory on a btrfs export: a subvolume, empty or
+    /// a snapshot of its source's, or filled by a copy where the source is
+    /// no subvolume of this filesystem. Answers its local path.
+    async fn make_subvolume(
+        &self,
+        root: &Path,
+        subdir: &Path,
+        mode: u32,
+        source: Option<&ContentSource>,
+    ) -> Result<PathBuf> {
+        let parent = {
+            let (root, parent) = (
+                root.to_path_buf(),
+                subdir.parent().unwrap_or(Path::new("")).to_path_buf(),
+            );
+            blocking("making the volume's parent", move || {
+                ensure_dir(&root, &parent, mode)
+            })
+            .await?
+        };
+        let name = subdir
+            .file_name()
+            .ok_or_else(|| Error::internal(format!("no name in {}", subdir.display())))?;
+        let target = parent.join(name);
+        let from = match source {
+            Some(s) => {
+                crate::killpoint::hit("nfs.fill");
+                self.subvolume_source(s, root).await?
+            }
+            None => None,
+        };
+        if let Some(from) = from {
+            btrfs::snapshot(self.runner.as_ref(), &from, &target, false).await?;
+            return Ok(target);
+        }
+        btrfs::create(self.runner.as_ref(), &target).await?;
+        {
+            let target = target.clone();
+            blocking("setting the volume's mode", move || {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&target, std::fs::Permissions::from_mode(mode))
+                    .map_err(|e| Error::io(format!("chmod {}", target.display()), e))
+            })
+            .await?;
+        }
+        if let Some(s) = source {
+            self.fill_from(s, &target).await?;
+        }
+        Ok(target)
+    }
+
+    /// Removes a volume's directory `dir`: its subvolume, where it is one
+    /// on a btrfs export, else the tree.
+    async fn remove_volume_dir(&self, loc: &Location, dir: PathBuf) -> Result<()> {
+        if self.btrfs_root(&loc.server, &loc.share).is_some() && btrfs::is_subvolume(&dir) {
+            return btrfs::delete(self.runner.as_ref(), &dir).await;
+        }
+        crate::host::off_worker("removing the volume directory", REMOVE_TIMEOUT, move || {
+            crate::host::remove_tree(&dir)
+        })
+        .await
+    }
+
+    /// Copies the tree under `from` into the directory `into`, links kept
+    /// as links.
+    async fn copy_tree(&self, from: &Path, into: &Path, what: &str) -> Result<()> {
+        self.runner
+            .run(
+                Command::new("cp")
+                    .args(["-a", "--no-dereference", "--"])
+                    .arg(format!("{}/.", path_arg(from)?))
+                    .arg(format!("{}/", path_arg(into)?))
+                    .timeout(COPY_TIMEOUT),
+            )
+            .await
+            .map_err(|e| Error::from(e).context(what.to_string()))?;
+        Ok(())
+    }
+}
+
 impl NfsBackend {
     fn snapshot_dir(root: &Path) -> PathBuf {
         root.join(META_DIR).join("snapshots")
@@ -604,9 +782,10 @@ impl NfsBackend {
 
     async fn read_snapshot(root: &Path, locator: &str) -> Result<Option<SnapshotRecord>> {
         let dir = Self::snapshot_dir(root);
-        let (record, archive) = (
+        let (record, archive, snap) = (
             dir.join(format!("{locator}.json")),
             dir.join(format!("{locator}.tar.gz")),
+            dir.join(format!("{locator}.snap")),
         );
         blocking("reading a snapshot record", move || {
             let bytes = match std::fs::read(&record) {
@@ -614,9 +793,9 @@ impl NfsBackend {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
                 Err(e) => return Err(Error::io(format!("read {}", record.display()), e)),
             };
-            // Ready only once the archive is whole (it is renamed into
-            // place after the record is written).
-            if !archive.exists() {
+            // Ready only once the archive is whole, or the subvolume made
+            // (each is renamed into place after the record is written).
+            if !archive.exists() && !snap.exists() {
                 return Ok(None);
             }
             serde_json::from_slice(&bytes)
@@ -650,13 +829,19 @@ impl NfsBackend {
             ContentSource::Snapshot(id) => {
                 own_source(&self.name, source)?;
                 let (server, share, locator) = self.locate_snapshot(id)?;
-                let held = self.mounts.hold(&self.spec(&server, &share)).await?;
+                let held = self.hold_share(&server, &share).await?;
                 if Self::read_snapshot(&held.dir, &locator).await?.is_none() {
                     return Err(Error::not_found(format!(
                         "source snapshot {id} does not exist"
                     )));
                 }
-                let archive = Self::snapshot_dir(&held.dir).join(format!("{locator}.tar.gz"));
+                let snaps = Self::snapshot_dir(&held.dir);
+                let archive = snaps.join(format!("{locator}.tar.gz"));
+                if !archive.exists() {
+                    // A btrfs snapshot, restored elsewhere: copied.
+                    let snap = snaps.join(format!("{locator}.snap"));
+                    return self.copy_tree(&snap, into, "restore the snapshot").await;
+                }
                 self.runner
                     .run(
                         Command::new("tar")
@@ -683,16 +868,8 @@ impl NfsBackend {
                     .ok_or_else(|| {
                         Error::not_found(format!("source volume {id} has no directory"))
                     })?;
-                self.runner
-                    .run(
-                        Command::new("cp")
-                            .args(["-a", "--no-dereference", "--"])
-                            .arg(format!("{}/.", path_arg(&from)?))
-                            .arg(format!("{into_arg}/"))
-                            .timeout(COPY_TIMEOUT),
-                    )
-                    .await
-                    .map_err(|e| Error::from(e).context("copy the source volume"))?;
+                self.copy_tree(&from, into, "copy the source volume")
+                    .await?;
             }
         }
         Ok(())
@@ -856,32 +1033,45 @@ impl Backend for NfsBackend {
             None => self.settings.directory_mode,
         };
         let held = self.hold(&loc).await?;
-        if let Some(existing) = Self::read_record(&held.dir, &loc.subdir).await? {
-            if existing.name != req.name {
-                return Err(Error::already_exists(format!(
-                    "subdirectory {} belongs to volume {:?}",
-                    loc.subdir.display(),
-                    existing.name
-                )));
-            }
-            check_existing(req, existing.capacity_bytes, req.source.as_ref())?;
-            return self.info(&loc, &existing);
-        }
         let (root, subdir) = (held.dir.clone(), loc.subdir.clone());
         let exists = {
             let (root, subdir) = (root.clone(), subdir.clone());
             blocking("inspecting the share", move || resolve(&root, &subdir)).await?
         };
-        if exists.is_some() {
+        match Self::read_record(&held.dir, &loc.subdir).await? {
+            Some(existing) => {
+                if existing.name != req.name {
+                    return Err(Error::already_exists(format!(
+                        "subdirectory {} belongs to volume {:?}",
+                        loc.subdir.display(),
+                        existing.name
+                    )));
+                }
+                check_existing(req, existing.capacity_bytes, req.source.as_ref())?;
+                match exists {
+                    Some(_) if !existing.filling => return self.info(&loc, &existing),
+                    // A create the driver died in: its record claims the
+                    // directory, which holds part of a fill at most.
+                    Some(dir) => {
+                        tracing::info!(volume = %req.name, "emptying a volume whose fill was cut short");
+                        self.remove_volume_dir(&loc, dir).await?;
+                    }
+                    // Cut short before its directory was made.
+                    None => {}
+                }
+            }
             // A directory without our record: someone else's, never ours to take.
-            return Err(Error::already_exists(format!(
-                "{} already exists on {}:{} and was not made by ferrovol",
-                loc.subdir.display(),
-                loc.server,
-                loc.share
-            )));
+            None if exists.is_some() => {
+                return Err(Error::already_exists(format!(
+                    "{} already exists on {}:{} and was not made by ferrovol",
+                    loc.subdir.display(),
+                    loc.server,
+                    loc.share
+                )));
+            }
+            None => {}
         }
-        let record = VolumeRecord {
+        let mut record = VolumeRecord {
             name: req.name.clone(),
             subdir: loc.subdir.to_string_lossy().into_owned(),
             source: req.source.clone(),
@@ -897,26 +1087,49 @@ impl Backend for NfsBackend {
             },
             on_delete,
             mode: None,
+            filling: req.source.is_some(),
         };
         // The record first: a crash in between leaves a record whose
         // directory a retry makes, never a directory nobody claims.
         Self::write_record(&root, &record).await?;
-        let made = blocking("making the volume directory", move || {
-            ensure_dir(&root, &subdir, mode)
-        })
-        .await?;
-        if let Some(source) = &req.source {
-            if let Err(e) = self.fill_from(source, &made).await {
-                // Leave nothing half-filled behind: the CO retries.
-                let _ = crate::host::off_worker("removing a half-filled volume", REMOVE_TIMEOUT, {
-                    let made = made.clone();
-                    move || crate::host::remove_tree(&made)
-                })
-                .await;
-                let record_path = Self::record_path(&held.dir, &loc.subdir);
-                let _ = std::fs::remove_file(record_path);
-                return Err(e);
+        let made = match self.btrfs_root(&loc.server, &loc.share) {
+            Some(b) => self
+                .make_subvolume(b, &subdir, mode, req.source.as_ref())
+                .await
+                .map(drop),
+            None => {
+                let made = {
+                    let root = root.clone();
+                    blocking("making the volume directory", move || {
+                        ensure_dir(&root, &subdir, mode)
+                    })
+                    .await?
+                };
+                match &req.source {
+                    Some(source) => {
+                        crate::killpoint::hit("nfs.fill");
+                        self.fill_from(source, &made).await
+                    }
+                    None => Ok(()),
+                }
             }
+        };
+        if let Err(e) = made {
+            // Leave nothing half-filled behind: the CO retries.
+            let left = {
+                let (root, subdir) = (root.clone(), loc.subdir.clone());
+                blocking("inspecting the share", move || resolve(&root, &subdir)).await
+            };
+            if let Ok(Some(dir)) = left {
+                let _ = self.remove_volume_dir(&loc, dir).await;
+            }
+            let record_path = Self::record_path(&held.dir, &loc.subdir);
+            let _ = std::fs::remove_file(record_path);
+            return Err(e);
+        }
+        if record.filling {
+            record.filling = false;
+            Self::write_record(&root, &record).await?;
         }
         if let (Some(project), true) = (record.project_id, record.capacity_bytes > 0) {
             self.apply_quota(&loc, project, record.capacity_bytes)
@@ -947,12 +1160,19 @@ impl Backend for NfsBackend {
                     // In the process, no `rm`: links are removed themselves,
                     // never followed, and nothing mounted inside is
                     // crossed into.
-                    crate::host::off_worker(
-                        "removing the volume directory",
-                        REMOVE_TIMEOUT,
-                        move || crate::host::remove_tree(&dir),
-                    )
-                    .await?;
+                    self.remove_volume_dir(&loc, dir).await.map_err(|e| {
+                        if e.os_error == Some(libc::EBUSY) {
+                            // A node's NFS client still holds a file it
+                            // silly-renamed (`.nfs*`, one deleted while
+                            // open): gone once its close reaches the
+                            // server, so the CO's retry succeeds.
+                            Error::unavailable(format!(
+                                "{e}: a client still holds a deleted file of the volume open; retry"
+                            ))
+                        } else {
+                            e
+                        }
+                    })?;
                 }
                 OnDelete::Archive => {
                     let stamp = SystemTime::now()
@@ -994,8 +1214,7 @@ impl Backend for NfsBackend {
     async fn list_volumes(&self, page: &Page) -> Result<Vec<VolumeInfo>> {
         let mut out = Vec::new();
         for export in &self.settings.exports {
-            let spec = self.spec(&export.server, &export.share);
-            let held = self.mounts.hold(&spec).await?;
+            let held = self.hold_share(&export.server, &export.share).await?;
             let dir = held.dir.join(META_DIR).join("volumes");
             let records: Vec<VolumeRecord> = blocking("listing volume records", move || {
                 let mut records = Vec::new();
@@ -1014,7 +1233,7 @@ impl Backend for NfsBackend {
                 Ok(records)
             })
             .await?;
-            for r in records {
+            for r in records.into_iter().filter(|r| !r.filling) {
                 let Ok(subdir) = check_subdir(&r.subdir) else {
                     continue;
                 };
@@ -1033,7 +1252,7 @@ impl Backend for NfsBackend {
 
     async fn capacity(&self, parameters: &BTreeMap<String, String>) -> Result<Capacity> {
         let (server, share) = self.export_for(parameters)?;
-        let held = self.mounts.hold(&self.spec(&server, &share)).await?;
+        let held = self.hold_share(&server, &share).await?;
         let (host, dir) = (self.host.clone(), held.dir.clone());
         let usage = blocking("reading the share's usage", move || host.fs_usage(&dir)).await?;
         Ok(Capacity {
@@ -1076,9 +1295,11 @@ impl Backend for NfsBackend {
         self.snapshot_id(&loc.server, &loc.share, &locator_for_name(&req.name))
     }
 
-    /// A compressed archive of the volume's directory on the share; ready
-    /// once the archive is complete (it is written under a temporary name
-    /// and renamed into place).
+    /// A read-only btrfs snapshot of the volume's subvolume, where the
+    /// export is btrfs (one instant), else a compressed archive of the
+    /// volume's directory on the share (file by file); ready once it is
+    /// whole (each is made under a temporary name and renamed into place
+    /// after the record is written).
     async fn create_snapshot(&self, req: &CreateSnapshot) -> Result<SnapshotInfo> {
         let loc = self.locate(&req.source).map_err(|_| {
             Error::not_found(format!("source volume {} does not exist", req.source))
@@ -1112,6 +1333,40 @@ impl Backend for NfsBackend {
             })
             .await?
         };
+        let record = SnapshotRecord {
+            name: req.name.clone(),
+            source_volume: req.source.clone(),
+            size_bytes: source.capacity_bytes,
+            created_unix_secs: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_secs(),
+        };
+        let bytes =
+            serde_json::to_vec_pretty(&record).map_err(|e| Error::internal(e.to_string()))?;
+        let record_path = dir.join(format!("{locator}.json"));
+        if self.btrfs_root(&loc.server, &loc.share).is_some() {
+            if btrfs::is_subvolume(&from) {
+                let tmp = dir.join(format!(".{locator}.snap.tmp"));
+                // One a cut-short call left: not yet a snapshot.
+                btrfs::delete(self.runner.as_ref(), &tmp).await?;
+                btrfs::snapshot(self.runner.as_ref(), &from, &tmp, true).await?;
+                crate::killpoint::hit("nfs.snapshot.made");
+                let done = dir.join(format!("{locator}.snap"));
+                blocking("completing the snapshot", move || {
+                    crate::records::write(&record_path, &bytes)?;
+                    std::fs::rename(&tmp, &done)
+                        .map_err(|e| Error::io(format!("move {} into place", done.display()), e))
+                })
+                .await?;
+                return self.snapshot_info(&loc.server, &loc.share, &locator, &record);
+            }
+            tracing::warn!(
+                volume = %req.source,
+                "the volume is no subvolume (made before btrfs_path was set): \
+                 archived file by file, not at one instant"
+            );
+        }
         let tmp = dir.join(format!(".{locator}.tar.gz.tmp"));
         let archived = self
             .runner
@@ -1129,19 +1384,7 @@ impl Backend for NfsBackend {
             let _ = std::fs::remove_file(&tmp);
             return Err(Error::from(e).context("archive the volume"));
         }
-        let record = SnapshotRecord {
-            name: req.name.clone(),
-            source_volume: req.source.clone(),
-            size_bytes: source.capacity_bytes,
-            created_unix_secs: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_secs(),
-        };
-        let bytes =
-            serde_json::to_vec_pretty(&record).map_err(|e| Error::internal(e.to_string()))?;
         let final_archive = dir.join(format!("{locator}.tar.gz"));
-        let record_path = dir.join(format!("{locator}.json"));
         blocking("completing the snapshot", move || {
             crate::records::write(&record_path, &bytes)?;
             std::fs::rename(&tmp, &final_archive)
@@ -1155,10 +1398,28 @@ impl Backend for NfsBackend {
         let Ok((server, share, locator)) = self.locate_snapshot(id) else {
             return Ok(());
         };
-        let held = self.mounts.hold(&self.spec(&server, &share)).await?;
+        let held = self.hold_share(&server, &share).await?;
         let dir = Self::snapshot_dir(&held.dir);
+        for snap in [
+            dir.join(format!("{locator}.snap")),
+            dir.join(format!(".{locator}.snap.tmp")),
+        ] {
+            if snap.exists() {
+                if self.btrfs_root(&server, &share).is_none() {
+                    return Err(Error::precondition(format!(
+                        "snapshot {id} is a btrfs subvolume: deleting it needs the export's btrfs_path"
+                    )));
+                }
+                btrfs::delete(self.runner.as_ref(), &snap).await?;
+            }
+        }
         blocking("removing the snapshot", move || {
-            for name in [format!("{locator}.tar.gz"), format!("{locator}.json")] {
+            // With what a create cut short left under a temporary name.
+            for name in [
+                format!("{locator}.tar.gz"),
+                format!(".{locator}.tar.gz.tmp"),
+                format!("{locator}.json"),
+            ] {
                 crate::records::remove(&dir.join(name))?;
             }
             Ok(())
@@ -1166,11 +1427,15 @@ impl Backend for NfsBackend {
         .await
     }
 
-    async fn get_snapshot(&self, id: &SnapshotId) -> Result<Option<SnapshotInfo>> {
+    async fn get_snapshot(
+        &self,
+        id: &SnapshotId,
+        _secrets: &Secrets,
+    ) -> Result<Option<SnapshotInfo>> {
         let Ok((server, share, locator)) = self.locate_snapshot(id) else {
             return Ok(None);
         };
-        let held = self.mounts.hold(&self.spec(&server, &share)).await?;
+        let held = self.hold_share(&server, &share).await?;
         match Self::read_snapshot(&held.dir, &locator).await? {
             Some(r) => Ok(Some(self.snapshot_info(&server, &share, &locator, &r)?)),
             None => Ok(None),
@@ -1201,7 +1466,7 @@ impl Backend for NfsBackend {
                     .filter_map(|e| {
                         e.file_name()
                             .to_str()
-                            .and_then(|n| n.strip_suffix(".tar.gz"))
+                            .and_then(|n| n.strip_suffix(".json"))
                             .filter(|l| crate::plugin::is_locator(l))
                             .map(str::to_string)
                     })

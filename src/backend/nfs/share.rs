@@ -64,6 +64,15 @@ impl Drop for Held {
 }
 
 impl WorkMounts {
+    /// An export's filesystem that this machine has at `dir` itself: held
+    /// with no mount (nothing to release).
+    pub fn local(self: &Arc<Self>, dir: PathBuf) -> Held {
+        Held {
+            mounts: self.clone(),
+            dir,
+        }
+    }
+
     pub fn new(
         root: PathBuf,
         runner: Arc<dyn CommandRunner>,

@@ -158,6 +158,9 @@ fn configuration_is_checked() {
         "[[export]]\nname = \"m\"\nserver = \"h\"\nshare = \"/e\"\nmount_options = [\"a;b\"]\n",
         "default_export = \"nope\"\n",
         "directory_mode = 0o17777\n",
+        "[[export]]\nname = \"m\"\nserver = \"h\"\nshare = \"/e\"\nbtrfs_path = \"/srv/../etc\"\n",
+        "[[export]]\nname = \"m\"\nserver = \"h\"\nshare = \"/e\"\nbtrfs_path = \"/srv/e\"\n\
+         xfs_quota_path = \"/srv/e\"\n",
     ] {
         let settings: NfsSettings = toml::from_str(bad).unwrap();
         assert!(
@@ -173,6 +176,73 @@ fn configuration_is_checked() {
             "{bad}"
         );
     }
+}
+
+/// A create from a source that the driver died in leaves a record saying
+/// the volume is being filled: the retry empties what the directory holds
+/// and fills it again, and nothing lists the volume meanwhile. One cut
+/// before its directory was made gets it made.
+#[tokio::test]
+async fn a_fill_cut_short_is_done_again_by_the_retry() {
+    let f = fixture();
+    f.runner.ok("mount");
+    f.runner.ok("cp");
+    let src = f
+        .backend
+        .create_volume(&req("pvc-src", &[(PV, "src")], &[]))
+        .await
+        .unwrap();
+    let work = f.share();
+    let mut r = req("pvc-copy", &[(PV, "copy")], &[]);
+    r.source = Some(ContentSource::Volume(src.id.clone()));
+    // As the kill left it: the record (filling), a directory holding part.
+    let record = VolumeRecord {
+        name: "pvc-copy".into(),
+        subdir: "copy".into(),
+        capacity_bytes: 1 << 30,
+        on_delete: OnDelete::Delete,
+        source: r.source.clone(),
+        project_id: None,
+        mode: None,
+        filling: true,
+    };
+    NfsBackend::write_record(&work, &record).await.unwrap();
+    std::fs::create_dir(work.join("copy")).unwrap();
+    std::fs::write(work.join("copy/partial"), b"half").unwrap();
+    let listed = f.backend.list_volumes(&Page::all()).await.unwrap();
+    assert_eq!(
+        listed,
+        vec![src.clone()],
+        "a volume being filled is not listed"
+    );
+    let copy = f.backend.create_volume(&r).await.unwrap();
+    assert!(
+        !work.join("copy/partial").exists(),
+        "the part was not emptied"
+    );
+    assert!(f.runner.lines().iter().any(|l| l.starts_with("cp -a")));
+    let now = NfsBackend::read_record(&work, Path::new("copy"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!now.filling);
+    assert_eq!(f.backend.list_volumes(&Page::all()).await.unwrap().len(), 2);
+    // Done: a retry answers it and copies nothing again.
+    let copies = f.runner.lines().len();
+    assert_eq!(f.backend.create_volume(&r).await.unwrap(), copy);
+    assert_eq!(f.runner.lines().len(), copies);
+    // Cut before its directory was made: the retry makes it.
+    let plain = req("pvc-plain", &[(PV, "plain")], &[]);
+    let record = VolumeRecord {
+        name: "pvc-plain".into(),
+        subdir: "plain".into(),
+        source: None,
+        filling: false,
+        ..record
+    };
+    NfsBackend::write_record(&work, &record).await.unwrap();
+    f.backend.create_volume(&plain).await.unwrap();
+    assert!(work.join("plain").is_dir());
 }
 
 #[tokio::test]

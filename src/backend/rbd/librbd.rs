@@ -1504,7 +1504,13 @@ impl Cluster for LibCluster {
                     break;
                 }
                 if let Err(e) = check(|| img.what("take the exclusive lock of"), ret) {
-                    outcome = Err(e);
+                    // Another client holds it (a driver that died holding
+                    // it does until the cluster times its watch out): the
+                    // retry takes it.
+                    outcome = Err(Error {
+                        kind: crate::error::Kind::Unavailable,
+                        ..e
+                    });
                     break;
                 }
                 locked.push(img);
@@ -1515,6 +1521,7 @@ impl Cluster for LibCluster {
                         outcome = Err(e);
                         break;
                     }
+                    crate::killpoint::hit("rbd.group.snapped");
                     cut.push((img, snap));
                 }
             }

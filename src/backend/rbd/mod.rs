@@ -1208,6 +1208,17 @@ impl Backend for RbdBackend {
         for (src, _) in &cuts {
             in_use |= !self.rbd().watchers(&creds, src).await?.is_empty();
         }
+        // A cut an earlier try made before the driver died holds another
+        // instant: it goes (each cut is named after this group's member,
+        // and no snapshot image is its clone yet: the group's retry
+        // deleted the member snapshots first).
+        for (src, snap) in &cuts {
+            match self.rbd().snap_remove(&creds, src, snap).await {
+                Ok(()) => {}
+                Err(e) if e.kind == Kind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
         if !in_use {
             // Nothing writes: every member's lock held while each is
             // snapshotted, and each member's snapshot a clone of its cut.
@@ -1218,6 +1229,16 @@ impl Backend for RbdBackend {
         // snapshot takes makes it wait. Each member is copied from the
         // group's cut into its temporary image, which `create_snapshot`
         // then finishes.
+        // A temporary group that a try the driver died in left holding a
+        // member: groups live only while a cut is copied, and this call
+        // holds every member's lock, so it is a leftover; it goes, or the
+        // member could not join this group.
+        for (src, _) in &cuts {
+            if let Some(group) = self.rbd().leftover_group(&creds, src).await? {
+                tracing::warn!(image = %src.arg(), group = %group, "removing the rbd group a group snapshot cut short left");
+                self.rbd().group_remove(&creds, src, &group).await?;
+            }
+        }
         let mut pairs = Vec::new();
         for (m, (src, _)) in members.iter().zip(&cuts) {
             let tmp = Self::snapshot_tmp(&Self::snapshot_image(src, m));
@@ -1301,6 +1322,19 @@ impl Backend for RbdBackend {
         };
         let creds = self.creds(secrets)?;
         if self.rbd().info(&creds, &spec).await?.is_none() {
+            // The temporary group a group snapshot cut short left, named
+            // after its first member's snapshot (only the librbd road
+            // makes them).
+            if self.road() == "librbd" {
+                let group = format!("fvg-{}", spec.image.trim_start_matches("fvs-"));
+                match self.rbd().group_remove(&creds, &spec, &group).await {
+                    Ok(()) => {
+                        tracing::warn!(group = %group, "removed the rbd group a group snapshot cut short left")
+                    }
+                    Err(e) if e.kind == Kind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+            }
             // A group's copy whose snapshot was never finished goes too.
             let tmp = Self::snapshot_tmp(&spec);
             if self.rbd().info(&creds, &tmp).await?.is_some()
@@ -1343,11 +1377,15 @@ impl Backend for RbdBackend {
         self.remove(&creds, &spec).await
     }
 
-    async fn get_snapshot(&self, id: &SnapshotId) -> Result<Option<SnapshotInfo>> {
+    async fn get_snapshot(
+        &self,
+        id: &SnapshotId,
+        secrets: &Secrets,
+    ) -> Result<Option<SnapshotInfo>> {
         let Ok(spec) = self.snapshot_spec(id) else {
             return Ok(None);
         };
-        let creds = self.creds(&Secrets::default())?;
+        let creds = self.creds(secrets)?;
         let Some((info, meta)) = self.rbd().describe(&creds, &spec).await? else {
             return Ok(None);
         };

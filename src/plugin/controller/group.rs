@@ -74,6 +74,52 @@ impl ControllerOps {
         self
     }
 
+    /// At start, before anything is served: a group snapshot an earlier
+    /// run recorded and did not finish (the driver died taking it) has the
+    /// members it made deleted and its record removed, so that nothing it
+    /// made outlives it unnamed when no retry comes. A backend that needs
+    /// the call's secrets to delete (rbd without a user of its own) keeps
+    /// it for the CO's retry, which does the same first. Answers how many
+    /// were settled.
+    pub async fn settle_groups(&self) -> usize {
+        let Some(store) = &self.groups else {
+            return 0;
+        };
+        let found = match store.incomplete() {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the group snapshot records");
+                return 0;
+            }
+        };
+        let mut settled = 0;
+        for (id, record) in found {
+            let Some(backend) = self.backend(id.backend()) else {
+                continue;
+            };
+            let undone = match self
+                .remove_members(backend.as_ref(), &record, &Secrets::default())
+                .await
+            {
+                Ok(()) => store.remove(&id),
+                Err(e) => Err(e),
+            };
+            match undone {
+                Ok(()) => {
+                    settled += 1;
+                    tracing::info!(group = %id, name = %record.name, "a group snapshot an earlier run left unfinished is undone");
+                }
+                Err(e) => tracing::warn!(
+                    group = %id,
+                    name = %record.name,
+                    error = %e,
+                    "a group snapshot an earlier run left unfinished is kept for the CO's retry"
+                ),
+            }
+        }
+        settled
+    }
+
     /// Whether group snapshots are answered here (a backend that cannot
     /// take them says why).
     pub fn groups_served(&self) -> bool {
@@ -144,7 +190,9 @@ impl ControllerOps {
                 )));
             }
             if existing.complete {
-                return self.group_info(backend.as_ref(), &id, &existing).await;
+                return self
+                    .group_info(backend.as_ref(), &id, &existing, &req.secrets)
+                    .await;
             }
             // Cut short (a crash): what it made goes, and it is taken again.
             self.remove_members(backend.as_ref(), &existing, &req.secrets)
@@ -179,7 +227,8 @@ impl ControllerOps {
                     .as_nanos();
                 record.complete = true;
                 store.put(&id, &record)?;
-                self.group_info(backend.as_ref(), &id, &record).await
+                self.group_info(backend.as_ref(), &id, &record, &req.secrets)
+                    .await
             }
             Err(e) => {
                 let cleaned = self
@@ -254,10 +303,11 @@ impl ControllerOps {
         backend: &dyn Backend,
         id: &GroupSnapshotId,
         record: &GroupRecord,
+        secrets: &Secrets,
     ) -> Result<GroupSnapshotInfo> {
         let mut snapshots = Vec::new();
         for m in &record.members {
-            if let Some(mut s) = backend.get_snapshot(m).await? {
+            if let Some(mut s) = backend.get_snapshot(m, secrets).await? {
                 s.group = Some(id.clone());
                 snapshots.push(s);
             }
@@ -311,12 +361,14 @@ impl ControllerOps {
         &self,
         raw_id: &str,
         snapshot_ids: &[String],
+        secrets: &Secrets,
     ) -> Result<GroupSnapshotInfo> {
         let (id, backend, record) = self
             .find_group(raw_id)?
             .ok_or_else(|| Error::not_found(format!("group snapshot {raw_id:?} does not exist")))?;
         Self::check_members(&record, snapshot_ids)?;
-        self.group_info(backend.as_ref(), &id, &record).await
+        self.group_info(backend.as_ref(), &id, &record, secrets)
+            .await
     }
 
     /// DeleteVolumeGroupSnapshot: the group and every member; a group that

@@ -153,7 +153,11 @@ impl Backend for Memory {
         self.snapshots.lock().unwrap().remove(id.locator());
         Ok(())
     }
-    async fn get_snapshot(&self, id: &SnapshotId) -> Result<Option<SnapshotInfo>> {
+    async fn get_snapshot(
+        &self,
+        id: &SnapshotId,
+        _secrets: &Secrets,
+    ) -> Result<Option<SnapshotInfo>> {
         Ok(self.snapshots.lock().unwrap().get(id.locator()).cloned())
     }
     async fn list_snapshots(
@@ -919,7 +923,11 @@ async fn a_group_snapshot_is_one_snapshot_per_member_under_one_freeze_or_nothing
         assert_eq!(s.group.as_ref(), Some(&g.id));
         // Members are ordinary snapshots that say their group.
         assert_eq!(
-            c.get_snapshot(&s.id).await.unwrap().group.as_ref(),
+            c.get_snapshot(&s.id, &Secrets::default())
+                .await
+                .unwrap()
+                .group
+                .as_ref(),
             Some(&g.id)
         );
     }
@@ -983,14 +991,14 @@ async fn a_group_snapshot_is_one_snapshot_per_member_under_one_freeze_or_nothing
     let c = ops(vec![b.clone(), nfs.clone()])
         .with_groups(groups(), Some(node.clone() as Arc<dyn super::Quiesce>));
     assert_eq!(
-        c.get_group_snapshot(&g.id.to_string(), &members)
+        c.get_group_snapshot(&g.id.to_string(), &members, &Secrets::default())
             .await
             .unwrap(),
         g
     );
     let wrong = vec![members[0].clone()];
     assert_eq!(
-        c.get_group_snapshot(&g.id.to_string(), &wrong)
+        c.get_group_snapshot(&g.id.to_string(), &wrong, &Secrets::default())
             .await
             .unwrap_err()
             .kind,
@@ -1008,7 +1016,7 @@ async fn a_group_snapshot_is_one_snapshot_per_member_under_one_freeze_or_nothing
         .unwrap();
     assert!(b.snapshots.lock().unwrap().is_empty());
     assert_eq!(
-        c.get_group_snapshot(&g.id.to_string(), &[])
+        c.get_group_snapshot(&g.id.to_string(), &[], &Secrets::default())
             .await
             .unwrap_err()
             .kind,
@@ -1021,7 +1029,10 @@ async fn a_group_snapshot_is_one_snapshot_per_member_under_one_freeze_or_nothing
         .await
         .unwrap();
     assert_eq!(
-        c.get_group_snapshot("", &[]).await.unwrap_err().kind,
+        c.get_group_snapshot("", &[], &Secrets::default())
+            .await
+            .unwrap_err()
+            .kind,
         Kind::InvalidArgument
     );
 }
