@@ -3610,8 +3610,9 @@ async fn guest_rbd_group_snapshots_of_mapped_and_unmapped_volumes() {
 
 /// csi-sanity, the upstream conformance suite, against every backend that
 /// needs the real kernel, in each mode CI covers: lvm (thick and thin),
-/// nfs (plain and over xfs project quotas), iscsi (plain, and with CHAP
-/// and mutual CHAP), rbd (with its secrets). 0 failed in each; the JSON
+/// nfs (plain, over xfs project quotas, and on btrfs subvolumes: its
+/// volume, snapshot and node parts), iscsi (plain, and with CHAP and
+/// mutual CHAP), rbd (with its secrets). 0 failed in each; the JSON
 /// reports, the suite's output and the driver's log stay under
 /// target/sanity/. Under the guest's emulated CPU the whole suite takes
 /// about 30 minutes, so the default run (CI's) runs each backend's first
