@@ -2486,13 +2486,8 @@ async fn guest_iscsi_group_snapshots_of_volumes_being_written() {
                 .await
                 .unwrap();
         }
-        h.group()
-            .delete_volume_group_snapshot(pb::DeleteVolumeGroupSnapshotRequest {
-                group_snapshot_id: group.group_snapshot_id.clone(),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        h.delete_group(&group.group_snapshot_id, Default::default())
+            .await;
         for id in [a, b] {
             h.controller()
                 .delete_volume(pb::DeleteVolumeRequest {
@@ -3017,13 +3012,8 @@ async fn guest_lvm_group_snapshots_of_volumes_being_written() {
         for (id, _) in restored {
             delete(id).await;
         }
-        h.group()
-            .delete_volume_group_snapshot(pb::DeleteVolumeGroupSnapshotRequest {
-                group_snapshot_id: group.group_snapshot_id.clone(),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        h.delete_group(&group.group_snapshot_id, Default::default())
+            .await;
         for (id, _) in sources {
             delete(id).await;
         }
@@ -3587,14 +3577,7 @@ async fn guest_rbd_group_snapshots_of_mapped_and_unmapped_volumes() {
             .unwrap();
     }
     for g in [&live, &group] {
-        h.group()
-            .delete_volume_group_snapshot(pb::DeleteVolumeGroupSnapshotRequest {
-                group_snapshot_id: g.group_snapshot_id.clone(),
-                secrets: secrets.clone(),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        h.delete_group(&g.group_snapshot_id, secrets.clone()).await;
     }
     for id in restored.values().map(|(id, _)| id.clone()).chain([a, b]) {
         h.controller()

@@ -858,13 +858,8 @@ async fn iscsi_group_snapshots_of_volumes_not_in_use() {
         assert_eq!(s.group_snapshot_id, g.group_snapshot_id);
     }
     assert_eq!(snapshots().await, 2);
-    h.group()
-        .delete_volume_group_snapshot(pb::DeleteVolumeGroupSnapshotRequest {
-            group_snapshot_id: g.group_snapshot_id,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    h.delete_group(&g.group_snapshot_id, Default::default())
+        .await;
     assert_eq!(snapshots().await, 0);
     for id in ids {
         c.delete_volume(pb::DeleteVolumeRequest {

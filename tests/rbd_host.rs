@@ -757,14 +757,8 @@ async fn rbd_group_snapshots_cut_every_member_or_leave_nothing() {
         .filter(|i| i.starts_with("fvs-"))
         .count();
     assert_eq!(fvs, 2);
-    h.group()
-        .delete_volume_group_snapshot(pb::DeleteVolumeGroupSnapshotRequest {
-            group_snapshot_id: g.group_snapshot_id.clone(),
-            secrets: secrets(&cluster),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    h.delete_group(&g.group_snapshot_id, secrets(&cluster))
+        .await;
     assert!(!images(&cluster).iter().any(|i| i.starts_with("fvs-")));
     for image in ["fv-pvc-g-data", "fv-pvc-g-wal"] {
         assert!(
@@ -921,14 +915,8 @@ async fn rbd_group_snapshots_of_images_being_written() {
             panic!("a writer stopped ({status}) through the group's cut: {err}");
         }
     }
-    h.group()
-        .delete_volume_group_snapshot(pb::DeleteVolumeGroupSnapshotRequest {
-            group_snapshot_id: g.group_snapshot_id.clone(),
-            secrets: secrets(&cluster),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    h.delete_group(&g.group_snapshot_id, secrets(&cluster))
+        .await;
     assert!(!images(&cluster).iter().any(|i| i.starts_with("fvs-")));
     // The CLI road cannot read a group's snapshots: in-use members refused.
     drop(c);
@@ -996,14 +984,8 @@ async fn rbd_group_snapshots_of_images_being_written() {
                 .unwrap();
             assert_eq!(g.snapshots.len(), 2);
             assert_eq!(leftovers(), nothing, "{name}: after {again}");
-            h.group()
-                .delete_volume_group_snapshot(pb::DeleteVolumeGroupSnapshotRequest {
-                    group_snapshot_id: g.group_snapshot_id.clone(),
-                    secrets: secrets(&cluster),
-                    ..Default::default()
-                })
-                .await
-                .unwrap();
+            h.delete_group(&g.group_snapshot_id, secrets(&cluster))
+                .await;
         }
     }
     let mut h = Harness::start_with(Some(&rbd_config(&cluster, "librbd"))).await;
@@ -1095,14 +1077,8 @@ async fn rbd_group_snapshots_of_images_being_written() {
         "the dead try's cut {} is still there: {now:?}",
         stale[0]
     );
-    h.group()
-        .delete_volume_group_snapshot(pb::DeleteVolumeGroupSnapshotRequest {
-            group_snapshot_id: g.group_snapshot_id.clone(),
-            secrets: secrets(&cluster),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    h.delete_group(&g.group_snapshot_id, secrets(&cluster))
+        .await;
     assert_eq!(leftovers(), left_before);
     let mut c = h.controller();
     for id in ids {

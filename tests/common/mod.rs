@@ -579,6 +579,19 @@ impl Harness {
             .unwrap()
     }
 
+    /// DeleteVolumeGroupSnapshot of `id` (the group and its members) with
+    /// `secrets`, which must succeed.
+    pub async fn delete_group(&self, id: &str, secrets: HashMap<String, String>) {
+        self.group()
+            .delete_volume_group_snapshot(pb::DeleteVolumeGroupSnapshotRequest {
+                group_snapshot_id: id.into(),
+                secrets,
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("DeleteVolumeGroupSnapshot {id}: {e:?}\n{}", self.log()));
+    }
+
     /// DeleteVolume of `id`, which must succeed.
     pub async fn delete_volume(&self, id: &str) {
         self.controller()
