@@ -889,6 +889,20 @@ async fn guest_nfs_btrfs_snapshots_are_one_instant() {
         "the retry left its leftover: {:?}",
         names()
     );
+    // Listed (all, and by source) and found, from the local filesystem.
+    let all = h.all_snapshots().await;
+    assert_eq!(all.len(), 1, "{all:?}");
+    let by_source = h
+        .controller()
+        .list_snapshots(pb::ListSnapshotsRequest {
+            source_volume_id: src.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .entries;
+    assert_eq!(by_source.len(), 1, "{by_source:?}");
     let after = read_seq(&staging.join("q"));
     h.wait_until("the writer going on", &|| {
         read_seq(&staging.join("q")) > after + 5

@@ -1450,10 +1450,7 @@ impl Backend for NfsBackend {
     ) -> Result<Vec<SnapshotInfo>> {
         let mut out = Vec::new();
         for export in &self.settings.exports {
-            let held = self
-                .mounts
-                .hold(&self.spec(&export.server, &export.share))
-                .await?;
+            let held = self.hold_share(&export.server, &export.share).await?;
             let dir = Self::snapshot_dir(&held.dir);
             let locators: Vec<String> = blocking("listing snapshots", move || {
                 let entries = match std::fs::read_dir(&dir) {
