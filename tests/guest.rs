@@ -3445,20 +3445,7 @@ async fn guest_rbd_group_snapshots_of_mapped_and_unmapped_volumes() {
         .group_snapshot
         .unwrap();
     assert_eq!(live.snapshots.len(), 2);
-    let single = h
-        .controller()
-        .create_snapshot(pb::CreateSnapshotRequest {
-            name: "rbd-single".into(),
-            source_volume_id: a.clone(),
-            secrets: secrets.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .snapshot
-        .unwrap()
-        .snapshot_id;
+    let single = h.snapshot_with("rbd-single", &a, secrets.clone()).await;
     let after = read(&a_dir.join("seq"));
     wait_for("the writer going on", &|| {
         read(&a_dir.join("seq")) > after + 5
@@ -3688,47 +3675,46 @@ mod sanity {
         );
         drop(h);
         drop(plain);
-        let quota = NfsServer::on_xfs_with_quotas();
-        let config = format!(
-            "[[backend]]\ntype = \"nfs\"\n\
-             [[backend.export]]\nname = \"xfs\"\nserver = \"127.0.0.1\"\nshare = \"/\"\n\
-             xfs_quota_path = \"{}\"\n",
-            quota.export.display()
-        );
-        let mut h = Harness::start_with(Some(&config)).await;
-        Sanity {
-            name: "nfs-quota",
-            focus_unless_full: Some(MODE_SPECIFIC),
-            ..Default::default()
+        // The modes with the export's filesystem reached locally: xfs
+        // quotas change publish, stage, create, capacity and expansion;
+        // btrfs how volumes, snapshots, restores and clones are made, and
+        // that the controller mounts nothing.
+        let modes = [
+            ("quota", "xfs_quota_path", MODE_SPECIFIC),
+            (
+                "btrfs",
+                "btrfs_path",
+                "CreateVolume|DeleteVolume|ListVolumes|Snapshot|Node Service",
+            ),
+        ];
+        for (mode, key, focus) in modes {
+            let server = match mode {
+                "btrfs" => NfsServer::on_btrfs(),
+                _ => NfsServer::on_xfs_with_quotas(),
+            };
+            let config = format!(
+                "[[backend]]\ntype = \"nfs\"\n\
+                 [[backend.export]]\nname = \"{mode}\"\nserver = \"127.0.0.1\"\nshare = \"/\"\n\
+                 {key} = \"{}\"\n",
+                server.export.display()
+            );
+            let mut h = Harness::start_with(Some(&config)).await;
+            Sanity {
+                name: &format!("nfs-{mode}"),
+                focus_unless_full: Some(focus),
+                ..Default::default()
+            }
+            .run(&h);
+            assert_eq!(h.terminate().code(), Some(0));
+            assert!(h.mounts().is_empty(), "{mode}: {:?}", h.mounts());
+            if mode == "btrfs" {
+                let left = run(
+                    "btrfs",
+                    &["subvolume", "list", server.export.to_str().unwrap()],
+                );
+                assert_eq!(left.trim(), "", "subvolumes left: {left}");
+            }
         }
-        .run(&h);
-        assert_eq!(h.terminate().code(), Some(0));
-        assert!(h.mounts().is_empty(), "{:?}", h.mounts());
-        drop(h);
-        drop(quota);
-        // On btrfs what changes is how volumes, snapshots, restores and
-        // clones are made, and that the controller mounts nothing.
-        let btrfs = NfsServer::on_btrfs();
-        let config = format!(
-            "[[backend]]\ntype = \"nfs\"\n\
-             [[backend.export]]\nname = \"btrfs\"\nserver = \"127.0.0.1\"\nshare = \"/\"\n\
-             btrfs_path = \"{}\"\n",
-            btrfs.export.display()
-        );
-        let mut h = Harness::start_with(Some(&config)).await;
-        Sanity {
-            name: "nfs-btrfs",
-            focus_unless_full: Some("CreateVolume|DeleteVolume|ListVolumes|Snapshot|Node Service"),
-            ..Default::default()
-        }
-        .run(&h);
-        assert_eq!(h.terminate().code(), Some(0));
-        assert!(h.mounts().is_empty(), "{:?}", h.mounts());
-        let left = run(
-            "btrfs",
-            &["subvolume", "list", btrfs.export.to_str().unwrap()],
-        );
-        assert_eq!(left.trim(), "", "subvolumes left: {left}");
     }
 
     #[tokio::test]

@@ -201,10 +201,22 @@ impl Harness {
 
     /// Takes snapshot `name` of `volume`; answers its id.
     pub async fn snapshot(&self, name: &str, volume: &str) -> String {
+        self.snapshot_with(name, volume, HashMap::new()).await
+    }
+
+    /// Takes snapshot `name` of `volume` with the call's `secrets`;
+    /// answers its id.
+    pub async fn snapshot_with(
+        &self,
+        name: &str,
+        volume: &str,
+        secrets: HashMap<String, String>,
+    ) -> String {
         self.controller()
             .create_snapshot(pb::CreateSnapshotRequest {
                 name: name.into(),
                 source_volume_id: volume.into(),
+                secrets,
                 ..Default::default()
             })
             .await

@@ -361,13 +361,18 @@ impl NfsBackend {
         o
     }
 
-    /// The mount options for a server and share: the export's that lists
-    /// them, else the backend's.
-    fn options_for(&self, server: &str, share: &str) -> Vec<String> {
+    /// The configured export of a server and share, if one lists them.
+    fn export_at(&self, server: &str, share: &str) -> Option<&ExportSettings> {
         self.settings
             .exports
             .iter()
             .find(|e| e.server == server && e.share == share)
+    }
+
+    /// The mount options for a server and share: the export's that lists
+    /// them, else the backend's.
+    fn options_for(&self, server: &str, share: &str) -> Vec<String> {
+        self.export_at(server, share)
             .map(Self::options_of)
             .unwrap_or_else(|| self.settings.mount_options.clone())
     }
@@ -543,10 +548,7 @@ impl NfsBackend {
 impl NfsBackend {
     /// The local path of the export (server, share), when it has quotas.
     fn quota_path(&self, server: &str, share: &str) -> Option<&Path> {
-        self.settings
-            .exports
-            .iter()
-            .find(|e| e.server == server && e.share == share)
+        self.export_at(server, share)
             .and_then(|e| e.xfs_quota_path.as_deref())
     }
 
@@ -622,10 +624,7 @@ impl NfsBackend {
 impl NfsBackend {
     /// The local path of the export (server, share), when it is btrfs.
     fn btrfs_root(&self, server: &str, share: &str) -> Option<&Path> {
-        self.settings
-            .exports
-            .iter()
-            .find(|e| e.server == server && e.share == share)
+        self.export_at(server, share)
             .and_then(|e| e.btrfs_path.as_deref())
     }
 
