@@ -3654,7 +3654,7 @@ mod sanity {
 
     #[tokio::test]
     #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
-    async fn guest_sanity_nfs_plain_and_quota() {
+    async fn guest_sanity_nfs_plain_quota_and_btrfs() {
         require_guest();
         let plain = NfsServer::new();
         let config = "[[backend]]\ntype = \"nfs\"\n\
