@@ -292,6 +292,46 @@ async fn controller_path(cluster: &CephCluster, road: &str) {
         .volume
         .unwrap();
     assert_eq!(restored.capacity_bytes, 20 * MIB);
+    // The restore is a clone of the cut the snapshot came from, kept on
+    // its source (no cluster snapshot made for it), and holds what the
+    // snapshot holds, not the 64 KiB written since.
+    let parent = |image: &str| -> serde_json::Value {
+        let info: serde_json::Value = serde_json::from_str(&cluster.rbd(&[
+            "info",
+            &format!("rbd/{image}"),
+            "--format",
+            "json",
+        ]))
+        .unwrap();
+        info["parent"].clone()
+    };
+    let from = parent("fv-pvc-restored");
+    assert_eq!(from["image"], "fv-pvc-rbd", "{from}");
+    assert!(
+        from["snapshot"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("tmp-tmp-fvs-")),
+        "{from}"
+    );
+    let snap_image = images(cluster)
+        .into_iter()
+        .find(|i| i.starts_with("fvs-"))
+        .expect("the snapshot image");
+    let exports = tempfile::tempdir().unwrap();
+    let content = |image: &str| {
+        let file = exports.path().join(image);
+        let _ = std::fs::remove_file(&file);
+        cluster.rbd(&[
+            "export",
+            "--no-progress",
+            &format!("rbd/{image}"),
+            file.to_str().unwrap(),
+        ]);
+        std::fs::read(&file).unwrap()
+    };
+    let snapshot_content = content(&snap_image);
+    assert_eq!(content("fv-pvc-restored"), snapshot_content);
+    assert_ne!(content("fv-pvc-rbd"), snapshot_content);
     // A chain of clones: each a clone of the last; past depth 2 the new
     // one is flattened (no parent).
     let mut last = restored.volume_id.clone();
@@ -328,8 +368,9 @@ async fn controller_path(cluster: &CephCluster, road: &str) {
             }
         }
     };
-    assert_eq!(depth("fv-pvc-restored"), 2);
-    assert_eq!(depth("fv-pvc-chain-0"), 0, "past the depth: flattened");
+    assert_eq!(depth("fv-pvc-restored"), 1);
+    assert_eq!(depth("fv-pvc-chain-0"), 2);
+    assert_eq!(depth("fv-pvc-chain-1"), 0, "past the depth: flattened");
     for image in images(cluster) {
         assert!(depth(&image) <= 2, "{image}");
     }
@@ -340,12 +381,40 @@ async fn controller_path(cluster: &CephCluster, road: &str) {
         volume_id: id.into(),
         secrets: secrets(cluster),
     };
+    // Four restores run while it goes: each clones the cut or, once the
+    // cut has gone to the trash with its volume, the snapshot image's
+    // `base`; every one holds the snapshot's data.
+    let restores = (0..4).map(|i| {
+        let (mut c, req) = (
+            c.clone(),
+            from_snap(&format!("pvc-many-{i}"), &snap.snapshot_id, true),
+        );
+        tokio::spawn(async move { c.create_volume(req).await.map(|_| ()) })
+    });
+    let restores: Vec<_> = restores.collect();
     c.delete_volume(del(&vol.volume_id)).await.unwrap();
+    for r in restores {
+        r.await.unwrap().unwrap();
+    }
     c.delete_volume(del(&vol.volume_id)).await.unwrap();
     assert!(!images(cluster).contains(&"fv-pvc-rbd".to_string()));
+    for i in 0..4 {
+        assert_eq!(
+            content(&format!("fv-pvc-many-{i}")),
+            snapshot_content,
+            "{i}"
+        );
+    }
     c.create_volume(from_snap("pvc-restored-2", &snap.snapshot_id, true))
         .await
         .unwrap();
+    let from = parent("fv-pvc-restored-2");
+    assert_eq!(
+        (from["image"].as_str(), from["snapshot"].as_str()),
+        (Some(snap_image.as_str()), Some("base")),
+        "{from}"
+    );
+    assert_eq!(content("fv-pvc-restored-2"), snapshot_content);
 
     // ListVolumes pages through everything.
     let mut seen = Vec::new();
@@ -369,7 +438,7 @@ async fn controller_path(cluster: &CephCluster, road: &str) {
         }
         token = page.next_token;
     }
-    assert_eq!(seen.len(), 5, "{seen:?}");
+    assert_eq!(seen.len(), 9, "{seen:?}");
 
     // A mapped image (a watcher) refuses its delete.
     let watcher = std::process::Command::new("rbd")

@@ -6,10 +6,11 @@
 //! A volume is image `fv-<name>` in a pool (and namespace) the config
 //! allows; its CSI name, source and attachments are image metadata, so
 //! any controller replica sees them. A snapshot is an image of its own,
-//! `fvs-<name>`: a clone (format 2) of a moment of its source, with one
-//! snapshot `base` that restores clone from (taken at the first restore,
-//! so a snapshot costs the cluster one snapshot), so volumes and
-//! snapshots can be deleted in any order. An image that still has clone children goes
+//! `fvs-<name>`: a clone (format 2) of a moment of its source (its cut,
+//! which the source keeps), so volumes and snapshots can be deleted in any
+//! order. A restore clones that cut while the source keeps it, else the
+//! snapshot image's own snapshot `base` (taken at the first restore that
+//! needs it): a snapshot costs the cluster one snapshot, a restore none. An image that still has clone children goes
 //! to the trash instead and is purged once they are gone. Clone chains are
 //! flattened past `max_clone_depth`.
 
@@ -1748,13 +1749,33 @@ impl RbdBackend {
             }
             ContentSource::Snapshot(s) => {
                 let from = self.snapshot_spec(s).map_err(|_| gone("snapshot", s))?;
-                let info = self
+                let (info, meta) = self
                     .rbd()
-                    .info(creds, &from)
+                    .describe(creds, &from)
                     .await?
+                    .filter(|(_, meta)| meta.contains_key(META_NAME))
                     .ok_or_else(|| gone("snapshot", s))?;
-                // The snapshot image's `base` is taken at its first restore:
-                // a snapshot costs one cluster snapshot, not two.
+                // While its source volume lives, the cut the snapshot image
+                // was cloned from holds the same data (a snapshot image is
+                // never written): a clone of it costs no cluster snapshot
+                // (each one is a monitor commit, about a second) and its
+                // chain of parents is one shorter. A cut that is gone (its
+                // volume deleted, the snapshot being deleted, a snapshot a
+                // group copied whole) is NOT_FOUND, and `base` serves.
+                if let Some(src) = meta
+                    .get(META_SOURCE)
+                    .and_then(|v| VolumeId::parse(v).ok())
+                    .and_then(|v| self.volume_spec(&v).ok())
+                {
+                    let cut = Self::snapshot_cut(&from);
+                    match self.clone_from(creds, &src, &cut, tmp, Some(p)).await {
+                        Ok(()) => return Ok(info.size),
+                        Err(e) if e.kind == Kind::NotFound => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                // Else the snapshot image's `base`, taken at the first
+                // restore that needs it.
                 match self.rbd().snap_create(creds, &from, BASE).await {
                     Ok(()) => {}
                     Err(e) if e.kind == Kind::AlreadyExists => {}

@@ -293,11 +293,13 @@ async fn clones_past_the_depth_are_flattened() {
     );
 }
 
-/// A snapshot costs the cluster one snapshot (of its source); the
-/// snapshot image's `base` comes at its first restore, and a second
-/// restore finds it there.
+/// A snapshot costs the cluster one snapshot (of its source); a restore
+/// clones the cut the snapshot image came from while its source keeps it
+/// (no cluster snapshot at all), and once the cut is gone, the snapshot
+/// image's `base`, taken at the first restore that needs it and found
+/// there by the next.
 #[tokio::test]
-async fn a_snapshot_takes_one_cluster_snapshot_and_restores_take_base() {
+async fn a_snapshot_takes_one_cluster_snapshot_and_restores_take_none() {
     let dir = tempfile::tempdir().unwrap();
     let r = Arc::new(FakeRunner::new());
     let b = backend(r.clone(), dir.path(), false);
@@ -337,6 +339,44 @@ async fn a_snapshot_takes_one_cluster_snapshot_and_restores_take_base() {
     );
     assert_eq!(o.last().unwrap(), "rename rbd/tmp-fvs-s1 rbd/fvs-s1");
 
+    let snapshot_meta = || {
+        Reply::Ok(r#"{"ferrovol.name":"s1","ferrovol.source":"rbd:v1.c1.rbd._e.fv-src","ferrovol.created":"1"}"#.into())
+    };
+    // While the source keeps the cut: one clone of it, no snapshot.
+    let before = r.lines().len();
+    let mut req = create("r0");
+    req.required_bytes = 0;
+    req.source = Some(ContentSource::Snapshot(snap.id.clone()));
+    r.expect("rbd", Reply::Fail(2, NO_IMAGE.into())) // the volume
+        .expect("rbd", Reply::Fail(2, NO_IMAGE.into())) // its temporary
+        .expect("rbd", Reply::Ok(clone_info("fvs-s1", "fv-src")))
+        .expect("rbd", snapshot_meta())
+        .ok("rbd") // clone of the cut
+        .expect("rbd", Reply::Ok(clone_info("tmp-fv-r0", "fv-src")))
+        .expect("rbd", Reply::Ok(info("fv-src", 16 << 20)))
+        .expect("rbd", Reply::Ok("{}".into()))
+        .ok("rbd")
+        .ok("rbd")
+        .ok("rbd")
+        .ok("rbd"); // rename
+    let v = b.create_volume(&req).await.unwrap();
+    assert_eq!(v.capacity_bytes, 16 << 20);
+    let o = ops(&r)[before..].to_vec();
+    assert!(
+        o[4].starts_with(
+            "clone --rbd-default-clone-format 2 rbd/fv-src@tmp-tmp-fvs-s1 rbd/tmp-fv-r0"
+        ),
+        "{o:#?}"
+    );
+    assert!(
+        !o.iter()
+            .any(|l| l.starts_with("snap create") || l.starts_with("flatten")),
+        "{o:#?}"
+    );
+    assert_eq!(o.last().unwrap(), "rename rbd/tmp-fv-r0 rbd/fv-r0");
+
+    // The cut gone (the source deleted): `base`, made by the first such
+    // restore and found by the next.
     for (restore, base) in [
         ("r1", Reply::Ok(String::new())),
         (
@@ -354,6 +394,14 @@ async fn a_snapshot_takes_one_cluster_snapshot_and_restores_take_base() {
         r.expect("rbd", Reply::Fail(2, NO_IMAGE.into()))
             .expect("rbd", Reply::Fail(2, NO_IMAGE.into()))
             .expect("rbd", Reply::Ok(clone_info("fvs-s1", "fv-src")))
+            .expect("rbd", snapshot_meta())
+            .expect(
+                "rbd",
+                Reply::Fail(
+                    2,
+                    "rbd: error opening image fv-src: (2) No such file or directory".into(),
+                ),
+            ) // the cut's clone
             .expect("rbd", base)
             .ok("rbd") // clone
             .expect("rbd", Reply::Ok(clone_info("tmp-fv-x", "fvs-s1")))
@@ -368,9 +416,9 @@ async fn a_snapshot_takes_one_cluster_snapshot_and_restores_take_base() {
         let v = b.create_volume(&req).await.unwrap();
         assert_eq!(v.capacity_bytes, 16 << 20);
         let o = ops(&r)[before..].to_vec();
-        assert_eq!(o[3], "snap create rbd/fvs-s1@base", "{o:#?}");
+        assert_eq!(o[5], "snap create rbd/fvs-s1@base", "{o:#?}");
         assert!(
-            o[4].starts_with(&format!(
+            o[6].starts_with(&format!(
                 "clone --rbd-default-clone-format 2 rbd/fvs-s1@base rbd/tmp-fv-{restore}"
             )),
             "{o:#?}"
