@@ -8,13 +8,16 @@
 //! FERROVOL_BENCH_CALLS (default 40) sets the calls per phase,
 //! FERROVOL_BENCH_EXISTING (default 800) the volumes made before the phases
 //! "with N", FERROVOL_BENCH_CLIENTS (default 8) the concurrent callers,
-//! FERROVOL_BENCH_ONLY (`iscsi` or `rbd`) one backend.
+//! FERROVOL_BENCH_ONLY (`iscsi` or `rbd`) one backend, or `cephcsi` the
+//! rbd backend beside ceph-csi alone (`remote/beside.rs`: its own knobs).
 //!
 //! Each row: p50 and p99 of one call, calls per second, and the floor: the
 //! same work done by the tool itself (one `tgtadm` or `rbd` process per
 //! step, run by hand), its p50, and the ratio of the two p50s. A row with 8
 //! callers gives its rate beside the sequential rate of the same call.
 
+#[path = "remote/beside.rs"]
+mod beside;
 #[path = "../tests/common/mod.rs"]
 mod common;
 
@@ -257,8 +260,8 @@ async fn main() {
     if only.is_empty() || only == "iscsi" {
         iscsi(n, existing, clients).await;
     }
-    if only.is_empty() || only == "rbd" {
-        rbd(n, existing, clients).await;
+    if only.is_empty() || only == "rbd" || only == "cephcsi" {
+        rbd(n, existing, clients, only == "cephcsi", !full).await;
     }
     // NFS needs the kernel's client and server: the real-kernel guest only
     // (tests/guest/run -- env FERROVOL_IN_GUEST=1 FERROVOL_BENCH_ONLY=nfs
@@ -469,15 +472,30 @@ fn rbd_floor(cluster: &CephCluster, n: usize, snaps: usize) -> (Figures, Figures
     (made, removed, snapped)
 }
 
+/// The controller's own user lists volumes (ListVolumes carries no
+/// secrets); every other call brings its secrets.
+fn rbd_config(cluster: &CephCluster, road: &str) -> String {
+    format!("{}client = \"{road}\"\n", cluster.backend_config("bench"))
+}
+
 /// The rbd backend against the Ceph fixture, with secrets in every call
 /// (the normal deployment), on both of its roads to the cluster: librbd
 /// on kept connections, and the rbd command line.
-async fn rbd(n: usize, existing: usize, clients: usize) {
+async fn rbd(n: usize, existing: usize, clients: usize, peer_only: bool, smoke: bool) {
     let cluster = Arc::new(CephCluster::new());
-    let secrets = HashMap::from([
-        ("userID".to_string(), "ferrovol".to_string()),
-        ("userKey".to_string(), cluster.client_key()),
-    ]);
+    {
+        // The level a deployment logs at, as ceph-csi's `--v=0` is.
+        let h = Harness::start_with_env(
+            Some(&rbd_config(&cluster, "librbd")),
+            &[("RUST_LOG", "info")],
+        )
+        .await;
+        beside::run(&cluster, h.controller(), h.pid(), smoke).await;
+    }
+    if peer_only {
+        return;
+    }
+    let secrets = cluster.secrets();
     let snaps = (n / 4).max(2);
     let (made, removed, snapped) = rbd_floor(&cluster, n, snaps);
     let floors = [
@@ -486,15 +504,7 @@ async fn rbd(n: usize, existing: usize, clients: usize) {
         ("rbd snap create", &snapped),
     ];
     for road in ["librbd", "cli"] {
-        // The controller's own user lists volumes (ListVolumes carries no
-        // secrets); every other call brings its secrets.
-        let config = format!(
-            "[[backend]]\ntype = \"rbd\"\ncluster_id = \"bench\"\nmonitors = [\"v1:{}\"]\n\
-             pools = [\"rbd\"]\nuser = \"ferrovol\"\nkeyring = \"{}\"\nclient = \"{road}\"\n",
-            cluster.mon_addr,
-            cluster.client_keyring.display()
-        );
-        let h = Harness::start_with(Some(&config)).await;
+        let h = Harness::start_with(Some(&rbd_config(&cluster, road))).await;
         let driver = h.pid();
         let daemons = cluster.pids();
         let phases = RbdPhases {

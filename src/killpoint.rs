@@ -50,6 +50,10 @@ pub const POINTS: &[&str] = &[
     // iscsi ModifyVolume: the store's keys are changed; the LUN's and the
     // record are not.
     "iscsi.modify.store",
+    // rbd: a new volume's image is made (a clone, for a copy) and sized,
+    // under its final name with its making recorded (librbd) or under its
+    // temporary name (the CLI road); it carries no CSI name yet.
+    "rbd.made",
     // rbd: a group snapshot of volumes in use: the temporary rbd group
     // holds every member and its snapshot; no member is copied.
     "rbd.group.cut",

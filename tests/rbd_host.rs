@@ -53,7 +53,196 @@ async fn rbd_controller_on_a_real_cluster() {
     let cluster = CephCluster::new();
     for road in ["librbd", "cli"] {
         controller_path(&cluster, road).await;
+        cut_short_creates(&cluster, road).await;
     }
+}
+
+/// The images the driver records as being made, in the `rbd` pool.
+fn being_made(c: &CephCluster) -> String {
+    let out = std::process::Command::new("rados")
+        .args(["-c", c.conf.to_str().unwrap(), "--id", "ferrovol"])
+        .args(["--keyring", c.client_keyring.to_str().unwrap()])
+        .args(["-p", "rbd", "listomapkeys", "ferrovol.making"])
+        .output()
+        .unwrap();
+    // No record at all is none being made.
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A create the driver dies in (`rbd.made`: the image made and sized, no
+/// CSI name on it yet), of a new volume and of a restore: the volume is
+/// not listed meanwhile, the CO's retry makes it whole, and a delete of
+/// one never retried removes it. An image of the same name that the
+/// driver did not make is never taken or deleted.
+async fn cut_short_creates(cluster: &CephCluster, road: &str) {
+    let mut h = Harness::start_with(Some(&rbd_config(cluster, road))).await;
+    let mut c = h.controller();
+    let cap = mount_cap("ext4", SNW);
+    let req = |name: &str, source: Option<pb::VolumeContentSource>| {
+        let mut r = create_req(name, 8 * MIB, cap.clone());
+        r.secrets = secrets(cluster);
+        r.volume_content_source = source;
+        r
+    };
+    let source = c
+        .create_volume(req("pvc-src", None))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    cluster.rbd(&[
+        "bench",
+        "--io-type",
+        "write",
+        "--io-pattern",
+        "seq",
+        "--io-size",
+        "4096",
+        "--io-total",
+        "65536",
+        "rbd/fv-pvc-src",
+    ]);
+    let snap = h
+        .snapshot_with("snap-src", &source.volume_id, secrets(cluster))
+        .await;
+    let id_of = |name: &str| {
+        source
+            .volume_id
+            .replace("fv-pvc-src", &format!("fv-{name}"))
+    };
+    let restore = || {
+        Some(pb::VolumeContentSource {
+            r#type: Some(pb::volume_content_source::Type::Snapshot(
+                pb::volume_content_source::SnapshotSource {
+                    snapshot_id: snap.clone(),
+                },
+            )),
+        })
+    };
+    for (name, from) in [
+        ("pvc-cut", None),
+        ("pvc-cut-restore", restore()),
+        ("pvc-never", None),
+    ] {
+        h.env = vec![("FERROVOL_KILL_AT".into(), "rbd.made".into())];
+        h.kill();
+        h.spawn().await;
+        let died = h.controller().create_volume(req(name, from.clone())).await;
+        assert!(died.is_err(), "{road} {name}: {died:?}");
+        h.kill();
+        h.env.clear();
+        h.spawn().await;
+        c = h.controller();
+        let left = images(cluster);
+        if road == "librbd" {
+            // Made under its final name, its making on record.
+            assert!(left.contains(&format!("fv-{name}")), "{left:?}");
+            assert!(
+                being_made(cluster).contains(&format!("fv-{name}")),
+                "{road} {name}"
+            );
+        } else {
+            assert!(left.contains(&format!("tmp-fv-{name}")), "{left:?}");
+        }
+        let listed = c
+            .list_volumes(pb::ListVolumesRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            !listed
+                .entries
+                .iter()
+                .any(|e| e.volume.as_ref().unwrap().volume_id == id_of(name)),
+            "{road} {name}: a volume cut short was listed"
+        );
+        if name == "pvc-never" {
+            // The CO gave up: the delete removes what the create left.
+            c.delete_volume(pb::DeleteVolumeRequest {
+                volume_id: id_of(name),
+                secrets: secrets(cluster),
+            })
+            .await
+            .unwrap();
+            let left = images(cluster);
+            assert!(
+                !left.iter().any(|i| i.ends_with(&format!("fv-{name}"))),
+                "{road}: {left:?}"
+            );
+            continue;
+        }
+        let v = c
+            .create_volume(req(name, from.clone()))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap();
+        assert_eq!(v.volume_id, id_of(name));
+        assert_eq!(
+            cluster
+                .rbd(&[
+                    "image-meta",
+                    "get",
+                    &format!("rbd/fv-{name}"),
+                    "ferrovol.name"
+                ])
+                .trim(),
+            name
+        );
+        let left = images(cluster);
+        assert!(!left.iter().any(|i| i.starts_with("tmp-fv-")), "{left:?}");
+    }
+    assert_eq!(
+        being_made(cluster),
+        "",
+        "{road}: a record of making was left"
+    );
+    // The restore made again holds the snapshot's data.
+    let exports = tempfile::tempdir().unwrap();
+    let content = |image: &str| {
+        let file = exports.path().join(image);
+        cluster.rbd(&[
+            "export",
+            "--no-progress",
+            &format!("rbd/{image}"),
+            file.to_str().unwrap(),
+        ]);
+        std::fs::read(&file).unwrap()
+    };
+    assert_eq!(content("fv-pvc-cut-restore"), content("fv-pvc-src"));
+
+    // An image of a volume's name that the driver did not make (no CSI
+    // name, no record of making): neither taken nor deleted.
+    cluster.rbd(&["create", "rbd/fv-pvc-foreign", "--size", "8M"]);
+    let r = c.create_volume(req("pvc-foreign", None)).await;
+    assert_eq!(code(&r), Code::AlreadyExists, "{road}: {r:?}");
+    let r = c
+        .delete_volume(pb::DeleteVolumeRequest {
+            volume_id: id_of("pvc-foreign"),
+            secrets: secrets(cluster),
+        })
+        .await;
+    assert_eq!(code(&r), Code::FailedPrecondition, "{road}: {r:?}");
+    assert!(images(cluster).contains(&"fv-pvc-foreign".to_string()));
+    cluster.rbd(&["rm", "--no-progress", "rbd/fv-pvc-foreign"]);
+
+    c.delete_snapshot(pb::DeleteSnapshotRequest {
+        snapshot_id: snap.clone(),
+        secrets: secrets(cluster),
+    })
+    .await
+    .unwrap();
+    for name in ["pvc-cut", "pvc-cut-restore", "pvc-src"] {
+        c.delete_volume(pb::DeleteVolumeRequest {
+            volume_id: id_of(name),
+            secrets: secrets(cluster),
+        })
+        .await
+        .unwrap();
+    }
+    assert!(images(cluster).is_empty(), "{road}: {:?}", images(cluster));
 }
 
 async fn controller_path(cluster: &CephCluster, road: &str) {

@@ -93,7 +93,11 @@ impl Harness {
     }
 
     pub fn command(&self) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferrovol"));
+        // FERROVOL_TEST_BIN: another build of the driver (a release one,
+        // for a bench built as a test).
+        let bin = std::env::var_os("FERROVOL_TEST_BIN")
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_ferrovol").into());
+        let mut cmd = Command::new(bin);
         cmd.arg("serve")
             .arg("--endpoint")
             .arg(format!("unix://{}", self.socket().display()))

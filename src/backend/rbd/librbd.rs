@@ -285,6 +285,26 @@ fn encode_metadata(set: &[(String, String)]) -> Vec<u8> {
     out
 }
 
+/// The `map<string, bufferlist>` that `metadata_list` answers, in the
+/// form [`encode_metadata`] writes.
+fn decode_metadata(b: &[u8]) -> Option<Vec<(String, String)>> {
+    let count = u32::from_le_bytes(b.get(..4)?.try_into().ok()?) as usize;
+    let mut at = 4;
+    let mut out = Vec::with_capacity(count.min(1024));
+    for _ in 0..count {
+        let k = decode_string(b.get(at..)?)?;
+        at += 4 + k.len();
+        let v = decode_string(b.get(at..)?)?;
+        at += 4 + v.len();
+        out.push((k, v));
+    }
+    Some(out)
+}
+
+/// The object, in each pool and namespace, that records the images being
+/// made there (see [`Ctx::making`]).
+const MAKING: &str = "ferrovol.making";
+
 /// A librbd listing that fills an array of `R`: called with room for a
 /// few entries, again with the room it asks for (-ERANGE), then each filled
 /// entry converted and the array handed back to librbd's `cleanup`.
@@ -652,6 +672,74 @@ impl Ctx<'_> {
             )
         })
         .map(|_| ())
+    }
+
+    /// Runs a method of the `rbd` object class's metadata on the place's
+    /// record of images being made (object `ferrovol.making`: a key per
+    /// image, the CSI name it is made for); the output's length.
+    fn making(&self, method: &str, input: &[u8], out: &mut [u8]) -> Result<usize> {
+        let (object, class, m) = (
+            cstr("object", MAKING)?,
+            cstr("class", "rbd")?,
+            cstr("method", method)?,
+        );
+        // SAFETY: a live ioctx, NUL-terminated names, buffers of the
+        // lengths given.
+        check(
+            || format!("{method} on the record of images being made"),
+            unsafe {
+                (self.api().rados_exec)(
+                    self.io,
+                    object.as_ptr(),
+                    class.as_ptr(),
+                    m.as_ptr(),
+                    input.as_ptr() as *const c_char,
+                    input.len(),
+                    out.as_mut_ptr() as *mut c_char,
+                    out.len(),
+                )
+            },
+        )
+        .map(|n| n as usize)
+    }
+
+    /// Removes `image` from the place's record of images being made.
+    fn unintend(&self, image: &str) -> Result<()> {
+        let mut key = Vec::new();
+        encode_string(&mut key, image.as_bytes());
+        match self.making("metadata_remove", &key, &mut []) {
+            Err(e) if e.os_error == Some(libc::ENOENT) => Ok(()),
+            r => r.map(|_| ()),
+        }
+    }
+
+    /// Every image the place's record says is being made, with its CSI
+    /// name (none when there is no record).
+    fn being_made(&self) -> Result<BTreeMap<String, String>> {
+        let mut all = BTreeMap::new();
+        let mut after = String::new();
+        loop {
+            // metadata_list's input: the key to start after, and how many.
+            let mut input = Vec::new();
+            encode_string(&mut input, after.as_bytes());
+            input.extend_from_slice(&64u64.to_le_bytes());
+            let mut out = vec![0u8; 64 * 1024];
+            let n = match self.making("metadata_list", &input, &mut out) {
+                Err(e) if e.os_error == Some(libc::ENOENT) => return Ok(all),
+                r => r?,
+            };
+            let page = decode_metadata(&out[..n]).ok_or_else(|| {
+                Error::internal("the record of images being made: an unexpected form")
+            })?;
+            let full = page.len() == 64;
+            for (k, v) in page {
+                after = k.clone();
+                all.insert(k, v);
+            }
+            if !full {
+                return Ok(all);
+            }
+        }
     }
 
     fn list(&self) -> Result<Vec<(String, String)>> {
@@ -1158,6 +1246,28 @@ impl Cluster for LibCluster {
         }
     }
 
+    fn makes_in_place(&self) -> bool {
+        true
+    }
+
+    async fn intend(&self, creds: &Creds, spec: &Spec, name: &str) -> Result<()> {
+        let (image, name) = (spec.image.clone(), name.to_string());
+        self.on(creds, spec, move |ctx| {
+            ctx.making("metadata_set", &encode_metadata(&[(image, name)]), &mut [])
+                .map(|_| ())
+        })
+        .await
+    }
+
+    async fn unintend(&self, creds: &Creds, spec: &Spec) -> Result<()> {
+        let image = spec.image.clone();
+        self.on(creds, spec, move |ctx| ctx.unintend(&image)).await
+    }
+
+    async fn intended(&self, creds: &Creds, place: &Spec) -> Result<BTreeMap<String, String>> {
+        self.on(creds, place, |ctx| ctx.being_made()).await
+    }
+
     async fn finish(
         &self,
         creds: &Creds,
@@ -1188,6 +1298,10 @@ impl Cluster for LibCluster {
                 for (k, v) in &set {
                     img.set_meta(k, v)?;
                 }
+            }
+            if tmp.image == to.image {
+                // Made in place: done once its record is gone.
+                return ctx.unintend(&to.image);
             }
             let (from, dest) = (cstr("image", &tmp.image)?, cstr("image", &to.image)?);
             // SAFETY: a live ioctx, NUL-terminated names.
@@ -1694,5 +1808,13 @@ mod tests {
         );
         assert_eq!(decode_string(b"\x0c\x00\x00\x00short"), None);
         assert_eq!(decode_string(b"\x01"), None);
+        let two = [
+            ("fv-a".to_string(), "pvc-a".to_string()),
+            ("fv-b".to_string(), String::new()),
+        ];
+        let encoded = encode_metadata(&two);
+        assert_eq!(decode_metadata(&encoded).unwrap(), two);
+        assert_eq!(decode_metadata(&encoded[..encoded.len() - 1]), None);
+        assert_eq!(decode_metadata(&[0, 0, 0, 0]).unwrap(), []);
     }
 }

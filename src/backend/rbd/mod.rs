@@ -750,6 +750,11 @@ impl RbdBackend {
         self.rbd().finish(creds, tmp, to, meta, copied).await
     }
 
+    /// The CSI name the image is recorded as being made for, if it is.
+    async fn being_made_for(&self, creds: &Creds, spec: &Spec) -> Result<Option<String>> {
+        Ok(self.rbd().intended(creds, spec).await?.remove(&spec.image))
+    }
+
     /// Keeps `tmp` when it is the copy a group's cut made for snapshot
     /// `name` (true), else clears it as [`Self::clear_tmp`] does.
     async fn group_copy_or_clear(&self, creds: &Creds, tmp: &Spec, name: &str) -> Result<bool> {
@@ -780,7 +785,12 @@ impl RbdBackend {
         name: &str,
         meta: &BTreeMap<String, String>,
     ) -> Result<()> {
-        if meta.get(META_NAME).is_some_and(|n| n != name) {
+        // A copy comes with its parent's keys: a name another request's
+        // image would not be made under is the parent's, and the image is
+        // this request's leftover. Only a name of the same locator (a
+        // crafted collision) is another request's.
+        let other = |n: &String| n != name && locator_for_name(n) == locator_for_name(name);
+        if meta.get(META_NAME).is_some_and(other) {
             return Err(Error::precondition(format!(
                 "image {} is another request's work in progress",
                 tmp.arg()
@@ -1026,20 +1036,36 @@ impl Backend for RbdBackend {
             namespace: p.namespace.clone(),
             image: format!("fv-{}", locator_for_name(&req.name)),
         };
+        let in_place = self.rbd().makes_in_place();
         if let Some((info, meta)) = self.rbd().describe(&creds, &spec).await? {
-            if meta.get(META_NAME) != Some(&req.name) {
-                return Err(Error::already_exists(format!(
-                    "image {} exists and is not volume {:?}",
-                    spec.arg(),
-                    req.name
-                )));
+            if in_place && self.being_made_for(&creds, &spec).await? == Some(req.name.clone()) {
+                // An earlier try of this call died making it: it is made
+                // again (nothing has it yet: its id was never answered).
+                tracing::warn!(volume = %req.name, image = %spec.arg(), "removing the image a create cut short left, to make it again");
+                self.rbd().remove(&creds, &spec).await?;
+            } else {
+                if meta.get(META_NAME) != Some(&req.name) {
+                    return Err(Error::already_exists(format!(
+                        "image {} exists and is not volume {:?}",
+                        spec.arg(),
+                        req.name
+                    )));
+                }
+                let v = self.volume_info(&spec, info.size, &meta, Some(&p))?;
+                check_existing(req, info.size, v.source.as_ref())?;
+                return Ok(v);
             }
-            let v = self.volume_info(&spec, info.size, &meta, Some(&p))?;
-            check_existing(req, info.size, v.source.as_ref())?;
-            return Ok(v);
         }
-        let tmp = spec.with_image(&format!("tmp-{}", spec.image));
-        self.clear_tmp(&creds, &tmp, &req.name).await?;
+        // Where it is made: under its final name, its making recorded
+        // first (librbd), or under a temporary name renamed when done.
+        let tmp = if in_place {
+            self.rbd().intend(&creds, &spec, &req.name).await?;
+            spec.clone()
+        } else {
+            let tmp = spec.with_image(&format!("tmp-{}", spec.image));
+            self.clear_tmp(&creds, &tmp, &req.name).await?;
+            tmp
+        };
         let source_id = req.source.as_ref().map(|s| match s {
             ContentSource::Volume(v) => v.to_string(),
             ContentSource::Snapshot(s) => s.to_string(),
@@ -1054,6 +1080,9 @@ impl Backend for RbdBackend {
                 Err(e) => {
                     if source_size > 0 {
                         let _ = self.rbd().remove(&creds, &tmp).await;
+                    }
+                    if in_place {
+                        let _ = self.rbd().unintend(&creds, &spec).await;
                     }
                     return Err(e);
                 }
@@ -1075,6 +1104,7 @@ impl Backend for RbdBackend {
             meta.push((META_SOURCE, s.as_str()));
             meta.push((META_FS_COPY, "1"));
         }
+        crate::killpoint::hit("rbd.made");
         self.finish(&creds, &tmp, &spec, &meta, req.source.is_some())
             .await?;
         let meta: BTreeMap<String, String> = meta
@@ -1090,9 +1120,22 @@ impl Backend for RbdBackend {
         };
         let creds = self.creds(secrets)?;
         let Some(image) = self.rbd().inspect(&creds, &spec).await? else {
+            // A create the driver died in may have left its temporary
+            // image (the CLI road's, or an earlier version's).
+            let tmp = spec.with_image(&format!("tmp-{}", spec.image));
+            if self.rbd().info(&creds, &tmp).await?.is_some() {
+                tracing::warn!(volume = %id, "removing the temporary image a create cut short left");
+                self.rbd().remove(&creds, &tmp).await?;
+            }
             self.purge_trash(&creds, &spec).await;
             return Ok(());
         };
+        if self.rbd().makes_in_place() && self.being_made_for(&creds, &spec).await?.is_some() {
+            // Half made by a create the driver died in (ours: recorded
+            // before it was made), and never finished.
+            self.rbd().remove(&creds, &spec).await?;
+            return self.rbd().unintend(&creds, &spec).await;
+        }
         if !image.meta.contains_key(META_NAME) {
             return Err(Error::precondition(format!(
                 "image {} was not made by ferrovol; not deleting it",
@@ -1132,7 +1175,18 @@ impl Backend for RbdBackend {
 
     async fn list_volumes(&self, page: &Page) -> Result<Vec<VolumeInfo>> {
         let creds = self.creds(&Secrets::default())?;
-        let all = self.images(&creds, "fv-").await?;
+        let mut all = self.images(&creds, "fv-").await?;
+        if self.rbd().makes_in_place() {
+            // Volumes still being made (or half made by a driver that
+            // died) are not listed.
+            let mut making = Vec::new();
+            for place in self.places(&creds).await? {
+                for image in self.rbd().intended(&creds, &place).await?.into_keys() {
+                    making.push(place.with_image(&image));
+                }
+            }
+            all.retain(|(_, spec)| !making.contains(spec));
+        }
         let specs: Vec<Spec> = all
             .into_iter()
             .filter(|(l, _)| page.admits(l))

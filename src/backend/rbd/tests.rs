@@ -160,6 +160,7 @@ async fn secrets_reach_rbd_in_a_private_keyring_only() {
     // A call with secrets: the key is in a 0600 keyring named on argv,
     // gone after the call.
     r.expect("rbd", Reply::Fail(2, NO_IMAGE.into()))
+        .expect("rbd", Reply::Fail(2, NO_IMAGE.into())) // no temporary left
         .expect("rbd", Reply::Ok("[]".into()));
     let id = VolumeId::parse("rbd:v1.c1.rbd._e.fv-gone").unwrap();
     b.delete_volume(&id, &secrets()).await.unwrap();
@@ -504,10 +505,19 @@ async fn deletes_refuse_watchers_and_trash_what_clones_need() {
         Kind::FailedPrecondition
     );
     assert!(!ops(&r).iter().skip(n).any(|l| l.starts_with("rm ")));
-    // Gone: success (and the trash is looked at).
+    // Gone: success (and the trash is looked at); a temporary image a
+    // create cut short left goes too.
+    let n = r.lines().len();
     r.expect("rbd", Reply::Fail(2, NO_IMAGE.into()))
+        .expect("rbd", Reply::Ok(info("tmp-fv-a", MIB)))
+        .ok("rbd")
         .expect("rbd", Reply::Ok("[]".into()));
     b.delete_volume(&id, &secrets()).await.unwrap();
+    let o = ops(&r);
+    assert!(
+        o[n + 2].starts_with("rm ") && o[n + 2].contains("rbd/tmp-fv-"),
+        "{o:#?}"
+    );
 }
 
 fn attach(node: &str, mode: AccessMode) -> ControllerAttach {
