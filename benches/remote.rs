@@ -484,13 +484,15 @@ fn rbd_config(cluster: &CephCluster, road: &str) -> String {
 async fn rbd(n: usize, existing: usize, clients: usize, peer_only: bool, smoke: bool) {
     let cluster = Arc::new(CephCluster::new());
     {
-        // The level a deployment logs at, as ceph-csi's `--v=0` is.
+        // The level a deployment logs at, as ceph-csi's `--v=0` is
+        // (FERROVOL_BENCH_LOG: another).
+        let level = std::env::var("FERROVOL_BENCH_LOG").unwrap_or_else(|_| "info".into());
         let h = Harness::start_with_env(
             Some(&rbd_config(&cluster, "librbd")),
-            &[("RUST_LOG", "info")],
+            &[("RUST_LOG", &level)],
         )
         .await;
-        beside::run(&cluster, h.controller(), h.pid(), smoke).await;
+        beside::run(&cluster, &h, smoke).await;
     }
     if peer_only {
         return;

@@ -205,6 +205,8 @@ struct Tally {
     failures: BTreeMap<(&'static str, String), u32>,
     /// Calls that never succeeded, by call.
     given_up: BTreeMap<&'static str, u32>,
+    /// Calls that took over 5 s: which, how long, when they started.
+    slow: Vec<(&'static str, Duration, Instant)>,
 }
 
 /// One of the two controllers, as the rounds call it.
@@ -271,11 +273,11 @@ impl Driver {
                 }
             };
             if let Some(r) = r {
-                self.tally
-                    .samples
-                    .entry(call)
-                    .or_default()
-                    .push(t.elapsed());
+                let took = t.elapsed();
+                if took > Duration::from_secs(5) {
+                    self.tally.slow.push((call, took, t));
+                }
+                self.tally.samples.entry(call).or_default().push(took);
                 out.push(r);
             } else {
                 *self.tally.given_up.entry(call).or_default() += 1;
@@ -563,12 +565,8 @@ fn memory(pid: u32) -> String {
 
 /// The side-by-side rounds and their table. `ferrovol` is a driver on the
 /// librbd road on `cluster`, its pid `pid`.
-pub async fn run(
-    cluster: &CephCluster,
-    ferrovol: ControllerClient<Channel>,
-    pid: u32,
-    smoke: bool,
-) {
+pub async fn run(cluster: &CephCluster, h: &super::Harness, smoke: bool) {
+    let (ferrovol, pid) = (h.controller(), h.pid());
     let rounds = env_num("FERROVOL_BENCH_ROUNDS", if smoke { 1 } else { 6 });
     let volumes = env_num("FERROVOL_BENCH_VOLUMES", if smoke { 2 } else { 8 });
     let snapshots = env_num("FERROVOL_BENCH_SNAPSHOTS", if smoke { 1 } else { 4 }).min(volumes);
@@ -602,12 +600,44 @@ pub async fn run(
             tally: Tally::default(),
         },
     ];
+    // Each driver's first call connects to the cluster (and the pool's
+    // first writes find it cold): one volume each, made and deleted
+    // untimed, its time printed.
+    for d in drivers.iter_mut() {
+        let t = Instant::now();
+        let mut c = d.c.clone();
+        let v = c
+            .create_volume(d.create_req(format!("warm-{}", d.name), None))
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e:?}", d.name))
+            .into_inner()
+            .volume
+            .unwrap();
+        let made = t.elapsed();
+        c.delete_volume(pb::DeleteVolumeRequest {
+            volume_id: v.volume_id,
+            secrets: d.secrets.clone(),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e:?}", d.name));
+        println!(
+            "{}: first CreateVolume (connecting) {:.1} ms, its DeleteVolume {:.1} ms",
+            d.name,
+            made.as_secs_f64() * 1e3,
+            (t.elapsed() - made).as_secs_f64() * 1e3
+        );
+    }
     let mut floors = Floors::default();
+    let started = Instant::now();
     for round in 0..rounds {
         // Who goes first turns each round: ferrovol, ceph-csi, the floor.
         for turn in 0..3 {
             match (round + turn) % 3 {
-                2 => floors.round(cluster, &format!("r{round}"), volumes, snapshots),
+                // The floor's tools block: off the async workers, or the
+                // gRPC connections' tasks (keepalive pings) would wait.
+                2 => tokio::task::block_in_place(|| {
+                    floors.round(cluster, &format!("r{round}"), volumes, snapshots)
+                }),
                 d => {
                     let tag = format!("{}{round}", ["fv", "cc"][d]);
                     drivers[d].round(&tag, volumes, snapshots).await;
@@ -653,7 +683,10 @@ pub async fn run(
             )
         };
         let ratio = |a: Duration, b: Duration| {
-            format!("{:.2}", a.as_secs_f64() / b.as_secs_f64().max(1e-9))
+            if a.is_zero() || b.is_zero() {
+                return String::new();
+            }
+            format!("{:.2}", a.as_secs_f64() / b.as_secs_f64())
         };
         let (lib, cli) = floors.of(call);
         let ms1 = |d: Option<Duration>| {
@@ -675,6 +708,26 @@ pub async fn run(
         println!("{}: {}", d.name, memory(d.pid));
         for ((call, error), times) in &d.tally.failures {
             println!("  {call}: failed {times} times: {error}");
+        }
+        for (call, took, at) in &d.tally.slow {
+            println!(
+                "  {call}: one took {:.1} s, from {:.1} s into the rounds",
+                took.as_secs_f64(),
+                at.duration_since(started).as_secs_f64()
+            );
+        }
+        if d.name == "ferrovol" && !d.tally.slow.is_empty() {
+            // What the driver said of its slow calls.
+            for line in h.log().lines().filter(|l| {
+                l.contains("WARN")
+                    || l.contains("ERROR")
+                    || l.contains("duration_ms=") && {
+                        let ms = l.rsplit("duration_ms=").next().unwrap_or("0");
+                        ms.trim().parse::<f64>().unwrap_or(0.0) > 5000.0
+                    }
+            }) {
+                println!("    {line}");
+            }
         }
         for (call, times) in &d.tally.given_up {
             println!("  {call}: {times} left on the cluster (the call never succeeded, or a clone of the volume could not go)");

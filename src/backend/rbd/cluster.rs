@@ -82,6 +82,11 @@ pub struct Inspected {
     pub meta: BTreeMap<String, String>,
     /// The addresses of the clients watching it.
     pub watchers: Vec<String>,
+    /// The temporary group a group snapshot cut short left holding it
+    /// (see [`Cluster::leftover_group`]).
+    pub group: Option<String>,
+    /// Its user snapshots.
+    pub snaps: Vec<String>,
 }
 
 /// One image of a pool, with its size.
@@ -188,17 +193,22 @@ pub trait Cluster: Send + Sync {
             Err(e) => Err(e),
         }
     }
-    /// What a delete decides by: info, metadata and watchers (one open
+    /// What a delete decides by: info, metadata, watchers, a leftover group
+    /// and the snapshots (one open
     /// of the image where the road allows); `None` when it does not exist.
     async fn inspect(&self, creds: &Creds, spec: &Spec) -> Result<Option<Inspected>> {
         let Some((info, meta)) = self.describe(creds, spec).await? else {
             return Ok(None);
         };
         let watchers = self.watchers(creds, spec).await?;
+        let group = self.leftover_group(creds, spec).await?;
+        let snaps = self.snaps(creds, spec).await?;
         Ok(Some(Inspected {
             info,
             meta,
             watchers,
+            group,
+            snaps,
         }))
     }
     async fn meta(&self, creds: &Creds, spec: &Spec) -> Result<BTreeMap<String, String>>;

@@ -401,6 +401,9 @@ const LONG: Duration = Duration::from_secs(3600);
 /// long unused.
 const KEPT: usize = 8;
 const IDLE: Duration = Duration::from_secs(600);
+/// A cluster call that takes longer is logged (a snapshot's monitor commit
+/// takes about a second).
+const SLOW: Duration = Duration::from_secs(5);
 
 impl Connection {
     fn open(api: &'static Api, monitors: &str, user: &str, key: &str) -> Result<Connection> {
@@ -647,60 +650,108 @@ impl Ctx<'_> {
             .ok_or_else(|| Error::internal(format!("{}: an id object of another form", spec.arg())))
     }
 
-    /// Sets metadata keys of an image nobody has open (a new image under
-    /// its temporary name) in one operation on its header: the `rbd` object
-    /// class's `metadata_set`, which librbd's own call runs after opening
-    /// the image (an open costs about 3 ms of CPU: its configuration is
-    /// copied). Only for images no client has open: open ones are told of
-    /// changes by librbd's call, not by this.
-    fn set_meta_unopened(&self, spec: &Spec, set: &[(String, String)]) -> Result<()> {
-        let header = cstr("image", &format!("rbd_header.{}", self.image_id(spec)?))?;
-        let input = encode_metadata(set);
-        let (class, method) = (cstr("class", "rbd")?, cstr("method", "metadata_set")?);
-        // SAFETY: a live ioctx, NUL-terminated names, an input buffer of
-        // the length given, no output wanted.
-        check(|| format!("set metadata of {}", spec.arg()), unsafe {
-            (self.api().rados_exec)(
-                self.io,
-                header.as_ptr(),
-                class.as_ptr(),
-                method.as_ptr(),
-                input.as_ptr() as *const c_char,
-                input.len(),
-                std::ptr::null_mut(),
-                0,
-            )
-        })
-        .map(|_| ())
+    /// Sets metadata keys of an image nobody has open (one being made:
+    /// under its temporary name, or its making on record) in one operation
+    /// on its header: the `rbd` object class's `metadata_set`, which
+    /// librbd's own call runs after opening the image (an open costs about
+    /// 3 ms of CPU: its configuration is copied) and then tells every
+    /// client that has it open. Only for images no client has open. With
+    /// `clear_others`, the `ferrovol.` keys not in `set` (a clone comes
+    /// with its parent's keys) are removed first, the same way.
+    fn set_meta_unopened(
+        &self,
+        spec: &Spec,
+        set: &[(String, String)],
+        clear_others: bool,
+    ) -> Result<()> {
+        let header = format!("rbd_header.{}", self.image_id(spec)?);
+        let what = || format!("set metadata of {}", spec.arg());
+        if clear_others {
+            for key in self.meta_of(&header)?.into_keys() {
+                if key.starts_with("ferrovol.") && !set.iter().any(|(k, _)| *k == key) {
+                    let mut input = Vec::new();
+                    encode_string(&mut input, key.as_bytes());
+                    self.class_call(&header, "metadata_remove", &input, &mut [])
+                        .map_err(|e| Error {
+                            message: format!("{}: {}", what(), e.message),
+                            ..e
+                        })?;
+                }
+            }
+        }
+        self.class_call(&header, "metadata_set", &encode_metadata(set), &mut [])
+            .map(|_| ())
+            .map_err(|e| Error {
+                message: format!("{}: {}", what(), e.message),
+                ..e
+            })
     }
 
-    /// Runs a method of the `rbd` object class's metadata on the place's
-    /// record of images being made (object `ferrovol.making`: a key per
-    /// image, the CSI name it is made for); the output's length.
-    fn making(&self, method: &str, input: &[u8], out: &mut [u8]) -> Result<usize> {
-        let (object, class, m) = (
-            cstr("object", MAKING)?,
+    /// Runs method `method` of the `rbd` object class on `object`; the
+    /// output's length.
+    fn class_call(
+        &self,
+        object: &str,
+        method: &str,
+        input: &[u8],
+        out: &mut [u8],
+    ) -> Result<usize> {
+        let (o, class, m) = (
+            cstr("object", object)?,
             cstr("class", "rbd")?,
             cstr("method", method)?,
         );
         // SAFETY: a live ioctx, NUL-terminated names, buffers of the
         // lengths given.
-        check(
-            || format!("{method} on the record of images being made"),
-            unsafe {
-                (self.api().rados_exec)(
-                    self.io,
-                    object.as_ptr(),
-                    class.as_ptr(),
-                    m.as_ptr(),
-                    input.as_ptr() as *const c_char,
-                    input.len(),
-                    out.as_mut_ptr() as *mut c_char,
-                    out.len(),
-                )
-            },
-        )
+        check(|| format!("{method} on {object}"), unsafe {
+            (self.api().rados_exec)(
+                self.io,
+                o.as_ptr(),
+                class.as_ptr(),
+                m.as_ptr(),
+                input.as_ptr() as *const c_char,
+                input.len(),
+                out.as_mut_ptr() as *mut c_char,
+                out.len(),
+            )
+        })
         .map(|n| n as usize)
+    }
+
+    /// The metadata the `rbd` class keeps on `object` (an image's header,
+    /// or the record of images being made); none when there is no object.
+    fn meta_of(&self, object: &str) -> Result<BTreeMap<String, String>> {
+        let mut all = BTreeMap::new();
+        let mut after = String::new();
+        loop {
+            // metadata_list's input: the key to start after, and how many.
+            let mut input = Vec::new();
+            encode_string(&mut input, after.as_bytes());
+            input.extend_from_slice(&64u64.to_le_bytes());
+            let mut out = vec![0u8; 64 * 1024];
+            let n = match self.class_call(object, "metadata_list", &input, &mut out) {
+                Err(e) if e.os_error == Some(libc::ENOENT) => return Ok(all),
+                r => r?,
+            };
+            let page = decode_metadata(&out[..n]).ok_or_else(|| {
+                Error::internal(format!("metadata of {object}: an unexpected form"))
+            })?;
+            let full = page.len() == 64;
+            for (k, v) in page {
+                after = k.clone();
+                all.insert(k, v);
+            }
+            if !full {
+                return Ok(all);
+            }
+        }
+    }
+
+    /// Runs a method of the `rbd` object class's metadata on the place's
+    /// record of images being made (object `ferrovol.making`: a key per
+    /// image, the CSI name it is made for).
+    fn making(&self, method: &str, input: &[u8], out: &mut [u8]) -> Result<usize> {
+        self.class_call(MAKING, method, input, out)
     }
 
     /// Removes `image` from the place's record of images being made.
@@ -716,30 +767,7 @@ impl Ctx<'_> {
     /// Every image the place's record says is being made, with its CSI
     /// name (none when there is no record).
     fn being_made(&self) -> Result<BTreeMap<String, String>> {
-        let mut all = BTreeMap::new();
-        let mut after = String::new();
-        loop {
-            // metadata_list's input: the key to start after, and how many.
-            let mut input = Vec::new();
-            encode_string(&mut input, after.as_bytes());
-            input.extend_from_slice(&64u64.to_le_bytes());
-            let mut out = vec![0u8; 64 * 1024];
-            let n = match self.making("metadata_list", &input, &mut out) {
-                Err(e) if e.os_error == Some(libc::ENOENT) => return Ok(all),
-                r => r?,
-            };
-            let page = decode_metadata(&out[..n]).ok_or_else(|| {
-                Error::internal("the record of images being made: an unexpected form")
-            })?;
-            let full = page.len() == 64;
-            for (k, v) in page {
-                after = k.clone();
-                all.insert(k, v);
-            }
-            if !full {
-                return Ok(all);
-            }
-        }
+        self.meta_of(MAKING)
     }
 
     fn list(&self) -> Result<Vec<(String, String)>> {
@@ -907,6 +935,26 @@ impl Img<'_> {
     }
 
     /// The names of the image's user snapshots.
+    /// The group of ours (`fvg-`, in the image's own pool) that holds it:
+    /// only a group snapshot cut short leaves one.
+    fn leftover_group(&self, ctx: &Ctx<'_>) -> Result<Option<String>> {
+        let api = self.api;
+        // SAFETY: zeroed is the empty struct librbd fills.
+        let mut info: GroupInfo = unsafe { std::mem::zeroed() };
+        let size = std::mem::size_of::<GroupInfo>();
+        // SAFETY: an open image, the struct's size given.
+        check(|| self.what("group of"), unsafe {
+            (api.rbd_get_group)(self.image, &mut info, size)
+        })?;
+        let name = owned(info.name);
+        // SAFETY: a live ioctx.
+        let here = unsafe { (api.rados_ioctx_get_id)(ctx.io) };
+        let pool = info.pool;
+        // SAFETY: filled above, freed once.
+        unsafe { (api.rbd_group_info_cleanup)(&mut info, size) };
+        Ok((name.starts_with("fvg-") && pool == here).then_some(name))
+    }
+
     fn user_snaps(&self) -> Result<Vec<String>> {
         let mut out = Vec::new();
         for (id, name) in self.snap_list()? {
@@ -1099,15 +1147,30 @@ impl LibCluster {
 
     /// Runs `f` on a kept connection, off the async workers; a connection
     /// that failed this way is given up.
-    async fn call<T: Send + 'static>(
+    async fn call<T: Send + 'static, F: FnOnce(&Connection) -> Result<T> + Send + 'static>(
         &self,
         creds: &Creds,
         deadline: Duration,
-        f: impl FnOnce(&Connection) -> Result<T> + Send + 'static,
+        f: F,
     ) -> Result<T> {
+        let asked = Instant::now();
         let conn = self.connection(creds).await?;
         let held = conn.clone();
+        let connected = asked.elapsed();
         let r = blocking(deadline, move || f(&held)).await;
+        let took = asked.elapsed();
+        if took > SLOW {
+            // Which call: the closure's type names the method it is in.
+            let call = std::any::type_name::<F>();
+            let call = call.split("::{{closure}}").next().unwrap_or(call);
+            let call = call.rsplit("::").next().unwrap_or(call);
+            tracing::warn!(
+                call,
+                ms = took.as_millis() as u64,
+                connecting_ms = connected.as_millis() as u64,
+                "a cluster call was slow"
+            );
+        }
         if let Err(e) = &r {
             if e.kind == Kind::Unavailable || e.os_error.is_some_and(connection_lost) {
                 tracing::info!(error = %e.message, "giving up the cluster connection");
@@ -1218,6 +1281,8 @@ impl Cluster for LibCluster {
                     info: img.info()?,
                     meta: img.meta()?,
                     watchers: img.watchers()?,
+                    group: img.leftover_group(ctx)?,
+                    snaps: img.user_snaps()?,
                 })
             }))
         })
@@ -1284,21 +1349,10 @@ impl Cluster for LibCluster {
         let (tmp, to) = (tmp.clone(), to.clone());
         self.call(creds, DEADLINE, move |c| {
             let ctx = c.ioctx(&tmp)?;
-            if !clear_others {
-                // A new image under its temporary name: nobody has it open.
-                ctx.set_meta_unopened(&tmp, &set)?;
-            } else {
-                // A copy: the parent's keys it came with go first.
-                let img = ctx.open(&tmp, true)?;
-                for key in img.meta()?.keys() {
-                    if key.starts_with("ferrovol.") && !set.iter().any(|(k, _)| k == key) {
-                        img.remove_meta(key)?;
-                    }
-                }
-                for (k, v) in &set {
-                    img.set_meta(k, v)?;
-                }
-            }
+            // An image being made (a temporary one, or one whose making is
+            // on record): nobody has it open. A copy's keys of its parent's
+            // go first.
+            ctx.set_meta_unopened(&tmp, &set, clear_others)?;
             if tmp.image == to.image {
                 // Made in place: done once its record is gone.
                 return ctx.unintend(&to.image);
@@ -1656,22 +1710,7 @@ impl Cluster for LibCluster {
     async fn leftover_group(&self, creds: &Creds, spec: &Spec) -> Result<Option<String>> {
         let s = spec.clone();
         self.on(creds, spec, move |ctx| {
-            let api = ctx.api();
-            let img = ctx.open(&s, false)?;
-            // SAFETY: zeroed is the empty struct librbd fills.
-            let mut info: GroupInfo = unsafe { std::mem::zeroed() };
-            let size = std::mem::size_of::<GroupInfo>();
-            // SAFETY: an open image, the struct's size given.
-            check(|| img.what("group of"), unsafe {
-                (api.rbd_get_group)(img.image, &mut info, size)
-            })?;
-            let name = owned(info.name);
-            // SAFETY: a live ioctx.
-            let here = unsafe { (api.rados_ioctx_get_id)(ctx.io) };
-            let pool = info.pool;
-            // SAFETY: filled above, freed once.
-            unsafe { (api.rbd_group_info_cleanup)(&mut info, size) };
-            Ok((name.starts_with("fvg-") && pool == here).then_some(name))
+            ctx.open(&s, false)?.leftover_group(ctx)
         })
         .await
     }

@@ -577,11 +577,11 @@ impl RbdBackend {
     /// Removes the cuts of this volume's snapshots kept on it (before the
     /// volume goes: its snapshots, clones of them, then keep them in the
     /// trash namespace while they need them).
-    async fn remove_cuts(&self, creds: &Creds, spec: &Spec) -> Result<()> {
+    async fn remove_cuts(&self, creds: &Creds, spec: &Spec, snaps: &[String]) -> Result<()> {
         let prefix = Self::snapshot_cut(&spec.with_image("fvs-"));
-        for snap in self.rbd().snaps(creds, spec).await? {
+        for snap in snaps {
             if snap.starts_with(&prefix) {
-                match self.rbd().snap_remove(creds, spec, &snap).await {
+                match self.rbd().snap_remove(creds, spec, snap).await {
                     Ok(()) => {}
                     Err(e) if e.kind == Kind::NotFound => {}
                     Err(e) => return Err(e),
@@ -1151,11 +1151,11 @@ impl Backend for RbdBackend {
         }
         // A group snapshot the driver died making can leave its temporary
         // group holding the image (and a snapshot of it): it goes first.
-        if let Some(group) = self.rbd().leftover_group(&creds, &spec).await? {
+        if let Some(group) = &image.group {
             tracing::warn!(volume = %id, group = %group, "removing the rbd group a group snapshot cut short left");
-            self.rbd().group_remove(&creds, &spec, &group).await?;
+            self.rbd().group_remove(&creds, &spec, group).await?;
         }
-        self.remove_cuts(&creds, &spec).await?;
+        self.remove_cuts(&creds, &spec, &image.snaps).await?;
         self.remove(&creds, &spec).await
     }
 

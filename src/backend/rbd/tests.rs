@@ -441,7 +441,8 @@ async fn deletes_refuse_watchers_and_trash_what_clones_need() {
             Reply::Ok(
                 r#"{"watchers":[{"address":"10.0.0.9:0/2391","client":4231,"cookie":1}]}"#.into(),
             ),
-        );
+        )
+        .expect("rbd", Reply::Ok("[]".into())); // its snapshots
     let e = b.delete_volume(&id, &secrets()).await.unwrap_err();
     assert_eq!(e.kind, Kind::FailedPrecondition);
     assert!(e.message.contains("10.0.0.9"), "{e}");
@@ -495,11 +496,12 @@ async fn deletes_refuse_watchers_and_trash_what_clones_need() {
     assert!(!ops(&r).iter().skip(n).any(|l| l.starts_with("trash")));
 
     // An image ferrovol did not make is never deleted (seen whole: info,
-    // metadata, watchers).
+    // metadata, watchers, snapshots).
     let n = r.lines().len();
     r.expect("rbd", Reply::Ok(info("fv-a", MIB)))
         .expect("rbd", Reply::Ok("{}".into()))
-        .expect("rbd", Reply::Ok(r#"{"watchers":[]}"#.into()));
+        .expect("rbd", Reply::Ok(r#"{"watchers":[]}"#.into()))
+        .expect("rbd", Reply::Ok("[]".into()));
     assert_eq!(
         b.delete_volume(&id, &secrets()).await.unwrap_err().kind,
         Kind::FailedPrecondition
