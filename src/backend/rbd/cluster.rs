@@ -215,6 +215,14 @@ pub trait Cluster: Send + Sync {
     async fn set_meta(&self, creds: &Creds, spec: &Spec, key: &str, value: &str) -> Result<()>;
     /// Removes a key; a key that is not there is no error.
     async fn remove_meta(&self, creds: &Creds, spec: &Spec, key: &str) -> Result<()>;
+    /// Removes an image as [`Self::remove`] does, but may answer once the
+    /// image is out of the pool's directory (moved to the trash), its data
+    /// removed in the background (librbd: a task of the driver's; what a
+    /// driver that dies leaves in the trash, a later delete's purge of the
+    /// trash removes). An image that clones need stays in the trash.
+    async fn discard(&self, creds: &Creds, spec: &Spec) -> Result<()> {
+        self.remove(creds, spec).await
+    }
     /// Whether this road makes a new volume under its final name, its
     /// making recorded first in the place's record of images being made
     /// ([`Self::intend`]), rather than under a temporary name renamed when

@@ -1065,6 +1065,8 @@ pub struct LibCluster {
     api: &'static Api,
     monitors: String,
     pool: Mutex<Pool>,
+    /// Trash entries (image ids) whose data a background task is removing.
+    removing: Arc<Mutex<std::collections::HashSet<String>>>,
 }
 
 impl LibCluster {
@@ -1073,6 +1075,7 @@ impl LibCluster {
             api: api()?,
             monitors: monitors.join(","),
             pool: Mutex::new(Pool::default()),
+            removing: Default::default(),
         })
     }
 
@@ -1473,7 +1476,53 @@ impl Cluster for LibCluster {
         .await
     }
 
+    async fn discard(&self, creds: &Creds, spec: &Spec) -> Result<()> {
+        let s = spec.clone();
+        // Out of the directory now: its id kept, then moved to the trash.
+        let id = self
+            .on(creds, spec, move |ctx| {
+                let id = ctx.image_id(&s)?;
+                let name = cstr("image", &s.image)?;
+                // SAFETY: a live ioctx, NUL-terminated name.
+                check(|| format!("move {} to the trash", s.arg()), unsafe {
+                    (ctx.api().rbd_trash_move)(ctx.io, name.as_ptr(), 0)
+                })?;
+                Ok(id)
+            })
+            .await;
+        let id = match id {
+            Ok(id) => id,
+            Err(e) if e.os_error == Some(libc::ENOENT) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        // Its data (every object of it) in the background, on the same
+        // kept connection.
+        let conn = self.connection(creds).await?;
+        self.removing.locked().insert(id.clone());
+        let (removing, place) = (self.removing.clone(), spec.clone());
+        tokio::task::spawn_blocking(move || {
+            let removed = conn.ioctx(&place).and_then(|ctx| {
+                let i = cstr("trash id", &id)?;
+                // SAFETY: a live ioctx, NUL-terminated id.
+                check(|| format!("remove {id} from the trash"), unsafe {
+                    (ctx.api().rbd_trash_remove)(ctx.io, i.as_ptr(), false)
+                })
+            });
+            if let Err(e) = removed {
+                // Clones need it (or the cluster failed): a later purge.
+                tracing::debug!(image = %place.arg(), error = %e.message, "left in the trash");
+            }
+            removing.locked().remove(&id);
+        });
+        Ok(())
+    }
+
     async fn trash_remove(&self, creds: &Creds, place: &Spec, id: &str) -> Result<()> {
+        if self.removing.locked().contains(id) {
+            return Err(Error::unavailable(format!(
+                "{id} is being removed from the trash"
+            )));
+        }
         let id = id.to_string();
         self.on(creds, place, move |ctx| {
             let i = cstr("trash id", &id)?;

@@ -605,10 +605,11 @@ impl RbdBackend {
         }
     }
 
-    /// Removes an image, or moves it to the trash when clones still need
+    /// Removes an image (librbd: moved to the trash, its data removed in
+    /// the background), or moves it to the trash when clones still need
     /// it; then purges what the trash holds of ours that nothing needs.
     async fn remove(&self, creds: &Creds, spec: &Spec) -> Result<()> {
-        match self.rbd().remove(creds, spec).await {
+        match self.rbd().discard(creds, spec).await {
             Ok(_) => {}
             Err(e) if e.kind == Kind::NotFound => {}
             Err(e) if e.os_error == Some(cluster::ENOTEMPTY) => {
