@@ -228,6 +228,43 @@ async fn cut_short_creates(cluster: &CephCluster, road: &str) {
     assert!(images(cluster).contains(&"fv-pvc-foreign".to_string()));
     cluster.rbd(&["rm", "--no-progress", "rbd/fv-pvc-foreign"]);
 
+    // A clone deleted, then its source at once (csi-sanity's cleanup):
+    // the clone's data, removed in the background on librbd, holds the
+    // source open meanwhile, and that is not a node using it.
+    for i in 0..3 {
+        let source = c
+            .create_volume(req(&format!("pvc-s{i}"), None))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap()
+            .volume_id;
+        let from = Some(pb::VolumeContentSource {
+            r#type: Some(pb::volume_content_source::Type::Volume(
+                pb::volume_content_source::VolumeSource {
+                    volume_id: source.clone(),
+                },
+            )),
+        });
+        let clone = c
+            .create_volume(req(&format!("pvc-c{i}"), from))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap()
+            .volume_id;
+        for id in [clone, source] {
+            let r = c
+                .delete_volume(pb::DeleteVolumeRequest {
+                    volume_id: id,
+                    secrets: secrets(cluster),
+                })
+                .await;
+            assert!(r.is_ok(), "{road} {i}: {r:?}");
+        }
+    }
     c.delete_snapshot(pb::DeleteSnapshotRequest {
         snapshot_id: snap.clone(),
         secrets: secrets(cluster),

@@ -716,6 +716,22 @@ pub async fn run(cluster: &CephCluster, h: &super::Harness, smoke: bool) {
                 at.duration_since(started).as_secs_f64()
             );
         }
+        if !d.tally.slow.is_empty() {
+            // What the cluster's daemons said of authentication meanwhile.
+            for daemon in ["osd.0", "mon.a"] {
+                let log = std::fs::read_to_string(cluster.dir.path().join(format!("{daemon}.log")))
+                    .unwrap_or_default();
+                for line in log
+                    .lines()
+                    .filter(|l| {
+                        l.contains("secret_id") || l.contains("rotating") || l.contains("auth")
+                    })
+                    .take(20)
+                {
+                    println!("    {daemon}: {line}");
+                }
+            }
+        }
         if d.name == "ferrovol" && !d.tally.slow.is_empty() {
             // What the driver said of its slow calls.
             for line in h.log().lines().filter(|l| {

@@ -67,6 +67,17 @@ pub struct Parent {
     pub snapshot: String,
 }
 
+impl Parent {
+    /// The parent image.
+    pub fn image_spec(&self) -> Spec {
+        Spec {
+            pool: self.pool.clone(),
+            namespace: self.pool_namespace.clone(),
+            image: self.image.clone(),
+        }
+    }
+}
+
 /// What the backend needs to know of an image.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 pub struct Info {
@@ -220,9 +231,14 @@ pub trait Cluster: Send + Sync {
     /// removed in the background (librbd: a task of the driver's; what a
     /// driver that dies leaves in the trash, a later delete's purge of the
     /// trash removes). An image that clones need stays in the trash.
-    async fn discard(&self, creds: &Creds, spec: &Spec) -> Result<()> {
+    /// `parent` is the image's parent, if it has one: while its data is
+    /// removed the parent is open (watched) by the driver itself.
+    async fn discard(&self, creds: &Creds, spec: &Spec, _parent: Option<&Spec>) -> Result<()> {
         self.remove(creds, spec).await
     }
+    /// Waits (a bounded while) until no background removal of a clone of
+    /// `spec` holds it open: a delete would see the driver's own watch.
+    async fn settle(&self, _spec: &Spec) {}
     /// Whether this road makes a new volume under its final name, its
     /// making recorded first in the place's record of images being made
     /// ([`Self::intend`]), rather than under a temporary name renamed when

@@ -1065,8 +1065,9 @@ pub struct LibCluster {
     api: &'static Api,
     monitors: String,
     pool: Mutex<Pool>,
-    /// Trash entries (image ids) whose data a background task is removing.
-    removing: Arc<Mutex<std::collections::HashSet<String>>>,
+    /// Trash entries (image ids) whose data a background task is removing,
+    /// with the parent each holds open meanwhile.
+    removing: Arc<Mutex<HashMap<String, Option<Spec>>>>,
 }
 
 impl LibCluster {
@@ -1476,7 +1477,20 @@ impl Cluster for LibCluster {
         .await
     }
 
-    async fn discard(&self, creds: &Creds, spec: &Spec) -> Result<()> {
+    async fn settle(&self, spec: &Spec) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline
+            && self
+                .removing
+                .locked()
+                .values()
+                .any(|p| p.as_ref() == Some(spec))
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn discard(&self, creds: &Creds, spec: &Spec, parent: Option<&Spec>) -> Result<()> {
         let s = spec.clone();
         // Out of the directory now: its id kept, then moved to the trash.
         let id = self
@@ -1498,7 +1512,7 @@ impl Cluster for LibCluster {
         // Its data (every object of it) in the background, on the same
         // kept connection.
         let conn = self.connection(creds).await?;
-        self.removing.locked().insert(id.clone());
+        self.removing.locked().insert(id.clone(), parent.cloned());
         let (removing, place) = (self.removing.clone(), spec.clone());
         tokio::task::spawn_blocking(move || {
             let removed = conn.ioctx(&place).and_then(|ctx| {
@@ -1518,7 +1532,7 @@ impl Cluster for LibCluster {
     }
 
     async fn trash_remove(&self, creds: &Creds, place: &Spec, id: &str) -> Result<()> {
-        if self.removing.locked().contains(id) {
+        if self.removing.locked().contains_key(id) {
             return Err(Error::unavailable(format!(
                 "{id} is being removed from the trash"
             )));

@@ -608,8 +608,8 @@ impl RbdBackend {
     /// Removes an image (librbd: moved to the trash, its data removed in
     /// the background), or moves it to the trash when clones still need
     /// it; then purges what the trash holds of ours that nothing needs.
-    async fn remove(&self, creds: &Creds, spec: &Spec) -> Result<()> {
-        match self.rbd().discard(creds, spec).await {
+    async fn remove(&self, creds: &Creds, spec: &Spec, parent: Option<&Spec>) -> Result<()> {
+        match self.rbd().discard(creds, spec, parent).await {
             Ok(_) => {}
             Err(e) if e.kind == Kind::NotFound => {}
             Err(e) if e.os_error == Some(cluster::ENOTEMPTY) => {
@@ -1120,6 +1120,9 @@ impl Backend for RbdBackend {
             return Ok(());
         };
         let creds = self.creds(secrets)?;
+        // A clone of it being deleted in the background holds it open (a
+        // watch of the driver's own, not a node's).
+        self.rbd().settle(&spec).await;
         let Some(image) = self.rbd().inspect(&creds, &spec).await? else {
             // A create the driver died in may have left its temporary
             // image (the CLI road's, or an earlier version's).
@@ -1157,7 +1160,8 @@ impl Backend for RbdBackend {
             self.rbd().group_remove(&creds, &spec, group).await?;
         }
         self.remove_cuts(&creds, &spec, &image.snaps).await?;
-        self.remove(&creds, &spec).await
+        let parent = image.info.parent.as_ref().map(|p| p.image_spec());
+        self.remove(&creds, &spec, parent.as_ref()).await
     }
 
     async fn get_volume(&self, id: &VolumeId, secrets: &Secrets) -> Result<Option<VolumeInfo>> {
@@ -1377,7 +1381,9 @@ impl Backend for RbdBackend {
             return Ok(());
         };
         let creds = self.creds(secrets)?;
-        if self.rbd().info(&creds, &spec).await?.is_none() {
+        // A restore of it being deleted in the background holds it open.
+        self.rbd().settle(&spec).await;
+        let Some(info) = self.rbd().info(&creds, &spec).await? else {
             // The temporary group a group snapshot cut short left, named
             // after its first member's snapshot (only the librbd road
             // makes them).
@@ -1400,11 +1406,11 @@ impl Backend for RbdBackend {
                     .await?
                     .contains_key(META_GROUP_CUT)
             {
-                self.remove(&creds, &tmp).await?;
+                self.remove(&creds, &tmp, None).await?;
             }
             self.purge_trash(&creds, &spec).await;
             return Ok(());
-        }
+        };
         // The cut kept on its source goes first (to the snapshot trash
         // while this image is its clone): a retry finds it gone.
         let meta = self.rbd().meta(&creds, &spec).await?;
@@ -1430,7 +1436,8 @@ impl Backend for RbdBackend {
             Err(e) if e.kind == Kind::NotFound => {}
             Err(e) => return Err(e),
         }
-        self.remove(&creds, &spec).await
+        let parent = info.parent.as_ref().map(|p| p.image_spec());
+        self.remove(&creds, &spec, parent.as_ref()).await
     }
 
     async fn get_snapshot(
