@@ -291,6 +291,24 @@ impl Driver {
         (out, left)
     }
 
+    /// Times CreateVolume of each request as call `call`; the ids made.
+    async fn creates(
+        &mut self,
+        call: &'static str,
+        reqs: Vec<pb::CreateVolumeRequest>,
+    ) -> Vec<String> {
+        self.phase(call, RETRIED, reqs, |mut c, r| async move {
+            Ok(c.create_volume(r)
+                .await?
+                .into_inner()
+                .volume
+                .unwrap()
+                .volume_id)
+        })
+        .await
+        .0
+    }
+
     /// One round: `volumes` made; the first `snapshots` of them
     /// snapshotted, each snapshot restored and each volume cloned; then
     /// everything deleted, copies first.
@@ -298,17 +316,7 @@ impl Driver {
         let reqs: Vec<_> = (0..volumes)
             .map(|i| self.create_req(format!("{tag}-{i}"), None))
             .collect();
-        let vols: Vec<String> = self
-            .phase("CreateVolume", RETRIED, reqs, |mut c, r| async move {
-                Ok(c.create_volume(r)
-                    .await?
-                    .into_inner()
-                    .volume
-                    .unwrap()
-                    .volume_id)
-            })
-            .await
-            .0;
+        let vols: Vec<String> = self.creates("CreateVolume", reqs).await;
         let (secrets, params) = (self.secrets.clone(), self.snapshot_parameters.clone());
         let snaps: Vec<String> = self
             .phase(
@@ -348,22 +356,7 @@ impl Driver {
                 )
             })
             .collect();
-        let restored = self
-            .phase(
-                "CreateVolume from a snapshot",
-                RETRIED,
-                restores,
-                |mut c, r| async move {
-                    Ok(c.create_volume(r)
-                        .await?
-                        .into_inner()
-                        .volume
-                        .unwrap()
-                        .volume_id)
-                },
-            )
-            .await
-            .0;
+        let restored = self.creates("CreateVolume from a snapshot", restores).await;
         let clones: Vec<_> = vols[..snapshots]
             .iter()
             .enumerate()
@@ -378,22 +371,7 @@ impl Driver {
                 )
             })
             .collect();
-        let cloned = self
-            .phase(
-                "CreateVolume from a volume",
-                RETRIED,
-                clones,
-                |mut c, r| async move {
-                    Ok(c.create_volume(r)
-                        .await?
-                        .into_inner()
-                        .volume
-                        .unwrap()
-                        .volume_id)
-                },
-            )
-            .await
-            .0;
+        let cloned = self.creates("CreateVolume from a volume", clones).await;
         let delete = |secrets: HashMap<String, String>| {
             move |mut c: ControllerClient<Channel>, id: String| {
                 let secrets = secrets.clone();

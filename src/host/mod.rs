@@ -13,6 +13,22 @@ pub mod hold;
 pub mod loopdev;
 mod targets;
 mod tree;
+
+/// Hands the allocator's free pages back to the system: freed memory
+/// stays in glibc's per-thread arenas (returned only from an arena's top)
+/// until this; whether any was returned.
+pub fn return_free_memory() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // malloc_trim(3) through libc: nix has no wrapper for it. It takes
+        // no pointers and only walks the allocator's own free lists.
+        #[allow(unsafe_code)]
+        let released = unsafe { libc::malloc_trim(0) };
+        released != 0
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    false
+}
 pub use tree::remove_tree;
 
 #[cfg(test)]

@@ -389,19 +389,12 @@ impl Surge {
     }
 }
 
-/// Hands the allocator's free pages back to the system.
 fn return_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        // malloc_trim(3) through libc: nix has no wrapper for it. It takes
-        // no pointers and only walks the allocator's own free lists.
-        #[allow(unsafe_code)]
-        let released = unsafe { libc::malloc_trim(0) };
-        tracing::debug!(
-            released = released != 0,
-            "free memory returned after a surge of connections"
-        );
-    }
+    let released = crate::host::return_free_memory();
+    tracing::debug!(
+        released,
+        "free memory returned after a surge of connections"
+    );
 }
 
 /// The accepted connections, at most `limits.max_connections` open at

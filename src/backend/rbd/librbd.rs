@@ -1526,7 +1526,17 @@ impl Cluster for LibCluster {
                 // Clones need it (or the cluster failed): a later purge.
                 tracing::debug!(image = %place.arg(), error = %e.message, "left in the trash");
             }
-            removing.locked().remove(&id);
+            let idle = {
+                let mut removing = removing.locked();
+                removing.remove(&id);
+                removing.is_empty()
+            };
+            // A removal opens the image (librbd copies its configuration):
+            // megabytes freed into this thread's arena, handed back once
+            // no other removal runs.
+            if idle {
+                crate::host::return_free_memory();
+            }
         });
         Ok(())
     }
