@@ -54,6 +54,9 @@ pub const POINTS: &[&str] = &[
     // under its final name with its making recorded (librbd) or under its
     // temporary name (the CLI road); it carries no CSI name yet.
     "rbd.made",
+    // rbd (librbd road): a deleted image is in the trash, out of the
+    // pool's directory; the removal of its data has not begun.
+    "rbd.trashed",
     // rbd: a group snapshot of volumes in use: the temporary rbd group
     // holds every member and its snapshot; no member is copied.
     "rbd.group.cut",

@@ -57,6 +57,19 @@ async fn rbd_controller_on_a_real_cluster() {
     }
 }
 
+/// The whole content of image `image` of the `rbd` pool (`rbd export`).
+fn content(c: &CephCluster, image: &str) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("image");
+    c.rbd(&[
+        "export",
+        "--no-progress",
+        &format!("rbd/{image}"),
+        file.to_str().unwrap(),
+    ]);
+    std::fs::read(&file).unwrap()
+}
+
 /// The images the driver records as being made, in the `rbd` pool.
 fn being_made(c: &CephCluster) -> String {
     let out = std::process::Command::new("rados")
@@ -84,13 +97,7 @@ async fn cut_short_creates(cluster: &CephCluster, road: &str) {
         r.volume_content_source = source;
         r
     };
-    let source = c
-        .create_volume(req("pvc-src", None))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let source = h.create_volume(req("pvc-src", None)).await;
     cluster.rbd(&[
         "bench",
         "--io-type",
@@ -111,18 +118,9 @@ async fn cut_short_creates(cluster: &CephCluster, road: &str) {
             .volume_id
             .replace("fv-pvc-src", &format!("fv-{name}"))
     };
-    let restore = || {
-        Some(pb::VolumeContentSource {
-            r#type: Some(pb::volume_content_source::Type::Snapshot(
-                pb::volume_content_source::SnapshotSource {
-                    snapshot_id: snap.clone(),
-                },
-            )),
-        })
-    };
     for (name, from) in [
         ("pvc-cut", None),
-        ("pvc-cut-restore", restore()),
+        ("pvc-cut-restore", Some(snapshot_source(&snap))),
         ("pvc-never", None),
     ] {
         h.env = vec![("FERROVOL_KILL_AT".into(), "rbd.made".into())];
@@ -200,18 +198,10 @@ async fn cut_short_creates(cluster: &CephCluster, road: &str) {
         "{road}: a record of making was left"
     );
     // The restore made again holds the snapshot's data.
-    let exports = tempfile::tempdir().unwrap();
-    let content = |image: &str| {
-        let file = exports.path().join(image);
-        cluster.rbd(&[
-            "export",
-            "--no-progress",
-            &format!("rbd/{image}"),
-            file.to_str().unwrap(),
-        ]);
-        std::fs::read(&file).unwrap()
-    };
-    assert_eq!(content("fv-pvc-cut-restore"), content("fv-pvc-src"));
+    assert_eq!(
+        content(cluster, "fv-pvc-cut-restore"),
+        content(cluster, "fv-pvc-src")
+    );
 
     // An image of a volume's name that the driver did not make (no CSI
     // name, no record of making): neither taken nor deleted.
@@ -232,13 +222,9 @@ async fn cut_short_creates(cluster: &CephCluster, road: &str) {
     // the clone's data, removed in the background on librbd, holds the
     // source open meanwhile, and that is not a node using it.
     for i in 0..3 {
-        let source = c
+        let source = h
             .create_volume(req(&format!("pvc-s{i}"), None))
             .await
-            .unwrap()
-            .into_inner()
-            .volume
-            .unwrap()
             .volume_id;
         let from = Some(pb::VolumeContentSource {
             r#type: Some(pb::volume_content_source::Type::Volume(
@@ -247,13 +233,9 @@ async fn cut_short_creates(cluster: &CephCluster, road: &str) {
                 },
             )),
         });
-        let clone = c
+        let clone = h
             .create_volume(req(&format!("pvc-c{i}"), from))
             .await
-            .unwrap()
-            .into_inner()
-            .volume
-            .unwrap()
             .volume_id;
         for id in [clone, source] {
             let r = c
@@ -265,6 +247,39 @@ async fn cut_short_creates(cluster: &CephCluster, road: &str) {
             assert!(r.is_ok(), "{road} {i}: {r:?}");
         }
     }
+    // A delete the driver dies in once the image is in the trash
+    // (`rbd.trashed`, librbd): the image is gone from the pool, the CO's
+    // retry succeeds and its purge removes what the trash held.
+    if road == "librbd" {
+        let id = h.create_volume(req("pvc-trashed", None)).await.volume_id;
+        h.env = vec![("FERROVOL_KILL_AT".into(), "rbd.trashed".into())];
+        h.kill();
+        h.spawn().await;
+        let del = || pb::DeleteVolumeRequest {
+            volume_id: id.clone(),
+            secrets: secrets(cluster),
+        };
+        let died = h.controller().delete_volume(del()).await;
+        assert!(died.is_err(), "{died:?}");
+        h.kill();
+        h.env.clear();
+        h.spawn().await;
+        c = h.controller();
+        assert!(!images(cluster).contains(&"fv-pvc-trashed".to_string()));
+        let trash = cluster.rbd(&["trash", "ls", "rbd"]);
+        assert!(trash.contains("fv-pvc-trashed"), "{trash}");
+        c.delete_volume(del()).await.unwrap();
+        common::fixtures::wait_for(
+            "the trash to lose the deleted image",
+            std::time::Duration::from_secs(60),
+            || {
+                !cluster
+                    .rbd(&["trash", "ls", "rbd"])
+                    .contains("fv-pvc-trashed")
+            },
+        );
+    }
+
     c.delete_snapshot(pb::DeleteSnapshotRequest {
         snapshot_id: snap.clone(),
         secrets: secrets(cluster),
@@ -543,18 +558,7 @@ async fn controller_path(cluster: &CephCluster, road: &str) {
         .into_iter()
         .find(|i| i.starts_with("fvs-"))
         .expect("the snapshot image");
-    let exports = tempfile::tempdir().unwrap();
-    let content = |image: &str| {
-        let file = exports.path().join(image);
-        let _ = std::fs::remove_file(&file);
-        cluster.rbd(&[
-            "export",
-            "--no-progress",
-            &format!("rbd/{image}"),
-            file.to_str().unwrap(),
-        ]);
-        std::fs::read(&file).unwrap()
-    };
+    let content = |image: &str| content(cluster, image);
     let snapshot_content = content(&snap_image);
     assert_eq!(content("fv-pvc-restored"), snapshot_content);
     assert_ne!(content("fv-pvc-rbd"), snapshot_content);

@@ -665,26 +665,23 @@ impl Ctx<'_> {
         clear_others: bool,
     ) -> Result<()> {
         let header = format!("rbd_header.{}", self.image_id(spec)?);
-        let what = || format!("set metadata of {}", spec.arg());
+        let said = |e: Error| Error {
+            message: format!("set metadata of {}: {}", spec.arg(), e.message),
+            ..e
+        };
         if clear_others {
             for key in self.meta_of(&header)?.into_keys() {
                 if key.starts_with("ferrovol.") && !set.iter().any(|(k, _)| *k == key) {
                     let mut input = Vec::new();
                     encode_string(&mut input, key.as_bytes());
                     self.class_call(&header, "metadata_remove", &input, &mut [])
-                        .map_err(|e| Error {
-                            message: format!("{}: {}", what(), e.message),
-                            ..e
-                        })?;
+                        .map_err(said)?;
                 }
             }
         }
         self.class_call(&header, "metadata_set", &encode_metadata(set), &mut [])
             .map(|_| ())
-            .map_err(|e| Error {
-                message: format!("{}: {}", what(), e.message),
-                ..e
-            })
+            .map_err(said)
     }
 
     /// Runs method `method` of the `rbd` object class on `object`; the
@@ -934,7 +931,6 @@ impl Img<'_> {
         Ok(kind)
     }
 
-    /// The names of the image's user snapshots.
     /// The group of ours (`fvg-`, in the image's own pool) that holds it:
     /// only a group snapshot cut short leaves one.
     fn leftover_group(&self, ctx: &Ctx<'_>) -> Result<Option<String>> {
@@ -955,6 +951,7 @@ impl Img<'_> {
         Ok((name.starts_with("fvg-") && pool == here).then_some(name))
     }
 
+    /// The names of the image's user snapshots.
     fn user_snaps(&self) -> Result<Vec<String>> {
         let mut out = Vec::new();
         for (id, name) in self.snap_list()? {
@@ -1509,6 +1506,7 @@ impl Cluster for LibCluster {
             Err(e) if e.os_error == Some(libc::ENOENT) => return Ok(()),
             Err(e) => return Err(e),
         };
+        crate::killpoint::hit("rbd.trashed");
         // Its data (every object of it) in the background, on the same
         // kept connection.
         let conn = self.connection(creds).await?;

@@ -10,9 +10,10 @@
 //! which the source keeps), so volumes and snapshots can be deleted in any
 //! order. A restore clones that cut while the source keeps it, else the
 //! snapshot image's own snapshot `base` (taken at the first restore that
-//! needs it): a snapshot costs the cluster one snapshot, a restore none. An image that still has clone children goes
-//! to the trash instead and is purged once they are gone. Clone chains are
-//! flattened past `max_clone_depth`.
+//! needs it): a snapshot costs the cluster one snapshot, a restore none.
+//! An image that still has clone children goes to the trash instead and
+//! is purged once they are gone. Clone chains are flattened past
+//! `max_clone_depth`.
 
 mod cli;
 mod cluster;
@@ -1383,7 +1384,7 @@ impl Backend for RbdBackend {
         let creds = self.creds(secrets)?;
         // A restore of it being deleted in the background holds it open.
         self.rbd().settle(&spec).await;
-        let Some(info) = self.rbd().info(&creds, &spec).await? else {
+        let Some((info, meta)) = self.rbd().describe(&creds, &spec).await? else {
             // The temporary group a group snapshot cut short left, named
             // after its first member's snapshot (only the librbd road
             // makes them).
@@ -1413,7 +1414,6 @@ impl Backend for RbdBackend {
         };
         // The cut kept on its source goes first (to the snapshot trash
         // while this image is its clone): a retry finds it gone.
-        let meta = self.rbd().meta(&creds, &spec).await?;
         if let Some(src) = meta
             .get(META_SOURCE)
             .and_then(|s| VolumeId::parse(s).ok())
