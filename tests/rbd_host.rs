@@ -53,7 +53,7 @@ async fn rbd_controller_on_a_real_cluster() {
     let cluster = CephCluster::new();
     for road in ["librbd", "cli"] {
         controller_path(&cluster, road).await;
-        cut_short_creates(&cluster, road).await;
+        cut_short_creates_and_deletes(&cluster, road).await;
     }
 }
 
@@ -86,8 +86,10 @@ fn being_made(c: &CephCluster) -> String {
 /// CSI name on it yet), of a new volume and of a restore: the volume is
 /// not listed meanwhile, the CO's retry makes it whole, and a delete of
 /// one never retried removes it. An image of the same name that the
-/// driver did not make is never taken or deleted.
-async fn cut_short_creates(cluster: &CephCluster, road: &str) {
+/// driver did not make is never taken or deleted. Deletes: a clone and
+/// its source at once, and one the driver dies in with the image in the
+/// trash (`rbd.trashed`).
+async fn cut_short_creates_and_deletes(cluster: &CephCluster, road: &str) {
     let mut h = Harness::start_with(Some(&rbd_config(cluster, road))).await;
     let mut c = h.controller();
     let cap = mount_cap("ext4", SNW);

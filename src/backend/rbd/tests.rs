@@ -300,7 +300,7 @@ async fn clones_past_the_depth_are_flattened() {
 /// image's `base`, taken at the first restore that needs it and found
 /// there by the next.
 #[tokio::test]
-async fn a_snapshot_takes_one_cluster_snapshot_and_restores_take_none() {
+async fn a_snapshot_takes_one_cluster_snapshot_and_restores_none_while_its_cut_lives() {
     let dir = tempfile::tempdir().unwrap();
     let r = Arc::new(FakeRunner::new());
     let b = backend(r.clone(), dir.path(), false);
