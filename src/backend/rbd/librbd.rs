@@ -131,6 +131,7 @@ api! {
     rados_create2: fn(*mut Rados, *const c_char, *const c_char, u64) -> c_int;
     rados_conf_set: fn(Rados, *const c_char, *const c_char) -> c_int;
     rados_connect: fn(Rados) -> c_int;
+    rados_wait_for_latest_osdmap: fn(Rados) -> c_int;
     rados_shutdown: fn(Rados);
     rados_ioctx_create: fn(Rados, *const c_char, *mut IoCtx) -> c_int;
     rados_ioctx_destroy: fn(IoCtx);
@@ -376,6 +377,8 @@ fn check(what: impl FnOnce() -> String, ret: c_int) -> Result<c_int> {
 struct Connection {
     api: &'static Api,
     handle: Rados,
+    /// When a call last used it (milliseconds since `EPOCH`).
+    used: std::sync::atomic::AtomicU64,
 }
 
 // SAFETY: a rados_t is safe to use from any thread and from several at
@@ -401,6 +404,15 @@ const LONG: Duration = Duration::from_secs(3600);
 /// long unused.
 const KEPT: usize = 8;
 const IDLE: Duration = Duration::from_secs(600);
+/// A connection unused this long catches up with the cluster's OSD map
+/// before its next call. An idle client's map falls behind (a client is
+/// only sent maps when it asks or sends an op). When it is further behind
+/// than an OSD shares at once (40 epochs by default: snapshots and pg_num
+/// changes each make some), librados can miss the epochs between and wait
+/// for its 10 s "laggy op" check before it sends again; an op the OSD
+/// dropped for a placement change (a pg_num change) waits that long. At
+/// the monitors' pace (about an epoch a second) 5 s is far from 40 epochs.
+const FRESH: Duration = Duration::from_secs(5);
 /// A cluster call that takes longer is logged (a snapshot's monitor commit
 /// takes about a second).
 const SLOW: Duration = Duration::from_secs(5);
@@ -414,7 +426,11 @@ impl Connection {
         check(|| "rados_create2".into(), unsafe {
             (api.rados_create2)(&mut handle, cluster.as_ptr(), name.as_ptr(), 0)
         })?;
-        let conn = Connection { api, handle };
+        let conn = Connection {
+            api,
+            handle,
+            used: now_ms().into(),
+        };
         let settings = [
             ("mon_host", monitors),
             ("key", key),
@@ -450,6 +466,21 @@ impl Connection {
         }
         check(|| "connect to the cluster".into(), ret)?;
         Ok(conn)
+    }
+
+    /// Catches up with the cluster's OSD map (one monitor round trip, and
+    /// the maps it lacks) when no call used the connection for `FRESH`.
+    fn fresh(&self) -> Result<()> {
+        let now = now_ms();
+        let last = self.used.swap(now, std::sync::atomic::Ordering::Relaxed);
+        if now.saturating_sub(last) < FRESH.as_millis() as u64 {
+            return Ok(());
+        }
+        // SAFETY: a connected handle.
+        check(|| "catch up with the cluster's map".into(), unsafe {
+            (self.api.rados_wait_for_latest_osdmap)(self.handle)
+        })
+        .map(|_| ())
     }
 
     /// An I/O context on `place`'s pool and namespace.
@@ -1158,7 +1189,11 @@ impl LibCluster {
         let conn = self.connection(creds).await?;
         let held = conn.clone();
         let connected = asked.elapsed();
-        let r = blocking(deadline, move || f(&held)).await;
+        let r = blocking(deadline, move || {
+            held.fresh()?;
+            f(&held)
+        })
+        .await;
         let took = asked.elapsed();
         if took > SLOW {
             // Which call: the closure's type names the method it is in.
@@ -1214,6 +1249,13 @@ impl LibCluster {
 
 /// `f` on the blocking pool, answered within `deadline` (the thread itself
 /// ends when librados's own timeouts end the call).
+/// Milliseconds since the first time asked: a clock for connections'
+/// idleness.
+fn now_ms() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
+
 async fn blocking<T: Send + 'static>(
     deadline: Duration,
     f: impl FnOnce() -> Result<T> + Send + 'static,
