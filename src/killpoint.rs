@@ -54,6 +54,10 @@ pub const POINTS: &[&str] = &[
     // under its final name with its making recorded (librbd) or under its
     // temporary name (the CLI road); it carries no CSI name yet.
     "rbd.made",
+    // rbd (librbd road): a volume made in place has its CSI name; the
+    // record of its making is still there (its removal runs after the
+    // answer, in the background).
+    "rbd.named",
     // rbd (librbd road): a deleted image is in the trash, out of the
     // pool's directory; the removal of its data has not begun.
     "rbd.trashed",

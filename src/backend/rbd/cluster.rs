@@ -269,7 +269,8 @@ pub trait Cluster: Send + Sync {
     /// Sets `set` and removes the `ferrovol.`-keys not in it (a clone comes
     /// with its parent's), then renames the image to `to`: what makes a
     /// temporary image a finished one. Made in place (`tmp` is `to`), the
-    /// record of its making is removed instead of a rename.
+    /// image is whole once named, and the record of its making is removed
+    /// after the answer, in the background, instead of a rename.
     async fn finish(
         &self,
         creds: &Creds,

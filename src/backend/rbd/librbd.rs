@@ -1096,6 +1096,9 @@ pub struct LibCluster {
     /// Trash entries (image ids) whose data a background task is removing,
     /// with the parent each holds open meanwhile.
     removing: Arc<Mutex<HashMap<String, Option<Spec>>>>,
+    /// Images made in place whose record of making a background task is
+    /// removing (a delete of one waits for it).
+    unintending: Arc<Mutex<Vec<Spec>>>,
 }
 
 impl LibCluster {
@@ -1105,6 +1108,7 @@ impl LibCluster {
             monitors: monitors.join(","),
             pool: Mutex::new(Pool::default()),
             removing: Default::default(),
+            unintending: Default::default(),
         })
     }
 
@@ -1214,6 +1218,25 @@ impl LibCluster {
             }
         }
         r
+    }
+
+    /// Removes the record that `spec` is being made, in the background,
+    /// on the kept connection: the image has its CSI name, so the record no
+    /// longer says anything (a driver that dies first leaves it for the
+    /// image's delete, or for a retry, to remove).
+    async fn unintend_later(&self, creds: &Creds, spec: &Spec) -> Result<()> {
+        let conn = self.connection(creds).await?;
+        self.unintending.locked().push(spec.clone());
+        let (unintending, spec) = (self.unintending.clone(), spec.clone());
+        tokio::task::spawn_blocking(move || {
+            crate::killpoint::hit("rbd.named");
+            let removed = conn.ioctx(&spec).and_then(|ctx| ctx.unintend(&spec.image));
+            if let Err(e) = removed {
+                tracing::debug!(image = %spec.arg(), error = %e.message, "record of making left");
+            }
+            unintending.locked().retain(|s| *s != spec);
+        });
+        Ok(())
     }
 
     /// Runs `f` on an I/O context of `place`.
@@ -1390,6 +1413,8 @@ impl Cluster for LibCluster {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         let (tmp, to) = (tmp.clone(), to.clone());
+        let in_place = tmp.image == to.image;
+        let place = to.clone();
         self.call(creds, DEADLINE, move |c| {
             let ctx = c.ioctx(&tmp)?;
             // An image being made (a temporary one, or one whose making is
@@ -1397,8 +1422,10 @@ impl Cluster for LibCluster {
             // go first.
             ctx.set_meta_unopened(&tmp, &set, clear_others)?;
             if tmp.image == to.image {
-                // Made in place: done once its record is gone.
-                return ctx.unintend(&to.image);
+                // Made in place: done now that it has its CSI name (a
+                // named image is whole whatever its record says); the
+                // record goes in the background.
+                return Ok(());
             }
             let (from, dest) = (cstr("image", &tmp.image)?, cstr("image", &to.image)?);
             // SAFETY: a live ioctx, NUL-terminated names.
@@ -1407,7 +1434,11 @@ impl Cluster for LibCluster {
             })
             .map(|_| ())
         })
-        .await
+        .await?;
+        if in_place {
+            self.unintend_later(creds, &place).await?;
+        }
+        Ok(())
     }
 
     async fn watchers(&self, creds: &Creds, spec: &Spec) -> Result<Vec<String>> {
@@ -1519,11 +1550,12 @@ impl Cluster for LibCluster {
     async fn settle(&self, spec: &Spec) {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline
-            && self
+            && (self
                 .removing
                 .locked()
                 .values()
                 .any(|p| p.as_ref() == Some(spec))
+                || self.unintending.locked().contains(spec))
         {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }

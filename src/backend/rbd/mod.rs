@@ -1040,23 +1040,24 @@ impl Backend for RbdBackend {
         };
         let in_place = self.rbd().makes_in_place();
         if let Some((info, meta)) = self.rbd().describe(&creds, &spec).await? {
-            if in_place && self.being_made_for(&creds, &spec).await? == Some(req.name.clone()) {
-                // An earlier try of this call died making it: it is made
-                // again (nothing has it yet: its id was never answered).
-                tracing::warn!(volume = %req.name, image = %spec.arg(), "removing the image a create cut short left, to make it again");
-                self.rbd().remove(&creds, &spec).await?;
-            } else {
-                if meta.get(META_NAME) != Some(&req.name) {
-                    return Err(Error::already_exists(format!(
-                        "image {} exists and is not volume {:?}",
-                        spec.arg(),
-                        req.name
-                    )));
-                }
+            if meta.get(META_NAME) == Some(&req.name) {
+                // Made whole (its CSI name is set last), whatever a record
+                // left beside it says.
                 let v = self.volume_info(&spec, info.size, &meta, Some(&p))?;
                 check_existing(req, info.size, v.source.as_ref())?;
                 return Ok(v);
             }
+            if !(in_place && self.being_made_for(&creds, &spec).await? == Some(req.name.clone())) {
+                return Err(Error::already_exists(format!(
+                    "image {} exists and is not volume {:?}",
+                    spec.arg(),
+                    req.name
+                )));
+            }
+            // An earlier try of this call died making it: it is made
+            // again (nothing has it yet: its id was never answered).
+            tracing::warn!(volume = %req.name, image = %spec.arg(), "removing the image a create cut short left, to make it again");
+            self.rbd().remove(&creds, &spec).await?;
         }
         // Where it is made: under its final name, its making recorded
         // first (librbd), or under a temporary name renamed when done.
@@ -1135,9 +1136,14 @@ impl Backend for RbdBackend {
             self.purge_trash(&creds, &spec).await;
             return Ok(());
         };
-        if self.rbd().makes_in_place() && self.being_made_for(&creds, &spec).await?.is_some() {
+        let recorded = if self.rbd().makes_in_place() {
+            self.being_made_for(&creds, &spec).await?
+        } else {
+            None
+        };
+        if recorded.is_some() && recorded.as_ref() != image.meta.get(META_NAME) {
             // Half made by a create the driver died in (ours: recorded
-            // before it was made), and never finished.
+            // before it was made), and never named.
             self.rbd().remove(&creds, &spec).await?;
             return self.rbd().unintend(&creds, &spec).await;
         }
@@ -1162,7 +1168,12 @@ impl Backend for RbdBackend {
         }
         self.remove_cuts(&creds, &spec, &image.snaps).await?;
         let parent = image.info.parent.as_ref().map(|p| p.image_spec());
-        self.remove(&creds, &spec, parent.as_ref()).await
+        self.remove(&creds, &spec, parent.as_ref()).await?;
+        if recorded.is_some() {
+            // A whole volume's record a driver that died left.
+            self.rbd().unintend(&creds, &spec).await?;
+        }
+        Ok(())
     }
 
     async fn get_volume(&self, id: &VolumeId, secrets: &Secrets) -> Result<Option<VolumeInfo>> {
@@ -1184,14 +1195,25 @@ impl Backend for RbdBackend {
         let mut all = self.images(&creds, "fv-").await?;
         if self.rbd().makes_in_place() {
             // Volumes still being made (or half made by a driver that
-            // died) are not listed.
-            let mut making = Vec::new();
+            // died) are not listed: recorded, and not yet named as the
+            // record says.
+            let mut unnamed = Vec::new();
             for place in self.places(&creds).await? {
-                for image in self.rbd().intended(&creds, &place).await?.into_keys() {
-                    making.push(place.with_image(&image));
+                for (image, name) in self.rbd().intended(&creds, &place).await? {
+                    let spec = place.with_image(&image);
+                    if !all.iter().any(|(_, s)| *s == spec) {
+                        continue;
+                    }
+                    let named = match self.rbd().describe(&creds, &spec).await? {
+                        Some((_, meta)) => meta.get(META_NAME) == Some(&name),
+                        None => false,
+                    };
+                    if !named {
+                        unnamed.push(spec);
+                    }
                 }
             }
-            all.retain(|(_, spec)| !making.contains(spec));
+            all.retain(|(_, spec)| !unnamed.contains(spec));
         }
         let specs: Vec<Spec> = all
             .into_iter()
