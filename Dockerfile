@@ -17,6 +17,10 @@ RUN cargo build --release --locked --bin ferrovol \
  && strip target/release/ferrovol
 
 FROM debian:bookworm-slim
+# The release's version (Cargo.toml's; tests/docs.rs keeps them equal).
+ARG VERSION=0.1.0
+LABEL org.opencontainers.image.title="ferrovol" \
+      org.opencontainers.image.version="${VERSION}"
 # What each backend runs (tests/deploy.rs keeps this list and the code in
 # step): util-linux and mount (blkid, findmnt, losetup, mount, wipefs,
 # blkdiscard, blockdev), e2fsprogs, xfsprogs and btrfs-progs (make, check,

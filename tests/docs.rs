@@ -1,0 +1,192 @@
+//! Checks of the documentation and the release's version, without root:
+//! every relative link and anchor in the README, CHANGELOG and docs/
+//! resolves, and every place that names the version names Cargo.toml's.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The project's Markdown pages: the top-level ones, docs/ and deploy/.
+fn pages() -> Vec<PathBuf> {
+    let mut all = vec![root().join("README.md"), root().join("CHANGELOG.md")];
+    for dir in ["docs", "deploy"] {
+        let mut here: Vec<PathBuf> = std::fs::read_dir(root().join(dir))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "md"))
+            .collect();
+        here.sort();
+        all.extend(here);
+    }
+    all
+}
+
+/// The anchors GitHub gives a page's headings: lower case, punctuation
+/// dropped (not `-` or `_`), spaces made `-`, a repeat numbered `-1`, `-2`.
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced || !line.starts_with('#') {
+            continue;
+        }
+        let title = line.trim_start_matches('#').trim();
+        let slug: String = title
+            .to_lowercase()
+            .chars()
+            .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+            .map(|c| if c == ' ' { '-' } else { c })
+            .collect();
+        let mut name = slug.clone();
+        let mut n = 0;
+        while seen.contains(&name) {
+            n += 1;
+            name = format!("{slug}-{n}");
+        }
+        seen.insert(name);
+    }
+    seen
+}
+
+/// Every inline link target `](target)` outside code.
+fn links(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        // Inline code spans hold no links.
+        let plain: String = line
+            .split('`')
+            .enumerate()
+            .filter(|(i, _)| i % 2 == 0)
+            .map(|(_, s)| s)
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut rest = plain.as_str();
+        while let Some(at) = rest.find("](") {
+            let after = &rest[at + 2..];
+            let Some(end) = after.find(')') else { break };
+            out.push(after[..end].trim().to_string());
+            rest = &after[end..];
+        }
+    }
+    out
+}
+
+#[test]
+fn every_relative_link_and_anchor_in_the_docs_resolves() {
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for page in pages() {
+        let text = std::fs::read_to_string(&page).unwrap();
+        let dir = page.parent().unwrap();
+        for link in links(&text) {
+            if link.contains("://") || link.starts_with("mailto:") {
+                continue;
+            }
+            checked += 1;
+            let (file, anchor) = match link.split_once('#') {
+                Some((f, a)) => (f, Some(a)),
+                None => (link.as_str(), None),
+            };
+            let target = if file.is_empty() {
+                page.clone()
+            } else {
+                dir.join(file)
+            };
+            let shown = format!("{}: {link}", rel(&page));
+            if !target.exists() {
+                broken.push(format!("{shown} (no such file)"));
+                continue;
+            }
+            if let Some(anchor) = anchor {
+                let text = std::fs::read_to_string(&target).unwrap_or_default();
+                if !anchors(&text).contains(anchor) {
+                    broken.push(format!("{shown} (no such heading)"));
+                }
+            }
+        }
+    }
+    assert!(
+        checked > 0,
+        "no relative link found: the check reads nothing"
+    );
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+fn rel(p: &Path) -> String {
+    p.strip_prefix(root()).unwrap_or(p).display().to_string()
+}
+
+/// Cargo.toml's version.
+fn version() -> String {
+    env!("CARGO_PKG_VERSION").to_string()
+}
+
+#[test]
+fn every_place_that_names_the_version_names_cargos() {
+    let v = version();
+    // The CHANGELOG's top entry.
+    let changelog = std::fs::read_to_string(root().join("CHANGELOG.md")).unwrap();
+    let top = changelog
+        .lines()
+        .find(|l| l.starts_with("## "))
+        .expect("CHANGELOG.md has no version entry");
+    let named = top[3..].split_whitespace().next().unwrap();
+    assert_eq!(named, v, "CHANGELOG.md's top entry: {top}");
+    // The image's label, through the Dockerfile's VERSION default.
+    let dockerfile = std::fs::read_to_string(root().join("Dockerfile")).unwrap();
+    let arg = dockerfile
+        .lines()
+        .find_map(|l| l.strip_prefix("ARG VERSION="))
+        .expect("the Dockerfile has no VERSION argument");
+    assert_eq!(arg.trim(), v, "the Dockerfile's VERSION");
+    assert!(
+        dockerfile.contains("org.opencontainers.image.version=\"${VERSION}\""),
+        "the image's version label is not VERSION"
+    );
+    // The tag every overlay pins.
+    let mut overlays = 0;
+    for entry in std::fs::read_dir(root().join("deploy/overlays")).unwrap() {
+        let k = entry.unwrap().path().join("kustomization.yaml");
+        let Ok(text) = std::fs::read_to_string(&k) else {
+            continue;
+        };
+        let doc: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+        for image in doc["images"].as_sequence().into_iter().flatten() {
+            if image["name"].as_str() == Some("ferrovol") {
+                overlays += 1;
+                assert_eq!(
+                    image["newTag"].as_str(),
+                    Some(v.as_str()),
+                    "{}: the ferrovol image's tag",
+                    rel(&k)
+                );
+            }
+        }
+    }
+    assert!(overlays > 0, "no overlay pins the ferrovol image");
+}
+
+#[test]
+fn the_binary_reports_cargos_version() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrovol"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.trim(), format!("ferrovol {}", version()));
+}
