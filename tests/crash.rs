@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 /// How long a pod's write may wait once the driver is dead (driver alone)
 /// or once it has started again (driver and holder dead together). The
-/// measured times are printed; this bound is what the README states, with
+/// measured times are printed; this bound is what docs/snapshots.md states, with
 /// room for a loaded machine.
 const WRITE_BOUND: Duration = Duration::from_secs(15);
 

@@ -967,7 +967,7 @@ async fn serves_over_tcp_too() {
     assert!(status.success(), "{status:?}");
 }
 
-/// The README's walk (`ferrovol client lifecycle`) works against the driver.
+/// docs/client.md's walk (`ferrovol client lifecycle`) works against the driver.
 #[tokio::test]
 async fn the_client_lifecycle_walk_drives_a_volume_through_its_life() {
     let h = Harness::start().await;

@@ -964,7 +964,7 @@ fn row_in_pool(name: &str, tags: &str, attr: &str, pool: &str) -> String {
     lv_row(name, MIB, tags, attr).replace(r#""pool_lv":"""#, &format!(r#""pool_lv":"{pool}""#))
 }
 
-/// The README's own example: a thick class and a thin class on one VG.
+/// docs/backends/lvm.md's example: a thick class and a thin class on one VG.
 fn shared_vg_backend(runner: Arc<FakeRunner>) -> LvmBackend {
     let class = |name: &str, pool: Option<&str>| DeviceClass {
         name: name.into(),

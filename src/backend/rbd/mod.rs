@@ -1,6 +1,6 @@
 //! The `rbd` backend: block volumes from a Ceph cluster, through librbd on
 //! kept connections or the `rbd` command line (`cluster.rs` is the seam;
-//! the README says why and what each costs); nodes map with `rbd device
+//! docs/backends/rbd.md says why, docs/performance.md what each costs); nodes map with `rbd device
 //! map`.
 //!
 //! A volume is image `fv-<name>` in a pool (and namespace) the config
