@@ -190,3 +190,93 @@ fn the_binary_reports_cargos_version() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(text.trim(), format!("ferrovol {}", version()));
 }
+
+/// `ferrovol serve`'s flags and their environment variables, from its own
+/// help: (flag, variable).
+fn serve_flags() -> Vec<(String, Option<String>)> {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrovol"))
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout).to_string();
+    let mut flags = Vec::new();
+    for line in help.lines() {
+        let line = line.trim_start();
+        let Some(rest) = line.strip_prefix("--") else {
+            continue;
+        };
+        let flag: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+            .collect();
+        if flag == "help" {
+            continue;
+        }
+        flags.push((format!("--{flag}"), None));
+    }
+    // Each flag's help text ends with its variable: `[env: NAME=]`.
+    let mut at = 0;
+    for (i, line) in help.lines().enumerate() {
+        if line.trim_start().starts_with("--") && !line.contains("--help") {
+            at = i;
+        }
+        if let Some(start) = line.find("[env: ") {
+            let name: String = line[start + 6..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            let flag_line = help.lines().nth(at).unwrap().trim_start();
+            if let Some(f) = flags
+                .iter_mut()
+                .find(|(f, _)| flag_line.starts_with(f.as_str()))
+            {
+                f.1 = Some(name);
+            }
+        }
+    }
+    flags
+}
+
+#[test]
+fn every_serve_flag_and_variable_is_in_the_install_docs_and_no_other() {
+    let docs = std::fs::read_to_string(root().join("docs/install.md")).unwrap();
+    let flags = serve_flags();
+    assert!(
+        flags.len() >= 10,
+        "read too few flags from the help: {flags:?}"
+    );
+    for (flag, var) in &flags {
+        assert!(
+            docs.contains(flag.as_str()),
+            "docs/install.md does not name {flag}"
+        );
+        if let Some(var) = var {
+            assert!(
+                docs.contains(var.as_str()),
+                "docs/install.md does not name {var} ({flag})"
+            );
+        }
+    }
+    // What the docs name exists: every `--flag` of the usage block, every
+    // FERROVOL_ variable.
+    let usage = docs
+        .split("```")
+        .find(|block| block.contains("ferrovol serve"))
+        .expect("docs/install.md has no usage block");
+    for word in usage.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-')) {
+        if word.starts_with("--") {
+            assert!(
+                flags.iter().any(|(f, _)| f == word),
+                "docs/install.md names {word}, which `ferrovol serve` does not take"
+            );
+        }
+    }
+    for word in docs.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+        if word.starts_with("FERROVOL_") {
+            assert!(
+                flags.iter().any(|(_, v)| v.as_deref() == Some(word)),
+                "docs/install.md names {word}, which `ferrovol serve` does not read"
+            );
+        }
+    }
+}
