@@ -84,6 +84,9 @@ pub fn build_with(
     }
     let state_dir = absolute(&settings.state_dir)?;
     crate::records::private_dir(&state_dir)?;
+    // Before anything reads it: a directory a newer version wrote is
+    // refused whole.
+    crate::format::adopt(&state_dir)?;
     let config = Config::load(settings.config.as_deref(), &state_dir)?;
     let host: Arc<dyn Host> = Arc::new(SystemHost);
     for p in &config.node.allowed_paths {

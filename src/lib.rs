@@ -12,6 +12,7 @@ pub mod client;
 pub mod config;
 pub mod error;
 pub mod exec;
+pub mod format;
 pub mod host;
 pub mod id;
 pub mod intents;
