@@ -377,7 +377,7 @@ fn check(what: impl FnOnce() -> String, ret: c_int) -> Result<c_int> {
 struct Connection {
     api: &'static Api,
     handle: Rados,
-    /// When a call last used it (milliseconds since `EPOCH`).
+    /// When a call last used it ([`now_ms`]'s clock).
     used: std::sync::atomic::AtomicU64,
 }
 
@@ -1224,8 +1224,11 @@ impl LibCluster {
     /// on the kept connection: the image has its CSI name, so the record no
     /// longer says anything (a driver that dies first leaves it for the
     /// image's delete, or for a retry, to remove).
-    async fn unintend_later(&self, creds: &Creds, spec: &Spec) -> Result<()> {
-        let conn = self.connection(creds).await?;
+    async fn unintend_later(&self, creds: &Creds, spec: &Spec) {
+        let Ok(conn) = self.connection(creds).await else {
+            // The image is whole; its record goes with its delete.
+            return;
+        };
         self.unintending.locked().push(spec.clone());
         let (unintending, spec) = (self.unintending.clone(), spec.clone());
         tokio::task::spawn_blocking(move || {
@@ -1236,7 +1239,6 @@ impl LibCluster {
             }
             unintending.locked().retain(|s| *s != spec);
         });
-        Ok(())
     }
 
     /// Runs `f` on an I/O context of `place`.
@@ -1270,8 +1272,6 @@ impl LibCluster {
     }
 }
 
-/// `f` on the blocking pool, answered within `deadline` (the thread itself
-/// ends when librados's own timeouts end the call).
 /// Milliseconds since the first time asked: a clock for connections'
 /// idleness.
 fn now_ms() -> u64 {
@@ -1279,6 +1279,8 @@ fn now_ms() -> u64 {
     START.get_or_init(Instant::now).elapsed().as_millis() as u64
 }
 
+/// `f` on the blocking pool, answered within `deadline` (the thread itself
+/// ends when librados's own timeouts end the call).
 async fn blocking<T: Send + 'static>(
     deadline: Duration,
     f: impl FnOnce() -> Result<T> + Send + 'static,
@@ -1436,7 +1438,7 @@ impl Cluster for LibCluster {
         })
         .await?;
         if in_place {
-            self.unintend_later(creds, &place).await?;
+            self.unintend_later(creds, &place).await;
         }
         Ok(())
     }
