@@ -280,3 +280,84 @@ fn every_serve_flag_and_variable_is_in_the_install_docs_and_no_other() {
         }
     }
 }
+
+/// The backticked words of a table cell (`a`, `b` and the like).
+fn ticked(cell: &str) -> Vec<String> {
+    cell.split('`')
+        .enumerate()
+        .filter(|(i, _)| i % 2 == 1)
+        .map(|(_, s)| s.to_string())
+        .collect()
+}
+
+/// The rows of the first table under a header line that starts with
+/// `header`, as cells.
+fn table(text: &str, header: &str) -> Vec<Vec<String>> {
+    let mut rows = Vec::new();
+    let mut inside = false;
+    for line in text.lines() {
+        if line.starts_with(header) {
+            inside = true;
+            continue;
+        }
+        if inside {
+            if !line.starts_with('|') {
+                break;
+            }
+            if line.starts_with("| ---") || line.starts_with("|---") {
+                continue;
+            }
+            rows.push(
+                line.trim_matches('|')
+                    .split(" | ")
+                    .map(|c| c.trim().to_string())
+                    .collect(),
+            );
+        }
+    }
+    rows
+}
+
+#[test]
+fn every_backend_s_parameters_in_the_docs_are_the_ones_it_takes() {
+    use std::collections::BTreeSet;
+    let install = std::fs::read_to_string(root().join("docs/install.md")).unwrap();
+    let mutable_rows = table(&install, "| backend | key |");
+    assert!(
+        !mutable_rows.is_empty(),
+        "docs/install.md has no mutable parameters table"
+    );
+    for (kind, parameters, mutable) in ferrovol::backend::documented_keys() {
+        let page =
+            std::fs::read_to_string(root().join(format!("docs/backends/{kind}.md"))).unwrap();
+        // StorageClass parameters: the backend page's table, less the
+        // keys every backend shares.
+        let documented: BTreeSet<String> = table(&page, "| StorageClass parameter")
+            .iter()
+            .flat_map(|row| ticked(&row[0]))
+            .filter(|k| {
+                k != "backend"
+                    && k != "encrypted"
+                    && !k.starts_with("backend:")
+                    && !k.starts_with("csi.storage.k8s.io/")
+            })
+            .collect();
+        let taken: BTreeSet<String> = parameters.iter().map(|s| s.to_string()).collect();
+        assert_eq!(
+            documented, taken,
+            "docs/backends/{kind}.md's StorageClass parameters (left) and the backend's (right)"
+        );
+        // Mutable parameters: install.md's table, this backend's rows
+        // (an iscsi store's keys are its store's page's).
+        let documented: BTreeSet<String> = mutable_rows
+            .iter()
+            .filter(|row| ticked(&row[0]) == [kind])
+            .flat_map(|row| ticked(&row[1]))
+            .collect();
+        let taken: BTreeSet<String> = mutable.iter().map(|s| s.to_string()).collect();
+        assert_eq!(
+            documented, taken,
+            "docs/install.md's mutable parameters of {kind} (left) and the backend's (right)"
+        );
+    }
+}

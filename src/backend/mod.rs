@@ -14,6 +14,25 @@ use crate::mount::Mounter;
 use crate::plugin::Registry;
 use std::sync::Arc;
 
+/// The StorageClass parameters each kind of backend takes (besides
+/// `backend`, `encrypted` and the CO's `csi.storage.k8s.io/` keys), and
+/// its own mutable parameters (an iscsi backend's store adds its own): the
+/// lists the backends check with, which the docs' tables must match
+/// (tests/docs.rs).
+pub fn documented_keys() -> Vec<(&'static str, Vec<&'static str>, Vec<&'static str>)> {
+    vec![
+        ("file", vec![], vec![file::PREALLOCATE]),
+        (
+            "lvm",
+            vec![lvm::DEVICE_CLASS_PARAMETER],
+            vec![lvm::READ_AHEAD],
+        ),
+        ("nfs", nfs::PARAMETERS.to_vec(), nfs::MUTABLE.to_vec()),
+        ("iscsi", vec![], vec![iscsi::THIN_PROVISIONING]),
+        ("rbd", rbd::PARAMETERS.to_vec(), rbd::QOS_KEYS.to_vec()),
+    ]
+}
+
 /// Builds the registry from the config: each `[[backend]]` by its type.
 pub fn build_registry(
     config: &Config,

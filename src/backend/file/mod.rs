@@ -70,7 +70,7 @@ struct VolumeMeta {
 }
 
 /// The mutable parameter that allocates a volume's whole image.
-const PREALLOCATE: &str = "preallocate";
+pub const PREALLOCATE: &str = "preallocate";
 
 /// `preallocate`'s value.
 fn preallocate_value(changes: &BTreeMap<String, String>) -> Result<Option<bool>> {

@@ -162,7 +162,7 @@ impl Record {
 }
 
 /// The mutable parameter of the LUN itself; the store's own are passed on.
-const THIN_PROVISIONING: &str = "thinProvisioning";
+pub const THIN_PROVISIONING: &str = "thinProvisioning";
 
 /// `thinProvisioning`'s value.
 fn thin_value(changes: &BTreeMap<String, String>) -> Result<Option<bool>> {

@@ -52,7 +52,7 @@ pub const DEVICE_CLASS_PARAMETER: &str = "deviceClass";
 
 /// The mutable parameter for an LV's read-ahead: `auto`, `none`, or a
 /// count of 512-byte sectors, a multiple of 8 up to 65,536 (32 MiB).
-const READ_AHEAD: &str = "readAhead";
+pub const READ_AHEAD: &str = "readAhead";
 
 /// `readAhead`'s value, as lvchange and lvs write it (`none` is 0).
 fn read_ahead_value(changes: &BTreeMap<String, String>) -> Result<Option<String>> {

@@ -217,7 +217,7 @@ fn remote_path(share: &str, subdir: &Path) -> String {
 }
 
 /// The StorageClass parameters this backend takes.
-const PARAMETERS: &[&str] = &[
+pub const PARAMETERS: &[&str] = &[
     "export",
     "server",
     "share",
@@ -228,7 +228,7 @@ const PARAMETERS: &[&str] = &[
 
 /// The mutable parameters: the volume directory's mode, and what
 /// DeleteVolume does with it.
-const MUTABLE: &[&str] = &["mountPermissions", "onDelete"];
+pub const MUTABLE: &[&str] = &["mountPermissions", "onDelete"];
 
 /// Mutable parameters, parsed.
 #[derive(Debug, Default)]

@@ -140,7 +140,17 @@ fn cut_name(to: &Spec) -> String {
 /// The mutable parameters: librbd's QoS limits on the image, each set as
 /// the image's own config override (`conf_rbd_qos_*` metadata, what `rbd
 /// config image set` writes). 0 is no limit.
-const QOS_KEYS: [&str; 6] = [
+/// The StorageClass parameters this backend takes.
+pub const PARAMETERS: &[&str] = &[
+    "pool",
+    "radosNamespace",
+    "dataPool",
+    "imageFeatures",
+    "mapOptions",
+    "mkfsOptions",
+];
+
+pub const QOS_KEYS: [&str; 6] = [
     "qosIopsLimit",
     "qosBpsLimit",
     "qosReadIopsLimit",
@@ -410,6 +420,12 @@ impl RbdBackend {
             ..Default::default()
         };
         for (k, v) in parameters {
+            if !PARAMETERS.contains(&k.as_str()) {
+                return Err(Error::invalid(format!(
+                    "rbd backend: unknown parameter {k:?} (known: {})",
+                    PARAMETERS.join(", ")
+                )));
+            }
             match k.as_str() {
                 "pool" => p.pool = v.clone(),
                 "radosNamespace" => p.namespace = v.clone(),
@@ -417,11 +433,7 @@ impl RbdBackend {
                 "imageFeatures" => p.features = v.clone(),
                 "mapOptions" => p.map_options = v.clone(),
                 "mkfsOptions" => p.mkfs_options = v.clone(),
-                other => {
-                    return Err(Error::invalid(format!(
-                        "rbd backend: unknown parameter {other:?} (known: pool, radosNamespace, dataPool, imageFeatures, mapOptions, mkfsOptions)"
-                    )))
-                }
+                other => unreachable!("{other} is in PARAMETERS without its meaning"),
             }
         }
         if !self.settings.pools.contains(&p.pool) {
