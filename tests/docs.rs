@@ -361,3 +361,40 @@ fn every_backend_s_parameters_in_the_docs_are_the_ones_it_takes() {
         );
     }
 }
+
+#[test]
+fn every_secret_key_the_backends_read_is_documented_and_the_examples_use_no_other() {
+    for (kind, keys) in ferrovol::backend::secret_keys() {
+        let page =
+            std::fs::read_to_string(root().join(format!("docs/backends/{kind}.md"))).unwrap();
+        for key in &keys {
+            assert!(
+                page.contains(&format!("`{key}`")),
+                "docs/backends/{kind}.md does not name the secret key {key}"
+            );
+        }
+        // The example Secret of the backend's component names only keys
+        // the backend reads.
+        let example = root().join(format!("deploy/components/{kind}/secret.yaml"));
+        if let Ok(text) = std::fs::read_to_string(&example) {
+            let doc: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+            let named: Vec<&str> = doc["stringData"]
+                .as_mapping()
+                .expect("an example Secret with stringData")
+                .keys()
+                .filter_map(|k| k.as_str())
+                .collect();
+            assert!(!named.is_empty(), "{}: no keys", rel(&example));
+            for k in named {
+                assert!(
+                    keys.contains(&k),
+                    "{} names {k}, which the {kind} backend does not read",
+                    rel(&example)
+                );
+            }
+        }
+    }
+    let passphrase = ferrovol::host::crypt::PASSPHRASE_KEY;
+    let encryption = std::fs::read_to_string(root().join("docs/encryption.md")).unwrap();
+    assert!(encryption.contains(&format!("`{passphrase}`")));
+}

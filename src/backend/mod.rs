@@ -33,6 +33,28 @@ pub fn documented_keys() -> Vec<(&'static str, Vec<&'static str>, Vec<&'static s
     ]
 }
 
+/// The keys of the CSI secrets each kind of backend reads (the passphrase
+/// of encrypted volumes, [`crate::host::crypt::PASSPHRASE_KEY`], is every
+/// block backend's): which the docs and the example Secrets must name
+/// (tests/docs.rs).
+pub fn secret_keys() -> Vec<(&'static str, Vec<&'static str>)> {
+    vec![
+        ("file", vec![]),
+        ("lvm", vec![]),
+        ("nfs", vec![]),
+        (
+            "iscsi",
+            vec![
+                iscsi::CHAP_USER,
+                iscsi::CHAP_PASSWORD,
+                iscsi::MUTUAL_USER,
+                iscsi::MUTUAL_PASSWORD,
+            ],
+        ),
+        ("rbd", vec![rbd::USER_ID, rbd::USER_KEY]),
+    ]
+}
+
 /// Builds the registry from the config: each `[[backend]]` by its type.
 pub fn build_registry(
     config: &Config,
