@@ -9,10 +9,11 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The project's Markdown pages: the top-level ones, docs/ and deploy/.
+/// The project's Markdown pages: the top-level ones, docs/ (and its
+/// backends/) and deploy/.
 fn pages() -> Vec<PathBuf> {
     let mut all = vec![root().join("README.md"), root().join("CHANGELOG.md")];
-    for dir in ["docs", "deploy"] {
+    for dir in ["docs", "docs/backends", "deploy"] {
         let mut here: Vec<PathBuf> = std::fs::read_dir(root().join(dir))
             .unwrap()
             .map(|e| e.unwrap().path())
@@ -397,4 +398,118 @@ fn every_secret_key_the_backends_read_is_documented_and_the_examples_use_no_othe
     let passphrase = ferrovol::host::crypt::PASSPHRASE_KEY;
     let encryption = std::fs::read_to_string(root().join("docs/encryption.md")).unwrap();
     assert!(encryption.contains(&format!("`{passphrase}`")));
+}
+
+/// The field names a `Deserialize` struct reads (its `deserialize_struct`
+/// call says them), without a value to read.
+fn fields<T: for<'de> serde::Deserialize<'de>>() -> Vec<&'static str> {
+    use serde::de::{self, Visitor};
+    struct Names<'a>(&'a mut Vec<&'static str>);
+    impl<'de> de::Deserializer<'de> for Names<'_> {
+        type Error = de::value::Error;
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+            Err(de::Error::custom("names only"))
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _name: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            self.0.extend_from_slice(fields);
+            Err(de::Error::custom("names only"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+            bytes byte_buf option unit unit_struct newtype_struct seq tuple
+            tuple_struct map enum identifier ignored_any
+        }
+    }
+    let mut out = Vec::new();
+    let _ = T::deserialize(Names(&mut out));
+    assert!(
+        !out.is_empty(),
+        "{} read no fields",
+        std::any::type_name::<T>()
+    );
+    out
+}
+
+/// Every ```toml block of a page.
+fn toml_blocks(text: &str) -> Vec<String> {
+    text.split("```toml")
+        .skip(1)
+        .map(|rest| rest.split("```").next().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn every_config_key_is_documented_and_every_documented_config_parses() {
+    use ferrovol::backend::{file, iscsi, lvm, nfs, rbd};
+    let page = |p: &str| std::fs::read_to_string(root().join(p)).unwrap();
+    // The code's keys, each where a reader looks for it.
+    let install = page("docs/install.md");
+    for key in fields::<ferrovol::config::Config>()
+        .into_iter()
+        .chain(fields::<ferrovol::config::NodeSettings>())
+    {
+        // `backends` is read as `[[backend]]`.
+        let key = if key == "backends" { "backend" } else { key };
+        assert!(
+            install.contains(key),
+            "docs/install.md does not name the config key {key}"
+        );
+    }
+    let by_kind: Vec<(&str, Vec<&'static str>)> = vec![
+        ("file", fields::<file::FileSettings>()),
+        (
+            "lvm",
+            [fields::<lvm::LvmSettings>(), fields::<lvm::DeviceClass>()].concat(),
+        ),
+        (
+            "nfs",
+            [
+                fields::<nfs::NfsSettings>(),
+                fields::<nfs::ExportSettings>(),
+            ]
+            .concat(),
+        ),
+        ("iscsi", fields::<iscsi::IscsiSettings>()),
+        ("rbd", fields::<rbd::RbdSettings>()),
+    ];
+    for (kind, keys) in &by_kind {
+        let text = page(&format!("docs/backends/{kind}.md"));
+        for key in keys {
+            assert!(
+                text.contains(key),
+                "docs/backends/{kind}.md does not name the config key {key}"
+            );
+        }
+    }
+    // Every config the docs show is one the driver takes: the file, and
+    // each backend's settings with its own type (unknown keys are errors).
+    let mut parsed = 0;
+    for p in pages() {
+        for block in toml_blocks(&std::fs::read_to_string(&p).unwrap()) {
+            let config: ferrovol::config::Config = toml::from_str(&block).unwrap_or_else(|e| {
+                panic!("{}: a config block does not parse: {e}\n{block}", rel(&p))
+            });
+            for b in &config.backends {
+                let r = match b.kind.as_str() {
+                    "file" => b.settings::<file::FileSettings>().map(|_| ()),
+                    "lvm" => b.settings::<lvm::LvmSettings>().map(|_| ()),
+                    "nfs" => b.settings::<nfs::NfsSettings>().map(|_| ()),
+                    "iscsi" => b.settings::<iscsi::IscsiSettings>().map(|_| ()),
+                    "rbd" => b.settings::<rbd::RbdSettings>().map(|_| ()),
+                    other => panic!("{}: a backend of type {other}", rel(&p)),
+                };
+                r.unwrap_or_else(|e| panic!("{}: {}\n{block}", rel(&p), e.message));
+                parsed += 1;
+            }
+        }
+    }
+    assert!(
+        parsed >= 5,
+        "only {parsed} backends in the docs' config blocks"
+    );
 }
