@@ -29,22 +29,56 @@ pub fn write(path: &Path, bytes: &[u8]) -> Result<()> {
     replace(path, bytes, true).map_err(|e| Error::io(format!("write {}", path.display()), e))
 }
 
+/// The layout of the JSON records the driver keeps (in the state
+/// directory, and beside volumes: a file pool's, an export's, a target's
+/// records). Each record carries it as `"format"`; one without is format 1
+/// (written before records carried it).
+pub const RECORD_FORMAT: u64 = 1;
+
+/// `value` as a record's JSON: its fields and `"format"`.
+pub fn encode_record<T: Serialize>(what: &str, value: &T) -> Result<Vec<u8>> {
+    let mut v =
+        serde_json::to_value(value).map_err(|e| Error::internal(format!("encode {what}: {e}")))?;
+    if let serde_json::Value::Object(fields) = &mut v {
+        fields.insert("format".into(), RECORD_FORMAT.into());
+    }
+    serde_json::to_vec_pretty(&v).map_err(|e| Error::internal(format!("encode {what}: {e}")))
+}
+
+/// A record's value from its JSON. A record of a newer format than this
+/// driver reads is FAILED_PRECONDITION naming both (never half read); one
+/// that does not parse is INTERNAL.
+pub fn decode_record<T: DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T> {
+    let mut v: serde_json::Value = serde_json::from_slice(bytes)
+        .map_err(|e| Error::internal(format!("corrupt record {what}: {e}")))?;
+    if let serde_json::Value::Object(fields) = &mut v {
+        if let Some(format) = fields.remove("format") {
+            let n = format.as_u64().unwrap_or(u64::MAX);
+            if n > RECORD_FORMAT {
+                return Err(Error::precondition(format!(
+                    "record {what} is in format {format}, which a newer ferrovol wrote; this is ferrovol {}, which reads formats up to {RECORD_FORMAT}",
+                    env!("CARGO_PKG_VERSION")
+                )));
+            }
+        }
+    }
+    serde_json::from_value(v).map_err(|e| Error::internal(format!("corrupt record {what}: {e}")))
+}
+
 /// The JSON record at `path`; `None` when there is none. One that does
-/// not parse is INTERNAL, naming it.
+/// not parse is INTERNAL, naming it; one of a newer format,
+/// FAILED_PRECONDITION.
 pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
     match fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| Error::internal(format!("corrupt record {}: {e}", path.display()))),
+        Ok(bytes) => decode_record(&path.display().to_string(), &bytes).map(Some),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(Error::io(format!("read {}", path.display()), e)),
     }
 }
 
-/// Writes `value` as pretty JSON to `path`, as [`write`] does.
+/// Writes `value` as a record's pretty JSON to `path`, as [`write`] does.
 pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
-    let bytes = serde_json::to_vec_pretty(value)
-        .map_err(|e| Error::internal(format!("encode {}: {e}", path.display())))?;
+    let bytes = encode_record(&path.display().to_string(), value)?;
     write(path, &bytes)
 }
 
@@ -300,6 +334,40 @@ fn rewrite<K: Serialize, V: Serialize>(path: &Path, live: &HashMap<K, V>) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn records_carry_their_format_and_a_newer_one_is_refused() {
+        #[derive(Debug, PartialEq, Serialize, serde::Deserialize)]
+        enum Kept {
+            One { n: u32 },
+        }
+        let bytes = encode_record("r", &Kept::One { n: 7 }).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(v["format"], RECORD_FORMAT);
+        assert_eq!(
+            decode_record::<Kept>("r", &bytes).unwrap(),
+            Kept::One { n: 7 }
+        );
+        // Written before records carried it: format 1.
+        assert_eq!(
+            decode_record::<Kept>("r", br#"{"One":{"n":3}}"#).unwrap(),
+            Kept::One { n: 3 }
+        );
+        let newer = format!(r#"{{"One":{{"n":3}},"format":{}}}"#, RECORD_FORMAT + 1);
+        let e = decode_record::<Kept>("rec", newer.as_bytes()).unwrap_err();
+        assert_eq!(
+            e.kind,
+            crate::error::Kind::FailedPrecondition,
+            "{}",
+            e.message
+        );
+        assert!(e.message.contains("newer ferrovol"), "{}", e.message);
+        assert!(
+            e.message.contains(env!("CARGO_PKG_VERSION")),
+            "{}",
+            e.message
+        );
+    }
 
     fn names(dir: &Path) -> Vec<String> {
         let mut n: Vec<String> = fs::read_dir(dir)

@@ -93,7 +93,7 @@ fn load_dir<T: for<'de> Deserialize<'de>>(dir: &Path) -> Result<Vec<T>> {
         }
         let parsed = fs::read(&path)
             .ok()
-            .and_then(|b| serde_json::from_slice::<T>(&b).ok());
+            .and_then(|b| records::decode_record::<T>(&path.display().to_string(), &b).ok());
         match parsed {
             Some(r) => out.push(r),
             None => {

@@ -153,7 +153,7 @@ fn io(context: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> Error {
 /// Writes a metadata file atomically and durably (fsynced), off the async
 /// workers: an fsync can take its time on a busy disk.
 async fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
-    let bytes = serde_json::to_vec_pretty(value).map_err(|e| Error::internal(e.to_string()))?;
+    let bytes = crate::records::encode_record(&path.display().to_string(), value)?;
     let path = path.to_path_buf();
     crate::host::off_worker("writing volume metadata", RECORD_DEADLINE, move || {
         crate::records::write(&path, &bytes)

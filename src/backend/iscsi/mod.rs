@@ -570,8 +570,7 @@ impl IscsiBackend {
     }
 
     fn save(&self, id: &VolumeId, record: &Record) -> Result<()> {
-        let bytes =
-            serde_json::to_vec_pretty(record).map_err(|e| Error::internal(e.to_string()))?;
+        let bytes = crate::records::encode_record("a target record", record)?;
         write_file(&self.record_path(id), &bytes)
     }
 

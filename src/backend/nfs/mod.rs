@@ -533,8 +533,7 @@ impl NfsBackend {
 
     async fn write_record(root: &Path, record: &VolumeRecord) -> Result<()> {
         let path = Self::record_path(root, Path::new(&record.subdir));
-        let bytes =
-            serde_json::to_vec_pretty(record).map_err(|e| Error::internal(e.to_string()))?;
+        let bytes = crate::records::encode_record(&path.display().to_string(), record)?;
         let root = root.to_path_buf();
         blocking("writing a volume record", move || {
             ensure_dir(&root, Path::new(".ferrovol/volumes"), 0o700)?;
@@ -797,9 +796,7 @@ impl NfsBackend {
             if !archive.exists() && !snap.exists() {
                 return Ok(None);
             }
-            serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|e| Error::internal(format!("corrupt record {}: {e}", record.display())))
+            crate::records::decode_record(&record.display().to_string(), &bytes).map(Some)
         })
         .await
     }
@@ -1224,7 +1221,7 @@ impl Backend for NfsBackend {
                 };
                 for entry in entries.flatten() {
                     if let Ok(bytes) = std::fs::read(entry.path()) {
-                        if let Ok(r) = serde_json::from_slice::<VolumeRecord>(&bytes) {
+                        if let Ok(r) = crate::records::decode_record::<VolumeRecord>("", &bytes) {
                             records.push(r);
                         }
                     }
@@ -1341,8 +1338,7 @@ impl Backend for NfsBackend {
                 .unwrap_or_default()
                 .as_secs(),
         };
-        let bytes =
-            serde_json::to_vec_pretty(&record).map_err(|e| Error::internal(e.to_string()))?;
+        let bytes = crate::records::encode_record("a snapshot record", &record)?;
         let record_path = dir.join(format!("{locator}.json"));
         if self.btrfs_root(&loc.server, &loc.share).is_some() {
             if btrfs::is_subvolume(&from) {
