@@ -25,17 +25,24 @@ fn pages() -> Vec<PathBuf> {
     all
 }
 
+/// A page's lines outside fenced code blocks.
+fn prose(text: &str) -> impl Iterator<Item = &str> {
+    let mut fenced = false;
+    text.lines().filter(move |line| {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            return false;
+        }
+        !fenced
+    })
+}
+
 /// The anchors GitHub gives a page's headings: lower case, punctuation
 /// dropped (not `-` or `_`), spaces made `-`, a repeat numbered `-1`, `-2`.
 fn anchors(text: &str) -> BTreeSet<String> {
     let mut seen = BTreeSet::new();
-    let mut fenced = false;
-    for line in text.lines() {
-        if line.trim_start().starts_with("```") {
-            fenced = !fenced;
-            continue;
-        }
-        if fenced || !line.starts_with('#') {
+    for line in prose(text) {
+        if !line.starts_with('#') {
             continue;
         }
         let title = line.trim_start_matches('#').trim();
@@ -59,15 +66,7 @@ fn anchors(text: &str) -> BTreeSet<String> {
 /// Every inline link target `](target)` outside code.
 fn links(text: &str) -> Vec<String> {
     let mut out = Vec::new();
-    let mut fenced = false;
-    for line in text.lines() {
-        if line.trim_start().starts_with("```") {
-            fenced = !fenced;
-            continue;
-        }
-        if fenced {
-            continue;
-        }
+    for line in prose(text) {
         // Inline code spans hold no links.
         let plain: String = line
             .split('`')

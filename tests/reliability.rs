@@ -36,27 +36,6 @@ async fn bounded<T>(
     }
 }
 
-/// Nothing left behind: mounts, loop devices, pool files, node records.
-fn assert_clean(h: &Harness) {
-    assert!(h.mounts().is_empty(), "mounts leaked: {:?}", h.mounts());
-    assert!(
-        h.loop_devices().is_empty(),
-        "loop devices leaked: {:?}",
-        h.loop_devices()
-    );
-    let (published, _) = ferrovol::state::NodeState::peek_publishes(&h.state_dir())
-        .expect("the publish journal reads");
-    assert!(published.is_empty(), "publish records left: {published:?}");
-    for sub in ["pool/volumes", "pool/snapshots", "node/staged"] {
-        let left: Vec<_> = std::fs::read_dir(h.state_dir().join(sub))
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name())
-            .collect();
-        assert!(left.is_empty(), "{sub} not empty: {left:?}");
-    }
-}
-
 fn volume_id(name: &str) -> String {
     format!("file:{name}")
 }
@@ -292,7 +271,7 @@ async fn concurrency_storm_answers_allowed_codes_and_leaks_nothing() {
         .await
         .unwrap();
     }
-    assert_clean(&h);
+    h.assert_clean();
 }
 
 /// Writes `data` to `path` and waits until it is on the device.
@@ -373,7 +352,7 @@ async fn crashes_at_random_points_lose_and_leak_nothing() {
     let t = Instant::now();
     lifecycle(&h, "warmup", false).await;
     let span = t.elapsed().as_micros() as u64;
-    assert_clean(&h);
+    h.assert_clean();
     for i in 0..iterations {
         let name = format!("crash-{i}");
         let kill_after = Duration::from_micros(rng.below(span.max(1)));
@@ -469,7 +448,7 @@ async fn crashes_at_random_points_lose_and_leak_nothing() {
             .unwrap_or_else(|_| {
                 panic!("iteration {i} (kill after {kill_after:?}): lifecycle hung after restart")
             });
-        assert_clean(&h);
+        h.assert_clean();
     }
 }
 
@@ -550,7 +529,7 @@ async fn a_hung_command_is_killed_and_the_volume_recovers() {
         })
         .await
         .unwrap();
-    assert_clean(&h);
+    h.assert_clean();
 }
 
 #[tokio::test]
@@ -598,7 +577,7 @@ async fn oversized_requests_are_refused_and_nothing_is_created() {
     assert_eq!(code(&r), Code::InvalidArgument);
     // The driver is still healthy and nothing was made.
     h.identity().probe(pb::ProbeRequest {}).await.unwrap();
-    assert_clean(&h);
+    h.assert_clean();
 }
 
 /// Every RPC that carries a `secrets` map has its values hidden from its
@@ -805,7 +784,7 @@ async fn sigterm_lets_the_call_in_flight_finish_then_exits_promptly() {
         })
         .await
         .unwrap();
-    assert_clean(&h);
+    h.assert_clean();
 }
 
 /// The real secrets of the backends that read them, through the binary at

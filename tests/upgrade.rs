@@ -103,64 +103,48 @@ fn records(dir: &Path) -> BTreeMap<String, Value> {
 struct Run(Vec<(String, String)>);
 
 impl Run {
+    /// This run's values made placeholders.
     fn put(&self, v: &Value) -> Value {
-        match v {
-            Value::String(s) => {
-                let mut s = s.clone();
-                for (value, name) in &self.0 {
-                    s = s.replace(value.as_str(), name);
-                }
-                Value::String(s)
-            }
-            Value::Array(a) => Value::Array(a.iter().map(|x| self.put(x)).collect()),
-            Value::Object(o) => Value::Object(
-                o.iter()
-                    .map(|(k, x)| {
-                        (
-                            self.put(&Value::String(k.clone()))
-                                .as_str()
-                                .unwrap()
-                                .to_string(),
-                            self.put(x),
-                        )
-                    })
-                    .collect(),
-            ),
-            other => other.clone(),
-        }
+        let put = |s: &str| {
+            self.0.iter().fold(s.to_string(), |s, (value, name)| {
+                s.replace(value.as_str(), name)
+            })
+        };
+        walk(v, &put, &|s| Value::String(put(s)))
     }
 
+    /// The placeholders made this run's values (one that stood for a
+    /// number, that number).
     fn fill(&self, v: &Value) -> Value {
-        match v {
-            Value::String(s) => {
-                // A placeholder that stood for a number is that number.
-                if let Some((value, _)) = self.0.iter().find(|(_, name)| name == s) {
-                    if let Ok(n) = value.parse::<u64>() {
-                        return Value::from(n);
-                    }
+        let fill = |s: &str| {
+            self.0.iter().fold(s.to_string(), |s, (value, name)| {
+                s.replace(name.as_str(), value)
+            })
+        };
+        walk(
+            v,
+            &fill,
+            &|s| match self.0.iter().find(|(_, name)| name == s) {
+                Some((value, _)) if value.parse::<u64>().is_ok() => {
+                    Value::from(value.parse::<u64>().unwrap())
                 }
-                let mut s = s.clone();
-                for (value, name) in &self.0 {
-                    s = s.replace(name.as_str(), value);
-                }
-                Value::String(s)
-            }
-            Value::Array(a) => Value::Array(a.iter().map(|x| self.fill(x)).collect()),
-            Value::Object(o) => Value::Object(
-                o.iter()
-                    .map(|(k, x)| {
-                        (
-                            self.fill(&Value::String(k.clone()))
-                                .as_str()
-                                .unwrap()
-                                .to_string(),
-                            self.fill(x),
-                        )
-                    })
-                    .collect(),
-            ),
-            other => other.clone(),
-        }
+                _ => Value::String(fill(s)),
+            },
+        )
+    }
+}
+
+/// `v` with each object key mapped by `key` and each string by `string`.
+fn walk(v: &Value, key: &dyn Fn(&str) -> String, string: &dyn Fn(&str) -> Value) -> Value {
+    match v {
+        Value::String(s) => string(s),
+        Value::Array(a) => Value::Array(a.iter().map(|x| walk(x, key, string)).collect()),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, x)| (key(k), walk(x, key, string)))
+                .collect(),
+        ),
+        other => other.clone(),
     }
 }
 
@@ -208,26 +192,8 @@ async fn the_file_backend_s_volumes_survive_every_state_format() {
 async fn survives(format: u32) {
     let mut h = Harness::start().await;
     let cap = mount_cap("ext4", SNW);
-    let vol = h
-        .create_volume(create_req("pvc-upgrade", 16 * MIB, cap.clone()))
-        .await;
-    let staging = h.path("kubelet/staging/u");
-    std::fs::create_dir_all(&staging).unwrap();
-    let target = h.path("kubelet/pods/u1");
-    h.node()
-        .node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
-        .await
-        .unwrap();
-    h.node()
-        .node_publish_volume(publish_req(
-            &vol.volume_id,
-            &staging,
-            &target,
-            cap.clone(),
-            false,
-        ))
-        .await
-        .unwrap();
+    let vol = h.provision("pvc-upgrade", 16 * MIB, cap.clone()).await;
+    let (staging, target) = (&vol.staging, &vol.target);
     std::fs::write(target.join("kept"), b"kept across an upgrade").unwrap();
     h.kill();
 
@@ -308,17 +274,11 @@ async fn survives(format: u32) {
     let mounts = h.mounts();
     // It knows the volume staged and published: both again are no change.
     h.node()
-        .node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
+        .node_stage_volume(stage_req(&vol.id, staging, cap.clone()))
         .await
         .unwrap_or_else(|e| panic!("format {format}: stage again: {e:?}\n{}", h.log()));
     h.node()
-        .node_publish_volume(publish_req(
-            &vol.volume_id,
-            &staging,
-            &target,
-            cap.clone(),
-            false,
-        ))
+        .node_publish_volume(publish_req(&vol.id, staging, target, cap.clone(), false))
         .await
         .unwrap_or_else(|e| panic!("format {format}: publish again: {e:?}\n{}", h.log()));
     assert_eq!(h.mounts(), mounts, "format {format}: a mount was added");
@@ -326,21 +286,8 @@ async fn survives(format: u32) {
         std::fs::read(target.join("kept")).unwrap(),
         b"kept across an upgrade"
     );
-    h.node()
-        .node_unpublish_volume(unpublish_req(&vol.volume_id, &target))
-        .await
-        .unwrap();
-    h.node()
-        .node_unstage_volume(unstage_req(&vol.volume_id, &staging))
-        .await
-        .unwrap();
-    h.delete_volume(&vol.volume_id).await;
-    assert!(h.mounts().is_empty(), "format {format}: {:?}", h.mounts());
-    assert!(
-        h.loop_devices().is_empty(),
-        "format {format}: {:?}",
-        h.loop_devices()
-    );
+    h.teardown(&vol).await;
+    h.assert_clean();
     let left: Vec<String> = records(&state)
         .into_keys()
         .filter(|k| k != ferrovol::format::FILE)
@@ -350,12 +297,4 @@ async fn survives(format: u32) {
         })
         .collect();
     assert!(left.is_empty(), "format {format}: records left: {left:?}");
-    let (published, _) = ferrovol::state::NodeState::peek_publishes(&state).unwrap();
-    assert!(published.is_empty(), "format {format}: {published:?}");
-    let images: Vec<_> = std::fs::read_dir(state.join("pool/volumes"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name())
-        .collect();
-    assert!(images.is_empty(), "format {format}: {images:?}");
 }

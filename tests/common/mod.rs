@@ -619,6 +619,44 @@ impl Harness {
             .unwrap_or_else(|e| panic!("DeleteVolume {id}: {e:?}\n{}", self.log()));
     }
 
+    /// Nothing left behind: mounts, loop devices, pool files, node records.
+    pub fn assert_clean(&self) {
+        assert!(
+            self.mounts().is_empty(),
+            "mounts leaked: {:?}",
+            self.mounts()
+        );
+        assert!(
+            self.loop_devices().is_empty(),
+            "loop devices leaked: {:?}",
+            self.loop_devices()
+        );
+        let (published, _) = ferrovol::state::NodeState::peek_publishes(&self.state_dir())
+            .expect("the publish journal reads");
+        assert!(published.is_empty(), "publish records left: {published:?}");
+        for sub in ["pool/volumes", "pool/snapshots", "node/staged"] {
+            let left: Vec<_> = std::fs::read_dir(self.state_dir().join(sub))
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name())
+                .collect();
+            assert!(left.is_empty(), "{sub} not empty: {left:?}");
+        }
+    }
+
+    /// The ids of every volume ListVolumes shows (one page).
+    pub async fn listed_volume_ids(&self) -> Vec<String> {
+        self.controller()
+            .list_volumes(pb::ListVolumesRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .entries
+            .into_iter()
+            .map(|e| e.volume.unwrap().volume_id)
+            .collect()
+    }
+
     /// Every snapshot ListSnapshots shows (one page).
     pub async fn all_snapshots(&self) -> Vec<pb::list_snapshots_response::Entry> {
         self.controller()

@@ -1409,36 +1409,36 @@ impl Cluster for LibCluster {
         set: &[(&str, &str)],
         clear_others: bool,
     ) -> Result<()> {
-        // One open for all of the metadata, then the rename.
+        // The metadata on the header (no open), then the rename; made in
+        // place, the record of its making goes instead.
         let set: Vec<(String, String)> = set
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        let (tmp, to) = (tmp.clone(), to.clone());
         let in_place = tmp.image == to.image;
-        let place = to.clone();
+        let (from, dest) = (tmp.clone(), to.clone());
         self.call(creds, DEADLINE, move |c| {
-            let ctx = c.ioctx(&tmp)?;
+            let ctx = c.ioctx(&from)?;
             // An image being made (a temporary one, or one whose making is
             // on record): nobody has it open. A copy's keys of its parent's
             // go first.
-            ctx.set_meta_unopened(&tmp, &set, clear_others)?;
-            if tmp.image == to.image {
-                // Made in place: done now that it has its CSI name (a
-                // named image is whole whatever its record says); the
-                // record goes in the background.
+            ctx.set_meta_unopened(&from, &set, clear_others)?;
+            if in_place {
                 return Ok(());
             }
-            let (from, dest) = (cstr("image", &tmp.image)?, cstr("image", &to.image)?);
+            let (f, d) = (cstr("image", &from.image)?, cstr("image", &dest.image)?);
             // SAFETY: a live ioctx, NUL-terminated names.
-            check(|| format!("rename {} to {}", tmp.arg(), to.image), unsafe {
-                (ctx.api().rbd_rename)(ctx.io, from.as_ptr(), dest.as_ptr())
-            })
+            check(
+                || format!("rename {} to {}", from.arg(), dest.image),
+                unsafe { (ctx.api().rbd_rename)(ctx.io, f.as_ptr(), d.as_ptr()) },
+            )
             .map(|_| ())
         })
         .await?;
         if in_place {
-            self.unintend_later(creds, &place).await;
+            // Done now that it has its CSI name (a named image is whole
+            // whatever its record says); the record goes in the background.
+            self.unintend_later(creds, to).await;
         }
         Ok(())
     }
