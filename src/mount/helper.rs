@@ -56,22 +56,27 @@ pub async fn mount_with_helper(
         .map_err(|e| Error::from(e).context(format!("mount {fs_type} {source}")))
 }
 
-/// Unmounts a (remote) filesystem at `target` with `umount`: forced, and
-/// lazily when the forced unmount fails or outlives `deadline` (a lazy
-/// unmount never waits on the server).
+/// Unmounts a (remote) filesystem at `target` with `umount`, and lazily
+/// when that fails or outlives `deadline` (a lazy unmount never waits on
+/// the server). Never forced: a forced unmount of an NFS mount aborts the
+/// RPCs in flight of every mount that shares its superblock (the kernel
+/// shares one between mounts of the same filesystem from the same server:
+/// the other volumes of an export staged on the node, the pods' mounts
+/// under a controller's working mount), so their writers would see their
+/// writes fail.
 pub async fn unmount_with_helper(
     runner: &dyn CommandRunner,
     target: &Path,
     deadline: Duration,
 ) -> Result<()> {
     let arg = crate::exec::path_arg(target)?;
-    let umount = |flag: &str| {
+    let umount = |flag: Option<&str>| {
         Command::new("umount")
-            .args([flag, arg.as_str()])
+            .args(flag.into_iter().chain([arg.as_str()]))
             .timeout(deadline)
     };
-    if runner.run(umount("-f")).await.is_err() {
-        runner.run(umount("-l")).await?;
+    if runner.run(umount(None)).await.is_err() {
+        runner.run(umount(Some("-l"))).await?;
     }
     Ok(())
 }

@@ -464,9 +464,10 @@ impl NodeOps {
         self.remove_stage(&record.volume_id).await
     }
 
-    /// Unmounts a remote filesystem at `path` with `umount`, forced, and
-    /// lazily when its server does not answer (a lazy unmount never waits
-    /// on it); whether it is still mounted comes from the mount table,
+    /// Unmounts a remote filesystem at `path` with `umount`, and lazily
+    /// when its server does not answer (a lazy unmount never waits on it;
+    /// never forced, which would fail the writes of the node's other
+    /// volumes on the same export); whether it is still mounted comes from the mount table,
     /// which never asks the server either.
     async fn unmount_remote(&self, path: &Path) -> Result<()> {
         for _ in 0..MAX_STACKED_MOUNTS {

@@ -163,8 +163,9 @@ impl WorkMounts {
         matches!(self.mounter.mount_at(dir), Ok(Some(_)))
     }
 
-    /// Unmounts `dir`: forced, and lazily when the server does not answer
-    /// (a lazy unmount never waits on it).
+    /// Unmounts `dir`, and lazily when the server does not answer (a lazy
+    /// unmount never waits on it); never forced (see
+    /// [`crate::mount::unmount_with_helper`]).
     async fn unmount(&self, dir: &Path) -> Result<()> {
         crate::mount::unmount_with_helper(self.runner.as_ref(), dir, Duration::from_secs(20)).await
     }
