@@ -322,11 +322,7 @@ fn table(text: &str, header: &str) -> Vec<Vec<String>> {
 fn every_backend_s_parameters_in_the_docs_are_the_ones_it_takes() {
     use std::collections::BTreeSet;
     let install = std::fs::read_to_string(root().join("docs/install.md")).unwrap();
-    let mutable_rows = table(&install, "| backend | key |");
-    assert!(
-        !mutable_rows.is_empty(),
-        "docs/install.md has no mutable parameters table"
-    );
+    let summary = table(&install, "| backend | mutable parameters |");
     for (kind, parameters, mutable) in ferrovol::backend::documented_keys() {
         let page =
             std::fs::read_to_string(root().join(format!("docs/backends/{kind}.md"))).unwrap();
@@ -347,18 +343,27 @@ fn every_backend_s_parameters_in_the_docs_are_the_ones_it_takes() {
             documented, taken,
             "docs/backends/{kind}.md's StorageClass parameters (left) and the backend's (right)"
         );
-        // Mutable parameters: install.md's table, this backend's rows
-        // (an iscsi store's keys are its store's page's).
-        let documented: BTreeSet<String> = mutable_rows
+        // Mutable parameters: the page's table (an iscsi store's keys are
+        // its store's page's), and a row of install.md's summary that
+        // links to it.
+        let documented: BTreeSet<String> = table(&page, "| mutable parameter")
             .iter()
-            .filter(|row| ticked(&row[0]) == [kind])
-            .flat_map(|row| ticked(&row[1]))
+            .flat_map(|row| ticked(&row[0]))
             .collect();
         let taken: BTreeSet<String> = mutable.iter().map(|s| s.to_string()).collect();
         assert_eq!(
             documented, taken,
-            "docs/install.md's mutable parameters of {kind} (left) and the backend's (right)"
+            "docs/backends/{kind}.md's mutable parameters (left) and the backend's (right)"
         );
+        if !taken.is_empty() {
+            let link = format!("(backends/{kind}.md#mutable-parameters)");
+            assert!(
+                summary
+                    .iter()
+                    .any(|row| ticked(&row[0]) == [kind] && row[1].contains(&link)),
+                "docs/install.md's mutable parameters summary has no row for {kind} linking {link}"
+            );
+        }
     }
 }
 

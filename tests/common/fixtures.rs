@@ -50,6 +50,44 @@ pub fn wait_for(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
     }
 }
 
+/// The longest a fixture waits for a daemon that is still running to be
+/// ready: a wait is bounded by the daemon (one that exits fails it at
+/// once, see [`wait_on`]), this only by a daemon that runs and never
+/// answers. Generous, since a guest on a busy machine is the first to
+/// starve.
+pub const DAEMON_BACKSTOP: Duration = Duration::from_secs(900);
+
+/// Waits until `check` holds, polling every 50 ms, while every one of
+/// `daemons` (name, pid) runs: one that has exited fails the wait at once,
+/// naming it; one that runs on and never gets there fails it after
+/// [`DAEMON_BACKSTOP`].
+pub fn wait_on(what: &str, daemons: &[(&str, u32)], mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + DAEMON_BACKSTOP;
+    loop {
+        for (name, pid) in daemons {
+            assert!(running(*pid), "waiting for {what}: {name} exited");
+        }
+        if check() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what} ({} s, its daemons running)",
+            DAEMON_BACKSTOP.as_secs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Whether process `pid` runs (exists, and is not a zombie).
+pub fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // The state follows the command's closing parenthesis.
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X']))
+    })
+}
+
 fn daemon(program: &str, args: &[&str]) -> Child {
     Command::new(program)
         .args(args)
@@ -164,7 +202,7 @@ impl IscsiTarget {
             .set_len(size_mib << 20)
             .unwrap();
         let tgtd = daemon("tgtd", &["-f"]);
-        wait_for("tgtd", Duration::from_secs(30), || {
+        wait_on("tgtd", &[("tgtd", tgtd.id())], || {
             Command::new("tgtadm")
                 .args(["--lld", "iscsi", "--op", "show", "--mode", "sys"])
                 .output()
@@ -200,7 +238,7 @@ impl IscsiTarget {
             ],
         );
         let iscsid = daemon("iscsid", &["-f"]);
-        wait_for("iscsid", Duration::from_secs(30), || {
+        wait_on("iscsid", &[("iscsid", iscsid.id())], || {
             Path::new("/run/iscsid.pid").exists()
                 || Command::new("iscsiadm")
                     .args(["-m", "session"])
@@ -347,7 +385,7 @@ impl NfsServer {
         let rpcbind = v3.then(|| {
             std::fs::create_dir_all("/run/rpcbind").unwrap();
             let child = daemon("rpcbind", &["-f", "-w"]);
-            wait_for("rpcbind", Duration::from_secs(30), || {
+            wait_on("rpcbind", &[("rpcbind", child.id())], || {
                 std::process::Command::new("rpcinfo")
                     .args(["-p", "127.0.0.1"])
                     .output()
@@ -442,6 +480,84 @@ fn uuid() -> String {
 impl CephCluster {
     pub fn new() -> Self {
         Self::on("127.0.0.1")
+    }
+
+    /// One cluster on loopback for every test of this process that asks
+    /// (the guest's tests run one at a time; a guest starts a cluster in
+    /// a minute or more), its `rbd` pool empty when handed out: a pool a
+    /// failed test left images, trash or records in is made anew first.
+    /// Its daemons live as long as the process. A test that stops or
+    /// reconfigures daemons takes a cluster of its own.
+    pub fn shared() -> &'static CephCluster {
+        static SHARED: std::sync::OnceLock<CephCluster> = std::sync::OnceLock::new();
+        let cluster = SHARED.get_or_init(CephCluster::new);
+        for (name, pid) in cluster.daemon_pids() {
+            assert!(running(pid), "the shared cluster's {name} exited");
+        }
+        if !cluster.pool_is_empty() {
+            cluster.renew_pool();
+        }
+        cluster
+    }
+
+    /// Whether the pool holds no image, nothing in its trash, and no
+    /// object but those of an empty rbd pool (and ferrovol's record of
+    /// images being made, with none on it).
+    fn pool_is_empty(&self) -> bool {
+        let objects = self.rados(&["-p", self.pool, "ls", "--all"]);
+        objects
+            .lines()
+            .all(|line| match line.split_whitespace().last().unwrap_or("") {
+                "rbd_directory" | "rbd_info" | "rbd_trash" | "rbd_children" => true,
+                "ferrovol.making" => self
+                    .rados(&["-p", self.pool, "listomapkeys", "ferrovol.making"])
+                    .trim()
+                    .is_empty(),
+                object => object.starts_with("rbd_mirroring"),
+            })
+            && self.rbd(&["trash", "ls", self.pool]).trim().is_empty()
+    }
+
+    /// Deletes the pool and makes it again, initialized for rbd (the
+    /// client's caps name it, so they hold).
+    fn renew_pool(&self) {
+        let pool = self.pool;
+        self.ceph(&[
+            "osd",
+            "pool",
+            "rm",
+            pool,
+            pool,
+            "--yes-i-really-really-mean-it",
+        ]);
+        self.make_pool();
+    }
+
+    /// The `rbd` pool, initialized, once the manager reports its figures.
+    fn make_pool(&self) {
+        self.ceph(&["osd", "pool", "create", self.pool, "8"]);
+        run(
+            "rbd",
+            &["-c", self.conf.to_str().unwrap(), "pool", "init", self.pool],
+        );
+        // Usage figures reach `ceph df` once the manager has heard from
+        // the OSD about the pool.
+        let daemons = self.daemon_pids();
+        wait_on("the manager's pool figures", &daemons, || {
+            let df: serde_json::Value =
+                serde_json::from_str(&self.ceph(&["df", "--format", "json"])).unwrap_or_default();
+            df["pools"].as_array().is_some_and(|p| {
+                p.iter()
+                    .any(|p| p["name"] == self.pool && p["stats"]["max_avail"].as_u64() > Some(0))
+            })
+        });
+    }
+
+    /// Runs `rados` as the admin against this cluster.
+    pub fn rados(&self, args: &[&str]) -> String {
+        let mut all = vec!["-c", self.conf.to_str().unwrap()];
+        all.extend_from_slice(args);
+        run("rados", &all)
     }
 
     /// A cluster whose monitor and OSD serve on `addr` (the private
@@ -584,9 +700,10 @@ impl CephCluster {
             osd_keyring.to_str().unwrap(),
         ]);
         cluster.osd = Some(daemon("ceph-osd", &["-c", &c, "-i", "0", "-f"]));
-        // Bounds for a guest on a busy machine (its emulated CPU is the
-        // first to starve); an idle one is ready in seconds.
-        wait_for("the OSD to come up", Duration::from_secs(240), || {
+        // An idle guest has it up in seconds; a busy machine's guest takes
+        // as long as it takes while the daemons run.
+        let daemons = cluster.daemon_pids();
+        wait_on("the OSD to come up", &daemons, || {
             cluster.ceph(&["osd", "stat"]).contains("1 up")
         });
         let mgr_keyring = d.join("mgr/keyring");
@@ -602,8 +719,7 @@ impl CephCluster {
             mgr_keyring.to_str().unwrap(),
         ]);
         cluster.mgr = Some(daemon("ceph-mgr", &["-c", &c, "-i", "x", "-f"]));
-        cluster.ceph(&["osd", "pool", "create", "rbd", "8"]);
-        run("rbd", &["-c", &c, "pool", "init", "rbd"]);
+        cluster.make_pool();
         let client = cluster.client_keyring.to_str().unwrap().to_string();
         cluster.ceph(&[
             "auth",
@@ -616,21 +732,6 @@ impl CephCluster {
             "-o",
             &client,
         ]);
-        // Usage figures reach `ceph df` once the manager has heard from
-        // the OSD about the pool.
-        wait_for(
-            "the manager's pool figures",
-            Duration::from_secs(240),
-            || {
-                let df: serde_json::Value =
-                    serde_json::from_str(&cluster.ceph(&["df", "--format", "json"]))
-                        .unwrap_or_default();
-                df["pools"].as_array().is_some_and(|p| {
-                    p.iter()
-                        .any(|p| p["name"] == "rbd" && p["stats"]["max_avail"].as_u64() > Some(0))
-                })
-            },
-        );
         cluster
     }
 
@@ -653,6 +754,14 @@ impl CephCluster {
         ];
         all.extend_from_slice(args);
         run("rbd", &all)
+    }
+
+    /// The daemons by name and pid, for [`wait_on`].
+    fn daemon_pids(&self) -> Vec<(&'static str, u32)> {
+        let mut out = vec![("ceph-mon", self.mon.id())];
+        out.extend(self.osd.iter().map(|c| ("ceph-osd", c.id())));
+        out.extend(self.mgr.iter().map(|c| ("ceph-mgr", c.id())));
+        out
     }
 
     /// The daemons' pids (monitor, OSD, manager).
@@ -799,7 +908,7 @@ impl Tgtd {
             .expect("tgtd");
         let c = self.control_port.to_string();
         let printed = || std::fs::read_to_string(log.path()).unwrap_or_default();
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + DAEMON_BACKSTOP;
         loop {
             if let Some(status) = child.try_wait().unwrap() {
                 return Err(format!("tgtd -C {c} exited with {status}:\n{}", printed()));
@@ -816,7 +925,8 @@ impl Tgtd {
                 let _ = child.kill();
                 let _ = child.wait();
                 panic!(
-                    "tgtd -C {c} did not answer in 30 s; tgtadm: {} {}\ntgtd printed:\n{}",
+                    "tgtd -C {c} runs and did not answer in {} s; tgtadm: {} {}\ntgtd printed:\n{}",
+                    DAEMON_BACKSTOP.as_secs(),
                     out.status,
                     String::from_utf8_lossy(&out.stderr),
                     printed()
@@ -849,7 +959,7 @@ pub struct Iscsid {
 impl Iscsid {
     pub fn new() -> Self {
         let child = daemon("iscsid", &["-f"]);
-        wait_for("iscsid", Duration::from_secs(30), || {
+        wait_on("iscsid", &[("iscsid", child.id())], || {
             Command::new("iscsiadm")
                 .args(["-m", "session"])
                 .output()

@@ -7,6 +7,7 @@ pub mod fixtures;
 pub mod peer;
 pub mod sanity;
 pub mod sharing;
+pub mod upgrade;
 
 use ferrovol::proto::controller_client::ControllerClient;
 use ferrovol::proto::group_controller_client::GroupControllerClient;
@@ -134,7 +135,9 @@ impl Harness {
     }
 
     async fn wait_ready(&mut self) -> Channel {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        // Bounded by the driver: one that exits fails this at once; one
+        // that runs on and never gets ready, after the fixtures' backstop.
+        let deadline = Instant::now() + fixtures::DAEMON_BACKSTOP;
         loop {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("driver exited early with {status}:\n{}", self.log());
@@ -149,7 +152,8 @@ impl Harness {
             }
             assert!(
                 Instant::now() < deadline,
-                "driver not ready in 30s:\n{}",
+                "driver runs and was not ready in {} s:\n{}",
+                fixtures::DAEMON_BACKSTOP.as_secs(),
                 self.log()
             );
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -26,9 +26,13 @@ pub struct Peer;
 impl Peer {
     /// The peer, once its agent answers (it boots beside this guest).
     pub fn reach() -> Peer {
-        wait_for("the peer guest's agent", Duration::from_secs(180), || {
-            Peer::try_sh("true").is_ok_and(|(rc, _)| rc == 0)
-        });
+        // It boots beside this guest: as long as the suite's own timeout
+        // allows, on a busy machine.
+        wait_for(
+            "the peer guest's agent",
+            super::fixtures::DAEMON_BACKSTOP,
+            || Peer::try_sh("true").is_ok_and(|(rc, _)| rc == 0),
+        );
         Peer
     }
 
@@ -178,7 +182,7 @@ RUST_LOG=debug setsid {bin} serve --mode node --endpoint unix://$d/csi.sock \\
   --node-id {node_name} --state-dir $d/state --config $d/config.toml \\
   >$d/driver.log 2>&1 </dev/null &
 echo $! > $d/driver.pid
-for i in $(seq 600); do [ -S $d/csi.sock ] && break; sleep 0.1; done
+while kill -0 $(cat $d/driver.pid) 2>/dev/null && [ ! -S $d/csi.sock ]; do sleep 0.1; done
 [ -S $d/csi.sock ] || {{ cat $d/driver.log; exit 1; }}
 setsid socat TCP-LISTEN:{DRIVER_PORT},bind={PEER_ADDR},reuseaddr,fork UNIX-CONNECT:$d/csi.sock \\
   </dev/null >/dev/null 2>&1 &
@@ -191,8 +195,17 @@ echo $! > $d/relay.pid
                 .connect_timeout(Duration::from_secs(5))
                 // No call of a test waits on the peer without end.
                 .timeout(Duration::from_secs(180));
+        // Until it answers, while it runs.
         let mut last = String::new();
-        for _ in 0..300 {
+        let deadline = std::time::Instant::now() + super::fixtures::DAEMON_BACKSTOP;
+        for round in 0u32.. {
+            if std::time::Instant::now() > deadline
+                || (round % 50 == 49
+                    && peer.sh(&format!("kill -0 $(cat {dir}/driver.pid) 2>/dev/null && echo running || echo gone")).trim()
+                        != "running")
+            {
+                break;
+            }
             match endpoint.connect().await {
                 Ok(channel) => {
                     let mut id =
