@@ -482,15 +482,28 @@ impl CephCluster {
         Self::on("127.0.0.1")
     }
 
-    /// One cluster on loopback for every test of this process that asks
-    /// (the guest's tests run one at a time; a guest starts a cluster in
-    /// a minute or more), its `rbd` pool empty when handed out: a pool a
-    /// failed test left images, trash or records in is made anew first.
-    /// Its daemons live as long as the process. A test that stops or
-    /// reconfigures daemons takes a cluster of its own.
+    /// One cluster for every test of this process that asks (the guest's
+    /// tests run one at a time; a guest starts a cluster in a minute or
+    /// more), its `rbd` pool empty when handed out: a pool a failed test
+    /// left images, trash or records in is made anew first. Its daemons
+    /// live as long as the process. It serves on the private network when
+    /// this guest has a peer (so the peer's driver reaches it too), on
+    /// loopback otherwise. A test that stops or reconfigures daemons takes
+    /// a cluster of its own.
     pub fn shared() -> &'static CephCluster {
         static SHARED: std::sync::OnceLock<CephCluster> = std::sync::OnceLock::new();
-        let cluster = SHARED.get_or_init(CephCluster::new);
+        let cluster = SHARED.get_or_init(|| {
+            let private = super::peer::MAIN_ADDR;
+            let addresses = Command::new("ip")
+                .args(["-o", "-4", "addr", "show"])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+                .unwrap_or_default();
+            match addresses.contains(&format!(" {private}/")) {
+                true => CephCluster::on(private),
+                false => CephCluster::new(),
+            }
+        });
         for (name, pid) in cluster.daemon_pids() {
             assert!(running(pid), "the shared cluster's {name} exited");
         }

@@ -584,7 +584,12 @@ async fn guest_two_nodes_iscsi_moves_fences_and_lets_a_gone_node_go() {
 #[ignore = "needs the two-node guest: run tests/guest/suite"]
 async fn guest_two_nodes_rbd_moves_shares_fences_and_lets_a_gone_node_go() {
     require_guest();
-    let cluster = CephCluster::on(MAIN_ADDR);
+    let cluster = CephCluster::shared();
+    assert!(
+        cluster.mon_addr.starts_with(&format!("{MAIN_ADDR}:")),
+        "the shared cluster is not on the private network: {}",
+        cluster.mon_addr
+    );
     let peer_config = format!(
         "[[backend]]\ntype = \"rbd\"\ncluster_id = \"two\"\nmonitors = [\"v1:{}\"]\npools = [\"rbd\"]\n",
         cluster.mon_addr
