@@ -4786,40 +4786,33 @@ impl Outside<'_> {
 
     /// Takes away what `old` names of its kind and puts what `new` does.
     fn replace(&self, old: &common::upgrade::Records, new: &common::upgrade::Records) {
-        for (name, v) in old {
-            if let Some(lv) = name.strip_prefix("lvm-tags/") {
-                let target = format!("{}/{lv}", self.vg.name);
-                for tag in v.as_array().unwrap() {
-                    self.vg.lvm(
-                        "lvchange",
-                        &["-q", "--deltag", tag.as_str().unwrap(), &target],
-                    );
-                }
-            } else if let Some(image) = name.strip_prefix("rbd-meta/") {
-                for key in v.as_object().unwrap().keys() {
-                    self.cluster
-                        .rbd(&["image-meta", "remove", &format!("rbd/{image}"), key]);
-                }
-            }
-        }
-        for (name, v) in new {
-            if let Some(lv) = name.strip_prefix("lvm-tags/") {
-                let target = format!("{}/{lv}", self.vg.name);
-                for tag in v.as_array().unwrap() {
-                    self.vg.lvm(
-                        "lvchange",
-                        &["-q", "--addtag", tag.as_str().unwrap(), &target],
-                    );
-                }
-            } else if let Some(image) = name.strip_prefix("rbd-meta/") {
-                for (key, value) in v.as_object().unwrap() {
-                    self.cluster.rbd(&[
-                        "image-meta",
-                        "set",
-                        &format!("rbd/{image}"),
-                        key,
-                        value.as_str().unwrap(),
-                    ]);
+        for (records, put) in [(old, false), (new, true)] {
+            for (name, v) in records {
+                if let Some(lv) = name.strip_prefix("lvm-tags/") {
+                    let target = format!("{}/{lv}", self.vg.name);
+                    let flag = if put { "--addtag" } else { "--deltag" };
+                    let mut args = vec!["-q"];
+                    for tag in v.as_array().unwrap() {
+                        args.extend([flag, tag.as_str().unwrap()]);
+                    }
+                    if args.len() > 1 {
+                        args.push(&target);
+                        self.vg.lvm("lvchange", &args);
+                    }
+                } else if let Some(image) = name.strip_prefix("rbd-meta/") {
+                    let image = format!("rbd/{image}");
+                    for (key, value) in v.as_object().unwrap() {
+                        match put {
+                            true => self.cluster.rbd(&[
+                                "image-meta",
+                                "set",
+                                &image,
+                                key,
+                                value.as_str().unwrap(),
+                            ]),
+                            false => self.cluster.rbd(&["image-meta", "remove", &image, key]),
+                        };
+                    }
                 }
             }
         }

@@ -84,6 +84,35 @@ pub async fn unmount_with_helper(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::exec::{FakeRunner, Reply};
+
+    #[tokio::test]
+    async fn unmounts_plainly_then_lazily_and_never_forced() {
+        let target = Path::new("/var/lib/kubelet/staging/a");
+        let runner = FakeRunner::new();
+        runner.ok("umount");
+        unmount_with_helper(&runner, target, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(runner.lines(), ["umount /var/lib/kubelet/staging/a"]);
+        // A server that does not answer: the plain unmount runs out, the
+        // lazy one lets go.
+        let runner = FakeRunner::new();
+        runner.expect("umount", Reply::Timeout).ok("umount");
+        unmount_with_helper(&runner, target, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(
+            runner.lines(),
+            [
+                "umount /var/lib/kubelet/staging/a",
+                "umount -l /var/lib/kubelet/staging/a"
+            ]
+        );
+        for c in runner.calls() {
+            assert!(!c.args.iter().any(|a| a == "-f"), "{c}");
+        }
+    }
 
     #[test]
     fn builds_one_argument_each() {
