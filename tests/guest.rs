@@ -436,8 +436,7 @@ async fn guest_lvm_new_volume_never_exposes_old_data() {
 async fn guest_nfs_backend_lifecycle_policies_and_a_dead_server() {
     require_guest();
     let server = NfsServer::new();
-    let config = "[[backend]]\ntype = \"nfs\"\n\
-        [[backend.export]]\nname = \"main\"\nserver = \"127.0.0.1\"\nshare = \"/\"\nversion = \"4.2\"\n";
+    let config = NFS_LOOPBACK_CONFIG;
     // Deadlines of 8 s keep the dead-server part short.
     let h = Harness::start_with_env(Some(config), &[("FERROVOL_COMMAND_TIMEOUT", "8")]).await;
     let (mut c, mut n) = (h.controller(), h.node());
@@ -645,8 +644,7 @@ async fn guest_nfs_backend_lifecycle_policies_and_a_dead_server() {
 async fn guest_nfs_one_volume_s_unstage_leaves_the_other_volumes_writes_alone() {
     require_guest();
     let _server = NfsServer::new();
-    let config = "[[backend]]\ntype = \"nfs\"\n\
-        [[backend.export]]\nname = \"main\"\nserver = \"127.0.0.1\"\nshare = \"/\"\nversion = \"4.2\"\n";
+    let config = NFS_LOOPBACK_CONFIG;
     let mut h = Harness::start_with(Some(config)).await;
     let cap = mount_cap("", SNW);
     let a = h.provision("pvc-nfs-a", 16 * MIB, cap.clone()).await;
@@ -3699,8 +3697,7 @@ mod sanity {
     async fn guest_sanity_nfs_plain_quota_and_btrfs() {
         require_guest();
         let plain = NfsServer::new();
-        let config = "[[backend]]\ntype = \"nfs\"\n\
-            [[backend.export]]\nname = \"main\"\nserver = \"127.0.0.1\"\nshare = \"/\"\nversion = \"4.2\"\n";
+        let config = NFS_LOOPBACK_CONFIG;
         let mut h = Harness::start_with(Some(config)).await;
         Sanity {
             name: "nfs",
@@ -4709,8 +4706,7 @@ async fn guest_volumes_of_every_backend_survive_every_state_format() {
     let _iscsid = Iscsid::new();
     let cluster = CephCluster::shared();
     let config = format!(
-        "{}[[backend]]\ntype = \"nfs\"\n[[backend.export]]\nname = \"main\"\n\
-         server = \"127.0.0.1\"\nshare = \"/\"\nversion = \"4.2\"\n",
+        "{}{NFS_LOOPBACK_CONFIG}",
         block_backends_config(
             "fvupgrade",
             &tgtd,
@@ -4852,7 +4848,7 @@ async fn adopts(
         false => h.provision_req(req).await,
     };
     let (staging, target) = (&vol.staging, &vol.target);
-    std::fs::write(target.join("kept"), b"kept across an upgrade").unwrap();
+    std::fs::write(target.join("kept"), upgrade::KEPT).unwrap();
     let pod = Steady::start(target.join("pod-writes"));
     assert!(h.terminate().success(), "{}", h.log());
 
@@ -4909,60 +4905,17 @@ async fn adopts(
     outside.replace(&outside_written, &fixture_outside);
 
     h.spawn().await;
-    let mounts = h.mounts();
     let publish_context = match attach {
         true => h.attach_here(&vol.id, &cap, &secrets).await,
         false => HashMap::new(),
     };
-    h.node()
-        .node_stage_volume(pb::NodeStageVolumeRequest {
-            secrets: secrets.clone(),
-            publish_context,
-            ..stage_req(&vol.id, staging, cap.clone())
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{backend} format {format}: stage again: {e:?}\n{}", h.log()));
-    h.node()
-        .node_publish_volume(publish_req(&vol.id, staging, target, cap.clone(), false))
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "{backend} format {format}: publish again: {e:?}\n{}",
-                h.log()
-            )
-        });
-    assert_eq!(
-        h.mounts(),
-        mounts,
-        "{backend} format {format}: a mount was added"
-    );
-    assert_eq!(
-        std::fs::read(target.join("kept")).unwrap(),
-        b"kept across an upgrade"
-    );
-    assert!(
-        pod.next_write_within(Duration::from_secs(120)).is_some(),
-        "{backend} format {format}: the pod's writes stopped"
-    );
-    let second = h.path(&format!("kubelet/pods/{name}-second"));
-    h.node()
-        .node_publish_volume(publish_req(&vol.id, staging, &second, cap.clone(), false))
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "{backend} format {format}: a second pod: {e:?}\n{}",
-                h.log()
-            )
-        });
-    assert_eq!(
-        std::fs::read(second.join("kept")).unwrap(),
-        b"kept across an upgrade"
-    );
-    assert!(pod.finish() > 0);
-    h.node()
-        .node_unpublish_volume(unpublish_req(&vol.id, &second))
-        .await
-        .unwrap();
+    let stage = pb::NodeStageVolumeRequest {
+        secrets: secrets.clone(),
+        publish_context,
+        ..stage_req(&vol.id, staging, cap.clone())
+    };
+    let what = format!("{backend} format {format}");
+    upgrade::adopted(&h, &vol, &cap, stage, pod, Duration::from_secs(120), &what).await;
     h.unpublish_unstage(&vol.id, staging, target).await;
     if attach {
         h.controller()

@@ -75,8 +75,8 @@ async fn survives(format: u32) {
     let mut h = Harness::start().await;
     let cap = mount_cap("ext4", SNW);
     let vol = h.provision("pvc-upgrade", 16 * MIB, cap.clone()).await;
-    let (staging, target) = (&vol.staging, &vol.target);
-    std::fs::write(target.join("kept"), b"kept across an upgrade").unwrap();
+    let target = &vol.target;
+    std::fs::write(target.join("kept"), upgrade::KEPT).unwrap();
     let pod = Steady::start(target.join("pod-writes"));
     assert!(h.terminate().success(), "{}", h.log());
 
@@ -97,42 +97,16 @@ async fn survives(format: u32) {
     upgrade::replace(&roots, &written, &fixture);
 
     h.spawn().await;
-    let mounts = h.mounts();
-    // It knows the volume staged and published: both again are no change.
-    h.node()
-        .node_stage_volume(stage_req(&vol.id, staging, cap.clone()))
-        .await
-        .unwrap_or_else(|e| panic!("format {format}: stage again: {e:?}\n{}", h.log()));
-    h.node()
-        .node_publish_volume(publish_req(&vol.id, staging, target, cap.clone(), false))
-        .await
-        .unwrap_or_else(|e| panic!("format {format}: publish again: {e:?}\n{}", h.log()));
-    assert_eq!(h.mounts(), mounts, "format {format}: a mount was added");
-    assert_eq!(
-        std::fs::read(target.join("kept")).unwrap(),
-        b"kept across an upgrade"
-    );
-    // The pod wrote on through the roll, and a second pod on the node gets
-    // the same staged volume from the new driver.
-    assert!(
-        pod.next_write_within(Duration::from_secs(60)).is_some(),
-        "format {format}: the pod's writes stopped"
-    );
-    let second = h.path("kubelet/pods/pvc-upgrade-second");
-    h.node()
-        .node_publish_volume(publish_req(&vol.id, staging, &second, cap.clone(), false))
-        .await
-        .unwrap_or_else(|e| panic!("format {format}: a second pod: {e:?}\n{}", h.log()));
-    assert_eq!(
-        std::fs::read(second.join("kept")).unwrap(),
-        b"kept across an upgrade"
-    );
-    let writes = pod.finish();
-    assert!(writes > 0);
-    h.node()
-        .node_unpublish_volume(unpublish_req(&vol.id, &second))
-        .await
-        .unwrap();
+    upgrade::adopted(
+        &h,
+        &vol,
+        &cap,
+        stage_req(&vol.id, &vol.staging, cap.clone()),
+        pod,
+        Duration::from_secs(60),
+        &format!("format {format}"),
+    )
+    .await;
     h.teardown(&vol).await;
     h.assert_clean();
     let left: Vec<String> = upgrade::read(&roots)

@@ -336,6 +336,10 @@ pub struct NfsServer {
     loop_dev: Option<String>,
 }
 
+/// An nfs backend on an [`NfsServer`]'s export, over NFSv4.2 on loopback.
+pub const NFS_LOOPBACK_CONFIG: &str = "[[backend]]\ntype = \"nfs\"\n\
+    [[backend.export]]\nname = \"main\"\nserver = \"127.0.0.1\"\nshare = \"/\"\nversion = \"4.2\"\n";
+
 impl NfsServer {
     pub fn new() -> Self {
         Self::start_server(false, None)

@@ -9,9 +9,15 @@
 //! guest a folder of its share), and puts a fixture's records in place of
 //! its own ([`replace`]) before a current driver starts on them.
 
+use super::{publish_req, unpublish_req, Harness, Published, Steady};
+use ferrovol::proto as pb;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// What a test writes to its volume before the roll, and reads after.
+pub const KEPT: &[u8] = b"kept across an upgrade";
 
 /// Records by name: `<prefix><path under its folder>` for files, or a name
 /// of the test's own for what is not a file (lvm tags, rbd metadata).
@@ -241,4 +247,52 @@ pub fn expect_fixture(backend: &str, format: u32, written: &Records, run: &Run) 
     let fixture: Records =
         serde_json::from_str(&std::fs::read_to_string(&golden).unwrap()).unwrap();
     run.fill_all(&fixture)
+}
+
+/// After a roll onto a fixture's records: the driver knows `vol` staged
+/// and published (`stage`, a repeat of its stage, and a repeated publish
+/// add no mount), [`KEPT`] is still there, `pod` writes on (a write within
+/// `pod_limit`), and a second pod is published from the same staged mount
+/// and unpublished again. `what` names the case in failures.
+pub async fn adopted(
+    h: &Harness,
+    vol: &Published,
+    cap: &pb::VolumeCapability,
+    stage: pb::NodeStageVolumeRequest,
+    pod: Steady,
+    pod_limit: Duration,
+    what: &str,
+) {
+    let (staging, target) = (&vol.staging, &vol.target);
+    let mounts = h.mounts();
+    h.node()
+        .node_stage_volume(stage)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: stage again: {e:?}\n{}", h.log()));
+    h.node()
+        .node_publish_volume(publish_req(&vol.id, staging, target, cap.clone(), false))
+        .await
+        .unwrap_or_else(|e| panic!("{what}: publish again: {e:?}\n{}", h.log()));
+    assert_eq!(h.mounts(), mounts, "{what}: a mount was added");
+    assert_eq!(std::fs::read(target.join("kept")).unwrap(), KEPT);
+    // The pod wrote on through the roll, and a second pod on the node gets
+    // the same staged volume from the new driver.
+    assert!(
+        pod.next_write_within(pod_limit).is_some(),
+        "{what}: the pod's writes stopped"
+    );
+    let second = target.with_file_name(format!(
+        "{}-second",
+        target.file_name().unwrap().to_string_lossy()
+    ));
+    h.node()
+        .node_publish_volume(publish_req(&vol.id, staging, &second, cap.clone(), false))
+        .await
+        .unwrap_or_else(|e| panic!("{what}: a second pod: {e:?}\n{}", h.log()));
+    assert_eq!(std::fs::read(second.join("kept")).unwrap(), KEPT);
+    assert!(pod.finish() > 0);
+    h.node()
+        .node_unpublish_volume(unpublish_req(&vol.id, &second))
+        .await
+        .unwrap();
 }
