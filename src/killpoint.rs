@@ -86,6 +86,26 @@ pub const POINTS: &[&str] = &[
     "nfs.snapshot.made",
 ];
 
+/// Says, once at start, the kill point this process was asked to die at
+/// (`FERROVOL_KILL_AT`): `kill point armed` in a build with kill points,
+/// and that it is ignored in one without. A test checks for the first, so
+/// that a build without them (a plain `cargo build` of the same target
+/// folder puts one in place of the test's binary) fails it for what it is
+/// instead of running past the point.
+pub fn announce() {
+    let Ok(wanted) = std::env::var("FERROVOL_KILL_AT") else {
+        return;
+    };
+    let name = wanted.split_once('@').map_or(wanted.as_str(), |(n, _)| n);
+    if !cfg!(feature = "kill-points") {
+        tracing::warn!(point = %wanted, "FERROVOL_KILL_AT is set, but this build has no kill points: ignored");
+    } else if POINTS.contains(&name) {
+        tracing::warn!(point = %wanted, "kill point armed");
+    } else {
+        tracing::error!(point = %wanted, "FERROVOL_KILL_AT names no kill point: ignored");
+    }
+}
+
 /// Dies here if the test asked for it (a no-op without the feature).
 #[cfg(not(feature = "kill-points"))]
 #[inline(always)]

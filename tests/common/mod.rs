@@ -119,6 +119,7 @@ impl Harness {
 
     /// Starts the driver and waits until Probe answers.
     pub async fn spawn(&mut self) {
+        let before = self.log().len();
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -132,6 +133,19 @@ impl Harness {
             .expect("start ferrovol");
         self.child = Some(child);
         self.channel = Some(self.wait_ready().await);
+        // A test that aims at a kill point needs a driver that has them
+        // (a plain build put in the binary's place has none, and would
+        // run past the point as if the step were not there).
+        if self.env.iter().any(|(k, _)| k == "FERROVOL_KILL_AT") {
+            let log = self.log();
+            assert!(
+                log.get(before..)
+                    .is_some_and(|new| new.contains("kill point armed")),
+                "the driver did not arm its kill point (a build without the kill-points \
+                 feature, or an unknown point):\n{}",
+                log.get(before..).unwrap_or_default()
+            );
+        }
     }
 
     async fn wait_ready(&mut self) -> Channel {
@@ -614,10 +628,15 @@ impl Harness {
 
     /// DeleteVolume of `id`, which must succeed.
     pub async fn delete_volume(&self, id: &str) {
+        self.delete_volume_with(id, HashMap::new()).await
+    }
+
+    /// DeleteVolume of `id` with the call's `secrets`, which must succeed.
+    pub async fn delete_volume_with(&self, id: &str, secrets: HashMap<String, String>) {
         self.controller()
             .delete_volume(pb::DeleteVolumeRequest {
                 volume_id: id.into(),
-                ..Default::default()
+                secrets,
             })
             .await
             .unwrap_or_else(|e| panic!("DeleteVolume {id}: {e:?}\n{}", self.log()));

@@ -1234,8 +1234,11 @@ impl LibCluster {
         tokio::task::spawn_blocking(move || {
             crate::killpoint::hit("rbd.named");
             let removed = conn.ioctx(&spec).and_then(|ctx| ctx.unintend(&spec.image));
-            if let Err(e) = removed {
-                tracing::debug!(image = %spec.arg(), error = %e.message, "record of making left");
+            match removed {
+                Ok(()) => tracing::debug!(image = %spec.arg(), "record of making removed"),
+                Err(e) => {
+                    tracing::debug!(image = %spec.arg(), error = %e.message, "record of making left")
+                }
             }
             unintending.locked().retain(|s| *s != spec);
         });

@@ -765,6 +765,31 @@ impl RbdBackend {
     }
 
     /// The CSI name the image is recorded as being made for, if it is.
+    /// Removes every record of making whose image has the CSI name the
+    /// record names: the create finished (an image is whole once named) and
+    /// the driver was killed before the record's removal, which follows
+    /// the answer. Records of images not named (a create cut short, which
+    /// the CO's retry or delete settles) and of images not there are kept.
+    /// Answers how many went.
+    async fn settle_records(&self) -> Result<usize> {
+        let creds = self.creds(&Secrets::default())?;
+        let mut removed = 0;
+        for place in self.places(&creds).await? {
+            for (image, name) in self.rbd().intended(&creds, &place).await? {
+                let spec = place.with_image(&image);
+                let named = match self.rbd().describe(&creds, &spec).await? {
+                    Some((_, meta)) => meta.get(META_NAME) == Some(&name),
+                    None => false,
+                };
+                if named {
+                    self.rbd().unintend(&creds, &spec).await?;
+                    removed += 1;
+                }
+            }
+        }
+        Ok(removed)
+    }
+
     async fn being_made_for(&self, creds: &Creds, spec: &Spec) -> Result<Option<String>> {
         Ok(self.rbd().intended(creds, spec).await?.remove(&spec.image))
     }
@@ -965,6 +990,27 @@ impl Backend for RbdBackend {
         Ok(())
     }
 
+    /// A driver with a user of its own finishes, before it serves, what
+    /// the records of making a killed run left beside whole volumes say
+    /// (see [`RbdBackend::settle_records`]). Nothing here stops the start:
+    /// a cluster that does not answer leaves the records for the volumes'
+    /// deletes.
+    async fn start(&self) -> Result<()> {
+        if !self.rbd().makes_in_place() || self.settings.user.is_none() {
+            return Ok(());
+        }
+        match self.settle_records().await {
+            Ok(0) => tracing::debug!(backend = %self.name, "no record of making to settle"),
+            Ok(n) => {
+                tracing::info!(backend = %self.name, records = n, "records of making a killed run left beside whole volumes removed")
+            }
+            Err(e) => {
+                tracing::warn!(backend = %self.name, error = %e.message, "records of making not settled at start; each goes with its volume's delete")
+            }
+        }
+        Ok(())
+    }
+
     fn node_id_suffix(&self) -> Result<Option<String>> {
         Ok(Some(NODE_TOKEN.to_string()))
     }
@@ -1146,7 +1192,11 @@ impl Backend for RbdBackend {
                 self.rbd().remove(&creds, &tmp).await?;
             }
             self.purge_trash(&creds, &spec).await;
-            return Ok(());
+            // A record of its making that a driver killed before removing
+            // it left (after the answer, or with the image in the trash at
+            // `rbd.trashed`): with the image gone it says nothing, and
+            // nothing else would ever remove it.
+            return self.rbd().unintend(&creds, &spec).await;
         };
         let recorded = if self.rbd().makes_in_place() {
             self.being_made_for(&creds, &spec).await?
