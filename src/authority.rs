@@ -1,5 +1,6 @@
-//! A connection-level fix for clients that send the socket path as the
-//! HTTP/2 `:authority` over a unix socket. Kubelet before 1.26, `csc`
+//! A connection-level fix for clients that send the socket path (or the
+//! endpoint's URL, `tcp://host:port`) as the HTTP/2 `:authority`, over a
+//! unix socket or plain TCP. Kubelet before 1.26, `csc`
 //! (gocsi), grpcio for Python and grpc-java all do; the HTTP/2 server under
 //! tonic refuses such a request with a stream reset. Go servers accept it,
 //! so every other CSI driver works with these clients.
@@ -337,6 +338,14 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for AuthorityFix<S> {
 
 impl tonic::transport::server::Connected for AuthorityFix<tokio::net::UnixStream> {
     type ConnectInfo = tonic::transport::server::UdsConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.inner.connect_info()
+    }
+}
+
+impl tonic::transport::server::Connected for AuthorityFix<tokio::net::TcpStream> {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
         self.inner.connect_info()

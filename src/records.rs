@@ -98,15 +98,24 @@ pub fn remove(path: &Path) -> Result<bool> {
 }
 
 /// Creates `dir` (and its missing parents) private to the driver's user:
-/// mode 0700, an existing one made so too.
+/// mode 0700, an existing one of the driver's user made so too. An
+/// existing one another user owns keeps its mode: it is a volume's mount
+/// point (a pod's emptyDir is root's, mode 2777 with the pod's fsGroup)
+/// or a folder an administrator made, not the driver's to change (and
+/// only its owner may); what the driver makes inside it is private.
 pub fn private_dir(dir: &Path) -> Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let err = |e| Error::io(format!("create {}", dir.display()), e);
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
-        .and_then(|()| fs::set_permissions(dir, fs::Permissions::from_mode(0o700)))
-        .map_err(|e| Error::io(format!("create {}", dir.display()), e))
+        .map_err(err)?;
+    let meta = fs::metadata(dir).map_err(err)?;
+    if meta.uid() != nix::unistd::geteuid().as_raw() || meta.mode() & 0o7777 == 0o700 {
+        return Ok(());
+    }
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(err)
 }
 
 /// The name of the temporary file a write of `path` goes through; a
@@ -421,6 +430,27 @@ mod tests {
             0o700
         );
         assert!(is_leftover(".x.json.tmp") && !is_leftover("x.json"));
+    }
+
+    /// A folder another user owns (a pod's emptyDir: root's, mode 2777)
+    /// keeps its mode, and what is made inside it is private. Needs root
+    /// (to give the folder to another user).
+    #[test]
+    fn private_dir_leaves_another_user_s_folder_as_it_is() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        assert!(nix::unistd::geteuid().is_root(), "needs root");
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("emptydir");
+        fs::create_dir(&d).unwrap();
+        fs::set_permissions(&d, fs::Permissions::from_mode(0o2777)).unwrap();
+        std::os::unix::fs::chown(&d, Some(65532), Some(65532)).unwrap();
+        private_dir(&d).unwrap();
+        assert_eq!(fs::metadata(&d).unwrap().mode() & 0o7777, 0o2777);
+        private_dir(&d.join("state")).unwrap();
+        assert_eq!(
+            fs::metadata(d.join("state")).unwrap().mode() & 0o7777,
+            0o700
+        );
     }
 
     type J = Journal<String, u32>;

@@ -885,16 +885,82 @@ impl Drop for Started {
     }
 }
 
+/// Makes `path` as the kubelet makes a pod's volume: an emptyDir is
+/// root's, mode 0777 (with the pod's fsGroup: that group's, set-group-id,
+/// 2777), empty at every pod start; a hostPath the host made is root's,
+/// 0755; a ConfigMap's folder root's, 0755.
+fn make_volume(path: &Path, volume: &Value, fs_group: Option<u32>) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(path).unwrap();
+    let mode = if volume.get("emptyDir").is_some() {
+        std::os::unix::fs::chown(path, Some(0), fs_group).unwrap();
+        if fs_group.is_some() {
+            0o2777
+        } else {
+            0o777
+        }
+    } else {
+        std::os::unix::fs::chown(path, Some(0), Some(0)).unwrap();
+        0o755
+    };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// The volume mounted at `mount_path` in container `c` of `w`, or at a
+/// folder above it, with the path below the mount.
+fn volume_at<'a>(w: &'a Value, c: &Value, path: &str) -> Option<(&'a Value, String)> {
+    seq(&c["volumeMounts"])
+        .iter()
+        .filter(|m| {
+            let at = s(&m["mountPath"]);
+            path == at || path.starts_with(&format!("{}/", at.trim_end_matches('/')))
+        })
+        .max_by_key(|m| s(&m["mountPath"]).len())
+        .map(|m| {
+            let rest = path[s(&m["mountPath"]).len()..].trim_start_matches('/');
+            (volume(w, s(&m["name"])), rest.to_string())
+        })
+}
+
 async fn start_container(r: &Rendered, w: &Value) -> Started {
+    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
+    // The pod's root is everyone's to walk through.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let f = container(w, "ferrovol");
-    let state = dir.path().join("state");
-    let config = dir.path().join("config.d");
-    std::fs::create_dir_all(&state).unwrap();
-    std::fs::create_dir_all(&config).unwrap();
-    let socket = dir.path().join("csi.sock");
-    let metrics = common::free_port();
+    let fs_group = pod(w)["securityContext"]["fsGroup"]
+        .as_i64()
+        .map(|g| g as u32);
     let pod_state = flag(f, "state-dir").unwrap();
+    // The state folder is what the pod mounts there (an emptyDir or a
+    // hostPath), made as the kubelet makes it.
+    let state = match volume_at(w, f, &pod_state) {
+        Some((v, rest)) => {
+            let at = dir.path().join("state-volume");
+            make_volume(&at, v, fs_group);
+            if rest.is_empty() {
+                at
+            } else {
+                at.join(rest)
+            }
+        }
+        None => panic!("{}: the state dir {pod_state} is on no volume", r.name),
+    };
+    let config = dir.path().join("config.d");
+    make_volume(&config, &Value::Null, fs_group);
+    // The socket's folder is an emptyDir in every pod.
+    let csi = dir.path().join("csi");
+    let endpoint = flag(f, "endpoint").unwrap();
+    let socket_dir = endpoint
+        .trim_start_matches("unix://")
+        .rsplit_once('/')
+        .unwrap()
+        .0
+        .to_string();
+    let (v, _) = volume_at(w, f, &socket_dir).expect("the socket's folder is a volume");
+    make_volume(&csi, v, fs_group);
+    let socket = csi.join("csi.sock");
+    let metrics = common::free_port();
     if let Some(cm) = flag(f, "config") {
         let m = mount(f, &cm).expect("the config dir is mounted");
         let cm = s(&volume(w, s(&m["name"]))["configMap"]["name"]);
@@ -916,7 +982,9 @@ async fn start_container(r: &Rendered, w: &Value) -> Started {
                     1,
                 );
             }
-            std::fs::write(config.join(name), text).unwrap();
+            std::fs::write(config.join(&name), text).unwrap();
+            std::fs::set_permissions(config.join(name), std::fs::Permissions::from_mode(0o644))
+                .unwrap();
         }
     }
     let env = |name: &str| match name {
@@ -953,24 +1021,17 @@ async fn start_container(r: &Rendered, w: &Value) -> Started {
             let gid = pod(w)["securityContext"]["runAsGroup"]
                 .as_i64()
                 .unwrap_or(uid);
-            nix::unistd::chown(
-                dir.path(),
-                Some(nix::unistd::Uid::from_raw(uid as u32)),
-                Some(nix::unistd::Gid::from_raw(gid as u32)),
-            )
-            .unwrap();
-            for p in [&state, &config] {
-                nix::unistd::chown(
-                    p,
-                    Some(nix::unistd::Uid::from_raw(uid as u32)),
-                    Some(nix::unistd::Gid::from_raw(gid as u32)),
-                )
-                .unwrap();
-            }
+            // The pod's user, its group and its fsGroup as a
+            // supplementary group; the volumes are as the kubelet makes
+            // them, none of them the user's own.
+            let groups = match fs_group {
+                Some(g) => format!("--groups={g}"),
+                None => "--clear-groups".to_string(),
+            };
             let mut c = Command::new("setpriv");
             c.arg(format!("--reuid={uid}"))
                 .arg(format!("--regid={gid}"))
-                .arg("--clear-groups")
+                .arg(groups)
                 .arg("--")
                 .arg(env!("CARGO_BIN_EXE_ferrovol"));
             c
@@ -984,7 +1045,8 @@ async fn start_container(r: &Rendered, w: &Value) -> Started {
         .stderr(log)
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    // Bounded by the driver: one that exits fails at once.
+    let deadline = std::time::Instant::now() + common::fixtures::DAEMON_BACKSTOP;
     let channel = loop {
         if let Some(status) = child.try_wait().unwrap() {
             panic!(

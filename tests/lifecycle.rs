@@ -1169,3 +1169,78 @@ async fn clients_sending_the_socket_path_as_authority_reach_every_rpc() {
     }
     assert!(!h.log().contains("malformed"), "{}", h.log());
 }
+
+/// Over plain TCP (`--endpoint tcp://...` on loopback), a client that
+/// sends the endpoint's URL as `:authority` (csc sends
+/// `tcp://127.0.0.1:PORT`) reaches every RPC and gets what a client with a
+/// plain authority gets. Needs python3 with grpcio and grpcio-tools.
+#[tokio::test]
+async fn clients_sending_the_endpoint_url_as_authority_over_tcp_reach_every_rpc() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[backend]]\ntype = \"file\"\npool = \"{}\"\n",
+            dir.path().join("pool").display()
+        ),
+    )
+    .unwrap();
+    let port = free_port();
+    let endpoint = format!("tcp://127.0.0.1:{port}");
+    let log = std::fs::File::create(dir.path().join("log")).unwrap();
+    let mut driver = std::process::Command::new(env!("CARGO_BIN_EXE_ferrovol"))
+        .args(["serve", "--endpoint", &endpoint, "--node-id", "tcp-node"])
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .arg("--config")
+        .arg(&config)
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    // Serving once it takes a connection; one that exited fails at once.
+    loop {
+        if let Some(status) = driver.try_wait().unwrap() {
+            panic!(
+                "exited with {status}: {}",
+                std::fs::read_to_string(dir.path().join("log")).unwrap()
+            );
+        }
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let _driver = Kill(driver);
+    let run = |authority: &str| {
+        let out = std::process::Command::new("python3")
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/clients/csi_calls.py"
+            ))
+            .arg(&endpoint)
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/proto/csi.proto"))
+            .arg(authority)
+            .output()
+            .expect("python3 runs (install grpcio and grpcio-tools)");
+        assert!(
+            out.status.success(),
+            "{authority}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let reference = run("localhost");
+    assert!(reference.contains("Identity/Probe OK"), "{reference}");
+    assert!(reference.contains("Node/NodeGetInfo OK"), "{reference}");
+    assert!(!reference.contains("UNAVAILABLE"), "{reference}");
+    assert_eq!(run("socket"), reference, "the endpoint's URL as authority");
+}

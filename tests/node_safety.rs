@@ -882,3 +882,141 @@ async fn an_idle_client_that_has_spoken_http2_is_kept() {
         }
     }
 }
+
+/// The loop devices backed by the file `image` (its device and inode, as
+/// `losetup` reads them from the kernel: not the path text, which depends
+/// on the mount namespace of the process that attached it).
+fn loops_of(image: &Path) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(image).unwrap();
+    let (major, minor) = (
+        nix::sys::stat::major(m.dev()),
+        nix::sys::stat::minor(m.dev()),
+    );
+    let out = std::process::Command::new("losetup")
+        .args(["--list", "--noheadings", "-O", "NAME,BACK-INO,BACK-MAJ:MIN"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() == 3 && f[1] == m.ino().to_string() && f[2] == format!("{major}:{minor}"))
+                .then(|| f[0].to_string())
+        })
+        .collect()
+}
+
+/// A node plugin replaced as a DaemonSet roll replaces it: the driver runs
+/// in a mount namespace of its own with the pool bind-mounted into it (as
+/// a container has its hostPath), stages and publishes a file volume, and
+/// dies with its namespace; a new one in a new namespace (the kubelet's
+/// mounts kept, shared with it as a Bidirectional mount is) must know the
+/// volume's loop device for its own: stage and publish again add no
+/// device and no mount, the data is there, and unstage lets the device
+/// go. The kernel shows the old device's backing file by the dead
+/// namespace's path, not the driver's. Needs root.
+#[tokio::test]
+async fn a_driver_in_a_new_mount_namespace_knows_the_loop_devices_of_the_last() {
+    require_root();
+    let config = "[[backend]]\ntype = \"file\"\npool = \"@DIR@/view\"\n";
+    let mut h = Harness::start_with(Some(config)).await;
+    h.kill();
+    let (pool, view, kubelet) = (h.path("pool"), h.path("view"), h.path("kubelet"));
+    std::fs::create_dir_all(&pool).unwrap();
+    // What a failed run leaves: the harness finds loop devices by their
+    // path text, which these no longer show.
+    struct Detach(std::path::PathBuf);
+    impl Drop for Detach {
+        fn drop(&mut self) {
+            common::cleanup(&self.0.parent().unwrap().join("kubelet"));
+            let volumes = self.0.join("volumes");
+            for image in std::fs::read_dir(volumes).into_iter().flatten().flatten() {
+                for dev in loops_of(&image.path()) {
+                    let _ = std::process::Command::new("losetup")
+                        .args(["-d", &dev])
+                        .status();
+                }
+            }
+        }
+    }
+    let _detach = Detach(pool.clone());
+    // The kubelet's folder is shared with the driver's namespaces.
+    let sh = |script: &str| {
+        let ok = std::process::Command::new("sh")
+            .args(["-c", script])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "{script}");
+    };
+    sh(&format!(
+        "mount --bind {k} {k} && mount --make-shared {k}",
+        k = kubelet.display()
+    ));
+    h.wrap = vec![
+        "unshare".into(),
+        "--mount".into(),
+        "--propagation".into(),
+        "unchanged".into(),
+        "--".into(),
+        "sh".into(),
+        "-c".into(),
+        "mount --bind \"$1\" \"$2\" && shift 2 && exec \"$@\"".into(),
+        "sh".into(),
+        pool.display().to_string(),
+        view.display().to_string(),
+    ];
+    h.spawn().await;
+    let cap = mount_cap("ext4", 1);
+    let p = h.provision("pvc-roll", 16 * MIB, cap.clone()).await;
+    std::fs::write(p.target.join("data"), "kept").unwrap();
+    let image = std::fs::read_dir(pool.join("volumes"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "img"))
+        .expect("the volume's image in the pool");
+    let devices = loops_of(&image);
+    assert_eq!(devices.len(), 1, "{devices:?}");
+    // The namespace dies with the driver: its path is no longer the one
+    // the kernel shows.
+    h.kill();
+    let name = devices[0].trim_start_matches("/dev/");
+    let shown = std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file")).unwrap();
+    assert!(
+        !shown.starts_with(view.to_str().unwrap()),
+        "the kernel still shows the driver's path: {shown}"
+    );
+
+    h.spawn().await;
+    let mounts = h.mounts().len();
+    h.node()
+        .node_stage_volume(stage_req(&p.id, &p.staging, cap.clone()))
+        .await
+        .unwrap();
+    h.node()
+        .node_publish_volume(publish_req(&p.id, &p.staging, &p.target, cap, false))
+        .await
+        .unwrap();
+    assert_eq!(
+        loops_of(&image),
+        devices,
+        "a second loop device over one image"
+    );
+    assert_eq!(h.mounts().len(), mounts, "stage or publish mounted again");
+    assert_eq!(
+        std::fs::read_to_string(p.target.join("data")).unwrap(),
+        "kept"
+    );
+    h.unpublish_unstage(&p.id, &p.staging, &p.target).await;
+    assert_eq!(
+        loops_of(&image),
+        Vec::<String>::new(),
+        "unstage left the device"
+    );
+    h.delete_volume(&p.id).await;
+    assert!(!image.exists());
+    h.kill();
+    sh(&format!("umount -l {}", kubelet.display()));
+}

@@ -3,6 +3,14 @@
 //! behind the [`LoopKernel`] seam; what `losetup` does, without a process
 //! per call), with attachments read from sysfs.
 //!
+//! A device is known by the device and inode numbers of its backing file
+//! (what the kernel keeps from the open file), never by the path text
+//! sysfs shows: that text is the path as the process that attached it saw
+//! it, and once that process's mount namespace is gone (a container
+//! replaced) it reads otherwise (`/pool/x.img` for
+//! `/var/lib/ferrovol/local/pool/x.img`). An image deleted while attached
+//! can only be found by its text.
+//!
 //! Which device backs which image is kept in an index, read from sysfs once
 //! (every `loopN`, attached or not: a machine that has made many keeps
 //! them all, 962 on this one) and kept as this process attaches and
@@ -41,6 +49,28 @@ pub trait LoopKernel: Send + Sync {
     fn detach(&self, device: &Path) -> Result<()>;
     /// Makes `device` see its backing file's current size.
     fn set_capacity(&self, device: &Path) -> Result<()>;
+    /// The identity of `device`'s backing file; `None` when it has none
+    /// (not set up, or gone).
+    fn backing_id(&self, device: &Path) -> Option<FileId>;
+}
+
+/// A file's identity: its filesystem's device number and its inode, as
+/// `stat` and the loop driver's status both give them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FileId {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl FileId {
+    /// The identity of the file at `path`, if it exists.
+    pub fn of(path: &Path) -> Option<FileId> {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(path).ok().map(|m| FileId {
+            dev: m.dev(),
+            ino: m.ino(),
+        })
+    }
 }
 
 /// The real loop driver, through its ioctls.
@@ -80,6 +110,7 @@ mod sys {
     nix::ioctl_write_ptr_bad!(configure, 0x4C0A, LoopConfig);
     nix::ioctl_none_bad!(clr_fd, 0x4C01);
     nix::ioctl_none_bad!(set_capacity, 0x4C07);
+    nix::ioctl_read_bad!(get_status64, 0x4C05, LoopInfo64);
 }
 
 impl Ioctls {
@@ -181,13 +212,30 @@ impl LoopKernel for Ioctls {
                 )
             })
     }
+
+    fn backing_id(&self, device: &Path) -> Option<FileId> {
+        use std::os::fd::AsRawFd;
+        // Reading the status needs no write access.
+        let dev = std::fs::File::open(device).ok()?;
+        // SAFETY: an all-zero struct loop_info64 is valid; the kernel
+        // fills it in.
+        let mut info: sys::LoopInfo64 = unsafe { std::mem::zeroed() };
+        // SAFETY: LOOP_GET_STATUS64 writes one struct loop_info64, which
+        // `info` is; ENXIO means the device is not set up.
+        unsafe { sys::get_status64(dev.as_raw_fd(), &mut info) }.ok()?;
+        // The kernel encodes the device number as stat(2) does.
+        Some(FileId {
+            dev: info.lo_device,
+            ino: info.lo_inode,
+        })
+    }
 }
 
-/// Image → device name (`loop7`), once read from sysfs; and the lock that
-/// makes "not attached, so attach" one step.
+/// Backing file → device name (`loop7`), once read from sysfs; and the
+/// lock that makes "not attached, so attach" one step.
 #[derive(Default)]
 struct Index {
-    devices: std::sync::Mutex<Option<HashMap<PathBuf, String>>>,
+    devices: std::sync::Mutex<Option<HashMap<FileId, String>>>,
     attaching: tokio::sync::Mutex<()>,
 }
 
@@ -214,8 +262,9 @@ impl LoopDevices {
         super::off_worker(what, IOCTL_TIMEOUT, move || call(kernel.as_ref())).await
     }
 
-    /// Every attached loop device's image, read from sysfs.
-    fn scan(&self) -> HashMap<PathBuf, String> {
+    /// Every attached loop device's backing file, read from sysfs (which
+    /// devices are set up) and the devices themselves (what backs them).
+    fn scan(&self) -> HashMap<FileId, String> {
         let mut found = HashMap::new();
         let Ok(entries) = std::fs::read_dir(&self.sysfs_block) else {
             return found;
@@ -225,8 +274,11 @@ impl LoopDevices {
             if !name.starts_with("loop") {
                 continue;
             }
-            if let Ok(backing) = std::fs::read_to_string(entry.path().join("loop/backing_file")) {
-                found.insert(backing_path(&backing).to_path_buf(), name);
+            if !entry.path().join("loop/backing_file").exists() {
+                continue;
+            }
+            if let Some(id) = self.kernel.backing_id(&Path::new("/dev").join(&name)) {
+                found.insert(id, name);
             }
         }
         found
@@ -236,38 +288,49 @@ impl LoopDevices {
     /// entry, checked against the device itself (an entry whose device
     /// went away is dropped).
     pub fn find(&self, image: &Path) -> Option<PathBuf> {
+        let id = FileId::of(image)?;
         let mut devices = self.index.devices.locked();
         let devices = devices.get_or_insert_with(|| self.scan());
-        let name = devices.get(image)?.clone();
+        let name = devices.get(&id)?.clone();
         let device = PathBuf::from("/dev").join(&name);
         if self.backs(&device, image) {
             return Some(device);
         }
-        devices.remove(image);
+        devices.remove(&id);
         None
     }
 
     fn noted(&self, image: &Path, device: Option<&Path>) {
+        let Some(id) = FileId::of(image) else {
+            return;
+        };
         let mut devices = self.index.devices.locked();
         let devices = devices.get_or_insert_with(|| self.scan());
         match device.and_then(|d| d.file_name()) {
             Some(name) => {
-                devices.insert(image.to_path_buf(), name.to_string_lossy().into_owned());
+                devices.insert(id, name.to_string_lossy().into_owned());
             }
             None => {
-                devices.remove(image);
+                devices.remove(&id);
             }
         }
     }
 
-    /// Whether `device` is a loop device backed by `image`.
+    /// Whether `device` is a loop device backed by `image`: the same file
+    /// (device and inode), whatever path the attaching process saw it by;
+    /// an image no longer there (deleted while attached), by the path the
+    /// kernel shows.
     pub fn backs(&self, device: &Path, image: &Path) -> bool {
         let Some(name) = device.file_name() else {
             return false;
         };
-        std::fs::read_to_string(self.sysfs_block.join(name).join("loop/backing_file"))
-            .map(|b| backing_path(&b) == image)
-            .unwrap_or(false)
+        let sysfs = self.sysfs_block.join(name).join("loop/backing_file");
+        match FileId::of(image) {
+            Some(id) => sysfs.exists() && self.kernel.backing_id(device) == Some(id),
+            None => std::fs::read_to_string(sysfs)
+                .map(|b| backing_path(&b) == image)
+                .unwrap_or(false),
+        }
     }
 
     /// The loop device for `image`, attaching one if none exists (the
@@ -401,6 +464,8 @@ pub struct FakeLoops {
     /// Let go of a device at once on detach (as the kernel does when no
     /// one holds it open); otherwise the test releases it itself.
     release_on_detach: bool,
+    /// The identity each backing file had when last seen.
+    ids: std::sync::Mutex<HashMap<PathBuf, FileId>>,
 }
 
 #[cfg(test)]
@@ -412,6 +477,7 @@ impl FakeLoops {
             calls: Default::default(),
             refuse: Default::default(),
             release_on_detach: false,
+            ids: Default::default(),
         }
     }
     /// The same, releasing each device as soon as it is detached.
@@ -434,6 +500,9 @@ impl LoopKernel for FakeLoops {
         ));
         if let Some(why) = self.refuse.locked().clone() {
             return Err(Error::io(why, std::io::Error::from_raw_os_error(16)));
+        }
+        if let Some(id) = FileId::of(backing) {
+            self.ids.locked().insert(backing.to_path_buf(), id);
         }
         let mut next = self.next.locked();
         let name = format!("loop{next}");
@@ -465,37 +534,95 @@ impl LoopKernel for FakeLoops {
             .push(format!("set-capacity {}", device.display()));
         Ok(())
     }
+    /// The file the fixture's `backing_file` names, as the kernel keeps it
+    /// (an image deleted since keeps its identity: what was seen at
+    /// attach).
+    fn backing_id(&self, device: &Path) -> Option<FileId> {
+        let name = device.file_name()?;
+        let text = std::fs::read_to_string(self.sysfs.join(name).join("loop/backing_file")).ok()?;
+        let path = backing_path(&text).to_path_buf();
+        let mut seen = self.ids.locked();
+        if let Some(id) = FileId::of(&path) {
+            seen.insert(path, id);
+            return Some(id);
+        }
+        seen.get(&path).copied()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// A sysfs tree with loop0 over image a and loop1 over image b, and
+    /// a disk; images a to e exist in the pool.
     fn fixture() -> (tempfile::TempDir, PathBuf, Arc<FakeLoops>) {
         let dir = tempfile::tempdir().unwrap();
         let block = dir.path().join("block");
+        std::fs::create_dir_all(dir.path().join("pool")).unwrap();
+        for image in ["a", "b", "c", "d", "e"] {
+            std::fs::write(dir.path().join(format!("pool/{image}.img")), "").unwrap();
+        }
         for (name, backing, size) in [
-            ("loop0", "/pool/a.img\n", "2048"),
-            ("loop1", "/pool/b.img\n", "4096"),
+            ("loop0", "a", "2048"),
+            ("loop1", "b", "4096"),
             ("sda", "", "1"),
         ] {
             let d = block.join(name);
             std::fs::create_dir_all(d.join("loop")).unwrap();
             std::fs::write(d.join("size"), size).unwrap();
             if !backing.is_empty() {
-                std::fs::write(d.join("loop/backing_file"), backing).unwrap();
+                let image = dir.path().join(format!("pool/{backing}.img"));
+                std::fs::write(
+                    d.join("loop/backing_file"),
+                    format!("{}\n", image.display()),
+                )
+                .unwrap();
             }
         }
         let kernel = Arc::new(FakeLoops::new(&block, 7));
         (dir, block, kernel)
     }
 
+    fn img(dir: &tempfile::TempDir, name: &str) -> PathBuf {
+        dir.path().join(format!("pool/{name}.img"))
+    }
+
+    /// A device attached by a process that saw the image by another path
+    /// (through a bind mount in a container's mount namespace, gone since)
+    /// is still that image's: found, reused, detached.
+    #[tokio::test]
+    async fn a_device_attached_through_another_path_is_the_image_s() {
+        let (d, block, kernel) = fixture();
+        let image = img(&d, "c");
+        // The same file under another name, as another namespace's path
+        // would be: the kernel shows that name.
+        let other = d.path().join("elsewhere.img");
+        std::fs::hard_link(&image, &other).unwrap();
+        std::fs::create_dir_all(block.join("loop3/loop")).unwrap();
+        std::fs::write(block.join("loop3/loop/backing_file"), "/pool/c.img\n").unwrap();
+        kernel
+            .ids
+            .locked()
+            .insert(PathBuf::from("/pool/c.img"), FileId::of(&image).unwrap());
+        let loops = LoopDevices::with_sysfs(kernel.clone(), &block);
+        assert_eq!(loops.find(&image), Some(PathBuf::from("/dev/loop3")));
+        assert_eq!(loops.find(&other), Some(PathBuf::from("/dev/loop3")));
+        assert_eq!(
+            loops.attach(&image).await.unwrap(),
+            PathBuf::from("/dev/loop3")
+        );
+        assert!(loops.backs(Path::new("/dev/loop3"), &image));
+        assert!(!loops.backs(Path::new("/dev/loop3"), &img(&d, "d")));
+        assert!(kernel.calls().is_empty(), "{:?}", kernel.calls());
+    }
+
     #[tokio::test]
     async fn finds_existing_attachment_without_the_kernel() {
-        let (_d, block, kernel) = fixture();
+        let (d, block, kernel) = fixture();
         let loops = LoopDevices::with_sysfs(kernel.clone(), &block);
         assert_eq!(
-            loops.attach(Path::new("/pool/b.img")).await.unwrap(),
+            loops.attach(&img(&d, "b")).await.unwrap(),
             PathBuf::from("/dev/loop1")
         );
         assert!(kernel.calls().is_empty());
@@ -508,35 +635,40 @@ mod tests {
     /// read is not seen: the images are the driver's).
     #[tokio::test]
     async fn attachments_are_indexed_not_scanned() {
-        let (_d, block, kernel) = fixture();
+        let (d, block, kernel) = fixture();
         let loops = LoopDevices::with_sysfs(kernel.clone(), &block);
-        let dev = loops.attach(Path::new("/pool/c.img")).await.unwrap();
+        let dev = loops.attach(&img(&d, "c")).await.unwrap();
         assert_eq!(dev, PathBuf::from("/dev/loop7"));
-        assert_eq!(loops.attach(Path::new("/pool/c.img")).await.unwrap(), dev);
-        assert_eq!(kernel.calls(), ["attach /pool/c.img"]);
+        assert_eq!(loops.attach(&img(&d, "c")).await.unwrap(), dev);
+        assert_eq!(
+            kernel.calls(),
+            [format!("attach {}", img(&d, "c").display())]
+        );
         std::fs::create_dir_all(block.join("loop9/loop")).unwrap();
-        std::fs::write(block.join("loop9/loop/backing_file"), "/pool/d.img\n").unwrap();
-        assert_eq!(loops.find(Path::new("/pool/d.img")), None);
+        std::fs::write(
+            block.join("loop9/loop/backing_file"),
+            format!("{}\n", img(&d, "d").display()),
+        )
+        .unwrap();
+        assert_eq!(loops.find(&img(&d, "d")), None);
         // A device that went away is dropped from the index.
         std::fs::remove_file(block.join("loop7/loop/backing_file")).unwrap();
-        assert_eq!(loops.find(Path::new("/pool/c.img")), None);
+        assert_eq!(loops.find(&img(&d, "c")), None);
         // A new instance reads sysfs afresh.
         let fresh = LoopDevices::with_sysfs(kernel.clone(), &block);
-        assert_eq!(
-            fresh.find(Path::new("/pool/d.img")),
-            Some(PathBuf::from("/dev/loop9"))
-        );
+        assert_eq!(fresh.find(&img(&d, "d")), Some(PathBuf::from("/dev/loop9")));
     }
 
     /// Attaches of one image at once make one device.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn attaches_at_once_make_one_device() {
-        let (_d, block, kernel) = fixture();
+        let (d, block, kernel) = fixture();
         let loops = LoopDevices::with_sysfs(kernel.clone(), &block);
+        let image = img(&d, "e");
         let tasks: Vec<_> = (0..8)
             .map(|_| {
-                let loops = loops.clone();
-                tokio::spawn(async move { loops.attach(Path::new("/pool/e.img")).await.unwrap() })
+                let (loops, image) = (loops.clone(), image.clone());
+                tokio::spawn(async move { loops.attach(&image).await.unwrap() })
             })
             .collect();
         let mut devices = std::collections::BTreeSet::new();
@@ -544,16 +676,19 @@ mod tests {
             devices.insert(t.await.unwrap());
         }
         assert_eq!(devices.len(), 1);
-        assert_eq!(kernel.calls(), ["attach /pool/e.img"]);
+        assert_eq!(
+            kernel.calls(),
+            [format!("attach {}", img(&d, "e").display())]
+        );
     }
 
     #[tokio::test]
     async fn detach_only_touches_our_device() {
-        let (_d, block, kernel) = fixture();
+        let (d, block, kernel) = fixture();
         let loops = LoopDevices::with_sysfs(kernel.clone(), &block);
         // loop0 backs a.img, not c.img: nothing to detach.
         loops
-            .detach(Path::new("/dev/loop0"), Path::new("/pool/c.img"))
+            .detach(Path::new("/dev/loop0"), &img(&d, "c"))
             .await
             .unwrap();
         assert!(kernel.calls().is_empty());
@@ -576,7 +711,7 @@ mod tests {
             })
         };
         loops
-            .detach(Path::new("/dev/loop0"), Path::new("/pool/b.img"))
+            .detach(Path::new("/dev/loop0"), &img(&d, "b"))
             .await
             .unwrap();
         assert!(
@@ -586,21 +721,21 @@ mod tests {
         release.await.unwrap();
         assert_eq!(kernel.calls(), ["detach /dev/loop1"]);
         // Released: a new attach makes a new device.
-        let again = loops.attach(Path::new("/pool/b.img")).await.unwrap();
+        let again = loops.attach(&img(&d, "b")).await.unwrap();
         assert_eq!(again, PathBuf::from("/dev/loop7"));
     }
 
     #[tokio::test]
     async fn a_refused_attach_is_reported() {
-        let (_d, block, kernel) = fixture();
+        let (d, block, kernel) = fixture();
         *kernel.refuse.lock().unwrap() = Some("no free loop device".into());
         let loops = LoopDevices::with_sysfs(kernel, &block);
-        let err = loops.attach(Path::new("/pool/z.img")).await.unwrap_err();
+        let err = loops.attach(&img(&d, "z")).await.unwrap_err();
         assert!(
             err.message.contains("no free loop device"),
             "{}",
             err.message
         );
-        assert_eq!(loops.find(Path::new("/pool/z.img")), None);
+        assert_eq!(loops.find(&img(&d, "z")), None);
     }
 }

@@ -278,9 +278,22 @@ pub async fn serve(
             driver
                 .serving
                 .store(true, std::sync::atomic::Ordering::Relaxed);
-            // Under TLS the first bytes are its handshake, not HTTP/2's.
-            let incoming = limits::incoming(listener, limits, tls.is_none(), |conn| conn);
-            let serving = router.serve_with_incoming_shutdown(incoming, stopped);
+            type Serving = std::pin::Pin<
+                Box<dyn std::future::Future<Output = Result<(), tonic::transport::Error>> + Send>,
+            >;
+            let serving: Serving = if tls.is_none() {
+                // Plain HTTP/2: clients that send the endpoint's URL as
+                // :authority (csc sends `tcp://host:port`) get it fixed on
+                // the way in, as on the unix socket.
+                let incoming =
+                    limits::incoming(listener, limits, true, crate::authority::AuthorityFix::new);
+                Box::pin(router.serve_with_incoming_shutdown(incoming, stopped))
+            } else {
+                // Under TLS the first bytes are its handshake, not HTTP/2's
+                // (and a TLS client names a host as its authority).
+                let incoming = limits::incoming(listener, limits, false, |conn| conn);
+                Box::pin(router.serve_with_incoming_shutdown(incoming, stopped))
+            };
             tokio::select! {
                 r = serving => r.map_err(|e| Error::internal(format!("server: {e}"))),
                 _ = drained => Ok(()),

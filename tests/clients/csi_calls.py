@@ -3,6 +3,7 @@ unix socket, as grpcio for Python does, and prints one line per call:
 `<Service>/<Method> <CODE>`.
 
 usage: csi_calls.py SOCKET PROTO AUTHORITY
+  SOCKET: a unix socket's path, or tcp://HOST:PORT.
   AUTHORITY: `socket` sends the socket path as :authority (what kubelet
   before 1.26 and csc send), `default` leaves grpcio's own default (newer
   grpcio sends the path percent-encoded), anything else is sent as given.
@@ -40,7 +41,12 @@ def main():
         options.append(("grpc.default_authority", socket))
     elif authority != "default":
         options.append(("grpc.default_authority", authority))
-    channel = grpc.insecure_channel(f"unix://{socket}", options=options)
+    if socket.startswith("tcp://"):
+        # Plain TCP; `socket` sends the endpoint's URL as :authority, as
+        # csc does.
+        channel = grpc.insecure_channel(socket[len("tcp://"):], options=options)
+    else:
+        channel = grpc.insecure_channel(f"unix://{socket}", options=options)
     for service in messages.DESCRIPTOR.services_by_name.values():
         stub = getattr(stubs, f"{service.name}Stub")(channel)
         for method in service.methods:

@@ -39,6 +39,9 @@ pub struct Harness {
     pub config: Option<PathBuf>,
     /// Extra environment for the driver process.
     pub env: Vec<(String, String)>,
+    /// A command the driver runs under (`unshare ...`), the driver's own
+    /// command line after it.
+    pub wrap: Vec<String>,
 }
 
 impl Harness {
@@ -75,6 +78,7 @@ impl Harness {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            wrap: Vec::new(),
         };
         h.spawn().await;
         h
@@ -98,7 +102,14 @@ impl Harness {
         // for a bench built as a test).
         let bin = std::env::var_os("FERROVOL_TEST_BIN")
             .unwrap_or_else(|| env!("CARGO_BIN_EXE_ferrovol").into());
-        let mut cmd = Command::new(bin);
+        let mut cmd = match self.wrap.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
         cmd.arg("serve")
             .arg("--endpoint")
             .arg(format!("unix://{}", self.socket().display()))
