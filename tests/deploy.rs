@@ -805,6 +805,36 @@ fn classes_and_configs_agree() {
         backend
             .validate_parameters(&own)
             .unwrap_or_else(|e| panic!("{:?}: {}", sc["metadata"]["name"], e.message));
+        // The fs type the provisioner puts in the capability of every
+        // CreateVolume of the class: the class's own, else the
+        // provisioner's --default-fstype (the nfs classes set none, so a
+        // default of ext4 made every nfs PVC INVALID_ARGUMENT).
+        let driver = s(&sc["provisioner"]);
+        let serving = if driver == LOCAL {
+            r.named("DaemonSet", "ferrovol-local-node")
+        } else {
+            r.named("Deployment", "ferrovol-controller")
+        };
+        let fs_type = params
+            .get(Value::from("csi.storage.k8s.io/fstype"))
+            .map(|v| s(v).to_string())
+            .or_else(|| flag(container(serving, "csi-provisioner"), "default-fstype"))
+            .unwrap_or_default();
+        use ferrovol::plugin::{AccessMode, AccessType, VolumeCapability};
+        backend
+            .supports(&VolumeCapability {
+                access: AccessType::Mount {
+                    fs_type: fs_type.clone(),
+                    mount_flags: vec![],
+                },
+                mode: AccessMode::SingleNodeWriter,
+            })
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{:?}: the provisioner asks for fs type {fs_type:?}: {}",
+                    sc["metadata"]["name"], e.message
+                )
+            });
     }
     // The node plugins' configs build too (the iscsi nodes without a store).
     let node = registry(s(
