@@ -990,6 +990,16 @@ async fn a_driver_in_a_new_mount_namespace_knows_the_loop_devices_of_the_last() 
     );
 
     h.spawn().await;
+    // The image is in use: its delete is refused, not done under it.
+    let r = h
+        .controller()
+        .delete_volume(pb::DeleteVolumeRequest {
+            volume_id: p.id.clone(),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(code(&r), Code::FailedPrecondition, "{r:?}");
+    assert!(image.exists());
     let mounts = h.mounts().len();
     h.node()
         .node_stage_volume(stage_req(&p.id, &p.staging, cap.clone()))
