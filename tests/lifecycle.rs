@@ -1119,6 +1119,28 @@ fn mounted_uuid(path: &std::path::Path) -> String {
     uuid
 }
 
+/// Every RPC of the CSI services called by grpcio for Python at
+/// `endpoint` (a socket's path, or `tcp://HOST:PORT`) with `authority`
+/// (see tests/clients/csi_calls.py): a line per call, its code.
+fn csi_calls(endpoint: &str, authority: &str) -> String {
+    let out = std::process::Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/clients/csi_calls.py"
+        ))
+        .arg(endpoint)
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/proto/csi.proto"))
+        .arg(authority)
+        .output()
+        .expect("python3 runs (install grpcio and grpcio-tools)");
+    assert!(
+        out.status.success(),
+        "{authority}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 /// Clients that send the socket path as `:authority` (kubelet before 1.26
 /// with the node-driver-registrar, csc, grpcio, grpc-java) reach every RPC
 /// of the five services, and get the answers a well-behaved client gets.
@@ -1126,24 +1148,8 @@ fn mounted_uuid(path: &std::path::Path) -> String {
 #[tokio::test]
 async fn clients_sending_the_socket_path_as_authority_reach_every_rpc() {
     let h = Harness::start().await;
-    let run = |authority: &str| {
-        let out = std::process::Command::new("python3")
-            .arg(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/tests/clients/csi_calls.py"
-            ))
-            .arg(h.socket())
-            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/proto/csi.proto"))
-            .arg(authority)
-            .output()
-            .expect("python3 runs (install grpcio and grpcio-tools)");
-        assert!(
-            out.status.success(),
-            "{authority}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let socket = h.socket().display().to_string();
+    let run = |authority: &str| csi_calls(&socket, authority);
     // What a client with an authority the server takes gets: the reference.
     let reference = run("localhost");
     let lines: Vec<&str> = reference.lines().collect();
@@ -1220,24 +1226,7 @@ async fn clients_sending_the_endpoint_url_as_authority_over_tcp_reach_every_rpc(
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     let _driver = Kill(driver);
-    let run = |authority: &str| {
-        let out = std::process::Command::new("python3")
-            .arg(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/tests/clients/csi_calls.py"
-            ))
-            .arg(&endpoint)
-            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/proto/csi.proto"))
-            .arg(authority)
-            .output()
-            .expect("python3 runs (install grpcio and grpcio-tools)");
-        assert!(
-            out.status.success(),
-            "{authority}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let run = |authority: &str| csi_calls(&endpoint, authority);
     let reference = run("localhost");
     assert!(reference.contains("Identity/Probe OK"), "{reference}");
     assert!(reference.contains("Node/NodeGetInfo OK"), "{reference}");
