@@ -233,6 +233,9 @@ pub async fn start_backends(driver: &Driver) -> Result<()> {
     for b in driver.registry.all() {
         b.start().await?;
     }
+    // Grants the backends keep that the ledger lacks (a controller in a
+    // new pod) or holds but the backends no longer do.
+    driver.controller.settle_ledger().await;
     // A group snapshot a dead run was taking: undone (its members were
     // made by the backends just started).
     let settled = driver.controller.settle_groups().await;

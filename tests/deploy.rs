@@ -16,7 +16,7 @@ use ferrovol::config::Config;
 use ferrovol::proto as pb;
 use serde::Deserialize;
 use serde_yaml::Value;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -903,6 +903,8 @@ fn classes_and_configs_agree() {
 struct Started {
     child: std::process::Child,
     dir: tempfile::TempDir,
+    /// The host's folders, when the pod is the only one to use them.
+    host: Option<tempfile::TempDir>,
     channel: tonic::transport::Channel,
     metrics: u16,
 }
@@ -912,6 +914,9 @@ impl Drop for Started {
         let _ = self.child.kill();
         let _ = self.child.wait();
         common::cleanup(self.dir.path());
+        if let Some(host) = &self.host {
+            common::cleanup(host.path());
+        }
     }
 }
 
@@ -953,6 +958,23 @@ fn volume_at<'a>(w: &'a Value, c: &Value, path: &str) -> Option<(&'a Value, Stri
 }
 
 async fn start_container(r: &Rendered, w: &Value) -> Started {
+    let host = tempfile::tempdir().unwrap();
+    let mut started = start_pod(r, w, host.path(), &|t| t).await;
+    // The host goes with the pod: nothing starts on it again.
+    started.host = Some(host);
+    started
+}
+
+/// A pod of `w` on a node whose host folders are under `host`: its
+/// hostPath volumes are kept there (what an earlier pod on that node left
+/// is found again), its emptyDirs are new and empty. `edit` rewrites each
+/// config file as the test's stand-ins for the real servers need.
+async fn start_pod(
+    r: &Rendered,
+    w: &Value,
+    host: &Path,
+    edit: &dyn Fn(String) -> String,
+) -> Started {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     // The pod's root is everyone's to walk through.
@@ -966,8 +988,20 @@ async fn start_container(r: &Rendered, w: &Value) -> Started {
     // hostPath), made as the kubelet makes it.
     let state = match volume_at(w, f, &pod_state) {
         Some((v, rest)) => {
-            let at = dir.path().join("state-volume");
-            make_volume(&at, v, fs_group);
+            let at = match v["hostPath"]["path"].as_str() {
+                Some(p) => {
+                    let at = host.join(p.trim_start_matches('/'));
+                    if !at.exists() {
+                        make_volume(&at, v, fs_group);
+                    }
+                    at
+                }
+                None => {
+                    let at = dir.path().join("state-volume");
+                    make_volume(&at, v, fs_group);
+                    at
+                }
+            };
             if rest.is_empty() {
                 at
             } else {
@@ -1012,7 +1046,7 @@ async fn start_container(r: &Rendered, w: &Value) -> Started {
                     1,
                 );
             }
-            std::fs::write(config.join(&name), text).unwrap();
+            std::fs::write(config.join(&name), edit(text)).unwrap();
             std::fs::set_permissions(config.join(name), std::fs::Permissions::from_mode(0o644))
                 .unwrap();
         }
@@ -1102,6 +1136,7 @@ async fn start_container(r: &Rendered, w: &Value) -> Started {
     Started {
         child,
         dir,
+        host: None,
         channel,
         metrics,
     }
@@ -1458,4 +1493,111 @@ fn group_snapshots_and_attribute_classes_are_deployed_per_backend() {
             }
         }
     }
+}
+
+/// The iscsi overlay's controller, its config pointed at a tgtd of the
+/// test's and its LUN store at a file pool in the host's folders (the
+/// target host's volume group needs device-mapper, which the host lacks).
+fn iscsi_controller_config(t: &common::fixtures::Tgtd, host: &Path) -> impl Fn(String) -> String {
+    let portal = t.portal();
+    let control = t.control_port;
+    let pool = host.join("srv/luns");
+    move |text: String| {
+        if !text.contains("type = \"iscsi\"") {
+            return text;
+        }
+        let head = text.split("[backend.store]").next().unwrap();
+        let head: Vec<String> = head
+            .lines()
+            .map(|l| match l.split_whitespace().next() {
+                Some("portals") => format!("portals = [\"{portal}\"]"),
+                Some("control_port") => format!("control_port = {control}"),
+                _ => l.to_string(),
+            })
+            .collect();
+        format!(
+            "{}\n[backend.store]\ntype = \"file\"\npool = \"{}\"\n",
+            head.join("\n"),
+            pool.display()
+        )
+    }
+}
+
+/// A controller pod replaced on its host (an upgrade, a drain: the
+/// Deployment's nodeSelector brings it back to the target host) still
+/// publishes the volumes its predecessor made, and takes back what its
+/// predecessor granted: what it knows of them is kept on the host, not in
+/// the pod. Needs root and tgt.
+#[tokio::test]
+async fn a_replaced_iscsi_controller_publishes_the_volumes_its_predecessor_made() {
+    common::require_root();
+    let r = render("iscsi");
+    let w = r.named("Deployment", "ferrovol-controller");
+    let t = common::fixtures::Tgtd::new();
+    let host = tempfile::tempdir().unwrap();
+    let edit = iscsi_controller_config(&t, host.path());
+    let secrets: HashMap<String, String> =
+        serde_yaml::from_value(r.named("Secret", "ferrovol-iscsi-chap")["stringData"].clone())
+            .unwrap();
+    let node = "node-1/iqn.2026-11.io.ferrovol.test:node-1";
+    let publish = |id: &str| pb::ControllerPublishVolumeRequest {
+        volume_id: id.into(),
+        node_id: node.into(),
+        volume_capability: Some(common::mount_cap("ext4", common::SNW)),
+        secrets: secrets.clone(),
+        ..Default::default()
+    };
+    let first = start_pod(&r, w, host.path(), &edit).await;
+    let mut ctl = pb::controller_client::ControllerClient::new(first.channel.clone());
+    let made = ctl
+        .create_volume(pb::CreateVolumeRequest {
+            name: "pvc-replaced".into(),
+            capacity_range: Some(pb::CapacityRange {
+                required_bytes: 16 << 20,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![common::mount_cap("ext4", common::SNW)],
+            parameters: HashMap::from([("backend".to_string(), "iscsi".to_string())]),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let id = made.volume_id.clone();
+    let granted = ctl.controller_publish_volume(publish(&id)).await.unwrap();
+    drop(ctl);
+    drop(first);
+    // The replacement: a new pod, its emptyDirs new, the host's folders as
+    // its predecessor left them.
+    let second = start_pod(&r, w, host.path(), &edit).await;
+    let mut ctl = pb::controller_client::ControllerClient::new(second.channel.clone());
+    let again = ctl
+        .controller_publish_volume(publish(&id))
+        .await
+        .unwrap_or_else(|e| panic!("publish {id} after the controller was replaced: {e}"));
+    assert_eq!(again.into_inner(), granted.into_inner());
+    let acl = t.tgtadm(&["--lld", "iscsi", "--mode", "target", "--op", "show"]);
+    assert!(acl.contains("iqn.2026-11.io.ferrovol.test:node-1"), "{acl}");
+    ctl.controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
+        volume_id: id.clone(),
+        node_id: node.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let acl = t.tgtadm(&["--lld", "iscsi", "--mode", "target", "--op", "show"]);
+    assert!(
+        !acl.contains("iqn.2026-11.io.ferrovol.test:node-1"),
+        "{acl}"
+    );
+    ctl.delete_volume(pb::DeleteVolumeRequest {
+        volume_id: id,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    drop(second);
+    common::cleanup(host.path());
 }

@@ -133,6 +133,39 @@ impl Ledger {
         Ok(())
     }
 
+    /// Makes the ledger's grants of `backend`'s volumes what the backend
+    /// says they are (`grants`: volume and node name): those it does not
+    /// name go, those missing are added. Called at start, before any
+    /// publish; answers how many grants were added and removed.
+    pub fn adopt(&self, backend: &str, grants: &[(VolumeId, String)]) -> Result<(usize, usize)> {
+        let truth: Vec<Grant> = grants
+            .iter()
+            .map(|(v, n)| Grant {
+                volume: v.to_string(),
+                node: n.clone(),
+            })
+            .collect();
+        let mut tally = self.tally.locked();
+        let stale = self.grants.filtered(|g| {
+            VolumeId::parse(&g.volume).is_ok_and(|v| v.backend() == backend) && !truth.contains(g)
+        });
+        for g in &stale {
+            self.grants.remove(&key(g))?;
+            if let Some(c) = tally.get_mut(&g.node) {
+                c.held = c.held.saturating_sub(1);
+            }
+        }
+        let mut added = 0;
+        for g in truth {
+            if self.grants.get(&key(&g)).is_none() {
+                self.grants.put(key(&g), g.clone())?;
+                tally.entry(g.node).or_default().held += 1;
+                added += 1;
+            }
+        }
+        Ok((added, stale.len()))
+    }
+
     /// How many volumes `node` holds.
     pub fn held(&self, node: &str) -> u64 {
         self.tally.locked().get(node).map_or(0, |c| c.held)
@@ -176,6 +209,39 @@ mod tests {
 
     fn vol(n: u32) -> VolumeId {
         VolumeId::parse(&format!("file:v{n}")).unwrap()
+    }
+
+    /// A ledger started empty (a controller pod replaced on another node)
+    /// takes the grants its backends keep: the node's places are held
+    /// again, and a grant the backend no longer has is dropped; another
+    /// backend's grants are left as they are.
+    #[test]
+    fn an_empty_ledger_adopts_the_grants_the_backend_keeps() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(dir.path()).unwrap();
+        let other = VolumeId::parse("rbd:x").unwrap();
+        ledger.reserve(&other, "b", None).unwrap().commit().unwrap();
+        ledger
+            .reserve(&vol(9), "b", None)
+            .unwrap()
+            .commit()
+            .unwrap();
+        let kept = [(vol(1), "a".to_string()), (vol(2), "a".to_string())];
+        assert_eq!(ledger.adopt("file", &kept).unwrap(), (2, 1));
+        assert_eq!(ledger.held("a"), 2);
+        assert_eq!(ledger.held("b"), 1, "rbd:x stays, file:v9 went");
+        let e = ledger.reserve(&vol(3), "a", Some(2)).err().unwrap();
+        assert_eq!(e.kind, Kind::ResourceExhausted);
+        // A grant the backend keeps is answered as held.
+        ledger
+            .reserve(&vol(1), "a", Some(2))
+            .unwrap()
+            .commit()
+            .unwrap();
+        assert_eq!(ledger.adopt("file", &kept).unwrap(), (0, 0));
+        drop(ledger);
+        let again = Ledger::open(dir.path()).unwrap();
+        assert_eq!(again.held("a"), 2, "adopted grants are in the journal");
     }
 
     /// A place is on disk from the reservation on: a failed attach gives

@@ -223,6 +223,41 @@ impl ControllerOps {
         self
     }
 
+    /// Brings the ledger in line with the grants each attaching backend
+    /// keeps in its own storage (see [`super::Backend::grants`]): a
+    /// controller started in a new pod, its ledger empty, counts what its
+    /// predecessor attached. A backend that cannot say, or fails to, is
+    /// left as the journal has it. Answers how many grants changed.
+    pub async fn settle_ledger(&self) -> usize {
+        let Some(ledger) = &self.ledger else {
+            return 0;
+        };
+        let mut changed = 0;
+        for backend in self.registry.all() {
+            if !backend.capabilities().attach {
+                continue;
+            }
+            match backend.grants().await {
+                Ok(Some(grants)) => match ledger.adopt(backend.name(), &grants) {
+                    Ok((added, removed)) => {
+                        if added + removed > 0 {
+                            tracing::info!(backend = %backend.name(), added, removed, "attach ledger brought in line with the backend's grants");
+                        }
+                        changed += added + removed;
+                    }
+                    Err(e) => {
+                        tracing::warn!(backend = %backend.name(), error = %e.message, "attach ledger not brought in line with the backend's grants")
+                    }
+                },
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(backend = %backend.name(), error = %e.message, "the backend's grants could not be read; the attach ledger is as its journal has it")
+                }
+            }
+        }
+        changed
+    }
+
     /// How many volumes the ledger has attached to `node_id`'s node.
     pub fn attached_to(&self, node_id: &str) -> u64 {
         self.ledger

@@ -105,6 +105,15 @@ pub trait Backend: Send + Sync {
     /// releases what the backend holds for itself (working mounts).
     async fn stop(&self) {}
 
+    /// The nodes (by name) each of this backend's volumes is attached to,
+    /// as the backend's own storage records its grants; asked once at a
+    /// controller's start, so that a controller replaced on another node
+    /// counts what its predecessor granted. `None`: the backend cannot
+    /// say (it needs a call's secrets to look) or attaches nothing.
+    async fn grants(&self) -> Result<Option<Vec<(VolumeId, String)>>> {
+        Ok(None)
+    }
+
     /// What this node must tell controllers about itself for this backend
     /// (an iSCSI initiator name; `rbd` for a node that maps rbd images),
     /// carried in the node id after the node's name as one of

@@ -1011,6 +1011,26 @@ impl Backend for RbdBackend {
         Ok(())
     }
 
+    /// With a user of its own: the nodes each image's metadata names as
+    /// published to (`ferrovol.node.<name>`).
+    async fn grants(&self) -> Result<Option<Vec<(VolumeId, String)>>> {
+        if self.settings.user.is_none() {
+            return Ok(None);
+        }
+        let creds = self.creds(&Secrets::default())?;
+        let mut out = Vec::new();
+        for (locator, spec) in self.images(&creds, "fv-").await? {
+            let Some((_, meta)) = self.rbd().describe(&creds, &spec).await? else {
+                continue;
+            };
+            let id = VolumeId::new(&self.name, &locator)?;
+            for node in meta.keys().filter_map(|k| k.strip_prefix(META_NODE)) {
+                out.push((id.clone(), node.to_string()));
+            }
+        }
+        Ok(Some(out))
+    }
+
     fn node_id_suffix(&self) -> Result<Option<String>> {
         Ok(Some(NODE_TOKEN.to_string()))
     }

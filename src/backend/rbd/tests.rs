@@ -1149,3 +1149,41 @@ async fn changed_blocks_read_the_source_between_the_two_cuts() {
     assert_eq!(e.kind, Kind::InvalidArgument, "{e}");
     assert!(e.message.contains("newer"), "{e}");
 }
+
+/// A controller with a user of its own reads back what each image's
+/// metadata says it is published to (a controller in a new pod counts its
+/// predecessor's grants); one without asks the cluster nothing.
+#[tokio::test]
+async fn grants_are_read_back_from_the_images_metadata() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = Arc::new(FakeRunner::new());
+    assert_eq!(
+        backend(r.clone(), dir.path(), false)
+            .grants()
+            .await
+            .unwrap(),
+        None
+    );
+    assert!(ops(&r).is_empty());
+    let b = backend(r.clone(), dir.path(), true);
+    r.expect("rbd", Reply::Ok("[]".into())) // namespaces of rbd
+        .expect("rbd", Reply::Ok("[]".into())) // namespaces of fast
+        .expect("rbd", Reply::Ok(r#"["fv-b","other","fv-a"]"#.into()))
+        .expect("rbd", Reply::Ok("[]".into()))
+        .expect("rbd", Reply::Ok(info("fv-a", MIB)))
+        .expect(
+            "rbd",
+            Reply::Ok(
+                r#"{"ferrovol.name":"a","ferrovol.node.node-a":"multi","ferrovol.node.node-b":"multi"}"#
+                    .into(),
+            ),
+        )
+        .expect("rbd", Reply::Ok(info("fv-b", MIB)))
+        .expect("rbd", Reply::Ok(r#"{"ferrovol.name":"b"}"#.into()));
+    let grants = b.grants().await.unwrap().unwrap();
+    let a = VolumeId::parse("rbd:v1.c1.rbd._e.fv-a").unwrap();
+    assert_eq!(
+        grants,
+        [(a.clone(), "node-a".to_string()), (a, "node-b".to_string())]
+    );
+}

@@ -25,6 +25,8 @@ struct Memory {
     modified: Mutex<Vec<(String, BTreeMap<String, String>)>>,
     /// A volume whose snapshots fail.
     fail_snapshots_of: Mutex<Option<VolumeId>>,
+    /// What `grants` answers.
+    kept_grants: Mutex<Option<Vec<(VolumeId, String)>>>,
 }
 
 impl Memory {
@@ -41,6 +43,7 @@ impl Memory {
             hold: None,
             modified: Default::default(),
             fail_snapshots_of: Default::default(),
+            kept_grants: Default::default(),
         }
     }
 
@@ -78,6 +81,10 @@ impl Memory {
 impl Backend for Memory {
     fn name(&self) -> &str {
         self.name
+    }
+
+    async fn grants(&self) -> Result<Option<Vec<(VolumeId, String)>>> {
+        Ok(self.kept_grants.lock().unwrap().clone())
     }
     fn capabilities(&self) -> Capabilities {
         self.caps.clone()
@@ -1079,4 +1086,42 @@ async fn encryption_is_asked_in_the_volume_context_of_block_backends_only() {
         assert_eq!(e.kind, Kind::InvalidArgument, "{e}");
         assert!(e.message.contains(what), "{e}");
     }
+}
+
+/// A controller started in a new pod (its ledger's journal empty) counts
+/// what its predecessor attached, as the backend keeps it: the node's
+/// limit holds across the replacement.
+#[tokio::test]
+async fn a_controller_in_a_new_pod_counts_the_grants_the_backend_keeps() {
+    let b = Arc::new(Memory::new("net", remote_attach()));
+    let ids: Vec<VolumeId> = (0..3)
+        .map(|n| VolumeId::new("net", &format!("v{n}")).unwrap())
+        .collect();
+    for id in &ids {
+        b.add(id.locator());
+    }
+    *b.kept_grants.lock().unwrap() = Some(vec![
+        (ids[0].clone(), "node-b".to_string()),
+        (ids[1].clone(), "node-b".to_string()),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let c = ops(vec![b.clone()]).with_ledger(super::Ledger::open(dir.path()).unwrap());
+    assert_eq!(c.attached_to("node-b"), 0);
+    assert_eq!(c.settle_ledger().await, 2);
+    assert_eq!(c.attached_to("node-b/rbd"), 2);
+    let attach = ControllerAttach {
+        node_id: "node-b/rbd".into(),
+        capability: cap(),
+        readonly: false,
+        volume_context: BTreeMap::new(),
+        secrets: Secrets::default(),
+    };
+    let e = c
+        .publish(&ids[2], attach.clone(), Some(2))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::ResourceExhausted, "{e}");
+    c.publish(&ids[0], attach, Some(2)).await.unwrap();
+    // Settled again with nothing new: nothing changes.
+    assert_eq!(c.settle_ledger().await, 0);
 }
