@@ -11,6 +11,7 @@ use crate::node::{Deadlines, NodeOps};
 use crate::plugin::{ControllerOps, Registry};
 use crate::service::{Driver, Mode};
 use crate::state::NodeState;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -99,7 +100,7 @@ pub fn build_with(
         mounter.clone(),
         &state_dir,
     )?);
-    let node_id = full_node_id(settings, &registry)?;
+    let (node_id, lacking) = full_node_id(settings, &registry)?;
     let state = NodeState::open(&state_dir)?;
     let intents = Arc::new(crate::intents::Intents::open(&state_dir)?);
     // One guard table for both services: an operation on a volume excludes
@@ -168,23 +169,40 @@ pub fn build_with(
         metrics,
         serving: Default::default(),
         controller_expansion: settings.controller_expansion,
+        lacking,
+        unavailable: Default::default(),
     }))
 }
 
 /// The node id this driver reports. A node tells controllers what its
 /// backends need to know of it (an iSCSI initiator name, that it maps rbd
-/// images) in its node id: `<name>/<token>,<token>`.
-fn full_node_id(settings: &Settings, registry: &Registry) -> Result<String> {
+/// images) in its node id: `<name>/<token>,<token>`. A backend that cannot
+/// say (this node lacks what it needs: no initiator name) is left out of
+/// it, and answered with why: the node serves its other backends, and no
+/// controller publishes that backend's volumes to it.
+fn full_node_id(
+    settings: &Settings,
+    registry: &Registry,
+) -> Result<(String, BTreeMap<String, String>)> {
     let node_id = settings.node_id.clone();
     if node_id.contains('/') {
         return Err(Error::invalid("node id must not contain '/'"));
     }
+    let mut lacking = BTreeMap::new();
     if !settings.mode.node() {
-        return Ok(node_id);
+        return Ok((node_id, lacking));
     }
     let mut tokens: Vec<String> = Vec::new();
     for b in registry.all() {
-        if let Some(t) = b.node_id_suffix()? {
+        let token = match b.node_id_suffix() {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(backend = %b.name(), error = %e.message, "this node lacks what the backend needs; it serves the others");
+                lacking.insert(b.name().to_string(), e.message);
+                continue;
+            }
+        };
+        if let Some(t) = token {
             if t.is_empty() || t.contains([',', '/']) {
                 return Err(Error::invalid(format!(
                     "backend {}: node id token {t:?} is empty or has ',' or '/'",
@@ -214,7 +232,7 @@ fn full_node_id(settings: &Settings, registry: &Registry) -> Result<String> {
             "node id with the initiator name is over 256 bytes",
         ));
     }
-    Ok(full)
+    Ok((full, lacking))
 }
 
 fn absolute(p: &Path) -> Result<PathBuf> {

@@ -26,6 +26,11 @@ pub struct CommandLabels {
     pub command: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BackendLabels {
+    pub backend: String,
+}
+
 fn rpc_histogram() -> Histogram {
     // 100 µs to about 26 s.
     Histogram::new(exponential_buckets(0.0001, 4.0, 10))
@@ -46,6 +51,7 @@ pub struct Metrics {
     command_failures: Family<CommandLabels, Counter>,
     staged: Gauge,
     published: Gauge,
+    available: Family<BackendLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -67,6 +73,7 @@ impl Metrics {
         let command_failures = Family::<CommandLabels, Counter>::default();
         let staged = Gauge::default();
         let published = Gauge::default();
+        let available = Family::<BackendLabels, Gauge>::default();
         registry.register(
             "rpcs",
             "CSI calls served, by method and gRPC code",
@@ -102,6 +109,11 @@ impl Metrics {
             "Volume publications (targets) on this node",
             published.clone(),
         );
+        registry.register(
+            "backend_available",
+            "1 when the backend's prerequisites are met here (its last health check passed), else 0",
+            available.clone(),
+        );
         Metrics {
             registry,
             rpcs,
@@ -111,7 +123,17 @@ impl Metrics {
             command_failures,
             staged,
             published,
+            available,
         }
+    }
+
+    /// A backend's availability, as its last health check found it.
+    pub fn backend_available(&self, backend: &str, available: bool) {
+        self.available
+            .get_or_create(&BackendLabels {
+                backend: backend.to_string(),
+            })
+            .set(i64::from(available));
     }
 
     /// One finished CSI call.

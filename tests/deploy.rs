@@ -1601,3 +1601,35 @@ async fn a_replaced_iscsi_controller_publishes_the_volumes_its_predecessor_made(
     drop(second);
     common::cleanup(host.path());
 }
+
+/// The `all` overlay's node plugins on a node that has neither the lvm
+/// volume group nor an iSCSI initiator name (the host here has no such
+/// group; the initiator name file is missing): each starts, serves the
+/// backends the node has, and names the others in `/readyz`; Probe (what
+/// the liveness probe asks) stays well. Before, the remote node plugin
+/// exited at start and Probe failed on the local one. Needs root and lvm2.
+#[tokio::test]
+async fn node_plugins_on_a_node_lacking_some_backends_serve_the_others() {
+    common::require_root();
+    let r = render("all");
+    for (ds, out) in [("ferrovol-local-node", "lvm"), ("ferrovol-node", "iscsi")] {
+        let w = r.named("DaemonSet", ds);
+        let host = tempfile::tempdir().unwrap();
+        let edit = |t: String| t.replace("/initiatorname.iscsi\"", "/no-initiatorname.iscsi\"");
+        let started = start_pod(&r, w, host.path(), &edit).await;
+        let probe = pb::identity_client::IdentityClient::new(started.channel.clone())
+            .probe(pb::ProbeRequest {})
+            .await
+            .unwrap();
+        assert_eq!(probe.into_inner().ready, Some(true), "{ds}");
+        let (status, body) = common::http_get(started.metrics, "/readyz").unwrap();
+        assert_eq!(status, 200, "{ds}: {body}");
+        let named: Vec<&str> = body
+            .lines()
+            .filter_map(|l| l.strip_prefix("backend ")?.split_whitespace().next())
+            .collect();
+        assert_eq!(named, [out], "{ds}: {body}");
+        drop(started);
+        common::cleanup(host.path());
+    }
+}

@@ -157,3 +157,84 @@ async fn metrics_health_and_quiet_uncoloured_logs() {
         .await
         .unwrap();
 }
+
+/// A node that lacks what some backends need (the lvm volume group is not
+/// here, nor is an iSCSI initiator name) starts, serves the backend it
+/// has, and says which are out and why: in `/readyz` (still ready: one
+/// backend is served), in `ferrovol_backend_available` and in its log.
+/// Probe and `/healthz` stay well, so the liveness probe restarts
+/// nothing: a new process would lack the same. Its node id carries no
+/// initiator name, so no controller publishes an iscsi volume to it. A
+/// node that has none of its backends is not ready. Needs root and lvm2.
+#[tokio::test]
+async fn a_node_lacking_a_backend_s_prerequisites_serves_the_others() {
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let vg = format!("fv-absent-{}", std::process::id());
+    let lvm = format!(
+        "[[backend]]\ntype = \"lvm\"\nlvm_config = '{}'\n\
+         [[backend.device_class]]\nname = \"d\"\nvolume_group = \"{vg}\"\n",
+        common::fixtures::LVM_NO_ACTIVATION
+    );
+    let config = format!(
+        "[[backend]]\ntype = \"file\"\npool = \"@DIR@/pool\"\n{lvm}\
+         [[backend]]\ntype = \"iscsi\"\niqn_prefix = \"iqn.2026-11.io.ferrovol.test\"\n\
+         portals = [\"127.0.0.1:3260\"]\ninitiator_name_file = \"@DIR@/no-initiator-name\"\n"
+    );
+    let h = Harness::start_with_env(
+        Some(&config),
+        &[
+            ("FERROVOL_METRICS_ADDR", addr.as_str()),
+            ("RUST_LOG", "info"),
+        ],
+    )
+    .await;
+    let probe = h.identity().probe(pb::ProbeRequest {}).await.unwrap();
+    assert_eq!(probe.into_inner().ready, Some(true));
+    assert_eq!(get(port, "/healthz"), (200, "ok\n".into()));
+    let (status, body) = get(port, "/readyz");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.starts_with("ready\n"), "{body}");
+    assert!(body.contains("backend lvm unavailable here:"), "{body}");
+    assert!(body.contains(&vg), "why lvm is out names its group: {body}");
+    assert!(body.contains("backend iscsi unavailable here:"), "{body}");
+    assert!(body.contains("no-initiator-name"), "{body}");
+    assert!(!body.contains("backend file"), "{body}");
+    let metrics = get(port, "/metrics").1;
+    for (backend, up) in [("file", 1.0), ("lvm", 0.0), ("iscsi", 0.0)] {
+        assert_eq!(
+            sample(
+                &metrics,
+                &format!("ferrovol_backend_available{{backend=\"{backend}\"}}")
+            ),
+            Some(up),
+            "{backend}: {metrics}"
+        );
+    }
+    let node_id = h.node_id().await;
+    assert!(!node_id.contains("iqn."), "{node_id}");
+    // The backend this node has is served whole.
+    let mut req = create_req("pvc-served", 16 * MIB, mount_cap("ext4", SNW));
+    req.parameters.insert("backend".into(), "file".into());
+    let p = h.provision_req(req).await;
+    std::fs::write(p.target.join("f"), b"served").unwrap();
+    h.teardown(&p).await;
+    let log = h.log();
+    for backend in ["lvm", "iscsi"] {
+        let lines = log
+            .lines()
+            .filter(|l| l.contains("unavailable") && l.contains(&format!("backend={backend}")))
+            .count();
+        assert!(lines >= 1, "{backend}: {log}");
+    }
+    drop(h);
+    // A node with none of its backends is not ready; Probe still well.
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let h = Harness::start_with_env(Some(&lvm), &[("FERROVOL_METRICS_ADDR", addr.as_str())]).await;
+    assert!(h.identity().probe(pb::ProbeRequest {}).await.is_ok());
+    let (status, body) = get(port, "/readyz");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.starts_with("no backend available\n"), "{body}");
+    assert!(body.contains("backend lvm unavailable here:"), "{body}");
+}

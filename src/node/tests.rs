@@ -634,6 +634,8 @@ async fn stuck_mounts_do_not_stall_other_calls() {
         metrics: None,
         serving: Default::default(),
         controller_expansion: true,
+        lacking: Default::default(),
+        unavailable: Default::default(),
     });
     let identity = IdentityService(driver);
     for i in 0..5 {

@@ -69,10 +69,23 @@ async fn answer(driver: &Driver, path: &str) -> (u16, &'static str, String) {
             Err(e) => (503, TEXT, format!("{}\n", e.message)),
         },
         "/readyz" => {
-            if driver.serving.load(std::sync::atomic::Ordering::Relaxed) {
-                (200, TEXT, "ready\n".into())
+            if !driver.serving.load(std::sync::atomic::Ordering::Relaxed) {
+                return (503, TEXT, "not serving yet\n".into());
+            }
+            // Ready while one backend at least is served; the body names
+            // those this node lacks what they need for, and why.
+            let backends = driver.backends().await;
+            let out: Vec<String> = backends
+                .iter()
+                .filter_map(|(name, why)| {
+                    why.as_ref()
+                        .map(|w| format!("backend {name} unavailable here: {w}\n"))
+                })
+                .collect();
+            if backends.is_empty() || out.len() < backends.len() {
+                (200, TEXT, format!("ready\n{}", out.concat()))
             } else {
-                (503, TEXT, "not serving yet\n".into())
+                (503, TEXT, format!("no backend available\n{}", out.concat()))
             }
         }
         _ => (404, TEXT, "not found\n".into()),

@@ -100,20 +100,55 @@ pub struct Driver {
     /// Whether ControllerExpandVolume is offered; without it the resizer
     /// leaves expansion to NodeExpandVolume.
     pub controller_expansion: bool,
+    /// Backends this node lacks what they need for, found at start (an
+    /// iSCSI initiator name): unavailable until the driver restarts.
+    pub lacking: std::collections::BTreeMap<String, String>,
+    /// Backends whose last health check failed, with why.
+    pub unavailable: std::sync::Mutex<std::collections::BTreeMap<String, String>>,
 }
 
 impl Driver {
-    /// What Probe answers: every backend healthy.
-    pub async fn health(&self) -> crate::error::Result<()> {
+    /// Checks every backend's prerequisites (its health), and answers
+    /// each backend's name with why it is unavailable on this node, if it
+    /// is. A backend that becomes unavailable, or available again, is
+    /// logged once, at the change. What a node lacks for one backend does
+    /// not stop the others: the driver serves them, and says which are
+    /// out in `/readyz` and `ferrovol_backend_available`.
+    pub async fn backends(&self) -> Vec<(String, Option<String>)> {
+        let mut out = Vec::new();
         for b in self.registry.all() {
-            b.health().await.map_err(|e| {
-                crate::error::Error::precondition(format!(
-                    "backend {} is not healthy: {}",
-                    b.name(),
-                    e.message
-                ))
-            })?;
+            let why = match self.lacking.get(b.name()) {
+                Some(why) => Some(why.clone()),
+                None => b.health().await.err().map(|e| e.message),
+            };
+            out.push((b.name().to_string(), why));
         }
+        use crate::sync::LockExt;
+        let mut unavailable = self.unavailable.locked();
+        for (name, why) in &out {
+            match why {
+                Some(why) if unavailable.get(name) != Some(why) => {
+                    tracing::warn!(backend = %name, reason = %why, "backend unavailable on this node; the others are served");
+                    unavailable.insert(name.clone(), why.clone());
+                }
+                None if unavailable.remove(name).is_some() => {
+                    tracing::info!(backend = %name, "backend available again");
+                }
+                _ => {}
+            }
+            if let Some(m) = &self.metrics {
+                m.backend_available(name, why.is_none());
+            }
+        }
+        out
+    }
+
+    /// What Probe answers: the driver works. A backend this node lacks
+    /// what it needs for is no reason to restart the driver (a new
+    /// process would lack it too, and take the other backends' calls down
+    /// with it); the check is made, and what it finds is in `/readyz`.
+    pub async fn health(&self) -> crate::error::Result<()> {
+        self.backends().await;
         Ok(())
     }
 
