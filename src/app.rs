@@ -29,6 +29,8 @@ pub struct Settings {
     pub metrics: bool,
     /// Offer ControllerExpandVolume (off: nodes grow node-local volumes).
     pub controller_expansion: bool,
+    /// The central controller of a node-local driver: no volume is here.
+    pub volumes_on_nodes: bool,
 }
 
 /// Checks a driver name: DNS-style, at most 63 characters.
@@ -169,6 +171,7 @@ pub fn build_with(
         metrics,
         serving: Default::default(),
         controller_expansion: settings.controller_expansion,
+        volumes_on_nodes: settings.volumes_on_nodes,
         lacking,
         unavailable: Default::default(),
     }))

@@ -96,6 +96,13 @@ struct ServeArgs {
     /// central controller).
     #[arg(long, env = "FERROVOL_NO_CONTROLLER_EXPANSION")]
     no_controller_expansion: bool,
+    /// This process is the central controller of a node-local driver: its
+    /// volumes are on the nodes, none of them here. Implies
+    /// --no-controller-expansion; ControllerModifyVolume answers
+    /// INVALID_ARGUMENT (the external-resizer's Infeasible) saying that a
+    /// node-local volume's mutable parameters are set when it is created.
+    #[arg(long, env = "FERROVOL_VOLUMES_ON_NODES")]
+    volumes_on_nodes: bool,
 }
 
 fn init_logging(format: LogFormat) {
@@ -195,7 +202,8 @@ async fn run(a: ServeArgs) -> ferrovol::error::Result<()> {
         config: a.config,
         command_timeout: a.command_timeout.map(Duration::from_secs),
         metrics: a.metrics_addr.is_some(),
-        controller_expansion: !a.no_controller_expansion,
+        controller_expansion: !a.no_controller_expansion && !a.volumes_on_nodes,
+        volumes_on_nodes: a.volumes_on_nodes,
     };
     let driver = app::build(&settings)?;
     app::start_backends(&driver).await?;

@@ -1178,10 +1178,14 @@ async fn ferrovol_containers_start_from_their_manifest_args() {
                 .unwrap();
                 assert!(reg.contains(&format!("/{}/", info.name)));
             }
+            // Ready, but for the lvm overlay's node plugin: this host has
+            // no such volume group, and lvm is its only backend.
+            let (ready, body) = common::http_get(started.metrics, "/readyz").unwrap();
+            let only_lvm = overlay == "lvm" && name == "ferrovol-local-node";
             assert_eq!(
-                common::http_get(started.metrics, "/readyz").unwrap().0,
-                200,
-                "{overlay}/{name}"
+                ready,
+                if only_lvm { 503 } else { 200 },
+                "{overlay}/{name}: {body}"
             );
             let plugin = format!(
                 "{:?}",
@@ -1632,4 +1636,109 @@ async fn node_plugins_on_a_node_lacking_some_backends_serve_the_others() {
         drop(started);
         common::cleanup(host.path());
     }
+}
+
+/// A VolumeAttributesClass of the node-local driver: a claim created in
+/// it gets its parameters from the node's own provisioner (CreateVolume's
+/// mutable parameters, on the node plugin as deployed), and a claim moved
+/// to it later reaches the central controller, which reaches no node: it
+/// answers INVALID_ARGUMENT (the resizer's Infeasible) saying why, for
+/// each class shipped, where it answered NOT_FOUND before (it looked for
+/// the volume in its own empty pool). Needs root (a real file volume).
+#[tokio::test]
+async fn node_local_attribute_classes_apply_at_creation_and_say_why_not_later() {
+    common::require_root();
+    let r = render("all");
+    let classes: Vec<&Value> = r
+        .kind("VolumeAttributesClass")
+        .into_iter()
+        .filter(|c| s(&c["driverName"]) == LOCAL)
+        .collect();
+    assert_eq!(classes.len(), 2, "file and lvm each ship one");
+    let params = |c: &Value| -> HashMap<String, String> {
+        serde_yaml::from_value(c["parameters"].clone()).unwrap()
+    };
+    let central = start_container(&r, r.named("Deployment", "ferrovol-local-controller")).await;
+    let mut ctl = pb::controller_client::ControllerClient::new(central.channel.clone());
+    for c in &classes {
+        let id = match params(c).contains_key("readAhead") {
+            true => "lvm:luns.fv-pvc-1",
+            false => "file:pvc-1",
+        };
+        let e = ctl
+            .controller_modify_volume(pb::ControllerModifyVolumeRequest {
+                volume_id: id.into(),
+                mutable_parameters: params(c),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{id}: {e}");
+        assert!(e.message().contains("set when it is created"), "{e}");
+    }
+    // On the node, the file class is applied as the volume is made, and
+    // changed there (where a resizer on that node would send it).
+    let node = start_container(&r, r.named("DaemonSet", "ferrovol-local-node")).await;
+    let mut ctl = pb::controller_client::ControllerClient::new(node.channel.clone());
+    let file = classes
+        .iter()
+        .find(|c| params(c).contains_key("preallocate"))
+        .unwrap();
+    let made = ctl
+        .create_volume(pb::CreateVolumeRequest {
+            name: "pvc-attrs".into(),
+            capacity_range: Some(pb::CapacityRange {
+                required_bytes: 8 << 20,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![common::mount_cap("ext4", common::SNW)],
+            parameters: HashMap::from([("backend".to_string(), "file".to_string())]),
+            mutable_parameters: params(file),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let allocated = |p: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(p).unwrap().blocks() * 512
+    };
+    // The pool is on the node's host path.
+    let host = node.host.as_ref().unwrap().path();
+    let img = find_image(host, "pvc-attrs").expect("the volume's image in the node's pool");
+    assert!(allocated(&img) >= 8 << 20, "preallocated at creation");
+    ctl.controller_modify_volume(pb::ControllerModifyVolumeRequest {
+        volume_id: made.volume_id.clone(),
+        mutable_parameters: HashMap::from([("preallocate".to_string(), "false".to_string())]),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    ctl.delete_volume(pb::DeleteVolumeRequest {
+        volume_id: made.volume_id,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+}
+
+/// The image file of volume `name` somewhere under `dir`.
+fn find_image(dir: &Path, name: &str) -> Option<PathBuf> {
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            if let Some(found) = find_image(&p, name) {
+                return Some(found);
+            }
+        } else if p
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.contains(name) && n.ends_with(".img"))
+        {
+            return Some(p);
+        }
+    }
+    None
 }

@@ -634,6 +634,7 @@ async fn stuck_mounts_do_not_stall_other_calls() {
         metrics: None,
         serving: Default::default(),
         controller_expansion: true,
+        volumes_on_nodes: false,
         lacking: Default::default(),
         unavailable: Default::default(),
     });

@@ -442,6 +442,15 @@ impl Controller for ControllerService {
                 return Err(Error::invalid("volume_id is required"));
             }
             let id = convert::volume_id(&r.volume_id)?;
+            if self.0.volumes_on_nodes {
+                return Err(Error::invalid(format!(
+                    "volume {id} is on a node, and this central controller of a node-local \
+                     driver reaches none: a node-local volume's mutable parameters are set when \
+                     it is created (the VolumeAttributesClass its PVC names then) and cannot be \
+                     changed afterwards; name the class in a new PVC and copy the data \
+                     (a snapshot or a clone of this one)"
+                )));
+            }
             self.0
                 .controller
                 .modify_volume(

@@ -100,6 +100,9 @@ pub struct Driver {
     /// Whether ControllerExpandVolume is offered; without it the resizer
     /// leaves expansion to NodeExpandVolume.
     pub controller_expansion: bool,
+    /// The central controller of a node-local driver (`--volumes-on-nodes`):
+    /// the volumes are on the nodes, and ModifyVolume cannot reach them.
+    pub volumes_on_nodes: bool,
     /// Backends this node lacks what they need for, found at start (an
     /// iSCSI initiator name): unavailable until the driver restarts.
     pub lacking: std::collections::BTreeMap<String, String>,
