@@ -20,7 +20,15 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const OVERLAYS: [&str; 6] = ["file", "lvm", "nfs", "iscsi", "rbd", "all"];
+const OVERLAYS: [&str; 7] = [
+    "file",
+    "lvm",
+    "nfs",
+    "iscsi",
+    "rbd",
+    "all",
+    "snapshot-metadata",
+];
 const LOCAL: &str = "local.csi.ferrovol.io";
 const REMOTE: &str = "csi.ferrovol.io";
 /// The oldest Kubernetes the manifests are for (the sidecars' floor), and
@@ -34,6 +42,9 @@ fn root() -> &'static Path {
 /// One rendered overlay.
 struct Rendered {
     name: &'static str,
+    /// The overlay whose backends it serves (`snapshot-metadata` is the
+    /// rbd overlay with changed block tracking).
+    of: &'static str,
     text: String,
     docs: Vec<Value>,
 }
@@ -57,6 +68,10 @@ fn render(overlay: &'static str) -> Rendered {
         .collect();
     Rendered {
         name: overlay,
+        of: match overlay {
+            "snapshot-metadata" => "rbd",
+            o => o,
+        },
         text,
         docs,
     }
@@ -232,7 +247,7 @@ fn every_overlay_validates_against_the_kubernetes_api_schemas() {
 #[test]
 fn each_overlay_deploys_the_drivers_its_backends_need() {
     for r in all_rendered() {
-        let want: &[&str] = match r.name {
+        let want: &[&str] = match r.of {
             "file" | "lvm" => &[LOCAL],
             "nfs" | "iscsi" | "rbd" => &[REMOTE],
             _ => &[LOCAL, REMOTE],
@@ -273,7 +288,7 @@ fn each_overlay_deploys_the_drivers_its_backends_need() {
             .iter()
             .map(|sc| s(&sc["parameters"]["backend"]))
             .collect();
-        let expected: BTreeSet<&str> = match r.name {
+        let expected: BTreeSet<&str> = match r.of {
             "all" => ["file", "lvm", "nfs", "iscsi", "rbd"].into(),
             one => [one].into(),
         };
@@ -417,7 +432,7 @@ fn node_mode_snapshotter(r: &Rendered, ds: &Value) {
 #[test]
 fn components_add_the_host_paths_their_backends_use() {
     for r in all_rendered() {
-        let has = |b: &str| r.name == b || r.name == "all";
+        let has = |b: &str| r.of == b || r.of == "all";
         if r.drivers().contains(LOCAL) {
             let ds = r.named("DaemonSet", "ferrovol-local-node");
             let f = container(ds, "ferrovol");
@@ -508,7 +523,10 @@ fn snapshot_metadata_is_served_beside_the_remote_controller() {
             .iter()
             .map(|sc| s(&sc["parameters"]["backend"]))
             .collect();
-        let wanted = backends.contains("rbd") || backends.contains("iscsi");
+        // Opt-in (it needs a CRD and a certificate the operator makes):
+        // only the overlay that adds it to rbd has it.
+        assert!(backends.contains("rbd") || r.name != "snapshot-metadata");
+        let wanted = r.name == "snapshot-metadata";
         let services = r.kind("SnapshotMetadataService");
         assert_eq!(services.len(), usize::from(wanted), "{}", r.name);
         let with_sidecar: Vec<&Value> = r
@@ -564,8 +582,21 @@ fn snapshot_metadata_is_served_beside_the_remote_controller() {
         let cert = flag(sidecar, "tls-cert").unwrap();
         let dir = std::path::Path::new(&cert).parent().unwrap();
         let m = mount(sidecar, dir.to_str().unwrap()).expect("the TLS mount");
-        let secret = s(&volume(w, s(&m["name"]))["secret"]["secretName"]);
-        assert_eq!(s(&r.named("Secret", secret)["type"]), "kubernetes.io/tls");
+        // The operator makes the Secret, as deploy/README.md says; until
+        // then the sidecar alone fails (the volume is optional), not the
+        // controller's other containers.
+        let tls = &volume(w, s(&m["name"]))["secret"];
+        assert_eq!(tls["optional"].as_bool(), Some(true));
+        let secret = s(&tls["secretName"]);
+        assert!(
+            !r.has("Secret", secret),
+            "no placeholder certificate is shipped"
+        );
+        let readme = std::fs::read_to_string(root().join("deploy/README.md")).unwrap();
+        assert!(
+            readme.contains(&format!("kubectl -n ferrovol create secret tls {secret}")),
+            "deploy/README.md makes {secret}"
+        );
     }
 }
 
@@ -581,7 +612,10 @@ fn every_reference_resolves() {
                     assert!(r.has("ConfigMap", cm), "{}: {cm}", r.name);
                 }
                 if let Some(secret) = v["secret"]["secretName"].as_str() {
-                    assert!(r.has("Secret", secret), "{}: {secret}", r.name);
+                    // An optional one is the operator's to make (its
+                    // test says where the docs make it).
+                    let optional = v["secret"]["optional"].as_bool() == Some(true);
+                    assert!(optional || r.has("Secret", secret), "{}: {secret}", r.name);
                 }
             }
             let sa = s(&pod(w)["serviceAccountName"]);
@@ -1234,7 +1268,7 @@ async fn ferrovol_containers_start_from_their_manifest_args() {
                     let caps = ctl_caps().await;
                     assert!(caps.contains(&(Ctl::ExpandVolume as i32)), "{caps:?}");
                     assert!(caps.contains(&(Ctl::CreateDeleteSnapshot as i32)));
-                    let publishes = matches!(overlay, "iscsi" | "rbd" | "all");
+                    let publishes = matches!(r.of, "iscsi" | "rbd" | "all");
                     assert_eq!(
                         caps.contains(&(Ctl::PublishUnpublishVolume as i32)),
                         publishes,
@@ -1479,6 +1513,20 @@ fn group_snapshots_and_attribute_classes_are_deployed_per_backend() {
         for sc in r.kind("StorageClass") {
             let backend = s(&sc["parameters"]["backend"]);
             let driver = s(&sc["provisioner"]);
+            if backend == "rbd" {
+                // Its group class holds writers by their exclusive lock.
+                let features = s(&sc["parameters"]["imageFeatures"]);
+                assert!(
+                    features.split(',').any(|f| f == "exclusive-lock"),
+                    "{features}"
+                );
+                // Its only mutable keys are librbd's QoS limits, which the
+                // nodes' kernel mappings do not apply: no example class.
+                assert!(!r.has("VolumeAttributesClass", "ferrovol-rbd-example"));
+                let g = r.named("VolumeGroupSnapshotClass", "ferrovol-rbd");
+                assert_eq!(s(&g["driver"]), driver);
+                continue;
+            }
             let vac = r.named(
                 "VolumeAttributesClass",
                 &format!("ferrovol-{backend}-example"),
@@ -1741,4 +1789,103 @@ fn find_image(dir: &Path, name: &str) -> Option<PathBuf> {
         }
     }
     None
+}
+
+/// The tag of every image the manifests run is set in one place,
+/// `deploy/components/images` (no base or component manifest names one),
+/// every overlay renders each image with a tag, deploy/README.md's sidecar
+/// table shows those tags, and the README's quick start applies what these
+/// tests render: overlays that exist, and the snapshot CRDs and controller
+/// of the csi-snapshotter release the manifests run.
+#[test]
+fn image_tags_are_set_in_one_place_and_the_quick_start_applies_them() {
+    let k = root().join("deploy/components/images/kustomization.yaml");
+    let doc: Value = serde_yaml::from_str(&std::fs::read_to_string(&k).unwrap()).unwrap();
+    let tags: BTreeMap<String, String> = seq(&doc["images"])
+        .iter()
+        .map(|i| (s(&i["name"]).to_string(), s(&i["newTag"]).to_string()))
+        .collect();
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "yaml") {
+                out.push(p);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(&root().join("deploy/base"), &mut files);
+    walk(&root().join("deploy/components"), &mut files);
+    for f in files
+        .iter()
+        .filter(|f| !f.ends_with("images/kustomization.yaml"))
+    {
+        for l in std::fs::read_to_string(f).unwrap().lines() {
+            if let Some(image) = l.trim().strip_prefix("image:") {
+                assert!(
+                    !image.contains(':'),
+                    "{}: {image} carries a tag; tags are set in {}",
+                    f.display(),
+                    k.display()
+                );
+            }
+        }
+    }
+    for r in all_rendered() {
+        for w in r.workloads() {
+            for c in containers(w) {
+                let image = s(&c["image"]);
+                let (name, tag) = image.rsplit_once(':').expect("a tag");
+                assert_eq!(
+                    tags.get(name),
+                    Some(&tag.to_string()),
+                    "{}: {image}",
+                    r.name
+                );
+            }
+        }
+    }
+    // deploy/README.md's table of sidecars: one row per sidecar image.
+    let readme = std::fs::read_to_string(root().join("deploy/README.md")).unwrap();
+    for (name, tag) in tags.iter().filter(|(n, _)| n.contains("sig-storage/")) {
+        let short = name.rsplit('/').next().unwrap();
+        let row = format!("| {short} | {tag} |");
+        assert!(readme.contains(&row), "deploy/README.md lacks {row:?}");
+    }
+    // The quick start.
+    let quick = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let quick = quick
+        .split("## On a cluster")
+        .nth(1)
+        .unwrap()
+        .split("\n## ")
+        .next()
+        .unwrap();
+    let snapshotter = &tags["registry.k8s.io/sig-storage/csi-snapshotter"];
+    let crds = quick
+        .lines()
+        .filter(|l| l.contains("kubernetes-csi/external-snapshotter/"))
+        .collect::<Vec<_>>();
+    assert_eq!(crds.len(), 2, "the CRDs and the snapshot-controller");
+    for l in crds {
+        assert!(l.contains(&format!("?ref={snapshotter}'")), "{l}");
+    }
+    let applied: Vec<&str> = quick
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("kubectl apply -k deploy/overlays/"))
+        .collect();
+    assert!(!applied.is_empty());
+    for o in applied {
+        assert!(OVERLAYS.contains(&o.trim()), "the quick start applies {o}");
+        let r = render(OVERLAYS.iter().find(|x| **x == o.trim()).unwrap());
+        for ds in r.kind("DaemonSet") {
+            let name = s(&ds["metadata"]["name"]);
+            assert!(
+                quick.contains(&format!("rollout status daemonset/{name}")),
+                "the quick start waits for {name}"
+            );
+        }
+    }
 }

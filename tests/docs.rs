@@ -158,27 +158,39 @@ fn every_place_that_names_the_version_names_cargos() {
         dockerfile.contains("org.opencontainers.image.version=\"${VERSION}\""),
         "the image's version label is not VERSION"
     );
-    // The tag every overlay pins.
-    let mut overlays = 0;
-    for entry in std::fs::read_dir(root().join("deploy/overlays")).unwrap() {
-        let k = entry.unwrap().path().join("kustomization.yaml");
-        let Ok(text) = std::fs::read_to_string(&k) else {
-            continue;
-        };
-        let doc: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
-        for image in doc["images"].as_sequence().into_iter().flatten() {
-            if image["name"].as_str() == Some("ferrovol") {
-                overlays += 1;
-                assert_eq!(
-                    image["newTag"].as_str(),
-                    Some(v.as_str()),
-                    "{}: the ferrovol image's tag",
-                    rel(&k)
-                );
-            }
-        }
+    // The tag the overlays pin (all through one component), and the one
+    // the README's quick start builds and loads.
+    let k = root().join("deploy/components/images/kustomization.yaml");
+    let doc: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(&k).unwrap()).unwrap();
+    let pinned: Vec<&str> = doc["images"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .filter(|i| i["name"].as_str() == Some("ferrovol"))
+        .filter_map(|i| i["newTag"].as_str())
+        .collect();
+    assert_eq!(
+        pinned,
+        [v.as_str()],
+        "{}: the ferrovol image's tag",
+        rel(&k)
+    );
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let tags: Vec<&str> = readme
+        .split("ferrovol:")
+        .skip(1)
+        .map(|rest| {
+            rest.split(|c: char| !(c.is_ascii_alphanumeric() || c == '.'))
+                .next()
+                .unwrap()
+                .trim_end_matches('.')
+        })
+        .collect();
+    assert!(!tags.is_empty(), "the README builds no image");
+    for t in tags {
+        assert_eq!(t, v, "README.md: an image tag that is not the version");
     }
-    assert!(overlays > 0, "no overlay pins the ferrovol image");
 }
 
 #[test]
