@@ -333,10 +333,7 @@ fn node_plugins_register_the_socket_they_serve() {
                 Some("/var/lib/kubelet/plugins_registry")
             );
             let probe = container(ds, "liveness-probe");
-            assert_eq!(
-                flag(probe, "health-port").unwrap().parse::<i64>().unwrap(),
-                port(f, "healthz")
-            );
+            assert_eq!(listen_port(probe), port(f, "healthz"));
             assert_eq!(
                 f["livenessProbe"]["httpGet"]["port"].as_str(),
                 Some("healthz")
@@ -452,12 +449,9 @@ fn components_add_the_host_paths_their_backends_use() {
         let cf = container(ctl, "ferrovol");
         assert_eq!(host_path_at(ds, f, "/lib/modules"), Some("/lib/modules"));
         assert_eq!(host_path_at(ds, f, "/etc/iscsi").is_some(), has("iscsi"));
-        assert_eq!(
-            pod(ds)["hostNetwork"].as_bool().unwrap_or(false),
-            has("iscsi") || has("rbd"),
-            "{}",
-            r.name
-        );
+        // iscsi and rbd need the host's network; the plugin is on it
+        // whatever the backends (its endpoints on 127.0.0.1 only).
+        assert_eq!(pod(ds)["hostNetwork"].as_bool(), Some(true), "{}", r.name);
         if has("iscsi") {
             assert_eq!(
                 pod(ctl)["nodeSelector"]["ferrovol.io/iscsi-target"].as_str(),
@@ -597,6 +591,125 @@ fn snapshot_metadata_is_served_beside_the_remote_controller() {
             readme.contains(&format!("kubectl -n ferrovol create secret tls {secret}")),
             "deploy/README.md makes {secret}"
         );
+    }
+}
+
+/// The port a sidecar's health endpoint listens on (`--http-endpoint`,
+/// else `--health-port`).
+fn listen_port(c: &Value) -> i64 {
+    flag(c, "http-endpoint")
+        .map(|e| e.rsplit(':').next().unwrap().to_string())
+        .or_else(|| flag(c, "health-port"))
+        .expect("a health endpoint")
+        .parse()
+        .unwrap()
+}
+
+/// The host an endpoint flag's `host:port` names (`:port`: every address).
+fn listen_host(addr: &str) -> &str {
+    addr.rsplit_once(':').map_or("", |(h, _)| h)
+}
+
+/// What every pod runs like: each container asks for what it needs
+/// (requests, the figures deploy/README.md gives), each registrar is
+/// probed on its own health endpoint (a registration the kubelet lost is a
+/// restart), and a pod on the host's network offers nothing on the node's
+/// addresses: every endpoint on 127.0.0.1, where the kubelet's probes
+/// (made from the host) reach it. The node-local provisioner's capacity
+/// objects belong to the DaemonSet (level 1), which its RBAC can read.
+#[test]
+fn every_pod_asks_for_its_resources_probes_its_registrar_and_keeps_its_endpoints_private() {
+    for r in all_rendered() {
+        for w in r.workloads() {
+            let wname = s(&w["metadata"]["name"]);
+            let host_network = pod(w)["hostNetwork"].as_bool() == Some(true);
+            let mut ports = BTreeSet::new();
+            for c in containers(w) {
+                let cname = s(&c["name"]);
+                let at = format!("{}/{wname}/{cname}", r.name);
+                for what in ["cpu", "memory"] {
+                    assert!(
+                        c["resources"]["requests"][what].as_str().is_some(),
+                        "{at}: no {what} request"
+                    );
+                }
+                let mut endpoints: Vec<String> = ["http-endpoint", "metrics-addr"]
+                    .iter()
+                    .filter_map(|f| flag(c, f))
+                    .collect();
+                if let Some(p) = flag(c, "health-port") {
+                    assert!(
+                        !host_network,
+                        "{at}: --health-port listens on every address"
+                    );
+                    endpoints.push(format!(":{p}"));
+                }
+                if flag(c, "port").is_some() {
+                    endpoints.push(format!(":{}", flag(c, "port").unwrap()));
+                }
+                for e in &endpoints {
+                    assert!(
+                        ports.insert(e.rsplit(':').next().unwrap().to_string()),
+                        "{at}: {e} taken twice"
+                    );
+                    if host_network {
+                        assert_eq!(listen_host(e), "127.0.0.1", "{at}: {e}");
+                    }
+                }
+                for probe in ["livenessProbe", "readinessProbe"] {
+                    if c[probe].is_mapping() && host_network {
+                        assert_eq!(
+                            c[probe]["httpGet"]["host"].as_str(),
+                            Some("127.0.0.1"),
+                            "{at} {probe}"
+                        );
+                    }
+                }
+                if cname == "node-driver-registrar" {
+                    let probe = &c["livenessProbe"]["httpGet"];
+                    assert_eq!(s(&probe["path"]), "/healthz", "{at}");
+                    assert_eq!(port(c, s(&probe["port"])), listen_port(c), "{at}");
+                }
+                if cname == "csi-provisioner"
+                    && flag(c, "enable-capacity").as_deref() == Some("true")
+                {
+                    assert_eq!(
+                        flag(c, "capacity-ownerref-level").as_deref(),
+                        Some("1"),
+                        "{at}"
+                    );
+                    let sa = s(&pod(w)["serviceAccountName"]);
+                    let reads_daemonsets = r
+                        .kind("Role")
+                        .into_iter()
+                        .chain(r.kind("ClusterRole"))
+                        .any(|role| {
+                            let bound = r
+                                .kind("RoleBinding")
+                                .into_iter()
+                                .chain(r.kind("ClusterRoleBinding"))
+                                .any(|b| {
+                                    s(&b["roleRef"]["name"]) == s(&role["metadata"]["name"])
+                                        && seq(&b["subjects"])
+                                            .iter()
+                                            .any(|x| x["name"].as_str() == Some(sa))
+                                });
+                            bound
+                                && seq(&role["rules"]).iter().any(|rule| {
+                                    seq(&rule["apiGroups"]).iter().any(|g| s(g) == "apps")
+                                        && seq(&rule["resources"])
+                                            .iter()
+                                            .any(|x| s(x) == "daemonsets")
+                                        && seq(&rule["verbs"]).iter().any(|v| s(v) == "get")
+                                })
+                        });
+                    assert!(
+                        reads_daemonsets,
+                        "{at}: the provisioner cannot read its DaemonSet"
+                    );
+                }
+            }
+        }
     }
 }
 
