@@ -1,0 +1,431 @@
+//! The manifests as the tests' fixture: an overlay rendered with
+//! kubectl's kustomize, read as YAML, and its ferrovol containers started
+//! as their pods would run them (args, env, user, mounted config, emptyDir
+//! and hostPath volumes). Used by `tests/deploy.rs` (on the host) and the
+//! guest's deployed-overlay tests.
+
+use super::fixtures::DAEMON_BACKSTOP;
+use ferrovol::proto as pb;
+use serde::Deserialize;
+use serde_yaml::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::Command;
+
+pub const OVERLAYS: [&str; 7] = [
+    "file",
+    "lvm",
+    "nfs",
+    "iscsi",
+    "rbd",
+    "all",
+    "snapshot-metadata",
+];
+pub const LOCAL: &str = "local.csi.ferrovol.io";
+pub const REMOTE: &str = "csi.ferrovol.io";
+/// The oldest Kubernetes the manifests are for (the sidecars' floor), and
+/// the newest the validator knows.
+pub const KUBERNETES: [&str; 2] = ["1.34.0", "1.37.0"];
+
+pub fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// One rendered overlay.
+pub struct Rendered {
+    pub name: &'static str,
+    /// The overlay whose backends it serves (`snapshot-metadata` is the
+    /// rbd overlay with changed block tracking).
+    pub of: &'static str,
+    pub text: String,
+    pub docs: Vec<Value>,
+}
+
+pub fn render(overlay: &'static str) -> Rendered {
+    let dir = root().join("deploy/overlays").join(overlay);
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(&dir)
+        .output()
+        .expect("kubectl (for its kustomize) is needed; .ci/run checks for it");
+    assert!(
+        out.status.success(),
+        "kustomize {overlay}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let docs = serde_yaml::Deserializer::from_str(&text)
+        .map(|d| Value::deserialize(d).unwrap())
+        .filter(|v| !v.is_null())
+        .collect();
+    Rendered {
+        name: overlay,
+        of: match overlay {
+            "snapshot-metadata" => "rbd",
+            o => o,
+        },
+        text,
+        docs,
+    }
+}
+
+pub fn all_rendered() -> Vec<Rendered> {
+    OVERLAYS.iter().map(|o| render(o)).collect()
+}
+
+pub fn s(v: &Value) -> &str {
+    v.as_str().unwrap_or_else(|| panic!("not a string: {v:?}"))
+}
+
+pub fn seq(v: &Value) -> &[Value] {
+    v.as_sequence().map(|s| s.as_slice()).unwrap_or(&[])
+}
+
+impl Rendered {
+    pub fn kind(&self, kind: &str) -> Vec<&Value> {
+        self.docs
+            .iter()
+            .filter(|d| d["kind"].as_str() == Some(kind))
+            .collect()
+    }
+
+    pub fn named(&self, kind: &str, name: &str) -> &Value {
+        self.kind(kind)
+            .into_iter()
+            .find(|d| d["metadata"]["name"].as_str() == Some(name))
+            .unwrap_or_else(|| panic!("{}: no {kind} {name}", self.name))
+    }
+
+    pub fn has(&self, kind: &str, name: &str) -> bool {
+        self.kind(kind)
+            .iter()
+            .any(|d| d["metadata"]["name"].as_str() == Some(name))
+    }
+
+    /// Every Deployment and DaemonSet.
+    pub fn workloads(&self) -> Vec<&Value> {
+        let mut w = self.kind("Deployment");
+        w.extend(self.kind("DaemonSet"));
+        w
+    }
+
+    pub fn drivers(&self) -> BTreeSet<String> {
+        self.kind("CSIDriver")
+            .iter()
+            .map(|d| s(&d["metadata"]["name"]).to_string())
+            .collect()
+    }
+
+    /// The data of a ConfigMap (by its generated name), as files.
+    pub fn config_files(&self, name: &str) -> BTreeMap<String, String> {
+        self.named("ConfigMap", name)["data"]
+            .as_mapping()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (s(k).to_string(), s(v).to_string()))
+            .collect()
+    }
+}
+
+pub fn pod(w: &Value) -> &Value {
+    &w["spec"]["template"]["spec"]
+}
+
+pub fn containers(w: &Value) -> &[Value] {
+    seq(&pod(w)["containers"])
+}
+
+pub fn container<'a>(w: &'a Value, name: &str) -> &'a Value {
+    containers(w)
+        .iter()
+        .find(|c| c["name"].as_str() == Some(name))
+        .unwrap_or_else(|| panic!("{}: no container {name}", s(&w["metadata"]["name"])))
+}
+
+pub fn args(c: &Value) -> Vec<String> {
+    seq(&c["args"]).iter().map(|a| s(a).to_string()).collect()
+}
+
+/// The value of `--flag=value` in a container's args.
+pub fn flag(c: &Value, name: &str) -> Option<String> {
+    let prefix = format!("--{name}=");
+    args(c)
+        .iter()
+        .find_map(|a| a.strip_prefix(&prefix).map(str::to_string))
+}
+
+pub fn volume<'a>(w: &'a Value, name: &str) -> &'a Value {
+    seq(&pod(w)["volumes"])
+        .iter()
+        .find(|v| v["name"].as_str() == Some(name))
+        .unwrap_or_else(|| panic!("no volume {name}"))
+}
+
+/// The host path mounted at `mount_path` in container `c`, if any.
+pub fn host_path_at<'a>(w: &'a Value, c: &Value, mount_path: &str) -> Option<&'a str> {
+    let m = seq(&c["volumeMounts"])
+        .iter()
+        .find(|m| m["mountPath"].as_str() == Some(mount_path))?;
+    volume(w, s(&m["name"]))["hostPath"]["path"].as_str()
+}
+
+pub fn mount<'a>(c: &'a Value, mount_path: &str) -> Option<&'a Value> {
+    seq(&c["volumeMounts"])
+        .iter()
+        .find(|m| m["mountPath"].as_str() == Some(mount_path))
+}
+
+pub fn port(c: &Value, name: &str) -> i64 {
+    seq(&c["ports"])
+        .iter()
+        .find(|p| p["name"].as_str() == Some(name))
+        .unwrap_or_else(|| panic!("no port {name}"))["containerPort"]
+        .as_i64()
+        .unwrap()
+}
+
+/// Runs one ferrovol container of a rendered overlay from its own args:
+/// the pod's paths become temporary ones, the ConfigMap it mounts is
+/// written out, `$(VAR)`s from the pod's fields are filled in, and a pod
+/// that runs as a non-root user runs as that user here too.
+pub struct Started {
+    pub child: std::process::Child,
+    pub dir: tempfile::TempDir,
+    /// The host's folders, when the pod is the only one to use them.
+    pub host: Option<tempfile::TempDir>,
+    pub channel: tonic::transport::Channel,
+    pub metrics: u16,
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        super::cleanup(self.dir.path());
+        if let Some(host) = &self.host {
+            super::cleanup(host.path());
+        }
+    }
+}
+
+/// Makes `path` as the kubelet makes a pod's volume: an emptyDir is
+/// root's, mode 0777 (with the pod's fsGroup: that group's, set-group-id,
+/// 2777), empty at every pod start; a hostPath the host made is root's,
+/// 0755; a ConfigMap's folder root's, 0755.
+pub fn make_volume(path: &Path, volume: &Value, fs_group: Option<u32>) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(path).unwrap();
+    let mode = if volume.get("emptyDir").is_some() {
+        std::os::unix::fs::chown(path, Some(0), fs_group).unwrap();
+        if fs_group.is_some() {
+            0o2777
+        } else {
+            0o777
+        }
+    } else {
+        std::os::unix::fs::chown(path, Some(0), Some(0)).unwrap();
+        0o755
+    };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// The volume mounted at `mount_path` in container `c` of `w`, or at a
+/// folder above it, with the path below the mount.
+pub fn volume_at<'a>(w: &'a Value, c: &Value, path: &str) -> Option<(&'a Value, String)> {
+    seq(&c["volumeMounts"])
+        .iter()
+        .filter(|m| {
+            let at = s(&m["mountPath"]);
+            path == at || path.starts_with(&format!("{}/", at.trim_end_matches('/')))
+        })
+        .max_by_key(|m| s(&m["mountPath"]).len())
+        .map(|m| {
+            let rest = path[s(&m["mountPath"]).len()..].trim_start_matches('/');
+            (volume(w, s(&m["name"])), rest.to_string())
+        })
+}
+
+pub async fn start_container(r: &Rendered, w: &Value) -> Started {
+    let host = tempfile::tempdir().unwrap();
+    let mut started = start_pod(r, w, host.path(), &|t| t).await;
+    // The host goes with the pod: nothing starts on it again.
+    started.host = Some(host);
+    started
+}
+
+/// A pod of `w` on a node whose host folders are under `host`: its
+/// hostPath volumes are kept there (what an earlier pod on that node left
+/// is found again), its emptyDirs are new and empty. `edit` rewrites each
+/// config file as the test's stand-ins for the real servers need.
+pub async fn start_pod(
+    r: &Rendered,
+    w: &Value,
+    host: &Path,
+    edit: &dyn Fn(String) -> String,
+) -> Started {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    // The pod's root is everyone's to walk through.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let f = container(w, "ferrovol");
+    let fs_group = pod(w)["securityContext"]["fsGroup"]
+        .as_i64()
+        .map(|g| g as u32);
+    let pod_state = flag(f, "state-dir").unwrap();
+    // The state folder is what the pod mounts there (an emptyDir or a
+    // hostPath), made as the kubelet makes it.
+    let state = match volume_at(w, f, &pod_state) {
+        Some((v, rest)) => {
+            let at = match v["hostPath"]["path"].as_str() {
+                Some(p) => {
+                    let at = host.join(p.trim_start_matches('/'));
+                    if !at.exists() {
+                        make_volume(&at, v, fs_group);
+                    }
+                    at
+                }
+                None => {
+                    let at = dir.path().join("state-volume");
+                    make_volume(&at, v, fs_group);
+                    at
+                }
+            };
+            if rest.is_empty() {
+                at
+            } else {
+                at.join(rest)
+            }
+        }
+        None => panic!("{}: the state dir {pod_state} is on no volume", r.name),
+    };
+    let config = dir.path().join("config.d");
+    make_volume(&config, &Value::Null, fs_group);
+    // The socket's folder is an emptyDir in every pod.
+    let csi = dir.path().join("csi");
+    let endpoint = flag(f, "endpoint").unwrap();
+    let socket_dir = endpoint
+        .trim_start_matches("unix://")
+        .rsplit_once('/')
+        .unwrap()
+        .0
+        .to_string();
+    let (v, _) = volume_at(w, f, &socket_dir).expect("the socket's folder is a volume");
+    make_volume(&csi, v, fs_group);
+    let socket = csi.join("csi.sock");
+    let metrics = super::free_port();
+    if let Some(cm) = flag(f, "config") {
+        let m = mount(f, &cm).expect("the config dir is mounted");
+        let cm = s(&volume(w, s(&m["name"]))["configMap"]["name"]);
+        for (name, text) in r.config_files(cm) {
+            // Paths under the pod's state dir move with it.
+            let mut text = text.replace(&pod_state, state.to_str().unwrap());
+            // The iscsi node reads the host's initiator name (through the
+            // pod's /etc/iscsi hostPath): here, one the test writes.
+            if text.contains("type = \"iscsi\"") && !text.contains("initiator_name_file") {
+                let file = dir.path().join("initiatorname.iscsi");
+                std::fs::write(&file, "InitiatorName=iqn.2026-11.io.ferrovol.test:node-1\n")
+                    .unwrap();
+                text = text.replacen(
+                    "type = \"iscsi\"\n",
+                    &format!(
+                        "type = \"iscsi\"\ninitiator_name_file = \"{}\"\n",
+                        file.display()
+                    ),
+                    1,
+                );
+            }
+            std::fs::write(config.join(&name), edit(text)).unwrap();
+            std::fs::set_permissions(config.join(name), std::fs::Permissions::from_mode(0o644))
+                .unwrap();
+        }
+    }
+    let env = |name: &str| match name {
+        "NODE_NAME" => "node-1".to_string(),
+        "POD_NAME" => "pod-1".to_string(),
+        other => panic!("unexpected $({other})"),
+    };
+    let mut a = Vec::new();
+    for arg in args(f) {
+        let (name, value) = arg.split_once('=').unwrap_or((&arg, ""));
+        let value = match name {
+            "--endpoint" => format!("unix://{}", socket.display()),
+            "--state-dir" => state.display().to_string(),
+            "--config" => config.display().to_string(),
+            "--metrics-addr" => format!("127.0.0.1:{metrics}"),
+            _ => {
+                let mut v = value.to_string();
+                while let Some(start) = v.find("$(") {
+                    let end = v[start..].find(')').unwrap() + start;
+                    v.replace_range(start..=end, &env(&v[start + 2..end]));
+                }
+                v
+            }
+        };
+        a.push(if value.is_empty() && !arg.contains('=') {
+            arg.clone()
+        } else {
+            format!("{name}={value}")
+        });
+    }
+    let user = pod(w)["securityContext"]["runAsUser"].as_i64();
+    let mut cmd = match user {
+        Some(uid) => {
+            let gid = pod(w)["securityContext"]["runAsGroup"]
+                .as_i64()
+                .unwrap_or(uid);
+            // The pod's user, its group and its fsGroup as a
+            // supplementary group; the volumes are as the kubelet makes
+            // them, none of them the user's own.
+            let groups = match fs_group {
+                Some(g) => format!("--groups={g}"),
+                None => "--clear-groups".to_string(),
+            };
+            let mut c = Command::new("setpriv");
+            c.arg(format!("--reuid={uid}"))
+                .arg(format!("--regid={gid}"))
+                .arg(groups)
+                .arg("--")
+                .arg(env!("CARGO_BIN_EXE_ferrovol"));
+            c
+        }
+        None => Command::new(env!("CARGO_BIN_EXE_ferrovol")),
+    };
+    let log = std::fs::File::create(dir.path().join("log")).unwrap();
+    let mut child = cmd
+        .args(&a)
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    // Bounded by the driver: one that exits fails at once.
+    let deadline = std::time::Instant::now() + DAEMON_BACKSTOP;
+    let channel = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!(
+                "{}: {} exited with {status}: {a:?}\n{}",
+                r.name,
+                s(&w["metadata"]["name"]),
+                std::fs::read_to_string(dir.path().join("log")).unwrap()
+            );
+        }
+        if let Ok(ch) = super::connect(&socket).await {
+            let mut id = pb::identity_client::IdentityClient::new(ch.clone());
+            if id
+                .get_plugin_info(pb::GetPluginInfoRequest {})
+                .await
+                .is_ok()
+            {
+                break ch;
+            }
+        }
+        assert!(std::time::Instant::now() < deadline, "not serving: {a:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    Started {
+        child,
+        dir,
+        host: None,
+        channel,
+        metrics,
+    }
+}
