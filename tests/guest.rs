@@ -4959,3 +4959,28 @@ async fn adopts(
         .unwrap_or(0);
     assert_eq!(mapped, 0, "{backend}: rbd devices left mapped");
 }
+
+/// The shipped overlays as a one-node cluster runs them (the manifests
+/// are the fixture: `common::cluster`): every StorageClass, snapshot
+/// class, group class and attributes class each overlay ships, through a
+/// claim's whole life with the calls shaped by the rendered sidecars'
+/// flags, the pods replaced with the claim mounted and the claim used
+/// again. In the guest: online growth of ext4 needs what the host's root
+/// lacks.
+mod deployed {
+    use super::common::cluster::{every_class, Cluster};
+    use super::common::deployed::render;
+    use super::*;
+
+    #[tokio::test]
+    #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+    async fn guest_deployed_file_overlay_runs_every_class_it_ships() {
+        require_guest();
+        let mut c = Cluster::start(render("file"), Box::new(|t| t), Box::new(|_, s| s)).await;
+        let done = every_class(&mut c).await;
+        assert_eq!(done.len(), c.r.kind("StorageClass").len());
+        for line in done {
+            println!("{line}");
+        }
+    }
+}

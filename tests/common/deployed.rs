@@ -317,8 +317,14 @@ pub async fn start_pod(
         let m = mount(f, &cm).expect("the config dir is mounted");
         let cm = s(&volume(w, s(&m["name"]))["configMap"]["name"]);
         for (name, text) in r.config_files(cm) {
-            // Paths under the pod's state dir move with it.
-            let mut text = text.replace(&pod_state, state.to_str().unwrap());
+            // Paths under the pod's state dir move with it; the kubelet's
+            // root is the host's (here, under the host's folders).
+            let kubelet = host.join("var/lib/kubelet");
+            std::fs::create_dir_all(&kubelet).unwrap();
+            let mut text = text.replace(&pod_state, state.to_str().unwrap()).replace(
+                "\"/var/lib/kubelet\"",
+                &format!("\"{}\"", kubelet.display()),
+            );
             // The iscsi node reads the host's initiator name (through the
             // pod's /etc/iscsi hostPath): here, one the test writes.
             if text.contains("type = \"iscsi\"") && !text.contains("initiator_name_file") {

@@ -3,6 +3,7 @@
 //! device and file afterwards, even when the test fails.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod deployed;
 pub mod fixtures;
 pub mod peer;

@@ -1,0 +1,764 @@
+//! A rendered overlay run as a one-node cluster would run it: every
+//! workload's ferrovol container started as its pod runs it (on one host,
+//! whose host paths outlive the pods), and each call shaped as the stock
+//! sidecars and the kubelet shape it from the rendered objects: the
+//! StorageClass's parameters (its `csi.storage.k8s.io/*` keys taken out:
+//! the fs type, mount options and the secrets each call carries), the
+//! provisioner's `--default-fstype`, `--extra-create-metadata` and
+//! `--node-deployment` (the node's topology), the snapshotter's node mode,
+//! the resizer's choice between controller and node expansion, the
+//! attacher only where the controller publishes. Pods are replaced as a
+//! roll or a drain replaces them: emptyDirs new, host paths kept.
+
+use super::deployed::*;
+use ferrovol::proto as pb;
+use serde_yaml::Value;
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use tonic::transport::Channel;
+
+/// The node every DaemonSet and Deployment runs on.
+pub const NODE: &str = "node-1";
+
+/// Rewrites a config file of the overlay for the test's servers.
+pub type Edit = Box<dyn Fn(String) -> String>;
+/// Rewrites a Secret of the overlay (by name) for the test's servers.
+pub type SecretEdit = Box<dyn Fn(&str, HashMap<String, String>) -> HashMap<String, String>>;
+
+pub struct Cluster {
+    pub r: Rendered,
+    pub host: tempfile::TempDir,
+    /// By workload name.
+    pub pods: BTreeMap<String, Started>,
+    edit: Edit,
+    secret_edit: SecretEdit,
+    uid: std::cell::Cell<u32>,
+}
+
+/// A claim made in a class, as the provisioner made its volume.
+#[derive(Clone, Debug)]
+pub struct Claim {
+    pub class: String,
+    pub driver: String,
+    pub pv: String,
+    pub id: String,
+    pub capability: pb::VolumeCapability,
+    pub context: HashMap<String, String>,
+    pub bytes: i64,
+}
+
+/// A claim mounted in a pod on the node.
+#[derive(Clone, Debug)]
+pub struct Mounted {
+    pub claim: Claim,
+    pub staging: PathBuf,
+    pub target: PathBuf,
+    pub publish_context: HashMap<String, String>,
+}
+
+fn strip(params: &Value) -> HashMap<String, String> {
+    params
+        .as_mapping()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| (s(k).to_string(), s(v).to_string()))
+        .filter(|(k, _)| !k.starts_with("csi.storage.k8s.io/"))
+        .collect()
+}
+
+impl Cluster {
+    /// Starts every workload of `r` on one host.
+    pub async fn start(r: Rendered, edit: Edit, secret_edit: SecretEdit) -> Self {
+        let host = tempfile::tempdir().unwrap();
+        let mut c = Cluster {
+            r,
+            host,
+            pods: BTreeMap::new(),
+            edit,
+            secret_edit,
+            uid: std::cell::Cell::new(0),
+        };
+        c.start_pods().await;
+        c
+    }
+
+    async fn start_pods(&mut self) {
+        let names: Vec<String> = self
+            .r
+            .workloads()
+            .iter()
+            .map(|w| s(&w["metadata"]["name"]).to_string())
+            .collect();
+        for name in names {
+            let w = self
+                .r
+                .workloads()
+                .into_iter()
+                .find(|w| s(&w["metadata"]["name"]) == name)
+                .unwrap();
+            let started = start_pod(&self.r, w, self.host.path(), &*self.edit).await;
+            self.pods.insert(name, started);
+        }
+    }
+
+    /// Every pod replaced, as a roll or a drain does: each process killed
+    /// with its emptyDirs, a new one started on the host's paths. What the
+    /// kernel holds (mounts, devices, sessions) stays.
+    pub async fn replace_pods(&mut self) {
+        for (_, mut p) in std::mem::take(&mut self.pods) {
+            // Its host paths are the cluster's, not the pod's.
+            p.host = None;
+            drop(p);
+        }
+        self.start_pods().await;
+    }
+
+    fn workload(&self, name: &str) -> &Value {
+        self.r
+            .workloads()
+            .into_iter()
+            .find(|w| s(&w["metadata"]["name"]) == name)
+            .unwrap()
+    }
+
+    /// The workload whose ferrovol serves `driver` and that runs
+    /// `sidecar` (the kubelet's, `None`: the DaemonSet's).
+    fn serving(&self, driver: &str, sidecar: Option<&str>) -> String {
+        self.r
+            .workloads()
+            .into_iter()
+            .filter(|w| flag(container(w, "ferrovol"), "driver-name").as_deref() == Some(driver))
+            .find(|w| match sidecar {
+                Some(sc) => containers(w).iter().any(|c| s(&c["name"]) == sc),
+                None => w["kind"].as_str() == Some("DaemonSet"),
+            })
+            .map(|w| s(&w["metadata"]["name"]).to_string())
+            .unwrap_or_else(|| panic!("{}: no pod of {driver} runs {sidecar:?}", self.r.name))
+    }
+
+    fn channel(&self, workload: &str) -> Channel {
+        self.pods[workload].channel.clone()
+    }
+
+    fn sidecar_of(&self, workload: &str, name: &str) -> &Value {
+        container(self.workload(workload), name)
+    }
+
+    fn next(&self, prefix: &str) -> String {
+        let n = self.uid.get() + 1;
+        self.uid.set(n);
+        format!("{prefix}-{n:08x}-{}", std::process::id())
+    }
+
+    /// The Secret a class names for `op` (`provisioner`, `node-stage`, ...).
+    pub fn secrets(&self, params: &Value, op: &str) -> HashMap<String, String> {
+        let Some(name) = params[format!("csi.storage.k8s.io/{op}-secret-name").as_str()].as_str()
+        else {
+            return HashMap::new();
+        };
+        let secret = self.r.named("Secret", name);
+        let data: HashMap<String, String> =
+            serde_yaml::from_value(secret["stringData"].clone()).unwrap_or_default();
+        (self.secret_edit)(name, data)
+    }
+
+    pub fn class(&self, name: &str) -> &Value {
+        self.r.named("StorageClass", name)
+    }
+
+    /// The node plugin's NodeGetInfo.
+    pub async fn node_info(&self, driver: &str) -> pb::NodeGetInfoResponse {
+        let ds = self.serving(driver, None);
+        pb::node_client::NodeClient::new(self.channel(&ds))
+            .node_get_info(pb::NodeGetInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
+    fn capability(&self, class: &Value, prov: &Value) -> pb::VolumeCapability {
+        let params = &class["parameters"];
+        let fs = params["csi.storage.k8s.io/fstype"]
+            .as_str()
+            .map(str::to_string)
+            .or_else(|| flag(prov, "default-fstype"))
+            .unwrap_or_default();
+        let flags = seq(&class["mountOptions"])
+            .iter()
+            .map(|o| s(o).to_string())
+            .collect();
+        pb::VolumeCapability {
+            access_mode: Some(pb::volume_capability::AccessMode {
+                mode: pb::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+            }),
+            access_type: Some(pb::volume_capability::AccessType::Mount(
+                pb::volume_capability::MountVolume {
+                    fs_type: fs,
+                    mount_flags: flags,
+                    ..Default::default()
+                },
+            )),
+        }
+    }
+
+    /// CreateVolume as the provisioner sends it for a claim of `class`
+    /// (named `claim`, in namespace `default`), of `bytes`, in the
+    /// attributes class `vac`, from `source`.
+    pub async fn provision(
+        &self,
+        class: &str,
+        bytes: i64,
+        vac: Option<&str>,
+        source: Option<pb::VolumeContentSource>,
+    ) -> Result<Claim, tonic::Status> {
+        let sc = self.class(class);
+        let driver = s(&sc["provisioner"]).to_string();
+        let w = self.serving(&driver, Some("csi-provisioner"));
+        let prov = self.sidecar_of(&w, "csi-provisioner");
+        let pv = self.next("pvc");
+        let mut parameters = strip(&sc["parameters"]);
+        if flag(prov, "extra-create-metadata").as_deref() == Some("true") {
+            parameters.insert("csi.storage.k8s.io/pvc/name".into(), format!("claim-{pv}"));
+            parameters.insert("csi.storage.k8s.io/pvc/namespace".into(), "default".into());
+            parameters.insert("csi.storage.k8s.io/pv/name".into(), pv.clone());
+        }
+        let accessibility_requirements = if flag(prov, "node-deployment").as_deref() == Some("true")
+        {
+            let topo = self.node_info(&driver).await.accessible_topology.unwrap();
+            Some(pb::TopologyRequirement {
+                requisite: vec![topo.clone()],
+                preferred: vec![topo],
+            })
+        } else {
+            None
+        };
+        let capability = self.capability(sc, prov);
+        let mutable_parameters = vac
+            .map(|v| strip(&self.r.named("VolumeAttributesClass", v)["parameters"]))
+            .unwrap_or_default();
+        let made = pb::controller_client::ControllerClient::new(self.channel(&w))
+            .create_volume(pb::CreateVolumeRequest {
+                name: pv.clone(),
+                capacity_range: Some(pb::CapacityRange {
+                    required_bytes: bytes,
+                    limit_bytes: 0,
+                }),
+                volume_capabilities: vec![capability.clone()],
+                parameters,
+                secrets: self.secrets(&sc["parameters"], "provisioner"),
+                volume_content_source: source,
+                accessibility_requirements,
+                mutable_parameters,
+            })
+            .await?
+            .into_inner()
+            .volume
+            .unwrap();
+        Ok(Claim {
+            class: class.to_string(),
+            driver,
+            pv,
+            id: made.volume_id,
+            capability,
+            context: made.volume_context,
+            bytes: made.capacity_bytes,
+        })
+    }
+
+    /// What the central controller of the claim's driver offers.
+    async fn controller_caps(&self, driver: &str) -> Vec<i32> {
+        // The attacher and resizer talk to the pod that runs them.
+        let w = self.serving(driver, Some("csi-resizer"));
+        pb::controller_client::ControllerClient::new(self.channel(&w))
+            .controller_get_capabilities(pb::ControllerGetCapabilitiesRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .capabilities
+            .iter()
+            .filter_map(|c| match &c.r#type {
+                Some(pb::controller_service_capability::Type::Rpc(r)) => Some(r.r#type),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A pod on the node uses the claim: the attacher's ControllerPublish
+    /// (where the driver attaches), the kubelet's NodeStage at the
+    /// driver's global mount and NodePublish into the pod's folder.
+    pub async fn mount(&self, claim: &Claim) -> Mounted {
+        use pb::controller_service_capability::rpc::Type as Ctl;
+        let sc = self.class(&claim.class);
+        let params = &sc["parameters"];
+        let node_id = self.node_info(&claim.driver).await.node_id;
+        let publish_context = if self
+            .controller_caps(&claim.driver)
+            .await
+            .contains(&(Ctl::PublishUnpublishVolume as i32))
+        {
+            let w = self.serving(&claim.driver, Some("csi-attacher"));
+            pb::controller_client::ControllerClient::new(self.channel(&w))
+                .controller_publish_volume(pb::ControllerPublishVolumeRequest {
+                    volume_id: claim.id.clone(),
+                    node_id,
+                    volume_capability: Some(claim.capability.clone()),
+                    readonly: false,
+                    secrets: self.secrets(params, "controller-publish"),
+                    volume_context: claim.context.clone(),
+                })
+                .await
+                .unwrap_or_else(|e| panic!("ControllerPublish {}: {e}", claim.id))
+                .into_inner()
+                .publish_context
+        } else {
+            HashMap::new()
+        };
+        let kubelet = self.host.path().join("var/lib/kubelet");
+        let staging = kubelet
+            .join("plugins/kubernetes.io/csi")
+            .join(&claim.driver)
+            .join(&claim.pv)
+            .join("globalmount");
+        std::fs::create_dir_all(&staging).unwrap();
+        let pod = self.next("pod");
+        let target = kubelet
+            .join("pods")
+            .join(pod)
+            .join("volumes/kubernetes.io~csi")
+            .join(&claim.pv)
+            .join("mount");
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        let mounted = Mounted {
+            claim: claim.clone(),
+            staging,
+            target,
+            publish_context,
+        };
+        self.stage_and_publish(&mounted).await;
+        mounted
+    }
+
+    /// NodeStage and NodePublish of a mounted claim (again, after a
+    /// replacement: both are idempotent).
+    pub async fn stage_and_publish(&self, m: &Mounted) {
+        let params = &self.class(&m.claim.class)["parameters"];
+        let mut node =
+            pb::node_client::NodeClient::new(self.channel(&self.serving(&m.claim.driver, None)));
+        node.node_stage_volume(pb::NodeStageVolumeRequest {
+            volume_id: m.claim.id.clone(),
+            publish_context: m.publish_context.clone(),
+            staging_target_path: m.staging.display().to_string(),
+            volume_capability: Some(m.claim.capability.clone()),
+            secrets: self.secrets(params, "node-stage"),
+            volume_context: m.claim.context.clone(),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("NodeStage {}: {e}", m.claim.id));
+        node.node_publish_volume(pb::NodePublishVolumeRequest {
+            volume_id: m.claim.id.clone(),
+            publish_context: m.publish_context.clone(),
+            staging_target_path: m.staging.display().to_string(),
+            target_path: m.target.display().to_string(),
+            volume_capability: Some(m.claim.capability.clone()),
+            readonly: false,
+            secrets: self.secrets(params, "node-publish"),
+            volume_context: m.claim.context.clone(),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("NodePublish {}: {e}", m.claim.id));
+    }
+
+    /// The pod goes: NodeUnpublish, NodeUnstage, and the attacher's
+    /// ControllerUnpublish where the driver attaches.
+    pub async fn unmount(&self, m: &Mounted) {
+        use pb::controller_service_capability::rpc::Type as Ctl;
+        let mut node =
+            pb::node_client::NodeClient::new(self.channel(&self.serving(&m.claim.driver, None)));
+        node.node_unpublish_volume(pb::NodeUnpublishVolumeRequest {
+            volume_id: m.claim.id.clone(),
+            target_path: m.target.display().to_string(),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("NodeUnpublish {}: {e}", m.claim.id));
+        node.node_unstage_volume(pb::NodeUnstageVolumeRequest {
+            volume_id: m.claim.id.clone(),
+            staging_target_path: m.staging.display().to_string(),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("NodeUnstage {}: {e}", m.claim.id));
+        if self
+            .controller_caps(&m.claim.driver)
+            .await
+            .contains(&(Ctl::PublishUnpublishVolume as i32))
+        {
+            let params = &self.class(&m.claim.class)["parameters"];
+            let w = self.serving(&m.claim.driver, Some("csi-attacher"));
+            pb::controller_client::ControllerClient::new(self.channel(&w))
+                .controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
+                    volume_id: m.claim.id.clone(),
+                    node_id: self.node_info(&m.claim.driver).await.node_id,
+                    secrets: self.secrets(params, "controller-publish"),
+                })
+                .await
+                .unwrap_or_else(|e| panic!("ControllerUnpublish {}: {e}", m.claim.id));
+        }
+    }
+
+    /// The claim deleted (reclaimPolicy Delete): DeleteVolume.
+    pub async fn delete(&self, claim: &Claim) {
+        let sc = self.class(&claim.class);
+        let w = self.serving(&claim.driver, Some("csi-provisioner"));
+        pb::controller_client::ControllerClient::new(self.channel(&w))
+            .delete_volume(pb::DeleteVolumeRequest {
+                volume_id: claim.id.clone(),
+                secrets: self.secrets(&sc["parameters"], "provisioner"),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("DeleteVolume {}: {e}", claim.id));
+    }
+
+    /// The snapshotter (central, or the node's in node mode) cuts a
+    /// VolumeSnapshot of the claim in snapshot class `vsc`.
+    pub async fn snapshot(&self, claim: &Claim, vsc: &str) -> String {
+        let class = self.r.named("VolumeSnapshotClass", vsc);
+        let w = self.serving(&claim.driver, Some("csi-snapshotter"));
+        let snapshotter = self.sidecar_of(&w, "csi-snapshotter");
+        let name = self.next("snapshot");
+        let mut parameters = strip(&class["parameters"]);
+        if flag(snapshotter, "extra-create-metadata").as_deref() == Some("true") {
+            for (k, v) in [
+                ("volumesnapshot/name", format!("vs-{name}")),
+                ("volumesnapshot/namespace", "default".to_string()),
+                ("volumesnapshotcontent/name", name.clone()),
+            ] {
+                parameters.insert(format!("csi.storage.k8s.io/{k}"), v);
+            }
+        }
+        let snap = pb::controller_client::ControllerClient::new(self.channel(&w))
+            .create_snapshot(pb::CreateSnapshotRequest {
+                source_volume_id: claim.id.clone(),
+                name,
+                secrets: self.secrets(&class["parameters"], "snapshotter"),
+                parameters,
+            })
+            .await
+            .unwrap_or_else(|e| panic!("CreateSnapshot of {}: {e}", claim.id))
+            .into_inner()
+            .snapshot
+            .unwrap();
+        assert!(snap.ready_to_use, "{snap:?}");
+        snap.snapshot_id
+    }
+
+    pub async fn delete_snapshot(&self, driver: &str, vsc: &str, id: &str) {
+        let class = self.r.named("VolumeSnapshotClass", vsc);
+        let w = self.serving(driver, Some("csi-snapshotter"));
+        pb::controller_client::ControllerClient::new(self.channel(&w))
+            .delete_snapshot(pb::DeleteSnapshotRequest {
+                snapshot_id: id.to_string(),
+                secrets: self.secrets(&class["parameters"], "snapshotter"),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("DeleteSnapshot {id}: {e}"));
+    }
+
+    /// A VolumeGroupSnapshot of `claims` in group class `vgsc`; answers
+    /// the group's id and its members' snapshot ids, in the claims' order.
+    pub async fn group_snapshot(&self, claims: &[&Claim], vgsc: &str) -> (String, Vec<String>) {
+        let class = self.r.named("VolumeGroupSnapshotClass", vgsc);
+        let driver = &claims[0].driver;
+        let w = self.serving(driver, Some("csi-snapshotter"));
+        let g = pb::group_controller_client::GroupControllerClient::new(self.channel(&w))
+            .create_volume_group_snapshot(pb::CreateVolumeGroupSnapshotRequest {
+                name: self.next("groupsnapshot"),
+                source_volume_ids: claims.iter().map(|c| c.id.clone()).collect(),
+                secrets: self.secrets(&class["parameters"], "group-snapshotter"),
+                parameters: strip(&class["parameters"]),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("CreateVolumeGroupSnapshot: {e}"))
+            .into_inner()
+            .group_snapshot
+            .unwrap();
+        let members = claims
+            .iter()
+            .map(|c| {
+                g.snapshots
+                    .iter()
+                    .find(|s| s.source_volume_id == c.id)
+                    .expect("a member per source")
+                    .snapshot_id
+                    .clone()
+            })
+            .collect();
+        (g.group_snapshot_id, members)
+    }
+
+    pub async fn delete_group_snapshot(
+        &self,
+        driver: &str,
+        vgsc: &str,
+        id: &str,
+        members: &[String],
+    ) {
+        let class = self.r.named("VolumeGroupSnapshotClass", vgsc);
+        let w = self.serving(driver, Some("csi-snapshotter"));
+        pb::group_controller_client::GroupControllerClient::new(self.channel(&w))
+            .delete_volume_group_snapshot(pb::DeleteVolumeGroupSnapshotRequest {
+                group_snapshot_id: id.to_string(),
+                snapshot_ids: members.to_vec(),
+                secrets: self.secrets(&class["parameters"], "group-snapshotter"),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("DeleteVolumeGroupSnapshot {id}: {e}"));
+    }
+
+    /// The claim moved to attributes class `vac`: the resizer's
+    /// ControllerModifyVolume, to the pod that runs it.
+    pub async fn modify(&self, claim: &Claim, vac: &str) -> Result<(), tonic::Status> {
+        let class = self.r.named("VolumeAttributesClass", vac);
+        let w = self.serving(&claim.driver, Some("csi-resizer"));
+        pb::controller_client::ControllerClient::new(self.channel(&w))
+            .controller_modify_volume(pb::ControllerModifyVolumeRequest {
+                volume_id: claim.id.clone(),
+                secrets: self.secrets(&self.class(&claim.class)["parameters"], "provisioner"),
+                mutable_parameters: strip(&class["parameters"]),
+            })
+            .await
+            .map(drop)
+    }
+
+    /// The claim grown to `bytes` while mounted: the resizer's
+    /// ControllerExpandVolume where the controller offers it, then the
+    /// kubelet's NodeExpandVolume where the node must grow it (always, for
+    /// a driver whose controller does not expand). Answers the size the
+    /// filesystem shows.
+    pub async fn expand(&self, m: &Mounted, bytes: i64) -> Result<u64, tonic::Status> {
+        use pb::controller_service_capability::rpc::Type as Ctl;
+        let params = &self.class(&m.claim.class)["parameters"];
+        let node_needed = if self
+            .controller_caps(&m.claim.driver)
+            .await
+            .contains(&(Ctl::ExpandVolume as i32))
+        {
+            self.controller_expand(&m.claim, bytes).await?
+        } else {
+            true
+        };
+        if node_needed {
+            pb::node_client::NodeClient::new(self.channel(&self.serving(&m.claim.driver, None)))
+                .node_expand_volume(pb::NodeExpandVolumeRequest {
+                    volume_id: m.claim.id.clone(),
+                    volume_path: m.target.display().to_string(),
+                    capacity_range: Some(pb::CapacityRange {
+                        required_bytes: bytes,
+                        limit_bytes: 0,
+                    }),
+                    staging_target_path: m.staging.display().to_string(),
+                    volume_capability: Some(m.claim.capability.clone()),
+                    secrets: self.secrets(params, "node-expand"),
+                })
+                .await
+                .unwrap_or_else(|e| panic!("NodeExpandVolume {}: {e}", m.claim.id));
+        }
+        Ok(fs_bytes(m))
+    }
+
+    /// The resizer's ControllerExpandVolume; answers whether the node
+    /// must grow it too.
+    pub async fn controller_expand(
+        &self,
+        claim: &Claim,
+        bytes: i64,
+    ) -> Result<bool, tonic::Status> {
+        let params = &self.class(&claim.class)["parameters"];
+        let w = self.serving(&claim.driver, Some("csi-resizer"));
+        Ok(
+            pb::controller_client::ControllerClient::new(self.channel(&w))
+                .controller_expand_volume(pb::ControllerExpandVolumeRequest {
+                    volume_id: claim.id.clone(),
+                    capacity_range: Some(pb::CapacityRange {
+                        required_bytes: bytes,
+                        limit_bytes: 0,
+                    }),
+                    secrets: self.secrets(params, "controller-expand"),
+                    volume_capability: Some(claim.capability.clone()),
+                })
+                .await?
+                .into_inner()
+                .node_expansion_required,
+        )
+    }
+
+    /// The mounts under the host's kubelet folder.
+    pub fn kubelet_mounts(&self) -> Vec<PathBuf> {
+        super::mounts_under(&self.host.path().join("var/lib/kubelet"))
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for (_, mut p) in std::mem::take(&mut self.pods) {
+            p.host = None;
+            drop(p);
+        }
+        super::cleanup(self.host.path());
+    }
+}
+
+/// Writes `text` into the mounted claim and reads it back.
+pub fn write_and_read(m: &Mounted, name: &str, text: &str) {
+    let f = m.target.join(name);
+    std::fs::write(&f, text).unwrap();
+    assert_eq!(std::fs::read_to_string(&f).unwrap(), text);
+}
+
+/// A file of the mounted claim.
+pub fn read(m: &Mounted, name: &str) -> String {
+    std::fs::read_to_string(m.target.join(name))
+        .unwrap_or_else(|e| panic!("{} in {}: {e}", name, m.target.display()))
+}
+
+pub fn from_snapshot(id: &str) -> pb::VolumeContentSource {
+    pb::VolumeContentSource {
+        r#type: Some(pb::volume_content_source::Type::Snapshot(
+            pb::volume_content_source::SnapshotSource {
+                snapshot_id: id.to_string(),
+            },
+        )),
+    }
+}
+
+/// The size the mounted claim's filesystem shows.
+pub fn fs_bytes(m: &Mounted) -> u64 {
+    let st = nix::sys::statvfs::statvfs(&m.target).unwrap();
+    st.blocks() * st.fragment_size()
+}
+
+/// Every StorageClass the overlay ships, through the whole life of a
+/// claim as a cluster runs it, with the classes the overlay ships for its
+/// backend: made (in its backend's VolumeAttributesClass), mounted in a
+/// pod and written, snapshotted and restored into a new claim, cut in a
+/// group with a second claim (where the backend has a group class),
+/// moved to the attributes class (node-local volumes: refused, saying
+/// why), grown; then every pod replaced with the claim still mounted, the
+/// claim used again from the new pods, and everything deleted, no mount
+/// left. Answers what it did, a line per class.
+pub async fn every_class(c: &mut Cluster) -> Vec<String> {
+    const MIB: i64 = 1 << 20;
+    let mut done = Vec::new();
+    let classes: Vec<String> =
+        c.r.kind("StorageClass")
+            .iter()
+            .map(|sc| s(&sc["metadata"]["name"]).to_string())
+            .collect();
+    for class in classes {
+        let sc = c.class(&class).clone();
+        let backend = s(&sc["parameters"]["backend"]).to_string();
+        let vac_name = format!("ferrovol-{backend}-example");
+        let vac =
+            c.r.has("VolumeAttributesClass", &vac_name)
+                .then_some(vac_name.as_str());
+        let vsc = format!("ferrovol-{backend}");
+        let claim = c
+            .provision(&class, 64 * MIB, vac, None)
+            .await
+            .unwrap_or_else(|e| panic!("{}: CreateVolume in {class}: {e}", c.r.name));
+        let m = c.mount(&claim).await;
+        write_and_read(&m, "first", &format!("{class} before its snapshot"));
+        let snap = c.snapshot(&claim, &vsc).await;
+        write_and_read(&m, "second", "after the snapshot");
+        let restored = c
+            .provision(&class, 64 * MIB, None, Some(from_snapshot(&snap)))
+            .await
+            .unwrap_or_else(|e| panic!("{}: restore in {class}: {e}", c.r.name));
+        let rm = c.mount(&restored).await;
+        assert_eq!(read(&rm, "first"), format!("{class} before its snapshot"));
+        assert!(
+            !rm.target.join("second").exists(),
+            "{class}: the restore is of the snapshot's instant"
+        );
+        c.unmount(&rm).await;
+        c.delete(&restored).await;
+        let mut line = format!("{class}: made, mounted, snapshot restored");
+        if c.r.has("VolumeGroupSnapshotClass", &vsc) {
+            let other = c.provision(&class, 64 * MIB, None, None).await.unwrap();
+            let om = c.mount(&other).await;
+            write_and_read(&om, "g", "the other member");
+            let (group, members) = c.group_snapshot(&[&claim, &other], &vsc).await;
+            for (member, (m, file)) in members.iter().zip([(&m, "first"), (&om, "g")]) {
+                let copy = c
+                    .provision(&class, 64 * MIB, None, Some(from_snapshot(member)))
+                    .await
+                    .unwrap_or_else(|e| panic!("{class}: restore of a group member: {e}"));
+                let cm = c.mount(&copy).await;
+                assert_eq!(read(&cm, file), read(m, file));
+                c.unmount(&cm).await;
+                c.delete(&copy).await;
+            }
+            c.delete_group_snapshot(&claim.driver, &vsc, &group, &members)
+                .await;
+            c.unmount(&om).await;
+            c.delete(&other).await;
+            line += ", group snapshot restored";
+        }
+        if let Some(vac) = vac {
+            match c.modify(&claim, vac).await {
+                Ok(()) => {
+                    assert_eq!(
+                        claim.driver, REMOTE,
+                        "{class}: a node-local volume was modified centrally"
+                    );
+                    line += ", modified";
+                }
+                Err(e) => {
+                    assert_eq!(claim.driver, LOCAL, "{class}: ControllerModifyVolume: {e}");
+                    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+                    line += ", modify refused (node-local)";
+                }
+            }
+        }
+        let before = fs_bytes(&m);
+        let m = match c.expand(&m, 128 * MIB).await {
+            Ok(after) => {
+                assert!(after > before, "{class}: {before} -> {after}");
+                line += ", grown online";
+                m
+            }
+            Err(e) if e.code() == tonic::Code::FailedPrecondition => {
+                // Offline expansion (iscsi): the resizer retries once the
+                // pod is gone; the filesystem grows at the next stage.
+                c.unmount(&m).await;
+                c.controller_expand(&claim, 128 * MIB)
+                    .await
+                    .unwrap_or_else(|e| panic!("{class}: expansion once unmounted: {e}"));
+                let grown = c.mount(&claim).await;
+                assert!(fs_bytes(&grown) > before, "{class}: grown offline");
+                line += ", grown offline";
+                grown
+            }
+            Err(e) => panic!("{class}: expansion: {e}"),
+        };
+        // A roll: the pods go and come back with the claim mounted.
+        c.replace_pods().await;
+        c.stage_and_publish(&m).await;
+        assert_eq!(read(&m, "second"), "after the snapshot");
+        c.unmount(&m).await;
+        let again = c.mount(&claim).await;
+        assert_eq!(
+            read(&again, "first"),
+            format!("{class} before its snapshot")
+        );
+        c.unmount(&again).await;
+        c.delete_snapshot(&claim.driver, &vsc, &snap).await;
+        c.delete(&claim).await;
+        line += ", used again after every pod was replaced, deleted";
+        assert!(
+            c.kubelet_mounts().is_empty(),
+            "{class}: {:?}",
+            c.kubelet_mounts()
+        );
+        done.push(line);
+    }
+    done
+}
