@@ -4968,7 +4968,7 @@ async fn adopts(
 /// again. In the guest: online growth of ext4 needs what the host's root
 /// lacks.
 mod deployed {
-    use super::common::cluster::{every_class, Cluster};
+    use super::common::cluster::{every_class, set_in, set_key, Cluster};
     use super::common::deployed::render;
     use super::*;
 
@@ -4982,5 +4982,130 @@ mod deployed {
         for line in done {
             println!("{line}");
         }
+    }
+
+    /// Runs every class of `overlay` and prints what was done.
+    async fn run_overlay(
+        overlay: &'static str,
+        edit: impl Fn(String) -> String + 'static,
+        secrets: impl Fn(&str, HashMap<String, String>) -> HashMap<String, String> + 'static,
+    ) {
+        let mut c = Cluster::start(render(overlay), Box::new(edit), Box::new(secrets)).await;
+        let done = every_class(&mut c).await;
+        assert_eq!(done.len(), c.r.kind("StorageClass").len());
+        for line in done {
+            println!("{line}");
+        }
+    }
+
+    /// lvm's groups as the manifests name them (thick and thin): no
+    /// config edited.
+    #[tokio::test]
+    #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+    async fn guest_deployed_lvm_overlay_runs_every_class_it_ships() {
+        require_guest();
+        let vg = LvmVg::new("ferrovol-ssd", 1024);
+        vg.thin_pool("thinpool", "400M", &[]);
+        run_overlay("lvm", |t| t, |_, s| s).await;
+        drop(vg);
+    }
+
+    /// Both exports on one server of the test's (NFSv4.2 at its root,
+    /// NFSv3 at its path): only the servers' addresses are edited.
+    #[tokio::test]
+    #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+    async fn guest_deployed_nfs_overlay_runs_every_class_it_ships() {
+        require_guest();
+        let server = NfsServer::with_v3();
+        let export = format!("\"{}\"", server.export.display());
+        run_overlay(
+            "nfs",
+            move |t| {
+                let t = set_key(&t, "server", Some("\"127.0.0.1\""));
+                let t = set_in(&t, "backend.export", "main", "share", "\"/\"");
+                set_in(&t, "backend.export", "archive", "share", &export)
+            },
+            |_, s| s,
+        )
+        .await;
+        drop(server);
+    }
+
+    /// A tgtd of the test's on loopback, the LUN store on a volume group
+    /// as the controller's config names it, the node's initiator name the
+    /// guest's: portals and the control port are edited.
+    #[tokio::test]
+    #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+    async fn guest_deployed_iscsi_overlay_runs_every_class_it_ships() {
+        require_guest();
+        let vg = LvmVg::new("vg-iscsi", 1024);
+        vg.thin_pool("pool0", "600M", &[]);
+        let t = Tgtd::new();
+        let _iscsid = Iscsid::new();
+        let portal = format!("[\"{}\"]", t.portal());
+        let control = t.control_port.to_string();
+        run_overlay(
+            "iscsi",
+            move |text| {
+                let text = set_key(&text, "portals", Some(&portal));
+                let text = set_key(&text, "control_port", Some(&control));
+                // The node logs in with the guest's own initiator name.
+                set_key(&text, "initiator_name_file", None)
+            },
+            |_, s| s,
+        )
+        .await;
+        drop(t);
+        drop(vg);
+    }
+
+    /// The shared Ceph cluster, with the pools the shipped class and
+    /// config name: the monitors, the user and its keyring are edited, and
+    /// the Secret's user and key are the cluster's.
+    #[tokio::test]
+    #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+    async fn guest_deployed_rbd_overlay_runs_every_class_it_ships() {
+        require_guest();
+        let cluster = CephCluster::shared();
+        for pool in ["kubernetes", "kubernetes-ssd"] {
+            if !cluster
+                .ceph(&["osd", "pool", "ls"])
+                .lines()
+                .any(|l| l == pool)
+            {
+                cluster.ceph(&["osd", "pool", "create", pool, "8"]);
+                cluster.rbd(&["pool", "init", pool]);
+            }
+        }
+        // The user the Secret names may use them (`profile rbd` on each
+        // pool the config lists).
+        cluster.ceph(&[
+            "auth",
+            "caps",
+            "client.ferrovol",
+            "mon",
+            "profile rbd",
+            "osd",
+            "profile rbd pool=rbd, profile rbd pool=kubernetes, profile rbd pool=kubernetes-ssd",
+        ]);
+        let monitors = format!("[\"v1:{}\"]", cluster.mon_addr);
+        let keyring = format!("\"{}\"", cluster.client_keyring.display());
+        let secrets = cluster.secrets();
+        run_overlay(
+            "rbd",
+            move |t| {
+                let t = set_key(&t, "monitors", Some(&monitors));
+                let t = set_key(&t, "user", Some("\"ferrovol\""));
+                set_key(&t, "keyring", Some(&keyring))
+            },
+            move |name, s| {
+                if name == "ferrovol-rbd" {
+                    secrets.clone()
+                } else {
+                    s
+                }
+            },
+        )
+        .await;
     }
 }

@@ -326,6 +326,22 @@ impl ControllerOps {
             _ => {}
         }
         check_mutable(backend.as_ref(), &req.mutable)?;
+        // A volume too small for its filesystem would fail every stage
+        // (mkfs refuses it): it is made as large as the filesystem needs,
+        // which CSI allows (the answer says the size made).
+        let floor = super::sizing::filesystem_floor(&req.capabilities, encrypted);
+        let required_bytes = if req.required_bytes < floor {
+            if req.limit_bytes > 0 && req.limit_bytes < floor {
+                return Err(Error::out_of_range(format!(
+                    "limit_bytes {} is under {floor} bytes, the least its filesystem takes \
+                     (mkfs refuses a smaller one)",
+                    req.limit_bytes
+                )));
+            }
+            floor
+        } else {
+            req.required_bytes
+        };
         let topology = self.topology_of(backend.as_ref());
         if topology.is_some()
             && !req.requisite.is_empty()
@@ -339,7 +355,7 @@ impl ControllerOps {
         }
         let request = CreateVolume {
             name: req.name,
-            required_bytes: req.required_bytes,
+            required_bytes,
             limit_bytes: req.limit_bytes,
             capabilities: req.capabilities,
             parameters,

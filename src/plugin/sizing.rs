@@ -5,6 +5,32 @@
 use super::{ContentSource, CreateVolume};
 use crate::error::{Error, Result};
 
+/// The least a new volume holds for the filesystems its capabilities name
+/// to be made on it at stage: mkfs.xfs refuses a filesystem under 300 MiB
+/// (xfsprogs 5.19 and later), mkfs.btrfs one under 109 MiB; ext4 has no
+/// floor that matters. An encrypted volume's filesystem is 2 MiB smaller
+/// than the volume (the LUKS2 header). 0: no floor.
+pub fn filesystem_floor(capabilities: &[super::VolumeCapability], encrypted: bool) -> u64 {
+    const MIB: u64 = 1 << 20;
+    let floor = capabilities
+        .iter()
+        .map(|c| match &c.access {
+            super::AccessType::Mount { fs_type, .. } => match fs_type.as_str() {
+                "xfs" => 300 * MIB,
+                "btrfs" => 109 * MIB,
+                _ => 0,
+            },
+            super::AccessType::Block => 0,
+        })
+        .max()
+        .unwrap_or(0);
+    match floor {
+        0 => 0,
+        f if encrypted => f + 2 * MIB,
+        f => f,
+    }
+}
+
 /// `bytes` rounded up to a whole number of `step`s.
 pub fn round_up(bytes: u64, step: u64) -> u64 {
     bytes.div_ceil(step).saturating_mul(step)

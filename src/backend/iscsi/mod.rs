@@ -1070,7 +1070,25 @@ impl Backend for IscsiBackend {
     }
 
     fn check_mutable(&self, changes: &BTreeMap<String, String>) -> Result<()> {
-        thin_value(changes)?;
+        // tgt answers UNMAP (and WRITE SAME with UNMAP, which Linux zeroes
+        // with) by punching a hole in LUN 1's backing store: a file can
+        // take it, a logical volume (through its hold device) cannot, and
+        // tgt then fails the command with a hardware error: discards,
+        // fstrim and ext4's online resize all fail on the node.
+        let lvm_store = self
+            .settings
+            .store
+            .as_ref()
+            .is_some_and(|s| s.kind == "lvm");
+        if thin_value(changes)? == Some(true) && lvm_store {
+            return Err(Error::invalid(format!(
+                "{THIN_PROVISIONING}: backend {}'s LUNs are logical volumes, which cannot punch \
+                 the holes tgt makes for a LUN that reports thin provisioning (every discard, \
+                 and a filesystem's online resize, would fail with a hardware error on the \
+                 node); thin provisioning is for a file store",
+                self.name
+            )));
+        }
         self.store()?.check_mutable(&store_changes(changes))
     }
 

@@ -1713,3 +1713,33 @@ async fn thin_provisioning_is_set_on_the_live_lun_and_recorded() {
         Kind::NotFound
     );
 }
+
+/// thinProvisioning on an lvm store is refused before anything is made or
+/// changed: tgt would answer the initiators' UNMAP with a hardware error
+/// (it punches holes, which a logical volume cannot take). A file store
+/// takes it.
+#[test]
+fn thin_provisioning_is_refused_on_an_lvm_store() {
+    let s = Setup::new();
+    let thin = BTreeMap::from([(THIN_PROVISIONING.to_string(), "true".to_string())]);
+    s.backend().check_mutable(&thin).unwrap();
+    let mut settings = s.settings();
+    settings.store = Some(crate::config::BackendConfig {
+        kind: "lvm".into(),
+        name: None,
+        settings: Default::default(),
+    });
+    let b = IscsiBackend::new(
+        "iscsi",
+        settings,
+        s.runner.clone(),
+        Some(s.store.clone()),
+        s.dir.path().join("records"),
+    )
+    .unwrap();
+    let e = b.check_mutable(&thin).unwrap_err();
+    assert_eq!(e.kind, Kind::InvalidArgument, "{e}");
+    assert!(e.message.contains("cannot punch"), "{e}");
+    let off = BTreeMap::from([(THIN_PROVISIONING.to_string(), "false".to_string())]);
+    b.check_mutable(&off).unwrap();
+}

@@ -954,6 +954,17 @@ impl Backend for LvmBackend {
         else {
             return Ok(lv.size());
         };
+        // LVM grows the origin of classic snapshots only while it is
+        // inactive (lvextend refuses, and the resizer would retry it as an
+        // internal error for ever).
+        if lv.snapshot_origin() && !lv.inactive() {
+            return Err(Error::precondition(format!(
+                "volume {id} has snapshots, and LVM grows a thick volume that has snapshots only \
+                 while it is not active, which a staged volume is: delete its snapshots and the \
+                 expansion goes on at its next try; a thin device class's volumes grow with \
+                 their snapshots"
+            )));
+        }
         // A thin volume's virtual size takes nothing from the group.
         let grow = match class.thin_pool {
             None => wanted - lv.size(),

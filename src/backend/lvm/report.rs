@@ -70,6 +70,10 @@ impl Lv {
     pub(super) fn plain(&self) -> bool {
         self.lv_attr.starts_with('-')
     }
+    /// The first: `o` for the origin of classic (thick) snapshots.
+    pub(super) fn snapshot_origin(&self) -> bool {
+        self.lv_attr.starts_with('o')
+    }
     /// The sixth: `o` when open (mounted or in use).
     pub(super) fn open(&self) -> bool {
         self.lv_attr.chars().nth(5) == Some('o')

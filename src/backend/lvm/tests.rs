@@ -456,6 +456,25 @@ async fn lists_only_ferrovol_lvs() {
     assert_eq!(snaps[0].size_bytes, MIB);
 }
 
+/// An active thick volume with snapshots: lvextend would refuse it;
+/// FAILED_PRECONDITION says what to do, and nothing is run.
+#[tokio::test]
+async fn an_active_origin_of_snapshots_is_not_grown() {
+    let r = Arc::new(FakeRunner::new());
+    let row = lv_row("fv-o", 8 * MIB, "ferrovol", "owi-aos---");
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&row))));
+    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 100 * MIB)));
+    let b = backend(r.clone(), None);
+    let id = VolumeId::parse("lvm:fast.fv-o").unwrap();
+    let e = b
+        .expand_volume(&id, 16 * MIB, 0, &Secrets::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::FailedPrecondition, "{e}");
+    assert!(e.message.contains("has snapshots"), "{e}");
+    assert!(!r.lines().iter().any(|l| l.starts_with("lvextend")));
+}
+
 #[tokio::test]
 async fn expand_rounds_and_respects_limits() {
     let r = Arc::new(FakeRunner::new());

@@ -27,6 +27,8 @@ struct Memory {
     fail_snapshots_of: Mutex<Option<VolumeId>>,
     /// What `grants` answers.
     kept_grants: Mutex<Option<Vec<(VolumeId, String)>>>,
+    /// The required bytes of each create_volume.
+    required_seen: Mutex<Vec<u64>>,
 }
 
 impl Memory {
@@ -44,6 +46,7 @@ impl Memory {
             modified: Default::default(),
             fail_snapshots_of: Default::default(),
             kept_grants: Default::default(),
+            required_seen: Default::default(),
         }
     }
 
@@ -94,6 +97,7 @@ impl Backend for Memory {
     }
     async fn create_volume(&self, req: &CreateVolume) -> Result<VolumeInfo> {
         self.saw("create_volume", &req.secrets);
+        self.required_seen.lock().unwrap().push(req.required_bytes);
         self.metadata_seen
             .lock()
             .unwrap()
@@ -1124,4 +1128,47 @@ async fn a_controller_in_a_new_pod_counts_the_grants_the_backend_keeps() {
     c.publish(&ids[0], attach, Some(2)).await.unwrap();
     // Settled again with nothing new: nothing changes.
     assert_eq!(c.settle_ledger().await, 0);
+}
+
+/// A volume asked for smaller than its filesystem can be made on (mkfs.xfs
+/// refuses under 300 MiB) is made as large as the filesystem needs, and
+/// one whose limit leaves no room for it is OUT_OF_RANGE; ext4 and raw
+/// block volumes keep their size.
+#[tokio::test]
+async fn a_volume_too_small_for_its_filesystem_is_made_as_large_as_it_needs() {
+    const MIB: u64 = 1 << 20;
+    let b = Arc::new(Memory::new("net", remote_attach()));
+    let c = ops(vec![b.clone()]);
+    let asked = |name: &str, fs: &str, required: u64, limit: u64| {
+        let mut v = new_volume(name, &[]);
+        v.required_bytes = required;
+        v.limit_bytes = limit;
+        v.capabilities = vec![VolumeCapability {
+            access: AccessType::Mount {
+                fs_type: fs.into(),
+                mount_flags: vec![],
+            },
+            mode: AccessMode::SingleNodeWriter,
+        }];
+        v
+    };
+    c.create_volume(asked("pvc-xfs", "xfs", 64 * MIB, 0))
+        .await
+        .unwrap();
+    c.create_volume(asked("pvc-ext4", "ext4", 64 * MIB, 0))
+        .await
+        .unwrap();
+    c.create_volume(asked("pvc-big", "xfs", 512 * MIB, 0))
+        .await
+        .unwrap();
+    assert_eq!(
+        *b.required_seen.lock().unwrap(),
+        [300 * MIB, 64 * MIB, 512 * MIB]
+    );
+    let e = c
+        .create_volume(asked("pvc-tight", "xfs", 64 * MIB, 100 * MIB))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::OutOfRange, "{e}");
+    assert!(e.message.contains("least its filesystem takes"), "{e}");
 }
