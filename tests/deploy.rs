@@ -1585,3 +1585,29 @@ fn image_tags_are_set_in_one_place_and_the_quick_start_applies_them() {
         }
     }
 }
+
+/// The snapshot-metadata overlay is the rbd overlay with the sidecar: its
+/// ferrovol containers and their config are the rbd overlay's, so what the
+/// guest runs of the rbd overlay holds for it.
+#[test]
+fn the_snapshot_metadata_overlay_runs_the_rbd_overlays_driver() {
+    let with = render("snapshot-metadata");
+    let rbd = render("rbd");
+    for w in rbd.workloads() {
+        let name = s(&w["metadata"]["name"]);
+        let other = with
+            .workloads()
+            .into_iter()
+            .find(|x| s(&x["metadata"]["name"]) == name)
+            .unwrap_or_else(|| panic!("no {name}"));
+        assert_eq!(
+            container(w, "ferrovol"),
+            container(other, "ferrovol"),
+            "{name}"
+        );
+    }
+    for cm in rbd.kind("ConfigMap") {
+        let name = s(&cm["metadata"]["name"]);
+        assert_eq!(rbd.config_files(name), with.config_files(name), "{name}");
+    }
+}

@@ -4961,27 +4961,35 @@ async fn adopts(
 }
 
 /// The shipped overlays as a one-node cluster runs them (the manifests
-/// are the fixture: `common::cluster`): every StorageClass, snapshot
-/// class, group class and attributes class each overlay ships, through a
-/// claim's whole life with the calls shaped by the rendered sidecars'
-/// flags, the pods replaced with the claim mounted and the claim used
-/// again. In the guest: online growth of ext4 needs what the host's root
-/// lacks.
+/// are the fixture: `common::cluster`). The `all` overlay: every
+/// StorageClass, snapshot class, group class and attributes class it
+/// ships (every backend's), through a claim's whole life with the calls
+/// shaped by the rendered sidecars' flags, the pods replaced with the
+/// claim mounted and the claim used again. Each backend's own overlay:
+/// its pods, as rendered, serve a claim. In the guest: the remote
+/// backends' kernel modules, and online growth of ext4, which the host's
+/// root cannot do.
 mod deployed {
-    use super::common::cluster::{every_class, set_in, set_key, Cluster};
+    use super::common::cluster::{every_class, one_claim, set_in, set_key, Cluster};
     use super::common::deployed::render;
     use super::*;
 
     #[tokio::test]
     #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
-    async fn guest_deployed_file_overlay_runs_every_class_it_ships() {
+    async fn guest_deployed_file_overlay_serves_a_claim() {
         require_guest();
-        let mut c = Cluster::start(render("file"), Box::new(|t| t), Box::new(|_, s| s)).await;
-        let done = every_class(&mut c).await;
-        assert_eq!(done.len(), c.r.kind("StorageClass").len());
-        for line in done {
-            println!("{line}");
-        }
+        run_one("file", |t| t, |_, s| s).await;
+    }
+
+    /// One claim of `overlay`'s first class (its every class runs in the
+    /// `all` overlay's test).
+    async fn run_one(
+        overlay: &'static str,
+        edit: impl Fn(String) -> String + 'static,
+        secrets: impl Fn(&str, HashMap<String, String>) -> HashMap<String, String> + 'static,
+    ) {
+        let mut c = Cluster::start(render(overlay), Box::new(edit), Box::new(secrets)).await;
+        println!("{overlay}: a claim of {} served", one_claim(&mut c).await);
     }
 
     /// Runs every class of `overlay` and prints what was done.
@@ -4998,74 +5006,36 @@ mod deployed {
         }
     }
 
-    /// lvm's groups as the manifests name them (thick and thin): no
-    /// config edited.
-    #[tokio::test]
-    #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
-    async fn guest_deployed_lvm_overlay_runs_every_class_it_ships() {
-        require_guest();
-        let vg = LvmVg::new("ferrovol-ssd", 1024);
-        vg.thin_pool("thinpool", "400M", &[]);
-        run_overlay("lvm", |t| t, |_, s| s).await;
-        drop(vg);
-    }
-
     /// Both exports on one server of the test's (NFSv4.2 at its root,
     /// NFSv3 at its path): only the servers' addresses are edited.
-    #[tokio::test]
-    #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
-    async fn guest_deployed_nfs_overlay_runs_every_class_it_ships() {
-        require_guest();
-        let server = NfsServer::with_v3();
+    fn nfs_edit(server: &NfsServer) -> impl Fn(String) -> String {
         let export = format!("\"{}\"", server.export.display());
-        run_overlay(
-            "nfs",
-            move |t| {
-                let t = set_key(&t, "server", Some("\"127.0.0.1\""));
-                let t = set_in(&t, "backend.export", "main", "share", "\"/\"");
-                set_in(&t, "backend.export", "archive", "share", &export)
-            },
-            |_, s| s,
-        )
-        .await;
-        drop(server);
+        move |t| {
+            let t = set_key(&t, "server", Some("\"127.0.0.1\""));
+            let t = set_in(&t, "backend.export", "main", "share", "\"/\"");
+            set_in(&t, "backend.export", "archive", "share", &export)
+        }
     }
 
-    /// A tgtd of the test's on loopback, the LUN store on a volume group
-    /// as the controller's config names it, the node's initiator name the
-    /// guest's: portals and the control port are edited.
-    #[tokio::test]
-    #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
-    async fn guest_deployed_iscsi_overlay_runs_every_class_it_ships() {
-        require_guest();
-        let vg = LvmVg::new("vg-iscsi", 1024);
-        vg.thin_pool("pool0", "600M", &[]);
-        let t = Tgtd::new();
-        let _iscsid = Iscsid::new();
+    /// A tgtd of the test's on loopback: portals and the control port are
+    /// edited; the node logs in with the guest's own initiator name.
+    fn iscsi_edit(t: &Tgtd) -> impl Fn(String) -> String {
         let portal = format!("[\"{}\"]", t.portal());
         let control = t.control_port.to_string();
-        run_overlay(
-            "iscsi",
-            move |text| {
-                let text = set_key(&text, "portals", Some(&portal));
-                let text = set_key(&text, "control_port", Some(&control));
-                // The node logs in with the guest's own initiator name.
-                set_key(&text, "initiator_name_file", None)
-            },
-            |_, s| s,
-        )
-        .await;
-        drop(t);
-        drop(vg);
+        move |text| {
+            let text = set_key(&text, "portals", Some(&portal));
+            let text = set_key(&text, "control_port", Some(&control));
+            set_key(&text, "initiator_name_file", None)
+        }
     }
 
-    /// The shared Ceph cluster, with the pools the shipped class and
-    /// config name: the monitors, the user and its keyring are edited, and
-    /// the Secret's user and key are the cluster's.
-    #[tokio::test]
-    #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
-    async fn guest_deployed_rbd_overlay_runs_every_class_it_ships() {
-        require_guest();
+    /// The shared Ceph cluster, with the pools the shipped class and config
+    /// name, its user allowed on them: the monitors, the user and its
+    /// keyring are edited; the Secret's user and key are the cluster's.
+    fn rbd_edit() -> (
+        impl Fn(String) -> String,
+        impl Fn(&str, HashMap<String, String>) -> HashMap<String, String>,
+    ) {
         let cluster = CephCluster::shared();
         for pool in ["kubernetes", "kubernetes-ssd"] {
             if !cluster
@@ -5077,8 +5047,6 @@ mod deployed {
                 cluster.rbd(&["pool", "init", pool]);
             }
         }
-        // The user the Secret names may use them (`profile rbd` on each
-        // pool the config lists).
         cluster.ceph(&[
             "auth",
             "caps",
@@ -5091,14 +5059,13 @@ mod deployed {
         let monitors = format!("[\"v1:{}\"]", cluster.mon_addr);
         let keyring = format!("\"{}\"", cluster.client_keyring.display());
         let secrets = cluster.secrets();
-        run_overlay(
-            "rbd",
-            move |t| {
+        (
+            move |t: String| {
                 let t = set_key(&t, "monitors", Some(&monitors));
                 let t = set_key(&t, "user", Some("\"ferrovol\""));
                 set_key(&t, "keyring", Some(&keyring))
             },
-            move |name, s| {
+            move |name: &str, s| {
                 if name == "ferrovol-rbd" {
                     secrets.clone()
                 } else {
@@ -5106,6 +5073,66 @@ mod deployed {
                 }
             },
         )
-        .await;
+    }
+
+    /// The volume groups the lvm and iscsi components name, as they name
+    /// them.
+    fn lvm_groups() -> Vec<LvmVg> {
+        let ssd = LvmVg::new("ferrovol-ssd", 1024);
+        ssd.thin_pool("thinpool", "400M", &[]);
+        let luns = LvmVg::new("vg-iscsi", 1024);
+        luns.thin_pool("pool0", "600M", &[]);
+        vec![ssd, luns]
+    }
+
+    /// lvm's groups as the manifests name them (thick and thin): no
+    /// config edited.
+    #[tokio::test]
+    #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+    async fn guest_deployed_lvm_overlay_serves_a_claim() {
+        require_guest();
+        let _groups = lvm_groups();
+        run_one("lvm", |t| t, |_, s| s).await;
+    }
+
+    #[tokio::test]
+    #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+    async fn guest_deployed_nfs_overlay_serves_a_claim() {
+        require_guest();
+        let server = NfsServer::with_v3();
+        run_one("nfs", nfs_edit(&server), |_, s| s).await;
+    }
+
+    #[tokio::test]
+    #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+    async fn guest_deployed_iscsi_overlay_serves_a_claim() {
+        require_guest();
+        let _groups = lvm_groups();
+        let t = Tgtd::new();
+        let _iscsid = Iscsid::new();
+        run_one("iscsi", iscsi_edit(&t), |_, s| s).await;
+    }
+
+    #[tokio::test]
+    #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+    async fn guest_deployed_rbd_overlay_serves_a_claim() {
+        require_guest();
+        let (edit, secrets) = rbd_edit();
+        run_one("rbd", edit, secrets).await;
+    }
+
+    /// Every backend at once, both drivers side by side on the node.
+    #[tokio::test]
+    #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+    async fn guest_deployed_all_overlay_runs_every_class_it_ships() {
+        require_guest();
+        let _groups = lvm_groups();
+        let server = NfsServer::with_v3();
+        let t = Tgtd::new();
+        let _iscsid = Iscsid::new();
+        let nfs = nfs_edit(&server);
+        let iscsi = iscsi_edit(&t);
+        let (rbd, secrets) = rbd_edit();
+        run_overlay("all", move |text| rbd(iscsi(nfs(text))), secrets).await;
     }
 }

@@ -853,3 +853,25 @@ pub fn set_in(text: &str, table: &str, name: &str, key: &str, value: &str) -> St
     }
     parts.join(&header)
 }
+
+/// The overlay's first StorageClass, one claim: made, mounted, written and
+/// read back, unmounted and deleted (an overlay whose every class
+/// `every_class` runs in the `all` overlay: here, that the overlay's own
+/// pods and config serve its backend). Answers the class.
+pub async fn one_claim(c: &mut Cluster) -> String {
+    let class = s(&c.r.kind("StorageClass")[0]["metadata"]["name"]).to_string();
+    let claim = c
+        .provision(&class, 64 << 20, None, None)
+        .await
+        .unwrap_or_else(|e| panic!("{}: CreateVolume in {class}: {e}", c.r.name));
+    let m = c.mount(&claim).await;
+    write_and_read(&m, "f", &class);
+    c.unmount(&m).await;
+    c.delete(&claim).await;
+    assert!(
+        c.kubelet_mounts().is_empty(),
+        "{class}: {:?}",
+        c.kubelet_mounts()
+    );
+    class
+}
