@@ -4970,7 +4970,9 @@ async fn adopts(
 /// backends' kernel modules, and online growth of ext4, which the host's
 /// root cannot do.
 mod deployed {
-    use super::common::cluster::{every_class, one_claim, set_in, set_key, Cluster};
+    use super::common::cluster::{
+        every_class, one_claim, set_in, set_key, Cluster, Edit, SecretEdit,
+    };
     use super::common::deployed::render;
     use super::*;
 
@@ -5032,10 +5034,7 @@ mod deployed {
     /// The shared Ceph cluster, with the pools the shipped class and config
     /// name, its user allowed on them: the monitors, the user and its
     /// keyring are edited; the Secret's user and key are the cluster's.
-    fn rbd_edit() -> (
-        impl Fn(String) -> String,
-        impl Fn(&str, HashMap<String, String>) -> HashMap<String, String>,
-    ) {
+    fn rbd_edit() -> (Edit, SecretEdit) {
         let cluster = CephCluster::shared();
         for pool in ["kubernetes", "kubernetes-ssd"] {
             if !cluster
@@ -5060,18 +5059,18 @@ mod deployed {
         let keyring = format!("\"{}\"", cluster.client_keyring.display());
         let secrets = cluster.secrets();
         (
-            move |t: String| {
+            Box::new(move |t: String| {
                 let t = set_key(&t, "monitors", Some(&monitors));
                 let t = set_key(&t, "user", Some("\"ferrovol\""));
                 set_key(&t, "keyring", Some(&keyring))
-            },
-            move |name: &str, s| {
+            }),
+            Box::new(move |name: &str, s| {
                 if name == "ferrovol-rbd" {
                     secrets.clone()
                 } else {
                     s
                 }
-            },
+            }),
         )
     }
 
