@@ -1543,13 +1543,22 @@ fn image_tags_are_set_in_one_place_and_the_quick_start_applies_them() {
             }
         }
     }
-    // deploy/README.md's table of sidecars: one row per sidecar image.
+    // deploy/README.md's table of sidecars and docs/support.md's: one row
+    // per sidecar image, at its tag.
     let readme = std::fs::read_to_string(root().join("deploy/README.md")).unwrap();
+    let support = std::fs::read_to_string(root().join("docs/support.md")).unwrap();
     for (name, tag) in tags.iter().filter(|(n, _)| n.contains("sig-storage/")) {
         let short = name.rsplit('/').next().unwrap();
         let row = format!("| {short} | {tag} |");
         assert!(readme.contains(&row), "deploy/README.md lacks {row:?}");
+        let row = format!("| {short} | {tag}");
+        assert!(support.contains(&row), "docs/support.md lacks {row:?}");
     }
+    let snapshotter = &tags["registry.k8s.io/sig-storage/csi-snapshotter"];
+    assert!(
+        support.contains(&format!("snapshot-controller | {snapshotter}")),
+        "docs/support.md names the snapshot CRDs' release"
+    );
     // The quick start.
     let quick = std::fs::read_to_string(root().join("README.md")).unwrap();
     let quick = quick
