@@ -959,6 +959,21 @@ async fn ferrovol_containers_start_from_their_manifest_args() {
                         "{node:?}"
                     );
                     assert!(user_of(&started) != 0, "runs as its pod's non-root user");
+                    // Its read-only root and dropped capabilities hold
+                    // here too: it started and serves that way.
+                    let pid = started.child.id();
+                    let info = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+                    let root = info
+                        .lines()
+                        .find(|l| l.split_whitespace().nth(4) == Some("/"))
+                        .unwrap();
+                    let options = root.split_whitespace().nth(5).unwrap();
+                    assert!(options.split(',').any(|o| o == "ro"), "{root}");
+                    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+                    for caps in ["CapEff:", "CapBnd:"] {
+                        let v = status.lines().find_map(|l| l.strip_prefix(caps)).unwrap();
+                        assert_eq!(v.trim(), "0000000000000000", "{caps}");
+                    }
                 }
                 "ferrovol-controller" => {
                     let caps = ctl_caps().await;

@@ -373,29 +373,71 @@ pub async fn start_pod(
             format!("{name}={value}")
         });
     }
-    let user = pod(w)["securityContext"]["runAsUser"].as_i64();
-    let mut cmd = match user {
-        Some(uid) => {
-            let gid = pod(w)["securityContext"]["runAsGroup"]
-                .as_i64()
-                .unwrap_or(uid);
-            // The pod's user, its group and its fsGroup as a
-            // supplementary group; the volumes are as the kubelet makes
-            // them, none of them the user's own.
-            let groups = match fs_group {
-                Some(g) => format!("--groups={g}"),
-                None => "--clear-groups".to_string(),
-            };
-            let mut c = Command::new("setpriv");
-            c.arg(format!("--reuid={uid}"))
-                .arg(format!("--regid={gid}"))
-                .arg(groups)
-                .arg("--")
-                .arg(env!("CARGO_BIN_EXE_ferrovol"));
-            c
-        }
-        None => Command::new(env!("CARGO_BIN_EXE_ferrovol")),
-    };
+    // As the container runs: the pod's user and group with its fsGroup as
+    // a supplementary group (the volumes are as the kubelet makes them,
+    // none of them the user's own), no capabilities where it drops them
+    // all, and a read-only root where it has one: every mount of the host
+    // read-only in its own mount namespace but its writable volumes (the
+    // state and socket folders), so a driver that writes anywhere else
+    // fails here as it would in its pod.
+    let sc = &f["securityContext"];
+    let mut setpriv: Vec<String> = Vec::new();
+    if let Some(uid) = pod(w)["securityContext"]["runAsUser"].as_i64() {
+        let gid = pod(w)["securityContext"]["runAsGroup"]
+            .as_i64()
+            .unwrap_or(uid);
+        setpriv.push(format!("--reuid={uid}"));
+        setpriv.push(format!("--regid={gid}"));
+        setpriv.push(match fs_group {
+            Some(g) => format!("--groups={g}"),
+            None => "--clear-groups".to_string(),
+        });
+    }
+    if seq(&sc["capabilities"]["drop"])
+        .iter()
+        .any(|c| c.as_str() == Some("ALL"))
+    {
+        setpriv.push("--bounding-set=-all".into());
+        setpriv.push("--inh-caps=-all".into());
+    }
+    let mut program: Vec<String> = Vec::new();
+    if sc["readOnlyRootFilesystem"].as_bool() == Some(true) {
+        const READ_ONLY_ROOT: &str = r#"
+            n=$1; shift; keep=""
+            while [ "$n" -gt 0 ]; do mount --bind "$1" "$1"; keep="$keep $1"; shift; n=$((n-1)); done
+            awk '{print $5}' /proc/self/mountinfo | sort -r | while read -r m; do
+              case "$m" in /proc|/proc/*|/sys|/sys/*|/dev|/dev/*) continue;; esac
+              for k in $keep; do [ "$m" = "$k" ] && continue 2; done
+              mount -o remount,bind,ro "$m" 2>/dev/null || true
+            done
+            if touch /.ferrovol-rw-probe 2>/dev/null; then rm -f /.ferrovol-rw-probe; echo "the root is still writable" >&2; exit 1; fi
+            exec "$@""#;
+        program.extend(
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "--",
+                "sh",
+                "-ec",
+                READ_ONLY_ROOT,
+                "sh",
+                "2",
+            ]
+            .map(String::from),
+        );
+        program.push(state.display().to_string());
+        program.push(csi.display().to_string());
+    }
+    if !setpriv.is_empty() {
+        program.push("setpriv".into());
+        program.extend(setpriv);
+        program.push("--".into());
+    }
+    program.push(env!("CARGO_BIN_EXE_ferrovol").into());
+    let mut cmd = Command::new(&program[0]);
+    cmd.args(&program[1..]);
     let log = std::fs::File::create(dir.path().join("log")).unwrap();
     let mut child = cmd
         .args(&a)
