@@ -1635,3 +1635,27 @@ fn the_snapshot_metadata_overlay_runs_the_rbd_overlays_driver() {
         assert_eq!(rbd.config_files(name), with.config_files(name), "{name}");
     }
 }
+
+/// A pod started while a claim is mounted on the node does not hold that
+/// claim's mounts (a container's mount namespace has its own volumes, not
+/// the node's other mounts): the file overlay's pods replaced with a claim
+/// mounted, and the claim then let go of and deleted, its loop device
+/// released. Before, the central controller, started in a copy of the
+/// host's mount namespace, kept the device busy. Needs root.
+#[tokio::test]
+async fn pods_started_beside_a_mounted_claim_do_not_hold_it() {
+    common::require_root();
+    use common::cluster::{write_and_read, Cluster};
+    let mut c = Cluster::start(render("file"), Box::new(|t| t), Box::new(|_, s| s)).await;
+    let claim = c
+        .provision("ferrovol-file", 16 << 20, None, None)
+        .await
+        .unwrap();
+    let m = c.mount(&claim).await;
+    write_and_read(&m, "f", "kept");
+    c.replace_pods().await;
+    c.stage_and_publish(&m).await;
+    c.unmount(&m).await;
+    c.delete(&claim).await;
+    assert!(c.kubelet_mounts().is_empty(), "{:?}", c.kubelet_mounts());
+}

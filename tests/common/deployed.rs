@@ -402,12 +402,29 @@ pub async fn start_pod(
     }
     let mut program: Vec<String> = Vec::new();
     if sc["readOnlyRootFilesystem"].as_bool() == Some(true) {
+        // Its own mount namespace, as a container has: its writable
+        // volumes bound onto themselves (kept writable), every other mount
+        // read-only; and a mount the container would not have that pins a
+        // device or a session (another volume's: a loop device, a disk, a
+        // map, an export) let go of, or the process would hold it from
+        // the node plugin that must release it.
         const READ_ONLY_ROOT: &str = r#"
             n=$1; shift; keep=""
             while [ "$n" -gt 0 ]; do mount --bind "$1" "$1"; keep="$keep $1"; shift; n=$((n-1)); done
-            awk '{print $5}' /proc/self/mountinfo | sort -r | while read -r m; do
+            need="$keep $1"; shift
+            awk '{ for (i = 7; i <= NF; i++) if ($i == "-") { print $5, $(i+1), $(i+2); break } }' /proc/self/mountinfo \
+              | sort -r | while read -r m fs src; do
               case "$m" in /proc|/proc/*|/sys|/sys/*|/dev|/dev/*) continue;; esac
+              if [ "$m" = / ]; then mount -o remount,bind,ro /; continue; fi
               for k in $keep; do [ "$m" = "$k" ] && continue 2; done
+              above=0
+              for k in $need; do case "$k/" in "$m"/*) above=1;; esac; done
+              if [ "$above" = 0 ]; then
+                case "$fs:$src" in
+                  nfs*|*:/dev/loop*|*:/dev/sd*|*:/dev/mapper/*|*:/dev/dm-*|*:/dev/rbd*|*:/dev/nbd*)
+                    umount -l "$m" 2>/dev/null || true; continue;;
+                esac
+              fi
               mount -o remount,bind,ro "$m" 2>/dev/null || true
             done
             if touch /.ferrovol-rw-probe 2>/dev/null; then rm -f /.ferrovol-rw-probe; echo "the root is still writable" >&2; exit 1; fi
@@ -429,6 +446,9 @@ pub async fn start_pod(
         );
         program.push(state.display().to_string());
         program.push(csi.display().to_string());
+        // What the container runs from: kept mounted.
+        let bin = Path::new(env!("CARGO_BIN_EXE_ferrovol"));
+        program.push(bin.parent().unwrap().display().to_string());
     }
     if !setpriv.is_empty() {
         program.push("setpriv".into());
