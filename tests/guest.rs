@@ -4992,6 +4992,26 @@ mod deployed {
     ) {
         let mut c = Cluster::start(render(overlay), Box::new(edit), Box::new(secrets)).await;
         println!("{overlay}: a claim of {} served", one_claim(&mut c).await);
+        drop(c);
+        nothing_left(overlay);
+    }
+
+    /// What the claims made is gone with them: no hold device, map, or
+    /// iSCSI session is left for the next test to find.
+    fn nothing_left(overlay: &str) {
+        let maps = run("dmsetup", &["ls"]);
+        let ours: Vec<&str> = maps
+            .lines()
+            .filter(|l| l.starts_with("fvh-") || l.contains("fv--"))
+            .collect();
+        assert!(ours.is_empty(), "{overlay}: devices left: {ours:?}");
+        let sessions = Iscsid::sessions();
+        assert!(
+            !sessions
+                .iter()
+                .any(|s| s.contains("iqn.2026-11.io.ferrovol:")),
+            "{overlay}: sessions left: {sessions:?}"
+        );
     }
 
     /// Runs every class of `overlay` and prints what was done.
@@ -5006,6 +5026,8 @@ mod deployed {
         for line in done {
             println!("{line}");
         }
+        drop(c);
+        nothing_left(overlay);
     }
 
     /// Both exports on one server of the test's (NFSv4.2 at its root,

@@ -385,7 +385,23 @@ impl Cluster {
             staging_target_path: m.staging.display().to_string(),
         })
         .await
-        .unwrap_or_else(|e| panic!("NodeUnstage {}: {e}", m.claim.id));
+        .unwrap_or_else(|e| {
+            // Who else has the claim mounted (another mount namespace).
+            let pv = &m.claim.pv;
+            let out = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(format!(
+                    "for f in /proc/[0-9]*/mountinfo; do grep -q -- '{pv}' $f 2>/dev/null && \
+                     p=${{f#/proc/}} && p=${{p%/mountinfo}} && echo \"$p $(tr '\\0' ' ' < /proc/$p/cmdline | cut -c1-200)\"; done"
+                ))
+                .output()
+                .unwrap();
+            panic!(
+                "NodeUnstage {}: {e}\nprocesses with it mounted:\n{}",
+                m.claim.id,
+                String::from_utf8_lossy(&out.stdout)
+            )
+        });
         if self
             .controller_caps(&m.claim.driver)
             .await

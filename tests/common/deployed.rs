@@ -405,9 +405,9 @@ pub async fn start_pod(
         // Its own mount namespace, as a container has: its writable
         // volumes bound onto themselves (kept writable), every other mount
         // read-only; and a mount the container would not have that pins a
-        // device or a session (another volume's: a loop device, a disk, a
-        // map, an export) let go of, or the process would hold it from
-        // the node plugin that must release it.
+        // device or a session (another volume's: any block device, named
+        // however it was mounted, or an export) let go of, or the process
+        // would hold it from the node plugin that must release it.
         const READ_ONLY_ROOT: &str = r#"
             n=$1; shift; keep=""
             while [ "$n" -gt 0 ]; do mount --bind "$1" "$1"; keep="$keep $1"; shift; n=$((n-1)); done
@@ -421,7 +421,7 @@ pub async fn start_pod(
               for k in $need; do case "$k/" in "$m"/*) above=1;; esac; done
               if [ "$above" = 0 ]; then
                 case "$fs:$src" in
-                  nfs*|*:/dev/loop*|*:/dev/sd*|*:/dev/mapper/*|*:/dev/dm-*|*:/dev/rbd*|*:/dev/nbd*)
+                  nfs*|*:/dev/*)
                     umount -l "$m" 2>/dev/null || true; continue;;
                 esac
               fi

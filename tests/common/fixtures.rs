@@ -180,6 +180,19 @@ impl Drop for LvmVg {
             &self.with_cfg(&["-q", "-y", "-ff", &self.device]),
         );
         try_run("losetup", &["-d", &self.device]);
+        // Device nodes lvm made itself for the group (a driver whose lvm
+        // runs with `udev_rules = 0`, as the shipped config has it) and
+        // that nothing removed once the group was gone here (the guest
+        // runs no udev): stale names a later test would count as maps.
+        let prefix = format!("{}-", self.name.replace('-', "--"));
+        if let Ok(entries) = std::fs::read_dir("/dev/mapper") {
+            for e in entries.flatten() {
+                if e.file_name().to_string_lossy().starts_with(&prefix) {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(Path::new("/dev").join(&self.name));
     }
 }
 
