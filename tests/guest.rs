@@ -4973,7 +4973,7 @@ mod deployed {
     use super::common::cluster::{
         every_class, one_claim, set_in, set_key, Cluster, Edit, SecretEdit,
     };
-    use super::common::deployed::render;
+    use super::common::deployed::{render, render_chart};
     use super::*;
 
     #[tokio::test]
@@ -5140,6 +5140,26 @@ mod deployed {
         require_guest();
         let (edit, secrets) = rbd_edit();
         run_one("rbd", edit, secrets).await;
+    }
+
+    /// The Helm chart with its default values (the file backend on the
+    /// node-local driver), rendered with Helm's library: every class it
+    /// ships, as for the overlays. (Each overlay's choices render the same
+    /// objects as the overlay: tests/deploy/chart.rs.)
+    #[tokio::test]
+    #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+    async fn guest_deployed_chart_defaults_run_every_class_they_ship() {
+        require_guest();
+        let r = render_chart("chart-defaults", "file", &serde_json::json!({}));
+        let mut c = Cluster::start(r, Box::new(|t| t), Box::new(|_, s| s)).await;
+        let done = every_class(&mut c).await;
+        assert_eq!(done.len(), c.r.kind("StorageClass").len());
+        assert!(!done.is_empty());
+        for line in done {
+            println!("{line}");
+        }
+        drop(c);
+        nothing_left("chart-defaults");
     }
 
     /// Every backend at once, both drivers side by side on the node.

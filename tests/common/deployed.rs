@@ -54,19 +54,87 @@ pub fn render(overlay: &'static str) -> Rendered {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8(out.stdout).unwrap();
+    let of = match overlay {
+        "snapshot-metadata" => "rbd",
+        o => o,
+    };
+    parsed(overlay, of, text)
+}
+
+fn parsed(name: &'static str, of: &'static str, text: String) -> Rendered {
     let docs = serde_yaml::Deserializer::from_str(&text)
         .map(|d| Value::deserialize(d).unwrap())
         .filter(|v| !v.is_null())
         .collect();
     Rendered {
-        name: overlay,
-        of: match overlay {
-            "snapshot-metadata" => "rbd",
-            o => o,
-        },
+        name,
+        of,
         text,
         docs,
     }
+}
+
+/// Validates manifest files against the API schemas of every Kubernetes
+/// version the manifests are for (tests/deploy/validate.py): whether all
+/// passed, and its report.
+pub fn validate(files: &[std::path::PathBuf]) -> (bool, String) {
+    let mut cmd = Command::new("python3");
+    cmd.arg(root().join("tests/deploy/validate.py"));
+    for k in KUBERNETES {
+        cmd.arg("-k").arg(k);
+    }
+    let out = cmd.args(files).output().expect("python3");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+/// The chart's values for an overlay's choices (deploy/chart/ci), as JSON.
+pub fn chart_values(overlay: &str) -> serde_json::Value {
+    let f = root().join(format!("deploy/chart/ci/{overlay}-values.yaml"));
+    serde_yaml::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap()
+}
+
+/// The Python that has helm-python-sdk: the host's `python3`, or in the
+/// guest (whose PATH has Debian's) the one tests/guest/suite names.
+pub fn python() -> String {
+    std::env::var("FERROVOL_PYTHON").unwrap_or_else(|_| "python3".to_string())
+}
+
+/// deploy/chart rendered as `helm template` renders it (release and
+/// namespace `ferrovol`), with `values` over the chart's defaults: by
+/// tests/deploy/chart.py, with Helm's own library. The error is Helm's
+/// message.
+pub fn try_render_chart(values: &serde_json::Value) -> Result<String, String> {
+    use std::io::Write;
+    let mut child = Command::new(python())
+        .arg(root().join("tests/deploy/chart.py"))
+        .args(["render", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(values.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    if out.status.success() {
+        Ok(String::from_utf8(out.stdout).unwrap())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// The chart rendered with `values`, as a fixture like an overlay: `of`
+/// names the overlay whose backends it serves.
+pub fn render_chart(name: &'static str, of: &'static str, values: &serde_json::Value) -> Rendered {
+    let text = try_render_chart(values).unwrap_or_else(|e| panic!("the chart ({name}): {e}"));
+    parsed(name, of, text)
 }
 
 pub fn all_rendered() -> Vec<Rendered> {

@@ -3,10 +3,11 @@
 are errors), against the API schemas of each Kubernetes version given.
 
 Built-in kinds are checked with kubernetes-validate (which ships the
-schemas); VolumeSnapshotClass and VolumeGroupSnapshotClass, CRDs of the
-snapshot controller, and SnapshotMetadataService (external-snapshot-metadata's
-CRD) with the schemas beside this script. Any other kind is an
-error: a manifest this cannot check does not pass.
+schemas); VolumeSnapshotClass and VolumeGroupSnapshotClass (CRDs of the
+snapshot controller), SnapshotMetadataService (external-snapshot-metadata's
+CRD) and PodMonitor (prometheus-operator's) with the schemas beside this
+script. Any other kind is an error: a manifest this cannot check does not
+pass.
 
 usage: validate.py -k 1.34.0 [-k 1.37.0] FILE...
 """
@@ -24,6 +25,7 @@ CRDS = {
     ("snapshot.storage.k8s.io/v1", "VolumeSnapshotClass"): "volumesnapshotclass.json",
     ("groupsnapshot.storage.k8s.io/v1", "VolumeGroupSnapshotClass"): "volumegroupsnapshotclass.json",
     ("cbt.storage.k8s.io/v1beta1", "SnapshotMetadataService"): "snapshotmetadataservice.json",
+    ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitor.json",
 }
 
 

@@ -1,0 +1,152 @@
+{{/* The backends each driver name serves. */}}
+{{- define "ferrovol.driverBackends" -}}
+{{- if eq . "local" -}}file lvm{{- else -}}nfs iscsi rbd{{- end -}}
+{{- end -}}
+
+{{- define "ferrovol.driverName" -}}
+{{- if eq . "local" -}}local.csi.ferrovol.io{{- else -}}csi.ferrovol.io{{- end -}}
+{{- end -}}
+
+{{/* The labels every object carries: who made it. */}}
+{{- define "ferrovol.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service | quote }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
+{{- end -}}
+
+{{/*
+A container's image, pull policy and resources: (list $ sidecar $resources
+container), sidecar "" for ferrovol's own image, else a key of
+.Values.sidecars.
+*/}}
+{{- define "ferrovol.container" -}}
+{{- $root := index . 0 -}}
+{{- $side := index . 1 -}}
+{{- if $side -}}
+{{- $s := index $root.Values.sidecars $side -}}
+image: {{ printf "%s/%s:%s" $root.Values.sidecars.registry $s.image $s.tag }}
+{{- else -}}
+image: {{ printf "%s:%s" $root.Values.image.repository $root.Values.image.tag }}
+{{- end }}
+{{- with $root.Values.image.pullPolicy }}
+imagePullPolicy: {{ . }}
+{{- end }}
+{{- with index (index . 2) (index . 3) }}
+resources:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The backends as one node group sees them: the top-level backends with the
+group's `enabled` and `config` over them. (list $ $group), $group may be
+an empty dict.
+*/}}
+{{- define "ferrovol.groupBackends" -}}
+{{- $root := index . 0 -}}
+{{- $group := index . 1 -}}
+{{- $out := dict -}}
+{{- range $name, $b := $root.Values.backends -}}
+{{- $over := index ($group.backends | default dict) $name | default dict -}}
+{{- $_ := set $out $name (dict "enabled" (ternary $over.enabled $b.enabled (hasKey $over "enabled")) "config" ($over.config | default $b.config) "store" $b.store) -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
+
+{{/* "true" when a driver ("local" or "remote") has a backend on anywhere. */}}
+{{- define "ferrovol.driverOn" -}}
+{{- $root := index . 0 -}}
+{{- $driver := index . 1 -}}
+{{- $groups := list (dict) -}}
+{{- range (index $root.Values $driver).nodeGroups -}}
+{{- $groups = append $groups . -}}
+{{- end -}}
+{{- range $g := $groups -}}
+{{- $b := include "ferrovol.groupBackends" (list $root $g) | fromYaml -}}
+{{- range $name := splitList " " (include "ferrovol.driverBackends" $driver) -}}
+{{- if (index $b $name).enabled -}}true{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when the top level turns a backend on. */}}
+{{- define "ferrovol.on" -}}
+{{- if (index (index . 0).Values.backends (index . 1)).enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+A node plugin's config directory: 00-driver.toml (the node settings) and a
+file per backend on. (list $ $backends driver).
+*/}}
+{{- define "ferrovol.nodeConfig" -}}
+{{- $root := index . 0 -}}
+{{- $b := index . 1 -}}
+{{- $driver := index . 2 -}}
+00-driver.toml: |
+  [node]
+  max_volumes_per_node = {{ int $root.Values.node.maxVolumesPerNode }}
+  # Staging paths and publish targets only under the kubelet's root.
+  allowed_paths = [{{ $root.Values.kubeletDir | quote }}]
+{{- range $name := splitList " " (include "ferrovol.driverBackends" $driver) }}
+{{- $one := index $b $name }}
+{{- if $one.enabled }}
+{{ $name }}.toml: |
+  {{- $one.config | nindent 2 }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The remote controller's config directory. */}}
+{{- define "ferrovol.controllerConfig" -}}
+{{- $root := . -}}
+00-driver.toml: |
+  # Each backend has its own file here.
+{{- range $name := list "nfs" "iscsi" "rbd" }}
+{{- $one := index $root.Values.backends $name }}
+{{- if $one.enabled }}
+{{ $name }}.toml: |
+  {{- $one.config | nindent 2 }}
+  {{- with $one.store }}
+  {{- . | nindent 2 }}
+  {{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The node affinity that keeps a driver's main DaemonSet off its groups'
+nodes: (list $ driver).
+*/}}
+{{- define "ferrovol.affinity" -}}
+{{- $root := index . 0 -}}
+{{- $pods := index $root.Values (index . 1) -}}
+{{- $affinity := deepCopy ($pods.node.affinity | default dict) -}}
+{{- if $pods.nodeGroups -}}
+{{- if ($affinity.nodeAffinity | default dict).requiredDuringSchedulingIgnoredDuringExecution -}}
+{{- fail (printf "%s.node.affinity: a required node affinity and nodeGroups do not mix (the groups' exclusion is the DaemonSet's required node affinity)" (index . 1)) -}}
+{{- end -}}
+{{- $exprs := list -}}
+{{- range $pods.nodeGroups -}}
+{{- range $k, $v := .nodeSelector -}}
+{{- $exprs = append $exprs (dict "key" $k "operator" "NotIn" "values" (list $v)) -}}
+{{- end -}}
+{{- end -}}
+{{- $na := deepCopy ($affinity.nodeAffinity | default dict) -}}
+{{- $_ := set $na "requiredDuringSchedulingIgnoredDuringExecution" (dict "nodeSelectorTerms" (list (dict "matchExpressions" $exprs))) -}}
+{{- $_ := set $affinity "nodeAffinity" $na -}}
+{{- end -}}
+{{- with $affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end -}}
+{{- end -}}
+
+{{/* Checks a node group: a name and a one-label nodeSelector. */}}
+{{- define "ferrovol.checkGroup" -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$" (.name | default "")) -}}
+{{- fail (printf "nodeGroups: name %q is no DNS label of at most 32 characters" (.name | default "")) -}}
+{{- end -}}
+{{- if ne (len (.nodeSelector | default dict)) 1 -}}
+{{- fail (printf "nodeGroups %s: the nodeSelector names exactly one label (the other node plugins stay off where it matches)" .name) -}}
+{{- end -}}
+{{- end -}}
