@@ -197,7 +197,7 @@ fn full_node_id(
     }
     let mut tokens: Vec<String> = Vec::new();
     for b in registry.all() {
-        let token = match b.node_id_suffix() {
+        let token = match b.attacher().map_or(Ok(None), |a| a.node_id_suffix()) {
             Ok(t) => t,
             Err(e) => {
                 tracing::warn!(backend = %b.name(), error = %e.message, "this node lacks what the backend needs; it serves the others");

@@ -230,7 +230,7 @@ impl NodeOps {
         let kinds: Vec<DeviceKind> = self
             .registry
             .all()
-            .filter_map(|b| b.node_device())
+            .filter_map(|b| b.device_mounter()?.node_device())
             .collect();
         let cap = u64::try_from(cap).ok().filter(|c| *c > 0);
         if kinds.is_empty() {
@@ -541,7 +541,7 @@ impl NodeOps {
         let backend = self.backend(id)?.clone();
         let mut stats = VolumeStats::default();
         if let Some(att) = &stage.attachment {
-            stats.abnormal = backend.node_condition(id, att).await?;
+            stats.abnormal = backend.staging()?.node_condition(id, att).await?;
         } else {
             stats.abnormal = Some("the volume's device was never attached".into());
         }
@@ -628,15 +628,22 @@ impl NodeOps {
         if matches!(attachment, Attachment::Remote { .. }) {
             return Ok(0);
         }
-        let mut size = backend.node_refresh_size(id, &attachment).await?;
+        let mut size = backend
+            .device_mounting()?
+            .node_refresh_size(id, &attachment)
+            .await?;
         // A node-local volume lives here: when no controller grew it (the
         // node-local driver offers no controller expansion, so the resizer
         // leaves it all to kubelet), the node grows the LV or image itself.
         if required > 0 && size < required && backend.capabilities().node_local {
             backend
+                .expanding()?
                 .expand_volume(id, required, limit, &crate::plugin::Secrets::default())
                 .await?;
-            size = backend.node_refresh_size(id, &attachment).await?;
+            size = backend
+                .device_mounting()?
+                .node_refresh_size(id, &attachment)
+                .await?;
         }
         if required > 0 && size < required {
             return Err(Error::out_of_range(format!(

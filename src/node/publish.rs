@@ -88,7 +88,7 @@ impl NodeOps {
         backend: &dyn Backend,
     ) -> Result<StageRecord> {
         let Some(stage) = self.state.stage(&req.volume_id) else {
-            if let Ok(None) = backend.get_volume(&req.volume_id, &req.secrets).await {
+            if let Some(Ok(None)) = lookup(backend, &req.volume_id, &req.secrets).await {
                 return Err(Error::not_found(format!(
                     "volume {} does not exist",
                     req.volume_id
@@ -347,7 +347,7 @@ impl NodeOps {
             return Ok(());
         }
         if !self.host.exists(target) {
-            if let Ok(None) = backend.get_volume(id, &Secrets::default()).await {
+            if let Some(Ok(None)) = lookup(backend, id, &Secrets::default()).await {
                 return Err(Error::not_found(format!("volume {id} does not exist")));
             }
             return Ok(());
@@ -392,4 +392,15 @@ impl NodeOps {
         let backing = self.host.canonical(path).unwrap_or_else(|_| path.clone());
         self.loops().detach_read_only(dev, &backing).await
     }
+}
+
+/// The volume as its backend finds it, where the backend looks volumes up
+/// (`None` where it does not: a node cannot tell a volume that never
+/// existed from one it was not given).
+async fn lookup(
+    backend: &dyn Backend,
+    id: &crate::plugin::VolumeId,
+    secrets: &Secrets,
+) -> Option<Result<Option<crate::plugin::VolumeInfo>>> {
+    Some(backend.provisioner()?.get_volume(id, secrets).await)
 }

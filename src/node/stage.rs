@@ -169,7 +169,10 @@ impl NodeOps {
         record: &mut StageRecord,
         ctx: &AttachContext,
     ) -> Result<()> {
-        let attachment = backend.node_attach(&record.volume_id, ctx).await?;
+        let attachment = backend
+            .staging()?
+            .node_attach(&record.volume_id, ctx)
+            .await?;
         record.attachment = Some(attachment.clone());
         self.put_stage(record.clone()).await?;
         // A read-only mode, or a read-only ControllerPublish.
@@ -195,9 +198,16 @@ impl NodeOps {
         match &attachment {
             Attachment::Device { .. } => {
                 let path = &record.device().unwrap_or_default();
-                if backend.node_copy_pending(&record.volume_id, ctx).await? {
+                if backend
+                    .device_mounting()?
+                    .node_copy_pending(&record.volume_id, ctx)
+                    .await?
+                {
                     self.renew_fs_uuid(path, &target).await?;
-                    backend.node_copy_done(&record.volume_id, ctx).await?;
+                    backend
+                        .device_mounting()?
+                        .node_copy_done(&record.volume_id, ctx)
+                        .await?;
                 }
                 if !readonly {
                     let extra = fs::mkfs_options(
@@ -352,7 +362,7 @@ impl NodeOps {
     }
 
     /// Gives the filesystem on a copied device a UUID of its own (see
-    /// [`Backend::node_copy_pending`]), and checks that it changed: some
+    /// [`DeviceMounter::node_copy_pending`](crate::plugin::DeviceMounter::node_copy_pending)), and checks that it changed: some
     /// tools report success without doing it. `scratch` is an empty
     /// directory of ours (the staging path before the stage mount).
     async fn renew_fs_uuid(&self, device: &Path, scratch: &Path) -> Result<()> {
@@ -459,6 +469,7 @@ impl NodeOps {
             crypt::close(self.runner.as_ref(), name).await?;
         }
         backend
+            .staging()?
             .node_detach(&record.volume_id, record.attachment.as_ref())
             .await?;
         self.remove_stage(&record.volume_id).await
@@ -499,7 +510,7 @@ impl NodeOps {
             // Not staged as far as we know (the record is written before
             // anything is set up, so nothing of ours is mounted there):
             // release what the backend may hold, unmount nothing.
-            return backend.node_detach(id, None).await;
+            return backend.staging()?.node_detach(id, None).await;
         };
         if record.staging_path != staging_path {
             // Not staged at this path: nothing to undo here.

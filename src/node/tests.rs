@@ -4,7 +4,8 @@
 use super::*;
 use crate::exec::{FakeRunner, Reply};
 use crate::mount::{FakeMounter, MountOp};
-use crate::plugin::{AccessMode, Capabilities};
+use crate::plugin::{AccessMode, DeviceMounter, Provisioner, Stager};
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 #[derive(Default)]
@@ -24,25 +25,56 @@ impl Backend for Recorder {
     fn name(&self) -> &str {
         "rec"
     }
-    fn node_device(&self) -> Option<DeviceKind> {
-        Some(DeviceKind::Loop)
-    }
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            device_mount: true,
-            block: true,
-            access_modes: vec![
-                AccessMode::SingleNodeWriter,
-                AccessMode::SingleNodeMultiWriter,
-                AccessMode::SingleNodeSingleWriter,
-                AccessMode::SingleNodeReaderOnly,
-            ],
-            ..Default::default()
-        }
-    }
+
     async fn health(&self) -> Result<()> {
         Ok(())
     }
+
+    fn access_modes(&self) -> Vec<AccessMode> {
+        crate::plugin::SINGLE_NODE_MODES.to_vec()
+    }
+
+    fn provisioner(&self) -> Option<&dyn Provisioner> {
+        Some(self)
+    }
+
+    fn stager(&self) -> Option<&dyn Stager> {
+        Some(self)
+    }
+
+    fn device_mounter(&self) -> Option<&dyn DeviceMounter> {
+        Some(self)
+    }
+}
+
+#[async_trait::async_trait]
+impl Provisioner for Recorder {
+    fn clones(&self) -> bool {
+        false
+    }
+
+    async fn create_volume(
+        &self,
+        _: &crate::plugin::CreateVolume,
+    ) -> Result<crate::plugin::VolumeInfo> {
+        Err(Error::internal("the node's double makes no volumes"))
+    }
+
+    async fn delete_volume(&self, _: &VolumeId, _: &crate::plugin::Secrets) -> Result<()> {
+        Err(Error::internal("the node's double deletes no volumes"))
+    }
+
+    async fn list_volumes(
+        &self,
+        _: &crate::plugin::Page,
+    ) -> Result<Vec<crate::plugin::VolumeInfo>> {
+        Ok(Vec::new())
+    }
+
+    async fn capacity(&self, _: &BTreeMap<String, String>) -> Result<crate::plugin::Capacity> {
+        Err(Error::internal("the node's double has no capacity"))
+    }
+
     async fn get_volume(
         &self,
         _id: &VolumeId,
@@ -50,6 +82,10 @@ impl Backend for Recorder {
     ) -> Result<Option<crate::plugin::VolumeInfo>> {
         Ok(None)
     }
+}
+
+#[async_trait::async_trait]
+impl Stager for Recorder {
     async fn node_attach(&self, _id: &VolumeId, _ctx: &AttachContext) -> Result<Attachment> {
         if *self.fail_attach.lock().unwrap() {
             return Err(Error::internal("attach failed"));
@@ -58,16 +94,27 @@ impl Backend for Recorder {
             path: "/dev/fake0".into(),
         })
     }
+
     async fn node_detach(&self, _id: &VolumeId, attachment: Option<&Attachment>) -> Result<()> {
         self.detached.lock().unwrap().push(attachment.cloned());
         Ok(())
     }
+}
+
+#[async_trait::async_trait]
+impl DeviceMounter for Recorder {
+    fn node_device(&self) -> Option<DeviceKind> {
+        Some(DeviceKind::Loop)
+    }
+
     async fn node_refresh_size(&self, _id: &VolumeId, _attachment: &Attachment) -> Result<u64> {
         Ok(*self.device_size.lock().unwrap())
     }
+
     async fn node_copy_pending(&self, _id: &VolumeId, _ctx: &AttachContext) -> Result<bool> {
         Ok(*self.copy_pending.lock().unwrap())
     }
+
     async fn node_copy_done(&self, _id: &VolumeId, _ctx: &AttachContext) -> Result<()> {
         *self.copy_pending.lock().unwrap() = false;
         *self.copies_done.lock().unwrap() += 1;
@@ -693,18 +740,26 @@ async fn remote_mounts_go_through_the_killable_helper() {
         fn name(&self) -> &str {
             "net"
         }
-        fn capabilities(&self) -> Capabilities {
-            Capabilities {
-                access_modes: vec![AccessMode::MultiNodeMultiWriter],
-                ..Default::default()
-            }
-        }
+
         fn fs_types(&self) -> &'static [&'static str] {
             &["nfs", "nfs4"]
         }
+
         async fn health(&self) -> Result<()> {
             Ok(())
         }
+
+        fn access_modes(&self) -> Vec<AccessMode> {
+            vec![AccessMode::MultiNodeMultiWriter]
+        }
+
+        fn stager(&self) -> Option<&dyn Stager> {
+            Some(self)
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Stager for Remote {
         async fn node_attach(&self, _: &VolumeId, _: &AttachContext) -> Result<Attachment> {
             Ok(Attachment::Remote {
                 source: "10.0.0.1:/export/vol".into(),
@@ -712,6 +767,7 @@ async fn remote_mounts_go_through_the_killable_helper() {
                 options: vec!["nfsvers=4.2".into()],
             })
         }
+
         async fn node_detach(&self, _: &VolumeId, _: Option<&Attachment>) -> Result<()> {
             Ok(())
         }
@@ -935,18 +991,26 @@ async fn a_stale_remote_stage_is_abnormal_and_refuses_publish() {
         fn name(&self) -> &str {
             "net"
         }
-        fn capabilities(&self) -> Capabilities {
-            Capabilities {
-                access_modes: vec![AccessMode::MultiNodeMultiWriter],
-                ..Default::default()
-            }
-        }
+
         fn fs_types(&self) -> &'static [&'static str] {
             &["nfs"]
         }
+
         async fn health(&self) -> Result<()> {
             Ok(())
         }
+
+        fn access_modes(&self) -> Vec<AccessMode> {
+            vec![AccessMode::MultiNodeMultiWriter]
+        }
+
+        fn stager(&self) -> Option<&dyn Stager> {
+            Some(self)
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Stager for Share {
         async fn node_attach(&self, _: &VolumeId, _: &AttachContext) -> Result<Attachment> {
             Ok(Attachment::Remote {
                 source: "10.0.0.1:/export/vol".into(),
@@ -954,6 +1018,7 @@ async fn a_stale_remote_stage_is_abnormal_and_refuses_publish() {
                 options: vec![],
             })
         }
+
         async fn node_detach(&self, _: &VolumeId, _: Option<&Attachment>) -> Result<()> {
             Ok(())
         }

@@ -95,7 +95,10 @@ pub struct NewVolume {
 /// (INVALID_ARGUMENT naming the first that is not, and the ones it has),
 /// each value valid.
 fn check_mutable(backend: &dyn Backend, changes: &BTreeMap<String, String>) -> Result<()> {
-    let known = backend.mutable_keys();
+    let known = backend
+        .modifier()
+        .map(|m| m.mutable_keys())
+        .unwrap_or_default();
     if let Some(key) = changes.keys().find(|k| !known.contains(&k.as_str())) {
         return Err(Error::invalid(match known.is_empty() {
             true => format!(
@@ -109,7 +112,10 @@ fn check_mutable(backend: &dyn Backend, changes: &BTreeMap<String, String>) -> R
             ),
         }));
     }
-    backend.check_mutable(changes)
+    match backend.modifier() {
+        Some(m) => m.check_mutable(changes),
+        None => Ok(()),
+    }
 }
 
 /// A validated CreateSnapshot request.
@@ -224,7 +230,7 @@ impl ControllerOps {
     }
 
     /// Brings the ledger in line with the grants each attaching backend
-    /// keeps in its own storage (see [`super::Backend::grants`]): a
+    /// keeps in its own storage (see [`super::Attacher::grants`]): a
     /// controller started in a new pod, its ledger empty, counts what its
     /// predecessor attached. A backend that cannot say, or fails to, is
     /// left as the journal has it. Answers how many grants changed.
@@ -234,10 +240,10 @@ impl ControllerOps {
         };
         let mut changed = 0;
         for backend in self.registry.all() {
-            if !backend.capabilities().attach {
+            let Some(attacher) = backend.attacher() else {
                 continue;
-            }
-            match backend.grants().await {
+            };
+            match attacher.grants().await {
                 Ok(Some(grants)) => match ledger.adopt(backend.name(), &grants) {
                     Ok((added, removed)) => {
                         if added + removed > 0 {
@@ -304,9 +310,7 @@ impl ControllerOps {
         backend.validate_parameters(&parameters)?;
         let encrypted = wants_encryption(backend.as_ref(), &req.parameters)?;
         let caps = backend.capabilities();
-        if !caps.provision {
-            return Err(backend.unimplemented("create volumes"));
-        }
+        backend.provisioning()?;
         for cap in &req.capabilities {
             backend.supports(cap)?;
         }
@@ -363,7 +367,7 @@ impl ControllerOps {
             source: req.source,
             secrets: req.secrets,
         };
-        let id = backend.volume_id_for(&request)?;
+        let id = backend.provisioning()?.volume_id_for(&request)?;
         let shared: Vec<String> = match &request.source {
             Some(ContentSource::Snapshot(s)) => vec![locks::snapshot_key(s)],
             Some(ContentSource::Volume(v)) => vec![locks::volume_key(v)],
@@ -376,7 +380,7 @@ impl ControllerOps {
             ],
             &shared,
         )?;
-        let mut volume = backend.create_volume(&request).await?;
+        let mut volume = backend.provisioning()?.create_volume(&request).await?;
         if encrypted {
             volume.context.insert(
                 crate::host::crypt::CONTEXT_KEY.to_string(),
@@ -386,6 +390,7 @@ impl ControllerOps {
         // A retried create applies them again: no change when they hold.
         if !req.mutable.is_empty() {
             backend
+                .modifying()?
                 .modify_volume(&volume.id, &req.mutable, &request.secrets)
                 .await?;
         }
@@ -403,7 +408,12 @@ impl ControllerOps {
         let backend = self.registry.for_volume(id)?.clone();
         check_mutable(backend.as_ref(), changes)?;
         let _guard = self.guard(&[locks::volume_key(id)], &[])?;
-        if backend.get_volume(id, secrets).await?.is_none() {
+        if backend
+            .provisioning()?
+            .get_volume(id, secrets)
+            .await?
+            .is_none()
+        {
             return Err(Error::not_found(format!("volume {id} does not exist")));
         }
         // No key, no change (what csi-sanity asks of an empty class; the
@@ -411,7 +421,10 @@ impl ControllerOps {
         if changes.is_empty() {
             return Ok(());
         }
-        backend.modify_volume(id, changes, secrets).await
+        backend
+            .modifying()?
+            .modify_volume(id, changes, secrets)
+            .await
     }
 
     /// DeleteVolume. An id that cannot be ours names nothing: done.
@@ -423,7 +436,7 @@ impl ControllerOps {
             return Ok(());
         };
         let _guard = self.guard(&[locks::volume_key(&id)], &[])?;
-        backend.delete_volume(&id, secrets).await?;
+        backend.provisioning()?.delete_volume(&id, secrets).await?;
         match &self.ledger {
             Some(ledger) => ledger.release(&id, None),
             None => Ok(()),
@@ -434,6 +447,7 @@ impl ControllerOps {
     pub async fn get_volume(&self, id: &VolumeId) -> Result<Placed> {
         let backend = self.registry.for_volume(id)?.clone();
         let volume = backend
+            .provisioning()?
             .get_volume(id, &Secrets::default())
             .await?
             .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
@@ -453,7 +467,12 @@ impl ControllerOps {
         secrets: &Secrets,
     ) -> Result<Option<String>> {
         let backend = self.registry.for_volume(id)?.clone();
-        if backend.get_volume(id, secrets).await?.is_none() {
+        if backend
+            .provisioning()?
+            .get_volume(id, secrets)
+            .await?
+            .is_none()
+        {
             return Err(Error::not_found(format!("volume {id} does not exist")));
         }
         let (own, _) = split_parameters(parameters);
@@ -492,7 +511,12 @@ impl ControllerOps {
         } else {
             self.guard(&[publish, volume], &[])?
         };
-        if backend.get_volume(id, &req.secrets).await?.is_none() {
+        if backend
+            .provisioning()?
+            .get_volume(id, &req.secrets)
+            .await?
+            .is_none()
+        {
             return Err(Error::not_found(format!("volume {id} does not exist")));
         }
         let mut context = if backend.capabilities().attach {
@@ -501,7 +525,7 @@ impl ControllerOps {
                 None => None,
             };
             crate::killpoint::hit("attach.reserved");
-            let context = backend.controller_attach(id, &req).await?;
+            let context = backend.attaching()?.controller_attach(id, &req).await?;
             crate::killpoint::hit("attach.attached");
             if let Some(place) = place {
                 place.commit()?;
@@ -550,7 +574,10 @@ impl ControllerOps {
             None => vec![],
         };
         let _guard = self.guard(&[exclusive], &shared)?;
-        backend.controller_detach(&id, node_id, secrets).await?;
+        backend
+            .attaching()?
+            .controller_detach(&id, node_id, secrets)
+            .await?;
         match &self.ledger {
             Some(ledger) => ledger.release(&id, node_id.map(super::node_name)),
             None => Ok(()),
@@ -573,7 +600,7 @@ impl ControllerOps {
                 continue;
             };
             let topology = self.topology_of(backend.as_ref());
-            for volume in backend.list_volumes(&page).await? {
+            for volume in backend.provisioning()?.list_volumes(&page).await? {
                 entries.push(Placed {
                     volume,
                     topology: topology.clone(),
@@ -613,7 +640,7 @@ impl ControllerOps {
             available_bytes,
             maximum_volume_bytes,
             minimum_volume_bytes,
-        } = backend.capacity(&own).await?;
+        } = backend.provisioning()?.capacity(&own).await?;
         Ok(CapacityAnswer {
             available_bytes,
             maximum_volume_bytes,
@@ -631,14 +658,15 @@ impl ControllerOps {
         secrets: &Secrets,
     ) -> Result<(u64, bool)> {
         let backend = self.registry.for_volume(id)?.clone();
-        if !backend.capabilities().expand {
-            return Err(backend.unimplemented("expand volumes"));
-        }
+        backend.expanding()?;
         if let Some(cap) = capability {
             backend.supports(cap)?;
         }
         let _guard = self.guard(&[locks::volume_key(id)], &[])?;
-        let size = backend.expand_volume(id, required, limit, secrets).await?;
+        let size = backend
+            .expanding()?
+            .expand_volume(id, required, limit, secrets)
+            .await?;
         // Devices on the node must learn the new size and filesystems grow.
         Ok((size, backend.capabilities().device_mount))
     }
@@ -646,11 +674,11 @@ impl ControllerOps {
     /// CreateSnapshot.
     pub async fn create_snapshot(&self, req: NewSnapshot) -> Result<SnapshotInfo> {
         let backend = self.registry.for_volume(&req.source)?.clone();
-        if !backend.capabilities().snapshot {
-            return Err(backend.unimplemented("take snapshots"));
-        }
+        backend.snapshotting()?;
         let (parameters, metadata) = split_parameters(&req.parameters);
-        backend.validate_snapshot_parameters(&parameters)?;
+        backend
+            .snapshotting()?
+            .validate_snapshot_parameters(&parameters)?;
         let request = CreateSnapshot {
             source: req.source,
             name: req.name,
@@ -658,7 +686,7 @@ impl ControllerOps {
             metadata,
             secrets: req.secrets,
         };
-        let id = backend.snapshot_id_for(&request)?;
+        let id = backend.snapshotting()?.snapshot_id_for(&request)?;
         let _guard = self.guard(
             &[
                 locks::snapshot_name_key(&request.name),
@@ -683,11 +711,14 @@ impl ControllerOps {
             _ => Frozen::none(),
         };
         // A failure drops the freeze, which thaws.
-        let made = backend.create_snapshot(&request).await?;
+        let made = backend.snapshotting()?.create_snapshot(&request).await?;
         if let Err(e) = frozen.thaw().await {
             // Not one instant after all: the copy goes, and the call fails
             // (the CO retries it).
-            let _ = backend.delete_snapshot(&made.id, &request.secrets).await;
+            let _ = backend
+                .snapshotting()?
+                .delete_snapshot(&made.id, &request.secrets)
+                .await;
             return Err(e);
         }
         Ok(made)
@@ -702,7 +733,10 @@ impl ControllerOps {
             return Ok(());
         };
         let _guard = self.guard(&[locks::snapshot_key(&id)], &[])?;
-        backend.delete_snapshot(&id, secrets).await?;
+        backend
+            .snapshotting()?
+            .delete_snapshot(&id, secrets)
+            .await?;
         self.forget_member(&id)
     }
 
@@ -710,6 +744,7 @@ impl ControllerOps {
     pub async fn get_snapshot(&self, id: &SnapshotId, secrets: &Secrets) -> Result<SnapshotInfo> {
         let backend = self.registry.for_snapshot(id)?.clone();
         backend
+            .snapshotting()?
             .get_snapshot(id, secrets)
             .await?
             .map(|s| self.with_group(s))
@@ -744,7 +779,11 @@ impl ControllerOps {
             if let Ok(id) = SnapshotId::parse(snapshot_id) {
                 if let Some(b) = self.backend(id.backend()) {
                     if b.capabilities().snapshot {
-                        found.extend(b.get_snapshot(&id, &Secrets::default()).await?);
+                        found.extend(
+                            b.snapshotting()?
+                                .get_snapshot(&id, &Secrets::default())
+                                .await?,
+                        );
                     }
                 }
             }
@@ -772,7 +811,10 @@ impl ControllerOps {
             let Some(page) = page_for(backend.name(), from.as_ref(), limit, entries.len()) else {
                 continue;
             };
-            let page = backend.list_snapshots(source.as_ref(), &page).await?;
+            let page = backend
+                .snapshotting()?
+                .list_snapshots(source.as_ref(), &page)
+                .await?;
             entries.extend(page.into_iter().map(|s| self.with_group(s)));
             if entries.len() > limit {
                 break;

@@ -114,7 +114,7 @@ impl Registry {
 
     /// Whether any backend has mutable parameters (MODIFY_VOLUME).
     pub fn modifies(&self) -> bool {
-        self.backends.values().any(|b| !b.mutable_keys().is_empty())
+        self.backends.values().any(|b| b.modifier().is_some())
     }
 
     /// The union of every backend's capabilities.
@@ -149,7 +149,13 @@ impl Registry {
 mod tests {
     use super::*;
     use crate::error::Kind;
+    use crate::plugin::{
+        AccessMode, AttachContext, Attacher, Attachment, Capacity, ControllerAttach, CreateVolume,
+        DeviceMounter, Expander, Page, Provisioner, Secrets, Stager, VolumeInfo,
+    };
 
+    /// A backend of a name that offers what its capabilities say (and
+    /// whose calls are never made here).
     struct Named(&'static str, Capabilities);
 
     #[async_trait::async_trait]
@@ -157,11 +163,105 @@ mod tests {
         fn name(&self) -> &str {
             self.0
         }
-        fn capabilities(&self) -> Capabilities {
-            self.1.clone()
-        }
+
         async fn health(&self) -> Result<()> {
             Ok(())
+        }
+
+        fn access_modes(&self) -> Vec<AccessMode> {
+            self.1.access_modes.clone()
+        }
+
+        fn provisioner(&self) -> Option<&dyn Provisioner> {
+            self.1.provision.then_some(self as &dyn Provisioner)
+        }
+
+        fn expander(&self) -> Option<&dyn Expander> {
+            self.1.expand.then_some(self as &dyn Expander)
+        }
+
+        fn attacher(&self) -> Option<&dyn Attacher> {
+            self.1.attach.then_some(self as &dyn Attacher)
+        }
+
+        fn stager(&self) -> Option<&dyn Stager> {
+            self.1.block.then_some(self as &dyn Stager)
+        }
+
+        fn device_mounter(&self) -> Option<&dyn DeviceMounter> {
+            self.1.block.then_some(self as &dyn DeviceMounter)
+        }
+    }
+
+    fn never<T>() -> Result<T> {
+        Err(Error::internal("not called in these tests"))
+    }
+
+    #[async_trait::async_trait]
+    impl Provisioner for Named {
+        fn clones(&self) -> bool {
+            false
+        }
+        async fn create_volume(&self, _: &CreateVolume) -> Result<VolumeInfo> {
+            never()
+        }
+        async fn delete_volume(&self, _: &VolumeId, _: &Secrets) -> Result<()> {
+            never()
+        }
+        async fn get_volume(&self, _: &VolumeId, _: &Secrets) -> Result<Option<VolumeInfo>> {
+            never()
+        }
+        async fn list_volumes(&self, _: &Page) -> Result<Vec<VolumeInfo>> {
+            never()
+        }
+        async fn capacity(&self, _: &BTreeMap<String, String>) -> Result<Capacity> {
+            never()
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Expander for Named {
+        fn online(&self) -> bool {
+            self.1.expand_online
+        }
+        async fn expand_volume(&self, _: &VolumeId, _: u64, _: u64, _: &Secrets) -> Result<u64> {
+            never()
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Attacher for Named {
+        async fn controller_attach(
+            &self,
+            _: &VolumeId,
+            _: &ControllerAttach,
+        ) -> Result<BTreeMap<String, String>> {
+            never()
+        }
+        async fn controller_detach(
+            &self,
+            _: &VolumeId,
+            _: Option<&str>,
+            _: &Secrets,
+        ) -> Result<()> {
+            never()
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Stager for Named {
+        async fn node_attach(&self, _: &VolumeId, _: &AttachContext) -> Result<Attachment> {
+            never()
+        }
+        async fn node_detach(&self, _: &VolumeId, _: Option<&Attachment>) -> Result<()> {
+            never()
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl DeviceMounter for Named {
+        async fn node_refresh_size(&self, _: &VolumeId, _: &Attachment) -> Result<u64> {
+            never()
         }
     }
 
@@ -243,7 +343,9 @@ mod tests {
     }
 
     /// Expansion is online when one expanding backend grows volumes in
-    /// use; one that grows only unused volumes makes it offline alone.
+    /// use; one that grows only unused volumes makes it offline alone, and
+    /// a backend that does not expand says nothing of it (its
+    /// capabilities cannot say it expands online).
     #[test]
     fn expansion_is_online_if_any_expanding_backend_is() {
         let offline = Capabilities {
@@ -254,11 +356,12 @@ mod tests {
             expand_online: true,
             ..Default::default()
         };
+        let x: Arc<dyn Backend> = Arc::new(Named("x", online_without_expand));
+        assert!(!x.capabilities().expand_online);
         let mut r = Registry::new();
         r.register(Arc::new(Named("iscsi", offline.clone())))
             .unwrap();
-        r.register(Arc::new(Named("x", online_without_expand)))
-            .unwrap();
+        r.register(x).unwrap();
         let c = r.capabilities();
         assert!(c.expand && !c.expand_online);
         r.register(Arc::new(Named(

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::SystemTime;
 
-/// What a backend declares it can do; the services derive the CSI
+/// What a backend can do, as derived from the capability traits it
+/// implements (`<dyn Backend>::capabilities`); the services derive the CSI
 /// capabilities they advertise from the union over all backends.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Capabilities {
@@ -39,34 +40,6 @@ pub struct Capabilities {
     /// changed between two snapshots of a volume (the SnapshotMetadata
     /// service).
     pub snapshot_metadata: bool,
-}
-
-impl Capabilities {
-    /// What a backend of node-local block devices offers (the `file` and
-    /// `lvm` backends): everything but controller attach, mount and raw
-    /// block, the single-node access modes.
-    pub fn node_local_block_device() -> Self {
-        Capabilities {
-            provision: true,
-            attach: false,
-            device_mount: true,
-            expand: true,
-            expand_online: true,
-            snapshot: true,
-            group_snapshot: GroupSnapshots::Frozen,
-            snapshot_instant: SnapshotInstant::Frozen,
-            clone: true,
-            block: true,
-            node_local: true,
-            access_modes: vec![
-                AccessMode::SingleNodeWriter,
-                AccessMode::SingleNodeReaderOnly,
-                AccessMode::SingleNodeSingleWriter,
-                AccessMode::SingleNodeMultiWriter,
-            ],
-            snapshot_metadata: false,
-        }
-    }
 }
 
 /// One page of a snapshot's block metadata (changed block tracking): byte
@@ -330,7 +303,7 @@ pub enum GroupSnapshots {
     Unstaged,
     /// One ordinary snapshot per member, each made from a point-in-time
     /// cut the backend takes of all of them at once
-    /// ([`super::Backend::cut_group`]).
+    /// ([`super::GroupCutter::cut_group`]).
     Cut,
 }
 

@@ -16,8 +16,12 @@ use crate::host::loopdev::LoopDevices;
 use crate::host::Host;
 use crate::plugin::{
     check_existing, locator_for_name, own_source, AttachContext, Attachment, Backend, BlockPage,
-    Capabilities, Capacity, ContentSource, CreateSnapshot, CreateVolume, Page, Secrets, SizeRules,
-    SnapshotId, SnapshotInfo, VolumeId, VolumeInfo,
+    Capacity, ContentSource, CreateSnapshot, CreateVolume, Page, Secrets, SizeRules, SnapshotId,
+    SnapshotInfo, VolumeId, VolumeInfo,
+};
+use crate::plugin::{
+    AccessMode, BlockTracker, DeviceMounter, Expander, Groups, Modifier, Provisioner,
+    SnapshotInstant, Snapshotter, Stager, SINGLE_NODE_MODES,
 };
 use crate::records::read_json;
 use crate::sync::LockExt;
@@ -420,128 +424,6 @@ impl Backend for FileBackend {
         &self.name
     }
 
-    fn node_device(&self) -> Option<crate::host::devices::DeviceKind> {
-        Some(crate::host::devices::DeviceKind::Loop)
-    }
-
-    fn mutable_keys(&self) -> Vec<&'static str> {
-        vec![PREALLOCATE]
-    }
-
-    fn check_mutable(&self, changes: &BTreeMap<String, String>) -> Result<()> {
-        preallocate_value(changes).map(|_| ())
-    }
-
-    async fn modify_volume(
-        &self,
-        id: &VolumeId,
-        changes: &BTreeMap<String, String>,
-        _secrets: &Secrets,
-    ) -> Result<()> {
-        self.own(id.backend())?;
-        let (mut meta, size) = self
-            .load_volume(id.locator())?
-            .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
-        let Some(want) = preallocate_value(changes)? else {
-            return Ok(());
-        };
-        if want == meta.preallocated {
-            return Ok(());
-        }
-        let image = self.image(id.locator());
-        if want {
-            use std::os::unix::fs::MetadataExt;
-            let held = std::fs::metadata(&image)
-                .map_err(io("stat image"))?
-                .blocks()
-                .saturating_mul(512);
-            let needed = size.saturating_sub(held);
-            let free = self.free_bytes()?;
-            if needed > free {
-                return Err(Error::invalid(format!(
-                    "mutable parameter {PREALLOCATE}: volume {id} needs {needed} more bytes \
-                     and pool {} has {free} free; nothing was changed",
-                    self.settings.pool.display()
-                )));
-            }
-            allocate(image, size).await?;
-        }
-        meta.preallocated = want;
-        write_json(&self.meta(id.locator()), &meta).await
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            snapshot_metadata: true,
-            ..Capabilities::node_local_block_device()
-        }
-    }
-
-    async fn allocated_blocks(
-        &self,
-        snapshot: &SnapshotId,
-        start: u64,
-        max: usize,
-        _secrets: &Secrets,
-    ) -> Result<BlockPage> {
-        let (image, meta) = self.snapshot_image(snapshot)?;
-        let capacity = meta.size_bytes;
-        let (extents, next) = if start < capacity {
-            crate::host::off_worker("reading a snapshot's extents", COPY_TIMEOUT, move || {
-                let f = std::fs::File::open(&image).map_err(io("open the snapshot"))?;
-                crate::host::extents::data_extents(&f, start, capacity, max)
-                    .map_err(io("read the snapshot's extents"))
-            })
-            .await?
-        } else {
-            (Vec::new(), None)
-        };
-        Ok(BlockPage {
-            fixed: None,
-            capacity,
-            ranges: extents.iter().map(|e| (e.offset, e.len)).collect(),
-            next,
-        })
-    }
-
-    async fn changed_blocks(
-        &self,
-        base: &SnapshotId,
-        target: &SnapshotId,
-        start: u64,
-        max: usize,
-        _secrets: &Secrets,
-    ) -> Result<BlockPage> {
-        let (base_image, base_meta) = self.snapshot_image(base)?;
-        let (target_image, target_meta) = self.snapshot_image(target)?;
-        if base_meta.source_volume != target_meta.source_volume {
-            return Err(Error::invalid(format!(
-                "snapshots {base} and {target} are of different volumes ({} and {})",
-                base_meta.source_volume, target_meta.source_volume
-            )));
-        }
-        let capacity = target_meta.size_bytes;
-        let (extents, next) = if start < capacity {
-            crate::host::off_worker("comparing two snapshots", COPY_TIMEOUT, move || {
-                let a = std::fs::File::open(&base_image).map_err(io("open the base snapshot"))?;
-                let b =
-                    std::fs::File::open(&target_image).map_err(io("open the target snapshot"))?;
-                // Both in the pool's snapshots folder: one filesystem.
-                crate::host::extents::differing(&a, &b, true, start, capacity, CBT_BLOCK, max)
-                    .map_err(io("compare the snapshots"))
-            })
-            .await?
-        } else {
-            (Vec::new(), None)
-        };
-        Ok(BlockPage {
-            fixed: None,
-            capacity,
-            ranges: extents.iter().map(|e| (e.offset, e.len)).collect(),
-            next,
-        })
-    }
-
     async fn health(&self) -> Result<()> {
         for d in [&self.volumes, &self.snapshots] {
             self.host
@@ -549,6 +431,49 @@ impl Backend for FileBackend {
                 .map_err(|e| Error::precondition(format!("pool folder: {}", e.message)))?;
         }
         Ok(())
+    }
+
+    fn access_modes(&self) -> Vec<AccessMode> {
+        SINGLE_NODE_MODES.to_vec()
+    }
+
+    fn node_local(&self) -> bool {
+        true
+    }
+
+    fn provisioner(&self) -> Option<&dyn Provisioner> {
+        Some(self)
+    }
+
+    fn expander(&self) -> Option<&dyn Expander> {
+        Some(self)
+    }
+
+    fn snapshotter(&self) -> Option<&dyn Snapshotter> {
+        Some(self)
+    }
+
+    fn modifier(&self) -> Option<&dyn Modifier> {
+        Some(self)
+    }
+
+    fn stager(&self) -> Option<&dyn Stager> {
+        Some(self)
+    }
+
+    fn device_mounter(&self) -> Option<&dyn DeviceMounter> {
+        Some(self)
+    }
+
+    fn block_tracker(&self) -> Option<&dyn BlockTracker> {
+        Some(self)
+    }
+}
+
+#[async_trait::async_trait]
+impl Provisioner for FileBackend {
+    fn clones(&self) -> bool {
+        true
     }
 
     async fn create_volume(&self, req: &CreateVolume) -> Result<VolumeInfo> {
@@ -642,6 +567,13 @@ impl Backend for FileBackend {
             minimum_volume_bytes: Some(MIB),
         })
     }
+}
+
+#[async_trait::async_trait]
+impl Expander for FileBackend {
+    fn online(&self) -> bool {
+        true
+    }
 
     async fn expand_volume(
         &self,
@@ -675,6 +607,19 @@ impl Backend for FileBackend {
         meta.capacity_bytes = wanted;
         write_json(&self.meta(id.locator()), &meta).await?;
         Ok(wanted)
+    }
+}
+
+#[async_trait::async_trait]
+impl Snapshotter for FileBackend {
+    /// The node freezes a staged volume's filesystem around the copy.
+    fn instant(&self) -> SnapshotInstant {
+        SnapshotInstant::Frozen
+    }
+
+    /// Frozen together on the node.
+    fn groups(&self) -> Groups<'_> {
+        Groups::Frozen
     }
 
     async fn create_snapshot(&self, req: &CreateSnapshot) -> Result<SnapshotInfo> {
@@ -789,7 +734,59 @@ impl Backend for FileBackend {
         }
         Ok(out)
     }
+}
 
+#[async_trait::async_trait]
+impl Modifier for FileBackend {
+    fn mutable_keys(&self) -> Vec<&'static str> {
+        vec![PREALLOCATE]
+    }
+
+    fn check_mutable(&self, changes: &BTreeMap<String, String>) -> Result<()> {
+        preallocate_value(changes).map(|_| ())
+    }
+
+    async fn modify_volume(
+        &self,
+        id: &VolumeId,
+        changes: &BTreeMap<String, String>,
+        _secrets: &Secrets,
+    ) -> Result<()> {
+        self.own(id.backend())?;
+        let (mut meta, size) = self
+            .load_volume(id.locator())?
+            .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
+        let Some(want) = preallocate_value(changes)? else {
+            return Ok(());
+        };
+        if want == meta.preallocated {
+            return Ok(());
+        }
+        let image = self.image(id.locator());
+        if want {
+            use std::os::unix::fs::MetadataExt;
+            let held = std::fs::metadata(&image)
+                .map_err(io("stat image"))?
+                .blocks()
+                .saturating_mul(512);
+            let needed = size.saturating_sub(held);
+            let free = self.free_bytes()?;
+            if needed > free {
+                return Err(Error::invalid(format!(
+                    "mutable parameter {PREALLOCATE}: volume {id} needs {needed} more bytes \
+                     and pool {} has {free} free; nothing was changed",
+                    self.settings.pool.display()
+                )));
+            }
+            allocate(image, size).await?;
+        }
+        meta.preallocated = want;
+        write_json(&self.meta(id.locator()), &meta).await
+    }
+}
+
+#[async_trait::async_trait]
+impl Stager for FileBackend {
     async fn node_attach(&self, id: &VolumeId, _ctx: &AttachContext) -> Result<Attachment> {
         self.own(id.backend())?;
         let image = self.image(id.locator());
@@ -798,21 +795,6 @@ impl Backend for FileBackend {
         }
         let path = self.loops.attach(&image).await?;
         Ok(Attachment::Device { path })
-    }
-
-    async fn node_copy_pending(&self, id: &VolumeId, _ctx: &AttachContext) -> Result<bool> {
-        self.own(id.backend())?;
-        Ok(read_json::<VolumeMeta>(&self.meta(id.locator()))?.is_some_and(|m| m.copy_pending))
-    }
-
-    async fn node_copy_done(&self, id: &VolumeId, _ctx: &AttachContext) -> Result<()> {
-        self.own(id.backend())?;
-        let path = self.meta(id.locator());
-        if let Some(mut meta) = read_json::<VolumeMeta>(&path)? {
-            meta.copy_pending = false;
-            write_json(&path, &meta).await?;
-        }
-        Ok(())
     }
 
     async fn node_detach(&self, id: &VolumeId, attachment: Option<&Attachment>) -> Result<()> {
@@ -827,14 +809,6 @@ impl Backend for FileBackend {
             Some(Attachment::Remote { .. }) => {
                 Err(Error::internal("file volumes are never remote"))
             }
-        }
-    }
-
-    async fn node_refresh_size(&self, id: &VolumeId, attachment: &Attachment) -> Result<u64> {
-        self.own(id.backend())?;
-        match attachment {
-            Attachment::Device { path } => self.loops.refresh(path).await,
-            Attachment::Remote { .. } => Err(Error::internal("file volumes are never remote")),
         }
     }
 
@@ -857,6 +831,104 @@ impl Backend for FileBackend {
             )));
         }
         Ok(None)
+    }
+}
+
+#[async_trait::async_trait]
+impl DeviceMounter for FileBackend {
+    fn node_device(&self) -> Option<crate::host::devices::DeviceKind> {
+        Some(crate::host::devices::DeviceKind::Loop)
+    }
+
+    async fn node_copy_pending(&self, id: &VolumeId, _ctx: &AttachContext) -> Result<bool> {
+        self.own(id.backend())?;
+        Ok(read_json::<VolumeMeta>(&self.meta(id.locator()))?.is_some_and(|m| m.copy_pending))
+    }
+
+    async fn node_copy_done(&self, id: &VolumeId, _ctx: &AttachContext) -> Result<()> {
+        self.own(id.backend())?;
+        let path = self.meta(id.locator());
+        if let Some(mut meta) = read_json::<VolumeMeta>(&path)? {
+            meta.copy_pending = false;
+            write_json(&path, &meta).await?;
+        }
+        Ok(())
+    }
+
+    async fn node_refresh_size(&self, id: &VolumeId, attachment: &Attachment) -> Result<u64> {
+        self.own(id.backend())?;
+        match attachment {
+            Attachment::Device { path } => self.loops.refresh(path).await,
+            Attachment::Remote { .. } => Err(Error::internal("file volumes are never remote")),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl BlockTracker for FileBackend {
+    async fn allocated_blocks(
+        &self,
+        snapshot: &SnapshotId,
+        start: u64,
+        max: usize,
+        _secrets: &Secrets,
+    ) -> Result<BlockPage> {
+        let (image, meta) = self.snapshot_image(snapshot)?;
+        let capacity = meta.size_bytes;
+        let (extents, next) = if start < capacity {
+            crate::host::off_worker("reading a snapshot's extents", COPY_TIMEOUT, move || {
+                let f = std::fs::File::open(&image).map_err(io("open the snapshot"))?;
+                crate::host::extents::data_extents(&f, start, capacity, max)
+                    .map_err(io("read the snapshot's extents"))
+            })
+            .await?
+        } else {
+            (Vec::new(), None)
+        };
+        Ok(BlockPage {
+            fixed: None,
+            capacity,
+            ranges: extents.iter().map(|e| (e.offset, e.len)).collect(),
+            next,
+        })
+    }
+
+    async fn changed_blocks(
+        &self,
+        base: &SnapshotId,
+        target: &SnapshotId,
+        start: u64,
+        max: usize,
+        _secrets: &Secrets,
+    ) -> Result<BlockPage> {
+        let (base_image, base_meta) = self.snapshot_image(base)?;
+        let (target_image, target_meta) = self.snapshot_image(target)?;
+        if base_meta.source_volume != target_meta.source_volume {
+            return Err(Error::invalid(format!(
+                "snapshots {base} and {target} are of different volumes ({} and {})",
+                base_meta.source_volume, target_meta.source_volume
+            )));
+        }
+        let capacity = target_meta.size_bytes;
+        let (extents, next) = if start < capacity {
+            crate::host::off_worker("comparing two snapshots", COPY_TIMEOUT, move || {
+                let a = std::fs::File::open(&base_image).map_err(io("open the base snapshot"))?;
+                let b =
+                    std::fs::File::open(&target_image).map_err(io("open the target snapshot"))?;
+                // Both in the pool's snapshots folder: one filesystem.
+                crate::host::extents::differing(&a, &b, true, start, capacity, CBT_BLOCK, max)
+                    .map_err(io("compare the snapshots"))
+            })
+            .await?
+        } else {
+            (Vec::new(), None)
+        };
+        Ok(BlockPage {
+            fixed: None,
+            capacity,
+            ranges: extents.iter().map(|e| (e.offset, e.len)).collect(),
+            next,
+        })
     }
 }
 

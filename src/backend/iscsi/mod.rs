@@ -27,8 +27,12 @@ use crate::exec::CommandRunner;
 use crate::host::hold::Holds;
 use crate::plugin::{
     check_publish_terms, digest_hex, AccessMode, AttachContext, Attachment, Backend, BlockPage,
-    Capabilities, Capacity, ContentSource, ControllerAttach, CreateSnapshot, CreateVolume, Page,
-    Secrets, SnapshotId, SnapshotInfo, VolumeId, VolumeInfo,
+    Capacity, ContentSource, ControllerAttach, CreateSnapshot, CreateVolume, Page, Secrets,
+    SnapshotId, SnapshotInfo, VolumeId, VolumeInfo,
+};
+use crate::plugin::{
+    Attacher, BlockTracker, DeviceMounter, Expander, GroupCutter, Groups, Modifier, Provisioner,
+    SnapshotInstant, Snapshotter, Stager, SINGLE_NODE_MODES,
 };
 use crate::sync::LockExt;
 use serde::{Deserialize, Serialize};
@@ -436,7 +440,7 @@ impl IscsiBackend {
     async fn snapshot_in_store(&self, req: &CreateSnapshot) -> Result<SnapshotInfo> {
         let mut r = req.clone();
         r.source = self.to_store(&req.source)?;
-        self.snapshot_from_store(self.store()?.create_snapshot(&r).await?)
+        self.snapshot_from_store(self.store()?.snapshotting()?.create_snapshot(&r).await?)
     }
 
     /// Runs `cut` while the writers of every volume of `sources` that is
@@ -646,6 +650,7 @@ impl IscsiBackend {
         let store = self.store()?;
         let store_id = self.to_store(id)?;
         let attachment = store
+            .staging()?
             .node_attach(&store_id, &AttachContext::default())
             .await?;
         let Attachment::Device { path } = &attachment else {
@@ -837,46 +842,6 @@ impl Backend for IscsiBackend {
         &self.name
     }
 
-    fn node_device(&self) -> Option<crate::host::devices::DeviceKind> {
-        Some(crate::host::devices::DeviceKind::Iscsi)
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        let store = self.store.as_ref().map(|s| s.capabilities());
-        Capabilities {
-            provision: true,
-            attach: true,
-            device_mount: true,
-            expand: store.as_ref().is_none_or(|c| c.expand),
-            // tgt cannot grow a LUN under I/O (see Target::refresh).
-            expand_online: false,
-            snapshot: store.as_ref().is_some_and(|c| c.snapshot),
-            group_snapshot: match store.as_ref().is_some_and(|c| c.snapshot) {
-                true => crate::plugin::GroupSnapshots::Cut,
-                false => crate::plugin::GroupSnapshots::None,
-            },
-            // The initiators write from afar: an lvm store's snapshot holds
-            // the LV itself; a file store's copy is held by the volume's
-            // hold device where the host has device-mapper.
-            snapshot_instant: match store.as_ref().map(|c| c.snapshot_instant) {
-                Some(crate::plugin::SnapshotInstant::Own) => crate::plugin::SnapshotInstant::Own,
-                Some(_) if self.holds.is_some() => crate::plugin::SnapshotInstant::Held,
-                _ => crate::plugin::SnapshotInstant::Unheld,
-            },
-            clone: store.as_ref().is_some_and(|c| c.clone),
-            block: true,
-            node_local: false,
-            access_modes: vec![
-                AccessMode::SingleNodeWriter,
-                AccessMode::SingleNodeReaderOnly,
-                AccessMode::SingleNodeSingleWriter,
-                AccessMode::SingleNodeMultiWriter,
-            ],
-            // The store's own, of the store's snapshots.
-            snapshot_metadata: store.as_ref().is_some_and(|c| c.snapshot_metadata),
-        }
-    }
-
     async fn start(&self) -> Result<()> {
         // A driver that died cutting a group left its holds suspended:
         // the initiators' I/O waits on them until they are resumed.
@@ -913,26 +878,72 @@ impl Backend for IscsiBackend {
         Ok(())
     }
 
-    fn node_id_suffix(&self) -> Result<Option<String>> {
-        initiator::initiator_name(&self.settings.initiator_name_file).map(Some)
-    }
-
-    fn volume_id_for(&self, req: &CreateVolume) -> Result<VolumeId> {
-        self.id_from_store(&self.store()?.volume_id_for(req)?)
-    }
-
-    fn snapshot_id_for(&self, req: &CreateSnapshot) -> Result<SnapshotId> {
-        let mut r = req.clone();
-        r.source = self.to_store(&req.source)?;
-        self.snap_from_store(&self.store()?.snapshot_id_for(&r)?)
-    }
-
     fn validate_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {
         self.store()?.validate_parameters(parameters)
     }
 
-    fn validate_snapshot_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {
-        self.store()?.validate_snapshot_parameters(parameters)
+    fn access_modes(&self) -> Vec<AccessMode> {
+        SINGLE_NODE_MODES.to_vec()
+    }
+
+    fn provisioner(&self) -> Option<&dyn Provisioner> {
+        Some(self)
+    }
+
+    /// What the store grows (a node, without a store, grows the LUN's
+    /// view of it).
+    fn expander(&self) -> Option<&dyn Expander> {
+        let grows = self.store.as_ref().is_none_or(|s| s.expander().is_some());
+        grows.then_some(self as &dyn Expander)
+    }
+
+    /// The store's snapshots, one per LUN (controllers only: nodes have
+    /// no store).
+    fn snapshotter(&self) -> Option<&dyn Snapshotter> {
+        let takes = self
+            .store
+            .as_ref()
+            .is_some_and(|s| s.snapshotter().is_some());
+        takes.then_some(self as &dyn Snapshotter)
+    }
+
+    fn modifier(&self) -> Option<&dyn Modifier> {
+        Some(self)
+    }
+
+    fn attacher(&self) -> Option<&dyn Attacher> {
+        Some(self)
+    }
+
+    fn stager(&self) -> Option<&dyn Stager> {
+        Some(self)
+    }
+
+    fn device_mounter(&self) -> Option<&dyn DeviceMounter> {
+        Some(self)
+    }
+
+    /// The store's own, of the store's snapshots.
+    fn block_tracker(&self) -> Option<&dyn BlockTracker> {
+        let tracks = self
+            .store
+            .as_ref()
+            .is_some_and(|s| s.block_tracker().is_some());
+        tracks.then_some(self as &dyn BlockTracker)
+    }
+}
+
+#[async_trait::async_trait]
+impl Provisioner for IscsiBackend {
+    fn clones(&self) -> bool {
+        self.store
+            .as_ref()
+            .and_then(|s| s.provisioner())
+            .is_some_and(|p| p.clones())
+    }
+
+    fn volume_id_for(&self, req: &CreateVolume) -> Result<VolumeId> {
+        self.id_from_store(&self.store()?.provisioning()?.volume_id_for(req)?)
     }
 
     async fn create_volume(&self, req: &CreateVolume) -> Result<VolumeInfo> {
@@ -954,7 +965,7 @@ impl Backend for IscsiBackend {
             }
             None => None,
         };
-        let info = store.create_volume(&r).await?;
+        let info = store.provisioning()?.create_volume(&r).await?;
         let info = self.volume_from_store(info)?;
         let id = info.id.clone();
         let _volume = self.volume_mutex(&id).lock_owned().await;
@@ -1011,9 +1022,13 @@ impl Backend for IscsiBackend {
             holds.remove(name).await?;
         }
         store
+            .staging()?
             .node_detach(&store_id, record.as_ref().map(|r| &r.attachment))
             .await?;
-        store.delete_volume(&store_id, secrets).await?;
+        store
+            .provisioning()?
+            .delete_volume(&store_id, secrets)
+            .await?;
         self.forget(id)
     }
 
@@ -1023,6 +1038,7 @@ impl Backend for IscsiBackend {
         }
         match self
             .store()?
+            .provisioning()?
             .get_volume(&self.to_store(id)?, secrets)
             .await?
         {
@@ -1033,6 +1049,7 @@ impl Backend for IscsiBackend {
 
     async fn list_volumes(&self, page: &Page) -> Result<Vec<VolumeInfo>> {
         self.store()?
+            .provisioning()?
             .list_volumes(page)
             .await?
             .into_iter()
@@ -1041,92 +1058,15 @@ impl Backend for IscsiBackend {
     }
 
     async fn capacity(&self, parameters: &BTreeMap<String, String>) -> Result<Capacity> {
-        self.store()?.capacity(parameters).await
+        self.store()?.provisioning()?.capacity(parameters).await
     }
+}
 
-    async fn cut_group(&self, members: &[CreateSnapshot]) -> Result<()> {
-        // Writers are remote initiators. Members nobody uses have none
-        // (ControllerPublish waits on the group's guard meanwhile), so
-        // their store snapshots, one after another, show the same instant.
-        // Members in use are held first (see `while_held`), then every
-        // member snapshotted, then all let go.
-        let sources: Vec<&VolumeId> = members.iter().map(|m| &m.source).collect();
-        self.while_held(&sources, true, async {
-            for m in members {
-                self.snapshot_in_store(m).await?;
-            }
-            Ok(())
-        })
-        .await
-    }
-
-    fn mutable_keys(&self) -> Vec<&'static str> {
-        // The LUN's own key, and the store's.
-        let mut keys = vec![THIN_PROVISIONING];
-        if let Some(store) = &self.store {
-            keys.extend(store.mutable_keys());
-        }
-        keys
-    }
-
-    fn check_mutable(&self, changes: &BTreeMap<String, String>) -> Result<()> {
-        // tgt answers UNMAP (and WRITE SAME with UNMAP, which Linux zeroes
-        // with) by punching a hole in LUN 1's backing store: a file can
-        // take it, a logical volume (through its hold device) cannot, and
-        // tgt then fails the command with a hardware error: discards,
-        // fstrim and ext4's online resize all fail on the node.
-        let lvm_store = self
-            .settings
-            .store
-            .as_ref()
-            .is_some_and(|s| s.kind == "lvm");
-        if thin_value(changes)? == Some(true) && lvm_store {
-            return Err(Error::invalid(format!(
-                "{THIN_PROVISIONING}: backend {}'s LUNs are logical volumes, which cannot punch \
-                 the holes tgt makes for a LUN that reports thin provisioning (every discard, \
-                 and a filesystem's online resize, would fail with a hardware error on the \
-                 node); thin provisioning is for a file store",
-                self.name
-            )));
-        }
-        self.store()?.check_mutable(&store_changes(changes))
-    }
-
-    async fn modify_volume(
-        &self,
-        id: &VolumeId,
-        changes: &BTreeMap<String, String>,
-        secrets: &Secrets,
-    ) -> Result<()> {
-        self.own_volume(id)?;
-        let thin = thin_value(changes)?;
-        let _volume = self.volume_mutex(id).lock_owned().await;
-        let mut record = self
-            .load(id)?
-            .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
-        // The store's keys first: it checks them whole before it changes
-        // anything; then the LUN, whose change cannot be refused.
-        let for_store = store_changes(changes);
-        if !for_store.is_empty() {
-            self.store()?
-                .modify_volume(&self.to_store(id)?, &for_store, secrets)
-                .await?;
-        }
-        // Each step is safe to repeat: the CO's retry of a modify cut
-        // short here (or after the LUN's change, before the record) makes
-        // every change, the record last.
-        crate::killpoint::hit("iscsi.modify.store");
-        let Some(on) = thin.filter(|on| *on != record.thin_provisioning) else {
-            return Ok(());
-        };
-        let tid = self.ensure_target(id, &mut record).await?;
-        self.target.set_thin_provisioning(tid, on).await?;
-        record.thin_provisioning = on;
-        if let Err(e) = self.save(id, &record) {
-            let _ = self.target.set_thin_provisioning(tid, !on).await;
-            return Err(e);
-        }
-        Ok(())
+#[async_trait::async_trait]
+impl Expander for IscsiBackend {
+    /// tgt cannot grow a LUN under I/O (see Target::refresh).
+    fn online(&self) -> bool {
+        false
     }
 
     async fn expand_volume(
@@ -1162,6 +1102,7 @@ impl Backend for IscsiBackend {
             )));
         }
         let size = store
+            .expanding()?
             .expand_volume(&store_id, required, limit, secrets)
             .await?;
         let _volume = self.volume_mutex(id).lock_owned().await;
@@ -1170,6 +1111,7 @@ impl Backend for IscsiBackend {
             .ok_or_else(|| Error::not_found(format!("volume {id} has no target")))?;
         let tid = self.ensure_target(id, &mut record).await?;
         store
+            .device_mounting()?
             .node_refresh_size(&store_id, &record.attachment)
             .await?;
         if let (Some(holds), Some(name)) = (&self.holds, &record.hold) {
@@ -1179,6 +1121,42 @@ impl Backend for IscsiBackend {
         record.lun_bytes = Some(size);
         self.save(id, &record)?;
         Ok(size)
+    }
+}
+
+#[async_trait::async_trait]
+impl Snapshotter for IscsiBackend {
+    /// The initiators write from afar: an lvm store's snapshot holds the
+    /// LV itself; a file store's copy is held by the volume's hold device
+    /// where the host has device-mapper.
+    fn instant(&self) -> SnapshotInstant {
+        match self
+            .store
+            .as_ref()
+            .and_then(|s| s.snapshotter())
+            .map(|s| s.instant())
+        {
+            Some(SnapshotInstant::Own) => SnapshotInstant::Own,
+            Some(_) if self.holds.is_some() => SnapshotInstant::Held,
+            _ => SnapshotInstant::Unheld,
+        }
+    }
+
+    /// Members in use are held at the target while each is cut.
+    fn groups(&self) -> Groups<'_> {
+        Groups::Cut(self)
+    }
+
+    fn snapshot_id_for(&self, req: &CreateSnapshot) -> Result<SnapshotId> {
+        let mut r = req.clone();
+        r.source = self.to_store(&req.source)?;
+        self.snap_from_store(&self.store()?.snapshotting()?.snapshot_id_for(&r)?)
+    }
+
+    fn validate_snapshot_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {
+        self.store()?
+            .snapshotting()?
+            .validate_snapshot_parameters(parameters)
     }
 
     async fn create_snapshot(&self, req: &CreateSnapshot) -> Result<SnapshotInfo> {
@@ -1202,6 +1180,7 @@ impl Backend for IscsiBackend {
             return Ok(());
         }
         self.store()?
+            .snapshotting()?
             .delete_snapshot(&self.snap_to_store(id)?, secrets)
             .await
     }
@@ -1216,38 +1195,13 @@ impl Backend for IscsiBackend {
         }
         match self
             .store()?
+            .snapshotting()?
             .get_snapshot(&self.snap_to_store(id)?, _secrets)
             .await?
         {
             Some(s) => Ok(Some(self.snapshot_from_store(s)?)),
             None => Ok(None),
         }
-    }
-
-    async fn allocated_blocks(
-        &self,
-        snapshot: &SnapshotId,
-        start: u64,
-        max: usize,
-        secrets: &Secrets,
-    ) -> Result<BlockPage> {
-        self.store()?
-            .allocated_blocks(&self.snap_to_store(snapshot)?, start, max, secrets)
-            .await
-    }
-
-    async fn changed_blocks(
-        &self,
-        base: &SnapshotId,
-        target: &SnapshotId,
-        start: u64,
-        max: usize,
-        secrets: &Secrets,
-    ) -> Result<BlockPage> {
-        let (base, target) = (self.snap_to_store(base)?, self.snap_to_store(target)?);
-        self.store()?
-            .changed_blocks(&base, &target, start, max, secrets)
-            .await
     }
 
     async fn list_snapshots(
@@ -1261,11 +1215,121 @@ impl Backend for IscsiBackend {
             None => None,
         };
         self.store()?
+            .snapshotting()?
             .list_snapshots(source.as_ref(), page)
             .await?
             .into_iter()
             .map(|s| self.snapshot_from_store(s))
             .collect()
+    }
+}
+
+#[async_trait::async_trait]
+impl GroupCutter for IscsiBackend {
+    async fn cut_group(&self, members: &[CreateSnapshot]) -> Result<()> {
+        // Writers are remote initiators. Members nobody uses have none
+        // (ControllerPublish waits on the group's guard meanwhile), so
+        // their store snapshots, one after another, show the same instant.
+        // Members in use are held first (see `while_held`), then every
+        // member snapshotted, then all let go.
+        let sources: Vec<&VolumeId> = members.iter().map(|m| &m.source).collect();
+        self.while_held(&sources, true, async {
+            for m in members {
+                self.snapshot_in_store(m).await?;
+            }
+            Ok(())
+        })
+        .await
+    }
+}
+
+#[async_trait::async_trait]
+impl Modifier for IscsiBackend {
+    fn mutable_keys(&self) -> Vec<&'static str> {
+        // The LUN's own key, and the store's.
+        let mut keys = vec![THIN_PROVISIONING];
+        if let Some(store) = &self.store {
+            keys.extend(
+                store
+                    .modifier()
+                    .map(|m| m.mutable_keys())
+                    .unwrap_or_default(),
+            );
+        }
+        keys
+    }
+
+    fn check_mutable(&self, changes: &BTreeMap<String, String>) -> Result<()> {
+        // tgt answers UNMAP (and WRITE SAME with UNMAP, which Linux zeroes
+        // with) by punching a hole in LUN 1's backing store: a file can
+        // take it, a logical volume (through its hold device) cannot, and
+        // tgt then fails the command with a hardware error: discards,
+        // fstrim and ext4's online resize all fail on the node.
+        let lvm_store = self
+            .settings
+            .store
+            .as_ref()
+            .is_some_and(|s| s.kind == "lvm");
+        if thin_value(changes)? == Some(true) && lvm_store {
+            return Err(Error::invalid(format!(
+                "{THIN_PROVISIONING}: backend {}'s LUNs are logical volumes, which cannot punch \
+                 the holes tgt makes for a LUN that reports thin provisioning (every discard, \
+                 and a filesystem's online resize, would fail with a hardware error on the \
+                 node); thin provisioning is for a file store",
+                self.name
+            )));
+        }
+        // A store without mutable parameters has none to check (the keys
+        // were checked against mutable_keys, which names only the store's).
+        match self.store()?.modifier() {
+            Some(m) => m.check_mutable(&store_changes(changes)),
+            None => Ok(()),
+        }
+    }
+
+    async fn modify_volume(
+        &self,
+        id: &VolumeId,
+        changes: &BTreeMap<String, String>,
+        secrets: &Secrets,
+    ) -> Result<()> {
+        self.own_volume(id)?;
+        let thin = thin_value(changes)?;
+        let _volume = self.volume_mutex(id).lock_owned().await;
+        let mut record = self
+            .load(id)?
+            .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
+        // The store's keys first: it checks them whole before it changes
+        // anything; then the LUN, whose change cannot be refused.
+        let for_store = store_changes(changes);
+        if !for_store.is_empty() {
+            self.store()?
+                .modifying()?
+                .modify_volume(&self.to_store(id)?, &for_store, secrets)
+                .await?;
+        }
+        // Each step is safe to repeat: the CO's retry of a modify cut
+        // short here (or after the LUN's change, before the record) makes
+        // every change, the record last.
+        crate::killpoint::hit("iscsi.modify.store");
+        let Some(on) = thin.filter(|on| *on != record.thin_provisioning) else {
+            return Ok(());
+        };
+        let tid = self.ensure_target(id, &mut record).await?;
+        self.target.set_thin_provisioning(tid, on).await?;
+        record.thin_provisioning = on;
+        if let Err(e) = self.save(id, &record) {
+            let _ = self.target.set_thin_provisioning(tid, !on).await;
+            return Err(e);
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Attacher for IscsiBackend {
+    fn node_id_suffix(&self) -> Result<Option<String>> {
+        initiator::initiator_name(&self.settings.initiator_name_file).map(Some)
     }
 
     async fn controller_attach(
@@ -1368,7 +1432,10 @@ impl Backend for IscsiBackend {
         }
         self.save(id, &record)
     }
+}
 
+#[async_trait::async_trait]
+impl Stager for IscsiBackend {
     // ---- node ----
 
     async fn node_attach(&self, id: &VolumeId, ctx: &AttachContext) -> Result<Attachment> {
@@ -1404,6 +1471,31 @@ impl Backend for IscsiBackend {
         Ok(Attachment::Device { path })
     }
 
+    async fn node_detach(&self, id: &VolumeId, _attachment: Option<&Attachment>) -> Result<()> {
+        self.own_volume(id)?;
+        self.initiator().detach(&self.iqn(id)).await?;
+        remove_file(&self.renewed_path(id))
+    }
+
+    async fn node_condition(
+        &self,
+        id: &VolumeId,
+        attachment: &Attachment,
+    ) -> Result<Option<String>> {
+        self.own_volume(id)?;
+        let Attachment::Device { path } = attachment else {
+            return Ok(Some("unexpected attachment".into()));
+        };
+        self.initiator().condition(&self.iqn(id), path).await
+    }
+}
+
+#[async_trait::async_trait]
+impl DeviceMounter for IscsiBackend {
+    fn node_device(&self) -> Option<crate::host::devices::DeviceKind> {
+        Some(crate::host::devices::DeviceKind::Iscsi)
+    }
+
     async fn node_copy_pending(&self, id: &VolumeId, ctx: &AttachContext) -> Result<bool> {
         self.own_volume(id)?;
         let Some(token) = ctx.publish_context.get(CTX_FS_COPY) else {
@@ -1429,27 +1521,40 @@ impl Backend for IscsiBackend {
         write_file(&self.renewed_path(id), token.as_bytes())
     }
 
-    async fn node_detach(&self, id: &VolumeId, _attachment: Option<&Attachment>) -> Result<()> {
-        self.own_volume(id)?;
-        self.initiator().detach(&self.iqn(id)).await?;
-        remove_file(&self.renewed_path(id))
-    }
-
     async fn node_refresh_size(&self, id: &VolumeId, _attachment: &Attachment) -> Result<u64> {
         self.own_volume(id)?;
         self.initiator().rescan(&self.iqn(id)).await
     }
+}
 
-    async fn node_condition(
+#[async_trait::async_trait]
+impl BlockTracker for IscsiBackend {
+    async fn allocated_blocks(
         &self,
-        id: &VolumeId,
-        attachment: &Attachment,
-    ) -> Result<Option<String>> {
-        self.own_volume(id)?;
-        let Attachment::Device { path } = attachment else {
-            return Ok(Some("unexpected attachment".into()));
-        };
-        self.initiator().condition(&self.iqn(id), path).await
+        snapshot: &SnapshotId,
+        start: u64,
+        max: usize,
+        secrets: &Secrets,
+    ) -> Result<BlockPage> {
+        self.store()?
+            .tracking_blocks()?
+            .allocated_blocks(&self.snap_to_store(snapshot)?, start, max, secrets)
+            .await
+    }
+
+    async fn changed_blocks(
+        &self,
+        base: &SnapshotId,
+        target: &SnapshotId,
+        start: u64,
+        max: usize,
+        secrets: &Secrets,
+    ) -> Result<BlockPage> {
+        let (base, target) = (self.snap_to_store(base)?, self.snap_to_store(target)?);
+        self.store()?
+            .tracking_blocks()?
+            .changed_blocks(&base, &target, start, max, secrets)
+            .await
     }
 }
 
@@ -1467,7 +1572,12 @@ impl IscsiBackend {
         let store = self.store()?;
         let store_id = self.to_store(id)?;
         let none = AttachContext::default();
-        if record.copy.is_some() || !store.node_copy_pending(&store_id, &none).await? {
+        if record.copy.is_some()
+            || !store
+                .device_mounting()?
+                .node_copy_pending(&store_id, &none)
+                .await?
+        {
             return Ok(());
         }
         // Read through what tgtd serves: the initiators' writes are in its
@@ -1480,7 +1590,10 @@ impl IscsiBackend {
             // Recorded before the store forgets it.
             self.save(id, record)?;
         }
-        store.node_copy_done(&store_id, &none).await
+        store
+            .device_mounting()?
+            .node_copy_done(&store_id, &none)
+            .await
     }
 
     /// Controller side, at ControllerPublish: once the device shows a UUID

@@ -237,15 +237,60 @@ impl Backend for MemStore {
     fn name(&self) -> &str {
         "iscsi-store"
     }
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::node_local_block_device()
-    }
+
     async fn health(&self) -> Result<()> {
         Ok(())
     }
+
     fn validate_parameters(&self, _: &BTreeMap<String, String>) -> Result<()> {
         Ok(())
     }
+
+    fn access_modes(&self) -> Vec<AccessMode> {
+        crate::plugin::SINGLE_NODE_MODES.to_vec()
+    }
+
+    fn provisioner(&self) -> Option<&dyn Provisioner> {
+        Some(self)
+    }
+
+    fn expander(&self) -> Option<&dyn Expander> {
+        Some(self)
+    }
+
+    fn stager(&self) -> Option<&dyn Stager> {
+        Some(self)
+    }
+
+    fn device_mounter(&self) -> Option<&dyn DeviceMounter> {
+        Some(self)
+    }
+}
+
+#[async_trait::async_trait]
+impl Provisioner for MemStore {
+    fn clones(&self) -> bool {
+        true
+    }
+
+    async fn get_volume(&self, id: &VolumeId, _: &Secrets) -> Result<Option<VolumeInfo>> {
+        let size = self.sizes.lock().unwrap().get(id.locator()).copied();
+        Ok(size.map(|capacity_bytes| VolumeInfo {
+            id: id.clone(),
+            capacity_bytes,
+            context: BTreeMap::new(),
+            source: None,
+        }))
+    }
+
+    async fn list_volumes(&self, _: &Page) -> Result<Vec<VolumeInfo>> {
+        Err(Error::internal("the store double lists nothing"))
+    }
+
+    async fn capacity(&self, _: &BTreeMap<String, String>) -> Result<Capacity> {
+        Err(Error::internal("the store double has no capacity"))
+    }
+
     async fn create_volume(&self, req: &CreateVolume) -> Result<VolumeInfo> {
         let locator = locator_for_name(&req.name);
         self.note(format!("create {locator}"));
@@ -265,11 +310,20 @@ impl Backend for MemStore {
             source: None,
         })
     }
+
     async fn delete_volume(&self, id: &VolumeId, _: &Secrets) -> Result<()> {
         self.note(format!("delete {id}"));
         self.sizes.lock().unwrap().remove(id.locator());
         Ok(())
     }
+}
+
+#[async_trait::async_trait]
+impl Expander for MemStore {
+    fn online(&self) -> bool {
+        true
+    }
+
     async fn expand_volume(
         &self,
         id: &VolumeId,
@@ -284,12 +338,17 @@ impl Backend for MemStore {
             .insert(id.locator().into(), required);
         Ok(required)
     }
+}
+
+#[async_trait::async_trait]
+impl Stager for MemStore {
     async fn node_attach(&self, id: &VolumeId, _: &AttachContext) -> Result<Attachment> {
         self.note(format!("attach {id}"));
         Ok(Attachment::Device {
             path: "/dev/loop7".into(),
         })
     }
+
     async fn node_detach(&self, id: &VolumeId, a: Option<&Attachment>) -> Result<()> {
         self.note(format!("detach {id} {}", a.is_some()));
         let stuck = self.stuck.lock().unwrap().clone();
@@ -301,13 +360,19 @@ impl Backend for MemStore {
         }
         Ok(())
     }
+}
+
+#[async_trait::async_trait]
+impl DeviceMounter for MemStore {
     async fn node_refresh_size(&self, id: &VolumeId, _: &Attachment) -> Result<u64> {
         self.note(format!("refresh {id}"));
         Ok(self.sizes.lock().unwrap()[id.locator()])
     }
+
     async fn node_copy_pending(&self, id: &VolumeId, _: &AttachContext) -> Result<bool> {
         Ok(self.copies.lock().unwrap().contains(id.locator()))
     }
+
     async fn node_copy_done(&self, id: &VolumeId, _: &AttachContext) -> Result<()> {
         self.note(format!("copy done {id}"));
         self.copies.lock().unwrap().remove(id.locator());

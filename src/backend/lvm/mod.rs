@@ -15,9 +15,12 @@ use crate::exec::{path_arg, Command, CommandRunner};
 use crate::host::{Host, SystemHost};
 use crate::plugin::{
     check_existing, digest_hex, is_dns_label, locator_for_name, own_source, round_up,
-    AttachContext, Attachment, Backend, BlockPage, Capabilities, Capacity, ContentSource,
-    CreateSnapshot, CreateVolume, Page, Secrets, SizeRules, SnapshotId, SnapshotInfo, VolumeId,
-    VolumeInfo,
+    AttachContext, Attachment, Backend, BlockPage, Capacity, ContentSource, CreateSnapshot,
+    CreateVolume, Page, Secrets, SizeRules, SnapshotId, SnapshotInfo, VolumeId, VolumeInfo,
+};
+use crate::plugin::{
+    AccessMode, BlockTracker, DeviceMounter, Expander, Groups, Modifier, Provisioner,
+    SnapshotInstant, Snapshotter, Stager, SINGLE_NODE_MODES,
 };
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
@@ -704,21 +707,6 @@ impl Backend for LvmBackend {
         &self.name
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            group_snapshot: self.group_snapshots,
-            // lvcreate suspends the origin to cut it: one instant.
-            snapshot_instant: crate::plugin::SnapshotInstant::Own,
-            // Thin snapshots: from the pool's block map.
-            snapshot_metadata: self
-                .settings
-                .device_classes
-                .iter()
-                .any(|c| c.thin_pool.is_some()),
-            ..Capabilities::node_local_block_device()
-        }
-    }
-
     async fn start(&self) -> Result<()> {
         // A driver that died while lvcreate cut a snapshot took lvcreate
         // along: what it left (an origin suspended or on a table the
@@ -747,38 +735,6 @@ impl Backend for LvmBackend {
         Ok(())
     }
 
-    fn mutable_keys(&self) -> Vec<&'static str> {
-        vec![READ_AHEAD]
-    }
-
-    fn check_mutable(&self, changes: &BTreeMap<String, String>) -> Result<()> {
-        read_ahead_value(changes).map(|_| ())
-    }
-
-    async fn modify_volume(
-        &self,
-        id: &VolumeId,
-        changes: &BTreeMap<String, String>,
-        _secrets: &Secrets,
-    ) -> Result<()> {
-        let (class, lv_name) = self.split(id.locator())?;
-        if self.class_lv(class, lv_name).await?.is_none() {
-            return Err(Error::not_found(format!("volume {id} does not exist")));
-        }
-        let Some(want) = read_ahead_value(changes)? else {
-            return Ok(());
-        };
-        let target = format!("{}/{lv_name}", class.volume_group);
-        // LVM's metadata is the record: read it, change it only if it differs.
-        if self.read_ahead(&target).await? == want {
-            return Ok(());
-        }
-        self.runner
-            .run(self.lvm("lvchange").args(["--readahead", &want, &target]))
-            .await?;
-        Ok(())
-    }
-
     fn validate_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {
         for key in parameters.keys() {
             if key != DEVICE_CLASS_PARAMETER {
@@ -788,6 +744,55 @@ impl Backend for LvmBackend {
             }
         }
         self.class_for(parameters).map(|_| ())
+    }
+
+    fn access_modes(&self) -> Vec<AccessMode> {
+        SINGLE_NODE_MODES.to_vec()
+    }
+
+    fn node_local(&self) -> bool {
+        true
+    }
+
+    fn provisioner(&self) -> Option<&dyn Provisioner> {
+        Some(self)
+    }
+
+    fn expander(&self) -> Option<&dyn Expander> {
+        Some(self)
+    }
+
+    fn snapshotter(&self) -> Option<&dyn Snapshotter> {
+        Some(self)
+    }
+
+    fn modifier(&self) -> Option<&dyn Modifier> {
+        Some(self)
+    }
+
+    fn stager(&self) -> Option<&dyn Stager> {
+        Some(self)
+    }
+
+    fn device_mounter(&self) -> Option<&dyn DeviceMounter> {
+        Some(self)
+    }
+
+    /// Thin snapshots: from the pool's block map.
+    fn block_tracker(&self) -> Option<&dyn BlockTracker> {
+        let thin = self
+            .settings
+            .device_classes
+            .iter()
+            .any(|c| c.thin_pool.is_some());
+        thin.then_some(self as &dyn BlockTracker)
+    }
+}
+
+#[async_trait::async_trait]
+impl Provisioner for LvmBackend {
+    fn clones(&self) -> bool {
+        true
     }
 
     async fn create_volume(&self, req: &CreateVolume) -> Result<VolumeInfo> {
@@ -936,6 +941,21 @@ impl Backend for LvmBackend {
         })
     }
 
+    fn volume_id_for(&self, req: &CreateVolume) -> Result<VolumeId> {
+        let class = self.class_for(&req.parameters)?;
+        VolumeId::new(
+            &self.name,
+            &format!("{}.fv-{}", class.name, locator_for_name(&req.name)),
+        )
+    }
+}
+
+#[async_trait::async_trait]
+impl Expander for LvmBackend {
+    fn online(&self) -> bool {
+        true
+    }
+
     async fn expand_volume(
         &self,
         id: &VolumeId,
@@ -996,13 +1016,22 @@ impl Backend for LvmBackend {
         .await?;
         Ok(wanted)
     }
+}
 
-    fn volume_id_for(&self, req: &CreateVolume) -> Result<VolumeId> {
-        let class = self.class_for(&req.parameters)?;
-        VolumeId::new(
-            &self.name,
-            &format!("{}.fv-{}", class.name, locator_for_name(&req.name)),
-        )
+#[async_trait::async_trait]
+impl Snapshotter for LvmBackend {
+    /// lvcreate suspends the origin to cut it: one instant.
+    fn instant(&self) -> SnapshotInstant {
+        SnapshotInstant::Own
+    }
+
+    /// Frozen together where the kernel nests freezes, else only while no
+    /// member is staged.
+    fn groups(&self) -> Groups<'_> {
+        match self.group_snapshots {
+            crate::plugin::GroupSnapshots::Unstaged => Groups::Unstaged,
+            _ => Groups::Frozen,
+        }
     }
 
     fn snapshot_id_for(&self, req: &CreateSnapshot) -> Result<SnapshotId> {
@@ -1129,27 +1158,6 @@ impl Backend for LvmBackend {
         self.snapshot_info(&class, &lv)
     }
 
-    async fn allocated_blocks(
-        &self,
-        snapshot: &SnapshotId,
-        start: u64,
-        max: usize,
-        _secrets: &Secrets,
-    ) -> Result<BlockPage> {
-        self.thin_allocated(snapshot, start, max).await
-    }
-
-    async fn changed_blocks(
-        &self,
-        base: &SnapshotId,
-        target: &SnapshotId,
-        start: u64,
-        max: usize,
-        _secrets: &Secrets,
-    ) -> Result<BlockPage> {
-        self.thin_changed(base, target, start, max).await
-    }
-
     async fn delete_snapshot(&self, id: &SnapshotId, _secrets: &Secrets) -> Result<()> {
         let Ok((class, lv_name)) = self.split(id.locator()) else {
             return Ok(());
@@ -1205,7 +1213,45 @@ impl Backend for LvmBackend {
         }
         Ok(page.apply(out, |s| s.id.locator()))
     }
+}
 
+#[async_trait::async_trait]
+impl Modifier for LvmBackend {
+    fn mutable_keys(&self) -> Vec<&'static str> {
+        vec![READ_AHEAD]
+    }
+
+    fn check_mutable(&self, changes: &BTreeMap<String, String>) -> Result<()> {
+        read_ahead_value(changes).map(|_| ())
+    }
+
+    async fn modify_volume(
+        &self,
+        id: &VolumeId,
+        changes: &BTreeMap<String, String>,
+        _secrets: &Secrets,
+    ) -> Result<()> {
+        let (class, lv_name) = self.split(id.locator())?;
+        if self.class_lv(class, lv_name).await?.is_none() {
+            return Err(Error::not_found(format!("volume {id} does not exist")));
+        }
+        let Some(want) = read_ahead_value(changes)? else {
+            return Ok(());
+        };
+        let target = format!("{}/{lv_name}", class.volume_group);
+        // LVM's metadata is the record: read it, change it only if it differs.
+        if self.read_ahead(&target).await? == want {
+            return Ok(());
+        }
+        self.runner
+            .run(self.lvm("lvchange").args(["--readahead", &want, &target]))
+            .await?;
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Stager for LvmBackend {
     async fn node_attach(&self, id: &VolumeId, _ctx: &AttachContext) -> Result<Attachment> {
         let (class, lv_name) = self.split(id.locator())?;
         let vg = class.volume_group.clone();
@@ -1250,26 +1296,6 @@ impl Backend for LvmBackend {
         Ok(Attachment::Device { path })
     }
 
-    async fn node_copy_pending(&self, id: &VolumeId, _ctx: &AttachContext) -> Result<bool> {
-        let (class, lv_name) = self.split(id.locator())?;
-        Ok(self
-            .class_lv(class, lv_name)
-            .await?
-            .is_some_and(|lv| lv.has_tag(COPY_TAG)))
-    }
-
-    async fn node_copy_done(&self, id: &VolumeId, _ctx: &AttachContext) -> Result<()> {
-        let (class, lv_name) = self.split(id.locator())?;
-        self.runner
-            .run(self.lvm("lvchange").args([
-                "--deltag",
-                COPY_TAG,
-                &format!("{}/{lv_name}", class.volume_group),
-            ]))
-            .await?;
-        Ok(())
-    }
-
     async fn node_detach(&self, id: &VolumeId, _attachment: Option<&Attachment>) -> Result<()> {
         let Ok((class, lv_name)) = self.split(id.locator()) else {
             return Ok(());
@@ -1296,6 +1322,41 @@ impl Backend for LvmBackend {
         }
     }
 
+    async fn node_condition(
+        &self,
+        id: &VolumeId,
+        _attachment: &Attachment,
+    ) -> Result<Option<String>> {
+        let (class, lv_name) = self.split(id.locator())?;
+        Ok(match self.lv(&class.volume_group, lv_name).await? {
+            None => Some(format!("LV {}/{lv_name} is gone", class.volume_group)),
+            Some(lv) => lv.problem(),
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl DeviceMounter for LvmBackend {
+    async fn node_copy_pending(&self, id: &VolumeId, _ctx: &AttachContext) -> Result<bool> {
+        let (class, lv_name) = self.split(id.locator())?;
+        Ok(self
+            .class_lv(class, lv_name)
+            .await?
+            .is_some_and(|lv| lv.has_tag(COPY_TAG)))
+    }
+
+    async fn node_copy_done(&self, id: &VolumeId, _ctx: &AttachContext) -> Result<()> {
+        let (class, lv_name) = self.split(id.locator())?;
+        self.runner
+            .run(self.lvm("lvchange").args([
+                "--deltag",
+                COPY_TAG,
+                &format!("{}/{lv_name}", class.volume_group),
+            ]))
+            .await?;
+        Ok(())
+    }
+
     async fn node_refresh_size(&self, id: &VolumeId, attachment: &Attachment) -> Result<u64> {
         let (class, lv_name) = self.split(id.locator())?;
         let Attachment::Device { path } = attachment else {
@@ -1311,17 +1372,29 @@ impl Backend for LvmBackend {
             .await?;
         self.host.device_size(path)
     }
+}
 
-    async fn node_condition(
+#[async_trait::async_trait]
+impl BlockTracker for LvmBackend {
+    async fn allocated_blocks(
         &self,
-        id: &VolumeId,
-        _attachment: &Attachment,
-    ) -> Result<Option<String>> {
-        let (class, lv_name) = self.split(id.locator())?;
-        Ok(match self.lv(&class.volume_group, lv_name).await? {
-            None => Some(format!("LV {}/{lv_name} is gone", class.volume_group)),
-            Some(lv) => lv.problem(),
-        })
+        snapshot: &SnapshotId,
+        start: u64,
+        max: usize,
+        _secrets: &Secrets,
+    ) -> Result<BlockPage> {
+        self.thin_allocated(snapshot, start, max).await
+    }
+
+    async fn changed_blocks(
+        &self,
+        base: &SnapshotId,
+        target: &SnapshotId,
+        start: u64,
+        max: usize,
+        _secrets: &Secrets,
+    ) -> Result<BlockPage> {
+        self.thin_changed(base, target, start, max).await
     }
 }
 

@@ -20,8 +20,11 @@ use crate::host::Host;
 use crate::mount::MountOptions;
 use crate::plugin::{
     check_existing, digest_hex, join_fields, locator_for_name, own_source, split_fields,
-    AccessMode, AttachContext, Attachment, Backend, Capabilities, Capacity, ContentSource,
-    CreateSnapshot, CreateVolume, Page, Secrets, SnapshotId, SnapshotInfo, VolumeId, VolumeInfo,
+    AccessMode, AttachContext, Attachment, Backend, Capacity, ContentSource, CreateSnapshot,
+    CreateVolume, Page, Secrets, SnapshotId, SnapshotInfo, VolumeId, VolumeInfo,
+};
+use crate::plugin::{
+    Expander, Groups, Modifier, Provisioner, SnapshotInstant, Snapshotter, Stager,
 };
 use serde::{Deserialize, Serialize};
 use share::{blocking, check_subdir, ensure_dir, resolve, Held, ShareSpec, WorkMounts};
@@ -890,106 +893,11 @@ impl Backend for NfsBackend {
         self.mounts.release_all().await;
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            provision: true,
-            attach: false,
-            device_mount: false,
-            expand: true,
-            expand_online: true,
-            snapshot: true,
-            group_snapshot: crate::plugin::GroupSnapshots::None,
-            // A directory copied file by file while every node's clients
-            // write on: nothing on the driver's side holds them.
-            snapshot_instant: crate::plugin::SnapshotInstant::Unheld,
-            clone: true,
-            block: false,
-            node_local: false,
-            access_modes: vec![
-                AccessMode::SingleNodeWriter,
-                AccessMode::SingleNodeReaderOnly,
-                AccessMode::MultiNodeReaderOnly,
-                AccessMode::MultiNodeSingleWriter,
-                AccessMode::MultiNodeMultiWriter,
-                AccessMode::SingleNodeSingleWriter,
-                AccessMode::SingleNodeMultiWriter,
-            ],
-            snapshot_metadata: false,
-        }
-    }
-
     fn fs_types(&self) -> &'static [&'static str] {
         &["nfs", "nfs4"]
     }
 
     async fn health(&self) -> Result<()> {
-        Ok(())
-    }
-
-    fn mutable_keys(&self) -> Vec<&'static str> {
-        MUTABLE.to_vec()
-    }
-
-    fn group_snapshot_refusal(&self) -> String {
-        format!(
-            "backend {}: nfs volumes are directories of one export, and their snapshots are \
-             copies taken one at a time; nothing here can hold writes that arrive over NFS \
-             from every node, so no group of them shows one instant. Group volumes whose \
-             writes the driver can hold (file, lvm) or snapshot the export's filesystem on \
-             the server",
-            self.name
-        )
-    }
-
-    fn check_mutable(&self, changes: &BTreeMap<String, String>) -> Result<()> {
-        Changes::parse(changes).map(|_| ())
-    }
-
-    async fn modify_volume(
-        &self,
-        id: &VolumeId,
-        changes: &BTreeMap<String, String>,
-        _secrets: &Secrets,
-    ) -> Result<()> {
-        let changes = Changes::parse(changes)?;
-        let gone = || Error::not_found(format!("volume {id} does not exist"));
-        let loc = self.locate(id).map_err(|_| gone())?;
-        let held = self.hold(&loc).await?;
-        let mut record = Self::read_record(&held.dir, &loc.subdir)
-            .await?
-            .ok_or_else(gone)?;
-        let before = record.clone();
-        let (root, subdir) = (held.dir.clone(), loc.subdir.clone());
-        // The directory's mode first, remembering the old one: if the
-        // record cannot follow, the mode goes back (all or nothing).
-        let old_mode = match changes.mode {
-            Some(mode) => Some(
-                blocking("changing the volume directory's mode", move || {
-                    set_mode(&root, &subdir, mode)
-                })
-                .await?,
-            ),
-            None => None,
-        };
-        if let Some(mode) = changes.mode {
-            record.mode = Some(mode);
-        }
-        if let Some(on_delete) = changes.on_delete {
-            record.on_delete = on_delete;
-        }
-        if record == before {
-            return Ok(());
-        }
-        if let Err(e) = Self::write_record(&held.dir, &record).await {
-            if let Some(old) = old_mode {
-                let (root, subdir) = (held.dir.clone(), loc.subdir.clone());
-                let _ = blocking("restoring the directory's mode", move || {
-                    set_mode(&root, &subdir, old)
-                })
-                .await;
-            }
-            return Err(e);
-        }
         Ok(())
     }
 
@@ -1012,6 +920,45 @@ impl Backend for NfsBackend {
             }
         }
         self.export_for(parameters).map(|_| ())
+    }
+
+    fn access_modes(&self) -> Vec<AccessMode> {
+        vec![
+            AccessMode::SingleNodeWriter,
+            AccessMode::SingleNodeReaderOnly,
+            AccessMode::MultiNodeReaderOnly,
+            AccessMode::MultiNodeSingleWriter,
+            AccessMode::MultiNodeMultiWriter,
+            AccessMode::SingleNodeSingleWriter,
+            AccessMode::SingleNodeMultiWriter,
+        ]
+    }
+
+    fn provisioner(&self) -> Option<&dyn Provisioner> {
+        Some(self)
+    }
+
+    fn expander(&self) -> Option<&dyn Expander> {
+        Some(self)
+    }
+
+    fn snapshotter(&self) -> Option<&dyn Snapshotter> {
+        Some(self)
+    }
+
+    fn modifier(&self) -> Option<&dyn Modifier> {
+        Some(self)
+    }
+
+    fn stager(&self) -> Option<&dyn Stager> {
+        Some(self)
+    }
+}
+
+#[async_trait::async_trait]
+impl Provisioner for NfsBackend {
+    fn clones(&self) -> bool {
+        true
     }
 
     fn volume_id_for(&self, req: &CreateVolume) -> Result<VolumeId> {
@@ -1257,6 +1204,13 @@ impl Backend for NfsBackend {
             minimum_volume_bytes: None,
         })
     }
+}
+
+#[async_trait::async_trait]
+impl Expander for NfsBackend {
+    fn online(&self) -> bool {
+        true
+    }
 
     /// Capacity on NFS is what the volume was asked for: recorded, and
     /// grown here, but not enforced (every volume of an export shares its
@@ -1284,6 +1238,26 @@ impl Backend for NfsBackend {
             Self::write_record(&held.dir, &record).await?;
         }
         Ok(record.capacity_bytes)
+    }
+}
+
+#[async_trait::async_trait]
+impl Snapshotter for NfsBackend {
+    /// A directory copied file by file while every node's clients write
+    /// on: nothing on the driver's side holds them.
+    fn instant(&self) -> SnapshotInstant {
+        SnapshotInstant::Unheld
+    }
+
+    fn groups(&self) -> Groups<'_> {
+        Groups::Refused(format!(
+            "backend {}: nfs volumes are directories of one export, and their snapshots are \
+             copies taken one at a time; nothing here can hold writes that arrive over NFS \
+             from every node, so no group of them shows one instant. Group volumes whose \
+             writes the driver can hold (file, lvm) or snapshot the export's filesystem on \
+             the server",
+            self.name
+        ))
     }
 
     fn snapshot_id_for(&self, req: &CreateSnapshot) -> Result<SnapshotId> {
@@ -1480,7 +1454,69 @@ impl Backend for NfsBackend {
         }
         Ok(page.apply(out, |s| s.id.locator()))
     }
+}
 
+#[async_trait::async_trait]
+impl Modifier for NfsBackend {
+    fn mutable_keys(&self) -> Vec<&'static str> {
+        MUTABLE.to_vec()
+    }
+
+    fn check_mutable(&self, changes: &BTreeMap<String, String>) -> Result<()> {
+        Changes::parse(changes).map(|_| ())
+    }
+
+    async fn modify_volume(
+        &self,
+        id: &VolumeId,
+        changes: &BTreeMap<String, String>,
+        _secrets: &Secrets,
+    ) -> Result<()> {
+        let changes = Changes::parse(changes)?;
+        let gone = || Error::not_found(format!("volume {id} does not exist"));
+        let loc = self.locate(id).map_err(|_| gone())?;
+        let held = self.hold(&loc).await?;
+        let mut record = Self::read_record(&held.dir, &loc.subdir)
+            .await?
+            .ok_or_else(gone)?;
+        let before = record.clone();
+        let (root, subdir) = (held.dir.clone(), loc.subdir.clone());
+        // The directory's mode first, remembering the old one: if the
+        // record cannot follow, the mode goes back (all or nothing).
+        let old_mode = match changes.mode {
+            Some(mode) => Some(
+                blocking("changing the volume directory's mode", move || {
+                    set_mode(&root, &subdir, mode)
+                })
+                .await?,
+            ),
+            None => None,
+        };
+        if let Some(mode) = changes.mode {
+            record.mode = Some(mode);
+        }
+        if let Some(on_delete) = changes.on_delete {
+            record.on_delete = on_delete;
+        }
+        if record == before {
+            return Ok(());
+        }
+        if let Err(e) = Self::write_record(&held.dir, &record).await {
+            if let Some(old) = old_mode {
+                let (root, subdir) = (held.dir.clone(), loc.subdir.clone());
+                let _ = blocking("restoring the directory's mode", move || {
+                    set_mode(&root, &subdir, old)
+                })
+                .await;
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Stager for NfsBackend {
     async fn node_attach(&self, id: &VolumeId, _ctx: &AttachContext) -> Result<Attachment> {
         let loc = self.locate(id)?;
         Ok(Attachment::Remote {

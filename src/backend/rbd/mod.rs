@@ -26,9 +26,13 @@ use crate::error::{Error, Kind, Result};
 use crate::exec::CommandRunner;
 use crate::plugin::{
     check_existing, check_publish_terms, join_fields, locator_for_name, node_name, node_tokens,
-    split_fields, AccessMode, AccessType, AttachContext, Attachment, Backend, BlockPage,
-    Capabilities, Capacity, ContentSource, ControllerAttach, CreateSnapshot, CreateVolume, Page,
-    Secrets, SizeRules, SnapshotId, SnapshotInfo, VolumeCapability, VolumeId, VolumeInfo,
+    split_fields, AccessMode, AccessType, AttachContext, Attachment, Backend, BlockPage, Capacity,
+    ContentSource, ControllerAttach, CreateSnapshot, CreateVolume, Page, Secrets, SizeRules,
+    SnapshotId, SnapshotInfo, VolumeCapability, VolumeId, VolumeInfo,
+};
+use crate::plugin::{
+    Attacher, BlockTracker, DeviceMounter, Expander, GroupCutter, Groups, Modifier, Provisioner,
+    SnapshotInstant, Snapshotter, Stager, SINGLE_NODE_MODES,
 };
 use crate::sync::LockExt;
 use cli::CliCluster;
@@ -845,123 +849,6 @@ impl Backend for RbdBackend {
         &self.name
     }
 
-    fn node_device(&self) -> Option<crate::host::devices::DeviceKind> {
-        Some(crate::host::devices::DeviceKind::Rbd)
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            provision: true,
-            attach: true,
-            device_mount: true,
-            expand: true,
-            expand_online: true,
-            snapshot: true,
-            group_snapshot: crate::plugin::GroupSnapshots::Cut,
-            // An rbd snapshot is one instant of the image in the cluster.
-            snapshot_instant: crate::plugin::SnapshotInstant::Own,
-            clone: true,
-            block: true,
-            node_local: false,
-            access_modes: vec![
-                AccessMode::SingleNodeWriter,
-                AccessMode::SingleNodeReaderOnly,
-                AccessMode::SingleNodeSingleWriter,
-                AccessMode::SingleNodeMultiWriter,
-                AccessMode::MultiNodeReaderOnly,
-                AccessMode::MultiNodeMultiWriter,
-            ],
-            snapshot_metadata: true,
-        }
-    }
-
-    /// The snapshot image's extents holding data, its source's included
-    /// (it is a clone of its cut), exact.
-    async fn allocated_blocks(
-        &self,
-        snapshot: &SnapshotId,
-        start: u64,
-        max: usize,
-        secrets: &Secrets,
-    ) -> Result<BlockPage> {
-        let creds = self.creds(secrets)?;
-        let (spec, capacity, _) = self.snapshot_meta(&creds, snapshot).await?;
-        let (ranges, next) = self
-            .rbd()
-            .diff(&creds, &spec, None, None, start, max)
-            .await?;
-        Ok(BlockPage {
-            fixed: None,
-            capacity,
-            ranges,
-            next,
-        })
-    }
-
-    /// The extents that changed on the source between the two snapshots'
-    /// cuts, exact.
-    async fn changed_blocks(
-        &self,
-        base: &SnapshotId,
-        target: &SnapshotId,
-        start: u64,
-        max: usize,
-        secrets: &Secrets,
-    ) -> Result<BlockPage> {
-        let creds = self.creds(secrets)?;
-        let (base_spec, _, base_meta) = self.snapshot_meta(&creds, base).await?;
-        let (target_spec, capacity, target_meta) = self.snapshot_meta(&creds, target).await?;
-        let (from, to) = (base_meta.get(META_SOURCE), target_meta.get(META_SOURCE));
-        if from != to {
-            return Err(Error::invalid(format!(
-                "snapshots {base} and {target} are of different volumes"
-            )));
-        }
-        let created =
-            |m: &BTreeMap<String, String>| m.get(META_CREATED).and_then(|c| c.parse::<u64>().ok());
-        if created(&base_meta) > created(&target_meta) {
-            return Err(Error::invalid(format!(
-                "base snapshot {base} is newer than target snapshot {target}"
-            )));
-        }
-        let src = to
-            .and_then(|s| VolumeId::parse(s).ok())
-            .and_then(|v| self.volume_spec(&v).ok())
-            .ok_or_else(|| Error::internal(format!("snapshot {target} names no source volume")))?;
-        let (from_cut, to_cut) = (
-            Self::snapshot_cut(&base_spec),
-            Self::snapshot_cut(&target_spec),
-        );
-        let kept = self.rbd().snaps(&creds, &src).await.map_err(|e| {
-            if e.kind == Kind::NotFound {
-                Error::precondition(format!(
-                    "the source volume of snapshots {base} and {target} is deleted: \
-                     the points they were cut at went with it"
-                ))
-            } else {
-                e
-            }
-        })?;
-        for (id, cut) in [(base, &from_cut), (target, &to_cut)] {
-            if !kept.contains(cut) {
-                return Err(Error::precondition(format!(
-                    "snapshot {id} keeps no cut on its source volume (a group snapshot \
-                     taken while the volume was in use is a full copy): no changes to read"
-                )));
-            }
-        }
-        let (ranges, next) = self
-            .rbd()
-            .diff(&creds, &src, Some(&to_cut), Some(&from_cut), start, max)
-            .await?;
-        Ok(BlockPage {
-            fixed: None,
-            capacity,
-            ranges,
-            next,
-        })
-    }
-
     fn supports(&self, capability: &VolumeCapability) -> Result<()> {
         if capability.mode == AccessMode::MultiNodeMultiWriter
             && !matches!(capability.access, AccessType::Block)
@@ -970,7 +857,7 @@ impl Backend for RbdBackend {
                 "rbd: MULTI_NODE_MULTI_WRITER only for raw block volumes (a filesystem on one image cannot be mounted by two nodes)",
             ));
         }
-        if !self.capabilities().access_modes.contains(&capability.mode) {
+        if !self.access_modes().contains(&capability.mode) {
             return Err(Error::invalid(format!(
                 "rbd does not support access mode {:?}",
                 capability.mode
@@ -1011,85 +898,56 @@ impl Backend for RbdBackend {
         Ok(())
     }
 
-    /// With a user of its own: the nodes each image's metadata names as
-    /// published to (`ferrovol.node.<name>`).
-    async fn grants(&self) -> Result<Option<Vec<(VolumeId, String)>>> {
-        if self.settings.user.is_none() {
-            return Ok(None);
-        }
-        let creds = self.creds(&Secrets::default())?;
-        let mut out = Vec::new();
-        for (locator, spec) in self.images(&creds, "fv-").await? {
-            let Some((_, meta)) = self.rbd().describe(&creds, &spec).await? else {
-                continue;
-            };
-            let id = VolumeId::new(&self.name, &locator)?;
-            for node in meta.keys().filter_map(|k| k.strip_prefix(META_NODE)) {
-                out.push((id.clone(), node.to_string()));
-            }
-        }
-        Ok(Some(out))
-    }
-
-    fn node_id_suffix(&self) -> Result<Option<String>> {
-        Ok(Some(NODE_TOKEN.to_string()))
-    }
-
     fn validate_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {
         self.params(parameters).map(|_| ())
     }
 
-    fn mutable_keys(&self) -> Vec<&'static str> {
-        QOS_KEYS.to_vec()
+    fn access_modes(&self) -> Vec<AccessMode> {
+        let mut modes = SINGLE_NODE_MODES.to_vec();
+        modes.extend([
+            AccessMode::MultiNodeReaderOnly,
+            AccessMode::MultiNodeMultiWriter,
+        ]);
+        modes
     }
 
-    fn check_mutable(&self, changes: &BTreeMap<String, String>) -> Result<()> {
-        qos_changes(changes).map(|_| ())
+    fn provisioner(&self) -> Option<&dyn Provisioner> {
+        Some(self)
     }
 
-    async fn modify_volume(
-        &self,
-        id: &VolumeId,
-        changes: &BTreeMap<String, String>,
-        secrets: &Secrets,
-    ) -> Result<()> {
-        let wanted = qos_changes(changes)?;
-        let gone = || Error::not_found(format!("volume {id} does not exist"));
-        let spec = self.volume_spec(id).map_err(|_| gone())?;
-        let creds = self.creds(secrets)?;
-        let Some((_, meta)) = self.rbd().describe(&creds, &spec).await? else {
-            return Err(gone());
-        };
-        if !meta.contains_key(META_NAME) {
-            return Err(gone());
-        }
-        // The image's config overrides are its record: what differs is
-        // changed, and a failure puts back what was changed before it.
-        let mut done: Vec<(&str, Option<&String>)> = Vec::new();
-        for (option, value) in &wanted {
-            let key = format!("conf_{option}");
-            let old = meta.get(&key);
-            let now = old.map(String::as_str).unwrap_or("0");
-            if now == value {
-                continue;
-            }
-            let applied = match value.as_str() {
-                "0" => self.rbd().remove_meta(&creds, &spec, &key).await,
-                v => self.rbd().set_meta(&creds, &spec, &key, v).await,
-            };
-            if let Err(e) = applied {
-                for (option, old) in done.into_iter().rev() {
-                    let key = format!("conf_{option}");
-                    let _ = match old {
-                        Some(v) => self.rbd().set_meta(&creds, &spec, &key, v).await,
-                        None => self.rbd().remove_meta(&creds, &spec, &key).await,
-                    };
-                }
-                return Err(e);
-            }
-            done.push((option, old));
-        }
-        Ok(())
+    fn expander(&self) -> Option<&dyn Expander> {
+        Some(self)
+    }
+
+    fn snapshotter(&self) -> Option<&dyn Snapshotter> {
+        Some(self)
+    }
+
+    fn modifier(&self) -> Option<&dyn Modifier> {
+        Some(self)
+    }
+
+    fn attacher(&self) -> Option<&dyn Attacher> {
+        Some(self)
+    }
+
+    fn stager(&self) -> Option<&dyn Stager> {
+        Some(self)
+    }
+
+    fn device_mounter(&self) -> Option<&dyn DeviceMounter> {
+        Some(self)
+    }
+
+    fn block_tracker(&self) -> Option<&dyn BlockTracker> {
+        Some(self)
+    }
+}
+
+#[async_trait::async_trait]
+impl Provisioner for RbdBackend {
+    fn clones(&self) -> bool {
+        true
     }
 
     fn volume_id_for(&self, req: &CreateVolume) -> Result<VolumeId> {
@@ -1100,12 +958,6 @@ impl Backend for RbdBackend {
             image: format!("fv-{}", locator_for_name(&req.name)),
         };
         VolumeId::new(&self.name, &self.locator(&spec)?)
-    }
-
-    fn snapshot_id_for(&self, req: &CreateSnapshot) -> Result<SnapshotId> {
-        let src = self.volume_spec(&req.source)?;
-        let spec = src.with_image(&format!("fvs-{}", locator_for_name(&req.name)));
-        SnapshotId::new(&self.name, &self.locator(&spec)?)
     }
 
     async fn create_volume(&self, req: &CreateVolume) -> Result<VolumeInfo> {
@@ -1336,6 +1188,13 @@ impl Backend for RbdBackend {
             minimum_volume_bytes: None,
         })
     }
+}
+
+#[async_trait::async_trait]
+impl Expander for RbdBackend {
+    fn online(&self) -> bool {
+        true
+    }
 
     async fn expand_volume(
         &self,
@@ -1359,88 +1218,25 @@ impl Backend for RbdBackend {
             }
         }
     }
+}
 
-    async fn cut_group(&self, members: &[CreateSnapshot]) -> Result<()> {
-        let Some(first) = members.first() else {
-            return Ok(());
-        };
-        let creds = self.creds(&first.secrets)?;
-        let cuts = members
-            .iter()
-            .map(|m| self.member_cut(m))
-            .collect::<Result<Vec<_>>>()?;
-        let mut in_use = false;
-        for (src, _) in &cuts {
-            in_use |= !self.rbd().watchers(&creds, src).await?.is_empty();
-        }
-        // A cut an earlier try made before the driver died holds another
-        // instant: it goes (each cut is named after this group's member,
-        // and no snapshot image is its clone yet: the group's retry
-        // deleted the member snapshots first).
-        for (src, snap) in &cuts {
-            match self.rbd().snap_remove(&creds, src, snap).await {
-                Ok(()) => {}
-                Err(e) if e.kind == Kind::NotFound => {}
-                Err(e) => return Err(e),
-            }
-        }
-        if !in_use {
-            // Nothing writes: every member's lock held while each is
-            // snapshotted, and each member's snapshot a clone of its cut.
-            return self.rbd().snap_together(&creds, &cuts).await;
-        }
-        // Mapped members: a kernel client refused a lock that
-        // `snap_together` holds fails its writes, while one an rbd group's
-        // snapshot takes makes it wait. Each member is copied from the
-        // group's cut into its temporary image, which `create_snapshot`
-        // then finishes.
-        // A temporary group that a try the driver died in left holding a
-        // member: groups live only while a cut is copied, and this call
-        // holds every member's lock, so it is a leftover; it goes, or the
-        // member could not join this group.
-        for (src, _) in &cuts {
-            if let Some(group) = self.rbd().leftover_group(&creds, src).await? {
-                tracing::warn!(image = %src.arg(), group = %group, "removing the rbd group a group snapshot cut short left");
-                self.rbd().group_remove(&creds, src, &group).await?;
-            }
-        }
-        let mut pairs = Vec::new();
-        for (m, (src, _)) in members.iter().zip(&cuts) {
-            let tmp = Self::snapshot_tmp(&Self::snapshot_image(src, m));
-            self.clear_tmp(&creds, &tmp, &m.name).await?;
-            pairs.push((src.clone(), tmp));
-        }
-        // Named after the first member's snapshot, this group's own.
-        let first_image = Self::snapshot_image(&pairs[0].0, first).image;
-        let group = pairs[0]
-            .0
-            .with_image(&format!("fvg-{}", first_image.trim_start_matches("fvs-")));
-        self.rbd().copy_together(&creds, &group, &pairs).await?;
-        for (m, (_, tmp)) in members.iter().zip(&pairs) {
-            self.rbd().set_meta(&creds, tmp, META_NAME, &m.name).await?;
-            self.rbd()
-                .set_meta(&creds, tmp, META_GROUP_CUT, &m.name)
-                .await?;
-        }
-        Ok(())
+#[async_trait::async_trait]
+impl Snapshotter for RbdBackend {
+    /// An rbd snapshot is one instant of the image in the cluster.
+    fn instant(&self) -> SnapshotInstant {
+        SnapshotInstant::Own
     }
 
-    async fn uncut_group(&self, members: &[CreateSnapshot]) -> Result<()> {
-        let Some(first) = members.first() else {
-            return Ok(());
-        };
-        let creds = self.creds(&first.secrets)?;
-        for m in members {
-            let (src, snap) = self.member_cut(m)?;
-            match self.rbd().snap_remove(&creds, &src, &snap).await {
-                Ok(()) => {}
-                Err(e) if e.kind == Kind::NotFound => {}
-                Err(e) => return Err(e),
-            }
-            let tmp = Self::snapshot_tmp(&Self::snapshot_image(&src, m));
-            self.clear_tmp(&creds, &tmp, &m.name).await?;
-        }
-        Ok(())
+    /// Every member's writers hand over their exclusive lock while the
+    /// group is cut.
+    fn groups(&self) -> Groups<'_> {
+        Groups::Cut(self)
+    }
+
+    fn snapshot_id_for(&self, req: &CreateSnapshot) -> Result<SnapshotId> {
+        let src = self.volume_spec(&req.source)?;
+        let spec = src.with_image(&format!("fvs-{}", locator_for_name(&req.name)));
+        SnapshotId::new(&self.name, &self.locator(&spec)?)
     }
 
     async fn create_snapshot(&self, req: &CreateSnapshot) -> Result<SnapshotInfo> {
@@ -1589,6 +1385,175 @@ impl Backend for RbdBackend {
         }
         Ok(out)
     }
+}
+
+#[async_trait::async_trait]
+impl GroupCutter for RbdBackend {
+    async fn cut_group(&self, members: &[CreateSnapshot]) -> Result<()> {
+        let Some(first) = members.first() else {
+            return Ok(());
+        };
+        let creds = self.creds(&first.secrets)?;
+        let cuts = members
+            .iter()
+            .map(|m| self.member_cut(m))
+            .collect::<Result<Vec<_>>>()?;
+        let mut in_use = false;
+        for (src, _) in &cuts {
+            in_use |= !self.rbd().watchers(&creds, src).await?.is_empty();
+        }
+        // A cut an earlier try made before the driver died holds another
+        // instant: it goes (each cut is named after this group's member,
+        // and no snapshot image is its clone yet: the group's retry
+        // deleted the member snapshots first).
+        for (src, snap) in &cuts {
+            match self.rbd().snap_remove(&creds, src, snap).await {
+                Ok(()) => {}
+                Err(e) if e.kind == Kind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if !in_use {
+            // Nothing writes: every member's lock held while each is
+            // snapshotted, and each member's snapshot a clone of its cut.
+            return self.rbd().snap_together(&creds, &cuts).await;
+        }
+        // Mapped members: a kernel client refused a lock that
+        // `snap_together` holds fails its writes, while one an rbd group's
+        // snapshot takes makes it wait. Each member is copied from the
+        // group's cut into its temporary image, which `create_snapshot`
+        // then finishes.
+        // A temporary group that a try the driver died in left holding a
+        // member: groups live only while a cut is copied, and this call
+        // holds every member's lock, so it is a leftover; it goes, or the
+        // member could not join this group.
+        for (src, _) in &cuts {
+            if let Some(group) = self.rbd().leftover_group(&creds, src).await? {
+                tracing::warn!(image = %src.arg(), group = %group, "removing the rbd group a group snapshot cut short left");
+                self.rbd().group_remove(&creds, src, &group).await?;
+            }
+        }
+        let mut pairs = Vec::new();
+        for (m, (src, _)) in members.iter().zip(&cuts) {
+            let tmp = Self::snapshot_tmp(&Self::snapshot_image(src, m));
+            self.clear_tmp(&creds, &tmp, &m.name).await?;
+            pairs.push((src.clone(), tmp));
+        }
+        // Named after the first member's snapshot, this group's own.
+        let first_image = Self::snapshot_image(&pairs[0].0, first).image;
+        let group = pairs[0]
+            .0
+            .with_image(&format!("fvg-{}", first_image.trim_start_matches("fvs-")));
+        self.rbd().copy_together(&creds, &group, &pairs).await?;
+        for (m, (_, tmp)) in members.iter().zip(&pairs) {
+            self.rbd().set_meta(&creds, tmp, META_NAME, &m.name).await?;
+            self.rbd()
+                .set_meta(&creds, tmp, META_GROUP_CUT, &m.name)
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn uncut_group(&self, members: &[CreateSnapshot]) -> Result<()> {
+        let Some(first) = members.first() else {
+            return Ok(());
+        };
+        let creds = self.creds(&first.secrets)?;
+        for m in members {
+            let (src, snap) = self.member_cut(m)?;
+            match self.rbd().snap_remove(&creds, &src, &snap).await {
+                Ok(()) => {}
+                Err(e) if e.kind == Kind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+            let tmp = Self::snapshot_tmp(&Self::snapshot_image(&src, m));
+            self.clear_tmp(&creds, &tmp, &m.name).await?;
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Modifier for RbdBackend {
+    fn mutable_keys(&self) -> Vec<&'static str> {
+        QOS_KEYS.to_vec()
+    }
+
+    fn check_mutable(&self, changes: &BTreeMap<String, String>) -> Result<()> {
+        qos_changes(changes).map(|_| ())
+    }
+
+    async fn modify_volume(
+        &self,
+        id: &VolumeId,
+        changes: &BTreeMap<String, String>,
+        secrets: &Secrets,
+    ) -> Result<()> {
+        let wanted = qos_changes(changes)?;
+        let gone = || Error::not_found(format!("volume {id} does not exist"));
+        let spec = self.volume_spec(id).map_err(|_| gone())?;
+        let creds = self.creds(secrets)?;
+        let Some((_, meta)) = self.rbd().describe(&creds, &spec).await? else {
+            return Err(gone());
+        };
+        if !meta.contains_key(META_NAME) {
+            return Err(gone());
+        }
+        // The image's config overrides are its record: what differs is
+        // changed, and a failure puts back what was changed before it.
+        let mut done: Vec<(&str, Option<&String>)> = Vec::new();
+        for (option, value) in &wanted {
+            let key = format!("conf_{option}");
+            let old = meta.get(&key);
+            let now = old.map(String::as_str).unwrap_or("0");
+            if now == value {
+                continue;
+            }
+            let applied = match value.as_str() {
+                "0" => self.rbd().remove_meta(&creds, &spec, &key).await,
+                v => self.rbd().set_meta(&creds, &spec, &key, v).await,
+            };
+            if let Err(e) = applied {
+                for (option, old) in done.into_iter().rev() {
+                    let key = format!("conf_{option}");
+                    let _ = match old {
+                        Some(v) => self.rbd().set_meta(&creds, &spec, &key, v).await,
+                        None => self.rbd().remove_meta(&creds, &spec, &key).await,
+                    };
+                }
+                return Err(e);
+            }
+            done.push((option, old));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Attacher for RbdBackend {
+    /// With a user of its own: the nodes each image's metadata names as
+    /// published to (`ferrovol.node.<name>`).
+    async fn grants(&self) -> Result<Option<Vec<(VolumeId, String)>>> {
+        if self.settings.user.is_none() {
+            return Ok(None);
+        }
+        let creds = self.creds(&Secrets::default())?;
+        let mut out = Vec::new();
+        for (locator, spec) in self.images(&creds, "fv-").await? {
+            let Some((_, meta)) = self.rbd().describe(&creds, &spec).await? else {
+                continue;
+            };
+            let id = VolumeId::new(&self.name, &locator)?;
+            for node in meta.keys().filter_map(|k| k.strip_prefix(META_NODE)) {
+                out.push((id.clone(), node.to_string()));
+            }
+        }
+        Ok(Some(out))
+    }
+
+    fn node_id_suffix(&self) -> Result<Option<String>> {
+        Ok(Some(NODE_TOKEN.to_string()))
+    }
 
     async fn controller_attach(
         &self,
@@ -1665,7 +1630,10 @@ impl Backend for RbdBackend {
         }
         Ok(())
     }
+}
 
+#[async_trait::async_trait]
+impl Stager for RbdBackend {
     // ---- node ----
 
     async fn node_attach(&self, id: &VolumeId, ctx: &AttachContext) -> Result<Attachment> {
@@ -1702,27 +1670,6 @@ impl Backend for RbdBackend {
         Ok(Attachment::Device { path })
     }
 
-    async fn node_copy_pending(&self, id: &VolumeId, ctx: &AttachContext) -> Result<bool> {
-        // Mapped read-only: the UUID cannot change here; a writer's stage
-        // renews it.
-        if ctx.readonly {
-            return Ok(false);
-        }
-        let spec = self.volume_spec(id)?;
-        let creds = self.creds(&ctx.secrets)?;
-        Ok(self
-            .rbd()
-            .meta(&creds, &spec)
-            .await?
-            .contains_key(META_FS_COPY))
-    }
-
-    async fn node_copy_done(&self, id: &VolumeId, ctx: &AttachContext) -> Result<()> {
-        let spec = self.volume_spec(id)?;
-        let creds = self.creds(&ctx.secrets)?;
-        self.rbd().remove_meta(&creds, &spec, META_FS_COPY).await
-    }
-
     async fn node_detach(&self, id: &VolumeId, _attachment: Option<&Attachment>) -> Result<()> {
         let spec = self.volume_spec(id)?;
         while let Some(dev) = self.find_mapping(&spec).await? {
@@ -1749,22 +1696,6 @@ impl Backend for RbdBackend {
             self.staged.locked().remove(&id.to_string());
         }
         Ok(())
-    }
-
-    async fn node_refresh_size(&self, id: &VolumeId, attachment: &Attachment) -> Result<u64> {
-        self.volume_spec(id)?;
-        let Attachment::Device { path } = attachment else {
-            return Err(Error::internal("rbd volumes are block devices"));
-        };
-        // krbd follows the image's header: the new size is there once the
-        // resize is done.
-        let dev = path
-            .file_name()
-            .map(|d| d.to_string_lossy().into_owned())
-            .ok_or_else(|| Error::internal("no device name"))?;
-        let sectors = std::fs::read_to_string(self.sysfs.join("block").join(&dev).join("size"))
-            .map_err(|e| Error::io(format!("size of {dev}"), e))?;
-        Ok(sectors.trim().parse::<u64>().unwrap_or(0) * 512)
     }
 
     async fn node_condition(
@@ -1807,6 +1738,140 @@ impl Backend for RbdBackend {
             }
         }
         Ok(None)
+    }
+}
+
+#[async_trait::async_trait]
+impl DeviceMounter for RbdBackend {
+    fn node_device(&self) -> Option<crate::host::devices::DeviceKind> {
+        Some(crate::host::devices::DeviceKind::Rbd)
+    }
+
+    async fn node_copy_pending(&self, id: &VolumeId, ctx: &AttachContext) -> Result<bool> {
+        // Mapped read-only: the UUID cannot change here; a writer's stage
+        // renews it.
+        if ctx.readonly {
+            return Ok(false);
+        }
+        let spec = self.volume_spec(id)?;
+        let creds = self.creds(&ctx.secrets)?;
+        Ok(self
+            .rbd()
+            .meta(&creds, &spec)
+            .await?
+            .contains_key(META_FS_COPY))
+    }
+
+    async fn node_copy_done(&self, id: &VolumeId, ctx: &AttachContext) -> Result<()> {
+        let spec = self.volume_spec(id)?;
+        let creds = self.creds(&ctx.secrets)?;
+        self.rbd().remove_meta(&creds, &spec, META_FS_COPY).await
+    }
+
+    async fn node_refresh_size(&self, id: &VolumeId, attachment: &Attachment) -> Result<u64> {
+        self.volume_spec(id)?;
+        let Attachment::Device { path } = attachment else {
+            return Err(Error::internal("rbd volumes are block devices"));
+        };
+        // krbd follows the image's header: the new size is there once the
+        // resize is done.
+        let dev = path
+            .file_name()
+            .map(|d| d.to_string_lossy().into_owned())
+            .ok_or_else(|| Error::internal("no device name"))?;
+        let sectors = std::fs::read_to_string(self.sysfs.join("block").join(&dev).join("size"))
+            .map_err(|e| Error::io(format!("size of {dev}"), e))?;
+        Ok(sectors.trim().parse::<u64>().unwrap_or(0) * 512)
+    }
+}
+
+#[async_trait::async_trait]
+impl BlockTracker for RbdBackend {
+    /// The snapshot image's extents holding data, its source's included
+    /// (it is a clone of its cut), exact.
+    async fn allocated_blocks(
+        &self,
+        snapshot: &SnapshotId,
+        start: u64,
+        max: usize,
+        secrets: &Secrets,
+    ) -> Result<BlockPage> {
+        let creds = self.creds(secrets)?;
+        let (spec, capacity, _) = self.snapshot_meta(&creds, snapshot).await?;
+        let (ranges, next) = self
+            .rbd()
+            .diff(&creds, &spec, None, None, start, max)
+            .await?;
+        Ok(BlockPage {
+            fixed: None,
+            capacity,
+            ranges,
+            next,
+        })
+    }
+
+    /// The extents that changed on the source between the two snapshots'
+    /// cuts, exact.
+    async fn changed_blocks(
+        &self,
+        base: &SnapshotId,
+        target: &SnapshotId,
+        start: u64,
+        max: usize,
+        secrets: &Secrets,
+    ) -> Result<BlockPage> {
+        let creds = self.creds(secrets)?;
+        let (base_spec, _, base_meta) = self.snapshot_meta(&creds, base).await?;
+        let (target_spec, capacity, target_meta) = self.snapshot_meta(&creds, target).await?;
+        let (from, to) = (base_meta.get(META_SOURCE), target_meta.get(META_SOURCE));
+        if from != to {
+            return Err(Error::invalid(format!(
+                "snapshots {base} and {target} are of different volumes"
+            )));
+        }
+        let created =
+            |m: &BTreeMap<String, String>| m.get(META_CREATED).and_then(|c| c.parse::<u64>().ok());
+        if created(&base_meta) > created(&target_meta) {
+            return Err(Error::invalid(format!(
+                "base snapshot {base} is newer than target snapshot {target}"
+            )));
+        }
+        let src = to
+            .and_then(|s| VolumeId::parse(s).ok())
+            .and_then(|v| self.volume_spec(&v).ok())
+            .ok_or_else(|| Error::internal(format!("snapshot {target} names no source volume")))?;
+        let (from_cut, to_cut) = (
+            Self::snapshot_cut(&base_spec),
+            Self::snapshot_cut(&target_spec),
+        );
+        let kept = self.rbd().snaps(&creds, &src).await.map_err(|e| {
+            if e.kind == Kind::NotFound {
+                Error::precondition(format!(
+                    "the source volume of snapshots {base} and {target} is deleted: \
+                     the points they were cut at went with it"
+                ))
+            } else {
+                e
+            }
+        })?;
+        for (id, cut) in [(base, &from_cut), (target, &to_cut)] {
+            if !kept.contains(cut) {
+                return Err(Error::precondition(format!(
+                    "snapshot {id} keeps no cut on its source volume (a group snapshot \
+                     taken while the volume was in use is a full copy): no changes to read"
+                )));
+            }
+        }
+        let (ranges, next) = self
+            .rbd()
+            .diff(&creds, &src, Some(&to_cut), Some(&from_cut), start, max)
+            .await?;
+        Ok(BlockPage {
+            fixed: None,
+            capacity,
+            ranges,
+            next,
+        })
     }
 }
 

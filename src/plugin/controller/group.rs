@@ -156,11 +156,13 @@ impl ControllerOps {
             )));
         }
         let backend = self.registry.for_volume(first)?.clone();
-        if backend.capabilities().group_snapshot == GroupSnapshots::None {
-            return Err(Error::precondition(backend.group_snapshot_refusal()));
+        if let crate::plugin::Groups::Refused(why) = backend.snapshotting()?.groups() {
+            return Err(Error::precondition(why));
         }
         let (parameters, metadata) = split_parameters(&req.parameters);
-        backend.validate_snapshot_parameters(&parameters)?;
+        backend
+            .snapshotting()?
+            .validate_snapshot_parameters(&parameters)?;
         let id = GroupSnapshotId::new(backend.name(), &super::super::locator_for_name(&req.name))?;
         let member = |source: &VolumeId| CreateSnapshot {
             source: source.clone(),
@@ -172,7 +174,7 @@ impl ControllerOps {
         let members = req
             .sources
             .iter()
-            .map(|s| backend.snapshot_id_for(&member(s)))
+            .map(|s| backend.snapshotting()?.snapshot_id_for(&member(s)))
             .collect::<Result<Vec<SnapshotId>>>()?;
         let mut exclusive = vec![locks::group_snapshot_key(&id)];
         exclusive.extend(req.sources.iter().map(locks::volume_key));
@@ -199,7 +201,12 @@ impl ControllerOps {
                 .await?;
         }
         for source in &req.sources {
-            if backend.get_volume(source, &req.secrets).await?.is_none() {
+            if backend
+                .provisioning()?
+                .get_volume(source, &req.secrets)
+                .await?
+                .is_none()
+            {
                 return Err(Error::not_found(format!(
                     "source volume {source} does not exist"
                 )));
@@ -251,14 +258,15 @@ impl ControllerOps {
         member: &impl Fn(&VolumeId) -> CreateSnapshot,
     ) -> Result<SystemTime> {
         let members: Vec<CreateSnapshot> = req.sources.iter().map(member).collect();
-        if backend.capabilities().group_snapshot == GroupSnapshots::Cut {
+        let snapshotter = backend.snapshotting()?;
+        if let crate::plugin::Groups::Cut(cutter) = snapshotter.groups() {
             // The backend holds the instant itself; each member's snapshot
             // is then made from its cut.
             let instant = SystemTime::now();
-            backend.cut_group(&members).await?;
+            cutter.cut_group(&members).await?;
             for m in &members {
-                if let Err(e) = backend.create_snapshot(m).await {
-                    let _ = backend.uncut_group(&members).await;
+                if let Err(e) = snapshotter.create_snapshot(m).await {
+                    let _ = cutter.uncut_group(&members).await;
                     return Err(e);
                 }
             }
@@ -278,7 +286,7 @@ impl ControllerOps {
         let instant = SystemTime::now();
         for m in &members {
             // On a failure the freeze is dropped, which thaws.
-            backend.create_snapshot(m).await?;
+            backend.snapshotting()?.create_snapshot(m).await?;
             crate::killpoint::hit("group.member");
         }
         frozen.thaw().await?;
@@ -293,7 +301,7 @@ impl ControllerOps {
         secrets: &Secrets,
     ) -> Result<()> {
         for m in &record.members {
-            backend.delete_snapshot(m, secrets).await?;
+            backend.snapshotting()?.delete_snapshot(m, secrets).await?;
         }
         Ok(())
     }
@@ -307,7 +315,7 @@ impl ControllerOps {
     ) -> Result<GroupSnapshotInfo> {
         let mut snapshots = Vec::new();
         for m in &record.members {
-            if let Some(mut s) = backend.get_snapshot(m, secrets).await? {
+            if let Some(mut s) = backend.snapshotting()?.get_snapshot(m, secrets).await? {
                 s.group = Some(id.clone());
                 snapshots.push(s);
             }

@@ -21,7 +21,10 @@ impl ControllerOps {
         secrets: &Secrets,
     ) -> Result<BlockPage> {
         let backend = self.registry.for_snapshot(id)?.clone();
-        let page = backend.allocated_blocks(id, start, max, secrets).await?;
+        let page = backend
+            .tracking_blocks()?
+            .allocated_blocks(id, start, max, secrets)
+            .await?;
         in_range(start, page)
     }
 
@@ -42,6 +45,7 @@ impl ControllerOps {
             )));
         }
         let page = backend
+            .tracking_blocks()?
             .changed_blocks(base, target, start, max, secrets)
             .await?;
         in_range(start, page)

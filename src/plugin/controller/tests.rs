@@ -2,7 +2,11 @@
 //! given.
 
 use super::*;
-use crate::plugin::{AccessMode, AccessType, Capabilities, Registry};
+use crate::plugin::{
+    AccessMode, AccessType, AttachContext, Attacher, Attachment, Capabilities, DeviceMounter,
+    Expander, GroupCutter, GroupSnapshots, Groups, Modifier, Provisioner, Registry,
+    SnapshotInstant, Snapshotter, Stager,
+};
 use std::sync::Mutex;
 use tokio::sync::Notify;
 
@@ -86,15 +90,54 @@ impl Backend for Memory {
         self.name
     }
 
-    async fn grants(&self) -> Result<Option<Vec<(VolumeId, String)>>> {
-        Ok(self.kept_grants.lock().unwrap().clone())
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.caps.clone()
-    }
     async fn health(&self) -> Result<()> {
         Ok(())
     }
+
+    fn access_modes(&self) -> Vec<AccessMode> {
+        self.caps.access_modes.clone()
+    }
+
+    fn node_local(&self) -> bool {
+        self.caps.node_local
+    }
+
+    // The double plays the backend its capabilities describe.
+    fn provisioner(&self) -> Option<&dyn Provisioner> {
+        self.caps.provision.then_some(self as &dyn Provisioner)
+    }
+
+    fn expander(&self) -> Option<&dyn Expander> {
+        self.caps.expand.then_some(self as &dyn Expander)
+    }
+
+    fn snapshotter(&self) -> Option<&dyn Snapshotter> {
+        self.caps.snapshot.then_some(self as &dyn Snapshotter)
+    }
+
+    fn modifier(&self) -> Option<&dyn Modifier> {
+        Some(self)
+    }
+
+    fn attacher(&self) -> Option<&dyn Attacher> {
+        self.caps.attach.then_some(self as &dyn Attacher)
+    }
+
+    fn stager(&self) -> Option<&dyn Stager> {
+        self.caps.device_mount.then_some(self as &dyn Stager)
+    }
+
+    fn device_mounter(&self) -> Option<&dyn DeviceMounter> {
+        self.caps.device_mount.then_some(self as &dyn DeviceMounter)
+    }
+}
+
+#[async_trait::async_trait]
+impl Provisioner for Memory {
+    fn clones(&self) -> bool {
+        self.caps.clone
+    }
+
     async fn create_volume(&self, req: &CreateVolume) -> Result<VolumeInfo> {
         self.saw("create_volume", &req.secrets);
         self.required_seen.lock().unwrap().push(req.required_bytes);
@@ -110,14 +153,17 @@ impl Backend for Memory {
         self.add(&locator);
         Ok(self.volumes.lock().unwrap()[&locator].clone())
     }
+
     async fn delete_volume(&self, id: &VolumeId, secrets: &Secrets) -> Result<()> {
         self.saw("delete_volume", secrets);
         self.volumes.lock().unwrap().remove(id.locator());
         Ok(())
     }
+
     async fn get_volume(&self, id: &VolumeId, _secrets: &Secrets) -> Result<Option<VolumeInfo>> {
         Ok(self.volumes.lock().unwrap().get(id.locator()).cloned())
     }
+
     async fn list_volumes(&self, page: &Page) -> Result<Vec<VolumeInfo>> {
         self.pages.lock().unwrap().push(page.clone());
         let all: Vec<VolumeInfo> = self.volumes.lock().unwrap().values().cloned().collect();
@@ -125,6 +171,7 @@ impl Backend for Memory {
         *self.returned.lock().unwrap() += out.len();
         Ok(out)
     }
+
     async fn capacity(&self, _: &BTreeMap<String, String>) -> Result<Capacity> {
         Ok(Capacity {
             available_bytes: 42,
@@ -132,10 +179,35 @@ impl Backend for Memory {
             minimum_volume_bytes: None,
         })
     }
+}
+
+#[async_trait::async_trait]
+impl Expander for Memory {
+    fn online(&self) -> bool {
+        self.caps.expand_online
+    }
+
     async fn expand_volume(&self, _: &VolumeId, required: u64, _: u64, s: &Secrets) -> Result<u64> {
         self.saw("expand_volume", s);
         Ok(required)
     }
+}
+
+#[async_trait::async_trait]
+impl Snapshotter for Memory {
+    fn instant(&self) -> SnapshotInstant {
+        self.caps.snapshot_instant
+    }
+
+    fn groups(&self) -> Groups<'_> {
+        match self.caps.group_snapshot {
+            GroupSnapshots::None => Groups::Refused(format!("{} takes no groups", self.name)),
+            GroupSnapshots::Frozen => Groups::Frozen,
+            GroupSnapshots::Unstaged => Groups::Unstaged,
+            GroupSnapshots::Cut => Groups::Cut(self),
+        }
+    }
+
     async fn create_snapshot(&self, req: &CreateSnapshot) -> Result<SnapshotInfo> {
         self.saw("create_snapshot", &req.secrets);
         if self.fail_snapshots_of.lock().unwrap().as_ref() == Some(&req.source) {
@@ -159,11 +231,13 @@ impl Backend for Memory {
             .insert(info.id.locator().to_string(), info.clone());
         Ok(info)
     }
+
     async fn delete_snapshot(&self, id: &SnapshotId, secrets: &Secrets) -> Result<()> {
         self.saw("delete_snapshot", secrets);
         self.snapshots.lock().unwrap().remove(id.locator());
         Ok(())
     }
+
     async fn get_snapshot(
         &self,
         id: &SnapshotId,
@@ -171,6 +245,7 @@ impl Backend for Memory {
     ) -> Result<Option<SnapshotInfo>> {
         Ok(self.snapshots.lock().unwrap().get(id.locator()).cloned())
     }
+
     async fn list_snapshots(
         &self,
         source: Option<&VolumeId>,
@@ -186,36 +261,21 @@ impl Backend for Memory {
             .collect();
         Ok(page.apply(all, |s| s.id.locator()))
     }
-    async fn controller_attach(
-        &self,
-        _: &VolumeId,
-        req: &ControllerAttach,
-    ) -> Result<BTreeMap<String, String>> {
-        self.saw("controller_attach", &req.secrets);
-        if let Some((entered, release)) = &self.hold {
-            entered.notify_one();
-            release.notified().await;
-        }
-        Ok(BTreeMap::from([("node".to_string(), req.node_id.clone())]))
-    }
-    async fn controller_detach(
-        &self,
-        _: &VolumeId,
-        _: Option<&str>,
-        secrets: &Secrets,
-    ) -> Result<()> {
-        self.saw("controller_detach", secrets);
-        Ok(())
-    }
+}
+
+#[async_trait::async_trait]
+impl Modifier for Memory {
     fn mutable_keys(&self) -> Vec<&'static str> {
         vec!["tier", "iops"]
     }
+
     fn check_mutable(&self, changes: &BTreeMap<String, String>) -> Result<()> {
         match changes.get("tier").map(String::as_str) {
             None | Some("gold" | "silver") => Ok(()),
             Some(v) => Err(Error::invalid(format!("mutable parameter tier: {v:?}"))),
         }
     }
+
     async fn modify_volume(
         &self,
         id: &VolumeId,
@@ -231,8 +291,79 @@ impl Backend for Memory {
     }
 }
 
+#[async_trait::async_trait]
+impl Attacher for Memory {
+    async fn grants(&self) -> Result<Option<Vec<(VolumeId, String)>>> {
+        Ok(self.kept_grants.lock().unwrap().clone())
+    }
+
+    async fn controller_attach(
+        &self,
+        _: &VolumeId,
+        req: &ControllerAttach,
+    ) -> Result<BTreeMap<String, String>> {
+        self.saw("controller_attach", &req.secrets);
+        if let Some((entered, release)) = &self.hold {
+            entered.notify_one();
+            release.notified().await;
+        }
+        Ok(BTreeMap::from([("node".to_string(), req.node_id.clone())]))
+    }
+
+    async fn controller_detach(
+        &self,
+        _: &VolumeId,
+        _: Option<&str>,
+        secrets: &Secrets,
+    ) -> Result<()> {
+        self.saw("controller_detach", secrets);
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl GroupCutter for Memory {
+    async fn cut_group(&self, _: &[CreateSnapshot]) -> Result<()> {
+        Ok(())
+    }
+}
+
+// The controller never stages: a local backend's double names the node
+// capabilities its kind has and refuses the calls.
+#[async_trait::async_trait]
+impl Stager for Memory {
+    async fn node_attach(&self, _: &VolumeId, _: &AttachContext) -> Result<Attachment> {
+        Err(Error::internal("the controller's double stages nothing"))
+    }
+
+    async fn node_detach(&self, _: &VolumeId, _: Option<&Attachment>) -> Result<()> {
+        Err(Error::internal("the controller's double stages nothing"))
+    }
+}
+
+#[async_trait::async_trait]
+impl DeviceMounter for Memory {
+    async fn node_refresh_size(&self, _: &VolumeId, _: &Attachment) -> Result<u64> {
+        Err(Error::internal("the controller's double stages nothing"))
+    }
+}
+
+/// What the `file` and `lvm` backends offer.
 fn local() -> Capabilities {
-    Capabilities::node_local_block_device()
+    Capabilities {
+        provision: true,
+        device_mount: true,
+        expand: true,
+        expand_online: true,
+        snapshot: true,
+        group_snapshot: GroupSnapshots::Frozen,
+        snapshot_instant: SnapshotInstant::Frozen,
+        clone: true,
+        block: true,
+        node_local: true,
+        access_modes: crate::plugin::SINGLE_NODE_MODES.to_vec(),
+        ..Default::default()
+    }
 }
 
 fn remote_attach() -> Capabilities {
