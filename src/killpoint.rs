@@ -16,75 +16,74 @@
 //! driver runs, it kills the command part way through its own steps (the
 //! driver's children die with it), which no point inside the driver can.
 
-/// Every point, by name: what has happened and what has not yet when the
-/// process dies there.
-pub const POINTS: &[&str] = &[
-    // A group snapshot's record is written; nothing is frozen or cut yet.
-    "group.recorded",
-    // The freeze intent is on disk; its holder is not started.
-    "freeze.intent",
-    // Every member's filesystem is frozen; no member snapshot is cut.
-    "freeze.held",
-    // One member's snapshot is cut, the filesystems still frozen (`@n`: the
-    // n-th member).
-    "group.member",
-    // The filesystems are thawed; the intent is still on disk.
-    "freeze.thawed",
-    // Every member is cut and thawed; the group is not yet marked complete.
-    "group.cut",
-    // A stage's LUKS format is recorded as under way; cryptsetup has not
-    // run.
-    "crypt.formatting",
-    // cryptsetup formatted the device; the record still says a format is
-    // under way, and nothing is opened.
-    "crypt.formatted",
-    // ControllerPublish: the node's attach place is in the ledger's
-    // journal; the backend has not attached.
-    "attach.reserved",
-    // ControllerPublish: the backend attached; the place is not yet
-    // counted as a grant in memory.
-    "attach.attached",
-    // iscsi: the hold devices of the volumes in use are suspended (their
-    // initiators' writes wait); no snapshot is taken.
-    "iscsi.held",
-    // iscsi ModifyVolume: the store's keys are changed; the LUN's and the
-    // record are not.
-    "iscsi.modify.store",
-    // rbd: a new volume's image is made (a clone, for a copy) and sized,
-    // under its final name with its making recorded (librbd) or under its
-    // temporary name (the CLI road); it carries no CSI name yet.
-    "rbd.made",
-    // rbd (librbd road): a volume made in place has its CSI name; the
-    // record of its making is still there (its removal runs after the
-    // answer, in the background).
-    "rbd.named",
-    // rbd (librbd road): a deleted image is in the trash, out of the
-    // pool's directory; the removal of its data has not begun.
-    "rbd.trashed",
-    // rbd: a group snapshot of volumes in use: the temporary rbd group
-    // holds every member and its snapshot; no member is copied.
-    "rbd.group.cut",
-    // rbd: a group snapshot of volumes nobody writes: every member's
-    // exclusive lock is held, and the member's cut is made (`@n`: the n-th
-    // member's); the rest are not.
-    "rbd.group.snapped",
-    // lvm: lvcreate of a snapshot is about to run (with
-    // FERROVOL_KILL_AFTER_MS, it dies part way through, the origin perhaps
-    // suspended).
-    "lvm.snapshot",
-    // lvm: lvcreate made the snapshot; it still carries its origin's tags.
-    "lvm.snapshot.made",
-    // lvm: lvcreate made a copy (restore or clone) with the filling tag;
-    // a thick one holds no data yet, a thin one its source's tags.
-    "lvm.copy.made",
-    // nfs: a volume made from a source has its record (saying it is being
-    // filled) and its empty directory (on a btrfs export, not yet its
-    // subvolume); the copy or the snapshot has not started.
-    "nfs.fill",
-    // nfs on a btrfs export: the snapshot's subvolume is made under its
-    // temporary name; no record says so.
-    "nfs.snapshot.made",
-];
+/// A kill point: a place between two steps, by name. Each set of points
+/// is an enum made by [`kill_points!`], so `hit` can only be given a
+/// point that exists; the driver's own are [`Step`], each backend's are in
+/// its folder and its [`crate::backend::Kind`].
+pub trait Point: Copy {
+    fn name(self) -> &'static str;
+}
+
+/// Declares an enum of kill points, each with its name and (as its doc
+/// comment) what has happened and what has not yet when the process dies
+/// there; `NAMES` lists the names.
+#[macro_export]
+macro_rules! kill_points {
+    ($(#[$meta:meta])* $vis:vis enum $enum:ident { $($(#[$doc:meta])* $variant:ident = $name:literal,)* }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        $vis enum $enum {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl $enum {
+            /// Every point of this set, by name.
+            pub const NAMES: &'static [&'static str] = &[$($name),*];
+        }
+
+        impl $crate::killpoint::Point for $enum {
+            fn name(self) -> &'static str {
+                match self {
+                    $($enum::$variant => $name,)*
+                }
+            }
+        }
+    };
+}
+
+kill_points! {
+    /// The driver's own points (group snapshots, freezes, encryption,
+    /// attach).
+    pub enum Step {
+        /// A group snapshot's record is written; nothing is frozen or cut
+        /// yet.
+        GroupRecorded = "group.recorded",
+        /// The freeze intent is on disk; its holder is not started.
+        FreezeIntent = "freeze.intent",
+        /// Every member's filesystem is frozen; no member snapshot is cut.
+        FreezeHeld = "freeze.held",
+        /// One member's snapshot is cut, the filesystems still frozen
+        /// (`@n`: the n-th member).
+        GroupMember = "group.member",
+        /// The filesystems are thawed; the intent is still on disk.
+        FreezeThawed = "freeze.thawed",
+        /// Every member is cut and thawed; the group is not yet marked
+        /// complete.
+        GroupCut = "group.cut",
+        /// A stage's LUKS format is recorded as under way; cryptsetup has
+        /// not run.
+        CryptFormatting = "crypt.formatting",
+        /// cryptsetup formatted the device; the record still says a format
+        /// is under way, and nothing is opened.
+        CryptFormatted = "crypt.formatted",
+        /// ControllerPublish: the node's attach place is in the ledger's
+        /// journal; the backend has not attached.
+        AttachReserved = "attach.reserved",
+        /// ControllerPublish: the backend attached; the place is not yet
+        /// counted as a grant in memory.
+        AttachAttached = "attach.attached",
+    }
+}
 
 /// Says, once at start, the kill point this process was asked to die at
 /// (`FERROVOL_KILL_AT`): `kill point armed` in a build with kill points,
@@ -92,14 +91,15 @@ pub const POINTS: &[&str] = &[
 /// that a build without them (a plain `cargo build` of the same target
 /// folder puts one in place of the test's binary) fails it for what it is
 /// instead of running past the point.
-pub fn announce() {
+/// `known`: every point there is ([`crate::backend::kill_points`]).
+pub fn announce(known: &[&str]) {
     let Ok(wanted) = std::env::var("FERROVOL_KILL_AT") else {
         return;
     };
     let name = wanted.split_once('@').map_or(wanted.as_str(), |(n, _)| n);
     if !cfg!(feature = "kill-points") {
         tracing::warn!(point = %wanted, "FERROVOL_KILL_AT is set, but this build has no kill points: ignored");
-    } else if POINTS.contains(&name) {
+    } else if known.contains(&name) {
         tracing::warn!(point = %wanted, "kill point armed");
     } else {
         tracing::error!(point = %wanted, "FERROVOL_KILL_AT names no kill point: ignored");
@@ -109,15 +109,15 @@ pub fn announce() {
 /// Dies here if the test asked for it (a no-op without the feature).
 #[cfg(not(feature = "kill-points"))]
 #[inline(always)]
-pub fn hit(_point: &'static str) {}
+pub fn hit(_point: impl Point) {}
 
 /// Dies here if the test asked for it.
 #[cfg(feature = "kill-points")]
-pub fn hit(point: &'static str) {
+pub fn hit(point: impl Point) {
     use std::collections::HashMap;
     use std::sync::Mutex;
     static SEEN: Mutex<Option<HashMap<&'static str, u32>>> = Mutex::new(None);
-    debug_assert!(POINTS.contains(&point), "unlisted kill point {point}");
+    let point = point.name();
     let Ok(wanted) = std::env::var("FERROVOL_KILL_AT") else {
         return;
     };
@@ -203,36 +203,15 @@ fn children() -> Vec<nix::unistd::Pid> {
 
 #[cfg(test)]
 mod tests {
-    /// Every point the code names is listed (with what it means), and
-    /// every listed point is named somewhere: a test that aims at a point
-    /// can trust it exists.
+    use super::Point;
+
+    /// Each point's name is what its set lists, in order.
     #[test]
-    fn the_points_named_in_the_code_are_the_listed_ones() {
-        fn walk(dir: &std::path::Path, out: &mut Vec<String>) {
-            for e in std::fs::read_dir(dir).unwrap().flatten() {
-                let p = e.path();
-                if p.is_dir() {
-                    walk(&p, out);
-                } else if p.extension().is_some_and(|x| x == "rs") {
-                    out.push(std::fs::read_to_string(&p).unwrap());
-                }
-            }
-        }
-        let mut sources = Vec::new();
-        walk(
-            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
-            &mut sources,
+    fn names_follow_their_variants() {
+        assert_eq!(super::Step::GroupRecorded.name(), super::Step::NAMES[0]);
+        assert_eq!(
+            super::Step::AttachAttached.name(),
+            *super::Step::NAMES.last().unwrap()
         );
-        let mut named = std::collections::BTreeSet::new();
-        let call = concat!("killpoint::hit", "(\"");
-        for text in &sources {
-            for (i, _) in text.match_indices(call) {
-                let rest = &text[i + call.len()..];
-                named.insert(rest[..rest.find('"').unwrap()].to_string());
-            }
-        }
-        let listed: std::collections::BTreeSet<String> =
-            super::POINTS.iter().map(|p| p.to_string()).collect();
-        assert_eq!(named, listed);
     }
 }

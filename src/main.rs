@@ -163,7 +163,7 @@ fn main() -> std::process::ExitCode {
 /// `serve`: the driver, until SIGTERM or SIGINT.
 fn serve(args: ServeArgs) -> std::process::ExitCode {
     init_logging(args.log_format);
-    ferrovol::killpoint::announce();
+    ferrovol::killpoint::announce(&ferrovol::backend::kill_points());
     raise_file_limit();
     // Whatever the driver or a tool it runs creates (images, records,
     // keyrings, working directories) is root's alone unless a mode is

@@ -256,7 +256,7 @@ async fn a_driver_killed_during_a_group_snapshot_leaves_nothing_frozen() {
     let frozen_at = ["freeze.held", "group.member@1", "group.member@2"];
     let mut report = Vec::new();
     // Every point of a group snapshot: its own and its freeze's.
-    let points: Vec<String> = ferrovol::killpoint::POINTS
+    let points: Vec<String> = ferrovol::backend::kill_points()
         .iter()
         .filter(|p| p.starts_with("group.") || p.starts_with("freeze."))
         .flat_map(|p| match *p {

@@ -353,7 +353,8 @@ fn every_backend_s_parameters_in_the_docs_are_the_ones_it_takes() {
     use std::collections::BTreeSet;
     let install = std::fs::read_to_string(root().join("docs/install.md")).unwrap();
     let summary = table(&install, "| backend | mutable parameters |");
-    for (kind, parameters, mutable) in ferrovol::backend::documented_keys() {
+    for k in ferrovol::backend::KINDS {
+        let (kind, parameters, mutable) = (k.name, k.parameters, k.mutable);
         let page =
             std::fs::read_to_string(root().join(format!("docs/backends/{kind}.md"))).unwrap();
         // StorageClass parameters: the backend page's table, less the
@@ -399,10 +400,11 @@ fn every_backend_s_parameters_in_the_docs_are_the_ones_it_takes() {
 
 #[test]
 fn every_secret_key_the_backends_read_is_documented_and_the_examples_use_no_other() {
-    for (kind, keys) in ferrovol::backend::secret_keys() {
+    for k in ferrovol::backend::KINDS {
+        let (kind, keys) = (k.name, k.secrets);
         let page =
             std::fs::read_to_string(root().join(format!("docs/backends/{kind}.md"))).unwrap();
-        for key in &keys {
+        for key in keys {
             assert!(
                 page.contains(&format!("`{key}`")),
                 "docs/backends/{kind}.md does not name the secret key {key}"

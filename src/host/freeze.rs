@@ -229,7 +229,7 @@ impl Freezer {
         let intent = self.intents.record(&Intent::Freeze {
             paths: paths.clone(),
         })?;
-        crate::killpoint::hit("freeze.intent");
+        crate::killpoint::hit(crate::killpoint::Step::FreezeIntent);
         let spawned = tokio::process::Command::new(&self.holder)
             .arg(HOLDER_COMMAND)
             .stdin(std::process::Stdio::piped())
@@ -294,7 +294,7 @@ impl Freezer {
                 )))
             }
         }
-        crate::killpoint::hit("freeze.held");
+        crate::killpoint::hit(crate::killpoint::Step::FreezeHeld);
         Ok(Frozen { held: Some(held) })
     }
 }
@@ -393,7 +393,7 @@ impl Frozen {
             Err(_) => String::new(),
         };
         held.end().await;
-        crate::killpoint::hit("freeze.thawed");
+        crate::killpoint::hit(crate::killpoint::Step::FreezeThawed);
         held.thawed(!matches!(answer.as_str(), THAWED | EXPIRED));
         match answer.as_str() {
             THAWED => Ok(()),

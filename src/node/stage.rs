@@ -342,7 +342,7 @@ impl NodeOps {
             // that says a header without a key slot is ours to redo.
             record.crypt_formatting = true;
             self.put_stage(record.clone()).await?;
-            crate::killpoint::hit("crypt.formatting");
+            crate::killpoint::hit(crate::killpoint::Step::CryptFormatting);
             if let Err(e) = crypt::format(runner, device, passphrase).await {
                 // A failed format (cryptsetup's error, or its timeout) may
                 // leave part of a header: it goes, as the stage's undo
@@ -353,7 +353,7 @@ impl NodeOps {
                 }
                 return Err(e);
             }
-            crate::killpoint::hit("crypt.formatted");
+            crate::killpoint::hit(crate::killpoint::Step::CryptFormatted);
         }
         record.crypt = Some(name.clone());
         record.crypt_formatting = false;

@@ -524,9 +524,9 @@ impl ControllerOps {
                 Some(ledger) => Some(ledger.reserve(id, super::node_name(&req.node_id), limit)?),
                 None => None,
             };
-            crate::killpoint::hit("attach.reserved");
+            crate::killpoint::hit(crate::killpoint::Step::AttachReserved);
             let context = backend.attaching()?.controller_attach(id, &req).await?;
-            crate::killpoint::hit("attach.attached");
+            crate::killpoint::hit(crate::killpoint::Step::AttachAttached);
             if let Some(place) = place {
                 place.commit()?;
             }

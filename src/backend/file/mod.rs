@@ -31,6 +31,23 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// The `file` kind: image files in a pool, attached as loop devices.
+pub const KIND: super::Kind = super::Kind {
+    name: "file",
+    parameters: &[],
+    mutable: &[PREALLOCATE],
+    kill_points: &[],
+    secrets: &[],
+    build: |bc, env| {
+        Ok(Arc::new(FileBackend::new(
+            bc.name(),
+            bc.settings()?,
+            env.runner.clone(),
+            env.host.clone(),
+        )?))
+    },
+};
+
 const MIB: u64 = 1 << 20;
 const COPY_TIMEOUT: Duration = Duration::from_secs(3600);
 /// The unit changed block tracking compares and reports in: the pool's

@@ -42,6 +42,79 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use target::{Target, TargetState, Tgt};
 
+/// The `iscsi` kind: a LUN of a tgt target per volume, kept in a private
+/// `file` or `lvm` store.
+pub const KIND: super::Kind = super::Kind {
+    name: "iscsi",
+    parameters: &[],
+    mutable: &[THIN_PROVISIONING],
+    kill_points: KillPoint::NAMES,
+    secrets: &[CHAP_USER, CHAP_PASSWORD, MUTUAL_USER, MUTUAL_PASSWORD],
+    build,
+};
+
+crate::kill_points! {
+    /// Where a test can kill the driver in this backend's operations
+    /// ([`crate::killpoint`]).
+    pub enum KillPoint {
+        /// the hold devices of the volumes in use are suspended (their
+        /// initiators' writes wait); no snapshot is taken.
+        Held = "iscsi.held",
+        /// ModifyVolume: the store's keys are changed; the LUN's and the
+        /// record are not.
+        ModifyStore = "iscsi.modify.store",
+    }
+}
+
+/// An iscsi backend and its store. The store is private to it: built
+/// here, never registered, so its volumes are reachable only as LUNs.
+fn build(
+    bc: &crate::config::BackendConfig,
+    env: &super::Env,
+) -> Result<Arc<dyn crate::plugin::Backend>> {
+    let settings: IscsiSettings = bc.settings()?;
+    let store = match &settings.store {
+        Some(store) if !matches!(store.kind.as_str(), "file" | "lvm") => {
+            return Err(Error::invalid(format!(
+                "backend {:?}: the store must be of type file or lvm",
+                bc.name()
+            )))
+        }
+        Some(store) => {
+            let mut store = store.clone();
+            store.name = Some(format!("{}-store", bc.name()));
+            if store.kind == "lvm" {
+                // LVM reads every device it scans: one of the LUNs' hold
+                // devices, suspended while a group is cut, would hold its
+                // commands until it is let go.
+                let own = store
+                    .settings
+                    .get("lvm_config")
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("")
+                    .to_string();
+                store.settings.insert(
+                    "lvm_config".into(),
+                    toml::Value::String(
+                        format!("devices/ignore_suspended_devices=1 {own}")
+                            .trim()
+                            .to_string(),
+                    ),
+                );
+            }
+            Some(super::build_backend(&store, env)?)
+        }
+        None => None,
+    };
+    Ok(Arc::new(IscsiBackend::new(
+        bc.name(),
+        settings,
+        env.runner.clone(),
+        store,
+        store_dir(env.state_dir, bc.name()),
+    )?))
+}
+
 /// Secrets keys: CHAP the initiator answers (ControllerPublish sets the
 /// account on the target, NodeStage logs in with it)...
 pub const CHAP_USER: &str = "chapUsername";
@@ -502,7 +575,7 @@ impl IscsiBackend {
         let mut outcome = match outcome {
             Some(failed) => failed,
             None => {
-                crate::killpoint::hit("iscsi.held");
+                crate::killpoint::hit(KillPoint::Held);
                 match tokio::time::timeout(HOLD_DEADLINE, cut).await {
                     Ok(r) => r,
                     Err(_) => Err(Error::unavailable(format!(
@@ -1311,7 +1384,7 @@ impl Modifier for IscsiBackend {
         // Each step is safe to repeat: the CO's retry of a modify cut
         // short here (or after the LUN's change, before the record) makes
         // every change, the record last.
-        crate::killpoint::hit("iscsi.modify.store");
+        crate::killpoint::hit(KillPoint::ModifyStore);
         let Some(on) = thin.filter(|on| *on != record.thin_provisioning) else {
             return Ok(());
         };

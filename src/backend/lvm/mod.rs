@@ -147,6 +147,37 @@ mod settle;
 
 #[cfg(test)]
 use report::parse_lv_time;
+
+/// The `lvm` kind: logical volumes in the node's volume groups.
+pub const KIND: super::Kind = super::Kind {
+    name: "lvm",
+    parameters: &[DEVICE_CLASS_PARAMETER],
+    mutable: &[READ_AHEAD],
+    kill_points: KillPoint::NAMES,
+    secrets: &[],
+    build: |bc, env| {
+        Ok(Arc::new(
+            LvmBackend::new(bc.name(), bc.settings()?, env.runner.clone())?
+                .with_host(env.host.clone()),
+        ))
+    },
+};
+
+crate::kill_points! {
+    /// Where a test can kill the driver in this backend's operations
+    /// ([`crate::killpoint`]).
+    pub enum KillPoint {
+        /// lvcreate of a snapshot is about to run (with
+        /// FERROVOL_KILL_AFTER_MS, it dies part way through, the origin perhaps
+        /// suspended).
+        Snapshot = "lvm.snapshot",
+        /// lvcreate made the snapshot; it still carries its origin's tags.
+        SnapshotMade = "lvm.snapshot.made",
+        /// lvcreate made a copy (restore or clone) with the filling tag;
+        /// a thick one holds no data yet, a thin one its source's tags.
+        CopyMade = "lvm.copy.made",
+    }
+}
 pub use report::{parse_lvs, parse_vgs, Lv, Vg};
 
 /// The tag value recording a CSI name: the name itself when it is plain
@@ -562,7 +593,7 @@ impl LvmBackend {
                 .arg(format!("{}/{}", class.volume_group, src.lv_name)),
         )
         .await?;
-        crate::killpoint::hit("lvm.copy.made");
+        crate::killpoint::hit(KillPoint::CopyMade);
         self.fill(class, new, src).await
     }
 
@@ -694,7 +725,7 @@ impl LvmBackend {
         )
         .await?;
         if let Some(src) = src {
-            crate::killpoint::hit("lvm.copy.made");
+            crate::killpoint::hit(KillPoint::CopyMade);
             self.fill(class, new, src).await?;
         }
         Ok(())
@@ -1139,10 +1170,10 @@ impl Snapshotter for LvmBackend {
         }
         // lvcreate suspends the origin while it cuts the snapshot; killed
         // part way, it can leave the origin suspended (resumed at start).
-        crate::killpoint::hit("lvm.snapshot");
+        crate::killpoint::hit(KillPoint::Snapshot);
         self.run_judged(&class, cow, cmd.arg(format!("{vg_name}/{src_lv}")))
             .await?;
-        crate::killpoint::hit("lvm.snapshot.made");
+        crate::killpoint::hit(KillPoint::SnapshotMade);
         // The snapshot inherits the origin's tags: drop the ones that are
         // not ours (a retry finishes this if the driver dies first).
         let made = self

@@ -33,6 +33,40 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// The `nfs` kind: a directory (or btrfs subvolume) of an export per
+/// volume.
+pub const KIND: super::Kind = super::Kind {
+    name: "nfs",
+    parameters: PARAMETERS,
+    mutable: MUTABLE,
+    kill_points: KillPoint::NAMES,
+    secrets: &[],
+    build: |bc, env| {
+        Ok(Arc::new(NfsBackend::new(
+            bc.name(),
+            bc.settings()?,
+            env.runner.clone(),
+            env.host.clone(),
+            env.mounter.clone(),
+            env.state_dir.join("nfs").join(bc.name()),
+        )?))
+    },
+};
+
+crate::kill_points! {
+    /// Where a test can kill the driver in this backend's operations
+    /// ([`crate::killpoint`]).
+    pub enum KillPoint {
+        /// a volume made from a source has its record (saying it is being
+        /// filled) and its empty directory (on a btrfs export, not yet its
+        /// subvolume); the copy or the snapshot has not started.
+        Fill = "nfs.fill",
+        /// on a btrfs export: the snapshot's subvolume is made under its
+        /// temporary name; no record says so.
+        SnapshotMade = "nfs.snapshot.made",
+    }
+}
+
 /// Where ferrovol keeps its records on a share.
 const META_DIR: &str = ".ferrovol";
 const REMOVE_TIMEOUT: Duration = Duration::from_secs(3600);
@@ -704,7 +738,7 @@ impl NfsBackend {
         let target = parent.join(name);
         let from = match source {
             Some(s) => {
-                crate::killpoint::hit("nfs.fill");
+                crate::killpoint::hit(KillPoint::Fill);
                 self.subvolume_source(s, root).await?
             }
             None => None,
@@ -1050,7 +1084,7 @@ impl Provisioner for NfsBackend {
                 };
                 match &req.source {
                     Some(source) => {
-                        crate::killpoint::hit("nfs.fill");
+                        crate::killpoint::hit(KillPoint::Fill);
                         self.fill_from(source, &made).await
                     }
                     None => Ok(()),
@@ -1320,7 +1354,7 @@ impl Snapshotter for NfsBackend {
                 // One a cut-short call left: not yet a snapshot.
                 btrfs::delete(self.runner.as_ref(), &tmp).await?;
                 btrfs::snapshot(self.runner.as_ref(), &from, &tmp, true).await?;
-                crate::killpoint::hit("nfs.snapshot.made");
+                crate::killpoint::hit(KillPoint::SnapshotMade);
                 let done = dir.join(format!("{locator}.snap"));
                 blocking("completing the snapshot", move || {
                     crate::records::write(&record_path, &bytes)?;

@@ -1232,7 +1232,7 @@ impl LibCluster {
         self.unintending.locked().push(spec.clone());
         let (unintending, spec) = (self.unintending.clone(), spec.clone());
         tokio::task::spawn_blocking(move || {
-            crate::killpoint::hit("rbd.named");
+            crate::killpoint::hit(super::KillPoint::Named);
             let removed = conn.ioctx(&spec).and_then(|ctx| ctx.unintend(&spec.image));
             match removed {
                 Ok(()) => tracing::debug!(image = %spec.arg(), "record of making removed"),
@@ -1585,7 +1585,7 @@ impl Cluster for LibCluster {
             Err(e) if e.os_error == Some(libc::ENOENT) => return Ok(()),
             Err(e) => return Err(e),
         };
-        crate::killpoint::hit("rbd.trashed");
+        crate::killpoint::hit(super::KillPoint::Trashed);
         // Its data (every object of it) in the background, on the same
         // kept connection.
         let conn = self.connection(creds).await?;
@@ -1839,7 +1839,7 @@ impl Cluster for LibCluster {
                         outcome = Err(e);
                         break;
                     }
-                    crate::killpoint::hit("rbd.group.snapped");
+                    crate::killpoint::hit(super::KillPoint::GroupSnapped);
                     cut.push((img, snap));
                 }
             }
@@ -1931,7 +1931,7 @@ impl Cluster for LibCluster {
                 check(|| format!("snapshot {}", what()), unsafe {
                     (api.rbd_group_snap_create2)(gctx.io, gname.as_ptr(), snap.as_ptr(), 0)
                 })?;
-                crate::killpoint::hit("rbd.group.cut");
+                crate::killpoint::hit(super::KillPoint::GroupCut);
                 for (from, to) in &members {
                     let ctx = c.ioctx(from)?;
                     let img = ctx.open(from, false)?;

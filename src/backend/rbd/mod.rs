@@ -44,6 +44,48 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// The `rbd` kind: Ceph RBD images, mapped with the kernel client.
+pub const KIND: super::Kind = super::Kind {
+    name: "rbd",
+    parameters: PARAMETERS,
+    mutable: &QOS_KEYS,
+    kill_points: KillPoint::NAMES,
+    secrets: &[USER_ID, USER_KEY],
+    build: |bc, env| {
+        Ok(Arc::new(RbdBackend::new(
+            bc.name(),
+            bc.settings()?,
+            env.runner.clone(),
+            env.state_dir.join("rbd").join(bc.name()),
+        )?))
+    },
+};
+
+crate::kill_points! {
+    /// Where a test can kill the driver in this backend's operations
+    /// ([`crate::killpoint`]).
+    pub enum KillPoint {
+        /// a new volume's image is made (a clone, for a copy) and sized,
+        /// under its final name with its making recorded (librbd) or under its
+        /// temporary name (the CLI road); it carries no CSI name yet.
+        Made = "rbd.made",
+        /// (librbd road) a volume made in place has its CSI name; the
+        /// record of its making is still there (its removal runs after the
+        /// answer, in the background).
+        Named = "rbd.named",
+        /// (librbd road) a deleted image is in the trash, out of the
+        /// pool's directory; the removal of its data has not begun.
+        Trashed = "rbd.trashed",
+        /// a group snapshot of volumes in use: the temporary rbd group
+        /// holds every member and its snapshot; no member is copied.
+        GroupCut = "rbd.group.cut",
+        /// a group snapshot of volumes nobody writes: every member's
+        /// exclusive lock is held, and the member's cut is made (`@n`: the n-th
+        /// member's); the rest are not.
+        GroupSnapped = "rbd.group.snapped",
+    }
+}
+
 /// Secrets keys (as ceph-csi names them).
 pub const USER_ID: &str = "userID";
 pub const USER_KEY: &str = "userKey";
@@ -1037,7 +1079,7 @@ impl Provisioner for RbdBackend {
             meta.push((META_SOURCE, s.as_str()));
             meta.push((META_FS_COPY, "1"));
         }
-        crate::killpoint::hit("rbd.made");
+        crate::killpoint::hit(KillPoint::Made);
         self.finish(&creds, &tmp, &spec, &meta, req.source.is_some())
             .await?;
         let meta: BTreeMap<String, String> = meta

@@ -223,11 +223,11 @@ impl ControllerOps {
         // Recorded before anything is made: a crash leaves a record a
         // retry (or a delete) finds, never snapshots nobody knows of.
         store.put(&id, &record)?;
-        crate::killpoint::hit("group.recorded");
+        crate::killpoint::hit(crate::killpoint::Step::GroupRecorded);
         let taken = self.cut(backend.as_ref(), &req, &member).await;
         match taken {
             Ok(created) => {
-                crate::killpoint::hit("group.cut");
+                crate::killpoint::hit(crate::killpoint::Step::GroupCut);
                 record.created_unix_nanos = created
                     .duration_since(UNIX_EPOCH)
                     .unwrap_or_default()
@@ -287,7 +287,7 @@ impl ControllerOps {
         for m in &members {
             // On a failure the freeze is dropped, which thaws.
             backend.snapshotting()?.create_snapshot(m).await?;
-            crate::killpoint::hit("group.member");
+            crate::killpoint::hit(crate::killpoint::Step::GroupMember);
         }
         frozen.thaw().await?;
         Ok(instant)

@@ -1,0 +1,43 @@
+//! What the driver knows of a kind of backend before it builds one: each
+//! backend folder exports one [`Kind`], and [`super::KINDS`] lists them.
+
+use crate::config::BackendConfig;
+use crate::error::Result;
+use crate::exec::CommandRunner;
+use crate::host::Host;
+use crate::mount::Mounter;
+use crate::plugin::Backend;
+use std::path::Path;
+use std::sync::Arc;
+
+/// A kind of backend: its config `type`, the keys its volumes take, and
+/// how one is built from its `[[backend]]` table.
+pub struct Kind {
+    /// The config's `type`.
+    pub name: &'static str,
+    /// The StorageClass parameters it takes, besides `backend`,
+    /// `encrypted` and the CO's `csi.storage.k8s.io/` keys (the list its
+    /// docs page's table must match: tests/docs.rs).
+    pub parameters: &'static [&'static str],
+    /// Its mutable parameters (VolumeAttributesClass keys); an iscsi
+    /// backend's store adds its own.
+    pub mutable: &'static [&'static str],
+    /// The keys of the CSI secrets it reads (the passphrase of encrypted
+    /// volumes, [`crate::host::crypt::PASSPHRASE_KEY`], is every block
+    /// backend's): which the docs and the example Secrets must name.
+    pub secrets: &'static [&'static str],
+    /// Its kill points' names ([`crate::killpoint`]; the enum in its
+    /// folder is what its code hits).
+    pub kill_points: &'static [&'static str],
+    /// Builds one from its config table.
+    pub build: fn(&BackendConfig, &Env) -> Result<Arc<dyn Backend>>,
+}
+
+/// What a backend is built with: the driver's seams and its state
+/// directory.
+pub struct Env<'a> {
+    pub runner: &'a Arc<dyn CommandRunner>,
+    pub host: &'a Arc<dyn Host>,
+    pub mounter: &'a Arc<dyn Mounter>,
+    pub state_dir: &'a Path,
+}
