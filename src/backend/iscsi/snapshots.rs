@@ -1,0 +1,154 @@
+//! The `iscsi` backend's snapshots: taking, deleting, listing them (in the
+//! store), groups cut at one instant, and their changed blocks.
+
+use super::*;
+
+#[async_trait::async_trait]
+impl Snapshotter for IscsiBackend {
+    /// The initiators write from afar: an lvm store's snapshot holds the
+    /// LV itself; a file store's copy is held by the volume's hold device
+    /// where the host has device-mapper.
+    fn instant(&self) -> SnapshotInstant {
+        match self
+            .store
+            .as_ref()
+            .and_then(|s| s.snapshotter())
+            .map(|s| s.instant())
+        {
+            Some(SnapshotInstant::Own) => SnapshotInstant::Own,
+            Some(_) if self.holds.is_some() => SnapshotInstant::Held,
+            _ => SnapshotInstant::Unheld,
+        }
+    }
+
+    /// Members in use are held at the target while each is cut.
+    fn groups(&self) -> Groups<'_> {
+        Groups::Cut(self)
+    }
+
+    fn snapshot_id_for(&self, req: &CreateSnapshot) -> Result<SnapshotId> {
+        let mut r = req.clone();
+        r.source = self.to_store(&req.source)?;
+        self.snap_from_store(&self.store()?.snapshotting()?.snapshot_id_for(&r)?)
+    }
+
+    fn validate_snapshot_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {
+        self.store()?
+            .snapshotting()?
+            .validate_snapshot_parameters(parameters)
+    }
+
+    async fn create_snapshot(&self, req: &CreateSnapshot) -> Result<SnapshotInfo> {
+        self.own_volume(&req.source).map_err(|_| {
+            Error::not_found(format!("source volume {} does not exist", req.source))
+        })?;
+        // A store whose snapshot is one instant needs no hold; a file
+        // store's copy runs under the initiators' writes unless they are
+        // held for it (where the volume has a hold device).
+        let own =
+            self.store()?.capabilities().snapshot_instant == crate::plugin::SnapshotInstant::Own;
+        if own {
+            return self.snapshot_in_store(req).await;
+        }
+        self.while_held(&[&req.source], false, self.snapshot_in_store(req))
+            .await
+    }
+
+    async fn delete_snapshot(&self, id: &SnapshotId, secrets: &Secrets) -> Result<()> {
+        if id.backend() != self.name {
+            return Ok(());
+        }
+        self.store()?
+            .snapshotting()?
+            .delete_snapshot(&self.snap_to_store(id)?, secrets)
+            .await
+    }
+
+    async fn get_snapshot(
+        &self,
+        id: &SnapshotId,
+        _secrets: &Secrets,
+    ) -> Result<Option<SnapshotInfo>> {
+        if id.backend() != self.name {
+            return Ok(None);
+        }
+        match self
+            .store()?
+            .snapshotting()?
+            .get_snapshot(&self.snap_to_store(id)?, _secrets)
+            .await?
+        {
+            Some(s) => Ok(Some(self.snapshot_from_store(s)?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn list_snapshots(
+        &self,
+        source: Option<&VolumeId>,
+        page: &Page,
+    ) -> Result<Vec<SnapshotInfo>> {
+        let source = match source {
+            Some(s) if s.backend() != self.name => return Ok(Vec::new()),
+            Some(s) => Some(self.to_store(s)?),
+            None => None,
+        };
+        self.store()?
+            .snapshotting()?
+            .list_snapshots(source.as_ref(), page)
+            .await?
+            .into_iter()
+            .map(|s| self.snapshot_from_store(s))
+            .collect()
+    }
+}
+
+#[async_trait::async_trait]
+impl GroupCutter for IscsiBackend {
+    async fn cut_group(&self, members: &[CreateSnapshot]) -> Result<()> {
+        // Writers are remote initiators. Members nobody uses have none
+        // (ControllerPublish waits on the group's guard meanwhile), so
+        // their store snapshots, one after another, show the same instant.
+        // Members in use are held first (see `while_held`), then every
+        // member snapshotted, then all let go.
+        let sources: Vec<&VolumeId> = members.iter().map(|m| &m.source).collect();
+        self.while_held(&sources, true, async {
+            for m in members {
+                self.snapshot_in_store(m).await?;
+            }
+            Ok(())
+        })
+        .await
+    }
+}
+
+#[async_trait::async_trait]
+impl BlockTracker for IscsiBackend {
+    async fn allocated_blocks(
+        &self,
+        snapshot: &SnapshotId,
+        start: u64,
+        max: usize,
+        secrets: &Secrets,
+    ) -> Result<BlockPage> {
+        self.store()?
+            .tracking_blocks()?
+            .allocated_blocks(&self.snap_to_store(snapshot)?, start, max, secrets)
+            .await
+    }
+
+    async fn changed_blocks(
+        &self,
+        base: &SnapshotId,
+        target: &SnapshotId,
+        start: u64,
+        max: usize,
+        secrets: &Secrets,
+    ) -> Result<BlockPage> {
+        let (base, target) = (self.snap_to_store(base)?, self.snap_to_store(target)?);
+        self.store()?
+            .tracking_blocks()?
+            .changed_blocks(&base, &target, start, max, secrets)
+            .await
+    }
+}

@@ -1,0 +1,218 @@
+//! The `nfs` backend's snapshots: taking, deleting, listing them.
+
+use super::*;
+
+#[async_trait::async_trait]
+impl Snapshotter for NfsBackend {
+    /// A directory copied file by file while every node's clients write
+    /// on: nothing on the driver's side holds them.
+    fn instant(&self) -> SnapshotInstant {
+        SnapshotInstant::Unheld
+    }
+
+    fn groups(&self) -> Groups<'_> {
+        Groups::Refused(format!(
+            "backend {}: nfs volumes are directories of one export, and their snapshots are \
+             copies taken one at a time; nothing here can hold writes that arrive over NFS \
+             from every node, so no group of them shows one instant. Group volumes whose \
+             writes the driver can hold (file, lvm) or snapshot the export's filesystem on \
+             the server",
+            self.name
+        ))
+    }
+
+    fn snapshot_id_for(&self, req: &CreateSnapshot) -> Result<SnapshotId> {
+        let loc = self.locate(&req.source)?;
+        self.snapshot_id(&loc.server, &loc.share, &locator_for_name(&req.name))
+    }
+
+    /// A read-only btrfs snapshot of the volume's subvolume, where the
+    /// export is btrfs (one instant), else a compressed archive of the
+    /// volume's directory on the share (file by file); ready once it is
+    /// whole (each is made under a temporary name and renamed into place
+    /// after the record is written).
+    async fn create_snapshot(&self, req: &CreateSnapshot) -> Result<SnapshotInfo> {
+        let loc = self.locate(&req.source).map_err(|_| {
+            Error::not_found(format!("source volume {} does not exist", req.source))
+        })?;
+        let locator = locator_for_name(&req.name);
+        let held = self.hold(&loc).await?;
+        if let Some(existing) = Self::read_snapshot(&held.dir, &locator).await? {
+            if existing.name != req.name || existing.source_volume != req.source {
+                return Err(Error::already_exists(format!(
+                    "snapshot {:?} exists for another source volume ({})",
+                    req.name, existing.source_volume
+                )));
+            }
+            return self.snapshot_info(&loc.server, &loc.share, &locator, &existing);
+        }
+        let source = Self::read_record(&held.dir, &loc.subdir)
+            .await?
+            .ok_or_else(|| {
+                Error::not_found(format!("source volume {} does not exist", req.source))
+            })?;
+        let (root, subdir) = (held.dir.clone(), loc.subdir.clone());
+        let from = blocking("inspecting the source", move || resolve(&root, &subdir))
+            .await?
+            .ok_or_else(|| {
+                Error::not_found(format!("source volume {} has no directory", req.source))
+            })?;
+        let dir = {
+            let root = held.dir.clone();
+            blocking("making the snapshot folder", move || {
+                ensure_dir(&root, Path::new(".ferrovol/snapshots"), 0o700)
+            })
+            .await?
+        };
+        let record = SnapshotRecord {
+            name: req.name.clone(),
+            source_volume: req.source.clone(),
+            size_bytes: source.capacity_bytes,
+            created_unix_secs: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_secs(),
+        };
+        let bytes = crate::records::encode_record("a snapshot record", &record)?;
+        let record_path = dir.join(format!("{locator}.json"));
+        if self.btrfs_root(&loc.server, &loc.share).is_some() {
+            if btrfs::is_subvolume(&from) {
+                let tmp = dir.join(format!(".{locator}.snap.tmp"));
+                // One a cut-short call left: not yet a snapshot.
+                btrfs::delete(self.runner.as_ref(), &tmp).await?;
+                btrfs::snapshot(self.runner.as_ref(), &from, &tmp, true).await?;
+                crate::killpoint::hit(KillPoint::SnapshotMade);
+                let done = dir.join(format!("{locator}.snap"));
+                blocking("completing the snapshot", move || {
+                    crate::records::write(&record_path, &bytes)?;
+                    std::fs::rename(&tmp, &done)
+                        .map_err(|e| Error::io(format!("move {} into place", done.display()), e))
+                })
+                .await?;
+                return self.snapshot_info(&loc.server, &loc.share, &locator, &record);
+            }
+            tracing::warn!(
+                volume = %req.source,
+                "the volume is no subvolume (made before btrfs_path was set): \
+                 archived file by file, not at one instant"
+            );
+        }
+        let tmp = dir.join(format!(".{locator}.tar.gz.tmp"));
+        let archived = self
+            .runner
+            .run(
+                Command::new("tar")
+                    .args(["-czf"])
+                    .arg(path_arg(&tmp)?)
+                    .args(["--one-file-system", "-C"])
+                    .arg(path_arg(&from)?)
+                    .arg(".")
+                    .timeout(COPY_TIMEOUT),
+            )
+            .await;
+        if let Err(e) = archived {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(Error::from(e).context("archive the volume"));
+        }
+        let final_archive = dir.join(format!("{locator}.tar.gz"));
+        blocking("completing the snapshot", move || {
+            crate::records::write(&record_path, &bytes)?;
+            std::fs::rename(&tmp, &final_archive)
+                .map_err(|e| Error::io(format!("move {} into place", final_archive.display()), e))
+        })
+        .await?;
+        self.snapshot_info(&loc.server, &loc.share, &locator, &record)
+    }
+
+    async fn delete_snapshot(&self, id: &SnapshotId, _secrets: &Secrets) -> Result<()> {
+        let Ok((server, share, locator)) = self.locate_snapshot(id) else {
+            return Ok(());
+        };
+        let held = self.hold_share(&server, &share).await?;
+        let dir = Self::snapshot_dir(&held.dir);
+        for snap in [
+            dir.join(format!("{locator}.snap")),
+            dir.join(format!(".{locator}.snap.tmp")),
+        ] {
+            if snap.exists() {
+                if self.btrfs_root(&server, &share).is_none() {
+                    return Err(Error::precondition(format!(
+                        "snapshot {id} is a btrfs subvolume: deleting it needs the export's btrfs_path"
+                    )));
+                }
+                btrfs::delete(self.runner.as_ref(), &snap).await?;
+            }
+        }
+        blocking("removing the snapshot", move || {
+            // With what a create cut short left under a temporary name.
+            for name in [
+                format!("{locator}.tar.gz"),
+                format!(".{locator}.tar.gz.tmp"),
+                format!("{locator}.json"),
+            ] {
+                crate::records::remove(&dir.join(name))?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_snapshot(
+        &self,
+        id: &SnapshotId,
+        _secrets: &Secrets,
+    ) -> Result<Option<SnapshotInfo>> {
+        let Ok((server, share, locator)) = self.locate_snapshot(id) else {
+            return Ok(None);
+        };
+        let held = self.hold_share(&server, &share).await?;
+        match Self::read_snapshot(&held.dir, &locator).await? {
+            Some(r) => Ok(Some(self.snapshot_info(&server, &share, &locator, &r)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The snapshots on the configured exports, from the shares alone.
+    async fn list_snapshots(
+        &self,
+        source: Option<&VolumeId>,
+        page: &Page,
+    ) -> Result<Vec<SnapshotInfo>> {
+        let mut out = Vec::new();
+        for export in &self.settings.exports {
+            let held = self.hold_share(&export.server, &export.share).await?;
+            let dir = Self::snapshot_dir(&held.dir);
+            let locators: Vec<String> = blocking("listing snapshots", move || {
+                let entries = match std::fs::read_dir(&dir) {
+                    Ok(e) => e,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+                    Err(e) => return Err(Error::io(format!("read {}", dir.display()), e)),
+                };
+                Ok(entries
+                    .flatten()
+                    .filter_map(|e| {
+                        e.file_name()
+                            .to_str()
+                            .and_then(|n| n.strip_suffix(".json"))
+                            .filter(|l| crate::plugin::is_locator(l))
+                            .map(str::to_string)
+                    })
+                    .collect())
+            })
+            .await?;
+            for locator in locators {
+                if let Some(r) = Self::read_snapshot(&held.dir, &locator).await? {
+                    if source.is_none_or(|s| &r.source_volume == s) {
+                        out.push(self.snapshot_info(
+                            &export.server,
+                            &export.share,
+                            &locator,
+                            &r,
+                        )?);
+                    }
+                }
+            }
+        }
+        Ok(page.apply(out, |s| s.id.locator()))
+    }
+}
