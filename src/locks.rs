@@ -4,50 +4,48 @@
 //! targets run side by side while stage and unstage exclude them all.
 
 use crate::error::{Error, Result};
-use crate::id::{SnapshotId, VolumeId};
+use crate::id::{GroupSnapshotId, SnapshotId, VolumeId};
 use crate::sync::LockExt;
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-// The keys of the one guard table the controller and node services share.
-// Every operation takes the keys of every id it touches: its own
-// exclusively, a content source or the volume of a per-target publish
-// shared.
-
-/// A volume, by id.
-pub fn volume_key(id: &VolumeId) -> String {
-    format!("volume {id}")
+/// A key of the one guard table the controller and node services share.
+/// Every operation takes the keys of every id it touches: its own
+/// exclusively, a content source or the volume of a per-target publish
+/// shared.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Key {
+    /// A volume, by id.
+    Volume(VolumeId),
+    /// A snapshot, by id.
+    Snapshot(SnapshotId),
+    /// A group snapshot, by id.
+    GroupSnapshot(GroupSnapshotId),
+    /// A CreateVolume name: two names may not race to one id, nor one
+    /// name to two backends.
+    VolumeName(String),
+    /// A CreateSnapshot name.
+    SnapshotName(String),
+    /// A node-side publish target.
+    Target(PathBuf),
+    /// A controller-side publish of a volume to a node.
+    Publish(VolumeId, String),
 }
 
-/// A snapshot, by id.
-pub fn snapshot_key(id: &SnapshotId) -> String {
-    format!("snapshot {id}")
-}
-
-/// A CreateVolume name (two names may not race to one id, nor one name to
-/// two backends).
-pub fn group_snapshot_key(id: &crate::id::GroupSnapshotId) -> String {
-    format!("group snapshot {id}")
-}
-
-pub fn volume_name_key(name: &str) -> String {
-    format!("volume name {name}")
-}
-
-/// A CreateSnapshot name.
-pub fn snapshot_name_key(name: &str) -> String {
-    format!("snapshot name {name}")
-}
-
-/// A node-side publish target.
-pub fn target_key(path: &Path) -> String {
-    format!("target {}", path.display())
-}
-
-/// A controller-side publish of a volume to a node.
-pub fn publish_key(id: &VolumeId, node: &str) -> String {
-    format!("publish {id} to {node}")
+/// As ABORTED names the key.
+impl std::fmt::Display for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Key::Volume(id) => write!(f, "volume {id}"),
+            Key::Snapshot(id) => write!(f, "snapshot {id}"),
+            Key::GroupSnapshot(id) => write!(f, "group snapshot {id}"),
+            Key::VolumeName(name) => write!(f, "volume name {name}"),
+            Key::SnapshotName(name) => write!(f, "snapshot name {name}"),
+            Key::Target(path) => write!(f, "target {}", path.display()),
+            Key::Publish(id, node) => write!(f, "publish {id} to {node}"),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,15 +57,15 @@ enum Held {
 /// A table of busy keys.
 #[derive(Debug, Default, Clone)]
 pub struct OpLocks {
-    table: Arc<Mutex<HashMap<String, Held>>>,
+    table: Arc<Mutex<HashMap<Key, Held>>>,
 }
 
 /// Holds keys until dropped.
 #[derive(Debug)]
 pub struct OpGuard {
-    table: Arc<Mutex<HashMap<String, Held>>>,
-    exclusive: Vec<String>,
-    shared: Vec<String>,
+    table: Arc<Mutex<HashMap<Key, Held>>>,
+    exclusive: Vec<Key>,
+    shared: Vec<Key>,
 }
 
 impl OpLocks {
@@ -77,7 +75,7 @@ impl OpLocks {
 
     /// Takes every key in `exclusive` exclusively and every key in `shared`
     /// shared, all or nothing. ABORTED names the first busy key.
-    pub fn try_lock(&self, exclusive: &[String], shared: &[String]) -> Result<OpGuard> {
+    pub fn try_lock(&self, exclusive: &[Key], shared: &[Key]) -> Result<OpGuard> {
         let mut table = self.table.locked();
         for key in exclusive {
             if table.contains_key(key) {
@@ -110,7 +108,7 @@ impl OpLocks {
     }
 
     /// Takes `keys` exclusively.
-    pub fn try_exclusive(&self, keys: &[String]) -> Result<OpGuard> {
+    pub fn try_exclusive(&self, keys: &[Key]) -> Result<OpGuard> {
         self.try_lock(keys, &[])
     }
 
@@ -142,8 +140,19 @@ mod tests {
     use super::*;
     use crate::error::Kind;
 
-    fn k(s: &str) -> String {
-        s.to_string()
+    fn k(s: &str) -> Key {
+        Key::VolumeName(s.to_string())
+    }
+
+    #[test]
+    fn keys_read_as_before() {
+        let id = VolumeId::parse("file:a").unwrap();
+        assert_eq!(Key::Volume(id.clone()).to_string(), "volume file:a");
+        assert_eq!(
+            Key::Publish(id, "n1".into()).to_string(),
+            "publish file:a to n1"
+        );
+        assert_eq!(Key::Target("/t".into()).to_string(), "target /t");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::host::crypt;
 use crate::host::devices::{DeviceKind, DeviceTables};
 use crate::host::loopdev::LoopDevices;
 use crate::host::Host;
-use crate::locks::{self, OpGuard, OpLocks};
+use crate::locks::{Key, OpGuard, OpLocks};
 use crate::mount::{MountId, MountInfo, MountOptions, Mounter};
 use crate::plugin::{
     AccessMode, AccessType, AttachContext, Attachment, Backend, Registry, Secrets,
@@ -364,12 +364,14 @@ impl NodeOps {
     }
 
     fn lock_volume(&self, id: &VolumeId) -> Result<OpGuard> {
-        self.locks.try_exclusive(&[locks::volume_key(id)])
+        self.locks.try_exclusive(&[Key::Volume(id.clone())])
     }
 
     fn lock_target(&self, id: &VolumeId, target: &Path) -> Result<OpGuard> {
-        self.locks
-            .try_lock(&[locks::target_key(target)], &[locks::volume_key(id)])
+        self.locks.try_lock(
+            &[Key::Target(target.to_path_buf())],
+            &[Key::Volume(id.clone())],
+        )
     }
 
     /// The lock of a publish that must be the volume's only one on the
@@ -378,7 +380,7 @@ impl NodeOps {
     /// each find none).
     fn lock_only_target(&self, id: &VolumeId, target: &Path) -> Result<OpGuard> {
         self.locks
-            .try_exclusive(&[locks::target_key(target), locks::volume_key(id)])
+            .try_exclusive(&[Key::Target(target.to_path_buf()), Key::Volume(id.clone())])
     }
 
     /// Brings the state in line with the mount table after a start: publish

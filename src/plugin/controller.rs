@@ -14,7 +14,7 @@ use super::{
 };
 use crate::error::{Error, Kind, Result};
 use crate::host::freeze::Frozen;
-use crate::locks::{self, OpGuard, OpLocks};
+use crate::locks::{Key, OpGuard, OpLocks};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -299,7 +299,7 @@ impl ControllerOps {
         self.registry.get(name).cloned()
     }
 
-    fn guard(&self, exclusive: &[String], shared: &[String]) -> Result<OpGuard> {
+    fn guard(&self, exclusive: &[Key], shared: &[Key]) -> Result<OpGuard> {
         self.locks.try_lock(exclusive, shared)
     }
 
@@ -368,15 +368,15 @@ impl ControllerOps {
             secrets: req.secrets,
         };
         let id = backend.provisioning()?.volume_id_for(&request)?;
-        let shared: Vec<String> = match &request.source {
-            Some(ContentSource::Snapshot(s)) => vec![locks::snapshot_key(s)],
-            Some(ContentSource::Volume(v)) => vec![locks::volume_key(v)],
+        let shared: Vec<Key> = match &request.source {
+            Some(ContentSource::Snapshot(s)) => vec![Key::Snapshot(s.clone())],
+            Some(ContentSource::Volume(v)) => vec![Key::Volume(v.clone())],
             None => vec![],
         };
         let _guard = self.guard(
             &[
-                locks::volume_name_key(&request.name),
-                locks::volume_key(&id),
+                Key::VolumeName(request.name.clone()),
+                Key::Volume(id.clone()),
             ],
             &shared,
         )?;
@@ -407,7 +407,7 @@ impl ControllerOps {
     ) -> Result<()> {
         let backend = self.registry.for_volume(id)?.clone();
         check_mutable(backend.as_ref(), changes)?;
-        let _guard = self.guard(&[locks::volume_key(id)], &[])?;
+        let _guard = self.guard(&[Key::Volume(id.clone())], &[])?;
         if backend
             .provisioning()?
             .get_volume(id, secrets)
@@ -435,7 +435,7 @@ impl ControllerOps {
         let Some(backend) = self.backend(id.backend()) else {
             return Ok(());
         };
-        let _guard = self.guard(&[locks::volume_key(&id)], &[])?;
+        let _guard = self.guard(&[Key::Volume(id.clone())], &[])?;
         backend.provisioning()?.delete_volume(&id, secrets).await?;
         match &self.ledger {
             Some(ledger) => ledger.release(&id, None),
@@ -504,8 +504,8 @@ impl ControllerOps {
         // published elsewhere?" check and its record of this node cannot
         // interleave with a publish to another node. Multi-node publishes
         // of one volume go side by side.
-        let publish = locks::publish_key(id, &req.node_id);
-        let volume = locks::volume_key(id);
+        let publish = Key::Publish(id.clone(), req.node_id.to_string());
+        let volume = Key::Volume(id.clone());
         let _guard = if req.capability.mode.is_multi_node() {
             self.guard(&[publish], &[volume])?
         } else {
@@ -566,11 +566,11 @@ impl ControllerOps {
             return Ok(());
         }
         let exclusive = match node_id {
-            Some(node) => locks::publish_key(&id, node),
-            None => locks::volume_key(&id),
+            Some(node) => Key::Publish(id.clone(), node.to_string()),
+            None => Key::Volume(id.clone()),
         };
         let shared = match node_id {
-            Some(_) => vec![locks::volume_key(&id)],
+            Some(_) => vec![Key::Volume(id.clone())],
             None => vec![],
         };
         let _guard = self.guard(&[exclusive], &shared)?;
@@ -662,7 +662,7 @@ impl ControllerOps {
         if let Some(cap) = capability {
             backend.supports(cap)?;
         }
-        let _guard = self.guard(&[locks::volume_key(id)], &[])?;
+        let _guard = self.guard(&[Key::Volume(id.clone())], &[])?;
         let size = backend
             .expanding()?
             .expand_volume(id, required, limit, secrets)
@@ -689,10 +689,10 @@ impl ControllerOps {
         let id = backend.snapshotting()?.snapshot_id_for(&request)?;
         let _guard = self.guard(
             &[
-                locks::snapshot_name_key(&request.name),
-                locks::snapshot_key(&id),
+                Key::SnapshotName(request.name.clone()),
+                Key::Snapshot(id.clone()),
             ],
-            &[locks::volume_key(&request.source)],
+            &[Key::Volume(request.source.clone())],
         )?;
         // A volume staged here whose backend copies it over time is held
         // at one instant for the copy: its filesystem frozen (and thawed
@@ -732,7 +732,7 @@ impl ControllerOps {
         let Some(backend) = self.backend(id.backend()) else {
             return Ok(());
         };
-        let _guard = self.guard(&[locks::snapshot_key(&id)], &[])?;
+        let _guard = self.guard(&[Key::Snapshot(id.clone())], &[])?;
         backend
             .snapshotting()?
             .delete_snapshot(&id, secrets)

@@ -13,7 +13,7 @@ use super::super::{
 use super::{split_parameters, ControllerOps};
 use crate::error::{Error, Result};
 use crate::host::freeze::Frozen;
-use crate::locks;
+use crate::locks::Key;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -176,9 +176,9 @@ impl ControllerOps {
             .iter()
             .map(|s| backend.snapshotting()?.snapshot_id_for(&member(s)))
             .collect::<Result<Vec<SnapshotId>>>()?;
-        let mut exclusive = vec![locks::group_snapshot_key(&id)];
-        exclusive.extend(req.sources.iter().map(locks::volume_key));
-        exclusive.extend(members.iter().map(locks::snapshot_key));
+        let mut exclusive = vec![Key::GroupSnapshot(id.clone())];
+        exclusive.extend(req.sources.iter().cloned().map(Key::Volume));
+        exclusive.extend(members.iter().cloned().map(Key::Snapshot));
         let _guard = self.guard(&exclusive, &[])?;
 
         if let Some(existing) = store.get(&id)? {
@@ -391,8 +391,8 @@ impl ControllerOps {
             return Ok(());
         };
         Self::check_members(&record, snapshot_ids)?;
-        let mut exclusive = vec![locks::group_snapshot_key(&id)];
-        exclusive.extend(record.members.iter().map(locks::snapshot_key));
+        let mut exclusive = vec![Key::GroupSnapshot(id.clone())];
+        exclusive.extend(record.members.iter().cloned().map(Key::Snapshot));
         let _guard = self.guard(&exclusive, &[])?;
         self.remove_members(backend.as_ref(), &record, secrets)
             .await?;
