@@ -474,12 +474,12 @@ fn rbd_floor(cluster: &CephCluster, n: usize, snaps: usize) -> (Figures, Figures
 
 /// The controller's own user lists volumes (ListVolumes carries no
 /// secrets); every other call brings its secrets.
-fn rbd_config(cluster: &CephCluster, road: &str) -> String {
-    format!("{}client = \"{road}\"\n", cluster.backend_config("bench"))
+fn rbd_config(cluster: &CephCluster, client: &str) -> String {
+    format!("{}client = \"{client}\"\n", cluster.backend_config("bench"))
 }
 
 /// The rbd backend against the Ceph fixture, with secrets in every call
-/// (the normal deployment), on both of its roads to the cluster: librbd
+/// (the normal deployment), on both of its clients to the cluster: librbd
 /// on kept connections, and the rbd command line.
 async fn rbd(n: usize, existing: usize, clients: usize, peer_only: bool, smoke: bool) {
     let cluster = Arc::new(CephCluster::new());
@@ -505,8 +505,8 @@ async fn rbd(n: usize, existing: usize, clients: usize, peer_only: bool, smoke: 
         ("rbd rm", &removed),
         ("rbd snap create", &snapped),
     ];
-    for road in ["librbd", "cli"] {
-        let h = Harness::start_with(Some(&rbd_config(&cluster, road))).await;
+    for client in ["librbd", "cli"] {
+        let h = Harness::start_with(Some(&rbd_config(&cluster, client))).await;
         let driver = h.pid();
         let daemons = cluster.pids();
         let phases = RbdPhases {
@@ -518,11 +518,11 @@ async fn rbd(n: usize, existing: usize, clients: usize, peer_only: bool, smoke: 
             clients,
         };
         header(&format!(
-            "rbd on its {road} road (one monitor, one memstore OSD), 0 volumes"
+            "rbd on its {client} client (one monitor, one memstore OSD), 0 volumes"
         ));
-        // Names of their own per road: a name made before would be found
+        // Names of their own per client: a name made before would be found
         // (an idempotent answer), not made.
-        let names = if road == "librbd" {
+        let names = if client == "librbd" {
             ["a", "b", "c"]
         } else {
             ["g", "h", "i"]
@@ -536,7 +536,7 @@ async fn rbd(n: usize, existing: usize, clients: usize, peer_only: bool, smoke: 
                 .map(|d| d.count())
                 .unwrap_or(0)
         );
-        if road == "librbd" && existing > 0 {
+        if client == "librbd" && existing > 0 {
             let ids: Ids = Arc::default();
             let run = ("old", clients, existing);
             make_volumes(
@@ -548,7 +548,7 @@ async fn rbd(n: usize, existing: usize, clients: usize, peer_only: bool, smoke: 
             )
             .await;
             header(&format!(
-                "rbd on its {road} road, {existing} volumes in the pool"
+                "rbd on its {client} client, {existing} volumes in the pool"
             ));
             phases.run(driver, ["d", "e", "f"], &floors).await;
         }

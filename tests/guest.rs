@@ -3324,11 +3324,11 @@ async fn guest_file_and_iscsi_changed_blocks() {
     assert!(h.mounts().is_empty(), "{:?}", h.mounts());
 }
 
-/// Changed block tracking of rbd snapshots on the librbd road (its
-/// diff_iterate2; the `rbd diff` command line road is checked against the
+/// Changed block tracking of rbd snapshots on the librbd client (its
+/// diff_iterate2; the `rbd diff` command line client is checked against the
 /// same kind of writes on the host, `tests/rbd_host.rs`, and here too with
 /// `FERROVOL_SANITY=full`: the command line costs seconds a call under
-/// TCG, and the two roads took almost ten minutes): a raw block
+/// TCG, and the two clients took almost ten minutes): a raw block
 /// volume mapped here by the kernel client, written between two snapshots
 /// (see [`changed_blocks_backup`]); exact within the objects the base
 /// snapshot held, from an object's start for one first written after. The
@@ -3339,16 +3339,16 @@ async fn guest_file_and_iscsi_changed_blocks() {
 async fn guest_rbd_changed_blocks() {
     require_guest();
     let cluster = CephCluster::shared();
-    let roads: &[&str] = match std::env::var("FERROVOL_SANITY").as_deref() {
+    let clients: &[&str] = match std::env::var("FERROVOL_SANITY").as_deref() {
         Ok("full") => &["librbd", "cli"],
         _ => &["librbd"],
     };
-    for road in roads {
-        let config = format!("{}client = \"{road}\"\n", cluster.backend_config("guest"));
+    for client in clients {
+        let config = format!("{}client = \"{client}\"\n", cluster.backend_config("guest"));
         let h = Harness::start_with(Some(&config)).await;
         let cap = block_cap(SNW);
         let bring_up = |name: String, from: Option<String>| {
-            let mut req = create_req(&format!("{road}-{name}"), 16 * MIB, cap.clone());
+            let mut req = create_req(&format!("{client}-{name}"), 16 * MIB, cap.clone());
             req.secrets = cluster.secrets();
             req.volume_content_source = from.as_deref().map(snapshot_source);
             h.provision_attached(req)
@@ -3363,13 +3363,15 @@ async fn guest_rbd_changed_blocks() {
             delta: vec![(m, 4096), (4 * m, m + 4096)],
         };
         let (vol, snaps, copied) = changed_blocks_backup(&h, "cbt-rbd", expected, bring_up).await;
-        eprintln!("{road}: the backup copied {copied} bytes");
+        eprintln!("{client}: the backup copied {copied} bytes");
         let image = |id: &str| format!("rbd/{}", id.rsplit('.').next().unwrap());
         let cuts = cluster.rbd(&["snap", "ls", &image(&vol.id)]);
         assert_eq!(cuts.matches("tmp-tmp-fvs-").count(), 2, "{cuts}");
 
         let other = bring_up("cbt-other".into(), None).await;
-        let o1 = h.snapshot(&format!("{road}-cbt-other-1"), &other.id).await;
+        let o1 = h
+            .snapshot(&format!("{client}-cbt-other-1"), &other.id)
+            .await;
         let e = h
             .metadata()
             .get_metadata_delta(pb::GetMetadataDeltaRequest {

@@ -11,11 +11,11 @@ use ferrovol::proto as pb;
 use std::collections::HashMap;
 use tonic::Code;
 
-/// With the controller's own user, on one road to the cluster
+/// With the controller's own user, on one client to the cluster
 /// (`librbd` or `cli`).
-pub fn rbd_config(c: &CephCluster, road: &str) -> String {
+pub fn rbd_config(c: &CephCluster, client: &str) -> String {
     format!(
-        "{}user = \"ferrovol\"\nkeyring = \"{}\"\nclient = \"{road}\"\n",
+        "{}user = \"ferrovol\"\nkeyring = \"{}\"\nclient = \"{client}\"\n",
         rbd_config_secrets_only(c),
         c.client_keyring.display()
     )
@@ -45,15 +45,15 @@ fn images(c: &CephCluster) -> Vec<String> {
     v
 }
 
-/// The whole controller path on both roads to the cluster, one after the
+/// The whole controller path on both clients to the cluster, one after the
 /// other on one cluster.
 #[tokio::test]
 async fn rbd_controller_on_a_real_cluster() {
     require_root();
     let cluster = CephCluster::new();
-    for road in ["librbd", "cli"] {
-        controller_path(&cluster, road).await;
-        cut_short_creates_and_deletes(&cluster, road).await;
+    for client in ["librbd", "cli"] {
+        controller_path(&cluster, client).await;
+        cut_short_creates_and_deletes(&cluster, client).await;
     }
 }
 
@@ -89,8 +89,8 @@ fn being_made(c: &CephCluster) -> String {
 /// driver did not make is never taken or deleted. Deletes: a clone and
 /// its source at once, and one the driver dies in with the image in the
 /// trash (`rbd.trashed`).
-async fn cut_short_creates_and_deletes(cluster: &CephCluster, road: &str) {
-    let mut h = Harness::start_with(Some(&rbd_config(cluster, road))).await;
+async fn cut_short_creates_and_deletes(cluster: &CephCluster, client: &str) {
+    let mut h = Harness::start_with(Some(&rbd_config(cluster, client))).await;
     let mut c = h.controller();
     let cap = mount_cap("ext4", SNW);
     let req = |name: &str, source: Option<pb::VolumeContentSource>| {
@@ -129,25 +129,25 @@ async fn cut_short_creates_and_deletes(cluster: &CephCluster, road: &str) {
         h.kill();
         h.spawn().await;
         let died = h.controller().create_volume(req(name, from.clone())).await;
-        assert!(died.is_err(), "{road} {name}: {died:?}");
+        assert!(died.is_err(), "{client} {name}: {died:?}");
         h.kill();
         h.env.clear();
         h.spawn().await;
         c = h.controller();
         let left = images(cluster);
-        if road == "librbd" {
+        if client == "librbd" {
             // Made under its final name, its making on record.
             assert!(left.contains(&format!("fv-{name}")), "{left:?}");
             assert!(
                 being_made(cluster).contains(&format!("fv-{name}")),
-                "{road} {name}"
+                "{client} {name}"
             );
         } else {
             assert!(left.contains(&format!("tmp-fv-{name}")), "{left:?}");
         }
         assert!(
             !h.listed_volume_ids().await.contains(&id_of(name)),
-            "{road} {name}: a volume cut short was listed"
+            "{client} {name}: a volume cut short was listed"
         );
         if name == "pvc-never" {
             // The CO gave up: the delete removes what the create left.
@@ -160,7 +160,7 @@ async fn cut_short_creates_and_deletes(cluster: &CephCluster, road: &str) {
             let left = images(cluster);
             assert!(
                 !left.iter().any(|i| i.ends_with(&format!("fv-{name}"))),
-                "{road}: {left:?}"
+                "{client}: {left:?}"
             );
             continue;
         }
@@ -190,8 +190,8 @@ async fn cut_short_creates_and_deletes(cluster: &CephCluster, road: &str) {
     // running driver or, when the next kill came first, from the next
     // start (this driver has a user of its own); pvc-never's with its
     // delete.
-    assert_eq!(being_made(cluster), "", "{road}: records of making left");
-    if road == "librbd" {
+    assert_eq!(being_made(cluster), "", "{client}: records of making left");
+    if client == "librbd" {
         // The record's removal after the answer, by a driver that lives
         // on: done once the driver says so (it logs either outcome).
         let v = h.create_volume(req("pvc-whole", None)).await;
@@ -249,7 +249,7 @@ async fn cut_short_creates_and_deletes(cluster: &CephCluster, road: &str) {
         )
         .unwrap();
         h.spawn().await;
-        assert!(being_made(cluster).contains("fv-pvc-named"), "{road}");
+        assert!(being_made(cluster).contains("fv-pvc-named"), "{client}");
         let made = image_id(cluster, "pvc-named");
         let v = h.create_volume(req("pvc-named", None)).await;
         assert_eq!(v.volume_id, id_of("pvc-named"));
@@ -293,14 +293,14 @@ async fn cut_short_creates_and_deletes(cluster: &CephCluster, road: &str) {
     // name, no record of making): neither taken nor deleted.
     cluster.rbd(&["create", "rbd/fv-pvc-foreign", "--size", "8M"]);
     let r = c.create_volume(req("pvc-foreign", None)).await;
-    assert_eq!(code(&r), Code::AlreadyExists, "{road}: {r:?}");
+    assert_eq!(code(&r), Code::AlreadyExists, "{client}: {r:?}");
     let r = c
         .delete_volume(pb::DeleteVolumeRequest {
             volume_id: id_of("pvc-foreign"),
             secrets: secrets(cluster),
         })
         .await;
-    assert_eq!(code(&r), Code::FailedPrecondition, "{road}: {r:?}");
+    assert_eq!(code(&r), Code::FailedPrecondition, "{client}: {r:?}");
     assert!(images(cluster).contains(&"fv-pvc-foreign".to_string()));
     cluster.rbd(&["rm", "--no-progress", "rbd/fv-pvc-foreign"]);
 
@@ -330,13 +330,13 @@ async fn cut_short_creates_and_deletes(cluster: &CephCluster, road: &str) {
                     secrets: secrets(cluster),
                 })
                 .await;
-            assert!(r.is_ok(), "{road} {i}: {r:?}");
+            assert!(r.is_ok(), "{client} {i}: {r:?}");
         }
     }
     // A delete the driver dies in once the image is in the trash
     // (`rbd.trashed`, librbd): the image is gone from the pool, the CO's
     // retry succeeds and its purge removes what the trash held.
-    if road == "librbd" {
+    if client == "librbd" {
         let id = h.create_volume(req("pvc-trashed", None)).await.volume_id;
         h.env = vec![("FERROVOL_KILL_AT".into(), "rbd.trashed".into())];
         h.kill();
@@ -380,14 +380,18 @@ async fn cut_short_creates_and_deletes(cluster: &CephCluster, road: &str) {
         .await
         .unwrap();
     }
-    assert!(images(cluster).is_empty(), "{road}: {:?}", images(cluster));
+    assert!(
+        images(cluster).is_empty(),
+        "{client}: {:?}",
+        images(cluster)
+    );
 }
 
-async fn controller_path(cluster: &CephCluster, road: &str) {
-    let h = Harness::start_with(Some(&rbd_config(cluster, road))).await;
+async fn controller_path(cluster: &CephCluster, client: &str) {
+    let h = Harness::start_with(Some(&rbd_config(cluster, client))).await;
     assert!(
         h.log()
-            .contains(&format!("rbd controller calls go through {road}")),
+            .contains(&format!("rbd controller calls go through {client}")),
         "{}",
         h.log()
     );
@@ -560,9 +564,9 @@ async fn controller_path(cluster: &CephCluster, road: &str) {
     };
     let allocated = h.client_json(&["allocated", &snap.snapshot_id]);
     assert_eq!(allocated["volume_capacity_bytes"], 20 * MIB, "{allocated}");
-    assert_eq!(ranges(allocated), [(0, 8192)], "{road}");
+    assert_eq!(ranges(allocated), [(0, 8192)], "{client}");
     let delta = h.client_json(&["delta", &snap.snapshot_id, &snap2]);
-    assert_eq!(ranges(delta), [(0, 65536)], "{road}");
+    assert_eq!(ranges(delta), [(0, 65536)], "{client}");
     let later = h.client_json(&[
         "delta",
         &snap.snapshot_id,
@@ -570,7 +574,7 @@ async fn controller_path(cluster: &CephCluster, road: &str) {
         "--starting-offset",
         "16384",
     ]);
-    assert_eq!(ranges(later), [(16384, 49152)], "{road}");
+    assert_eq!(ranges(later), [(16384, 49152)], "{client}");
     c.delete_snapshot(pb::DeleteSnapshotRequest {
         snapshot_id: snap2,
         secrets: secrets(cluster),
@@ -823,7 +827,7 @@ async fn controller_path(cluster: &CephCluster, road: &str) {
         }
         assert!(
             started.elapsed() < std::time::Duration::from_secs(60),
-            "{road}: the trash kept {trash}"
+            "{client}: the trash kept {trash}"
         );
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
@@ -844,7 +848,7 @@ async fn rbd_calls_carry_their_secrets_and_publish_checks_node_and_terms() {
     require_root();
     let cluster = CephCluster::new();
     let h = Harness::start_with(Some(&rbd_config_secrets_only(&cluster))).await;
-    // The default road where librbd is installed.
+    // The default client where librbd is installed.
     assert!(h.log().contains("rbd controller calls go through librbd"));
     let mut c = h.controller();
     let cap = mount_cap("ext4", SNW);
@@ -912,10 +916,10 @@ async fn rbd_calls_carry_their_secrets_and_publish_checks_node_and_terms() {
     drop(h);
 
     // With the config's own user, GetCapacity reports the pool's room,
-    // the same on both roads (`ceph df`, the monitor command).
+    // the same on both clients (`ceph df`, the monitor command).
     let mut rooms = Vec::new();
-    for road in ["librbd", "cli"] {
-        let h = Harness::start_with(Some(&rbd_config(&cluster, road))).await;
+    for client in ["librbd", "cli"] {
+        let h = Harness::start_with(Some(&rbd_config(&cluster, client))).await;
         let cap = h
             .controller()
             .get_capacity(pb::GetCapacityRequest::default())
@@ -933,7 +937,7 @@ async fn rbd_calls_carry_their_secrets_and_publish_checks_node_and_terms() {
 }
 
 /// A cluster that does not answer (nothing listens at its monitor): on the
-/// librbd road the call answers UNAVAILABLE within librados's connect
+/// librbd client the call answers UNAVAILABLE within librados's connect
 /// timeout (20 s) and its deadline, the driver keeps serving meanwhile
 /// (the call blocks a thread of the blocking pool, not an async worker),
 /// and nothing of the key is said.
@@ -988,17 +992,17 @@ async fn rbd_a_cluster_that_does_not_answer_is_unavailable_in_bounded_time() {
     assert!(!r.unwrap_err().message().contains("AQDzZkVn"));
 }
 
-/// QoS limits as mutable parameters, on both roads: set at create (a
+/// QoS limits as mutable parameters, on both clients: set at create (a
 /// VolumeAttributesClass), changed and cleared by ControllerModifyVolume
 /// (0 removes the override), a set with one bad value changes nothing.
 #[tokio::test]
 async fn rbd_qos_limits_are_mutable_parameters() {
     require_root();
     let cluster = CephCluster::new();
-    for road in ["librbd", "cli"] {
-        let h = Harness::start_with(Some(&rbd_config(&cluster, road))).await;
+    for client in ["librbd", "cli"] {
+        let h = Harness::start_with(Some(&rbd_config(&cluster, client))).await;
         let mut c = h.controller();
-        let name = format!("pvc-qos-{road}");
+        let name = format!("pvc-qos-{client}");
         let image = format!("rbd/fv-{name}");
         let overrides = || -> serde_json::Map<String, serde_json::Value> {
             let all: serde_json::Value = serde_json::from_str(&cluster.rbd(&[
@@ -1059,7 +1063,7 @@ async fn rbd_qos_limits_are_mutable_parameters() {
         ] {
             let e = c.controller_modify_volume(modify(bad)).await.unwrap_err();
             assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
-            assert!(e.message().contains(bad[1].0), "{road}: {}", e.message());
+            assert!(e.message().contains(bad[1].0), "{client}: {}", e.message());
             assert_eq!(serde_json::Value::Object(overrides()), want);
         }
         c.delete_volume(pb::DeleteVolumeRequest {
@@ -1076,11 +1080,11 @@ async fn rbd_qos_limits_are_mutable_parameters() {
     }
 }
 
-/// Group snapshots on a real cluster: on the librbd road every member's
+/// Group snapshots on a real cluster: on the librbd client every member's
 /// exclusive lock is held while all are snapshotted, then each member is
 /// an ordinary snapshot image that names its group; an image without the
 /// exclusive-lock feature is refused with nothing left behind, and so is
-/// the CLI road (it cannot hold locks across calls).
+/// the CLI client (it cannot hold locks across calls).
 #[tokio::test]
 async fn rbd_group_snapshots_cut_every_member_or_leave_nothing() {
     require_root();
@@ -1165,7 +1169,7 @@ async fn rbd_group_snapshots_cut_every_member_or_leave_nothing() {
         );
     }
 
-    // The CLI road cannot hold the locks: refused, nothing made.
+    // The CLI client cannot hold the locks: refused, nothing made.
     drop(c);
     drop(h);
     let h = Harness::start_with(Some(&rbd_config(&cluster, "cli"))).await;
@@ -1188,12 +1192,12 @@ async fn rbd_group_snapshots_cut_every_member_or_leave_nothing() {
 }
 
 /// Group snapshots of images in use (here by librbd writers, `rbd bench`,
-/// which hold the exclusive locks): on the librbd road the cut goes
+/// which hold the exclusive locks): on the librbd client the cut goes
 /// through a temporary rbd group, whose snapshot the writers hand their
 /// locks over for and go on after; each member is a copy of its cut, and
 /// no group, group snapshot or temporary image is left. An in-use member
 /// without the exclusive-lock feature is refused leaving nothing, and the
-/// CLI road refuses in-use members (it cannot reach a group's snapshots).
+/// CLI client refuses in-use members (it cannot reach a group's snapshots).
 #[tokio::test]
 async fn rbd_group_snapshots_of_images_being_written() {
     require_root();
@@ -1315,7 +1319,7 @@ async fn rbd_group_snapshots_of_images_being_written() {
     h.delete_group(&g.group_snapshot_id, secrets(&cluster))
         .await;
     assert!(!images(&cluster).iter().any(|i| i.starts_with("fvs-")));
-    // The CLI road cannot read a group's snapshots: in-use members refused.
+    // The CLI client cannot read a group's snapshots: in-use members refused.
     drop(c);
     drop(h);
     let h = Harness::start_with(Some(&rbd_config(&cluster, "cli"))).await;
@@ -1467,7 +1471,7 @@ async fn rbd_group_snapshots_of_images_being_written() {
     );
     assert_eq!(g.snapshots.len(), 2);
     // The dead try's cut (another instant) is gone. (The driver's watch
-    // outlived it: the retry took the road for members in use, copies.)
+    // outlived it: the retry took the client for members in use, copies.)
     let now = user_snaps(sources[0]);
     assert!(
         !now.contains(&stale[0]),

@@ -542,7 +542,7 @@ fn memory(pid: u32) -> String {
 }
 
 /// The side-by-side rounds and their table. `ferrovol` is a driver on the
-/// librbd road on `cluster`, its pid `pid`.
+/// librbd client on `cluster`, its pid `pid`.
 pub async fn run(cluster: &CephCluster, h: &super::Harness, smoke: bool) {
     let (ferrovol, pid) = (h.controller(), h.pid());
     let rounds = env_num("FERROVOL_BENCH_ROUNDS", if smoke { 1 } else { 6 });

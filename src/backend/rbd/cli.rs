@@ -1,6 +1,6 @@
 //! The `rbd` command line through the exec seam: credentials in a private
 //! keyring file (never argv), JSON reports parsed into typed rows, and
-//! rbd's errors classified by their errno. The cluster road when librbd
+//! rbd's errors classified by their errno. The cluster client when librbd
 //! is not there, and the node's map and unmap always.
 
 use super::cluster::{
@@ -206,7 +206,7 @@ impl CliCluster {
 
 #[async_trait::async_trait]
 impl Cluster for CliCluster {
-    fn road(&self) -> &'static str {
+    fn client(&self) -> &'static str {
         "cli"
     }
 

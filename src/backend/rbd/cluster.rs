@@ -1,5 +1,5 @@
 //! What the rbd backend asks of a Ceph cluster, typed: one seam with two
-//! roads behind it, the `rbd` command line (`cli.rs`, a process and a
+//! clients behind it, the `rbd` command line (`cli.rs`, a process and a
 //! cephx session per call) and librbd on a kept connection (`librbd.rs`).
 //! Errors carry the errno that failed (`Error::os_error`), which callers
 //! decide by, never the message.
@@ -184,11 +184,11 @@ pub const ENOTEMPTY: i32 = 39;
 /// node's health check. Each either finishes or fails with the errno kept.
 #[async_trait::async_trait]
 pub trait Cluster: Send + Sync {
-    /// Which road this is, for logs and the bench.
-    fn road(&self) -> &'static str;
+    /// Which client this is, for logs and the bench.
+    fn client(&self) -> &'static str;
     /// The image's size and parent; `None` when it does not exist.
     async fn info(&self, creds: &Creds, spec: &Spec) -> Result<Option<Info>>;
-    /// Info and metadata together (one open of the image where the road
+    /// Info and metadata together (one open of the image where the client
     /// allows); `None` when the image does not exist.
     async fn describe(
         &self,
@@ -206,7 +206,7 @@ pub trait Cluster: Send + Sync {
     }
     /// What a delete decides by: info, metadata, watchers, a leftover group
     /// and the snapshots (one open
-    /// of the image where the road allows); `None` when it does not exist.
+    /// of the image where the client allows); `None` when it does not exist.
     async fn inspect(&self, creds: &Creds, spec: &Spec) -> Result<Option<Inspected>> {
         let Some((info, meta)) = self.describe(creds, spec).await? else {
             return Ok(None);
@@ -239,12 +239,12 @@ pub trait Cluster: Send + Sync {
     /// Waits (a bounded while) until no background removal of a clone of
     /// `spec` holds it open: a delete would see the driver's own watch.
     async fn settle(&self, _spec: &Spec) {}
-    /// Whether this road makes a new volume under its final name, its
+    /// Whether this client makes a new volume under its final name, its
     /// making recorded first in the place's record of images being made
     /// ([`Self::intend`]), rather than under a temporary name renamed when
     /// done. A rename opens the image and updates the pool's directory
     /// (about 6-10 ms, more than the create itself); a record is one OSD
-    /// operation each way. The CLI road keeps the rename.
+    /// operation each way. The CLI client keeps the rename.
     fn makes_in_place(&self) -> bool {
         false
     }
@@ -252,7 +252,7 @@ pub trait Cluster: Send + Sync {
     /// for the CSI name `name`; [`Self::finish`] removes the record.
     async fn intend(&self, _creds: &Creds, spec: &Spec, _name: &str) -> Result<()> {
         Err(crate::error::Error::internal(format!(
-            "{}: this road makes images under a temporary name",
+            "{}: this client makes images under a temporary name",
             spec.arg()
         )))
     }
@@ -358,7 +358,7 @@ pub trait Cluster: Send + Sync {
     async fn snap_together(&self, _creds: &Creds, _members: &[(Spec, String)]) -> Result<()> {
         Err(Error::precondition(
             "group snapshots of rbd volumes hold every member's exclusive lock at once, \
-             which only the librbd road can (client = \"librbd\" in the backend's config)",
+             which only the librbd client can (client = \"librbd\" in the backend's config)",
         ))
     }
 
@@ -378,7 +378,7 @@ pub trait Cluster: Send + Sync {
     ) -> Result<()> {
         Err(Error::precondition(
             "group snapshots of rbd volumes in use go through an rbd group, whose snapshots \
-             only the librbd road can read (client = \"librbd\" in the backend's config)",
+             only the librbd client can read (client = \"librbd\" in the backend's config)",
         ))
     }
 
@@ -386,7 +386,7 @@ pub trait Cluster: Send + Sync {
     /// in the image's pool) that the image is still a member of: a driver
     /// that died copying left it, with its snapshots, and an image in a
     /// group cannot be removed. None when the image is in no group of
-    /// ours (and on roads that cannot make such groups).
+    /// ours (and on clients that cannot make such groups).
     async fn leftover_group(&self, _creds: &Creds, _spec: &Spec) -> Result<Option<String>> {
         Ok(None)
     }
@@ -395,7 +395,7 @@ pub trait Cluster: Send + Sync {
     /// snapshots go, its members leave it.
     async fn group_remove(&self, _creds: &Creds, _place: &Spec, name: &str) -> Result<()> {
         Err(Error::precondition(format!(
-            "rbd group {name} can be removed only on the librbd road"
+            "rbd group {name} can be removed only on the librbd client"
         )))
     }
 }

@@ -1308,7 +1308,7 @@ fn not_found_none<T>(r: Result<T>) -> Result<Option<T>> {
 
 #[async_trait::async_trait]
 impl Cluster for LibCluster {
-    fn road(&self) -> &'static str {
+    fn client(&self) -> &'static str {
         "librbd"
     }
 

@@ -71,13 +71,13 @@ crate::kill_points! {
     pub enum KillPoint {
         /// a new volume's image is made (a clone, for a copy) and sized,
         /// under its final name with its making recorded (librbd) or under its
-        /// temporary name (the CLI road); it carries no CSI name yet.
+        /// temporary name (the CLI client); it carries no CSI name yet.
         Made = "rbd.made",
-        /// (librbd road) a volume made in place has its CSI name; the
+        /// (librbd client) a volume made in place has its CSI name; the
         /// record of its making is still there (its removal runs after the
         /// answer, in the background).
         Named = "rbd.named",
-        /// (librbd road) a deleted image is in the trash, out of the
+        /// (librbd client) a deleted image is in the trash, out of the
         /// pool's directory; the removal of its data has not begun.
         Trashed = "rbd.trashed",
         /// a group snapshot of volumes in use: the temporary rbd group
@@ -255,7 +255,7 @@ struct Params {
 pub struct RbdBackend {
     name: String,
     settings: RbdSettings,
-    /// The controller's road to the cluster.
+    /// The controller's client to the cluster.
     cluster: Arc<dyn Cluster>,
     /// The command line: mapping on nodes.
     cli: Arc<CliCluster>,
@@ -381,9 +381,9 @@ impl RbdBackend {
         };
         tracing::info!(
             backend = name,
-            road = cluster.road(),
+            client = cluster.client(),
             "rbd controller calls go through {}",
-            cluster.road()
+            cluster.client()
         );
         Ok(RbdBackend {
             name: name.into(),
@@ -427,9 +427,9 @@ impl RbdBackend {
         self.cluster.as_ref()
     }
 
-    /// Which road the controller takes: `librbd` or `cli`.
-    pub fn road(&self) -> &'static str {
-        self.cluster.road()
+    /// Which client the controller takes: `librbd` or `cli`.
+    pub fn client(&self) -> &'static str {
+        self.cluster.client()
     }
 
     /// Credentials: the call's secrets, else the config's own user.

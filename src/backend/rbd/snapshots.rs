@@ -69,9 +69,9 @@ impl Snapshotter for RbdBackend {
         self.rbd().settle(&spec).await;
         let Some((info, meta)) = self.rbd().describe(&creds, &spec).await? else {
             // The temporary group a group snapshot cut short left, named
-            // after its first member's snapshot (only the librbd road
+            // after its first member's snapshot (only the librbd client
             // makes them).
-            if self.road() == "librbd" {
+            if self.client() == "librbd" {
                 let group = format!("fvg-{}", spec.image.trim_start_matches("fvs-"));
                 match self.rbd().group_remove(&creds, &spec, &group).await {
                     Ok(()) => {

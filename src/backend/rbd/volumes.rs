@@ -116,7 +116,7 @@ impl Provisioner for RbdBackend {
         self.rbd().settle(&spec).await;
         let Some(image) = self.rbd().inspect(&creds, &spec).await? else {
             // A create the driver died in may have left its temporary
-            // image (the CLI road's, or an earlier version's).
+            // image (the CLI client's, or an earlier version's).
             let tmp = spec.with_image(&format!("tmp-{}", spec.image));
             if self.rbd().info(&creds, &tmp).await?.is_some() {
                 tracing::warn!(volume = %id, "removing the temporary image a create cut short left");
