@@ -1,6 +1,6 @@
 //! The upstream conformance suite (csi-sanity) against the driver on the
 //! embedded `file` backend, on the host. The remote and LVM backends run
-//! it in the real-kernel guest (`tests/guest.rs`). Needs root.
+//! it in the real-kernel guest (`tests/guest/sanity.rs`). Needs root.
 
 mod common;
 
