@@ -1,0 +1,528 @@
+//! The node's side: logins, unstage, sessions, multipath, copies' UUIDs.
+
+use super::*;
+
+/// A fake sysfs: session `sid` with LUN 1 as disk `disk`.
+fn sysfs_session(root: &Path, sid: u32, disk: &str, state: &str, sectors: u64) {
+    let session = root.join(format!("sys/class/iscsi_session/session{sid}"));
+    let unit = session.join("device/target2:0:0/2:0:0:1/block").join(disk);
+    std::fs::create_dir_all(&unit).unwrap();
+    std::fs::create_dir_all(session.join("device/target2:0:0/2:0:0:0")).unwrap();
+    std::fs::write(session.join("state"), format!("{state}\n")).unwrap();
+    let block = root.join("sys/block").join(disk);
+    std::fs::create_dir_all(block.join("device")).unwrap();
+    std::fs::write(block.join("size"), format!("{sectors}\n")).unwrap();
+    // Its device node (a plain file stands in for it).
+    std::fs::create_dir_all(root.join("dev")).unwrap();
+    std::fs::write(root.join("dev").join(disk), b"").unwrap();
+}
+
+fn stage_ctx(secrets: &[(&str, &str)]) -> AttachContext {
+    AttachContext {
+        publish_context: BTreeMap::from([
+            ("iqn".to_string(), IQN.to_string()),
+            ("portals".to_string(), "10.0.0.5:3260".to_string()),
+            ("lun".to_string(), "1".to_string()),
+        ]),
+        volume_context: BTreeMap::new(),
+        secrets: Secrets::new(
+            secrets
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        ),
+        readonly: false,
+        node_id: NODE.into(),
+    }
+}
+
+const SESSION: &str = "tcp: [4] 10.0.0.5:3260,1 iqn.2026-11.io.ferrovol:pvc-1 (non-flash)\n";
+
+#[tokio::test]
+async fn stage_logs_in_with_chap_from_the_record_file() {
+    let s = Setup::new();
+    let b = s.node();
+    let id = VolumeId::parse("iscsi:pvc-1").unwrap();
+    let record_dir = s.dir.path().join("nodes").join(IQN);
+    std::fs::create_dir_all(&record_dir).unwrap();
+    let record = record_dir.join("10.0.0.5,3260");
+    std::fs::write(
+        &record,
+        "# BEGIN RECORD 2.1.8\nnode.name = x\nnode.session.auth.authmethod = None\n\
+         node.session.timeo.replacement_timeout = 120\n# END RECORD\n",
+    )
+    .unwrap();
+    sysfs_session(s.dir.path(), 4, "sdc", "LOGGED_IN", 16384);
+    s.runner
+        .expect(
+            "iscsiadm",
+            Reply::Fail(21, "iscsiadm: No active sessions.".into()),
+        )
+        .ok("iscsiadm")
+        .ok("iscsiadm")
+        .ok("iscsiadm")
+        .expect("iscsiadm", Reply::Ok(SESSION.into()));
+    let a = b
+        .node_attach(
+            &id,
+            &stage_ctx(&[(CHAP_USER, "alice"), (CHAP_PASSWORD, "alice-secret-01")]),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        a,
+        Attachment::Device {
+            path: s.dir.path().join("dev/sdc")
+        }
+    );
+    let lines = s.runner.lines();
+    assert_eq!(
+        lines[1..4],
+        [
+            format!("iscsiadm -m node -T {IQN} -p 10.0.0.5:3260 -o new"),
+            format!(
+                "iscsiadm -m node -T {IQN} -p 10.0.0.5:3260 -o update -n node.startup -v manual"
+            ),
+            format!("iscsiadm -m node -T {IQN} -p 10.0.0.5:3260 --login"),
+        ]
+    );
+    assert!(lines.iter().all(|l| !l.contains("secret")));
+    let text = std::fs::read_to_string(&record).unwrap();
+    assert!(text.contains("node.session.auth.authmethod = CHAP\nnode.session.auth.username = alice\nnode.session.auth.password = alice-secret-01\nnode.session.timeo.replacement_timeout = 15\n# END RECORD"), "{text}");
+    assert!(!text.contains("authmethod = None"));
+    // The backend's replacement timeout replaces open-iscsi's.
+    assert!(!text.contains("replacement_timeout = 120"), "{text}");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&record).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+
+    // After a restart the session is found: no second login.
+    s.runner.expect("iscsiadm", Reply::Ok(SESSION.into()));
+    b.node_attach(&id, &stage_ctx(&[])).await.unwrap();
+    assert_eq!(s.runner.lines().len(), lines.len() + 1);
+
+    // A publish context for another volume's target is refused.
+    let mut other = stage_ctx(&[]);
+    other
+        .publish_context
+        .insert("iqn".into(), "iqn.2026-11.io.ferrovol:pvc-2".into());
+    assert_eq!(
+        b.node_attach(&id, &other).await.unwrap_err().kind,
+        Kind::InvalidArgument
+    );
+    let mut bad = stage_ctx(&[]);
+    bad.publish_context
+        .insert("portals".into(), "10.0.0.5:3260,-oops".into());
+    assert_eq!(
+        b.node_attach(&id, &bad).await.unwrap_err().kind,
+        Kind::InvalidArgument
+    );
+}
+
+#[tokio::test]
+async fn a_refused_login_leaves_no_record() {
+    let s = Setup::new();
+    let b = s.node();
+    let id = VolumeId::parse("iscsi:pvc-1").unwrap();
+    let record_dir = s.dir.path().join("nodes").join(IQN);
+    std::fs::create_dir_all(&record_dir).unwrap();
+    std::fs::write(record_dir.join("10.0.0.5,3260"), "node.name = x\n").unwrap();
+    s.runner
+        .expect("iscsiadm", Reply::Fail(21, String::new()))
+        .ok("iscsiadm")
+        .ok("iscsiadm")
+        .expect(
+            "iscsiadm",
+            Reply::Fail(
+                24,
+                "iscsiadm: initiator reported error (24 - iSCSI login failed due to authorization failure)".into(),
+            ),
+        )
+        .ok("iscsiadm")
+        .ok("iscsiadm");
+    let e = b
+        .node_attach(
+            &id,
+            &stage_ctx(&[(CHAP_USER, "alice"), (CHAP_PASSWORD, "wrong-secret-01")]),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::FailedPrecondition);
+    assert!(
+        e.message.contains("CHAP") && !e.message.contains("wrong-secret"),
+        "{e}"
+    );
+    let lines = s.runner.lines();
+    assert_eq!(
+        lines[lines.len() - 2..],
+        [
+            format!("iscsiadm -m node -T {IQN} -p 10.0.0.5:3260 -o delete"),
+            format!("iscsiadm -m node -T {IQN} -o delete"),
+        ]
+    );
+}
+
+/// Unstage of volume `iscsi:pvc-1` with one session (sid 4, disk sdc) in
+/// kernel state `state`: the disk is deleted; the commands run after the
+/// session listing.
+async fn unstage_with_a_session(
+    s: &Setup,
+    b: &IscsiBackend,
+    state: &str,
+    flushes: bool,
+) -> Vec<String> {
+    let id = VolumeId::parse("iscsi:pvc-1").unwrap();
+    sysfs_session(s.dir.path(), 4, "sdc", state, 16384);
+    s.runner.expect("iscsiadm", Reply::Ok(SESSION.into()));
+    if flushes {
+        s.runner.ok("blockdev");
+    }
+    s.runner.ok("iscsiadm").ok("iscsiadm");
+    b.node_detach(&id, None).await.unwrap();
+    assert_eq!(
+        std::fs::read_to_string(s.dir.path().join("sys/block/sdc/device/delete")).unwrap(),
+        "1"
+    );
+    s.runner.lines()[1..].to_vec()
+}
+
+#[tokio::test]
+async fn unstage_removes_disks_logs_out_and_is_idempotent() {
+    let s = Setup::new();
+    let b = s.node();
+    let id = VolumeId::parse("iscsi:pvc-1").unwrap();
+    // The disk's buffers are flushed, then it is deleted, then logout.
+    assert_eq!(
+        unstage_with_a_session(&s, &b, "LOGGED_IN", true).await,
+        [
+            format!(
+                "blockdev --flushbufs {}",
+                s.dir.path().join("dev/sdc").display()
+            ),
+            "iscsiadm -m session -r 4 --logout".to_string(),
+            format!("iscsiadm -m node -T {IQN} -o delete"),
+        ]
+    );
+    // Nothing there: still success; another target's session untouched.
+    s.runner
+        .expect(
+            "iscsiadm",
+            Reply::Ok("tcp: [9] 10.0.0.5:3260,1 iqn.2026-11.io.other:x (non-flash)\n".into()),
+        )
+        .expect(
+            "iscsiadm",
+            Reply::Fail(21, "iscsiadm: No records found".into()),
+        );
+    b.node_detach(&id, None).await.unwrap();
+    assert!(!s.runner.lines().iter().any(|l| l.contains("-r 9")));
+}
+
+/// A session that lost its target (its node fenced at detach) takes no
+/// flush: its disk is removed unflushed, and the logout and the record's
+/// removal follow as for a live one.
+#[tokio::test]
+async fn unstage_of_a_failed_session_removes_its_disk_unflushed() {
+    let s = Setup::new();
+    let b = s.node();
+    assert_eq!(
+        unstage_with_a_session(&s, &b, "FAILED", false).await,
+        [
+            "iscsiadm -m session -r 4 --logout".to_string(),
+            format!("iscsiadm -m node -T {IQN} -o delete"),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn rescan_and_condition_read_the_session() {
+    let s = Setup::new();
+    let b = s.node();
+    let id = VolumeId::parse("iscsi:pvc-1").unwrap();
+    sysfs_session(s.dir.path(), 4, "sdc", "LOGGED_IN", 32768);
+    s.runner
+        .expect("iscsiadm", Reply::Ok(SESSION.into()))
+        .ok("iscsiadm")
+        .expect("iscsiadm", Reply::Ok(SESSION.into()));
+    let dev = Attachment::Device {
+        path: "/dev/sdc".into(),
+    };
+    assert_eq!(b.node_refresh_size(&id, &dev).await.unwrap(), 16 << 20);
+    assert_eq!(
+        std::fs::read_to_string(s.dir.path().join("sys/block/sdc/device/rescan")).unwrap(),
+        "1"
+    );
+
+    s.runner.expect("iscsiadm", Reply::Ok(SESSION.into()));
+    assert_eq!(b.node_condition(&id, &dev).await.unwrap(), None);
+    sysfs_session(s.dir.path(), 4, "sdc", "FAILED", 32768);
+    s.runner.expect("iscsiadm", Reply::Ok(SESSION.into()));
+    let c = b.node_condition(&id, &dev).await.unwrap().unwrap();
+    assert!(c.contains("FAILED"), "{c}");
+    s.runner.expect("iscsiadm", Reply::Fail(21, String::new()));
+    let c = b.node_condition(&id, &dev).await.unwrap().unwrap();
+    assert!(c.contains("no iSCSI session"), "{c}");
+    sysfs_session(s.dir.path(), 4, "sdc", "LOGGED_IN", 32768);
+    s.runner.expect("iscsiadm", Reply::Ok(SESSION.into()));
+    let gone = Attachment::Device {
+        path: "/dev/sdz".into(),
+    };
+    assert!(b.node_condition(&id, &gone).await.unwrap().is_some());
+}
+
+#[test]
+fn the_initiator_name_is_read_and_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("initiatorname.iscsi");
+    std::fs::write(
+        &f,
+        "## comment\nInitiatorName=iqn.1993-08.org.debian:01:abc\n",
+    )
+    .unwrap();
+    assert_eq!(
+        initiator::initiator_name(&f).unwrap(),
+        "iqn.1993-08.org.debian:01:abc"
+    );
+    std::fs::write(&f, "InitiatorName=not a name\n").unwrap();
+    assert!(initiator::initiator_name(&f).is_err());
+    assert!(initiator::initiator_name(&dir.path().join("missing")).is_err());
+}
+
+/// With multipath: a login through each portal, the map made over the two
+/// disks (found through their holders), and at unstage the map flushed
+/// before the disks go and the sessions end.
+#[tokio::test]
+async fn multipath_logs_in_everywhere_and_stages_the_map() {
+    let s = Setup::new();
+    let mut settings = s.settings();
+    settings.multipath = true;
+    settings.portals = vec!["10.0.0.5:3260".into(), "10.0.0.6:3260".into()];
+    let b = IscsiBackend::new(
+        "iscsi",
+        settings,
+        s.runner.clone(),
+        None,
+        s.dir.path().join("r"),
+    )
+    .unwrap()
+    .with_roots(s.dir.path());
+    let id = VolumeId::parse("iscsi:pvc-1").unwrap();
+    sysfs_session(s.dir.path(), 4, "sdc", "LOGGED_IN", 16384);
+    sysfs_session(s.dir.path(), 5, "sdd", "LOGGED_IN", 16384);
+    let both = format!("{SESSION}tcp: [5] 10.0.0.6:3260,1 {IQN} (non-flash)\n");
+    let record_dir = s.dir.path().join("nodes").join(IQN);
+    std::fs::create_dir_all(&record_dir).unwrap();
+    std::fs::write(record_dir.join("10.0.0.6,3260"), "node.name = x\n").unwrap();
+    // One path is there (after a restart); the other is logged in now.
+    s.runner
+        .expect("iscsiadm", Reply::Ok(SESSION.into()))
+        .ok("iscsiadm")
+        .ok("iscsiadm")
+        .ok("iscsiadm")
+        .expect("iscsiadm", Reply::Ok(both.clone()))
+        .ok("multipath");
+    // An encrypted volume's mapping over a disk is a holder too, not a map.
+    let sys = s.dir.path().join("sys");
+    std::fs::create_dir_all(sys.join("block/sdc/holders/dm-4")).unwrap();
+    std::fs::create_dir_all(sys.join("block/dm-4/dm")).unwrap();
+    std::fs::write(sys.join("block/dm-4/dm/name"), "fvc-0123\n").unwrap();
+    std::fs::write(
+        sys.join("block/dm-4/dm/uuid"),
+        "CRYPT-LUKS2-0123-fvc-0123\n",
+    )
+    .unwrap();
+    // The kernel makes the map a moment after `multipath` runs.
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for disk in ["sdc", "sdd"] {
+            std::fs::create_dir_all(sys.join("block").join(disk).join("holders/dm-3")).unwrap();
+        }
+        std::fs::create_dir_all(sys.join("block/dm-3/dm")).unwrap();
+        std::fs::write(sys.join("block/dm-3/dm/name"), "360000000000000f0aa\n").unwrap();
+        std::fs::write(
+            sys.join("block/dm-3/dm/uuid"),
+            "mpath-360000000000000f0aa\n",
+        )
+        .unwrap();
+    });
+    let mut ctx = stage_ctx(&[]);
+    ctx.publish_context
+        .insert("portals".into(), "10.0.0.5:3260,10.0.0.6:3260".into());
+    let a = b.node_attach(&id, &ctx).await.unwrap();
+    assert_eq!(
+        a,
+        Attachment::Device {
+            path: s.dir.path().join("dev/mapper/360000000000000f0aa")
+        }
+    );
+    let lines = s.runner.lines();
+    assert_eq!(
+        lines[3],
+        format!("iscsiadm -m node -T {IQN} -p 10.0.0.6:3260 --login")
+    );
+    assert_eq!(
+        lines.last().unwrap(),
+        &format!("multipath {}", s.dir.path().join("dev/sdc").display())
+    );
+
+    // Healthy; then a path down shows.
+    s.runner.expect("iscsiadm", Reply::Ok(both.clone()));
+    s.runner.expect("iscsiadm", Reply::Ok(both.clone()));
+    let map = Attachment::Device {
+        path: s.dir.path().join("dev/mapper/360000000000000f0aa"),
+    };
+    assert_eq!(b.node_condition(&id, &map).await.unwrap(), None);
+    std::fs::write(
+        s.dir.path().join("sys/class/iscsi_session/session5/state"),
+        "FAILED\n",
+    )
+    .unwrap();
+    s.runner.expect("iscsiadm", Reply::Ok(both.clone()));
+    s.runner.expect("iscsiadm", Reply::Ok(both.clone()));
+    let c = b.node_condition(&id, &map).await.unwrap().unwrap();
+    assert!(c.contains("10.0.0.6:3260") && c.contains("down"), "{c}");
+
+    // Unstage flushes the map first; a map that stays (held open) stops it
+    // before any disk or session is touched.
+    s.runner
+        .expect("iscsiadm", Reply::Ok(both.clone()))
+        .ok("multipath");
+    let e = b.node_detach(&id, Some(&map)).await.unwrap_err();
+    assert!(e.message.contains("still there"), "{e}");
+    assert_eq!(
+        s.runner.lines().last().unwrap(),
+        "multipath -f 360000000000000f0aa"
+    );
+    // Once it is gone, the disks and both sessions go; the disk of the
+    // path that is down goes unflushed.
+    for disk in ["sdc", "sdd"] {
+        std::fs::remove_dir_all(
+            s.dir
+                .path()
+                .join("sys/block")
+                .join(disk)
+                .join("holders/dm-3"),
+        )
+        .unwrap();
+    }
+    s.runner
+        .expect("iscsiadm", Reply::Ok(both.clone()))
+        .ok("blockdev")
+        .ok("iscsiadm")
+        .ok("iscsiadm")
+        .ok("iscsiadm");
+    b.node_detach(&id, Some(&map)).await.unwrap();
+    let lines = s.runner.lines();
+    let n = lines.len();
+    let flush = |disk: &str| {
+        format!(
+            "blockdev --flushbufs {}",
+            s.dir.path().join("dev").join(disk).display()
+        )
+    };
+    assert_eq!(
+        lines[n - 5..n - 1],
+        [
+            "iscsiadm -m session".to_string(),
+            flush("sdc"),
+            "iscsiadm -m session -r 4 --logout".to_string(),
+            "iscsiadm -m session -r 5 --logout".to_string(),
+        ]
+    );
+    assert_eq!(
+        lines.last().unwrap(),
+        &format!("iscsiadm -m node -T {IQN} -o delete")
+    );
+}
+
+/// A copy made on the controller still has its source's filesystem UUID;
+/// the nodes mount it, so they renew it: ControllerPublish hands them a
+/// token until the controller sees the device with a UUID of its own, and
+/// each node renews once per token.
+#[tokio::test]
+async fn a_copy_token_goes_to_nodes_until_the_uuid_changes_and_each_node_renews_once() {
+    let s = Setup::new();
+    let _tgtd = FakeTgtd::start(s.dir.path());
+    let b = s.backend();
+    b.create_volume(&create("pvc-src")).await.unwrap();
+    // A clone: the store marks it; CreateVolume takes it over with the
+    // UUID it carries.
+    let mut req = create("pvc-copy");
+    req.source = Some(ContentSource::Volume(
+        VolumeId::parse("iscsi:pvc-src").unwrap(),
+    ));
+    s.runner.expect("blkid", Reply::Ok("1111-2222\n".into()));
+    b.create_volume(&req).await.unwrap();
+    assert!(
+        s.store.copies.lock().unwrap().is_empty(),
+        "the record has it now"
+    );
+    assert!(s
+        .store
+        .calls()
+        .contains(&"copy done iscsi-store:pvc-copy".to_string()));
+    let id = VolumeId::parse("iscsi:pvc-copy").unwrap();
+    assert_eq!(
+        b.load(&id).unwrap().unwrap().copy.unwrap().uuid,
+        "1111-2222"
+    );
+
+    // Published: the device still shows the source's UUID, so the token goes
+    // to the node.
+    s.runner.expect("blkid", Reply::Ok("1111-2222\n".into()));
+    let ctx = b.controller_attach(&id, &attach_req(&[])).await.unwrap();
+    let token = ctx.get(CTX_FS_COPY).expect("a copy token").clone();
+    assert!(is_token(&token), "{token}");
+    assert!(s
+        .runner
+        .lines()
+        .last()
+        .unwrap()
+        .starts_with("blkid -p -o value -s UUID /dev/loop7"));
+
+    // The node renews under that token once.
+    let node = s.node();
+    let stage = AttachContext {
+        publish_context: ctx.clone(),
+        ..AttachContext::default()
+    };
+    assert!(node.node_copy_pending(&id, &stage).await.unwrap());
+    node.node_copy_done(&id, &stage).await.unwrap();
+    assert!(
+        !node.node_copy_pending(&id, &stage).await.unwrap(),
+        "a restage does not renew again"
+    );
+    let mut other = stage.clone();
+    other
+        .publish_context
+        .insert(CTX_FS_COPY.into(), "0000-1111".into());
+    assert!(
+        node.node_copy_pending(&id, &other).await.unwrap(),
+        "a new token renews again"
+    );
+    let mut bad = stage.clone();
+    bad.publish_context
+        .insert(CTX_FS_COPY.into(), "../../x".into());
+    assert_eq!(
+        node.node_copy_pending(&id, &bad).await.unwrap_err().kind,
+        Kind::InvalidArgument
+    );
+    // Not a copy: nothing to renew.
+    let mut plain = stage.clone();
+    plain.publish_context.remove(CTX_FS_COPY);
+    assert!(!node.node_copy_pending(&id, &plain).await.unwrap());
+
+    // Published again after the renewal: the device shows its own UUID, the
+    // copy is let go and no token is sent.
+    s.runner.expect("blkid", Reply::Ok("3333-4444\n".into()));
+    let ctx = b.controller_attach(&id, &attach_req(&[])).await.unwrap();
+    assert!(!ctx.contains_key(CTX_FS_COPY), "{ctx:?}");
+    assert!(b.load(&id).unwrap().unwrap().copy.is_none());
+    // And later publishes ask nothing more of the device.
+    let before = s.runner.lines().len();
+    b.controller_attach(&id, &attach_req(&[])).await.unwrap();
+    assert!(s.runner.lines()[before..]
+        .iter()
+        .all(|l| !l.starts_with("blkid")));
+}

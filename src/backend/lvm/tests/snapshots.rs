@@ -1,0 +1,449 @@
+//! Snapshots: classic and thin, cut short and finished, origins kept, removal, settling at start.
+
+use super::*;
+
+#[tokio::test]
+async fn classic_snapshot_gets_a_sized_cow_and_clean_tags() {
+    let r = Arc::new(FakeRunner::new());
+    r.expect("lvs", Reply::Fail(5, String::new()));
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row(
+            "fv-a",
+            40 * MIB,
+            "ferrovol,ferrovol-name:a",
+            "-wi-ao----",
+        )])),
+    );
+    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 100 * MIB)));
+    r.expect("lvcreate", Reply::Ok(String::new()));
+    // As made: the origin's name tag came along; it is taken off.
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row(
+            "fvs-s1",
+            12 * MIB,
+            "ferrovol,ferrovol-name:a,ferrovol-name:s1,ferrovol-source:fv-a,ferrovol-size:41943040",
+            "swi-a-s---",
+        )])),
+    );
+    r.ok("lvchange");
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row(
+            "fvs-s1",
+            12 * MIB,
+            "ferrovol,ferrovol-name:s1,ferrovol-source:fv-a,ferrovol-size:41943040",
+            "swi-a-s---",
+        )])),
+    );
+    let b = backend(r.clone(), None);
+    let s = b
+        .create_snapshot(&snapshot_of("lvm:fast.fv-a", "s1"))
+        .await
+        .unwrap();
+    assert_eq!(s.id.to_string(), "lvm:fast.fvs-s1");
+    assert_eq!(s.size_bytes, 40 * MIB);
+    let lines = r.lines();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("lvcreate -y -s -n fvs-s1 -L 12582912b")),
+        "{lines:?}"
+    );
+    // The origin's name tag was copied by lvm and is removed.
+    assert!(
+        lines
+            .iter()
+            .any(|l| l == "lvchange --deltag ferrovol-name:a vg0/fvs-s1"),
+        "{lines:?}"
+    );
+}
+
+/// A driver that died between lvcreate and the steps after it left a
+/// snapshot with its origin's tags, or a copy with the filling tag: the
+/// CO's retry of the same call finishes it, and answers it as made.
+#[tokio::test]
+async fn a_snapshot_or_copy_cut_short_is_finished_by_the_retry() {
+    let origin = lv_row("fv-a", 40 * MIB, "ferrovol,ferrovol-name:a", "-wi-ao----");
+    let r = Arc::new(FakeRunner::new());
+    // The snapshot: both name tags, so it reads as this snapshot's (by
+    // membership) and the origin's is dropped.
+    let half = lv_row(
+        "fvs-s1",
+        12 * MIB,
+        "ferrovol,ferrovol-name:a,ferrovol-name:s1,ferrovol-source:fv-a,ferrovol-size:41943040",
+        "swi-a-s---",
+    );
+    let whole = lv_row(
+        "fvs-s1",
+        12 * MIB,
+        "ferrovol,ferrovol-name:s1,ferrovol-source:fv-a,ferrovol-size:41943040",
+        "swi-a-s---",
+    );
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&half))));
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&origin))));
+    r.ok("lvchange");
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&whole))));
+    let b = backend(r.clone(), None);
+    let s = b
+        .create_snapshot(&snapshot_of("lvm:fast.fv-a", "s1"))
+        .await
+        .unwrap();
+    assert_eq!(s.id.to_string(), "lvm:fast.fvs-s1");
+    let lines = r.lines();
+    assert!(
+        !lines.iter().any(|l| l.starts_with("lvcreate")),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l == "lvchange --deltag ferrovol-name:a vg0/fvs-s1"),
+        "{lines:?}"
+    );
+
+    // A classic snapshot cut short inside lvcreate: its copy-on-write area
+    // left as a plain LV with the snapshot's tags. It goes, and the
+    // snapshot is made again.
+    let r = Arc::new(FakeRunner::new());
+    let cow = lv_row(
+        "fvs-s1",
+        12 * MIB,
+        "ferrovol,ferrovol-name:s1,ferrovol-source:fv-a,ferrovol-size:41943040",
+        "-wi-a-----",
+    );
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&cow))));
+    r.expect("lvs", Reply::Ok(lvs_json(&[origin.clone(), cow.clone()])));
+    r.ok("lvremove").ok("lvchange");
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&origin))));
+    r.expect(
+        "dmsetup",
+        Reply::Ok("vg0-fv--a:1\nvg0-fv--a-real:0\n".into()),
+    );
+    r.ok("dmsetup");
+    r.expect("lvs", Reply::Fail(5, String::new()));
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&origin))));
+    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 100 * MIB)));
+    r.ok("lvcreate");
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&whole))));
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&whole))));
+    backend(r.clone(), None)
+        .create_snapshot(&snapshot_of("lvm:fast.fv-a", "s1"))
+        .await
+        .unwrap();
+    let lines = r.lines();
+    assert_eq!(lines[2], "lvremove -y vg0/fvs-s1");
+    assert_eq!(lines[3], "lvchange --refresh vg0/fv-a");
+    assert_eq!(lines[6], "dmsetup remove vg0-fv--a-real");
+    assert!(
+        lines[10].starts_with("lvcreate -y -s -n fvs-s1"),
+        "{lines:?}"
+    );
+    // A plain LV of that name that is not this snapshot's is left alone.
+    let r = Arc::new(FakeRunner::new());
+    let other = lv_row(
+        "fvs-s1",
+        12 * MIB,
+        "ferrovol,ferrovol-name:zz",
+        "-wi-a-----",
+    );
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&other))));
+    assert_eq!(
+        backend(r.clone(), None)
+            .create_snapshot(&snapshot_of("lvm:fast.fv-a", "s1"))
+            .await
+            .unwrap_err()
+            .kind,
+        Kind::AlreadyExists
+    );
+    assert_eq!(r.lines().len(), 1);
+
+    // A thick copy left filling: its data is copied again, then the tag
+    // goes. Without the tag the same LV is answered as it is.
+    let r = Arc::new(FakeRunner::new());
+    let snap = lv_row(
+        "fvs-s1",
+        12 * MIB,
+        "ferrovol,ferrovol-name:s1,ferrovol-source:fv-a,ferrovol-size:41943040",
+        "swi-a-s---",
+    );
+    let filling = lv_row(
+        "fv-b",
+        40 * MIB,
+        "ferrovol,ferrovol-name:b,ferrovol-class:fast,ferrovol-source:fvs-s1,ferrovol-copy,ferrovol-filling",
+        "-wi-------",
+    );
+    let filled = lv_row(
+        "fv-b",
+        40 * MIB,
+        "ferrovol,ferrovol-name:b,ferrovol-class:fast,ferrovol-source:fvs-s1,ferrovol-copy",
+        "-wi-------",
+    );
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&snap))));
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&filling))));
+    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 100 * MIB)));
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&filling))));
+    r.ok("lvchange")
+        .ok("lvchange")
+        .ok("dd")
+        .ok("lvchange")
+        .ok("lvchange");
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&filled))));
+    let mut req = create("b", 0, 0);
+    req.source = Some(ContentSource::Snapshot(
+        SnapshotId::parse("lvm:fast.fvs-s1").unwrap(),
+    ));
+    let v = backend(r.clone(), None).create_volume(&req).await.unwrap();
+    assert_eq!(v.capacity_bytes, 40 * MIB);
+    let lines = r.lines();
+    assert!(
+        !lines.iter().any(|l| l.starts_with("lvcreate")),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("dd if=/dev/vg0/fvs-s1 of=/dev/vg0/fv-b")),
+        "{lines:?}"
+    );
+    assert_eq!(
+        lines.last().unwrap(),
+        &"lvs --reportformat json --units b --nosuffix -o lv_name,vg_name,lv_size,lv_tags,lv_attr,origin,pool_lv,lv_time,data_percent,metadata_percent vg0/fv-b".to_string()
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l == "lvchange --deltag ferrovol-filling vg0/fv-b"),
+        "{lines:?}"
+    );
+    let r = Arc::new(FakeRunner::new());
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&snap))));
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&filled))));
+    backend(r.clone(), None).create_volume(&req).await.unwrap();
+    assert_eq!(r.lines().len(), 2);
+}
+
+#[tokio::test]
+async fn delete_refuses_origins_of_classic_snapshots_and_lvs_opened_meanwhile() {
+    let r = Arc::new(FakeRunner::new());
+    let b = backend(r.clone(), None);
+    // A classic snapshot depends on its origin: refused, nothing removed.
+    let snap = lv_row("fvs-s", MIB, "ferrovol", "swi-a-s---")
+        .replace(r#""origin":"""#, r#""origin":"fv-orig""#);
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[
+            lv_row("fv-orig", MIB, "ferrovol", "owi-a-----"),
+            snap,
+        ])),
+    );
+    let err = b
+        .delete_volume(
+            &VolumeId::parse("lvm:fast.fv-orig").unwrap(),
+            &Secrets::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, Kind::FailedPrecondition);
+    assert!(err.message.contains("fvs-s"), "{}", err.message);
+    assert!(!r.lines().iter().any(|l| l.starts_with("lvremove")));
+    // A thin snapshot does not depend on it.
+    let thin = lv_row("fvs-t", MIB, "ferrovol", "Vwi-a-tz--")
+        .replace(r#""origin":"""#, r#""origin":"fv-thin""#);
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[
+            lv_row("fv-thin", MIB, "ferrovol,ferrovol-class:fast", "Vwi-a-tz--")
+                .replace(r#""pool_lv":"""#, r#""pool_lv":"pool""#),
+            thin,
+        ])),
+    );
+    r.ok("lvremove");
+    b.delete_volume(
+        &VolumeId::parse("lvm:fast.fv-thin").unwrap(),
+        &Secrets::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.lines().last().unwrap(), "lvremove -y vg0/fv-thin");
+    // Opened between the check and lvremove: lvm's refusal is FAILED_PRECONDITION.
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row(
+            "fv-race",
+            MIB,
+            "ferrovol",
+            "-wi-a-----",
+        )])),
+    );
+    // Zeroing opens the device exclusively: in use, it is refused, and
+    // nothing is removed.
+    r.ok("lvchange").ok("lvchange");
+    r.expect(
+        "blkdiscard",
+        Reply::Fail(
+            1,
+            "blkdiscard: cannot open /dev/vg0/fv-race: Device or resource busy".into(),
+        ),
+    );
+    // What says it is in use: lvs, which shows it open.
+    r.expect("lvs", deleting("-wi-ao----"));
+    let race = VolumeId::parse("lvm:fast.fv-race").unwrap();
+    let none = Secrets::default();
+    let delete = || b.delete_volume(&race, &none);
+    let err = delete().await.unwrap_err();
+    assert_eq!(err.kind, Kind::FailedPrecondition, "{}", err.message);
+    assert!(!r
+        .lines()
+        .iter()
+        .any(|l| l.contains("lvremove -y vg0/fv-race")));
+    // Opened between zeroing and lvremove: lvm's refusal is FAILED_PRECONDITION.
+    r.expect("lvs", deleting("-wi-a-----"));
+    r.ok("lvchange").ok("blkdiscard").ok("lvchange");
+    r.expect(
+        "lvremove",
+        Reply::Fail(5, "  Logical volume vg0/fv-race in use.".into()),
+    );
+    r.expect("lvs", deleting("-wi-ao----"));
+    let err = delete().await.unwrap_err();
+    assert_eq!(err.kind, Kind::FailedPrecondition);
+    // A failure whose words say "busy" over an LV nobody has open is
+    // that failure, not FAILED_PRECONDITION: lvs decides, not the text.
+    r.expect("lvs", deleting("-wi-a-----"));
+    r.ok("lvchange");
+    r.expect(
+        "blkdiscard",
+        Reply::Fail(1, "blkdiscard: /dev/vg0/fv-race: busy in use".into()),
+    );
+    r.expect("lvs", deleting("-wi-a-----"));
+    let err = delete().await.unwrap_err();
+    assert_eq!(err.kind, Kind::Internal, "{}", err.message);
+}
+
+/// A classic snapshot's extents hold the origin's old blocks: it is tagged,
+/// split from its origin, zeroed and only then removed; a delete retried
+/// after the split zeroes again and skips the split; while it is being
+/// deleted it is neither listed nor usable as a source.
+#[tokio::test]
+async fn classic_snapshots_are_split_and_zeroed_before_removal() {
+    let r = Arc::new(FakeRunner::new());
+    let b = backend(r.clone(), None);
+    let id = SnapshotId::parse("lvm:fast.fvs-s1").unwrap();
+    let snap = lv_row(
+        "fvs-s1",
+        MIB,
+        "ferrovol,ferrovol-source:fv-a,ferrovol-size:1048576",
+        "swi-a-s---",
+    );
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&snap))));
+    // The split fails (say, lvm is busy): nothing is removed.
+    r.ok("lvchange")
+        .expect("lvconvert", Reply::Fail(5, "busy".into()));
+    assert!(b.delete_snapshot(&id, &Secrets::default()).await.is_err());
+    assert!(!r.lines().iter().any(|l| l.starts_with("lvremove")));
+
+    // Retried after a split that happened: a plain LV with the tag.
+    let split = lv_row(
+        "fvs-s1",
+        MIB,
+        "ferrovol,ferrovol-source:fv-a,ferrovol-size:1048576,ferrovol-deleting",
+        "-wi-------",
+    );
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&split))));
+    assert!(
+        b.get_snapshot(&id, &Secrets::default())
+            .await
+            .unwrap()
+            .is_none(),
+        "hidden while deleting"
+    );
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&split))));
+    r.ok("lvchange")
+        .ok("blkdiscard")
+        .ok("lvchange")
+        .ok("lvremove");
+    b.delete_snapshot(&id, &Secrets::default()).await.unwrap();
+    let lines = r.lines();
+    assert_eq!(
+        lines[..3],
+        [
+            "lvs --reportformat json --units b --nosuffix -o lv_name,vg_name,lv_size,lv_tags,lv_attr,origin,pool_lv,lv_time,data_percent,metadata_percent vg0/fvs-s1",
+            "lvchange --addtag ferrovol-deleting vg0/fvs-s1",
+            "lvconvert -y --splitsnapshot vg0/fvs-s1",
+        ]
+    );
+    assert_eq!(
+        lines[lines.len() - 4..],
+        [
+            "lvchange -ay -K -y vg0/fvs-s1",
+            "blkdiscard --zeroout /dev/vg0/fvs-s1",
+            "lvchange -an vg0/fvs-s1",
+            "lvremove -y vg0/fvs-s1"
+        ]
+    );
+    assert_eq!(
+        lines.iter().filter(|l| l.contains("splitsnapshot")).count(),
+        1
+    );
+}
+
+/// A driver that died while lvcreate cut a classic snapshot: the next
+/// start removes the half-made snapshot (a plain LV with a snapshot's name),
+/// refreshes its origin and every LV of ours left suspended, and removes
+/// the stray layers of ours nothing opens; nothing else is touched.
+#[tokio::test]
+async fn start_settles_what_a_cut_short_snapshot_left() {
+    let r = Arc::new(FakeRunner::new());
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[
+            lv_row("fv-a", 40 * MIB, "ferrovol,ferrovol-name:a", "-wi-XX--X-"),
+            lv_row(
+                "fvs-s",
+                12 * MIB,
+                "ferrovol,ferrovol-name:s,ferrovol-source:fv-a",
+                "-wi-i-----",
+            ),
+            lv_row("fv-b", 40 * MIB, "ferrovol,ferrovol-name:b", "-wi-so----"),
+            lv_row("fv-c", 40 * MIB, "ferrovol,ferrovol-name:c", "owi-ao----"),
+            lv_row("theirs", 40 * MIB, "", "-wi-s-----"),
+        ])),
+    );
+    r.ok("lvremove").ok("lvchange").ok("lvchange");
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[
+            lv_row("fv-a", 40 * MIB, "ferrovol,ferrovol-name:a", "-wi-ao----"),
+            lv_row("fv-b", 40 * MIB, "ferrovol,ferrovol-name:b", "-wi-ao----"),
+            lv_row("fv-c", 40 * MIB, "ferrovol,ferrovol-name:c", "owi-ao----"),
+        ])),
+    );
+    r.expect(
+        "dmsetup",
+        Reply::Ok(
+            "vg0-fv--a:1\nvg0-fv--a-real:0\nvg0-fvs--s-cow:0\nvg0-fv--c-real:0\n\
+             vg0-theirs-real:0\nvg0-fv--b-real:1\nother-fv--x-real:0\n"
+                .into(),
+        ),
+    );
+    r.ok("dmsetup").ok("dmsetup");
+    backend(r.clone(), None).start().await.unwrap();
+    let lines = r.lines();
+    assert_eq!(
+        lines[1..4],
+        [
+            "lvremove -y vg0/fvs-s",
+            "lvchange --refresh vg0/fv-a",
+            "lvchange --refresh vg0/fv-b",
+        ]
+    );
+    assert_eq!(
+        lines[5..],
+        [
+            "dmsetup info -c --noheadings --separator : -o name,open",
+            "dmsetup remove vg0-fv--a-real",
+            "dmsetup remove vg0-fvs--s-cow"
+        ]
+    );
+}

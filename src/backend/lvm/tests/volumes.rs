@@ -1,0 +1,543 @@
+//! Volumes: thick and thin creation, space, deletes, listing, growth, attach and detach, parameters.
+
+use super::*;
+
+#[tokio::test]
+async fn creates_a_thick_lv_rounded_to_extents_with_tags() {
+    let r = Arc::new(FakeRunner::new());
+    r.expect(
+        "lvs",
+        Reply::Fail(5, "Failed to find logical volume \"vg0/fv-pvc-1\"".into()),
+    );
+    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 200 * MIB)));
+    r.expect("lvcreate", Reply::Ok(String::new()));
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row(
+            "fv-pvc-1",
+            12 * MIB,
+            "ferrovol,ferrovol-name:pvc-1,ferrovol-fresh",
+            "-wi-------",
+        )])),
+    );
+    let b = backend(r.clone(), None);
+    let v = b
+        .create_volume(&create("pvc-1", 10 * MIB + 1, 0))
+        .await
+        .unwrap();
+    assert_eq!(v.id.to_string(), "lvm:fast.fv-pvc-1");
+    assert_eq!(v.capacity_bytes, 12 * MIB);
+    let lines = r.lines();
+    assert_eq!(
+        lines[2],
+        "lvcreate -y -Zn -Wn -L 12582912b -n fv-pvc-1 --addtag ferrovol --addtag ferrovol-name:pvc-1 --addtag ferrovol-class:fast --addtag ferrovol-fresh vg0"
+    );
+}
+
+#[tokio::test]
+async fn existing_lv_is_returned_or_refused() {
+    let r = Arc::new(FakeRunner::new());
+    let row = lv_row(
+        "fv-pvc-1",
+        12 * MIB,
+        "ferrovol,ferrovol-name:pvc-1",
+        "-wi-------",
+    );
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&row))));
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&row))));
+    let b = backend(r.clone(), None);
+    assert_eq!(
+        b.create_volume(&create("pvc-1", 10 * MIB, 0))
+            .await
+            .unwrap()
+            .capacity_bytes,
+        12 * MIB
+    );
+    assert_eq!(
+        b.create_volume(&create("pvc-1", 100 * MIB, 0))
+            .await
+            .unwrap_err()
+            .kind,
+        Kind::AlreadyExists
+    );
+    assert!(!r.lines().iter().any(|l| l.starts_with("lvcreate")));
+    // An LV of this name made for another CSI name is never handed out.
+    let r = Arc::new(FakeRunner::new());
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row(
+            "fv-pvc-1",
+            12 * MIB,
+            "ferrovol,ferrovol-name:other",
+            "-wi-------",
+        )])),
+    );
+    assert_eq!(
+        backend(r, None)
+            .create_volume(&create("pvc-1", 0, 0))
+            .await
+            .unwrap_err()
+            .kind,
+        Kind::AlreadyExists
+    );
+}
+
+#[tokio::test]
+async fn space_is_checked_before_lvcreate() {
+    for (required, kind) in [
+        (300 * MIB, Kind::OutOfRange),
+        (100 * MIB, Kind::ResourceExhausted),
+    ] {
+        let r = Arc::new(FakeRunner::new());
+        r.expect("lvs", Reply::Fail(5, String::new()));
+        r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 64 * MIB)));
+        let err = backend(r.clone(), None)
+            .create_volume(&create("pvc-x", required, 0))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind, kind, "{}", err.message);
+        assert!(!r.lines().iter().any(|l| l.starts_with("lvcreate")));
+    }
+    // A limit below one extent cannot be met.
+    let r = Arc::new(FakeRunner::new());
+    r.expect("lvs", Reply::Fail(5, String::new()));
+    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 200 * MIB)));
+    assert_eq!(
+        backend(r, None)
+            .create_volume(&create("pvc-y", MIB, 2 * MIB))
+            .await
+            .unwrap_err()
+            .kind,
+        Kind::OutOfRange
+    );
+    // lvcreate refuses after a racing create took the space: the group,
+    // read again, has less free than the volume needs: RESOURCE_EXHAUSTED,
+    // from lvm's figures and not its wording.
+    let refused = |r: &FakeRunner, free_after: u64| {
+        r.expect("lvs", Reply::Fail(5, String::new()));
+        r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 200 * MIB)));
+        r.expect(
+            "lvcreate",
+            Reply::Fail(
+                5,
+                "  Volume group \"vg0\" has insufficient free space (1 extents): 3 required."
+                    .into(),
+            ),
+        );
+        r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, free_after)));
+    };
+    let r = Arc::new(FakeRunner::new());
+    refused(&r, 4 * MIB);
+    let err = backend(r, None)
+        .create_volume(&create("pvc-z", 12 * MIB, 0))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, Kind::ResourceExhausted, "{}", err.message);
+    assert!(
+        err.message.contains("4194304 bytes free"),
+        "{}",
+        err.message
+    );
+    // The same words with the room still there: some other failure, kept as
+    // lvm gave it (retryable, not "out of space").
+    let r = Arc::new(FakeRunner::new());
+    refused(&r, 200 * MIB);
+    let err = backend(r, None)
+        .create_volume(&create("pvc-z", 12 * MIB, 0))
+        .await
+        .unwrap_err();
+    assert_ne!(err.kind, Kind::ResourceExhausted, "{}", err.message);
+}
+
+/// A thin create that lvm refuses is RESOURCE_EXHAUSTED only when the
+/// pool, read again, is full (data or metadata).
+#[tokio::test]
+async fn a_refused_thin_create_is_judged_by_the_pool() {
+    for (data, meta, exhausted) in [
+        ("100.00", "3.00", true),
+        ("20.00", "100.00", true),
+        ("20.00", "3.00", false),
+    ] {
+        let r = Arc::new(FakeRunner::new());
+        let pool = lv_row("pool", 200 * MIB, "", "twi-a-tz--");
+        let full = pool.replace(
+            r#""data_percent":"""#,
+            &format!(r#""data_percent":"{data}", "metadata_percent":"{meta}""#),
+        );
+        r.expect("lvs", Reply::Fail(5, String::new()));
+        r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 0)));
+        r.expect("lvs", Reply::Ok(lvs_json(&[pool])));
+        r.expect(
+            "lvcreate",
+            Reply::Fail(5, "  Cannot create new thin volume.".into()),
+        );
+        r.expect("lvs", Reply::Ok(lvs_json(&[full])));
+        let err = backend(r, Some("pool"))
+            .create_volume(&create("t", 8 * MIB, 0))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.kind == Kind::ResourceExhausted,
+            exhausted,
+            "data {data}% metadata {meta}%: {:?} {}",
+            err.kind,
+            err.message
+        );
+    }
+}
+
+#[tokio::test]
+async fn thin_volumes_go_in_the_pool() {
+    let r = Arc::new(FakeRunner::new());
+    r.expect("lvs", Reply::Fail(5, String::new()));
+    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 0)));
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row("pool", 200 * MIB, "", "twi-a-tz--")])),
+    );
+    r.expect("lvcreate", Reply::Ok(String::new()));
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row(
+            "fv-t",
+            8 * MIB,
+            "ferrovol,ferrovol-name:t",
+            "Vwi-a-tz--",
+        )])),
+    );
+    let v = backend(r.clone(), Some("pool"))
+        .create_volume(&create("t", 8 * MIB, 0))
+        .await
+        .unwrap();
+    assert_eq!(v.capacity_bytes, 8 * MIB);
+    assert!(
+        r.lines()[3].starts_with("lvcreate -y -V 8388608b --thinpool vg0/pool -n fv-t"),
+        "{}",
+        r.lines()[3]
+    );
+}
+
+/// A pool that hands out chunks without zeroing them (attr `twi-a-t---`)
+/// would show a new volume the rest of a previous tenant's chunk: refused
+/// before anything is created.
+#[tokio::test]
+async fn a_thin_pool_that_does_not_zero_is_refused() {
+    let r = Arc::new(FakeRunner::new());
+    r.expect("lvs", Reply::Fail(5, String::new()));
+    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 0)));
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row("pool", 200 * MIB, "", "twi-a-t---")])),
+    );
+    let e = backend(r.clone(), Some("pool"))
+        .create_volume(&create("t", 8 * MIB, 0))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::FailedPrecondition, "{e}");
+    assert!(e.message.contains("lvchange --zero y vg0/pool"), "{e}");
+    assert!(!r.lines().iter().any(|l| l.starts_with("lvcreate")));
+}
+
+#[tokio::test]
+async fn delete_is_idempotent_and_refuses_open_volumes() {
+    let r = Arc::new(FakeRunner::new());
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row("other", MIB, "", "-wi-------")])),
+    );
+    let b = backend(r.clone(), None);
+    b.delete_volume(
+        &VolumeId::parse("lvm:fast.fv-gone").unwrap(),
+        &Secrets::default(),
+    )
+    .await
+    .unwrap();
+    b.delete_volume(
+        &VolumeId::parse("lvm:nosuchclass.fv-x").unwrap(),
+        &Secrets::default(),
+    )
+    .await
+    .unwrap();
+    b.delete_volume(
+        &VolumeId::parse("lvm:fast.other-lv").unwrap(),
+        &Secrets::default(),
+    )
+    .await
+    .unwrap();
+    assert!(!r.lines().iter().any(|l| l.starts_with("lvremove")));
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row(
+            "fv-busy",
+            MIB,
+            "ferrovol",
+            "-wi-ao----",
+        )])),
+    );
+    let err = b
+        .delete_volume(
+            &VolumeId::parse("lvm:fast.fv-busy").unwrap(),
+            &Secrets::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, Kind::FailedPrecondition);
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row(
+            "fv-idle",
+            MIB,
+            "ferrovol",
+            "-wi-------",
+        )])),
+    );
+    // A thick LV: tagged, activated, zeroed, deactivated, then removed.
+    r.ok("lvchange")
+        .ok("lvchange")
+        .ok("blkdiscard")
+        .ok("lvchange")
+        .ok("lvremove");
+    b.delete_volume(
+        &VolumeId::parse("lvm:fast.fv-idle").unwrap(),
+        &Secrets::default(),
+    )
+    .await
+    .unwrap();
+    let lines = r.lines();
+    assert_eq!(
+        lines[lines.len() - 5..],
+        [
+            "lvchange --addtag ferrovol-deleting vg0/fv-idle",
+            "lvchange -ay -K -y vg0/fv-idle",
+            "blkdiscard --zeroout /dev/vg0/fv-idle",
+            "lvchange -an vg0/fv-idle",
+            "lvremove -y vg0/fv-idle"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn lists_only_ferrovol_lvs() {
+    let r = Arc::new(FakeRunner::new());
+    let rows = [
+        lv_row("fv-b", MIB, "ferrovol,ferrovol-name:b", "-wi-------"),
+        lv_row("fv-a", MIB, "ferrovol,ferrovol-name:a", "-wi-------"),
+        lv_row("root", 10 * MIB, "", "-wi-ao----"),
+        lv_row("fv-untagged", MIB, "", "-wi-------"),
+        lv_row(
+            "fvs-s1",
+            MIB,
+            "ferrovol,ferrovol-source:fv-a,ferrovol-size:1048576",
+            "swi-a-s---",
+        ),
+    ];
+    r.expect("lvs", Reply::Ok(lvs_json(&rows)));
+    r.expect("lvs", Reply::Ok(lvs_json(&rows)));
+    let b = backend(r, None);
+    let ids: Vec<String> = b
+        .list_volumes(&Page::all())
+        .await
+        .unwrap()
+        .iter()
+        .map(|v| v.id.to_string())
+        .collect();
+    assert_eq!(ids, vec!["lvm:fast.fv-a", "lvm:fast.fv-b"]);
+    let snaps = b.list_snapshots(None, &Page::all()).await.unwrap();
+    assert_eq!(snaps.len(), 1);
+    assert_eq!(snaps[0].source_volume.to_string(), "lvm:fast.fv-a");
+    assert_eq!(snaps[0].size_bytes, MIB);
+}
+
+/// An active thick volume with snapshots: lvextend would refuse it;
+/// FAILED_PRECONDITION says what to do, and nothing is run.
+#[tokio::test]
+async fn an_active_origin_of_snapshots_is_not_grown() {
+    let r = Arc::new(FakeRunner::new());
+    let row = lv_row("fv-o", 8 * MIB, "ferrovol", "owi-aos---");
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&row))));
+    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 100 * MIB)));
+    let b = backend(r.clone(), None);
+    let id = VolumeId::parse("lvm:fast.fv-o").unwrap();
+    let e = b
+        .expand_volume(&id, 16 * MIB, 0, &Secrets::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::FailedPrecondition, "{e}");
+    assert!(e.message.contains("has snapshots"), "{e}");
+    assert!(!r.lines().iter().any(|l| l.starts_with("lvextend")));
+}
+
+#[tokio::test]
+async fn expand_rounds_and_respects_limits() {
+    let r = Arc::new(FakeRunner::new());
+    let row = lv_row("fv-e", 8 * MIB, "ferrovol", "-wi-------");
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&row))));
+    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 100 * MIB)));
+    r.ok("lvextend");
+    let b = backend(r.clone(), None);
+    let id = VolumeId::parse("lvm:fast.fv-e").unwrap();
+    assert_eq!(
+        b.expand_volume(&id, 9 * MIB, 0, &Secrets::default())
+            .await
+            .unwrap(),
+        12 * MIB
+    );
+    assert_eq!(r.lines().last().unwrap(), "lvextend -L 12582912b vg0/fv-e");
+    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&row))));
+    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 100 * MIB)));
+    assert_eq!(
+        b.expand_volume(&id, 9 * MIB, 10 * MIB, &Secrets::default())
+            .await
+            .unwrap_err()
+            .kind,
+        Kind::OutOfRange
+    );
+    r.expect("lvs", Reply::Ok(lvs_json(&[row])));
+    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 100 * MIB)));
+    assert_eq!(
+        b.expand_volume(&id, 4 * MIB, 0, &Secrets::default())
+            .await
+            .unwrap(),
+        8 * MIB,
+        "no shrink"
+    );
+    r.expect("lvs", Reply::Fail(5, String::new()));
+    assert_eq!(
+        b.expand_volume(
+            &VolumeId::parse("lvm:fast.fv-none").unwrap(),
+            MIB,
+            0,
+            &Secrets::default()
+        )
+        .await
+        .unwrap_err()
+        .kind,
+        Kind::NotFound
+    );
+}
+
+#[tokio::test]
+async fn first_attach_wipes_a_fresh_lv_once() {
+    let r = Arc::new(FakeRunner::new());
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row(
+            "fv-n",
+            8 * MIB,
+            "ferrovol,ferrovol-fresh",
+            "-wi-------",
+        )])),
+    );
+    r.ok("lvchange").ok("wipefs").ok("dd").ok("lvchange");
+    let b = backend(r.clone(), None);
+    let id = VolumeId::parse("lvm:fast.fv-n").unwrap();
+    let a = b.node_attach(&id, &AttachContext::default()).await.unwrap();
+    assert_eq!(
+        a,
+        Attachment::Device {
+            path: "/dev/vg0/fv-n".into()
+        }
+    );
+    let lines = r.lines();
+    assert_eq!(lines[1], "lvchange -ay -K -y vg0/fv-n");
+    assert_eq!(lines[2], "wipefs -a -q /dev/vg0/fv-n");
+    assert!(lines[3].starts_with("dd if=/dev/zero of=/dev/vg0/fv-n bs=1M count=1"));
+    assert_eq!(lines[4], "lvchange --deltag ferrovol-fresh vg0/fv-n");
+    // Without the tag: no wipe.
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row(
+            "fv-n",
+            8 * MIB,
+            "ferrovol",
+            "-wi-a-----",
+        )])),
+    );
+    r.ok("lvchange");
+    b.node_attach(&id, &AttachContext::default()).await.unwrap();
+    assert_eq!(r.lines().len(), 7);
+}
+
+#[tokio::test]
+async fn detach_deactivates_only_active_lvs() {
+    let r = Arc::new(FakeRunner::new());
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row("fv-d", MIB, "ferrovol", "-wi-a-----")])),
+    );
+    // After lvchange, and at the second detach: inactive.
+    for _ in 0..2 {
+        r.expect(
+            "lvs",
+            Reply::Ok(lvs_json(&[lv_row("fv-d", MIB, "ferrovol", "-wi-------")])),
+        );
+    }
+    r.ok("lvchange");
+    let b = backend(r.clone(), None);
+    let id = VolumeId::parse("lvm:fast.fv-d").unwrap();
+    b.node_detach(&id, None).await.unwrap();
+    b.node_detach(&id, None).await.unwrap();
+    assert_eq!(
+        r.lines()
+            .iter()
+            .filter(|l| l.starts_with("lvchange -an"))
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn parameters_and_settings_are_validated() {
+    let b = backend(Arc::new(FakeRunner::new()), None);
+    assert!(b.validate_parameters(&BTreeMap::new()).is_ok());
+    let p = |k: &str, v: &str| BTreeMap::from([(k.to_string(), v.to_string())]);
+    assert!(b.validate_parameters(&p("deviceClass", "fast")).is_ok());
+    assert_eq!(
+        b.validate_parameters(&p("deviceClass", "slow"))
+            .unwrap_err()
+            .kind,
+        Kind::InvalidArgument
+    );
+    assert_eq!(
+        b.validate_parameters(&p("fsType", "xfs")).unwrap_err().kind,
+        Kind::InvalidArgument
+    );
+    let bad = LvmSettings {
+        default_device_class: None,
+        device_classes: vec![DeviceClass {
+            name: "x".into(),
+            volume_group: "-rf".into(),
+            thin_pool: None,
+            snapshot_size_percent: 25,
+            default_volume_size: Size(1),
+            zero_on_delete: true,
+        }],
+        deactivate_on_unstage: true,
+        lvm_config: String::new(),
+    };
+    assert!(LvmBackend::new("lvm", bad, Arc::new(FakeRunner::new())).is_err());
+    let none = LvmSettings {
+        device_classes: vec![],
+        ..backend_settings()
+    };
+    assert!(LvmBackend::new("lvm", none, Arc::new(FakeRunner::new())).is_err());
+}
+
+fn backend_settings() -> LvmSettings {
+    LvmSettings {
+        default_device_class: None,
+        device_classes: vec![],
+        deactivate_on_unstage: true,
+        lvm_config: String::new(),
+    }
+}
+
+#[test]
+fn ids_must_be_ours() {
+    let b = backend(Arc::new(FakeRunner::new()), None);
+    assert!(b.split("fast.fv-a").is_ok());
+    assert!(b.split("fast.fvs-a").is_ok());
+    for bad in ["fast", "fast.root", "slow.fv-a", "fast.-fv"] {
+        assert!(b.split(bad).is_err(), "{bad}");
+    }
+}

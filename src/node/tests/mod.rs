@@ -1,0 +1,216 @@
+//! Node orchestration over the fake mounter, the scripted runner and a
+//! recording backend: failures at each step are undone.
+
+use super::*;
+use crate::exec::{FakeRunner, Reply};
+use crate::mount::{FakeMounter, MountOp};
+use crate::plugin::{AccessMode, DeviceMounter, Provisioner, Stager};
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+mod publish;
+mod stage;
+mod stats;
+
+#[derive(Default)]
+struct Recorder {
+    detached: Mutex<Vec<Option<Attachment>>>,
+    fail_attach: Mutex<bool>,
+    /// What the device reports after a refresh.
+    device_size: Mutex<u64>,
+    /// Whether the volume is a copy whose filesystem still carries its
+    /// source's UUID; and how many times the node said it renewed it.
+    copy_pending: Mutex<bool>,
+    copies_done: Mutex<usize>,
+}
+
+#[async_trait::async_trait]
+impl Backend for Recorder {
+    fn name(&self) -> &str {
+        "rec"
+    }
+
+    async fn health(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn access_modes(&self) -> Vec<AccessMode> {
+        crate::plugin::SINGLE_NODE_MODES.to_vec()
+    }
+
+    fn provisioner(&self) -> Option<&dyn Provisioner> {
+        Some(self)
+    }
+
+    fn stager(&self) -> Option<&dyn Stager> {
+        Some(self)
+    }
+
+    fn device_mounter(&self) -> Option<&dyn DeviceMounter> {
+        Some(self)
+    }
+}
+
+#[async_trait::async_trait]
+impl Provisioner for Recorder {
+    fn clones(&self) -> bool {
+        false
+    }
+
+    async fn create_volume(
+        &self,
+        _: &crate::plugin::CreateVolume,
+    ) -> Result<crate::plugin::VolumeInfo> {
+        Err(Error::internal("the node's double makes no volumes"))
+    }
+
+    async fn delete_volume(&self, _: &VolumeId, _: &crate::plugin::Secrets) -> Result<()> {
+        Err(Error::internal("the node's double deletes no volumes"))
+    }
+
+    async fn list_volumes(
+        &self,
+        _: &crate::plugin::Page,
+    ) -> Result<Vec<crate::plugin::VolumeInfo>> {
+        Ok(Vec::new())
+    }
+
+    async fn capacity(&self, _: &BTreeMap<String, String>) -> Result<crate::plugin::Capacity> {
+        Err(Error::internal("the node's double has no capacity"))
+    }
+
+    async fn get_volume(
+        &self,
+        _id: &VolumeId,
+        _: &crate::plugin::Secrets,
+    ) -> Result<Option<crate::plugin::VolumeInfo>> {
+        Ok(None)
+    }
+}
+
+#[async_trait::async_trait]
+impl Stager for Recorder {
+    async fn node_attach(&self, _id: &VolumeId, _ctx: &AttachContext) -> Result<Attachment> {
+        if *self.fail_attach.lock().unwrap() {
+            return Err(Error::internal("attach failed"));
+        }
+        Ok(Attachment::Device {
+            path: "/dev/fake0".into(),
+        })
+    }
+
+    async fn node_detach(&self, _id: &VolumeId, attachment: Option<&Attachment>) -> Result<()> {
+        self.detached.lock().unwrap().push(attachment.cloned());
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl DeviceMounter for Recorder {
+    fn node_device(&self) -> Option<DeviceKind> {
+        Some(DeviceKind::Loop)
+    }
+
+    async fn node_refresh_size(&self, _id: &VolumeId, _attachment: &Attachment) -> Result<u64> {
+        Ok(*self.device_size.lock().unwrap())
+    }
+
+    async fn node_copy_pending(&self, _id: &VolumeId, _ctx: &AttachContext) -> Result<bool> {
+        Ok(*self.copy_pending.lock().unwrap())
+    }
+
+    async fn node_copy_done(&self, _id: &VolumeId, _ctx: &AttachContext) -> Result<()> {
+        *self.copy_pending.lock().unwrap() = false;
+        *self.copies_done.lock().unwrap() += 1;
+        Ok(())
+    }
+}
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    ops: Arc<NodeOps>,
+    registry: Arc<Registry>,
+    mounter: Arc<FakeMounter>,
+    runner: Arc<FakeRunner>,
+    backend: Arc<Recorder>,
+    host: Arc<crate::host::FakeHost>,
+    /// The loop driver the node's read-only block publishes use.
+    loops: Arc<crate::host::loopdev::FakeLoops>,
+}
+
+fn fixture() -> Fixture {
+    fixture_with(Deadlines::default())
+}
+
+fn fixture_with(deadlines: Deadlines) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = Arc::new(Recorder::default());
+    let mut registry = Registry::new();
+    registry.register(backend.clone()).unwrap();
+    let runner = Arc::new(FakeRunner::new());
+    let state = NodeState::open(&dir.path().join("state")).unwrap();
+    let registry = Arc::new(registry);
+    let host = Arc::new(crate::host::FakeHost::new());
+    host.add_dir(&dir.path().join("staging"));
+    host.add_dir(&dir.path().join("pods"));
+    let mounter = Arc::new(FakeMounter::on(host.clone()));
+    let sys_block = dir.path().join("sys-block");
+    let loops = Arc::new(crate::host::loopdev::FakeLoops::new(&sys_block, 50).releasing());
+    let ops = NodeOps::new(
+        registry.clone(),
+        mounter.clone(),
+        runner.clone(),
+        state,
+        crate::locks::OpLocks::new(),
+        host.clone(),
+    )
+    .with_deadlines(deadlines)
+    .with_loops(crate::host::loopdev::LoopDevices::with_sysfs(
+        loops.clone(),
+        sys_block,
+    ));
+    Fixture {
+        dir,
+        ops: Arc::new(ops),
+        registry,
+        mounter,
+        runner,
+        backend,
+        host,
+        loops,
+    }
+}
+
+fn id() -> VolumeId {
+    VolumeId::parse("rec:v1").unwrap()
+}
+
+fn mount_cap(mode: AccessMode) -> VolumeCapability {
+    VolumeCapability {
+        access: AccessType::Mount {
+            fs_type: String::new(),
+            mount_flags: vec![],
+        },
+        mode,
+    }
+}
+
+fn stage_req(f: &Fixture, mode: AccessMode) -> StageRequest {
+    StageRequest {
+        volume_id: id(),
+        staging_path: f.dir.path().join("staging"),
+        capability: mount_cap(mode),
+        ctx: AttachContext::default(),
+    }
+}
+
+fn publish_req(f: &Fixture, target: &str, mode: AccessMode, readonly: bool) -> PublishRequest {
+    PublishRequest {
+        volume_id: id(),
+        staging_path: f.dir.path().join("staging"),
+        target_path: f.dir.path().join("pods").join(target),
+        capability: mount_cap(mode),
+        readonly,
+        secrets: Default::default(),
+    }
+}
