@@ -152,3 +152,93 @@ impl BlockTracker for IscsiBackend {
             .await
     }
 }
+
+impl IscsiBackend {
+    /// The store's snapshot of volume `req.source`, as this backend's.
+    pub(super) async fn snapshot_in_store(&self, req: &CreateSnapshot) -> Result<SnapshotInfo> {
+        let mut r = req.clone();
+        r.source = self.to_store(&req.source)?;
+        self.snapshot_from_store(self.store()?.snapshotting()?.create_snapshot(&r).await?)
+    }
+
+    /// Runs `cut` while the writers of every volume of `sources` that is
+    /// in use are held: each one's hold device suspended (what is in
+    /// flight finishes, what comes next waits, flushes included), for at
+    /// most [`HOLD_DEADLINE`], then resumed. A volume in use without a hold
+    /// device (no device-mapper on the target host, or made before holds
+    /// were) fails the call when `required`; otherwise `cut` runs with its
+    /// writers going on. A driver that dies while holding leaves the holds
+    /// suspended: every start resumes them ([`Holds::resume_all`]).
+    pub(super) async fn while_held<T>(
+        &self,
+        sources: &[&VolumeId],
+        required: bool,
+        cut: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let mut held = Vec::new();
+        for source in sources {
+            self.own_volume(source)?;
+            let record = self
+                .load(source)?
+                .ok_or_else(|| Error::not_found(format!("volume {source} does not exist")))?;
+            let users = self.users(&record).await?;
+            if users.is_empty() {
+                continue;
+            }
+            match (&self.holds, &record.hold) {
+                (Some(_), Some(name)) => held.push(name.clone()),
+                _ if !required => tracing::warn!(
+                    volume = %source,
+                    "in use and served without a hold device: its snapshot is copied under its writers"
+                ),
+                _ => {
+                    return Err(Error::precondition(format!(
+                        "volume {source} is in use by {} and served without a hold device (this \
+                         target host has no device-mapper, or the target was made before \
+                         holds were: it gets one when it is next made): nothing can hold its \
+                         initiators' writes for a group snapshot; stop the workload, then \
+                         snapshot",
+                        users.into_iter().collect::<Vec<_>>().join(", ")
+                    )))
+                }
+            }
+        }
+        let Some(holds) = self.holds.as_ref().filter(|_| !held.is_empty()) else {
+            return cut.await;
+        };
+        let mut suspended = Vec::new();
+        let mut outcome = None;
+        for name in &held {
+            match holds.suspend(name).await {
+                Ok(()) => suspended.push(name),
+                Err(e) => {
+                    outcome = Some(Err(e));
+                    break;
+                }
+            }
+        }
+        let mut outcome = match outcome {
+            Some(failed) => failed,
+            None => {
+                crate::killpoint::hit(KillPoint::Held);
+                match tokio::time::timeout(HOLD_DEADLINE, cut).await {
+                    Ok(r) => r,
+                    Err(_) => Err(Error::unavailable(format!(
+                        "the snapshots took longer than the {} s their writers may be held: \
+                         not taken",
+                        HOLD_DEADLINE.as_secs()
+                    ))),
+                }
+            }
+        };
+        for name in suspended {
+            if let Err(e) = holds.resume(name).await {
+                tracing::error!(hold = %name, error = %e.message, "could not resume a hold device");
+                if outcome.is_ok() {
+                    outcome = Err(e);
+                }
+            }
+        }
+        outcome
+    }
+}

@@ -216,3 +216,128 @@ impl Snapshotter for NfsBackend {
         Ok(page.apply(out, |s| s.id.locator()))
     }
 }
+
+impl NfsBackend {
+    pub(super) fn snapshot_dir(root: &Path) -> PathBuf {
+        root.join(META_DIR).join("snapshots")
+    }
+
+    /// Where a snapshot lives: the share of its source, and its name's
+    /// locator. NOT_FOUND for ids this backend never minted.
+    pub(super) fn locate_snapshot(&self, id: &SnapshotId) -> Result<(String, String, String)> {
+        let not_ours = || Error::not_found(format!("snapshot {id} does not exist"));
+        let fields = split_fields(id.locator(), 3).map_err(|_| not_ours())?;
+        let [server, share, name]: [String; 3] = fields.try_into().map_err(|_| not_ours())?;
+        check_server(&server).map_err(|_| not_ours())?;
+        check_share(&share).map_err(|_| not_ours())?;
+        if !crate::plugin::is_locator(&name) {
+            return Err(not_ours());
+        }
+        Ok((server, share, name))
+    }
+
+    pub(super) fn snapshot_id(
+        &self,
+        server: &str,
+        share: &str,
+        locator: &str,
+    ) -> Result<SnapshotId> {
+        SnapshotId::new(&self.name, &join_fields(&[server, share, locator])?)
+    }
+
+    pub(super) async fn read_snapshot(
+        root: &Path,
+        locator: &str,
+    ) -> Result<Option<SnapshotRecord>> {
+        let dir = Self::snapshot_dir(root);
+        let (record, archive, snap) = (
+            dir.join(format!("{locator}.json")),
+            dir.join(format!("{locator}.tar.gz")),
+            dir.join(format!("{locator}.snap")),
+        );
+        blocking("reading a snapshot record", move || {
+            let bytes = match std::fs::read(&record) {
+                Ok(b) => b,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(Error::io(format!("read {}", record.display()), e)),
+            };
+            // Ready only once the archive is whole, or the subvolume made
+            // (each is renamed into place after the record is written).
+            if !archive.exists() && !snap.exists() {
+                return Ok(None);
+            }
+            crate::records::decode_record(&record.display().to_string(), &bytes).map(Some)
+        })
+        .await
+    }
+
+    pub(super) fn snapshot_info(
+        &self,
+        server: &str,
+        share: &str,
+        locator: &str,
+        r: &SnapshotRecord,
+    ) -> Result<SnapshotInfo> {
+        Ok(SnapshotInfo {
+            id: self.snapshot_id(server, share, locator)?,
+            source_volume: r.source_volume.clone(),
+            size_bytes: r.size_bytes,
+            created: UNIX_EPOCH + Duration::from_secs(r.created_unix_secs),
+            ready: true,
+            group: None,
+        })
+    }
+
+    /// Fills a new volume's directory from its content source.
+    pub(super) async fn fill_from(&self, source: &ContentSource, into: &Path) -> Result<()> {
+        let into_arg = path_arg(into)?;
+        match source {
+            ContentSource::Snapshot(id) => {
+                own_source(&self.name, source)?;
+                let (server, share, locator) = self.locate_snapshot(id)?;
+                let held = self.hold_share(&server, &share).await?;
+                if Self::read_snapshot(&held.dir, &locator).await?.is_none() {
+                    return Err(Error::not_found(format!(
+                        "source snapshot {id} does not exist"
+                    )));
+                }
+                let snaps = Self::snapshot_dir(&held.dir);
+                let archive = snaps.join(format!("{locator}.tar.gz"));
+                if !archive.exists() {
+                    // A btrfs snapshot, restored elsewhere: copied.
+                    let snap = snaps.join(format!("{locator}.snap"));
+                    return self.copy_tree(&snap, into, "restore the snapshot").await;
+                }
+                self.runner
+                    .run(
+                        Command::new("tar")
+                            .args(["-xzpf"])
+                            .arg(path_arg(&archive)?)
+                            .args(["-C", &into_arg, "--numeric-owner"])
+                            .timeout(COPY_TIMEOUT),
+                    )
+                    .await
+                    .map_err(|e| Error::from(e).context("restore the snapshot"))?;
+            }
+            ContentSource::Volume(id) => {
+                own_source(&self.name, source)?;
+                let loc = self.locate(id)?;
+                let held = self.hold(&loc).await?;
+                if Self::read_record(&held.dir, &loc.subdir).await?.is_none() {
+                    return Err(Error::not_found(format!(
+                        "source volume {id} does not exist"
+                    )));
+                }
+                let (root, subdir) = (held.dir.clone(), loc.subdir.clone());
+                let from = blocking("inspecting the source", move || resolve(&root, &subdir))
+                    .await?
+                    .ok_or_else(|| {
+                        Error::not_found(format!("source volume {id} has no directory"))
+                    })?;
+                self.copy_tree(&from, into, "copy the source volume")
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -345,3 +345,186 @@ impl BlockTracker for RbdBackend {
         })
     }
 }
+
+impl RbdBackend {
+    /// The image a snapshot of `src` is kept as.
+    pub(super) fn snapshot_image(src: &Spec, req: &CreateSnapshot) -> Spec {
+        src.with_image(&format!("fvs-{}", locator_for_name(&req.name)))
+    }
+
+    /// A group member's cut: its source image and the snapshot of it that
+    /// `create_snapshot` copies from.
+    pub(super) fn member_cut(&self, req: &CreateSnapshot) -> Result<(Spec, String)> {
+        let src = self.volume_spec(&req.source).map_err(|_| {
+            Error::not_found(format!("source volume {} does not exist", req.source))
+        })?;
+        let tmp = Self::snapshot_tmp(&Self::snapshot_image(&src, req));
+        Ok((src, cut_name(&tmp)))
+    }
+
+    /// Where a snapshot image is made before it is renamed into place.
+    pub(super) fn snapshot_tmp(spec: &Spec) -> Spec {
+        spec.with_image(&format!("tmp-{}", spec.image))
+    }
+
+    /// How many parents the image has.
+    pub(super) async fn depth(&self, creds: &Creds, spec: &Spec) -> Result<u32> {
+        let mut depth = 0;
+        let mut cur = self.rbd().info(creds, spec).await?;
+        while let Some(parent) = cur.and_then(|i| i.parent) {
+            depth += 1;
+            if depth > 64 {
+                break;
+            }
+            cur = self
+                .rbd()
+                .info(
+                    creds,
+                    &Spec {
+                        pool: parent.pool,
+                        namespace: parent.pool_namespace,
+                        image: parent.image,
+                    },
+                )
+                .await?;
+        }
+        Ok(depth)
+    }
+
+    pub(super) async fn flatten_if_deep(&self, creds: &Creds, spec: &Spec) -> Result<()> {
+        if self.depth(creds, spec).await? > self.settings.max_clone_depth {
+            self.rbd().flatten(creds, spec).await?;
+        }
+        Ok(())
+    }
+
+    /// Clones `from` (an image's snapshot `snap`) into `to`.
+    pub(super) async fn clone_from(
+        &self,
+        creds: &Creds,
+        from: &Spec,
+        snap: &str,
+        to: &Spec,
+        params: Option<&Params>,
+    ) -> Result<()> {
+        let layout = params.map(|p| Layout {
+            features: &p.features,
+            data_pool: &p.data_pool,
+        });
+        self.rbd().clone_image(creds, from, snap, to, layout).await
+    }
+
+    /// A point-in-time clone of image `from` as `to`: a snapshot of `from`
+    /// (its cut) and a clone of it. A volume's clone removes the cut again
+    /// (format 2 clones keep what they need); a snapshot's keeps it on its
+    /// source, where the changes between two snapshots are read.
+    pub(super) async fn copy_of(
+        &self,
+        creds: &Creds,
+        from: &Spec,
+        to: &Spec,
+        params: Option<&Params>,
+        keep_cut: bool,
+    ) -> Result<()> {
+        let snap = cut_name(to);
+        match self.rbd().snap_create(creds, from, &snap).await {
+            Ok(_) => {}
+            Err(e) if e.kind == Kind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        let cloned = self.clone_from(creds, from, &snap, to, params).await;
+        if keep_cut && cloned.is_ok() {
+            return Ok(());
+        }
+        let removed = self.rbd().snap_remove(creds, from, &snap).await;
+        cloned?;
+        removed
+    }
+
+    /// The cut snapshot image `spec` was cloned from, kept on its source.
+    pub(super) fn snapshot_cut(spec: &Spec) -> String {
+        cut_name(&Self::snapshot_tmp(spec))
+    }
+
+    /// Removes the cuts of this volume's snapshots kept on it (before the
+    /// volume goes: its snapshots, clones of them, then keep them in the
+    /// trash namespace while they need them).
+    pub(super) async fn remove_cuts(
+        &self,
+        creds: &Creds,
+        spec: &Spec,
+        snaps: &[String],
+    ) -> Result<()> {
+        let prefix = Self::snapshot_cut(&spec.with_image("fvs-"));
+        for snap in snaps {
+            if snap.starts_with(&prefix) {
+                match self.rbd().snap_remove(creds, spec, snap).await {
+                    Ok(()) => {}
+                    Err(e) if e.kind == Kind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A snapshot image's metadata and size; NOT_FOUND when it is not one.
+    pub(super) async fn snapshot_meta(
+        &self,
+        creds: &Creds,
+        id: &SnapshotId,
+    ) -> Result<(Spec, u64, BTreeMap<String, String>)> {
+        let gone = || Error::not_found(format!("snapshot {id} does not exist"));
+        let spec = self.snapshot_spec(id).map_err(|_| gone())?;
+        match self.rbd().describe(creds, &spec).await? {
+            Some((info, meta)) if meta.contains_key(META_NAME) => Ok((spec, info.size, meta)),
+            _ => Err(gone()),
+        }
+    }
+
+    pub(super) fn snapshot_info(
+        &self,
+        spec: &Spec,
+        size: u64,
+        meta: &BTreeMap<String, String>,
+    ) -> Result<SnapshotInfo> {
+        let source = meta
+            .get(META_SOURCE)
+            .and_then(|s| VolumeId::parse(s).ok())
+            .ok_or_else(|| {
+                Error::internal(format!("snapshot image {} has no source", spec.arg()))
+            })?;
+        let created = meta
+            .get(META_CREATED)
+            .and_then(|s| s.parse::<u64>().ok())
+            .map(|s| UNIX_EPOCH + Duration::from_secs(s))
+            .unwrap_or(UNIX_EPOCH);
+        Ok(SnapshotInfo {
+            id: SnapshotId::new(&self.name, &self.locator(spec)?)?,
+            source_volume: source,
+            size_bytes: size,
+            created,
+            ready: true,
+            group: None,
+        })
+    }
+
+    /// Keeps `tmp` when it is the copy a group's cut made for snapshot
+    /// `name` (true), else clears it as [`Self::clear_tmp`] does.
+    pub(super) async fn group_copy_or_clear(
+        &self,
+        creds: &Creds,
+        tmp: &Spec,
+        name: &str,
+    ) -> Result<bool> {
+        if self.rbd().info(creds, tmp).await?.is_none() {
+            return Ok(false);
+        }
+        let meta = self.rbd().meta(creds, tmp).await.unwrap_or_default();
+        if meta.get(META_GROUP_CUT).map(String::as_str) == Some(name) {
+            return Ok(true);
+        }
+        self.clear_found_tmp(creds, tmp, name, &meta).await?;
+        Ok(false)
+    }
+}

@@ -155,3 +155,168 @@ impl DeviceMounter for RbdBackend {
         Ok(sectors.trim().parse::<u64>().unwrap_or(0) * 512)
     }
 }
+
+impl RbdBackend {
+    /// Maps the image on this node, with its own client (`noshare`).
+    pub(super) async fn map(
+        &self,
+        creds: &Creds,
+        spec: &Spec,
+        ctx: &AttachContext,
+    ) -> Result<PathBuf> {
+        let mut options: Vec<&str> = Vec::new();
+        if !self.settings.map_options.is_empty() {
+            options.push(&self.settings.map_options);
+        }
+        if let Some(o) = ctx.volume_context.get(CTX_MAP_OPTIONS) {
+            check_map_options(o)?;
+            options.push(o);
+        }
+        if ctx.readonly {
+            options.push("ro");
+        }
+        if !options.iter().any(|o| o.split(',').any(|x| x == "noshare")) {
+            options.push("noshare");
+        }
+        self.cli.map(creds, spec, &options.join(",")).await
+    }
+
+    /// Records in the image which client maps it on `node` (the mapping at
+    /// `device`), unless it says so already; returns the address. A kernel
+    /// that does not show its client's address leaves nothing to fence
+    /// (logged).
+    pub(super) async fn record_client(
+        &self,
+        creds: &Creds,
+        spec: &Spec,
+        node: &str,
+        device: &std::path::Path,
+        meta: &BTreeMap<String, String>,
+    ) -> Result<Option<String>> {
+        let dev_id = device
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("rbd"))
+            .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            .ok_or_else(|| Error::internal(format!("{} is not an rbd device", device.display())))?;
+        let attr = self
+            .sysfs
+            .join("bus/rbd/devices")
+            .join(dev_id)
+            .join("client_addr");
+        let addr = match std::fs::read_to_string(&attr) {
+            Ok(a) => a.trim().to_string(),
+            Err(e) => {
+                tracing::warn!(device = %device.display(), error = %e,
+                    "the kernel shows no client address for the mapping: a detach cannot fence it");
+                return Ok(None);
+            }
+        };
+        cluster::check_client_addr(&addr)?;
+        let key = client_key(node);
+        if meta.get(&key) != Some(&addr) {
+            self.rbd().set_meta(creds, spec, &key, &addr).await?;
+        }
+        Ok(Some(addr))
+    }
+
+    /// Controller side, at detach: the client `node` recorded is denied
+    /// the cluster before its mark goes, so none of its writes land once
+    /// the volume is someone else's. A node that unstaged removed its
+    /// record; one that did not (lost, frozen, its teardown never came)
+    /// is fenced.
+    pub(super) async fn fence(
+        &self,
+        creds: &Creds,
+        spec: &Spec,
+        id: &VolumeId,
+        node: &str,
+        addr: &str,
+    ) -> Result<()> {
+        self.rbd()
+            .blocklist(creds, addr, self.settings.fence_expiry)
+            .await?;
+        tracing::warn!(volume = %id, %node, client = %addr, expire_secs = self.settings.fence_expiry,
+            "fenced: the node still had the image mapped at detach; its client is blocklisted");
+        self.rbd().remove_meta(creds, spec, &client_key(node)).await
+    }
+
+    /// Makes `tmp` a copy of a new volume's source (a volume's full copy,
+    /// or a clone of a snapshot's `base`); the source's size.
+    pub(super) async fn copy_source(
+        &self,
+        creds: &Creds,
+        source: &ContentSource,
+        tmp: &Spec,
+        p: &Params,
+    ) -> Result<u64> {
+        let gone = |what: &str, id: &dyn std::fmt::Display| {
+            Error::not_found(format!("source {what} {id} does not exist"))
+        };
+        match source {
+            ContentSource::Volume(v) => {
+                let from = self.volume_spec(v).map_err(|_| gone("volume", v))?;
+                let info = self
+                    .rbd()
+                    .info(creds, &from)
+                    .await?
+                    .ok_or_else(|| gone("volume", v))?;
+                self.copy_of(creds, &from, tmp, Some(p), false).await?;
+                Ok(info.size)
+            }
+            ContentSource::Snapshot(s) => {
+                let from = self.snapshot_spec(s).map_err(|_| gone("snapshot", s))?;
+                let (info, meta) = self
+                    .rbd()
+                    .describe(creds, &from)
+                    .await?
+                    .filter(|(_, meta)| meta.contains_key(META_NAME))
+                    .ok_or_else(|| gone("snapshot", s))?;
+                // While its source volume lives, the cut the snapshot image
+                // was cloned from holds the same data (a snapshot image is
+                // never written): a clone of it costs no cluster snapshot
+                // (each one is a monitor commit, about a second) and its
+                // chain of parents is one shorter. A cut that is gone (its
+                // volume deleted, the snapshot being deleted, a snapshot a
+                // group copied whole) is NOT_FOUND, and `base` serves.
+                if let Some(src) = meta
+                    .get(META_SOURCE)
+                    .and_then(|v| VolumeId::parse(v).ok())
+                    .and_then(|v| self.volume_spec(&v).ok())
+                {
+                    let cut = Self::snapshot_cut(&from);
+                    match self.clone_from(creds, &src, &cut, tmp, Some(p)).await {
+                        Ok(()) => return Ok(info.size),
+                        Err(e) if e.kind == Kind::NotFound => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                // Else the snapshot image's `base`, taken at the first
+                // restore that needs it.
+                match self.rbd().snap_create(creds, &from, BASE).await {
+                    Ok(()) => {}
+                    Err(e) if e.kind == Kind::AlreadyExists => {}
+                    Err(e) => return Err(e),
+                }
+                self.clone_from(creds, &from, BASE, tmp, Some(p)).await?;
+                Ok(info.size)
+            }
+        }
+    }
+
+    /// The device this node has the image mapped at, if any.
+    pub(super) async fn find_mapping(&self, spec: &Spec) -> Result<Option<PathBuf>> {
+        Ok(self
+            .cli
+            .mapped()
+            .await?
+            .into_iter()
+            .find(|m| {
+                m.pool == spec.pool
+                    && m.namespace == spec.namespace
+                    && m.name == spec.image
+                    && (m.snap.is_empty() || m.snap == "-")
+            })
+            .map(|m| PathBuf::from(m.device)))
+    }
+}
