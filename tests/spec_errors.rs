@@ -9,6 +9,79 @@ use ferrovol::proto as pb;
 use std::collections::HashMap;
 use tonic::Code;
 
+/// The expected gRPC codes of a spec test, case by case. A case is named
+/// by its section (the comment above it), its place there and the call it
+/// makes; every case runs, and `done` fails the test naming each case that
+/// got another code, with the driver's message.
+struct Cases {
+    test: &'static str,
+    section: String,
+    n: usize,
+    ran: usize,
+    failed: Vec<String>,
+}
+
+impl Cases {
+    fn new(test: &'static str) -> Self {
+        Cases {
+            test,
+            section: "start".into(),
+            n: 0,
+            ran: 0,
+            failed: Vec::new(),
+        }
+    }
+
+    fn section(&mut self, name: &str) {
+        self.section = name.to_string();
+        self.n = 0;
+    }
+
+    fn expect(&mut self, call: &str, got: Code, message: &str, want: Code, detail: Option<String>) {
+        self.n += 1;
+        self.ran += 1;
+        if got != want {
+            let call: String = call.split_whitespace().collect::<Vec<_>>().join(" ");
+            self.failed.push(format!(
+                "[{} #{}{}] {call}: got {got:?} ({message}), want {want:?}",
+                self.section,
+                self.n,
+                detail.map(|d| format!(", {d}")).unwrap_or_default()
+            ));
+        }
+    }
+
+    fn done(self) {
+        assert!(
+            self.failed.is_empty(),
+            "{}: {} of {} cases failed:\n{}",
+            self.test,
+            self.failed.len(),
+            self.ran,
+            self.failed.join("\n")
+        );
+    }
+}
+
+/// One case: `case!(cases, code(&answer), Code::X)`, or with a detail
+/// that tells apart the cases of a loop.
+macro_rules! case {
+    ($cases:ident, code($answer:expr), $want:expr) => {
+        case!(@ $cases, $answer, $want, None)
+    };
+    ($cases:ident, code($answer:expr), $want:expr, $detail:expr) => {
+        case!(@ $cases, $answer, $want, Some($detail.to_string()))
+    };
+    (@ $cases:ident, $answer:expr, $want:expr, $detail:expr) => {{
+        let answer = $answer;
+        let message = match &answer {
+            Ok(_) => String::new(),
+            Err(s) => s.message().to_string(),
+        };
+        $cases.expect(stringify!($answer), code(answer), &message, $want, $detail)
+    }};
+}
+
 fn pool_entries(h: &Harness) -> usize {
     std::fs::read_dir(h.state_dir().join("pool/volumes"))
         .unwrap()
@@ -21,10 +94,11 @@ fn pool_entries(h: &Harness) -> usize {
 #[tokio::test]
 async fn controller_codes() {
     let h = Harness::start().await;
+    let mut cases = Cases::new("controller_codes");
     let mut c = h.controller();
     let cap = mount_cap("ext4", SNW);
 
-    // Missing fields.
+    cases.section("Missing fields");
     let r = c
         .create_volume(pb::CreateVolumeRequest {
             name: String::new(),
@@ -32,30 +106,34 @@ async fn controller_codes() {
             ..Default::default()
         })
         .await;
-    assert_eq!(code(&r), Code::InvalidArgument);
+    case!(cases, code(&r), Code::InvalidArgument);
     let r = c
         .create_volume(pb::CreateVolumeRequest {
             name: "v".into(),
             ..Default::default()
         })
         .await;
-    assert_eq!(code(&r), Code::InvalidArgument);
+    case!(cases, code(&r), Code::InvalidArgument);
     let mut no_mode = cap.clone();
     no_mode.access_mode = None;
-    assert_eq!(
+    case!(
+        cases,
         code(&c.create_volume(create_req("v", MIB, no_mode)).await),
         Code::InvalidArgument
     );
     // Names: too long, control characters; traversal-looking names are fine
     // (they become digests) but never paths.
-    assert_eq!(
+    cases.section("Names: too long, control characters; traversal-looking names are fine (they become digests) but never paths");
+    case!(
+        cases,
         code(
             &c.create_volume(create_req(&"n".repeat(129), MIB, cap.clone()))
                 .await
         ),
         Code::InvalidArgument
     );
-    assert_eq!(
+    case!(
+        cases,
         code(
             &c.create_volume(create_req("bad\u{1}name", MIB, cap.clone()))
                 .await
@@ -78,8 +156,9 @@ async fn controller_codes() {
         .volume
         .unwrap();
     assert!(max_name.volume_id.len() <= 128);
-    // Unsupported access mode, unknown parameter, unknown backend.
-    assert_eq!(
+    cases.section("Unsupported access mode, unknown parameter, unknown backend");
+    case!(
+        cases,
         code(
             &c.create_volume(create_req("v", MIB, mount_cap("ext4", MNMW)))
                 .await
@@ -88,12 +167,21 @@ async fn controller_codes() {
     );
     let mut p = create_req("v", MIB, cap.clone());
     p.parameters = HashMap::from([("bogus".into(), "1".into())]);
-    assert_eq!(code(&c.create_volume(p).await), Code::InvalidArgument);
+    case!(
+        cases,
+        code(&c.create_volume(p).await),
+        Code::InvalidArgument
+    );
     let mut p = create_req("v", MIB, cap.clone());
     p.parameters = HashMap::from([("backend".into(), "nfs".into())]);
-    assert_eq!(code(&c.create_volume(p).await), Code::InvalidArgument);
-    // Capacity out of range; limit below required.
-    assert_eq!(
+    case!(
+        cases,
+        code(&c.create_volume(p).await),
+        Code::InvalidArgument
+    );
+    cases.section("Capacity out of range; limit below required");
+    case!(
+        cases,
         code(
             &c.create_volume(create_req("huge", 1 << 50, cap.clone()))
                 .await
@@ -105,14 +193,18 @@ async fn controller_codes() {
         required_bytes: 10 * MIB,
         limit_bytes: 5 * MIB,
     });
-    assert_eq!(code(&c.create_volume(r).await), Code::OutOfRange);
+    case!(cases, code(&c.create_volume(r).await), Code::OutOfRange);
     let mut r = create_req("v", 0, cap.clone());
     r.capacity_range = Some(pb::CapacityRange {
         required_bytes: -1,
         limit_bytes: 0,
     });
-    assert_eq!(code(&c.create_volume(r).await), Code::InvalidArgument);
-    // Topology that is not this node.
+    case!(
+        cases,
+        code(&c.create_volume(r).await),
+        Code::InvalidArgument
+    );
+    cases.section("Topology that is not this node");
     let mut r = create_req("v", MIB, cap.clone());
     r.accessibility_requirements = Some(pb::TopologyRequirement {
         requisite: vec![pb::Topology {
@@ -120,8 +212,12 @@ async fn controller_codes() {
         }],
         preferred: vec![],
     });
-    assert_eq!(code(&c.create_volume(r).await), Code::ResourceExhausted);
-    // Sources that do not exist.
+    case!(
+        cases,
+        code(&c.create_volume(r).await),
+        Code::ResourceExhausted
+    );
+    cases.section("Sources that do not exist");
     let mut r = create_req("v", MIB, cap.clone());
     r.volume_content_source = Some(pb::VolumeContentSource {
         r#type: Some(pb::volume_content_source::Type::Snapshot(
@@ -130,7 +226,7 @@ async fn controller_codes() {
             },
         )),
     });
-    assert_eq!(code(&c.create_volume(r).await), Code::NotFound);
+    case!(cases, code(&c.create_volume(r).await), Code::NotFound);
     let mut r = create_req("v", MIB, cap.clone());
     r.volume_content_source = Some(pb::VolumeContentSource {
         r#type: Some(pb::volume_content_source::Type::Volume(
@@ -139,16 +235,18 @@ async fn controller_codes() {
             },
         )),
     });
-    assert_eq!(code(&c.create_volume(r).await), Code::NotFound);
+    case!(cases, code(&c.create_volume(r).await), Code::NotFound);
     assert_eq!(pool_entries(&h), 4, "only the two good volumes exist");
 
-    // Delete: missing id is INVALID_ARGUMENT; unknown or malformed ids are done.
-    assert_eq!(
+    cases.section("Delete: missing id is INVALID_ARGUMENT; unknown or malformed ids are done");
+    case!(
+        cases,
         code(&c.delete_volume(pb::DeleteVolumeRequest::default()).await),
         Code::InvalidArgument
     );
     for id in ["file:never-made", "file:../../etc", "nfs:x", "garbage"] {
-        assert_eq!(
+        case!(
+            cases,
             code(
                 &c.delete_volume(pb::DeleteVolumeRequest {
                     volume_id: id.into(),
@@ -157,17 +255,19 @@ async fn controller_codes() {
                 .await
             ),
             Code::Ok,
-            "{id}"
+            id
         );
     }
-    assert_eq!(
+    case!(
+        cases,
         code(
             &c.delete_snapshot(pb::DeleteSnapshotRequest::default())
                 .await
         ),
         Code::InvalidArgument
     );
-    assert_eq!(
+    case!(
+        cases,
         code(
             &c.delete_snapshot(pb::DeleteSnapshotRequest {
                 snapshot_id: "file:none".into(),
@@ -178,27 +278,30 @@ async fn controller_codes() {
         Code::Ok
     );
 
-    // Validate: NOT_FOUND for unknown volumes; unconfirmed for bad modes.
+    cases.section("Validate: NOT_FOUND for unknown volumes; unconfirmed for bad modes");
     let v = |id: &str, caps: Vec<pb::VolumeCapability>| pb::ValidateVolumeCapabilitiesRequest {
         volume_id: id.into(),
         volume_capabilities: caps,
         ..Default::default()
     };
-    assert_eq!(
+    case!(
+        cases,
         code(
             &c.validate_volume_capabilities(v("", vec![cap.clone()]))
                 .await
         ),
         Code::InvalidArgument
     );
-    assert_eq!(
+    case!(
+        cases,
         code(
             &c.validate_volume_capabilities(v(&odd.volume_id, vec![]))
                 .await
         ),
         Code::InvalidArgument
     );
-    assert_eq!(
+    case!(
+        cases,
         code(
             &c.validate_volume_capabilities(v("file:missing", vec![cap.clone()]))
                 .await
@@ -218,13 +321,14 @@ async fn controller_codes() {
         .into_inner();
     assert!(no.confirmed.is_none() && !no.message.is_empty());
 
-    // Expand: missing range, unknown volume, over the limit.
+    cases.section("Expand: missing range, unknown volume, over the limit");
     let e = |id: &str, range: Option<pb::CapacityRange>| pb::ControllerExpandVolumeRequest {
         volume_id: id.into(),
         capacity_range: range,
         ..Default::default()
     };
-    assert_eq!(
+    case!(
+        cases,
         code(&c.controller_expand_volume(e(&odd.volume_id, None)).await),
         Code::InvalidArgument
     );
@@ -232,11 +336,13 @@ async fn controller_codes() {
         required_bytes: 2 * MIB,
         limit_bytes: 0,
     });
-    assert_eq!(
+    case!(
+        cases,
         code(&c.controller_expand_volume(e("file:missing", range)).await),
         Code::NotFound
     );
-    assert_eq!(
+    case!(
+        cases,
         code(
             &c.controller_expand_volume(e(
                 &odd.volume_id,
@@ -249,7 +355,7 @@ async fn controller_codes() {
         ),
         Code::OutOfRange
     );
-    // Shrinking is a no-op success reporting the current size.
+    cases.section("Shrinking is a no-op success reporting the current size");
     let same = c
         .controller_expand_volume(e(
             &odd.volume_id,
@@ -263,21 +369,24 @@ async fn controller_codes() {
         .into_inner();
     assert_eq!(same.capacity_bytes, MIB);
 
-    // Snapshots.
+    cases.section("Snapshots");
     let s = |src: &str, name: &str| pb::CreateSnapshotRequest {
         source_volume_id: src.into(),
         name: name.into(),
         ..Default::default()
     };
-    assert_eq!(
+    case!(
+        cases,
         code(&c.create_snapshot(s("", "n")).await),
         Code::InvalidArgument
     );
-    assert_eq!(
+    case!(
+        cases,
         code(&c.create_snapshot(s(&odd.volume_id, "")).await),
         Code::InvalidArgument
     );
-    assert_eq!(
+    case!(
+        cases,
         code(&c.create_snapshot(s("file:missing", "n")).await),
         Code::NotFound
     );
@@ -287,7 +396,7 @@ async fn controller_codes() {
             ..Default::default()
         })
         .await;
-    assert_eq!(code(&gs), Code::NotFound);
+    case!(cases, code(&gs), Code::NotFound);
     let none = c
         .list_snapshots(pb::ListSnapshotsRequest {
             snapshot_id: "garbage".into(),
@@ -298,8 +407,9 @@ async fn controller_codes() {
         .into_inner();
     assert!(none.entries.is_empty());
 
-    // Listing: bad token is ABORTED; negative max is INVALID_ARGUMENT.
-    assert_eq!(
+    cases.section("Listing: bad token is ABORTED; negative max is INVALID_ARGUMENT");
+    case!(
+        cases,
         code(
             &c.list_volumes(pb::ListVolumesRequest {
                 max_entries: 0,
@@ -309,7 +419,8 @@ async fn controller_codes() {
         ),
         Code::Aborted
     );
-    assert_eq!(
+    case!(
+        cases,
         code(
             &c.list_volumes(pb::ListVolumesRequest {
                 max_entries: -1,
@@ -320,8 +431,9 @@ async fn controller_codes() {
         Code::InvalidArgument
     );
 
-    // GetVolume / capacity.
-    assert_eq!(
+    cases.section("GetVolume / capacity");
+    case!(
+        cases,
         code(
             &c.controller_get_volume(pb::ControllerGetVolumeRequest {
                 volume_id: "file:missing".into()
@@ -350,6 +462,7 @@ async fn controller_codes() {
     // ControllerModifyVolume: no key is no change (as csi-sanity asks), a
     // key the backend cannot change is refused, a volume that is not there
     // is NOT_FOUND.
+    cases.section("ControllerModifyVolume: no key is no change (as csi-sanity asks), a key the backend cannot change is refused, a volume that is not there is NOT_FOUND");
     let modify = |id: &str, kv: &[(&str, &str)]| pb::ControllerModifyVolumeRequest {
         volume_id: id.into(),
         mutable_parameters: kv
@@ -361,24 +474,26 @@ async fn controller_codes() {
     let r = c
         .controller_modify_volume(modify(&odd.volume_id, &[]))
         .await;
-    assert_eq!(code(&r), Code::Ok);
+    case!(cases, code(&r), Code::Ok);
     let r = c
         .controller_modify_volume(modify(&odd.volume_id, &[("tier", "gold")]))
         .await;
-    assert_eq!(code(&r), Code::InvalidArgument);
+    case!(cases, code(&r), Code::InvalidArgument);
     let r = c
         .controller_modify_volume(modify("file:no-such-volume", &[("preallocate", "true")]))
         .await;
-    assert_eq!(code(&r), Code::NotFound);
+    case!(cases, code(&r), Code::NotFound);
     let r = c
         .controller_modify_volume(modify("", &[("preallocate", "true")]))
         .await;
-    assert_eq!(code(&r), Code::InvalidArgument);
+    case!(cases, code(&r), Code::InvalidArgument);
+    cases.done();
 }
 
 #[tokio::test]
 async fn node_codes_and_bad_paths() {
     let h = Harness::start().await;
+    let mut cases = Cases::new("node_codes_and_bad_paths");
     let mut n = h.node();
     let cap = mount_cap("ext4", SNW);
     let vol = h
@@ -392,8 +507,9 @@ async fn node_codes_and_bad_paths() {
     let staging = h.path("kubelet/staging/n");
     std::fs::create_dir_all(&staging).unwrap();
 
-    // Stage: missing fields, malformed ids, bad staging paths.
-    assert_eq!(
+    cases.section("Stage: missing fields, malformed ids, bad staging paths");
+    case!(
+        cases,
         code(
             &n.node_stage_volume(stage_req("", &staging, cap.clone()))
                 .await
@@ -402,37 +518,56 @@ async fn node_codes_and_bad_paths() {
     );
     let mut r = stage_req(&vol.volume_id, &staging, cap.clone());
     r.volume_capability = None;
-    assert_eq!(code(&n.node_stage_volume(r).await), Code::InvalidArgument);
+    case!(
+        cases,
+        code(&n.node_stage_volume(r).await),
+        Code::InvalidArgument
+    );
     let mut r = stage_req(&vol.volume_id, &staging, cap.clone());
     r.staging_target_path = String::new();
-    assert_eq!(code(&n.node_stage_volume(r).await), Code::InvalidArgument);
+    case!(
+        cases,
+        code(&n.node_stage_volume(r).await),
+        Code::InvalidArgument
+    );
     for id in ["file:../../etc/passwd", "file:missing", "zzz:x"] {
-        assert_eq!(
+        case!(
+            cases,
             code(
                 &n.node_stage_volume(stage_req(id, &staging, cap.clone()))
                     .await
             ),
             Code::NotFound,
-            "{id}"
+            id
         );
     }
     let traversal = format!("{}/../../etc", staging.display());
     let mut r = stage_req(&vol.volume_id, &staging, cap.clone());
     r.staging_target_path = traversal;
-    assert_eq!(code(&n.node_stage_volume(r).await), Code::InvalidArgument);
+    case!(
+        cases,
+        code(&n.node_stage_volume(r).await),
+        Code::InvalidArgument
+    );
     let mut r = stage_req(&vol.volume_id, &staging, cap.clone());
     r.staging_target_path = "relative/path".into();
-    assert_eq!(code(&n.node_stage_volume(r).await), Code::InvalidArgument);
+    case!(
+        cases,
+        code(&n.node_stage_volume(r).await),
+        Code::InvalidArgument
+    );
     let file = h.path("kubelet/not-a-dir");
     std::fs::write(&file, b"").unwrap();
-    assert_eq!(
+    case!(
+        cases,
         code(
             &n.node_stage_volume(stage_req(&vol.volume_id, &file, cap.clone()))
                 .await
         ),
         Code::InvalidArgument
     );
-    assert_eq!(
+    case!(
+        cases,
         code(
             &n.node_stage_volume(stage_req(
                 &vol.volume_id,
@@ -445,7 +580,8 @@ async fn node_codes_and_bad_paths() {
     );
     let link = h.path("kubelet/link");
     std::os::unix::fs::symlink("/etc", &link).unwrap();
-    assert_eq!(
+    case!(
+        cases,
         code(
             &n.node_stage_volume(stage_req(&vol.volume_id, &link, cap.clone()))
                 .await
@@ -456,14 +592,16 @@ async fn node_codes_and_bad_paths() {
     if let Some(pb::volume_capability::AccessType::Mount(m)) = &mut bad_flags.access_type {
         m.mount_flags = vec!["x;reboot".into()];
     }
-    assert_eq!(
+    case!(
+        cases,
         code(
             &n.node_stage_volume(stage_req(&vol.volume_id, &staging, bad_flags))
                 .await
         ),
         Code::InvalidArgument
     );
-    assert_eq!(
+    case!(
+        cases,
         code(
             &n.node_stage_volume(stage_req(&vol.volume_id, &staging, mount_cap("ntfs", SNW)))
                 .await
@@ -476,9 +614,10 @@ async fn node_codes_and_bad_paths() {
     );
     assert!(h.mounts().is_empty());
 
-    // Publish before stage: FAILED_PRECONDITION; no staging path: the same.
+    cases.section("Publish before stage: FAILED_PRECONDITION; no staging path: the same");
     let target = h.path("kubelet/pods/t");
-    assert_eq!(
+    case!(
+        cases,
         code(
             &n.node_publish_volume(publish_req(
                 &vol.volume_id,
@@ -493,11 +632,13 @@ async fn node_codes_and_bad_paths() {
     );
     let mut r = publish_req(&vol.volume_id, &staging, &target, cap.clone(), false);
     r.staging_target_path = String::new();
-    assert_eq!(
+    case!(
+        cases,
         code(&n.node_publish_volume(r).await),
         Code::FailedPrecondition
     );
-    assert_eq!(
+    case!(
+        cases,
         code(
             &n.node_publish_volume(publish_req(
                 "file:missing",
@@ -512,10 +653,16 @@ async fn node_codes_and_bad_paths() {
     );
     let mut r = publish_req(&vol.volume_id, &staging, &target, cap.clone(), false);
     r.target_path = String::new();
-    assert_eq!(code(&n.node_publish_volume(r).await), Code::InvalidArgument);
+    case!(
+        cases,
+        code(&n.node_publish_volume(r).await),
+        Code::InvalidArgument
+    );
     assert!(!target.exists(), "a refused publish created its target");
 
     // Stage, then publish into a target whose parent is missing or which is a symlink.
+    cases
+        .section("Stage, then publish into a target whose parent is missing or which is a symlink");
     n.node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
         .await
         .unwrap();
@@ -528,7 +675,7 @@ async fn node_codes_and_bad_paths() {
             false,
         ))
         .await;
-    assert_eq!(code(&r), Code::InvalidArgument);
+    case!(cases, code(&r), Code::InvalidArgument);
     let evil = h.path("kubelet/pods/evil");
     std::os::unix::fs::symlink(h.path("kubelet"), &evil).unwrap();
     let r = n
@@ -540,14 +687,14 @@ async fn node_codes_and_bad_paths() {
             false,
         ))
         .await;
-    assert_eq!(code(&r), Code::InvalidArgument);
+    case!(cases, code(&r), Code::InvalidArgument);
     assert_eq!(
         h.mounts().len(),
         1,
         "only the staging mount: {:?}",
         h.mounts()
     );
-    // Staged for mount, published as block: refused.
+    cases.section("Staged for mount, published as block: refused");
     let r = n
         .node_publish_volume(publish_req(
             &vol.volume_id,
@@ -557,11 +704,12 @@ async fn node_codes_and_bad_paths() {
             false,
         ))
         .await;
-    assert_eq!(code(&r), Code::FailedPrecondition);
-    // Staging again elsewhere: refused.
+    case!(cases, code(&r), Code::FailedPrecondition);
+    cases.section("Staging again elsewhere: refused");
     let other = h.path("kubelet/staging/other");
     std::fs::create_dir_all(&other).unwrap();
-    assert_eq!(
+    case!(
+        cases,
         code(
             &n.node_stage_volume(stage_req(&vol.volume_id, &other, cap.clone()))
                 .await
@@ -569,63 +717,71 @@ async fn node_codes_and_bad_paths() {
         Code::FailedPrecondition
     );
 
-    // Stats: unknown volume, unknown path, missing fields.
+    cases.section("Stats: unknown volume, unknown path, missing fields");
     let st = |id: &str, p: &str| pb::NodeGetVolumeStatsRequest {
         volume_id: id.into(),
         volume_path: p.into(),
         staging_target_path: String::new(),
     };
-    assert_eq!(
+    case!(
+        cases,
         code(&n.node_get_volume_stats(st("", "/x")).await),
         Code::InvalidArgument
     );
-    assert_eq!(
+    case!(
+        cases,
         code(&n.node_get_volume_stats(st(&vol.volume_id, "")).await),
         Code::InvalidArgument
     );
-    assert_eq!(
+    case!(
+        cases,
         code(
             &n.node_get_volume_stats(st("file:missing", &staging.display().to_string()))
                 .await
         ),
         Code::NotFound
     );
-    assert_eq!(
+    case!(
+        cases,
         code(
             &n.node_get_volume_stats(st(&vol.volume_id, "/not/here"))
                 .await
         ),
         Code::NotFound
     );
-    // Expand: unknown volume.
+    cases.section("Expand: unknown volume");
     let ex = pb::NodeExpandVolumeRequest {
         volume_id: "file:missing".into(),
         volume_path: staging.display().to_string(),
         ..Default::default()
     };
-    assert_eq!(code(&n.node_expand_volume(ex).await), Code::NotFound);
+    case!(cases, code(&n.node_expand_volume(ex).await), Code::NotFound);
 
-    // Unpublish/unstage: missing fields; absent targets are fine.
+    cases.section("Unpublish/unstage: missing fields; absent targets are fine");
     let up = |id: &str, t: &str| pb::NodeUnpublishVolumeRequest {
         volume_id: id.into(),
         target_path: t.into(),
     };
-    assert_eq!(
+    case!(
+        cases,
         code(&n.node_unpublish_volume(up("", "/x")).await),
         Code::InvalidArgument
     );
-    assert_eq!(
+    case!(
+        cases,
         code(&n.node_unpublish_volume(up(&vol.volume_id, "")).await),
         Code::InvalidArgument
     );
-    assert_eq!(
+    case!(
+        cases,
         code(
             &n.node_unpublish_volume(up(&vol.volume_id, &target.display().to_string()))
                 .await
         ),
         Code::Ok
     );
-    assert_eq!(
+    case!(
+        cases,
         code(
             &n.node_unpublish_volume(up("file:missing", &target.display().to_string()))
                 .await
@@ -636,11 +792,13 @@ async fn node_codes_and_bad_paths() {
         volume_id: id.into(),
         staging_target_path: p.into(),
     };
-    assert_eq!(
+    case!(
+        cases,
         code(&n.node_unstage_volume(us("", "/x")).await),
         Code::InvalidArgument
     );
-    assert_eq!(
+    case!(
+        cases,
         code(&n.node_unstage_volume(us(&vol.volume_id, "")).await),
         Code::InvalidArgument
     );
@@ -649,6 +807,7 @@ async fn node_codes_and_bad_paths() {
         .unwrap();
     assert!(h.loop_devices().is_empty());
     assert!(h.mounts().is_empty());
+    cases.done();
 }
 
 #[tokio::test]
