@@ -799,7 +799,8 @@ fn classes_and_configs_agree() {
             .unwrap_or_else(|e| {
                 panic!(
                     "{:?}: the provisioner asks for fs type {fs_type:?}: {}",
-                    sc["metadata"]["name"], e.message
+                    sc["metadata"]["name"],
+                    e.at_controller().message
                 )
             });
     }

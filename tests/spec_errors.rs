@@ -614,8 +614,29 @@ async fn node_codes_and_bad_paths() {
     );
     assert!(h.mounts().is_empty());
 
-    cases.section("Publish before stage: FAILED_PRECONDITION; no staging path: the same");
+    cases.section(
+        "A filesystem type the backend does not serve: a bad request at stage and publish alike",
+    );
     let target = h.path("kubelet/pods/t");
+    let nfs = mount_cap("nfs4", SNW);
+    case!(
+        cases,
+        code(
+            &n.node_stage_volume(stage_req(&vol.volume_id, &staging, nfs.clone()))
+                .await
+        ),
+        Code::InvalidArgument
+    );
+    case!(
+        cases,
+        code(
+            &n.node_publish_volume(publish_req(&vol.volume_id, &staging, &target, nfs, false))
+                .await
+        ),
+        Code::InvalidArgument
+    );
+
+    cases.section("Publish before stage: FAILED_PRECONDITION; no staging path: the same");
     case!(
         cases,
         code(

@@ -47,7 +47,7 @@ impl NodeOps {
         self.check_allowed(&req.target_path, "target_path")?;
         backend
             .supports(&req.capability)
-            .map_err(|e| Error::precondition(e.message))?;
+            .map_err(crate::plugin::Unsupported::at_node)?;
         let stage = self.stage_for_publish(&req, backend.as_ref()).await?;
         let mut record = PublishRecord {
             volume_id: req.volume_id.clone(),

@@ -4,21 +4,13 @@
 
 use super::*;
 
-/// A stage's capability against its backend: a filesystem the backend
-/// never serves is a bad request, not a capability this volume lacks.
+/// A stage's capability against its backend (see
+/// [`crate::plugin::Unsupported`] for the
+/// codes).
 fn check_stage_capability(backend: &dyn Backend, capability: &VolumeCapability) -> Result<()> {
-    if let AccessType::Mount { fs_type, .. } = &capability.access {
-        if !fs_type.is_empty() && !backend.fs_types().contains(&fs_type.as_str()) {
-            return Err(Error::invalid(format!(
-                "fs_type {fs_type:?} is not supported by backend {} (supported: {})",
-                backend.name(),
-                backend.fs_types().join(", ")
-            )));
-        }
-    }
     backend
         .supports(capability)
-        .map_err(|e| Error::precondition(e.message))
+        .map_err(crate::plugin::Unsupported::at_node)
 }
 
 impl NodeOps {

@@ -62,17 +62,18 @@ pub trait Backend: Send + Sync {
         BLOCK_FS_TYPES
     }
 
-    /// Which access types and modes this backend can serve:
-    /// INVALID_ARGUMENT saying why not.
-    fn supports(&self, capability: &VolumeCapability) -> Result<()> {
+    /// Which access types and modes this backend can serve, and if not,
+    /// why ([`Unsupported`]: its code is chosen once, by what is refused
+    /// and where).
+    fn supports(&self, capability: &VolumeCapability) -> std::result::Result<(), Unsupported> {
         if matches!(capability.access, AccessType::Block) && self.device_mounter().is_none() {
-            return Err(Error::invalid(format!(
+            return Err(Unsupported::Access(format!(
                 "backend {} does not serve raw block volumes",
                 self.name()
             )));
         }
         if !self.access_modes().contains(&capability.mode) {
-            return Err(Error::invalid(format!(
+            return Err(Unsupported::Access(format!(
                 "backend {} does not support access mode {:?}",
                 self.name(),
                 capability.mode
@@ -80,7 +81,7 @@ pub trait Backend: Send + Sync {
         }
         if let AccessType::Mount { fs_type, .. } = &capability.access {
             if !fs_type.is_empty() && !self.fs_types().contains(&fs_type.as_str()) {
-                return Err(Error::invalid(format!(
+                return Err(Unsupported::FsType(format!(
                     "backend {} does not serve fs_type {fs_type:?} (it serves: {})",
                     self.name(),
                     self.fs_types().join(", ")
@@ -139,6 +140,39 @@ pub trait Backend: Send + Sync {
     /// Changed block tracking (the SnapshotMetadata service).
     fn block_tracker(&self) -> Option<&dyn BlockTracker> {
         None
+    }
+}
+
+/// Why a backend cannot serve a volume capability. Each kind has one code
+/// wherever it is found: a filesystem type the backend does not make or
+/// mount is a bad request (INVALID_ARGUMENT) at CreateVolume, stage and
+/// publish alike; an access type or mode it does not serve is
+/// INVALID_ARGUMENT when a volume is asked for it, and FAILED_PRECONDITION
+/// on the node, where the volume exists and does not have it (the spec's
+/// "exceeds capabilities").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unsupported {
+    /// An access type (raw block) or access mode, and why.
+    Access(String),
+    /// A filesystem type, and the ones served.
+    FsType(String),
+}
+
+impl Unsupported {
+    /// As CreateVolume, ValidateVolumeCapabilities, ControllerPublish and
+    /// expansion answer it.
+    pub fn at_controller(self) -> Error {
+        match self {
+            Unsupported::Access(m) | Unsupported::FsType(m) => Error::invalid(m),
+        }
+    }
+
+    /// As NodeStage and NodePublish answer it.
+    pub fn at_node(self) -> Error {
+        match self {
+            Unsupported::Access(m) => Error::precondition(m),
+            Unsupported::FsType(m) => Error::invalid(m),
+        }
     }
 }
 

@@ -312,7 +312,9 @@ impl ControllerOps {
         let caps = backend.capabilities();
         backend.provisioning()?;
         for cap in &req.capabilities {
-            backend.supports(cap)?;
+            backend
+                .supports(cap)
+                .map_err(super::Unsupported::at_controller)?;
         }
         match &req.source {
             Some(ContentSource::Snapshot(_)) if !caps.snapshot => {
@@ -478,7 +480,11 @@ impl ControllerOps {
         let (own, _) = split_parameters(parameters);
         Ok(capabilities
             .iter()
-            .map(|c| backend.supports(c))
+            .map(|c| {
+                backend
+                    .supports(c)
+                    .map_err(super::Unsupported::at_controller)
+            })
             .chain(std::iter::once(backend.validate_parameters(&own)))
             .find_map(Result::err)
             .map(|e| e.message))
@@ -499,7 +505,9 @@ impl ControllerOps {
         limit: Option<u64>,
     ) -> Result<BTreeMap<String, String>> {
         let backend = self.registry.for_volume(id)?.clone();
-        backend.supports(&req.capability)?;
+        backend
+            .supports(&req.capability)
+            .map_err(super::Unsupported::at_controller)?;
         // A single-node publish holds the whole volume: a backend's "is it
         // published elsewhere?" check and its record of this node cannot
         // interleave with a publish to another node. Multi-node publishes
@@ -660,7 +668,9 @@ impl ControllerOps {
         let backend = self.registry.for_volume(id)?.clone();
         backend.expanding()?;
         if let Some(cap) = capability {
-            backend.supports(cap)?;
+            backend
+                .supports(cap)
+                .map_err(super::Unsupported::at_controller)?;
         }
         let _guard = self.guard(&[Key::Volume(id.clone())], &[])?;
         let size = backend

@@ -116,11 +116,13 @@ pub fn content_source(src: Option<&pb::VolumeContentSource>) -> Result<Option<Co
     let Some(src) = src else { return Ok(None) };
     match &src.r#type {
         Some(Type::Snapshot(s)) => {
-            let id = SnapshotId::parse(&s.snapshot_id).map_err(|e| Error::not_found(e.message))?;
+            let id = SnapshotId::parse(&s.snapshot_id)
+                .map_err(|e| Error::not_found(format!("source snapshot: {}", e.message)))?;
             Ok(Some(ContentSource::Snapshot(id)))
         }
         Some(Type::Volume(v)) => {
-            let id = VolumeId::parse(&v.volume_id).map_err(|e| Error::not_found(e.message))?;
+            let id = VolumeId::parse(&v.volume_id)
+                .map_err(|e| Error::not_found(format!("source volume: {}", e.message)))?;
             Ok(Some(ContentSource::Volume(id)))
         }
         None => Err(Error::invalid(

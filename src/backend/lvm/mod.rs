@@ -320,12 +320,11 @@ impl LvmBackend {
         self
     }
 
-    fn class(&self, name: &str) -> Result<&DeviceClass> {
-        self.settings
-            .device_classes
-            .iter()
-            .find(|c| c.name == name)
-            .ok_or_else(|| Error::not_found(format!("device class {name:?} is not configured")))
+    /// The device class of this name, if configured: each caller says
+    /// what its absence means (a parameter naming no class, a volume whose
+    /// class is gone).
+    fn class(&self, name: &str) -> Option<&DeviceClass> {
+        self.settings.device_classes.iter().find(|c| c.name == name)
     }
 
     fn class_for(&self, parameters: &BTreeMap<String, String>) -> Result<&DeviceClass> {
@@ -333,7 +332,11 @@ impl LvmBackend {
             .get(DEVICE_CLASS_PARAMETER)
             .or(self.settings.default_device_class.as_ref())
         {
-            Some(name) => self.class(name).map_err(|e| Error::invalid(e.message)),
+            Some(name) => self.class(name).ok_or_else(|| {
+                Error::invalid(format!(
+                    "parameter {DEVICE_CLASS_PARAMETER}: device class {name:?} is not configured"
+                ))
+            }),
             None => Ok(&self.settings.device_classes[0]),
         }
     }
@@ -395,7 +398,12 @@ impl LvmBackend {
         if !is_lvm_name(lv) || !(lv.starts_with("fv-") || lv.starts_with("fvs-")) {
             return Err(Error::not_found(format!("{locator:?} is not an lvm id")));
         }
-        Ok((self.class(class)?, lv))
+        let class = self.class(class).ok_or_else(|| {
+            Error::not_found(format!(
+                "{locator:?}: device class {class:?} is not configured"
+            ))
+        })?;
+        Ok((class, lv))
     }
 
     fn volume_info(&self, class: &DeviceClass, lv: &Lv) -> Result<VolumeInfo> {
@@ -528,7 +536,10 @@ impl LvmBackend {
         // Opened between our check and lvremove (a stage racing it): lvs
         // says so.
         if self.opened(&class.volume_group, lv_name).await {
-            return Err(Error::precondition(e.message));
+            return Err(Error {
+                kind: crate::error::Kind::FailedPrecondition,
+                ..e
+            });
         }
         Err(e)
     }

@@ -724,23 +724,26 @@ impl Backend for RbdBackend {
         &self.name
     }
 
-    fn supports(&self, capability: &VolumeCapability) -> Result<()> {
+    fn supports(
+        &self,
+        capability: &VolumeCapability,
+    ) -> std::result::Result<(), crate::plugin::Unsupported> {
         if capability.mode == AccessMode::MultiNodeMultiWriter
             && !matches!(capability.access, AccessType::Block)
         {
-            return Err(Error::invalid(
-                "rbd: MULTI_NODE_MULTI_WRITER only for raw block volumes (a filesystem on one image cannot be mounted by two nodes)",
+            return Err(crate::plugin::Unsupported::Access(
+                "rbd: MULTI_NODE_MULTI_WRITER only for raw block volumes (a filesystem on one image cannot be mounted by two nodes)".into(),
             ));
         }
         if !self.access_modes().contains(&capability.mode) {
-            return Err(Error::invalid(format!(
+            return Err(crate::plugin::Unsupported::Access(format!(
                 "rbd does not support access mode {:?}",
                 capability.mode
             )));
         }
         if let AccessType::Mount { fs_type, .. } = &capability.access {
             if !fs_type.is_empty() && !self.fs_types().contains(&fs_type.as_str()) {
-                return Err(Error::invalid(format!(
+                return Err(crate::plugin::Unsupported::FsType(format!(
                     "rbd does not serve fs_type {fs_type:?}"
                 )));
             }

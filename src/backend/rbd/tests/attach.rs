@@ -134,7 +134,10 @@ async fn publish_fences_single_node_volumes() {
         },
         mode: AccessMode::MultiNodeMultiWriter,
     };
-    assert_eq!(b.supports(&fs).unwrap_err().kind, Kind::InvalidArgument);
+    assert_eq!(
+        b.supports(&fs).unwrap_err().at_controller().kind,
+        Kind::InvalidArgument
+    );
 }
 
 /// A detach that finds a node's client record (the node never unstaged:
