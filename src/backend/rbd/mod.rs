@@ -187,9 +187,6 @@ fn cut_name(to: &Spec) -> String {
     format!("tmp-{}", to.image)
 }
 
-/// The mutable parameters: librbd's QoS limits on the image, each set as
-/// the image's own config override (`conf_rbd_qos_*` metadata, what `rbd
-/// config image set` writes). 0 is no limit.
 /// The StorageClass parameters this backend takes.
 pub const PARAMETERS: &[&str] = &[
     "pool",
@@ -200,6 +197,9 @@ pub const PARAMETERS: &[&str] = &[
     "mkfsOptions",
 ];
 
+/// The mutable parameters: librbd's QoS limits on the image, each set as
+/// the image's own config override (`conf_rbd_qos_*` metadata, what `rbd
+/// config image set` writes). 0 is no limit.
 pub const QOS_KEYS: [&str; 6] = [
     "qosIopsLimit",
     "qosBpsLimit",
