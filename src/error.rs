@@ -71,6 +71,18 @@ impl Error {
         Self::new(Kind::Internal, message)
     }
 
+    /// The rule for a volume that does not exist, wherever it is found
+    /// missing: NOT_FOUND (the CSI spec's answer for every call that names
+    /// one), saying which.
+    pub fn no_volume(id: impl fmt::Display) -> Self {
+        Self::not_found(format!("volume {id} does not exist"))
+    }
+
+    /// The same rule for a snapshot.
+    pub fn no_snapshot(id: impl fmt::Display) -> Self {
+        Self::not_found(format!("snapshot {id} does not exist"))
+    }
+
     /// An I/O error with what was being done when it happened.
     pub fn io(context: impl fmt::Display, err: std::io::Error) -> Self {
         let kind = match err.kind() {

@@ -348,7 +348,7 @@ impl NodeOps {
         }
         if !self.host.exists(target) {
             if let Some(Ok(None)) = lookup(backend, id, &Secrets::default()).await {
-                return Err(Error::not_found(format!("volume {id} does not exist")));
+                return Err(Error::no_volume(id));
             }
             return Ok(());
         }

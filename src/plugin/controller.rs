@@ -416,7 +416,7 @@ impl ControllerOps {
             .await?
             .is_none()
         {
-            return Err(Error::not_found(format!("volume {id} does not exist")));
+            return Err(Error::no_volume(id));
         }
         // No key, no change (what csi-sanity asks of an empty class; the
         // spec: nothing is changed for keys that are absent).
@@ -452,7 +452,7 @@ impl ControllerOps {
             .provisioning()?
             .get_volume(id, &Secrets::default())
             .await?
-            .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
+            .ok_or_else(|| Error::no_volume(id))?;
         Ok(Placed {
             topology: self.topology_of(backend.as_ref()),
             volume,
@@ -475,7 +475,7 @@ impl ControllerOps {
             .await?
             .is_none()
         {
-            return Err(Error::not_found(format!("volume {id} does not exist")));
+            return Err(Error::no_volume(id));
         }
         let (own, _) = split_parameters(parameters);
         Ok(capabilities
@@ -525,7 +525,7 @@ impl ControllerOps {
             .await?
             .is_none()
         {
-            return Err(Error::not_found(format!("volume {id} does not exist")));
+            return Err(Error::no_volume(id));
         }
         let mut context = if backend.capabilities().attach {
             let place = match &self.ledger {
@@ -758,7 +758,7 @@ impl ControllerOps {
             .get_snapshot(id, secrets)
             .await?
             .map(|s| self.with_group(s))
-            .ok_or_else(|| Error::not_found(format!("snapshot {id} does not exist")))
+            .ok_or_else(|| Error::no_snapshot(id))
     }
 
     /// ListSnapshots: one snapshot by id, the snapshots of one volume, or

@@ -312,7 +312,7 @@ impl FileBackend {
         self.own(id.backend())?;
         let meta = self
             .load_snapshot(id.locator())?
-            .ok_or_else(|| Error::not_found(format!("snapshot {id} does not exist")))?;
+            .ok_or_else(|| Error::no_snapshot(id))?;
         Ok((self.snap_image(id.locator()), meta))
     }
 

@@ -9,7 +9,7 @@ impl Stager for FileBackend {
         self.own(id.backend())?;
         let image = self.image(id.locator());
         if self.load_volume(id.locator())?.is_none() {
-            return Err(Error::not_found(format!("volume {id} does not exist")));
+            return Err(Error::no_volume(id));
         }
         let path = self.loops.attach(&image).await?;
         Ok(Attachment::Device { path })

@@ -118,7 +118,7 @@ impl Expander for FileBackend {
         self.own(id.backend())?;
         let (mut meta, size) = self
             .load_volume(id.locator())?
-            .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
+            .ok_or_else(|| Error::no_volume(id))?;
         let Some(wanted) = self.size_rules().expansion(size, required, limit)? else {
             return Ok(size);
         };
@@ -162,7 +162,7 @@ impl Modifier for FileBackend {
         self.own(id.backend())?;
         let (mut meta, size) = self
             .load_volume(id.locator())?
-            .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
+            .ok_or_else(|| Error::no_volume(id))?;
         let Some(want) = preallocate_value(changes)? else {
             return Ok(());
         };

@@ -18,9 +18,7 @@ impl Attacher for IscsiBackend {
         let initiator = Self::initiator_of(&req.node_id)?.to_string();
         let (incoming, outgoing) = chap_from(&req.secrets)?;
         let _volume = self.volume_mutex(id).lock_owned().await;
-        let mut record = self
-            .load(id)?
-            .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
+        let mut record = self.load(id)?.ok_or_else(|| Error::no_volume(id))?;
         // Every access mode of this backend is single-node: a volume
         // published to one node is not published to another (two nodes
         // mounting one filesystem corrupt it).

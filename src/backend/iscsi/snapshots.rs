@@ -178,9 +178,7 @@ impl IscsiBackend {
         let mut held = Vec::new();
         for source in sources {
             self.own_volume(source)?;
-            let record = self
-                .load(source)?
-                .ok_or_else(|| Error::not_found(format!("volume {source} does not exist")))?;
+            let record = self.load(source)?.ok_or_else(|| Error::no_volume(source))?;
             let users = self.users(&record).await?;
             if users.is_empty() {
                 continue;

@@ -247,9 +247,7 @@ impl Modifier for IscsiBackend {
         self.own_volume(id)?;
         let thin = thin_value(changes)?;
         let _volume = self.volume_mutex(id).lock_owned().await;
-        let mut record = self
-            .load(id)?
-            .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
+        let mut record = self.load(id)?.ok_or_else(|| Error::no_volume(id))?;
         // The store's keys first: it checks them whole before it changes
         // anything; then the LUN, whose change cannot be refused.
         let for_store = store_changes(changes);

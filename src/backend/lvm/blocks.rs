@@ -123,7 +123,7 @@ impl LvmBackend {
         &self,
         id: &SnapshotId,
     ) -> Result<(DeviceClass, String, u64, u64)> {
-        let missing = || Error::not_found(format!("snapshot {id} does not exist"));
+        let missing = || Error::no_snapshot(id);
         let (class, lv_name) = self.split(id.locator()).map_err(|_| missing())?;
         if !lv_name.starts_with("fvs-") {
             return Err(missing());

@@ -12,7 +12,7 @@ impl Stager for LvmBackend {
             .class_lv(class, lv_name)
             .await?
             .filter(|lv| !lv.has_tag(DELETING_TAG))
-            .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
+            .ok_or_else(|| Error::no_volume(id))?;
         let path = self.activate(&vg, lv_name).await?;
         if lv.has_tag(FRESH_TAG) {
             // A new LV may sit on extents an old one used: clear the start

@@ -181,7 +181,7 @@ impl Expander for LvmBackend {
         let lv = self
             .class_lv(class, lv_name)
             .await?
-            .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
+            .ok_or_else(|| Error::no_volume(id))?;
         let vg = self.vg(class).await?;
         let Some(wanted) =
             Self::size_rules(class, vg.extent()).expansion(lv.size(), required, limit)?
@@ -250,7 +250,7 @@ impl Modifier for LvmBackend {
     ) -> Result<()> {
         let (class, lv_name) = self.split(id.locator())?;
         if self.class_lv(class, lv_name).await?.is_none() {
-            return Err(Error::not_found(format!("volume {id} does not exist")));
+            return Err(Error::no_volume(id));
         }
         let Some(want) = read_ahead_value(changes)? else {
             return Ok(());

@@ -515,7 +515,7 @@ impl NfsBackend {
     /// Where the volume of an id lives; NOT_FOUND for ids this backend
     /// never minted or whose fields are not safe.
     fn locate(&self, id: &VolumeId) -> Result<Location> {
-        let not_ours = || Error::not_found(format!("volume {id} does not exist"));
+        let not_ours = || Error::no_volume(id);
         let fields = split_fields(id.locator(), 3).map_err(|_| not_ours())?;
         let [server, share, subdir]: [String; 3] = fields.try_into().map_err(|_| not_ours())?;
         check_server(&server).map_err(|_| not_ours())?;

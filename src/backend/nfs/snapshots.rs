@@ -225,7 +225,7 @@ impl NfsBackend {
     /// Where a snapshot lives: the share of its source, and its name's
     /// locator. NOT_FOUND for ids this backend never minted.
     pub(super) fn locate_snapshot(&self, id: &SnapshotId) -> Result<(String, String, String)> {
-        let not_ours = || Error::not_found(format!("snapshot {id} does not exist"));
+        let not_ours = || Error::no_snapshot(id);
         let fields = split_fields(id.locator(), 3).map_err(|_| not_ours())?;
         let [server, share, name]: [String; 3] = fields.try_into().map_err(|_| not_ours())?;
         check_server(&server).map_err(|_| not_ours())?;

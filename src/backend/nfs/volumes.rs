@@ -274,7 +274,7 @@ impl Expander for NfsBackend {
         let held = self.hold(&loc).await?;
         let mut record = Self::read_record(&held.dir, &loc.subdir)
             .await?
-            .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
+            .ok_or_else(|| Error::no_volume(id))?;
         if limit > 0 && required > limit {
             return Err(Error::out_of_range("required_bytes exceeds limit_bytes"));
         }
@@ -306,7 +306,7 @@ impl Modifier for NfsBackend {
         _secrets: &Secrets,
     ) -> Result<()> {
         let changes = Changes::parse(changes)?;
-        let gone = || Error::not_found(format!("volume {id} does not exist"));
+        let gone = || Error::no_volume(id);
         let loc = self.locate(id).map_err(|_| gone())?;
         let held = self.hold(&loc).await?;
         let mut record = Self::read_record(&held.dir, &loc.subdir)

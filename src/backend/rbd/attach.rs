@@ -45,7 +45,7 @@ impl Attacher for RbdBackend {
             )));
         }
         let Some((_, meta)) = self.rbd().describe(&creds, &spec).await? else {
-            return Err(Error::not_found(format!("volume {id} does not exist")));
+            return Err(Error::no_volume(id));
         };
         // Nodes may share the image only in the same many-node mode: all
         // writers of a raw block volume, or all read-only.

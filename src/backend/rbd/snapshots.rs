@@ -474,7 +474,7 @@ impl RbdBackend {
         creds: &Creds,
         id: &SnapshotId,
     ) -> Result<(Spec, u64, BTreeMap<String, String>)> {
-        let gone = || Error::not_found(format!("snapshot {id} does not exist"));
+        let gone = || Error::no_snapshot(id);
         let spec = self.snapshot_spec(id).map_err(|_| gone())?;
         match self.rbd().describe(creds, &spec).await? {
             Some((info, meta)) if meta.contains_key(META_NAME) => Ok((spec, info.size, meta)),

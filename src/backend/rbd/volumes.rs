@@ -268,7 +268,7 @@ impl Expander for RbdBackend {
             .rbd()
             .info(&creds, &spec)
             .await?
-            .ok_or_else(|| Error::not_found(format!("volume {id} does not exist")))?;
+            .ok_or_else(|| Error::no_volume(id))?;
         match Self::size_rules().expansion(info.size, required, limit)? {
             None => Ok(info.size),
             Some(size) => {
@@ -296,7 +296,7 @@ impl Modifier for RbdBackend {
         secrets: &Secrets,
     ) -> Result<()> {
         let wanted = qos_changes(changes)?;
-        let gone = || Error::not_found(format!("volume {id} does not exist"));
+        let gone = || Error::no_volume(id);
         let spec = self.volume_spec(id).map_err(|_| gone())?;
         let creds = self.creds(secrets)?;
         let Some((_, meta)) = self.rbd().describe(&creds, &spec).await? else {
