@@ -394,9 +394,9 @@ fn the_chart_lints_clean_and_validates_for_every_choice() {
     let dir = tempfile::tempdir().unwrap();
     let mut files = Vec::new();
     for (name, values) in &sets {
+        let f = dir.path().join(format!("{name}.json"));
+        std::fs::write(&f, values.to_string()).unwrap();
         for k in KUBERNETES {
-            let f = dir.path().join(format!("{name}.json"));
-            std::fs::write(&f, values.to_string()).unwrap();
             let out = Command::new("python3")
                 .arg(root().join("tests/deploy/chart.py"))
                 .args(["lint", f.to_str().unwrap(), "--kube-version", k])

@@ -141,6 +141,36 @@ affinity:
 {{- end -}}
 {{- end -}}
 
+{{/*
+Where a driver's node DaemonSet runs: (list $ driver group). A group's on
+the nodes its label picks; the main one where its own values say, kept off
+every group's nodes.
+*/}}
+{{- define "ferrovol.nodePlacement" -}}
+{{- $root := index . 0 -}}
+{{- $driver := index . 1 -}}
+{{- $group := index . 2 -}}
+{{- $p := (index $root.Values $driver).node -}}
+{{- if $group.name }}
+nodeSelector:
+  {{- toYaml (merge (deepCopy $group.nodeSelector) $p.nodeSelector) | nindent 2 }}
+{{- with $group.tolerations | default $p.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- else }}
+{{- with $p.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $p.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- include "ferrovol.affinity" (list $root $driver) }}
+{{- end }}
+{{- end -}}
+
 {{/* Checks a node group: a name and a one-label nodeSelector. */}}
 {{- define "ferrovol.checkGroup" -}}
 {{- if not (regexMatch "^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$" (.name | default "")) -}}
