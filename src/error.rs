@@ -83,6 +83,54 @@ impl Error {
         Self::not_found(format!("snapshot {id} does not exist"))
     }
 
+    /// The rule for a volume (or snapshot) something still uses, found
+    /// where it would be deleted, grown or unstaged: FAILED_PRECONDITION
+    /// (the spec's answer for a volume in use), saying who uses it and what
+    /// frees it. `what` names it: "volume v".
+    pub fn in_use(what: impl fmt::Display, by: impl fmt::Display, then: &str) -> Self {
+        Self::precondition(format!("{what} is in use ({by}); {then}"))
+    }
+
+    /// The rule for something the driver did not make, found where it
+    /// would act (a mount, an image, a device's contents): it is left as it
+    /// is, FAILED_PRECONDITION, naming it and what was not done.
+    pub fn not_ours(what: impl fmt::Display, left: &str) -> Self {
+        Self::precondition(format!("{what} was not made by ferrovol; {left}"))
+    }
+
+    /// The rule for a StorageClass parameter a backend does not take:
+    /// INVALID_ARGUMENT, listing the ones it does.
+    pub fn unknown_parameter(backend: &str, key: &str, known: &[&str]) -> Self {
+        let takes = match known {
+            [] => "it takes none".to_string(),
+            k => format!("it takes {}", k.join(", ")),
+        };
+        Self::invalid(format!(
+            "backend {backend} takes no parameter {key:?} ({takes})"
+        ))
+    }
+
+    /// The rule for a size no volume here can have, whatever is freed:
+    /// OUT_OF_RANGE (the spec's unsupported capacity), with what bounds it.
+    pub fn too_big(bytes: u64, whole: impl fmt::Display, holds: u64) -> Self {
+        Self::out_of_range(format!(
+            "{bytes} bytes is more than {whole} holds ({holds} bytes)"
+        ))
+    }
+
+    /// A required size over the caller's own limit: the same rule.
+    pub fn over_limit(required: u64, limit: u64) -> Self {
+        Self::out_of_range(format!(
+            "required_bytes {required} exceeds limit_bytes {limit}"
+        ))
+    }
+
+    /// The rule for room that is short now but may be freed:
+    /// RESOURCE_EXHAUSTED, with what is free and what was needed.
+    pub fn no_room(whole: impl fmt::Display, free: u64, needed: impl fmt::Display) -> Self {
+        Self::exhausted(format!("{whole} has {free} bytes free, {needed} needed"))
+    }
+
     /// An I/O error with what was being done when it happened.
     pub fn io(context: impl fmt::Display, err: std::io::Error) -> Self {
         let kind = match err.kind() {
@@ -124,6 +172,20 @@ impl Error {
     }
 }
 
+/// Room for `needed` bytes in `whole` (a pool, a volume group) that
+/// `holds` in all with `free` left now: more than it holds is
+/// [`Error::too_big`], final (the CO lets the user ask for less); more
+/// than is free may be freed later, [`Error::no_room`].
+pub fn room(needed: u64, whole: impl fmt::Display, holds: u64, free: u64) -> Result<()> {
+    if needed > holds {
+        return Err(Error::too_big(needed, whole, holds));
+    }
+    if needed > free {
+        return Err(Error::no_room(whole, free, needed));
+    }
+    Ok(())
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:?}: {}", self.kind, self.message)
@@ -158,6 +220,51 @@ mod tests {
         for (err, code) in cases {
             assert_eq!(err.to_status().code(), code, "{err}");
         }
+    }
+
+    #[test]
+    fn each_rule_has_its_code() {
+        use tonic::Code;
+        let cases = [
+            (Error::no_volume("v"), Code::NotFound),
+            (Error::no_snapshot("s"), Code::NotFound),
+            (
+                Error::in_use("volume v", "mapped by n1", "unmap it"),
+                Code::FailedPrecondition,
+            ),
+            (
+                Error::not_ours("image p/x", "not deleting it"),
+                Code::FailedPrecondition,
+            ),
+            (
+                Error::unknown_parameter("b", "k", &[]),
+                Code::InvalidArgument,
+            ),
+            (Error::too_big(10, "pool /p", 5), Code::OutOfRange),
+            (Error::over_limit(10, 5), Code::OutOfRange),
+            (Error::no_room("pool /p", 1, 2), Code::ResourceExhausted),
+        ];
+        for (err, code) in cases {
+            assert_eq!(err.to_status().code(), code, "{err}");
+        }
+        assert_eq!(room(5, "vg", 10, 5), Ok(()));
+        assert_eq!(room(11, "vg", 10, 10).unwrap_err().kind, Kind::OutOfRange);
+        assert_eq!(
+            room(6, "vg", 10, 5).unwrap_err().kind,
+            Kind::ResourceExhausted
+        );
+        assert_eq!(
+            room(6, "volume group vg", 10, 5).unwrap_err().message,
+            "volume group vg has 5 bytes free, 6 needed"
+        );
+        assert_eq!(
+            Error::unknown_parameter("lvm", "k", &["deviceClass"]).message,
+            "backend lvm takes no parameter \"k\" (it takes deviceClass)"
+        );
+        assert_eq!(
+            Error::in_use("volume v", "logged in from n1", "unstage it first").message,
+            "volume v is in use (logged in from n1); unstage it first"
+        );
     }
 
     #[test]

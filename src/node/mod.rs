@@ -44,10 +44,10 @@ enum Presence {
 
 /// The error for a path where another's filesystem is mounted.
 fn foreign(path: &Path) -> Error {
-    Error::precondition(format!(
-        "another filesystem is mounted at {}; ferrovol does not use or unmount what it did not mount",
-        path.display()
-    ))
+    Error::not_ours(
+        format_args!("the filesystem mounted at {}", path.display()),
+        "neither used nor unmounted",
+    )
 }
 
 /// The source string the kernel shows for a stage's mount.

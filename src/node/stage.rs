@@ -284,10 +284,10 @@ impl NodeOps {
         match &header {
             None if !wanted => return Ok(()),
             Some(s) if s != crypt::SUBSYSTEM => {
-                return Err(Error::precondition(format!(
-                "the device of volume {} holds a LUKS volume ferrovol did not make; not opening it",
-                record.volume_id
-            )))
+                return Err(Error::not_ours(
+                    format_args!("the LUKS volume on volume {}'s device", record.volume_id),
+                    "not opening it",
+                ))
             }
             _ => {}
         }
@@ -447,11 +447,14 @@ impl NodeOps {
                 Presence::Absent => break,
                 Presence::Foreign => {
                     if self.ours_below(record).await? {
-                        return Err(Error::precondition(format!(
-                            "another filesystem is mounted over volume {}'s at {}; ferrovol leaves it alone",
-                            record.volume_id,
-                            record.staging_path.display()
-                        )));
+                        return Err(Error::not_ours(
+                            format_args!(
+                                "the filesystem mounted over volume {}'s at {}",
+                                record.volume_id,
+                                record.staging_path.display()
+                            ),
+                            "left mounted",
+                        ));
                     }
                     break;
                 }
@@ -510,10 +513,11 @@ impl NodeOps {
         }
         for p in self.state.publishes_of(id) {
             if self.is_mounted(&p.target_path).await.unwrap_or(true) {
-                return Err(Error::precondition(format!(
-                    "volume {id} is still published at {}; unpublish it first",
-                    p.target_path.display()
-                )));
+                return Err(Error::in_use(
+                    format_args!("volume {id}"),
+                    format_args!("published at {}", p.target_path.display()),
+                    "unpublish it first",
+                ));
             }
         }
         for p in self.state.publishes_of(id) {

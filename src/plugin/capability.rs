@@ -62,44 +62,12 @@ pub trait Backend: Send + Sync {
         BLOCK_FS_TYPES
     }
 
-    /// Which access types and modes this backend can serve, and if not,
-    /// why ([`Unsupported`]: its code is chosen once, by what is refused
-    /// and where).
-    fn supports(&self, capability: &VolumeCapability) -> std::result::Result<(), Unsupported> {
-        if matches!(capability.access, AccessType::Block) && self.device_mounter().is_none() {
-            return Err(Unsupported::Access(format!(
-                "backend {} does not serve raw block volumes",
-                self.name()
-            )));
-        }
-        if !self.access_modes().contains(&capability.mode) {
-            return Err(Unsupported::Access(format!(
-                "backend {} does not support access mode {:?}",
-                self.name(),
-                capability.mode
-            )));
-        }
-        if let AccessType::Mount { fs_type, .. } = &capability.access {
-            if !fs_type.is_empty() && !self.fs_types().contains(&fs_type.as_str()) {
-                return Err(Unsupported::FsType(format!(
-                    "backend {} does not serve fs_type {fs_type:?} (it serves: {})",
-                    self.name(),
-                    self.fs_types().join(", ")
-                )));
-            }
-        }
-        Ok(())
-    }
-
     /// Checks StorageClass parameters meant for this backend (the
     /// `backend` key and the CO's own `csi.storage.k8s.io/` keys are taken
     /// out first). By default a backend takes none.
     fn validate_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {
         match parameters.keys().next() {
-            Some(key) => Err(Error::invalid(format!(
-                "backend {} takes no parameter {key:?}",
-                self.name()
-            ))),
+            Some(key) => Err(Error::unknown_parameter(self.name(), key, &[])),
             None => Ok(()),
         }
     }
@@ -183,6 +151,48 @@ impl std::fmt::Debug for dyn Backend {
 }
 
 impl dyn Backend + '_ {
+    /// Which access types and modes this backend can serve, and if not,
+    /// why ([`Unsupported`]: its code is chosen once, by what is refused
+    /// and where). It follows from what the backend implements: raw block
+    /// from [`DeviceMounter`], the modes from [`Backend::access_modes`],
+    /// the fs types from [`Backend::fs_types`]; a device's many writers
+    /// are raw block's alone (a local filesystem on one device cannot be
+    /// mounted by two nodes).
+    pub fn supports(&self, capability: &VolumeCapability) -> std::result::Result<(), Unsupported> {
+        let block = matches!(capability.access, AccessType::Block);
+        let devices = self.device_mounter().is_some();
+        if block && !devices {
+            return Err(Unsupported::Access(format!(
+                "backend {} does not serve raw block volumes",
+                self.name()
+            )));
+        }
+        if devices && !block && capability.mode == AccessMode::MultiNodeMultiWriter {
+            return Err(Unsupported::Access(format!(
+                "backend {} serves MULTI_NODE_MULTI_WRITER only for raw block volumes (a \
+                 filesystem on one device cannot be mounted by two nodes)",
+                self.name()
+            )));
+        }
+        if !self.access_modes().contains(&capability.mode) {
+            return Err(Unsupported::Access(format!(
+                "backend {} does not support access mode {:?}",
+                self.name(),
+                capability.mode
+            )));
+        }
+        if let AccessType::Mount { fs_type, .. } = &capability.access {
+            if !fs_type.is_empty() && !self.fs_types().contains(&fs_type.as_str()) {
+                return Err(Unsupported::FsType(format!(
+                    "backend {} does not serve fs_type {fs_type:?} (it serves: {})",
+                    self.name(),
+                    self.fs_types().join(", ")
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// What this backend can do, as the CO is told: derived from the
     /// capabilities it implements.
     pub fn capabilities(&self) -> Capabilities {

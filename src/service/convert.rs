@@ -217,9 +217,7 @@ pub fn capacity_range(range: Option<&pb::CapacityRange>) -> Result<(u64, u64)> {
     }
     let (req, lim) = (r.required_bytes as u64, r.limit_bytes as u64);
     if lim > 0 && req > lim {
-        return Err(Error::out_of_range(format!(
-            "required_bytes {req} exceeds limit_bytes {lim}"
-        )));
+        return Err(Error::over_limit(req, lim));
     }
     Ok((req, lim))
 }

@@ -336,23 +336,22 @@ impl FileBackend {
     /// less); more than is free now may be later (RESOURCE_EXHAUSTED).
     fn ensure_growth(&self, bytes: u64) -> Result<()> {
         let usage = self.host.fs_usage(&self.settings.pool)?;
-        if bytes > usage.total_bytes {
-            return Err(Error::out_of_range(format!(
-                "growing by {bytes} bytes is more than pool {} holds ({} bytes)",
-                self.settings.pool.display(),
-                usage.total_bytes
-            )));
-        }
-        self.ensure_space(bytes)
+        crate::error::room(
+            bytes,
+            format_args!("pool {}", self.settings.pool.display()),
+            usage.total_bytes,
+            usage.available_bytes,
+        )
     }
 
     fn ensure_space(&self, bytes: u64) -> Result<()> {
         let free = self.free_bytes()?;
         if bytes > free {
-            return Err(Error::exhausted(format!(
-                "pool {} has {free} bytes free, {bytes} needed",
-                self.settings.pool.display()
-            )));
+            return Err(Error::no_room(
+                format_args!("pool {}", self.settings.pool.display()),
+                free,
+                bytes,
+            ));
         }
         Ok(())
     }

@@ -69,11 +69,11 @@ impl Snapshotter for FileBackend {
                     .unwrap_or(0);
                 match self.free_bytes() {
                     Ok(free) if e.kind != Kind::ResourceExhausted && free < need => {
-                        Err(Error::exhausted(format!(
-                            "pool {} has {free} bytes free, the copy needs {need}: {}",
-                            self.settings.pool.display(),
-                            e.message
-                        )))
+                        Err(Error::no_room(
+                            format_args!("pool {}", self.settings.pool.display()),
+                            free,
+                            format_args!("{need} for the copy ({})", e.message),
+                        ))
                     }
                     _ => Err(e),
                 }

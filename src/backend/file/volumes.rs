@@ -62,10 +62,11 @@ impl Provisioner for FileBackend {
         self.own(id.backend())?;
         let image = self.image(id.locator());
         if let Some(dev) = self.loops.find(&image) {
-            return Err(Error::precondition(format!(
-                "volume {id} is in use on this node ({}); unstage it first",
-                dev.display()
-            )));
+            return Err(Error::in_use(
+                format_args!("volume {id}"),
+                format_args!("on this node, at {}", dev.display()),
+                "unstage it first",
+            ));
         }
         remove_if_exists(&image)?;
         remove_if_exists(&self.meta(id.locator()))?;

@@ -78,10 +78,11 @@ impl Provisioner for IscsiBackend {
             .unwrap_or_else(|| self.iqn(id));
         if let Some((tid, sessions)) = self.target_sessions(&iqn).await? {
             if !sessions.is_empty() {
-                return Err(Error::precondition(format!(
-                    "volume {id} is in use: logged in from {}",
-                    sessions.join(", ")
-                )));
+                return Err(Error::in_use(
+                    format_args!("volume {id}"),
+                    format_args!("logged in from {}", sessions.join(", ")),
+                    "unstage it on those nodes first",
+                ));
             }
             self.target.delete(tid).await?;
             self.tids.lock().await.by_iqn.remove(&iqn);
@@ -165,11 +166,15 @@ impl Expander for IscsiBackend {
             {
                 return Ok(bytes);
             }
-            return Err(Error::precondition(format!(
-                "volume {id} is in use by {}: an iSCSI volume grows only while it is not \
-                 published (tgt cannot grow a LUN under I/O); it grows once no node uses it",
-                users.into_iter().collect::<Vec<_>>().join(", ")
-            )));
+            return Err(Error::in_use(
+                format_args!("volume {id}"),
+                format_args!(
+                    "logged in from {}",
+                    users.into_iter().collect::<Vec<_>>().join(", ")
+                ),
+                "an iSCSI volume grows only while no node uses it (tgt cannot grow a LUN \
+                 under I/O): it grows once none does",
+            ));
         }
         let size = store
             .expanding()?

@@ -135,12 +135,11 @@ impl LvmBackend {
         if from_vg > 0 {
             if let Ok(vg) = self.vg(class).await {
                 if vg.free() < from_vg {
-                    return Error::exhausted(format!(
-                        "volume group {} has {} bytes free, {from_vg} needed ({})",
-                        class.volume_group,
+                    return Error::no_room(
+                        format_args!("volume group {}", class.volume_group),
                         vg.free(),
-                        e.message.trim()
-                    ));
+                        format_args!("{from_vg} ({})", e.message.trim()),
+                    );
                 }
             }
         } else if let Some(pool) = &class.thin_pool {

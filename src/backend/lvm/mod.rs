@@ -508,9 +508,11 @@ impl LvmBackend {
             // blkdiscard opens the device exclusively: whether it failed
             // for a user of the LV is what lvs says of it, not its words.
             return Err(if self.opened(&class.volume_group, &lv.lv_name).await {
-                Error::precondition(format!(
-                    "{what} is in use on this node; unstage it first ({e})"
-                ))
+                Error::in_use(
+                    what,
+                    format_args!("open on this node: {e}"),
+                    "unstage it first",
+                )
             } else {
                 Error::from(e).context("zero the extents before they are freed")
             });
@@ -709,18 +711,12 @@ impl LvmBackend {
         src: Option<&Lv>,
     ) -> Result<()> {
         let (vg_name, size) = (&class.volume_group, new.size);
-        if size > vg.size() {
-            return Err(Error::out_of_range(format!(
-                "{size} bytes is more than volume group {vg_name} holds ({})",
-                vg.size()
-            )));
-        }
-        if size > vg.free() {
-            return Err(Error::exhausted(format!(
-                "volume group {vg_name} has {} bytes free, {size} needed",
-                vg.free()
-            )));
-        }
+        crate::error::room(
+            size,
+            format_args!("volume group {vg_name}"),
+            vg.size(),
+            vg.free(),
+        )?;
         self.run_judged(
             class,
             size,
@@ -783,9 +779,7 @@ impl Backend for LvmBackend {
     fn validate_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {
         for key in parameters.keys() {
             if key != DEVICE_CLASS_PARAMETER {
-                return Err(Error::invalid(format!(
-                    "lvm backend: unknown parameter {key:?} (known: {DEVICE_CLASS_PARAMETER})"
-                )));
+                return Err(Error::unknown_parameter(self.name(), key, KIND.parameters));
             }
         }
         self.class_for(parameters).map(|_| ())

@@ -105,10 +105,11 @@ impl Snapshotter for LvmBackend {
             let vg = self.vg(&class).await?;
             cow = round_up(src.size() * class.snapshot_size_percent / 100, vg.extent());
             if cow > vg.free() {
-                return Err(Error::exhausted(format!(
-                    "volume group {vg_name} has {} bytes free, the snapshot needs {cow}",
-                    vg.free()
-                )));
+                return Err(Error::no_room(
+                    format_args!("volume group {vg_name}"),
+                    vg.free(),
+                    format_args!("{cow} for the snapshot"),
+                ));
             }
             cmd = cmd.args(["-L", &format!("{cow}b")]);
         }

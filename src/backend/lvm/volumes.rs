@@ -87,9 +87,11 @@ impl Provisioner for LvmBackend {
             return Ok(());
         };
         if lv.open() {
-            return Err(Error::precondition(format!(
-                "volume {id} is in use on this node; unstage it first"
-            )));
+            return Err(Error::in_use(
+                format_args!("volume {id}"),
+                "open on this node",
+                "unstage it first",
+            ));
         }
         // Classic (COW) snapshots die with their origin: refuse rather than
         // take them along. Thin snapshots are independent.
@@ -204,20 +206,13 @@ impl Expander for LvmBackend {
             None => wanted - lv.size(),
             Some(_) => 0,
         };
-        if grow > vg.size() {
-            return Err(Error::out_of_range(format!(
-                "growing by {grow} bytes is more than volume group {} holds ({} bytes)",
-                class.volume_group,
-                vg.size()
-            )));
-        }
-        if grow > vg.free() {
-            return Err(Error::exhausted(format!(
-                "volume group {} has {} bytes free",
-                class.volume_group,
-                vg.free()
-            )));
-        }
+        crate::error::room(
+            grow,
+            format_args!("volume group {}", class.volume_group),
+            vg.size(),
+            vg.free(),
+        )
+        .map_err(|e| e.context(format_args!("grow volume {id}")))?;
         self.run_judged(
             class,
             grow,

@@ -824,10 +824,7 @@ impl Backend for NfsBackend {
     fn validate_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {
         for (k, v) in parameters {
             if !PARAMETERS.contains(&k.as_str()) {
-                return Err(Error::invalid(format!(
-                    "nfs backend: unknown parameter {k:?} (known: {})",
-                    PARAMETERS.join(", ")
-                )));
+                return Err(Error::unknown_parameter(self.name(), k, PARAMETERS));
             }
             match k.as_str() {
                 "onDelete" => {

@@ -276,7 +276,7 @@ impl Expander for NfsBackend {
             .await?
             .ok_or_else(|| Error::no_volume(id))?;
         if limit > 0 && required > limit {
-            return Err(Error::out_of_range("required_bytes exceeds limit_bytes"));
+            return Err(Error::over_limit(required, limit));
         }
         if required > record.capacity_bytes {
             if let Some(project) = record.project_id {

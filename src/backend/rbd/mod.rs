@@ -30,9 +30,9 @@ use crate::error::{Error, Kind, Result};
 use crate::exec::CommandRunner;
 use crate::plugin::{
     check_existing, check_publish_terms, join_fields, locator_for_name, node_name, node_tokens,
-    split_fields, AccessMode, AccessType, AttachContext, Attachment, Backend, BlockPage, Capacity,
+    split_fields, AccessMode, AttachContext, Attachment, Backend, BlockPage, Capacity,
     ContentSource, ControllerAttach, CreateSnapshot, CreateVolume, Page, Secrets, SizeRules,
-    SnapshotId, SnapshotInfo, VolumeCapability, VolumeId, VolumeInfo,
+    SnapshotId, SnapshotInfo, VolumeId, VolumeInfo,
 };
 use crate::plugin::{
     Attacher, BlockTracker, DeviceMounter, Expander, GroupCutter, Groups, Modifier, Provisioner,
@@ -451,10 +451,7 @@ impl RbdBackend {
         };
         for (k, v) in parameters {
             if !PARAMETERS.contains(&k.as_str()) {
-                return Err(Error::invalid(format!(
-                    "rbd backend: unknown parameter {k:?} (known: {})",
-                    PARAMETERS.join(", ")
-                )));
+                return Err(Error::unknown_parameter(&self.name, k, PARAMETERS));
             }
             match k.as_str() {
                 "pool" => p.pool = v.clone(),
@@ -722,33 +719,6 @@ impl RbdBackend {
 impl Backend for RbdBackend {
     fn name(&self) -> &str {
         &self.name
-    }
-
-    fn supports(
-        &self,
-        capability: &VolumeCapability,
-    ) -> std::result::Result<(), crate::plugin::Unsupported> {
-        if capability.mode == AccessMode::MultiNodeMultiWriter
-            && !matches!(capability.access, AccessType::Block)
-        {
-            return Err(crate::plugin::Unsupported::Access(
-                "rbd: MULTI_NODE_MULTI_WRITER only for raw block volumes (a filesystem on one image cannot be mounted by two nodes)".into(),
-            ));
-        }
-        if !self.access_modes().contains(&capability.mode) {
-            return Err(crate::plugin::Unsupported::Access(format!(
-                "rbd does not support access mode {:?}",
-                capability.mode
-            )));
-        }
-        if let AccessType::Mount { fs_type, .. } = &capability.access {
-            if !fs_type.is_empty() && !self.fs_types().contains(&fs_type.as_str()) {
-                return Err(crate::plugin::Unsupported::FsType(format!(
-                    "rbd does not serve fs_type {fs_type:?}"
-                )));
-            }
-        }
-        Ok(())
     }
 
     async fn health(&self) -> Result<()> {

@@ -141,17 +141,18 @@ impl Provisioner for RbdBackend {
             return self.rbd().unintend(&creds, &spec).await;
         }
         if !image.meta.contains_key(META_NAME) {
-            return Err(Error::precondition(format!(
-                "image {} was not made by ferrovol; not deleting it",
-                spec.arg()
-            )));
+            return Err(Error::not_ours(
+                format_args!("image {} (no ferrovol name in its metadata)", spec.arg()),
+                "not deleting it",
+            ));
         }
         if !image.watchers.is_empty() {
             let at: Vec<&str> = image.watchers.iter().map(String::as_str).collect();
-            return Err(Error::precondition(format!(
-                "volume {id} is in use (mapped by {})",
-                at.join(", ")
-            )));
+            return Err(Error::in_use(
+                format_args!("volume {id}"),
+                format_args!("mapped by {}", at.join(", ")),
+                "unstage it on those nodes first",
+            ));
         }
         // A group snapshot the driver died making can leave its temporary
         // group holding the image (and a snapshot of it): it goes first.

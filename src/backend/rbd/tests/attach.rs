@@ -1,6 +1,7 @@
 //! Fencing and grants: publish, detach, fenced stages, client addresses, grants read back.
 
 use super::*;
+use crate::plugin::{AccessType, VolumeCapability};
 
 fn attach(node: &str, mode: AccessMode) -> ControllerAttach {
     ControllerAttach {
@@ -135,7 +136,11 @@ async fn publish_fences_single_node_volumes() {
         mode: AccessMode::MultiNodeMultiWriter,
     };
     assert_eq!(
-        b.supports(&fs).unwrap_err().at_controller().kind,
+        (&b as &dyn Backend)
+            .supports(&fs)
+            .unwrap_err()
+            .at_controller()
+            .kind,
         Kind::InvalidArgument
     );
 }
