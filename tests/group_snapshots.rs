@@ -85,15 +85,7 @@ async fn a_group_snapshot_restores_to_one_instant_of_interleaved_writes() {
     for (i, s) in group.snapshots.iter().enumerate() {
         let mut req = create_req(&format!("restored-{i}"), 64 * MIB, cap.clone());
         req.volume_content_source = Some(snapshot_source(&s.snapshot_id));
-        let id = h
-            .controller()
-            .create_volume(req)
-            .await
-            .unwrap()
-            .into_inner()
-            .volume
-            .unwrap()
-            .volume_id;
+        let id = h.create(req).await.volume_id;
         let staging = h.path(&format!("kubelet/staging/restored-{i}"));
         std::fs::create_dir_all(&staging).unwrap();
         h.node()
@@ -179,13 +171,7 @@ async fn a_group_snapshot_restores_to_one_instant_of_interleaved_writes() {
             .node_unstage_volume(unstage_req(id, staging))
             .await
             .unwrap();
-        h.controller()
-            .delete_volume(pb::DeleteVolumeRequest {
-                volume_id: id.clone(),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        h.delete_volume(&id).await;
     }
     for p in [&data, &wal, &raw] {
         h.teardown(p).await;

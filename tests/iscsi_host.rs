@@ -144,25 +144,17 @@ async fn iscsi_controller_grants_access_on_a_real_tgtd() {
         Some(pb::plugin_capability::volume_expansion::Type::Offline)
     );
 
-    let vol = c
-        .create_volume(create_req("pvc-iscsi", 16 * MIB, mount_cap("ext4", SNW)))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let vol = h
+        .create(create_req("pvc-iscsi", 16 * MIB, mount_cap("ext4", SNW)))
+        .await;
     let id = vol.volume_id.clone();
     assert!(id.starts_with("iscsi:"), "{id}");
     let shown = t.tgtadm(&["--op", "show", "--mode", "target"]);
     assert!(shown.contains("iqn.2026-11.io.ferrovol.test:"), "{shown}");
     // A retried create finds the same target.
-    let again = c
-        .create_volume(create_req("pvc-iscsi", 16 * MIB, mount_cap("ext4", SNW)))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let again = h
+        .create(create_req("pvc-iscsi", 16 * MIB, mount_cap("ext4", SNW)))
+        .await;
     assert_eq!(again.volume_id, id);
     assert_eq!(
         t.tgtadm(&["--op", "show", "--mode", "target"])
@@ -368,13 +360,7 @@ async fn a_mixed_deployment_answers_controller_publish_per_backend() {
         if backend == "lvm" {
             req.parameters.insert("deviceClass".into(), "fast".into());
         }
-        let vol = c
-            .create_volume(req)
-            .await
-            .unwrap()
-            .into_inner()
-            .volume
-            .unwrap();
+        let vol = h.create(req).await;
         assert!(
             vol.volume_id.starts_with(&format!("{backend}:")),
             "{}",
@@ -547,17 +533,13 @@ async fn a_node_at_its_attach_limit_is_refused_and_the_count_outlives_a_crash() 
     let mut c = h.controller();
     let mut ids = Vec::new();
     for n in 0..3 {
-        let v = c
-            .create_volume(create_req(
+        let v = h
+            .create(create_req(
                 &format!("pvc-limit-{n}"),
                 16 * MIB,
                 mount_cap("ext4", SNW),
             ))
-            .await
-            .unwrap()
-            .into_inner()
-            .volume
-            .unwrap();
+            .await;
         ids.push(v.volume_id);
     }
     let grants_to = |initiator: &str| {
@@ -714,14 +696,7 @@ async fn iscsi_mutable_parameters_change_the_live_lun_and_the_store() {
     let mut c = h.controller();
     let mut req = create_req("pvc-mut", 16 * MIB, mount_cap("ext4", SNW));
     req.mutable_parameters = HashMap::from([("thinProvisioning".into(), "true".into())]);
-    let id = c
-        .create_volume(req)
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    let id = h.create(req).await.volume_id;
     // tgt's listing of LUN 1: its Thin-provisioning line.
     let thin = || {
         let shown = t.tgtadm(&["--op", "show", "--mode", "target"]);
@@ -805,12 +780,8 @@ async fn iscsi_group_snapshots_of_volumes_not_in_use() {
     let mut ids = Vec::new();
     for name in ["pvc-gdata", "pvc-gwal"] {
         ids.push(
-            c.create_volume(create_req(name, 8 * MIB, mount_cap("ext4", SNW)))
+            h.create(create_req(name, 8 * MIB, mount_cap("ext4", SNW)))
                 .await
-                .unwrap()
-                .into_inner()
-                .volume
-                .unwrap()
                 .volume_id,
         );
     }
@@ -881,13 +852,8 @@ async fn iscsi_changed_blocks_come_from_the_store() {
     let (_names, initiator_file) = initiator_file("this-node");
     let h = Harness::start_with(Some(&config(&t, &initiator_file))).await;
     let id = h
-        .controller()
-        .create_volume(create_req("pvc-cbt", 8 * MIB, block_cap(SNW)))
+        .create(create_req("pvc-cbt", 8 * MIB, block_cap(SNW)))
         .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
         .volume_id;
     // Written as tgtd would: into the LUN's image, synced.
     let image = h.path("pool/volumes/pvc-cbt.img");

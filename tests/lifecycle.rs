@@ -69,13 +69,9 @@ async fn mount_lifecycle_with_snapshot_clone_and_readonly() {
     let mut n = h.node();
     let cap = mount_cap("ext4", SNW);
 
-    let vol = c
-        .create_volume(create_req("pvc-life", 40 * MIB + 5, cap.clone()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let vol = h
+        .create(create_req("pvc-life", 40 * MIB + 5, cap.clone()))
+        .await;
     assert_eq!(vol.volume_id, "file:pvc-life");
     assert_eq!(vol.capacity_bytes, 41 * MIB, "rounded up to 1 MiB");
     assert_eq!(
@@ -83,13 +79,9 @@ async fn mount_lifecycle_with_snapshot_clone_and_readonly() {
         "test-node"
     );
     // Idempotent create; incompatible size is ALREADY_EXISTS.
-    let again = c
-        .create_volume(create_req("pvc-life", 40 * MIB, cap.clone()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let again = h
+        .create(create_req("pvc-life", 40 * MIB, cap.clone()))
+        .await;
     assert_eq!(again.volume_id, vol.volume_id);
     let r = c
         .create_volume(create_req("pvc-life", 80 * MIB, cap.clone()))
@@ -191,17 +183,7 @@ async fn mount_lifecycle_with_snapshot_clone_and_readonly() {
 
     // Snapshot (of the live volume) and a volume restored from it.
     std::process::Command::new("sync").status().unwrap();
-    let snap = c
-        .create_snapshot(pb::CreateSnapshotRequest {
-            source_volume_id: vol.volume_id.clone(),
-            name: "snap-1".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .snapshot
-        .unwrap();
+    let snap = h.snapshot_made("snap-1", &vol.volume_id).await;
     assert!(snap.ready_to_use);
     assert_eq!(snap.size_bytes, 41 * MIB);
     let r = c
@@ -223,20 +205,8 @@ async fn mount_lifecycle_with_snapshot_clone_and_readonly() {
     assert_eq!(listed.entries.len(), 1);
 
     let mut from_snap = create_req("pvc-restored", 0, cap.clone());
-    from_snap.volume_content_source = Some(pb::VolumeContentSource {
-        r#type: Some(pb::volume_content_source::Type::Snapshot(
-            pb::volume_content_source::SnapshotSource {
-                snapshot_id: snap.snapshot_id.clone(),
-            },
-        )),
-    });
-    let restored = c
-        .create_volume(from_snap)
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    from_snap.volume_content_source = Some(snapshot_source(&snap.snapshot_id));
+    let restored = h.create(from_snap).await;
     assert_eq!(restored.capacity_bytes, 41 * MIB);
     assert!(restored.content_source.is_some());
 
@@ -267,20 +237,8 @@ async fn mount_lifecycle_with_snapshot_clone_and_readonly() {
 
     // Clone of the original.
     let mut clone = create_req("pvc-clone", 64 * MIB, cap.clone());
-    clone.volume_content_source = Some(pb::VolumeContentSource {
-        r#type: Some(pb::volume_content_source::Type::Volume(
-            pb::volume_content_source::VolumeSource {
-                volume_id: vol.volume_id.clone(),
-            },
-        )),
-    });
-    let cloned = c
-        .create_volume(clone)
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    clone.volume_content_source = Some(volume_source(&vol.volume_id));
+    let cloned = h.create(clone).await;
     assert_eq!(cloned.capacity_bytes, 64 * MIB);
 
     // Deleting a staged volume is refused; tear everything down in order.
@@ -382,13 +340,9 @@ async fn block_volume_lifecycle() {
     let h = Harness::start().await;
     let (mut c, mut n) = (h.controller(), h.node());
     let cap = block_cap(SNMW);
-    let vol = c
-        .create_volume(create_req("pvc-block", 8 * MIB, cap.clone()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let vol = h
+        .create(create_req("pvc-block", 8 * MIB, cap.clone()))
+        .await;
     let staging = h.path("kubelet/staging/blk");
     std::fs::create_dir_all(&staging).unwrap();
     n.node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
@@ -515,13 +469,8 @@ async fn a_read_only_block_publish_cannot_be_written() {
     let mut h = Harness::start().await;
     let cap = block_cap(SNMW);
     let id = h
-        .controller()
-        .create_volume(create_req("pvc-ro-block", 8 * MIB, cap.clone()))
+        .create(create_req("pvc-ro-block", 8 * MIB, cap.clone()))
         .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
         .volume_id;
     let staging = h.path("kubelet/staging/ro");
     std::fs::create_dir_all(&staging).unwrap();
@@ -654,13 +603,8 @@ async fn restart_between_stage_and_unstage() {
     let mut h = Harness::start().await;
     let cap = mount_cap("", SNW);
     let vol = h
-        .controller()
-        .create_volume(create_req("pvc-restart", 16 * MIB, cap.clone()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+        .create(create_req("pvc-restart", 16 * MIB, cap.clone()))
+        .await;
     let staging = h.path("kubelet/staging/r");
     std::fs::create_dir_all(&staging).unwrap();
     let target = h.path("kubelet/pods/r1");
@@ -741,13 +685,8 @@ async fn concurrent_rpcs_on_one_volume_one_wins_others_aborted() {
     let h = Harness::start_with_env(None, &[("PATH", gate.path.as_str())]).await;
     let cap = mount_cap("ext4", SNW);
     let vol = h
-        .controller()
-        .create_volume(create_req("pvc-race", 64 * MIB, cap.clone()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+        .create(create_req("pvc-race", 64 * MIB, cap.clone()))
+        .await;
     let staging = h.path("kubelet/staging/race");
     std::fs::create_dir_all(&staging).unwrap();
     let mut first = h.node();
@@ -818,13 +757,8 @@ async fn mount_flags_are_honoured_and_json_logs_parse() {
         m.mount_flags = vec!["noatime".into(), "nodev,nosuid".into()];
     }
     let vol = h
-        .controller()
-        .create_volume(create_req("pvc-flags", 16 * MIB, cap.clone()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+        .create(create_req("pvc-flags", 16 * MIB, cap.clone()))
+        .await;
     let staging = h.path("kubelet/staging/f");
     std::fs::create_dir_all(&staging).unwrap();
     h.node()
@@ -1022,18 +956,7 @@ async fn copies_mount_beside_their_source_with_their_own_uuid() {
         }
         // Snapshot and clone while the source stays mounted (a copy of a
         // live filesystem: xfs's log is dirty in it).
-        let snap = h
-            .controller()
-            .create_snapshot(pb::CreateSnapshotRequest {
-                source_volume_id: source.id.clone(),
-                name: format!("snap-{fs}"),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .snapshot
-            .unwrap();
+        let snap = h.snapshot_made(&format!("snap-{fs}"), &source.id).await;
         let mut copies = Vec::new();
         for (name, src) in [
             (
@@ -1053,15 +976,7 @@ async fn copies_mount_beside_their_source_with_their_own_uuid() {
         ] {
             let mut req = create_req(&name, 0, cap.clone());
             req.volume_content_source = Some(pb::VolumeContentSource { r#type: Some(src) });
-            let id = h
-                .controller()
-                .create_volume(req)
-                .await
-                .unwrap()
-                .into_inner()
-                .volume
-                .unwrap()
-                .volume_id;
+            let id = h.create(req).await.volume_id;
             let staging = h.path(&format!("kubelet/staging/{name}"));
             std::fs::create_dir_all(&staging).unwrap();
             let target = h.path(&format!("kubelet/pods/{name}"));

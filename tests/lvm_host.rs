@@ -30,13 +30,7 @@ async fn lvm_controller_lifecycle_on_real_metadata() {
 
     let mut req = create_req("pvc-lvm", 10 * MIB, cap.clone());
     req.parameters = HashMap::from([("deviceClass".into(), "fast".into())]);
-    let vol = c
-        .create_volume(req.clone())
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let vol = h.create(req.clone()).await;
     assert_eq!(vol.volume_id, "lvm:fast.fv-pvc-lvm");
     assert_eq!(vol.capacity_bytes, 12 * MIB, "rounded up to 4 MiB extents");
     assert_eq!(
@@ -49,16 +43,7 @@ async fn lvm_controller_lifecycle_on_real_metadata() {
         "{tags}"
     );
     // Idempotent; incompatible; unknown device class.
-    assert_eq!(
-        c.create_volume(req.clone())
-            .await
-            .unwrap()
-            .into_inner()
-            .volume
-            .unwrap()
-            .volume_id,
-        vol.volume_id
-    );
+    assert_eq!(h.create(req.clone()).await.volume_id, vol.volume_id);
     assert_eq!(
         code(
             &c.create_volume(create_req("pvc-lvm", 100 * MIB, cap.clone()))

@@ -35,13 +35,8 @@ async fn foreign_mounts_are_refused_and_left_mounted() {
     let mut h = Harness::start().await;
     let cap = mount_cap("ext4", SNMW);
     let vol = h
-        .controller()
-        .create_volume(create_req("pvc-safe", 16 * MIB, cap.clone()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+        .create(create_req("pvc-safe", 16 * MIB, cap.clone()))
+        .await;
     let id = vol.volume_id.clone();
 
     // A stage onto someone's tmpfs is refused, and nothing is attached.
@@ -131,13 +126,8 @@ async fn mounts_go_only_onto_empty_paths_under_the_allowed_prefixes() {
     let h = Harness::start_with(Some(config)).await;
     let cap = mount_cap("ext4", SNMW);
     let vol = h
-        .controller()
-        .create_volume(create_req("pvc-where", 16 * MIB, cap.clone()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+        .create(create_req("pvc-where", 16 * MIB, cap.clone()))
+        .await;
     let id = vol.volume_id.clone();
     let mut n = h.node();
 
@@ -217,13 +207,8 @@ async fn unpublish_removes_only_what_a_publish_could_have_made() {
     let h = Harness::start_with(Some(config)).await;
     let cap = mount_cap("ext4", SNW);
     let vol = h
-        .controller()
-        .create_volume(create_req("pvc-unpub", 16 * MIB, cap.clone()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+        .create(create_req("pvc-unpub", 16 * MIB, cap.clone()))
+        .await;
     let id = vol.volume_id.clone();
     let mut n = h.node();
     let pods = h.path("kubelet/pods");
@@ -286,13 +271,8 @@ async fn mkfs_options_that_name_files_are_refused_at_stage() {
     let h = Harness::start().await;
     let cap = mount_cap("ext4", SNW);
     let vol = h
-        .controller()
-        .create_volume(create_req("pvc-mkfs", 16 * MIB, cap.clone()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+        .create(create_req("pvc-mkfs", 16 * MIB, cap.clone()))
+        .await;
     let mut n = h.node();
     let staging = h.path("staging");
     std::fs::create_dir_all(&staging).unwrap();
@@ -336,32 +316,12 @@ async fn what_the_driver_keeps_is_private_to_root() {
     let h = Harness::start().await;
     let cap = mount_cap("ext4", SNW);
     let mut c = h.controller();
-    let vol = c
-        .create_volume(create_req("pvc-private", 16 * MIB, cap.clone()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
-    let snap = c
-        .create_snapshot(pb::CreateSnapshotRequest {
-            source_volume_id: vol.volume_id.clone(),
-            name: "snap-private".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .snapshot
-        .unwrap();
+    let vol = h
+        .create(create_req("pvc-private", 16 * MIB, cap.clone()))
+        .await;
+    let snap = h.snapshot_made("snap-private", &vol.volume_id).await;
     let mut restore = create_req("pvc-restored", 16 * MIB, cap.clone());
-    restore.volume_content_source = Some(pb::VolumeContentSource {
-        r#type: Some(pb::volume_content_source::Type::Snapshot(
-            pb::volume_content_source::SnapshotSource {
-                snapshot_id: snap.snapshot_id.clone(),
-            },
-        )),
-    });
+    restore.volume_content_source = Some(snapshot_source(&snap.snapshot_id));
     c.create_volume(restore).await.unwrap();
     let mut n = h.node();
     let staging = h.path("kubelet/staging/private");

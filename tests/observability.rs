@@ -39,13 +39,8 @@ async fn metrics_health_and_quiet_uncoloured_logs() {
     // FAILED_PRECONDITION.
     let cap = mount_cap("ext4", SNW);
     let vol = h
-        .controller()
-        .create_volume(create_req("pvc-metrics", 16 * MIB, cap.clone()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+        .create(create_req("pvc-metrics", 16 * MIB, cap.clone()))
+        .await;
     let staging = h.path("kubelet/staging/m");
     std::fs::create_dir_all(&staging).unwrap();
     h.node()
@@ -149,13 +144,7 @@ async fn metrics_health_and_quiet_uncoloured_logs() {
         .node_unstage_volume(unstage_req(&vol.volume_id, &staging))
         .await
         .unwrap();
-    h.controller()
-        .delete_volume(pb::DeleteVolumeRequest {
-            volume_id: vol.volume_id.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    h.delete_volume(&vol.volume_id).await;
 }
 
 /// A node that lacks what some backends need (the lvm volume group is not

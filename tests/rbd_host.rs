@@ -164,13 +164,7 @@ async fn cut_short_creates_and_deletes(cluster: &CephCluster, client: &str) {
             );
             continue;
         }
-        let v = c
-            .create_volume(req(name, from.clone()))
-            .await
-            .unwrap()
-            .into_inner()
-            .volume
-            .unwrap();
+        let v = h.create(req(name, from.clone())).await;
         assert_eq!(v.volume_id, id_of(name));
         assert_eq!(
             cluster
@@ -312,13 +306,7 @@ async fn cut_short_creates_and_deletes(cluster: &CephCluster, client: &str) {
             .create_volume(req(&format!("pvc-s{i}"), None))
             .await
             .volume_id;
-        let from = Some(pb::VolumeContentSource {
-            r#type: Some(pb::volume_content_source::Type::Volume(
-                pb::volume_content_source::VolumeSource {
-                    volume_id: source.clone(),
-                },
-            )),
-        });
+        let from = Some(volume_source(&source));
         let clone = h
             .create_volume(req(&format!("pvc-c{i}"), from))
             .await
@@ -418,13 +406,7 @@ async fn controller_path(cluster: &CephCluster, client: &str) {
     assert_eq!(code(&c.create_volume(half).await), Code::InvalidArgument);
     assert!(images(cluster).is_empty());
 
-    let vol = c
-        .create_volume(req.clone())
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let vol = h.create(req.clone()).await;
     assert!(
         vol.volume_id.starts_with("rbd:v1.test.rbd."),
         "{}",
@@ -439,13 +421,7 @@ async fn controller_path(cluster: &CephCluster, client: &str) {
         "pvc-rbd"
     );
     // Retried: the same; a different size: ALREADY_EXISTS.
-    let again = c
-        .create_volume(req.clone())
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let again = h.create(req.clone()).await;
     assert_eq!(again.volume_id, vol.volume_id);
     let mut bigger = req.clone();
     bigger.capacity_range = Some(pb::CapacityRange {
@@ -615,13 +591,9 @@ async fn controller_path(cluster: &CephCluster, client: &str) {
         });
         r
     };
-    let restored = c
-        .create_volume(from_snap("pvc-restored", &snap.snapshot_id, true))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let restored = h
+        .create(from_snap("pvc-restored", &snap.snapshot_id, true))
+        .await;
     assert_eq!(restored.capacity_bytes, 20 * MIB);
     // The restore is a clone of the cut the snapshot came from, kept on
     // its source (no cluster snapshot made for it), and holds what the
@@ -656,13 +628,9 @@ async fn controller_path(cluster: &CephCluster, client: &str) {
     // one is flattened (no parent).
     let mut last = restored.volume_id.clone();
     for i in 0..3 {
-        let v = c
-            .create_volume(from_snap(&format!("pvc-chain-{i}"), &last, false))
-            .await
-            .unwrap()
-            .into_inner()
-            .volume
-            .unwrap();
+        let v = h
+            .create(from_snap(&format!("pvc-chain-{i}"), &last, false))
+            .await;
         last = v.volume_id;
     }
     // No image's chain of parents is longer than max_clone_depth (2), and
@@ -854,13 +822,7 @@ async fn rbd_calls_carry_their_secrets_and_publish_checks_node_and_terms() {
     let cap = mount_cap("ext4", SNW);
     let mut req = create_req("pvc-secrets", 8 * MIB, cap.clone());
     req.secrets = secrets(&cluster);
-    let vol = c
-        .create_volume(req)
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let vol = h.create(req).await;
     let publish = |node: &str, readonly: bool| pb::ControllerPublishVolumeRequest {
         volume_id: vol.volume_id.clone(),
         node_id: node.into(),
@@ -1023,14 +985,7 @@ async fn rbd_qos_limits_are_mutable_parameters() {
         let mut req = create_req(&name, 4 * MIB, mount_cap("ext4", SNW));
         req.secrets = secrets(&cluster);
         req.mutable_parameters = HashMap::from([("qosIopsLimit".into(), "100".into())]);
-        let id = c
-            .create_volume(req)
-            .await
-            .unwrap()
-            .into_inner()
-            .volume
-            .unwrap()
-            .volume_id;
+        let id = h.create(req).await.volume_id;
         assert_eq!(
             serde_json::Value::Object(overrides()),
             serde_json::json!({"conf_rbd_qos_iops_limit": "100"})
@@ -1090,7 +1045,7 @@ async fn rbd_group_snapshots_cut_every_member_or_leave_nothing() {
     require_root();
     let cluster = CephCluster::new();
     let h = Harness::start_with(Some(&rbd_config(&cluster, "librbd"))).await;
-    let mut c = h.controller();
+    let c = h.controller();
     let make = |name: &str, features: &str| {
         let mut req = create_req(name, 4 * MIB, mount_cap("ext4", SNW));
         req.secrets = secrets(&cluster);
@@ -1104,15 +1059,7 @@ async fn rbd_group_snapshots_cut_every_member_or_leave_nothing() {
         ("pvc-g-wal", "layering,exclusive-lock"),
         ("pvc-g-plain", "layering"),
     ] {
-        ids.push(
-            c.create_volume(make(name, features))
-                .await
-                .unwrap()
-                .into_inner()
-                .volume
-                .unwrap()
-                .volume_id,
-        );
+        ids.push(h.create(make(name, features)).await.volume_id);
     }
     let image_snaps = |image: &str| cluster.rbd(&["snap", "ls", &format!("rbd/{image}")]);
     let group = |name: &str, sources: &[&String]| pb::CreateVolumeGroupSnapshotRequest {
@@ -1203,7 +1150,7 @@ async fn rbd_group_snapshots_of_images_being_written() {
     require_root();
     let cluster = CephCluster::new();
     let h = Harness::start_with(Some(&rbd_config(&cluster, "librbd"))).await;
-    let mut c = h.controller();
+    let c = h.controller();
     let mut ids = Vec::new();
     for (name, features) in [
         ("pvc-w-data", "layering,exclusive-lock"),
@@ -1214,15 +1161,7 @@ async fn rbd_group_snapshots_of_images_being_written() {
         req.secrets = secrets(&cluster);
         req.parameters
             .insert("imageFeatures".into(), features.into());
-        ids.push(
-            c.create_volume(req)
-                .await
-                .unwrap()
-                .into_inner()
-                .volume
-                .unwrap()
-                .volume_id,
-        );
+        ids.push(h.create(req).await.volume_id);
     }
     let conf = cluster.conf.to_str().unwrap().to_string();
     let keyring = cluster.client_keyring.to_str().unwrap().to_string();

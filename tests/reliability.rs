@@ -291,13 +291,9 @@ async fn lifecycle(h: &Harness, name: &str, written: bool) {
     let staging = h.path(&format!("kubelet/staging/{name}"));
     std::fs::create_dir_all(&staging).unwrap();
     let target = h.path(&format!("kubelet/pods/{name}"));
-    let id = c
-        .create_volume(create_req(name, 24 * MIB, cap.clone()))
+    let id = h
+        .create(create_req(name, 24 * MIB, cap.clone()))
         .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
         .volume_id;
     n.node_stage_volume(stage_req(&id, &staging, cap.clone()))
         .await
@@ -482,14 +478,7 @@ async fn a_hung_command_is_killed_and_the_volume_recovers() {
     )
     .await;
     let cap = mount_cap("ext4", SNW);
-    let vol = h
-        .controller()
-        .create_volume(create_req("hung", 16 * MIB, cap.clone()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let vol = h.create(create_req("hung", 16 * MIB, cap.clone())).await;
     let staging = h.path("kubelet/staging/hung");
     std::fs::create_dir_all(&staging).unwrap();
     let start = Instant::now();
@@ -522,13 +511,7 @@ async fn a_hung_command_is_killed_and_the_volume_recovers() {
         .node_unstage_volume(unstage_req(&vol.volume_id, &staging))
         .await
         .unwrap();
-    h.controller()
-        .delete_volume(pb::DeleteVolumeRequest {
-            volume_id: vol.volume_id,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    h.delete_volume(&vol.volume_id).await;
     h.assert_clean();
 }
 
@@ -739,13 +722,8 @@ async fn sigterm_lets_the_call_in_flight_finish_then_exits_promptly() {
     .await;
     let cap = mount_cap("ext4", SNW);
     let vol = h
-        .controller()
-        .create_volume(create_req("inflight", 16 * MIB, cap.clone()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+        .create(create_req("inflight", 16 * MIB, cap.clone()))
+        .await;
     let staging = h.path("kubelet/staging/inflight");
     std::fs::create_dir_all(&staging).unwrap();
     let mut n = h.node();
@@ -777,13 +755,7 @@ async fn sigterm_lets_the_call_in_flight_finish_then_exits_promptly() {
         .node_unstage_volume(unstage_req(&vol.volume_id, &staging))
         .await
         .unwrap();
-    h.controller()
-        .delete_volume(pb::DeleteVolumeRequest {
-            volume_id: vol.volume_id,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    h.delete_volume(&vol.volume_id).await;
     h.assert_clean();
 }
 
@@ -848,13 +820,9 @@ async fn real_secrets_of_iscsi_and_rbd_never_reach_logs_or_errors() {
     };
 
     // iscsi: the secret reaches tgtd; then calls that fail holding it.
-    let vol = c
-        .create_volume(create("sec-iscsi", "iscsi", chap_secrets(chap)))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let vol = h
+        .create(create("sec-iscsi", "iscsi", chap_secrets(chap)))
+        .await;
     let publish = |secrets: HashMap<String, String>| pb::ControllerPublishVolumeRequest {
         volume_id: vol.volume_id.clone(),
         node_id: "node/iqn.2026-11.io.ferrovol.test:node-a".into(),
@@ -885,13 +853,7 @@ async fn real_secrets_of_iscsi_and_rbd_never_reach_logs_or_errors() {
     .unwrap();
 
     // rbd: the key makes a volume on the cluster; then calls that fail.
-    let rv = c
-        .create_volume(create("sec-rbd", "rbd", ceph_secrets(&key)))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let rv = h.create(create("sec-rbd", "rbd", ceph_secrets(&key))).await;
     failed(
         c.create_volume(create("sec-rbd-2", "rbd", ceph_secrets(wrong_key)))
             .await

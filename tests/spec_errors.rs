@@ -140,21 +140,13 @@ async fn controller_codes() {
         ),
         Code::InvalidArgument
     );
-    let odd = c
-        .create_volume(create_req("../../etc/passwd", MIB, cap.clone()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let odd = h
+        .create(create_req("../../etc/passwd", MIB, cap.clone()))
+        .await;
     assert!(odd.volume_id.starts_with("file:h-"), "{}", odd.volume_id);
-    let max_name = c
-        .create_volume(create_req(&"m".repeat(128), MIB, cap.clone()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let max_name = h
+        .create(create_req(&"m".repeat(128), MIB, cap.clone()))
+        .await;
     assert!(max_name.volume_id.len() <= 128);
     cases.section("Unsupported access mode, unknown parameter, unknown backend");
     case!(
@@ -219,22 +211,10 @@ async fn controller_codes() {
     );
     cases.section("Sources that do not exist");
     let mut r = create_req("v", MIB, cap.clone());
-    r.volume_content_source = Some(pb::VolumeContentSource {
-        r#type: Some(pb::volume_content_source::Type::Snapshot(
-            pb::volume_content_source::SnapshotSource {
-                snapshot_id: "file:nope".into(),
-            },
-        )),
-    });
+    r.volume_content_source = Some(snapshot_source("file:nope"));
     case!(cases, code(&c.create_volume(r).await), Code::NotFound);
     let mut r = create_req("v", MIB, cap.clone());
-    r.volume_content_source = Some(pb::VolumeContentSource {
-        r#type: Some(pb::volume_content_source::Type::Volume(
-            pb::volume_content_source::VolumeSource {
-                volume_id: "file:../../x".into(),
-            },
-        )),
-    });
+    r.volume_content_source = Some(volume_source("file:../../x"));
     case!(cases, code(&c.create_volume(r).await), Code::NotFound);
     assert_eq!(pool_entries(&h), 4, "only the two good volumes exist");
 
@@ -496,14 +476,7 @@ async fn node_codes_and_bad_paths() {
     let mut cases = Cases::new("node_codes_and_bad_paths");
     let mut n = h.node();
     let cap = mount_cap("ext4", SNW);
-    let vol = h
-        .controller()
-        .create_volume(create_req("pvc-n", 16 * MIB, cap.clone()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let vol = h.create(create_req("pvc-n", 16 * MIB, cap.clone())).await;
     let staging = h.path("kubelet/staging/n");
     std::fs::create_dir_all(&staging).unwrap();
 
@@ -884,13 +857,9 @@ async fn secrets_never_reach_logs_or_errors() {
 async fn the_snapshotters_metadata_is_accepted() {
     let h = Harness::start().await;
     let mut c = h.controller();
-    let vol = c
-        .create_volume(create_req("meta", 16 * MIB, mount_cap("ext4", SNW)))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let vol = h
+        .create(create_req("meta", 16 * MIB, mount_cap("ext4", SNW)))
+        .await;
     let snapshot = |parameters: &[(&str, &str)]| pb::CreateSnapshotRequest {
         source_volume_id: vol.volume_id.clone(),
         name: "snap-meta".into(),

@@ -194,12 +194,41 @@ pub struct CreateArgs {
 
 #[derive(Subcommand)]
 pub enum Call {
+    #[command(flatten)]
+    Identity(IdentityCall),
+    #[command(flatten)]
+    Controller(ControllerCall),
+    #[command(flatten)]
+    Group(GroupCall),
+    #[command(flatten)]
+    Metadata(MetadataCall),
+    #[command(flatten)]
+    Node(NodeCall),
+    /// Drives one volume through its whole life on this node (create,
+    /// stage, publish, write, expand, snapshot, restore, unpublish,
+    /// unstage, delete), printing each step. Run it as root on the driver's
+    /// node.
+    Lifecycle {
+        /// Holds the staging and target paths.
+        #[arg(long, default_value = "/var/tmp/ferrovol-lifecycle")]
+        work: PathBuf,
+    },
+}
+
+/// The Identity service's calls.
+#[derive(Subcommand)]
+pub enum IdentityCall {
     /// GetPluginInfo.
     PluginInfo,
     /// GetPluginCapabilities.
     PluginCapabilities,
     /// Probe.
     Probe,
+}
+
+/// The Controller service's calls.
+#[derive(Subcommand)]
+pub enum ControllerCall {
     /// CreateVolume.
     CreateVolume(CreateArgs),
     /// DeleteVolume.
@@ -272,6 +301,27 @@ pub enum Call {
     },
     /// GetSnapshot.
     GetSnapshot { id: String },
+    /// ControllerExpandVolume.
+    ControllerExpand {
+        id: String,
+        #[arg(long)]
+        size: Size,
+        #[arg(long)]
+        limit: Option<Size>,
+    },
+    /// ControllerGetVolume.
+    GetVolume { id: String },
+    /// ControllerModifyVolume.
+    ModifyVolume {
+        id: String,
+        #[arg(long = "mutable-param")]
+        mutable: Vec<Kv>,
+    },
+}
+
+/// The GroupController service's calls.
+#[derive(Subcommand)]
+pub enum GroupCall {
     /// CreateVolumeGroupSnapshot: the sources' snapshots at one instant.
     CreateGroupSnapshot {
         name: String,
@@ -296,6 +346,11 @@ pub enum Call {
     },
     /// GroupControllerGetCapabilities.
     GroupCapabilities,
+}
+
+/// The SnapshotMetadata service's calls (streams, read whole).
+#[derive(Subcommand)]
+pub enum MetadataCall {
     /// GetMetadataAllocated: the ranges of a snapshot that hold data.
     Allocated {
         snapshot: String,
@@ -328,22 +383,11 @@ pub enum Call {
         #[arg(long)]
         base: Option<String>,
     },
-    /// ControllerExpandVolume.
-    ControllerExpand {
-        id: String,
-        #[arg(long)]
-        size: Size,
-        #[arg(long)]
-        limit: Option<Size>,
-    },
-    /// ControllerGetVolume.
-    GetVolume { id: String },
-    /// ControllerModifyVolume.
-    ModifyVolume {
-        id: String,
-        #[arg(long = "mutable-param")]
-        mutable: Vec<Kv>,
-    },
+}
+
+/// The Node service's calls.
+#[derive(Subcommand)]
+pub enum NodeCall {
     /// NodeStageVolume.
     Stage {
         id: String,
@@ -406,13 +450,4 @@ pub enum Call {
     NodeCapabilities,
     /// NodeGetInfo.
     NodeInfo,
-    /// Drives one volume through its whole life on this node (create,
-    /// stage, publish, write, expand, snapshot, restore, unpublish,
-    /// unstage, delete), printing each step. Run it as root on the driver's
-    /// node.
-    Lifecycle {
-        /// Holds the staging and target paths.
-        #[arg(long, default_value = "/var/tmp/ferrovol-lifecycle")]
-        work: PathBuf,
-    },
 }

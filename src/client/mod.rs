@@ -1,7 +1,7 @@
 //! `ferrovol client`: a CSI command-line client on the driver's own
 //! generated code, for any CSI driver on a unix socket or TCP. Every RPC of
-//! the Identity, Controller and Node services (this CSI version has no
-//! group controller service), answers as text or JSON, and an exit status
+//! the Identity, Controller, GroupController and Node services and the
+//! SnapshotMetadata streams, answers as text or JSON, and an exit status
 //! that tells the gRPC code: 0 for OK, 10 + the code for a failed call
 //! (13 INVALID_ARGUMENT, 15 NOT_FOUND, 19 FAILED_PRECONDITION, ...), 1 when
 //! the driver cannot be reached, 2 for a usage error.
@@ -257,28 +257,38 @@ fn node_capabilities(a: pb::NodeGetCapabilitiesResponse) -> Vec<String> {
         .collect()
 }
 
-/// One RPC per subcommand: a flat dispatch table (each arm builds its
-/// request from the arguments and prints the answer), kept whole on
-/// purpose so every subcommand's request is read in one place.
+/// Awaits a call and prints its answer.
+macro_rules! show {
+    ($out:expr, $e:expr) => {{
+        let answer = $e.await?.into_inner();
+        print($out, &answer);
+    }};
+}
+
+/// One RPC per subcommand, dispatched by service: each service's
+/// function builds its requests from the arguments and prints the answers.
 async fn call(
     args: &Args,
     channel: Channel,
     secrets: HashMap<String, String>,
 ) -> Result<(), tonic::Status> {
     let out = args.output;
-    let mut id = IdentityClient::new(channel.clone());
-    let mut c = ControllerClient::new(channel.clone());
-    let mut n = NodeClient::new(channel.clone());
-    let mut g = GroupControllerClient::new(channel.clone());
-    macro_rules! show {
-        ($e:expr) => {{
-            let answer = $e.await?.into_inner();
-            print(out, &answer);
-        }};
-    }
     match &args.call {
-        Call::PluginInfo => show!(id.get_plugin_info(pb::GetPluginInfoRequest {})),
-        Call::PluginCapabilities => print_names(
+        Call::Identity(call) => identity(call, channel, out).await,
+        Call::Controller(call) => controller(call, channel, out, secrets).await,
+        Call::Group(call) => group(call, channel, out, secrets).await,
+        Call::Metadata(call) => snapshot_metadata(call, channel, out, secrets).await,
+        Call::Node(call) => node(call, channel, out, secrets).await,
+        Call::Lifecycle { work } => walk::walk(channel, work, secrets).await,
+    }
+}
+
+/// The Identity service's calls.
+async fn identity(call: &IdentityCall, channel: Channel, out: Output) -> Result<(), tonic::Status> {
+    let mut id = IdentityClient::new(channel);
+    match call {
+        IdentityCall::PluginInfo => show!(out, id.get_plugin_info(pb::GetPluginInfoRequest {})),
+        IdentityCall::PluginCapabilities => print_names(
             out,
             plugin_capabilities(
                 id.get_plugin_capabilities(pb::GetPluginCapabilitiesRequest {})
@@ -286,19 +296,36 @@ async fn call(
                     .into_inner(),
             ),
         ),
-        Call::Probe => show!(id.probe(pb::ProbeRequest {})),
-        Call::CreateVolume(a) => show!(c.create_volume(create_request(a, secrets))),
-        Call::DeleteVolume { id: v } => show!(c.delete_volume(pb::DeleteVolumeRequest {
-            volume_id: v.clone(),
-            secrets,
-        })),
-        Call::ControllerPublish {
+        IdentityCall::Probe => show!(out, id.probe(pb::ProbeRequest {})),
+    }
+    Ok(())
+}
+
+/// The Controller service's calls.
+async fn controller(
+    call: &ControllerCall,
+    channel: Channel,
+    out: Output,
+    secrets: HashMap<String, String>,
+) -> Result<(), tonic::Status> {
+    let mut c = ControllerClient::new(channel);
+    match call {
+        ControllerCall::CreateVolume(a) => show!(out, c.create_volume(create_request(a, secrets))),
+        ControllerCall::DeleteVolume { id: v } => show!(
+            out,
+            c.delete_volume(pb::DeleteVolumeRequest {
+                volume_id: v.clone(),
+                secrets,
+            })
+        ),
+        ControllerCall::ControllerPublish {
             id: v,
             node,
             cap,
             readonly,
             context,
         } => show!(
+            out,
             c.controller_publish_volume(pb::ControllerPublishVolumeRequest {
                 volume_id: v.clone(),
                 node_id: node.clone(),
@@ -308,8 +335,9 @@ async fn call(
                 volume_context: map(context),
             })
         ),
-        Call::ControllerUnpublish { id: v, node } => {
+        ControllerCall::ControllerUnpublish { id: v, node } => {
             show!(
+                out,
                 c.controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
                     volume_id: v.clone(),
                     node_id: node.clone().unwrap_or_default(),
@@ -317,12 +345,13 @@ async fn call(
                 })
             )
         }
-        Call::ValidateCapabilities {
+        ControllerCall::ValidateCapabilities {
             id: v,
             cap,
             context,
             params,
         } => show!(
+            out,
             c.validate_volume_capabilities(pb::ValidateVolumeCapabilitiesRequest {
                 volume_id: v.clone(),
                 volume_context: map(context),
@@ -332,21 +361,27 @@ async fn call(
                 ..Default::default()
             })
         ),
-        Call::ListVolumes {
+        ControllerCall::ListVolumes {
             max_entries,
             starting_token,
-        } => show!(c.list_volumes(pb::ListVolumesRequest {
-            max_entries: *max_entries,
-            starting_token: starting_token.clone(),
-        })),
-        Call::GetCapacity { params, topology } => show!(c.get_capacity(pb::GetCapacityRequest {
-            parameters: map(params),
-            accessible_topology: topology.as_ref().map(|t| pb::Topology {
-                segments: t.0.clone()
-            }),
-            ..Default::default()
-        })),
-        Call::ControllerCapabilities => print_names(
+        } => show!(
+            out,
+            c.list_volumes(pb::ListVolumesRequest {
+                max_entries: *max_entries,
+                starting_token: starting_token.clone(),
+            })
+        ),
+        ControllerCall::GetCapacity { params, topology } => show!(
+            out,
+            c.get_capacity(pb::GetCapacityRequest {
+                parameters: map(params),
+                accessible_topology: topology.as_ref().map(|t| pb::Topology {
+                    segments: t.0.clone()
+                }),
+                ..Default::default()
+            })
+        ),
+        ControllerCall::ControllerCapabilities => print_names(
             out,
             controller_capabilities(
                 c.controller_get_capabilities(pb::ControllerGetCapabilitiesRequest {})
@@ -354,41 +389,96 @@ async fn call(
                     .into_inner(),
             ),
         ),
-        Call::CreateSnapshot {
+        ControllerCall::CreateSnapshot {
             name,
             source,
             params,
-        } => show!(c.create_snapshot(pb::CreateSnapshotRequest {
-            source_volume_id: source.clone(),
-            name: name.clone(),
-            secrets,
-            parameters: map(params),
-        })),
-        Call::DeleteSnapshot { id: s } => show!(c.delete_snapshot(pb::DeleteSnapshotRequest {
-            snapshot_id: s.clone(),
-            secrets,
-        })),
-        Call::ListSnapshots {
+        } => show!(
+            out,
+            c.create_snapshot(pb::CreateSnapshotRequest {
+                source_volume_id: source.clone(),
+                name: name.clone(),
+                secrets,
+                parameters: map(params),
+            })
+        ),
+        ControllerCall::DeleteSnapshot { id: s } => show!(
+            out,
+            c.delete_snapshot(pb::DeleteSnapshotRequest {
+                snapshot_id: s.clone(),
+                secrets,
+            })
+        ),
+        ControllerCall::ListSnapshots {
             snapshot_id,
             source,
             max_entries,
             starting_token,
-        } => show!(c.list_snapshots(pb::ListSnapshotsRequest {
-            max_entries: *max_entries,
-            starting_token: starting_token.clone(),
-            source_volume_id: source.clone(),
-            snapshot_id: snapshot_id.clone(),
-            secrets,
-        })),
-        Call::GetSnapshot { id: s } => show!(c.get_snapshot(pb::GetSnapshotRequest {
-            snapshot_id: s.clone(),
-            secrets,
-        })),
-        Call::CreateGroupSnapshot {
+        } => show!(
+            out,
+            c.list_snapshots(pb::ListSnapshotsRequest {
+                max_entries: *max_entries,
+                starting_token: starting_token.clone(),
+                source_volume_id: source.clone(),
+                snapshot_id: snapshot_id.clone(),
+                secrets,
+            })
+        ),
+        ControllerCall::GetSnapshot { id: s } => show!(
+            out,
+            c.get_snapshot(pb::GetSnapshotRequest {
+                snapshot_id: s.clone(),
+                secrets,
+            })
+        ),
+        ControllerCall::ControllerExpand { id: v, size, limit } => {
+            show!(
+                out,
+                c.controller_expand_volume(pb::ControllerExpandVolumeRequest {
+                    volume_id: v.clone(),
+                    capacity_range: range(Some(*size), *limit),
+                    secrets,
+                    ..Default::default()
+                })
+            )
+        }
+        ControllerCall::GetVolume { id: v } => {
+            show!(
+                out,
+                c.controller_get_volume(pb::ControllerGetVolumeRequest {
+                    volume_id: v.clone(),
+                })
+            )
+        }
+        ControllerCall::ModifyVolume { id: v, mutable } => {
+            show!(
+                out,
+                c.controller_modify_volume(pb::ControllerModifyVolumeRequest {
+                    volume_id: v.clone(),
+                    secrets,
+                    mutable_parameters: map(mutable),
+                })
+            )
+        }
+    }
+    Ok(())
+}
+
+/// The GroupController service's calls.
+async fn group(
+    call: &GroupCall,
+    channel: Channel,
+    out: Output,
+    secrets: HashMap<String, String>,
+) -> Result<(), tonic::Status> {
+    let mut g = GroupControllerClient::new(channel);
+    match call {
+        GroupCall::CreateGroupSnapshot {
             name,
             sources,
             params,
         } => show!(
+            out,
             g.create_volume_group_snapshot(pb::CreateVolumeGroupSnapshotRequest {
                 name: name.clone(),
                 source_volume_ids: sources.clone(),
@@ -396,24 +486,41 @@ async fn call(
                 parameters: map(params),
             })
         ),
-        Call::DeleteGroupSnapshot { id: gid, snapshots } => show!(g.delete_volume_group_snapshot(
-            pb::DeleteVolumeGroupSnapshotRequest {
+        GroupCall::DeleteGroupSnapshot { id: gid, snapshots } => show!(
+            out,
+            g.delete_volume_group_snapshot(pb::DeleteVolumeGroupSnapshotRequest {
                 group_snapshot_id: gid.clone(),
                 snapshot_ids: snapshots.clone(),
                 secrets,
-            }
-        )),
-        Call::GetGroupSnapshot { id: gid, snapshots } => show!(g.get_volume_group_snapshot(
-            pb::GetVolumeGroupSnapshotRequest {
+            })
+        ),
+        GroupCall::GetGroupSnapshot { id: gid, snapshots } => show!(
+            out,
+            g.get_volume_group_snapshot(pb::GetVolumeGroupSnapshotRequest {
                 group_snapshot_id: gid.clone(),
                 snapshot_ids: snapshots.clone(),
                 secrets,
-            }
-        )),
-        Call::GroupCapabilities => {
-            show!(g.group_controller_get_capabilities(pb::GroupControllerGetCapabilitiesRequest {}))
+            })
+        ),
+        GroupCall::GroupCapabilities => {
+            show!(
+                out,
+                g.group_controller_get_capabilities(pb::GroupControllerGetCapabilitiesRequest {})
+            )
         }
-        Call::Allocated {
+    }
+    Ok(())
+}
+
+/// The SnapshotMetadata service's calls (streams, read whole).
+async fn snapshot_metadata(
+    call: &MetadataCall,
+    channel: Channel,
+    out: Output,
+    secrets: HashMap<String, String>,
+) -> Result<(), tonic::Status> {
+    match call {
+        MetadataCall::Allocated {
             snapshot,
             starting_offset,
             max_results,
@@ -428,7 +535,7 @@ async fn call(
             .await?;
             print(out, &found);
         }
-        Call::Delta {
+        MetadataCall::Delta {
             base,
             target,
             starting_offset,
@@ -445,7 +552,7 @@ async fn call(
             .await?;
             print(out, &found);
         }
-        Call::Backup {
+        MetadataCall::Backup {
             snapshot,
             data,
             out: image,
@@ -462,51 +569,46 @@ async fn call(
             .await?;
             print(out, &done);
         }
-        Call::ControllerExpand { id: v, size, limit } => {
-            show!(
-                c.controller_expand_volume(pb::ControllerExpandVolumeRequest {
-                    volume_id: v.clone(),
-                    capacity_range: range(Some(*size), *limit),
-                    secrets,
-                    ..Default::default()
-                })
-            )
-        }
-        Call::GetVolume { id: v } => {
-            show!(c.controller_get_volume(pb::ControllerGetVolumeRequest {
-                volume_id: v.clone(),
-            }))
-        }
-        Call::ModifyVolume { id: v, mutable } => {
-            show!(
-                c.controller_modify_volume(pb::ControllerModifyVolumeRequest {
-                    volume_id: v.clone(),
-                    secrets,
-                    mutable_parameters: map(mutable),
-                })
-            )
-        }
-        Call::Stage {
+    }
+    Ok(())
+}
+
+/// The Node service's calls.
+async fn node(
+    call: &NodeCall,
+    channel: Channel,
+    out: Output,
+    secrets: HashMap<String, String>,
+) -> Result<(), tonic::Status> {
+    let mut n = NodeClient::new(channel);
+    match call {
+        NodeCall::Stage {
             id: v,
             staging,
             cap,
             publish_context,
             context,
-        } => show!(n.node_stage_volume(pb::NodeStageVolumeRequest {
-            volume_id: v.clone(),
-            publish_context: map(publish_context),
-            staging_target_path: staging.clone(),
-            volume_capability: Some(cap.build()),
-            secrets,
-            volume_context: map(context),
-        })),
-        Call::Unstage { id: v, staging } => {
-            show!(n.node_unstage_volume(pb::NodeUnstageVolumeRequest {
+        } => show!(
+            out,
+            n.node_stage_volume(pb::NodeStageVolumeRequest {
                 volume_id: v.clone(),
+                publish_context: map(publish_context),
                 staging_target_path: staging.clone(),
-            }))
+                volume_capability: Some(cap.build()),
+                secrets,
+                volume_context: map(context),
+            })
+        ),
+        NodeCall::Unstage { id: v, staging } => {
+            show!(
+                out,
+                n.node_unstage_volume(pb::NodeUnstageVolumeRequest {
+                    volume_id: v.clone(),
+                    staging_target_path: staging.clone(),
+                })
+            )
         }
-        Call::Publish {
+        NodeCall::Publish {
             id: v,
             target,
             staging,
@@ -514,45 +616,57 @@ async fn call(
             readonly,
             publish_context,
             context,
-        } => show!(n.node_publish_volume(pb::NodePublishVolumeRequest {
-            volume_id: v.clone(),
-            publish_context: map(publish_context),
-            staging_target_path: staging.clone(),
-            target_path: target.clone(),
-            volume_capability: Some(cap.build()),
-            readonly: *readonly,
-            secrets,
-            volume_context: map(context),
-        })),
-        Call::Unpublish { id: v, target } => {
-            show!(n.node_unpublish_volume(pb::NodeUnpublishVolumeRequest {
+        } => show!(
+            out,
+            n.node_publish_volume(pb::NodePublishVolumeRequest {
                 volume_id: v.clone(),
+                publish_context: map(publish_context),
+                staging_target_path: staging.clone(),
                 target_path: target.clone(),
-            }))
+                volume_capability: Some(cap.build()),
+                readonly: *readonly,
+                secrets,
+                volume_context: map(context),
+            })
+        ),
+        NodeCall::Unpublish { id: v, target } => {
+            show!(
+                out,
+                n.node_unpublish_volume(pb::NodeUnpublishVolumeRequest {
+                    volume_id: v.clone(),
+                    target_path: target.clone(),
+                })
+            )
         }
-        Call::Stats {
+        NodeCall::Stats {
             id: v,
             path,
             staging,
-        } => show!(n.node_get_volume_stats(pb::NodeGetVolumeStatsRequest {
-            volume_id: v.clone(),
-            volume_path: path.clone(),
-            staging_target_path: staging.clone(),
-        })),
-        Call::NodeExpand {
+        } => show!(
+            out,
+            n.node_get_volume_stats(pb::NodeGetVolumeStatsRequest {
+                volume_id: v.clone(),
+                volume_path: path.clone(),
+                staging_target_path: staging.clone(),
+            })
+        ),
+        NodeCall::NodeExpand {
             id: v,
             path,
             staging,
             size,
-        } => show!(n.node_expand_volume(pb::NodeExpandVolumeRequest {
-            volume_id: v.clone(),
-            volume_path: path.clone(),
-            capacity_range: range(Some(*size), None),
-            staging_target_path: staging.clone(),
-            secrets,
-            ..Default::default()
-        })),
-        Call::NodeCapabilities => print_names(
+        } => show!(
+            out,
+            n.node_expand_volume(pb::NodeExpandVolumeRequest {
+                volume_id: v.clone(),
+                volume_path: path.clone(),
+                capacity_range: range(Some(*size), None),
+                staging_target_path: staging.clone(),
+                secrets,
+                ..Default::default()
+            })
+        ),
+        NodeCall::NodeCapabilities => print_names(
             out,
             node_capabilities(
                 n.node_get_capabilities(pb::NodeGetCapabilitiesRequest {})
@@ -560,8 +674,7 @@ async fn call(
                     .into_inner(),
             ),
         ),
-        Call::NodeInfo => show!(n.node_get_info(pb::NodeGetInfoRequest {})),
-        Call::Lifecycle { work } => walk::walk(channel, work, secrets).await?,
+        NodeCall::NodeInfo => show!(out, n.node_get_info(pb::NodeGetInfoRequest {})),
     }
     Ok(())
 }

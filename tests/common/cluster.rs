@@ -11,6 +11,7 @@
 //! roll or a drain replaces them: emptyDirs new, host paths kept.
 
 use super::deployed::*;
+use super::snapshot_source;
 use ferrovol::proto as pb;
 use serde_yaml::Value;
 use std::collections::{BTreeMap, HashMap};
@@ -656,16 +657,6 @@ pub fn read(m: &Mounted, name: &str) -> String {
         .unwrap_or_else(|e| panic!("{} in {}: {e}", name, m.target.display()))
 }
 
-pub fn from_snapshot(id: &str) -> pb::VolumeContentSource {
-    pb::VolumeContentSource {
-        r#type: Some(pb::volume_content_source::Type::Snapshot(
-            pb::volume_content_source::SnapshotSource {
-                snapshot_id: id.to_string(),
-            },
-        )),
-    }
-}
-
 /// The size the mounted claim's filesystem shows.
 pub fn fs_bytes(m: &Mounted) -> u64 {
     let st = nix::sys::statvfs::statvfs(&m.target).unwrap();
@@ -706,7 +697,7 @@ pub async fn every_class(c: &mut Cluster) -> Vec<String> {
         let snap = c.snapshot(&claim, &vsc).await;
         write_and_read(&m, "second", "after the snapshot");
         let restored = c
-            .provision(&class, 64 * MIB, None, Some(from_snapshot(&snap)))
+            .provision(&class, 64 * MIB, None, Some(snapshot_source(&snap)))
             .await
             .unwrap_or_else(|e| panic!("{}: restore in {class}: {e}", c.r.name));
         let rm = c.mount(&restored).await;
@@ -725,7 +716,7 @@ pub async fn every_class(c: &mut Cluster) -> Vec<String> {
             let (group, members) = c.group_snapshot(&[&claim, &other], &vsc).await;
             for (member, (m, file)) in members.iter().zip([(&m, "first"), (&om, "g")]) {
                 let copy = c
-                    .provision(&class, 64 * MIB, None, Some(from_snapshot(member)))
+                    .provision(&class, 64 * MIB, None, Some(snapshot_source(member)))
                     .await
                     .unwrap_or_else(|e| panic!("{class}: restore of a group member: {e}"));
                 let cm = c.mount(&copy).await;

@@ -247,6 +247,24 @@ impl Harness {
         volume: &str,
         secrets: HashMap<String, String>,
     ) -> String {
+        self.snapshot_made_with(name, volume, secrets)
+            .await
+            .snapshot_id
+    }
+
+    /// Takes snapshot `name` of `volume`; answers the snapshot.
+    pub async fn snapshot_made(&self, name: &str, volume: &str) -> pb::Snapshot {
+        self.snapshot_made_with(name, volume, HashMap::new()).await
+    }
+
+    /// Takes snapshot `name` of `volume` with the call's `secrets`, which
+    /// must succeed; answers the snapshot.
+    pub async fn snapshot_made_with(
+        &self,
+        name: &str,
+        volume: &str,
+        secrets: HashMap<String, String>,
+    ) -> pb::Snapshot {
         self.controller()
             .create_snapshot(pb::CreateSnapshotRequest {
                 name: name.into(),
@@ -255,11 +273,10 @@ impl Harness {
                 ..Default::default()
             })
             .await
-            .unwrap()
+            .unwrap_or_else(|e| panic!("CreateSnapshot {name}: {e:?}\n{}", self.log()))
             .into_inner()
             .snapshot
-            .unwrap()
-            .snapshot_id
+            .expect("CreateSnapshot answers a snapshot")
     }
 
     /// Loop devices whose image lives under this test's folder.
@@ -376,6 +393,17 @@ pub fn snapshot_source(id: &str) -> pb::VolumeContentSource {
         r#type: Some(pb::volume_content_source::Type::Snapshot(
             pb::volume_content_source::SnapshotSource {
                 snapshot_id: id.to_string(),
+            },
+        )),
+    }
+}
+
+/// A volume's content source: volume `id` (a clone).
+pub fn volume_source(id: &str) -> pb::VolumeContentSource {
+    pb::VolumeContentSource {
+        r#type: Some(pb::volume_content_source::Type::Volume(
+            pb::volume_content_source::VolumeSource {
+                volume_id: id.to_string(),
             },
         )),
     }
@@ -722,6 +750,31 @@ impl Harness {
             .unwrap()
             .into_inner()
             .publish_context
+    }
+
+    /// CreateVolume, which must succeed; the volume made.
+    pub async fn create(&self, req: pb::CreateVolumeRequest) -> pb::Volume {
+        let name = req.name.clone();
+        self.controller()
+            .create_volume(req)
+            .await
+            .unwrap_or_else(|e| panic!("CreateVolume {name}: {e:?}\n{}", self.log()))
+            .into_inner()
+            .volume
+            .expect("CreateVolume answers a volume")
+    }
+
+    /// ControllerUnpublishVolume of `id` from this node, which must
+    /// succeed.
+    pub async fn detach_here(&self, id: &str) {
+        self.controller()
+            .controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
+                volume_id: id.into(),
+                node_id: self.node_id().await,
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("ControllerUnpublishVolume {id}: {e:?}\n{}", self.log()));
     }
 
     /// The node id NodeGetInfo reports.

@@ -14,14 +14,7 @@ pub(crate) async fn block_volume(
     let cap = block_cap(SNW);
     let mut req = create_req(name, size, cap.clone());
     req.parameters.insert("deviceClass".into(), class.into());
-    let vol = h
-        .controller()
-        .create_volume(req)
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let vol = h.create(req).await;
     let staging = h.path(&format!("kubelet/staging/{name}"));
     std::fs::create_dir_all(&staging).unwrap();
     h.node()

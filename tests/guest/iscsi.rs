@@ -59,27 +59,10 @@ async fn guest_iscsi_backend_full_lifecycle() {
     // A mounted volume.
     let cap = mount_cap("ext4", SNW);
     let vol = h
-        .controller()
-        .create_volume(create_req("pvc-iscsi-fs", 32 * MIB, cap.clone()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+        .create(create_req("pvc-iscsi-fs", 32 * MIB, cap.clone()))
+        .await;
     let id = vol.volume_id.clone();
-    let ctx = h
-        .controller()
-        .controller_publish_volume(pb::ControllerPublishVolumeRequest {
-            volume_id: id.clone(),
-            node_id: node_id.clone(),
-            volume_capability: Some(cap.clone()),
-            secrets: secrets.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .publish_context;
+    let ctx = h.attach_here(&id, &cap, &secrets).await;
     let staging = h.path("kubelet/staging/fs");
     let target = h.path("kubelet/pods/fs");
     std::fs::create_dir_all(&staging).unwrap();
@@ -177,14 +160,7 @@ async fn guest_iscsi_backend_full_lifecycle() {
         secrets: secrets.clone(),
         ..Default::default()
     };
-    h.controller()
-        .controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
-            volume_id: id.clone(),
-            node_id: node_id.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    h.detach_here(&id).await;
     h.controller()
         .controller_expand_volume(expand_req(&id, 64 * MIB))
         .await
@@ -206,27 +182,10 @@ async fn guest_iscsi_backend_full_lifecycle() {
     // the LUN while it is staged, and unstage still cleans up.
     let bcap = block_cap(SNW);
     let bvol = h
-        .controller()
-        .create_volume(create_req("pvc-iscsi-block", 16 * MIB, bcap.clone()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+        .create(create_req("pvc-iscsi-block", 16 * MIB, bcap.clone()))
+        .await;
     let bid = bvol.volume_id.clone();
-    let bctx = h
-        .controller()
-        .controller_publish_volume(pb::ControllerPublishVolumeRequest {
-            volume_id: bid.clone(),
-            node_id: node_id.clone(),
-            volume_capability: Some(bcap.clone()),
-            secrets: secrets.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .publish_context;
+    let bctx = h.attach_here(&bid, &bcap, &secrets).await;
     let bstaging = h.path("kubelet/staging/block");
     let btarget = h.path("kubelet/pods/block");
     std::fs::create_dir_all(&bstaging).unwrap();
@@ -281,21 +240,8 @@ async fn guest_iscsi_backend_full_lifecycle() {
 
     // Clean up through the controller: nothing of ours left anywhere.
     for v in [&id, &bid] {
-        h.controller()
-            .controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
-                volume_id: v.to_string(),
-                node_id: node_id.clone(),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        h.controller()
-            .delete_volume(pb::DeleteVolumeRequest {
-                volume_id: v.to_string(),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        h.detach_here(&v).await;
+        h.delete_volume(&v).await;
     }
     assert!(!tgtd
         .tgtadm(&["--op", "show", "--mode", "target"])
@@ -325,7 +271,6 @@ async fn guest_iscsi_two_pods_on_one_node_share_a_volume() {
     let _iscsid = Iscsid::new();
     let prefix = "iqn.2026-11.io.ferrovol.share";
     let mut h = Harness::start_with(Some(&tgtd.file_store_config(prefix))).await;
-    let node_id = h.node_id().await;
     for (name, cap) in [
         ("share-fs", mount_cap("ext4", SNW)),
         ("share-blk", block_cap(SNW)),
@@ -347,14 +292,7 @@ async fn guest_iscsi_two_pods_on_one_node_share_a_volume() {
             "{:?}",
             Iscsid::sessions()
         );
-        h.controller()
-            .controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
-                volume_id: vol.volume_id.clone(),
-                node_id: node_id.clone(),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        h.detach_here(&vol.volume_id).await;
         h.delete_volume(&vol.volume_id).await;
     }
 }
@@ -383,29 +321,12 @@ async fn guest_iscsi_multipath_over_two_portals() {
         tgtd.control_port
     );
     let h = Harness::start_with(Some(&config)).await;
-    let node_id = h.node_id().await;
     let cap = mount_cap("ext4", SNW);
     let id = h
-        .controller()
-        .create_volume(create_req("pvc-mpath", 32 * MIB, cap.clone()))
+        .create(create_req("pvc-mpath", 32 * MIB, cap.clone()))
         .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
         .volume_id;
-    let ctx = h
-        .controller()
-        .controller_publish_volume(pb::ControllerPublishVolumeRequest {
-            volume_id: id.clone(),
-            node_id: node_id.clone(),
-            volume_capability: Some(cap.clone()),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .publish_context;
+    let ctx = h.attach_here(&id, &cap, &HashMap::new()).await;
     let staging = h.path("kubelet/staging/mp");
     let target = h.path("kubelet/pods/mp");
     std::fs::create_dir_all(&staging).unwrap();
@@ -441,28 +362,12 @@ async fn guest_iscsi_multipath_over_two_portals() {
     // the filesystem on the map.
     let before = h.total_bytes(&id, &target).await;
     h.unpublish_unstage(&id, &staging, &target).await;
-    let unpublish = pb::ControllerUnpublishVolumeRequest {
-        volume_id: id.clone(),
-        node_id: node_id.clone(),
-        ..Default::default()
-    };
-    h.controller()
-        .controller_unpublish_volume(unpublish.clone())
-        .await
-        .unwrap();
+    h.detach_here(&id).await;
     h.controller()
         .controller_expand_volume(expand_req(&id, 64 * MIB))
         .await
         .unwrap();
-    h.controller()
-        .controller_publish_volume(pb::ControllerPublishVolumeRequest {
-            volume_id: id.clone(),
-            node_id: node_id.clone(),
-            volume_capability: Some(cap.clone()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    h.attach_here(&id, &cap, &HashMap::new()).await;
     let restage = pb::NodeStageVolumeRequest {
         publish_context: ctx.clone(),
         ..stage_req(&id, &staging, cap.clone())
@@ -508,15 +413,6 @@ async fn guest_iscsi_multipath_over_two_portals() {
         })
         .count();
     assert_eq!(maps, 0, "a multipath map was left behind");
-    h.controller()
-        .controller_unpublish_volume(unpublish)
-        .await
-        .unwrap();
-    h.controller()
-        .delete_volume(pb::DeleteVolumeRequest {
-            volume_id: id.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    h.detach_here(&id).await;
+    h.delete_volume(&id).await;
 }

@@ -17,45 +17,14 @@ async fn guest_iscsi_clone_mounts_beside_its_source() {
     let prefix = "iqn.2026-11.io.ferrovol.copy";
     let config = tgtd.file_store_config(prefix);
     let h = Harness::start_with(Some(&config)).await;
-    let node_id = h.node_id().await;
     let cap = mount_cap("xfs", SNW);
     let publish = |id: String| {
-        let (h, node_id, cap) = (&h, node_id.clone(), cap.clone());
-        async move {
-            h.controller()
-                .controller_publish_volume(pb::ControllerPublishVolumeRequest {
-                    volume_id: id,
-                    node_id,
-                    volume_capability: Some(cap),
-                    ..Default::default()
-                })
-                .await
-                .unwrap()
-                .into_inner()
-                .publish_context
-        }
-    };
-    let unpublish = |id: String| {
-        let (h, node_id) = (&h, node_id.clone());
-        async move {
-            h.controller()
-                .controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
-                    volume_id: id,
-                    node_id,
-                    ..Default::default()
-                })
-                .await
-                .unwrap();
-        }
+        let (h, cap) = (&h, cap.clone());
+        async move { h.attach_here(&id, &cap, &HashMap::new()).await }
     };
     let src = h
-        .controller()
-        .create_volume(create_req("pvc-src", 300 * MIB, cap.clone()))
+        .create(create_req("pvc-src", 300 * MIB, cap.clone()))
         .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
         .volume_id;
     let ctx = publish(src.clone()).await;
     assert!(!ctx.contains_key("fsCopy"), "{ctx:?}");
@@ -72,22 +41,8 @@ async fn guest_iscsi_clone_mounts_beside_its_source() {
     run("sync", &[]);
 
     let mut req = create_req("pvc-copy", 300 * MIB, cap.clone());
-    req.volume_content_source = Some(pb::VolumeContentSource {
-        r#type: Some(pb::volume_content_source::Type::Volume(
-            pb::volume_content_source::VolumeSource {
-                volume_id: src.clone(),
-            },
-        )),
-    });
-    let copy = h
-        .controller()
-        .create_volume(req)
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    req.volume_content_source = Some(volume_source(&src));
+    let copy = h.create(req).await.volume_id;
     let ctx = publish(copy.clone()).await;
     assert!(ctx.contains_key("fsCopy"), "the node is told: {ctx:?}");
     let copy_staging = h.path("kubelet/staging/copy");
@@ -124,25 +79,19 @@ async fn guest_iscsi_clone_mounts_beside_its_source() {
         .node_unstage_volume(unstage_req(&copy, &copy_staging))
         .await
         .unwrap();
-    unpublish(copy.clone()).await;
+    h.detach_here(&copy).await;
     // The controller sees the device's own UUID now: no token any more.
     let ctx = publish(copy.clone()).await;
     assert!(!ctx.contains_key("fsCopy"), "{ctx:?}");
-    unpublish(copy.clone()).await;
+    h.detach_here(&copy).await;
 
     h.node()
         .node_unstage_volume(unstage_req(&src, &staging))
         .await
         .unwrap();
-    unpublish(src.clone()).await;
+    h.detach_here(&src).await;
     for id in [copy, src] {
-        h.controller()
-            .delete_volume(pb::DeleteVolumeRequest {
-                volume_id: id,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        h.delete_volume(&id).await;
     }
     assert!(!tgtd
         .tgtadm(&["--op", "show", "--mode", "target"])
@@ -168,18 +117,10 @@ async fn guest_iscsi_over_an_lvm_store() {
         tgtd.control_port
     );
     let h = Harness::start_with(Some(&config)).await;
-    let node_id = h.node_id().await;
     let cap = mount_cap("ext4", SNW);
     let mut req = create_req("pvc-lun", 24 * MIB, cap.clone());
     req.parameters.insert("deviceClass".into(), "luns".into());
-    let vol = h
-        .controller()
-        .create_volume(req)
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let vol = h.create(req).await;
     let id = vol.volume_id.clone();
     assert_eq!(id, "iscsi:luns.fv-pvc-lun");
     // LUN 1 is the LV served through its hold device (device-mapper is
@@ -208,18 +149,7 @@ async fn guest_iscsi_over_an_lvm_store() {
         run("dmsetup", &["table", &hold]).trim(),
         format!("0 {} linear {}:{} 0", f[2], f[0], f[1])
     );
-    let ctx = h
-        .controller()
-        .controller_publish_volume(pb::ControllerPublishVolumeRequest {
-            volume_id: id.clone(),
-            node_id: node_id.clone(),
-            volume_capability: Some(cap.clone()),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .publish_context;
+    let ctx = h.attach_here(&id, &cap, &HashMap::new()).await;
     let staging = h.path("kubelet/staging/lun");
     let target = h.path("kubelet/pods/lun");
     std::fs::create_dir_all(&staging).unwrap();
@@ -239,15 +169,7 @@ async fn guest_iscsi_over_an_lvm_store() {
     );
     let before = h.total_bytes(&id, &target).await;
     h.unpublish_unstage(&id, &staging, &target).await;
-    let unpublish = pb::ControllerUnpublishVolumeRequest {
-        volume_id: id.clone(),
-        node_id: node_id.clone(),
-        ..Default::default()
-    };
-    h.controller()
-        .controller_unpublish_volume(unpublish.clone())
-        .await
-        .unwrap();
+    h.detach_here(&id).await;
 
     // Unused, it grows: lvextend, then tgt reopens the LV (a block device:
     // its size comes from the kernel), and the node grows the filesystem.
@@ -255,15 +177,7 @@ async fn guest_iscsi_over_an_lvm_store() {
         .controller_expand_volume(expand_req(&id, 48 * MIB))
         .await
         .unwrap();
-    h.controller()
-        .controller_publish_volume(pb::ControllerPublishVolumeRequest {
-            volume_id: id.clone(),
-            node_id: node_id.clone(),
-            volume_capability: Some(cap.clone()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    h.attach_here(&id, &cap, &HashMap::new()).await;
     let after = stage_grown(&h, stage, &target, &cap, 48 * MIB).await;
     assert!(after > before + 16 * MIB, "{before} -> {after}");
     assert_eq!(
@@ -271,17 +185,8 @@ async fn guest_iscsi_over_an_lvm_store() {
         b"an LV behind a LUN"
     );
     h.unpublish_unstage(&id, &staging, &target).await;
-    h.controller()
-        .controller_unpublish_volume(unpublish)
-        .await
-        .unwrap();
-    h.controller()
-        .delete_volume(pb::DeleteVolumeRequest {
-            volume_id: id.clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    h.detach_here(&id).await;
+    h.delete_volume(&id).await;
     let lvs = run("lvs", &["--noheadings", "-o", "lv_name", "fviscsi"]);
     assert!(lvs.trim().is_empty(), "LVs left: {lvs}");
     assert!(!tgtd
@@ -428,14 +333,7 @@ async fn guest_iscsi_snapshot_of_a_volume_in_use_is_held() {
             .unwrap();
         let image = h.path(&format!("pool/volumes/held-r{i}.img"));
         run("e2fsck", &["-fn", image.to_str().unwrap()]);
-        h.controller()
-            .controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
-                volume_id: r.clone(),
-                node_id: node_id.clone(),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        h.detach_here(&r).await;
         h.delete_volume(&r).await;
         h.controller()
             .delete_snapshot(pb::DeleteSnapshotRequest {
@@ -480,38 +378,18 @@ async fn guest_iscsi_group_snapshots_of_volumes_being_written() {
             )
         };
         let h = Harness::start_with(Some(&config)).await;
-        let node_id = h.node_id().await;
         let cap = mount_cap("ext4", SNW);
         // Made (from a snapshot or not), published here, staged.
         let bring_up = |name: String, from: Option<String>| {
-            let (h, cap, node_id) = (&h, cap.clone(), node_id.clone());
+            let (h, cap) = (&h, cap.clone());
             async move {
                 let mut req = create_req(&name, 16 * MIB, cap.clone());
                 if store == "lvm" {
                     req.parameters.insert("deviceClass".into(), "luns".into());
                 }
                 req.volume_content_source = from.as_deref().map(snapshot_source);
-                let id = h
-                    .controller()
-                    .create_volume(req)
-                    .await
-                    .unwrap()
-                    .into_inner()
-                    .volume
-                    .unwrap()
-                    .volume_id;
-                let ctx = h
-                    .controller()
-                    .controller_publish_volume(pb::ControllerPublishVolumeRequest {
-                        volume_id: id.clone(),
-                        node_id,
-                        volume_capability: Some(cap.clone()),
-                        ..Default::default()
-                    })
-                    .await
-                    .unwrap()
-                    .into_inner()
-                    .publish_context;
+                let id = h.create(req).await.volume_id;
+                let ctx = h.attach_here(&id, &cap, &HashMap::new()).await;
                 let staging = h.path(&format!("kubelet/staging/{name}"));
                 std::fs::create_dir_all(&staging).unwrap();
                 h.node()
@@ -589,34 +467,15 @@ async fn guest_iscsi_group_snapshots_of_volumes_being_written() {
                 .node_unstage_volume(unstage_req(id, dir))
                 .await
                 .unwrap();
-            h.controller()
-                .controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
-                    volume_id: id.clone(),
-                    node_id: node_id.clone(),
-                    ..Default::default()
-                })
-                .await
-                .unwrap();
+            h.detach_here(&id).await;
         }
         for (id, _) in &restored {
-            h.controller()
-                .delete_volume(pb::DeleteVolumeRequest {
-                    volume_id: id.clone(),
-                    ..Default::default()
-                })
-                .await
-                .unwrap();
+            h.delete_volume(&id).await;
         }
         h.delete_group(&group.group_snapshot_id, Default::default())
             .await;
         for id in [a, b] {
-            h.controller()
-                .delete_volume(pb::DeleteVolumeRequest {
-                    volume_id: id,
-                    ..Default::default()
-                })
-                .await
-                .unwrap();
+            h.delete_volume(&id).await;
         }
         let left = run("dmsetup", &["ls"]);
         assert!(

@@ -53,13 +53,7 @@ async fn guest_lvm_backend_full_lifecycle() {
         let params = HashMap::from([("deviceClass".to_string(), class.to_string())]);
         let mut req = create_req(&format!("pvc-{class}"), 64 * MIB, cap.clone());
         req.parameters = params.clone();
-        let vol = c
-            .create_volume(req)
-            .await
-            .unwrap()
-            .into_inner()
-            .volume
-            .unwrap();
+        let vol = h.create(req).await;
         assert_eq!(vol.volume_id, format!("lvm:{class}.fv-pvc-{class}"));
         let staging = h.path(&format!("kubelet/staging/{class}"));
         std::fs::create_dir_all(&staging).unwrap();
@@ -125,34 +119,14 @@ async fn guest_lvm_backend_full_lifecycle() {
 
         // Snapshot, and a new volume restored from it.
         run("sync", &[]);
-        let snap = c
-            .create_snapshot(pb::CreateSnapshotRequest {
-                source_volume_id: vol.volume_id.clone(),
-                name: format!("snap-{class}"),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .snapshot
-            .unwrap();
+        let snap = h
+            .snapshot_made(&format!("snap-{class}"), &vol.volume_id)
+            .await;
         assert_eq!(snap.size_bytes, 128 * MIB);
         let mut restore = create_req(&format!("restored-{class}"), 0, cap.clone());
         restore.parameters = params.clone();
-        restore.volume_content_source = Some(pb::VolumeContentSource {
-            r#type: Some(pb::volume_content_source::Type::Snapshot(
-                pb::volume_content_source::SnapshotSource {
-                    snapshot_id: snap.snapshot_id.clone(),
-                },
-            )),
-        });
-        let restored = c
-            .create_volume(restore)
-            .await
-            .unwrap()
-            .into_inner()
-            .volume
-            .unwrap();
+        restore.volume_content_source = Some(snapshot_source(&snap.snapshot_id));
+        let restored = h.create(restore).await;
         assert_eq!(restored.capacity_bytes, 128 * MIB);
         let staging2 = h.path(&format!("kubelet/staging/{class}-r"));
         std::fs::create_dir_all(&staging2).unwrap();
@@ -178,20 +152,8 @@ async fn guest_lvm_backend_full_lifecycle() {
         // then removed).
         let mut clone = create_req(&format!("clone-{class}"), 0, cap.clone());
         clone.parameters = params.clone();
-        clone.volume_content_source = Some(pb::VolumeContentSource {
-            r#type: Some(pb::volume_content_source::Type::Volume(
-                pb::volume_content_source::VolumeSource {
-                    volume_id: vol.volume_id.clone(),
-                },
-            )),
-        });
-        let cloned = c
-            .create_volume(clone)
-            .await
-            .unwrap()
-            .into_inner()
-            .volume
-            .unwrap();
+        clone.volume_content_source = Some(volume_source(&vol.volume_id));
+        let cloned = h.create(clone).await;
         assert_eq!(cloned.capacity_bytes, 128 * MIB);
         let staging3 = h.path(&format!("kubelet/staging/{class}-c"));
         std::fs::create_dir_all(&staging3).unwrap();
@@ -288,13 +250,7 @@ async fn guest_lvm_new_volume_never_exposes_old_data() {
     vg.lvm("lvremove", &["-q", "-y", "fvwipe/old"]);
     let (mut c, mut n) = (h.controller(), h.node());
     let cap = block_cap(SNW);
-    let vol = c
-        .create_volume(create_req("fresh", 32 * MIB, cap.clone()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let vol = h.create(create_req("fresh", 32 * MIB, cap.clone())).await;
     let staging = h.path("kubelet/staging/w");
     std::fs::create_dir_all(&staging).unwrap();
     n.node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
@@ -376,18 +332,7 @@ async fn guest_lvm_deleted_volumes_leave_no_data_on_their_extents() {
     let h = Harness::start_with(Some(config)).await;
     let (old, dev) = block_volume(&h, "old-tenant", "d", 24 * MIB).await;
     fill(&dev, 0, 24 << 20, 0xAB);
-    let snap = h
-        .controller()
-        .create_snapshot(pb::CreateSnapshotRequest {
-            source_volume_id: old.clone(),
-            name: "old-snap".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .snapshot
-        .unwrap();
+    let snap = h.snapshot_made("old-snap", &old).await;
     // Overwriting copies the old blocks into the snapshot's extents.
     fill(&dev, 0, 4 << 20, 0xCD);
     h.controller()

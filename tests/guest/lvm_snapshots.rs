@@ -41,15 +41,7 @@ async fn guest_lvm_group_snapshots_of_volumes_being_written() {
             let mut req = create_req(&name, 16 * MIB, cap.clone());
             req.parameters.insert("deviceClass".into(), class.into());
             req.volume_content_source = from.as_deref().map(snapshot_source);
-            let id = h
-                .controller()
-                .create_volume(req)
-                .await
-                .unwrap()
-                .into_inner()
-                .volume
-                .unwrap()
-                .volume_id;
+            let id = h.create(req).await.volume_id;
             let staging = h.path(&format!("kubelet/staging/{name}"));
             std::fs::create_dir_all(&staging).unwrap();
             h.node()
@@ -151,13 +143,7 @@ async fn guest_lvm_group_snapshots_of_volumes_being_written() {
         let delete = |id: String| {
             let h = &h;
             async move {
-                h.controller()
-                    .delete_volume(pb::DeleteVolumeRequest {
-                        volume_id: id,
-                        ..Default::default()
-                    })
-                    .await
-                    .unwrap();
+                h.delete_volume(&id).await;
             }
         };
         let sources = [(a, a_dir), (b, b_dir)];

@@ -52,13 +52,7 @@ async fn guest_nfs_backend_lifecycle_policies_and_a_dead_server() {
             .insert("csi.storage.k8s.io/pv/name".into(), name.into());
         r
     };
-    let vol = c
-        .create_volume(create("pvc-nfs", &[]))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let vol = h.create(create("pvc-nfs", &[])).await;
     assert!(vol.volume_id.starts_with("nfs:v1."), "{}", vol.volume_id);
     assert!(server.export.join("pvc-nfs").is_dir());
 
@@ -126,20 +120,12 @@ async fn guest_nfs_backend_lifecycle_policies_and_a_dead_server() {
     );
 
     // Delete policies.
-    let keep = c
-        .create_volume(create("pvc-keep", &[("onDelete", "retain")]))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
-    let arch = c
-        .create_volume(create("pvc-arch", &[("onDelete", "archive")]))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let keep = h
+        .create(create("pvc-keep", &[("onDelete", "retain")]))
+        .await;
+    let arch = h
+        .create(create("pvc-arch", &[("onDelete", "archive")]))
+        .await;
     std::fs::write(server.export.join("pvc-arch/kept"), b"x").unwrap();
     for v in [&vol, &keep, &arch] {
         c.delete_volume(pb::DeleteVolumeRequest {
@@ -160,13 +146,7 @@ async fn guest_nfs_backend_lifecycle_policies_and_a_dead_server() {
     assert!(archived[0].path().join("kept").exists());
 
     // The server stops answering while a volume is staged.
-    let dead = c
-        .create_volume(create("pvc-dead", &[]))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let dead = h.create(create("pvc-dead", &[])).await;
     let staging = h.path("kubelet/staging/dead");
     std::fs::create_dir_all(&staging).unwrap();
     n.node_stage_volume(stage_req(&dead.volume_id, &staging, cap.clone()))
@@ -284,15 +264,11 @@ async fn guest_nfs_stale_mount_is_detected_and_remounted() {
     let config = "[[backend]]\ntype = \"nfs\"\n\
         [[backend.export]]\nname = \"main\"\nserver = \"127.0.0.1\"\nshare = \"/\"\n";
     let h = Harness::start_with(Some(config)).await;
-    let (mut c, mut n) = (h.controller(), h.node());
+    let mut n = h.node();
     let cap = mount_cap("nfs", 5);
-    let vol = c
-        .create_volume(create_req("pvc-stale", 64 * MIB, cap.clone()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let vol = h
+        .create(create_req("pvc-stale", 64 * MIB, cap.clone()))
+        .await;
     let staging = h.path("kubelet/staging/stale");
     std::fs::create_dir_all(&staging).unwrap();
     n.node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
@@ -355,13 +331,7 @@ async fn guest_nfs_backend_on_an_nfsv3_export() {
     let h = Harness::start_with(Some(&config)).await;
     let (mut c, mut n) = (h.controller(), h.node());
     let cap = mount_cap("nfs", 5);
-    let vol = c
-        .create_volume(create_req("pvc-v3", 64 * MIB, cap.clone()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let vol = h.create(create_req("pvc-v3", 64 * MIB, cap.clone())).await;
     let staging = h.path("kubelet/staging/v3");
     std::fs::create_dir_all(&staging).unwrap();
     n.node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
@@ -460,13 +430,7 @@ async fn guest_nfs_a_dead_export_holds_up_only_itself() {
     let started = std::time::Instant::now();
     let mut c = h.controller();
     for i in 0..3 {
-        let v = c
-            .create_volume(create(&format!("pvc-live-{i}"), "live"))
-            .await
-            .unwrap()
-            .into_inner()
-            .volume
-            .unwrap();
+        let v = h.create(create(&format!("pvc-live-{i}"), "live")).await;
         c.delete_volume(pb::DeleteVolumeRequest {
             volume_id: v.volume_id,
             secrets: Default::default(),

@@ -16,27 +16,11 @@ async fn guest_nfs_snapshot_restore_and_clone() {
     let mut h = Harness::start_with(Some(config)).await;
     let mut c = h.controller();
     let cap = mount_cap("nfs", 5);
-    let src = c
-        .create_volume(create_req("pvc-src", 64 * MIB, cap.clone()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let src = h.create(create_req("pvc-src", 64 * MIB, cap.clone())).await;
     std::fs::create_dir_all(server.export.join("pvc-src/sub")).unwrap();
     std::fs::write(server.export.join("pvc-src/sub/f"), b"snapshotted").unwrap();
     std::os::unix::fs::symlink("/etc/passwd", server.export.join("pvc-src/link")).unwrap();
-    let snap = c
-        .create_snapshot(pb::CreateSnapshotRequest {
-            source_volume_id: src.volume_id.clone(),
-            name: "snap-1".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .snapshot
-        .unwrap();
+    let snap = h.snapshot_made("snap-1", &src.volume_id).await;
     assert!(snap.ready_to_use);
     assert_eq!(snap.size_bytes, 64 * MIB);
     // Changes after the snapshot are not in it.
@@ -96,13 +80,7 @@ async fn guest_nfs_snapshot_restore_and_clone() {
         1,
         "a volume being filled is not listed"
     );
-    let restored = c
-        .create_volume(restore)
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let restored = h.create(restore).await;
     assert_eq!(
         std::fs::read(server.export.join("pvc-restored/sub/f")).unwrap(),
         b"snapshotted"
@@ -113,18 +91,14 @@ async fn guest_nfs_snapshot_restore_and_clone() {
         std::path::Path::new("/etc/passwd"),
         "the link is kept as a link"
     );
-    let cloned = c
-        .create_volume(from(
+    let cloned = h
+        .create(from(
             "pvc-clone",
             pb::volume_content_source::Type::Volume(pb::volume_content_source::VolumeSource {
                 volume_id: src.volume_id.clone(),
             }),
         ))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+        .await;
     assert_eq!(
         std::fs::read(server.export.join("pvc-clone/sub/f")).unwrap(),
         b"changed later"
@@ -362,13 +336,9 @@ async fn guest_nfs_capacity_is_an_xfs_project_quota() {
     let h = Harness::start_with(Some(&config)).await;
     let (mut c, mut n) = (h.controller(), h.node());
     let cap = mount_cap("nfs", 5);
-    let vol = c
-        .create_volume(create_req("pvc-quota", 32 * MIB, cap.clone()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let vol = h
+        .create(create_req("pvc-quota", 32 * MIB, cap.clone()))
+        .await;
     let staging = h.path("kubelet/staging/quota");
     std::fs::create_dir_all(&staging).unwrap();
     n.node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))

@@ -35,14 +35,7 @@ async fn guest_rbd_backend_full_lifecycle() {
     };
     let mut first = create("pvc-rbd", None);
     first.parameters = HashMap::from([("mkfsOptions".to_string(), "-L rbdvol".to_string())]);
-    let vol = h
-        .controller()
-        .create_volume(first)
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap();
+    let vol = h.create(first).await;
     let vol_context = vol.volume_context.clone();
     let id = vol.volume_id;
     assert_eq!(
@@ -163,8 +156,7 @@ async fn guest_rbd_backend_full_lifecycle() {
 
     // The restore and the clone read what was there at each moment.
     let restored = h
-        .controller()
-        .create_volume(create(
+        .create(create(
             "pvc-restored",
             Some(pb::volume_content_source::Type::Snapshot(
                 pb::volume_content_source::SnapshotSource {
@@ -173,14 +165,9 @@ async fn guest_rbd_backend_full_lifecycle() {
             )),
         ))
         .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
         .volume_id;
     let cloned = h
-        .controller()
-        .create_volume(create(
+        .create(create(
             "pvc-cloned",
             Some(pb::volume_content_source::Type::Volume(
                 pb::volume_content_source::VolumeSource {
@@ -189,10 +176,6 @@ async fn guest_rbd_backend_full_lifecycle() {
             )),
         ))
         .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
         .volume_id;
     for (v, want) in [
         (&restored, &b"before the snapshot"[..]),
@@ -226,15 +209,7 @@ async fn guest_rbd_backend_full_lifecycle() {
     let bcap = block_cap(SNW);
     let mut breq = create_req("pvc-rbd-block", 8 * MIB, bcap.clone());
     breq.secrets = secrets.clone();
-    let bid = h
-        .controller()
-        .create_volume(breq)
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    let bid = h.create(breq).await.volume_id;
     let bst = h.path("kubelet/staging/rbd-block");
     let btg = h.path("kubelet/pods/rbd-block");
     std::fs::create_dir_all(&bst).unwrap();
@@ -397,15 +372,7 @@ async fn guest_rbd_group_snapshots_of_mapped_and_unmapped_volumes() {
             req.parameters
                 .insert("imageFeatures".into(), "layering,exclusive-lock".into());
             req.volume_content_source = from.as_deref().map(snapshot_source);
-            let id = h
-                .controller()
-                .create_volume(req)
-                .await
-                .unwrap()
-                .into_inner()
-                .volume
-                .unwrap()
-                .volume_id;
+            let id = h.create(req).await.volume_id;
             h.controller()
                 .controller_publish_volume(pb::ControllerPublishVolumeRequest {
                     volume_id: id.clone(),
