@@ -171,7 +171,7 @@ async fn a_group_snapshot_restores_to_one_instant_of_interleaved_writes() {
             .node_unstage_volume(unstage_req(id, staging))
             .await
             .unwrap();
-        h.delete_volume(&id).await;
+        h.delete_volume(id).await;
     }
     for p in [&data, &wal, &raw] {
         h.teardown(p).await;

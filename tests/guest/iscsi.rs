@@ -240,8 +240,8 @@ async fn guest_iscsi_backend_full_lifecycle() {
 
     // Clean up through the controller: nothing of ours left anywhere.
     for v in [&id, &bid] {
-        h.detach_here(&v).await;
-        h.delete_volume(&v).await;
+        h.detach_here(v).await;
+        h.delete_volume(v).await;
     }
     assert!(!tgtd
         .tgtadm(&["--op", "show", "--mode", "target"])

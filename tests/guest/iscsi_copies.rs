@@ -467,10 +467,10 @@ async fn guest_iscsi_group_snapshots_of_volumes_being_written() {
                 .node_unstage_volume(unstage_req(id, dir))
                 .await
                 .unwrap();
-            h.detach_here(&id).await;
+            h.detach_here(id).await;
         }
         for (id, _) in &restored {
-            h.delete_volume(&id).await;
+            h.delete_volume(id).await;
         }
         h.delete_group(&group.group_snapshot_id, Default::default())
             .await;
