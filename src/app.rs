@@ -31,6 +31,8 @@ pub struct Settings {
     pub controller_expansion: bool,
     /// The central controller of a node-local driver: no volume is here.
     pub volumes_on_nodes: bool,
+    /// Advertise CSI v1.13's volume health capabilities.
+    pub volume_health: bool,
 }
 
 /// Checks a driver name: DNS-style, at most 63 characters.
@@ -172,6 +174,7 @@ pub fn build_with(
         serving: Default::default(),
         controller_expansion: settings.controller_expansion,
         volumes_on_nodes: settings.volumes_on_nodes,
+        volume_health: settings.volume_health,
         lacking,
         unavailable: Default::default(),
     }))

@@ -103,6 +103,14 @@ struct ServeArgs {
     /// node-local volume's mutable parameters are set when it is created.
     #[arg(long, env = "FERROVOL_VOLUMES_ON_NODES")]
     volumes_on_nodes: bool,
+    /// Advertise CSI v1.13's volume health capabilities (controller
+    /// LIST_VOLUME_HEALTH and GET_VOLUME_HEALTH, node GET_VOLUME_HEALTH and
+    /// STORAGE_HEALTH). The four calls are answered either way; callers
+    /// built against v1.12 may refuse capability values they do not know
+    /// (csi-sanity v1.12 does), so this is for clusters whose callers are
+    /// built against v1.13.
+    #[arg(long, env = "FERROVOL_VOLUME_HEALTH")]
+    volume_health: bool,
 }
 
 fn init_logging(format: LogFormat) {
@@ -204,6 +212,7 @@ async fn run(a: ServeArgs) -> ferrovol::error::Result<()> {
         metrics: a.metrics_addr.is_some(),
         controller_expansion: !a.no_controller_expansion && !a.volumes_on_nodes,
         volumes_on_nodes: a.volumes_on_nodes,
+        volume_health: a.volume_health,
     };
     let driver = app::build(&settings)?;
     app::start_backends(&driver).await?;

@@ -549,3 +549,29 @@ fn every_config_key_is_documented_and_every_documented_config_parses() {
         "only {parsed} backends in the docs' config blocks"
     );
 }
+
+#[test]
+fn every_health_reason_is_documented_with_what_to_do() {
+    use ferrovol::plugin::health::Reason;
+    let read = |page: &str| std::fs::read_to_string(root().join("docs").join(page)).unwrap();
+    let (monitoring, troubleshooting) = (read("monitoring.md"), read("troubleshooting.md"));
+    let reported: BTreeSet<String> = Reason::ALL.iter().map(|r| r.as_str().to_string()).collect();
+    let rows = table(&monitoring, "| reason |");
+    let documented: BTreeSet<String> = rows.iter().flat_map(|row| ticked(&row[0])).collect();
+    assert_eq!(
+        documented, reported,
+        "monitoring.md's reasons and the driver's differ"
+    );
+    for row in &rows {
+        assert!(
+            row.len() == 5 && row[4].len() > 10,
+            "{row:?}: a reason says what to do"
+        );
+    }
+    for reason in &reported {
+        assert!(
+            troubleshooting.contains(&format!("**`{reason}`**")),
+            "troubleshooting.md does not say what to do about {reason}"
+        );
+    }
+}

@@ -1069,7 +1069,7 @@ async fn clients_sending_the_socket_path_as_authority_reach_every_rpc() {
     let reference = run("localhost");
     let lines: Vec<&str> = reference.lines().collect();
     // Identity, Controller, GroupController, SnapshotMetadata, Node.
-    assert_eq!(lines.len(), 3 + 15 + 4 + 2 + 8, "{reference}");
+    assert_eq!(lines.len(), 3 + 17 + 4 + 2 + 10, "{reference}");
     assert!(
         lines.contains(&"SnapshotMetadata/GetMetadataDelta INVALID_ARGUMENT"),
         "{reference}"

@@ -317,6 +317,17 @@ pub enum ControllerCall {
         #[arg(long = "mutable-param")]
         mutable: Vec<Kv>,
     },
+    /// ControllerGetVolumeHealth: what is wrong with a volume, as the
+    /// controller reaches its storage.
+    VolumeHealth { id: String },
+    /// ControllerListVolumeHealth (one page): the volumes with something
+    /// wrong.
+    ListVolumeHealth {
+        #[arg(long, default_value_t = 0)]
+        max_entries: i32,
+        #[arg(long, default_value = "")]
+        starting_token: String,
+    },
 }
 
 /// The GroupController service's calls.
@@ -428,6 +439,17 @@ pub enum NodeCall {
         #[arg(long)]
         target: String,
     },
+    /// NodeGetVolumeHealth: what is wrong with a volume, as this node
+    /// sees it.
+    NodeVolumeHealth {
+        id: String,
+        #[arg(long, default_value = "")]
+        path: String,
+        #[arg(long, default_value = "")]
+        staging: String,
+    },
+    /// NodeGetStorageHealth: each backend, as this node sees it.
+    StorageHealth,
     /// NodeGetVolumeStats.
     Stats {
         id: String,

@@ -442,6 +442,24 @@ async fn controller(
                 })
             )
         }
+        ControllerCall::VolumeHealth { id: v } => show!(
+            out,
+            c.controller_get_volume_health(pb::ControllerGetVolumeHealthRequest {
+                volume_id: v.clone(),
+                secrets,
+            })
+        ),
+        ControllerCall::ListVolumeHealth {
+            max_entries,
+            starting_token,
+        } => show!(
+            out,
+            c.controller_list_volume_health(pb::ControllerListVolumeHealthRequest {
+                max_entries: *max_entries,
+                starting_token: starting_token.clone(),
+                secrets,
+            })
+        ),
         ControllerCall::GetVolume { id: v } => {
             show!(
                 out,
@@ -638,6 +656,22 @@ async fn node(
                 })
             )
         }
+        NodeCall::NodeVolumeHealth {
+            id: v,
+            path,
+            staging,
+        } => show!(
+            out,
+            n.node_get_volume_health(pb::NodeGetVolumeHealthRequest {
+                volume_id: v.clone(),
+                volume_publish_path: path.clone(),
+                staging_target_path: staging.clone(),
+            })
+        ),
+        NodeCall::StorageHealth => show!(
+            out,
+            n.node_get_storage_health(pb::NodeGetStorageHealthRequest { secrets })
+        ),
         NodeCall::Stats {
             id: v,
             path,

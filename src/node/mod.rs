@@ -4,6 +4,7 @@
 //! the node state that lets every step be undone after a restart.
 
 pub mod fs;
+mod health;
 pub mod paths;
 mod publish;
 mod stage;
@@ -17,7 +18,7 @@ use crate::host::Host;
 use crate::locks::{Key, OpGuard, OpLocks};
 use crate::mount::{MountId, MountInfo, MountOptions, Mounter};
 use crate::plugin::{
-    AccessMode, AccessType, AttachContext, Attachment, Backend, Registry, Secrets,
+    AccessMode, AccessType, AttachContext, Attachment, Backend, Finding, Reason, Registry, Secrets,
     VolumeCapability, VolumeId,
 };
 use crate::state::{NodeState, PublishRecord, StageRecord};
@@ -59,6 +60,14 @@ fn mount_source(record: &StageRecord, att: &Attachment) -> String {
     }
 }
 
+/// A remote filesystem that did not answer a call.
+fn not_answering(e: &Error) -> Finding {
+    Finding::inaccessible(
+        Reason::FilesystemNotAnswering,
+        format!("the filesystem does not answer: {}", e.message),
+    )
+}
+
 /// Whether an error is ESTALE: a handle the server no longer knows.
 fn is_stale(e: &Error) -> bool {
     e.os_error == Some(libc::ESTALE)
@@ -92,8 +101,9 @@ pub struct VolumeStats {
     pub used_bytes: Option<u64>,
     pub total_inodes: Option<u64>,
     pub free_inodes: Option<u64>,
-    /// Why the volume is abnormal, if it is.
-    pub abnormal: Option<String>,
+    /// What is wrong with the volume, as this node sees it (empty:
+    /// nothing known).
+    pub health: Vec<Finding>,
 }
 
 /// How long a call into the mount table may take before its RPC gives up.
@@ -149,6 +159,10 @@ pub struct NodeOps {
     /// What freezes staged filesystems for group snapshots (none: the
     /// node freezes nothing, as in the unit tests).
     freezer: Option<Arc<crate::host::freeze::Freezer>>,
+    /// What each staged volume's health was when last measured.
+    health: health::VolumeBook,
+    /// What each backend's readiness was when last checked.
+    storage: Arc<health::StorageBook>,
 }
 
 impl NodeOps {
@@ -172,6 +186,8 @@ impl NodeOps {
             loops: LoopDevices::new(),
             devices: DeviceTables::default(),
             freezer: None,
+            health: Default::default(),
+            storage: Default::default(),
         }
     }
 
@@ -348,6 +364,7 @@ impl NodeOps {
 
     /// Removes a stage record (durable) off the async workers.
     async fn remove_stage(&self, id: &VolumeId) -> Result<()> {
+        self.health.forget(&id.to_string());
         let (state, id) = (self.state.clone(), id.clone());
         crate::host::off_worker("removing a stage record", self.deadlines.quick, move || {
             state.remove_stage(&id)
@@ -540,28 +557,25 @@ impl NodeOps {
     pub async fn stats(&self, id: &VolumeId, raw_path: &str) -> Result<VolumeStats> {
         let (stage, path) = self.locate(id, raw_path)?;
         let volume_path = path.as_path();
-        let backend = self.backend(id)?.clone();
-        let mut stats = VolumeStats::default();
-        if let Some(att) = &stage.attachment {
-            stats.abnormal = backend.staging()?.node_condition(id, att).await?;
-        } else {
-            stats.abnormal = Some("the volume's device was never attached".into());
-        }
+        let mut stats = VolumeStats {
+            health: self.measured_health(id, &stage).await?,
+            ..Default::default()
+        };
         match stage.capability.access {
             AccessType::Mount { .. } => {
                 let remote = matches!(stage.attachment, Some(Attachment::Remote { .. }));
                 match self.is_mounted(&stage.staging_path).await {
                     Ok(true) => {}
                     Ok(false) => {
-                        stats.abnormal.get_or_insert_with(|| {
-                            format!("staging mount {} is gone", stage.staging_path.display())
-                        });
+                        stats.health.push(Finding::inaccessible(
+                            Reason::StagingMountGone,
+                            format!("staging mount {} is gone", stage.staging_path.display()),
+                        ));
                     }
                     // The server of a remote mount does not answer: say so,
                     // within the deadline, rather than wait on it again.
                     Err(e) if remote => {
-                        stats.abnormal =
-                            Some(format!("the filesystem does not answer: {}", e.message));
+                        stats.health.push(not_answering(&e));
                         return Ok(stats);
                     }
                     Err(e) => return Err(e),
@@ -588,8 +602,7 @@ impl NodeOps {
                     // a stale handle) is an abnormal volume, not a failed
                     // call: the answer comes within the deadline and says so.
                     Err(e) if matches!(stage.attachment, Some(Attachment::Remote { .. })) => {
-                        stats.abnormal =
-                            Some(format!("the filesystem does not answer: {}", e.message));
+                        stats.health.push(not_answering(&e));
                     }
                     Err(e) => return Err(e),
                 }

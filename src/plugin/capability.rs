@@ -9,6 +9,7 @@
 //! reach an operation only through its capability, so nothing declares one
 //! thing and does another.
 
+use super::health::Finding;
 use super::types::*;
 use super::{locator_for_name, Secrets, SnapshotId, VolumeId};
 use crate::error::{Error, Result};
@@ -45,6 +46,13 @@ pub trait Backend: Send + Sync {
     /// Once after the driver stopped serving and its calls are done:
     /// releases what the backend holds for itself (working mounts).
     async fn stop(&self) {}
+
+    /// What is wrong with this backend as this node sees it, beyond not
+    /// being ready ([`Backend::health`]): a pool nearly full, a path down
+    /// (NodeGetStorageHealth). Asked through a book with a deadline.
+    async fn storage_findings(&self) -> Vec<super::health::StorageFinding> {
+        Vec::new()
+    }
 
     /// The access modes this backend serves.
     fn access_modes(&self) -> Vec<AccessMode>;
@@ -107,6 +115,12 @@ pub trait Backend: Send + Sync {
     }
     /// Changed block tracking (the SnapshotMetadata service).
     fn block_tracker(&self) -> Option<&dyn BlockTracker> {
+        None
+    }
+    /// Volume health from the controller's side beyond "it exists"
+    /// (ControllerGetVolumeHealth, ControllerListVolumeHealth). Without
+    /// it, a provisioner's volumes are reported by whether they exist.
+    fn health_reporter(&self) -> Option<&dyn HealthReporter> {
         None
     }
 }
@@ -499,14 +513,11 @@ pub trait Stager: Backend {
     /// releases whatever it may have set up for this volume.
     async fn node_detach(&self, id: &VolumeId, attachment: Option<&Attachment>) -> Result<()>;
 
-    /// Whether what [`Stager::node_attach`] set up is still healthy:
-    /// `Some(why)` when it is not.
-    async fn node_condition(
-        &self,
-        _id: &VolumeId,
-        _attachment: &Attachment,
-    ) -> Result<Option<String>> {
-        Ok(None)
+    /// What is wrong with what [`Stager::node_attach`] set up, as this
+    /// node sees it (empty: nothing known). Asked through a
+    /// [`super::health::Book`], so it may take long without holding a call.
+    async fn node_health(&self, _id: &VolumeId, _attachment: &Attachment) -> Result<Vec<Finding>> {
+        Ok(Vec::new())
     }
 }
 
@@ -538,6 +549,22 @@ pub trait DeviceMounter: Stager {
     fn node_device(&self) -> Option<crate::host::devices::DeviceKind> {
         None
     }
+}
+
+/// Says what is wrong with volumes as the controller reaches their storage
+/// (v1.13's controller health calls). Every call is made through a
+/// [`super::health::Book`] with a deadline: it may take long without
+/// holding a call.
+#[async_trait::async_trait]
+pub trait HealthReporter: Provisioner {
+    /// The volumes it knows of, in id order after `page.after`: healthy or
+    /// not, one whose storage is gone included (where
+    /// [`Provisioner::list_volumes`] shows only whole ones).
+    async fn known_volumes(&self, page: &Page) -> Result<Vec<VolumeId>>;
+
+    /// What is wrong with one (empty: nothing known). One it does not
+    /// know is [`super::health::Reason::VolumeNotFound`].
+    async fn volume_health(&self, id: &VolumeId, secrets: &Secrets) -> Result<Vec<Finding>>;
 }
 
 /// Changed block tracking: which blocks of a snapshot hold data, and which

@@ -161,9 +161,13 @@ pub struct ControllerOps {
     groups: Option<GroupStore>,
     /// What freezes the staged filesystems of a group's sources.
     quiesce: Option<Arc<dyn group::Quiesce>>,
+    /// What each volume's health was when last measured.
+    health: Arc<health::VolumeBook>,
 }
 
 mod group;
+mod health;
+pub use health::{volume_not_found, HEALTH_DEADLINE};
 mod metadata;
 pub use group::{GroupSnapshotInfo, NewGroupSnapshot, Quiesce, FREEZE_DEADLINE};
 
@@ -219,6 +223,7 @@ impl ControllerOps {
             ledger: None,
             groups: None,
             quiesce: None,
+            health: Default::default(),
         }
     }
 
@@ -439,6 +444,7 @@ impl ControllerOps {
         };
         let _guard = self.guard(&[Key::Volume(id.clone())], &[])?;
         backend.provisioning()?.delete_volume(&id, secrets).await?;
+        self.health.forget(&id.to_string());
         match &self.ledger {
             Some(ledger) => ledger.release(&id, None),
             None => Ok(()),

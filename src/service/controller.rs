@@ -15,6 +15,24 @@ use tonic::{Request, Response, Status};
 
 pub struct ControllerService(pub Arc<Driver>);
 
+impl ControllerService {
+    /// Whether this controller reports volume health: it makes volumes and
+    /// reaches them (a central controller of a node-local driver does not:
+    /// their health is the node plugins').
+    fn reports_health(&self) -> bool {
+        self.0.registry.capabilities().provision && !self.0.volumes_on_nodes
+    }
+
+    fn check_reports_health(&self) -> crate::error::Result<()> {
+        match self.reports_health() {
+            true => Ok(()),
+            false => Err(Error::unimplemented(
+                "this controller reports no volume health: ask the node plugins (NodeGetVolumeHealth)",
+            )),
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl Controller for ControllerService {
     async fn create_volume(
@@ -250,6 +268,9 @@ impl Controller for ControllerService {
                     T::GetVolume,
                 ]);
             }
+            if self.reports_health() && self.0.volume_health {
+                types.extend([T::ListVolumeHealth, T::GetVolumeHealth]);
+            }
             if c.attach {
                 types.extend([T::PublishUnpublishVolume, T::PublishReadonly]);
             }
@@ -424,6 +445,51 @@ impl Controller for ControllerService {
             Ok(pb::ControllerGetVolumeResponse {
                 volume: Some(convert::placed_to_pb(&placed)),
                 status: Some(pb::controller_get_volume_response::VolumeStatus::default()),
+            })
+        })
+        .await
+    }
+
+    async fn controller_get_volume_health(
+        &self,
+        request: Request<pb::ControllerGetVolumeHealthRequest>,
+    ) -> Result<Response<pb::ControllerGetVolumeHealthResponse>, Status> {
+        let r = request.into_inner();
+        respond_hiding(&r.volume_id, &r.secrets, async {
+            self.check_reports_health()?;
+            if r.volume_id.is_empty() {
+                return Err(Error::invalid("volume_id is required"));
+            }
+            let id = convert::volume_id(&r.volume_id)?;
+            let secrets = crate::plugin::Secrets::from(&r.secrets);
+            let findings = self.0.controller.volume_health(&id, &secrets).await?;
+            Ok(pb::ControllerGetVolumeHealthResponse {
+                volume_health: Some(convert::volume_health_to_pb(&r.volume_id, &findings)),
+            })
+        })
+        .await
+    }
+
+    async fn controller_list_volume_health(
+        &self,
+        request: Request<pb::ControllerListVolumeHealthRequest>,
+    ) -> Result<Response<pb::ControllerListVolumeHealthResponse>, Status> {
+        let r = request.into_inner();
+        respond_hiding("", &r.secrets, async {
+            self.check_reports_health()?;
+            let secrets = crate::plugin::Secrets::from(&r.secrets);
+            let listing = self
+                .0
+                .controller
+                .list_volume_health(r.max_entries, &r.starting_token, &secrets)
+                .await?;
+            Ok(pb::ControllerListVolumeHealthResponse {
+                entries: listing
+                    .entries
+                    .iter()
+                    .map(|(id, found)| convert::volume_health_to_pb(&id.to_string(), found))
+                    .collect(),
+                next_token: listing.next_token,
             })
         })
         .await

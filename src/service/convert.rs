@@ -3,6 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::plugin::controller::Placed;
+use crate::plugin::health::{Finding, StorageFinding};
 use crate::plugin::{
     AccessMode, AccessType, ContentSource, SnapshotId, SnapshotInfo, VolumeCapability, VolumeId,
     VolumeInfo,
@@ -225,6 +226,62 @@ pub fn capacity_range(range: Option<&pb::CapacityRange>) -> Result<(u64, u64)> {
 /// Plugin parameters into an ordered map.
 pub fn params(map: &HashMap<String, String>) -> BTreeMap<String, String> {
     map.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+/// A volume's findings, as v1.13 carries them.
+pub fn volume_health_to_pb(id: &str, findings: &[Finding]) -> pb::VolumeHealth {
+    use crate::plugin::health::Status;
+    pb::VolumeHealth {
+        volume_id: id.to_string(),
+        health_statuses: findings
+            .iter()
+            .map(|f| pb::volume_health::VolumeHealthEntry {
+                status: match f.status {
+                    Status::Inaccessible => pb::VolumeHealthErrorType::Inaccessible,
+                    Status::DataLoss => pb::VolumeHealthErrorType::DataLoss,
+                    Status::Degraded => pb::VolumeHealthErrorType::Degraded,
+                } as i32,
+                reason: f.reason.as_str().to_string(),
+                message: f.message.clone(),
+            })
+            .collect(),
+    }
+}
+
+/// A backend's findings, as v1.13 carries them.
+pub fn storage_health_to_pb(
+    findings: &[StorageFinding],
+) -> Vec<pb::node_get_storage_health_response::StorageBackendHealth> {
+    use crate::plugin::health::StorageStatus;
+    findings
+        .iter()
+        .map(
+            |f| pb::node_get_storage_health_response::StorageBackendHealth {
+                status: match f.status {
+                    StorageStatus::Unreachable => pb::StorageHealthErrorType::StorageUnreachable,
+                    StorageStatus::Degraded => pb::StorageHealthErrorType::StorageDegraded,
+                } as i32,
+                reason: f.reason.as_str().to_string(),
+                message: f.message.clone(),
+                volume_capability: None,
+            },
+        )
+        .collect()
+}
+
+/// v1.12's condition (deprecated by v1.13, still answered for its
+/// callers), read from the same findings.
+pub fn condition_to_pb(findings: &[Finding]) -> pb::VolumeCondition {
+    match crate::plugin::health::condition(findings) {
+        Some(message) => pb::VolumeCondition {
+            abnormal: true,
+            message,
+        },
+        None => pb::VolumeCondition {
+            abnormal: false,
+            message: "volume is healthy".into(),
+        },
+    }
 }
 
 #[cfg(test)]

@@ -103,6 +103,9 @@ pub struct Driver {
     /// The central controller of a node-local driver (`--volumes-on-nodes`):
     /// the volumes are on the nodes, and ModifyVolume cannot reach them.
     pub volumes_on_nodes: bool,
+    /// Whether CSI v1.13's volume health capabilities are advertised (the
+    /// calls are answered either way).
+    pub volume_health: bool,
     /// Backends this node lacks what they need for, found at start (an
     /// iSCSI initiator name): unavailable until the driver restarts.
     pub lacking: std::collections::BTreeMap<String, String>,

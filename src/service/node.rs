@@ -153,13 +153,9 @@ impl Node for NodeService {
                     unit: Unit::Inodes as i32,
                 });
             }
-            let condition = pb::VolumeCondition {
-                abnormal: s.abnormal.is_some(),
-                message: s.abnormal.unwrap_or_else(|| "volume is healthy".into()),
-            };
             Ok(pb::NodeGetVolumeStatsResponse {
                 usage,
-                volume_condition: Some(condition),
+                volume_condition: Some(convert::condition_to_pb(&s.health)),
             })
         })
         .await
@@ -201,7 +197,14 @@ impl Node for NodeService {
         let c = self.0.registry.capabilities();
         respond("", async {
             use nsc::rpc::Type as T;
-            let mut types = vec![T::StageUnstageVolume, T::GetVolumeStats, T::VolumeCondition];
+            // v1.12's callers read the condition in NodeGetVolumeStats;
+            // v1.13's call NodeGetVolumeHealth. Both come from one place.
+            #[allow(deprecated)]
+            let condition = T::VolumeCondition;
+            let mut types = vec![T::StageUnstageVolume, T::GetVolumeStats, condition];
+            if self.0.volume_health {
+                types.extend([T::GetVolumeHealth, T::StorageHealth]);
+            }
             if c.expand {
                 types.push(T::ExpandVolume);
             }
@@ -217,6 +220,42 @@ impl Node for NodeService {
                 })
                 .collect();
             Ok(pb::NodeGetCapabilitiesResponse { capabilities })
+        })
+        .await
+    }
+
+    async fn node_get_volume_health(
+        &self,
+        request: Request<pb::NodeGetVolumeHealthRequest>,
+    ) -> Result<Response<pb::NodeGetVolumeHealthResponse>, Status> {
+        let r = request.into_inner();
+        respond(&r.volume_id, async {
+            if r.volume_id.is_empty() {
+                return Err(Error::invalid("volume_id is required"));
+            }
+            let volume_id = convert::volume_id(&r.volume_id)?;
+            let findings = self
+                .0
+                .node
+                .volume_health(&volume_id, &r.volume_publish_path, &r.staging_target_path)
+                .await?;
+            Ok(pb::NodeGetVolumeHealthResponse {
+                volume_health: Some(convert::volume_health_to_pb(&r.volume_id, &findings)),
+            })
+        })
+        .await
+    }
+
+    async fn node_get_storage_health(
+        &self,
+        request: Request<pb::NodeGetStorageHealthRequest>,
+    ) -> Result<Response<pb::NodeGetStorageHealthResponse>, Status> {
+        let r = request.into_inner();
+        respond_hiding("", &r.secrets, async {
+            let findings = self.0.node.storage_health().await;
+            Ok(pb::NodeGetStorageHealthResponse {
+                backend_health: convert::storage_health_to_pb(&findings),
+            })
         })
         .await
     }

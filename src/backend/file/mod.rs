@@ -8,6 +8,7 @@
 //! name and renamed into place after its metadata, so a crash never leaves a
 //! half-made volume that looks whole.
 
+mod health;
 mod snapshots;
 mod stage;
 mod volumes;
@@ -475,6 +476,14 @@ impl Backend for FileBackend {
 
     fn modifier(&self) -> Option<&dyn Modifier> {
         Some(self)
+    }
+
+    fn health_reporter(&self) -> Option<&dyn crate::plugin::HealthReporter> {
+        Some(self)
+    }
+
+    async fn storage_findings(&self) -> Vec<crate::plugin::health::StorageFinding> {
+        self.pool_findings()
     }
 
     fn stager(&self) -> Option<&dyn Stager> {

@@ -2,6 +2,7 @@
 //! at unstage, and the block device's growth and copies.
 
 use super::*;
+use crate::plugin::{Finding, Reason};
 
 #[async_trait::async_trait]
 impl Stager for FileBackend {
@@ -30,25 +31,40 @@ impl Stager for FileBackend {
         }
     }
 
-    async fn node_condition(
-        &self,
-        id: &VolumeId,
-        attachment: &Attachment,
-    ) -> Result<Option<String>> {
+    async fn node_health(&self, id: &VolumeId, attachment: &Attachment) -> Result<Vec<Finding>> {
         let image = self.image(id.locator());
         let Attachment::Device { path } = attachment else {
-            return Ok(Some("unexpected attachment".into()));
+            return Err(Error::internal("file volumes are attached as loop devices"));
         };
-        if !image.exists() {
-            return Ok(Some(format!("image {} is missing", image.display())));
+        let backs = self.loops.backs(path, &image);
+        let mut found = Vec::new();
+        match (image.exists(), backs) {
+            (true, true) => {}
+            // Deleted under its loop device: the device still holds the
+            // data, until the volume is unstaged.
+            (false, true) => found.push(Finding::data_loss(
+                Reason::ImageMissing,
+                format!(
+                    "image {} was deleted; {} still holds its data until the volume is \
+                     unstaged, then it is gone: copy it off first",
+                    image.display(),
+                    path.display()
+                ),
+            )),
+            (exists, false) => {
+                if !exists {
+                    found.push(Finding::inaccessible(
+                        Reason::ImageMissing,
+                        format!("image {} is missing", image.display()),
+                    ));
+                }
+                found.push(Finding::inaccessible(
+                    Reason::LoopDeviceGone,
+                    format!("{} no longer backs this volume", path.display()),
+                ));
+            }
         }
-        if !self.loops.backs(path, &image) {
-            return Ok(Some(format!(
-                "{} no longer backs this volume",
-                path.display()
-            )));
-        }
-        Ok(None)
+        Ok(found)
     }
 }
 

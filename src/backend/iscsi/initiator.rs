@@ -4,6 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::exec::{path_arg, Command, CommandRunner};
+use crate::plugin::health::{Finding, Reason};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -597,17 +598,23 @@ impl Initiator<'_> {
         Ok(size)
     }
 
-    /// Why the volume's session or disk is not healthy, if it is not.
-    pub async fn condition(&self, iqn: &str, device: &Path) -> Result<Option<String>> {
+    /// What is wrong with the volume's session or disk, if anything.
+    pub async fn condition(&self, iqn: &str, device: &Path) -> Result<Option<Finding>> {
         let Some(session) = self.sessions(iqn).await?.into_iter().next() else {
-            return Ok(Some(format!("no iSCSI session to {iqn}")));
+            return Ok(Some(Finding::inaccessible(
+                Reason::SessionMissing,
+                format!("no iSCSI session to {iqn}"),
+            )));
         };
         let state = self.session_state(session.sid);
         if state != "LOGGED_IN" {
-            return Ok(Some(format!(
-                "iSCSI session {} to {iqn} is {}",
-                session.sid,
-                if state.is_empty() { "gone" } else { &state }
+            return Ok(Some(Finding::inaccessible(
+                Reason::SessionDown,
+                format!(
+                    "iSCSI session {} to {iqn} is {}",
+                    session.sid,
+                    if state.is_empty() { "gone" } else { &state }
+                ),
             )));
         }
         let disk = device.file_name().map(|d| d.to_string_lossy().into_owned());
@@ -616,22 +623,25 @@ impl Initiator<'_> {
             for s in self.sessions(iqn).await? {
                 let state = self.session_state(s.sid);
                 if state != "LOGGED_IN" {
-                    return Ok(Some(format!(
-                        "path {} of {iqn} is down ({state})",
-                        s.portal
+                    return Ok(Some(Finding::degraded(
+                        Reason::PathDown,
+                        format!("path {} of {iqn} is down ({state})", s.portal),
                     )));
                 }
                 disks.extend(self.disks(s.sid));
             }
             if self.holder(&disks).as_deref() != disk.as_deref() {
-                return Ok(Some(format!("multipath map {} is gone", device.display())));
+                return Ok(Some(Finding::inaccessible(
+                    Reason::MultipathMapGone,
+                    format!("multipath map {} is gone", device.display()),
+                )));
             }
             return Ok(None);
         }
         if disk.is_none_or(|d| !self.disks(session.sid).contains(&d)) {
-            return Ok(Some(format!(
-                "{} is no longer a disk of the session",
-                device.display()
+            return Ok(Some(Finding::inaccessible(
+                Reason::LunMissing,
+                format!("{} is no longer a disk of the session", device.display()),
             )));
         }
         Ok(None)

@@ -2,6 +2,7 @@
 //! at unstage, and the block device's growth and copies.
 
 use super::*;
+use crate::plugin::Finding;
 
 #[async_trait::async_trait]
 impl Stager for IscsiBackend {
@@ -46,16 +47,17 @@ impl Stager for IscsiBackend {
         remove_file(&self.renewed_path(id))
     }
 
-    async fn node_condition(
-        &self,
-        id: &VolumeId,
-        attachment: &Attachment,
-    ) -> Result<Option<String>> {
+    async fn node_health(&self, id: &VolumeId, attachment: &Attachment) -> Result<Vec<Finding>> {
         self.own_volume(id)?;
         let Attachment::Device { path } = attachment else {
-            return Ok(Some("unexpected attachment".into()));
+            return Err(Error::internal("iscsi volumes are attached as devices"));
         };
-        self.initiator().condition(&self.iqn(id), path).await
+        Ok(self
+            .initiator()
+            .condition(&self.iqn(id), path)
+            .await?
+            .into_iter()
+            .collect())
     }
 }
 

@@ -142,6 +142,7 @@ fn is_lvm_name(name: &str) -> bool {
 
 mod blocks;
 mod command;
+mod health;
 mod report;
 mod settle;
 mod snapshots;
@@ -791,6 +792,14 @@ impl Backend for LvmBackend {
 
     fn node_local(&self) -> bool {
         true
+    }
+
+    fn health_reporter(&self) -> Option<&dyn crate::plugin::HealthReporter> {
+        Some(self)
+    }
+
+    async fn storage_findings(&self) -> Vec<crate::plugin::health::StorageFinding> {
+        self.class_findings().await
     }
 
     fn provisioner(&self) -> Option<&dyn Provisioner> {

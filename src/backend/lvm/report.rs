@@ -2,6 +2,7 @@
 //! rows; the attributes and tags ferrovol reads from them.
 
 use crate::error::{Error, Result};
+use crate::plugin::health::{Finding, Reason};
 use serde::Deserialize;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -83,18 +84,30 @@ impl Lv {
     pub(super) fn zeroes_new_chunks(&self) -> bool {
         self.lv_attr.chars().nth(7) == Some('z')
     }
-    /// Problems the attributes show, if any.
-    pub(super) fn problem(&self) -> Option<String> {
+    /// The problem the attributes show, if any.
+    pub(super) fn problem(&self) -> Option<Finding> {
         let a: Vec<char> = self.lv_attr.chars().collect();
-        match (a.get(4), a.get(8)) {
-            (Some('I'), _) => Some("snapshot is invalid".into()),
-            (Some(s), _) if *s != 'a' => Some(format!("LV is not active (attr {})", self.lv_attr)),
-            (_, Some('p')) => Some("LV is partial: a physical volume is missing".into()),
-            (_, Some('r')) => Some("LV needs a refresh".into()),
-            (_, Some('m')) => Some("LV has mismatches".into()),
-            (_, Some('X')) => Some("LV state is unknown".into()),
-            _ => None,
-        }
+        Some(match (a.get(4), a.get(8)) {
+            (Some('I'), _) => Finding::data_loss(Reason::SnapshotInvalid, "snapshot is invalid"),
+            (Some(s), _) if *s != 'a' => Finding::inaccessible(
+                Reason::LogicalVolumeInactive,
+                format!("LV is not active (attr {})", self.lv_attr),
+            ),
+            (_, Some('p')) => Finding::degraded(
+                Reason::LogicalVolumePartial,
+                "LV is partial: a physical volume is missing",
+            ),
+            (_, Some('r')) => {
+                Finding::degraded(Reason::LogicalVolumeUnsettled, "LV needs a refresh")
+            }
+            (_, Some('m')) => {
+                Finding::degraded(Reason::LogicalVolumeUnsettled, "LV has mismatches")
+            }
+            (_, Some('X')) => {
+                Finding::degraded(Reason::LogicalVolumeUnsettled, "LV state is unknown")
+            }
+            _ => return None,
+        })
     }
     /// A thin pool with no room left for new chunks: its data or its
     /// metadata at 100%.

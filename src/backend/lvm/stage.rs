@@ -2,6 +2,7 @@
 //! unstage, and the block device's growth and copies.
 
 use super::*;
+use crate::plugin::{Finding, Reason};
 
 #[async_trait::async_trait]
 impl Stager for LvmBackend {
@@ -75,15 +76,14 @@ impl Stager for LvmBackend {
         }
     }
 
-    async fn node_condition(
-        &self,
-        id: &VolumeId,
-        _attachment: &Attachment,
-    ) -> Result<Option<String>> {
+    async fn node_health(&self, id: &VolumeId, _attachment: &Attachment) -> Result<Vec<Finding>> {
         let (class, lv_name) = self.split(id.locator())?;
         Ok(match self.lv(&class.volume_group, lv_name).await? {
-            None => Some(format!("LV {}/{lv_name} is gone", class.volume_group)),
-            Some(lv) => lv.problem(),
+            None => vec![Finding::inaccessible(
+                Reason::LogicalVolumeGone,
+                format!("LV {}/{lv_name} is gone", class.volume_group),
+            )],
+            Some(lv) => lv.problem().into_iter().collect(),
         })
     }
 }

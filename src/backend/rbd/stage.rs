@@ -2,6 +2,7 @@
 //! unstage, and the block device's growth and copies.
 
 use super::*;
+use crate::plugin::{Finding, Reason};
 
 #[async_trait::async_trait]
 impl Stager for RbdBackend {
@@ -69,21 +70,16 @@ impl Stager for RbdBackend {
         Ok(())
     }
 
-    async fn node_condition(
-        &self,
-        id: &VolumeId,
-        attachment: &Attachment,
-    ) -> Result<Option<String>> {
+    async fn node_health(&self, id: &VolumeId, attachment: &Attachment) -> Result<Vec<Finding>> {
         let spec = self.volume_spec(id)?;
         let Attachment::Device { path } = attachment else {
-            return Ok(Some("unexpected attachment".into()));
+            return Err(Error::internal("rbd volumes are attached as devices"));
         };
         if self.find_mapping(&spec).await?.as_ref() != Some(path) {
-            return Ok(Some(format!(
-                "{} is no longer mapped to {}",
-                path.display(),
-                spec.arg()
-            )));
+            return Ok(vec![Finding::inaccessible(
+                Reason::MappingGone,
+                format!("{} is no longer mapped to {}", path.display(), spec.arg()),
+            )]);
         }
         // The client this node recorded at stage is no longer in the
         // image: a detach fenced it (blocklisted; its I/O fails).
@@ -96,19 +92,25 @@ impl Stager for RbdBackend {
         {
             let meta = self.rbd().meta(&self.creds(&secrets)?, &spec).await?;
             if meta.get(&client_key(&node)) != Some(&addr) {
-                return Ok(Some(format!(
-                    "the volume was detached from this node while staged here: its client {addr} is fenced"
-                )));
+                return Ok(vec![Finding::inaccessible(
+                    Reason::ClientFenced,
+                    format!(
+                        "the volume was detached from this node while staged here: its client {addr} is fenced"
+                    ),
+                )]);
             }
         }
         // With credentials of its own, the node also asks the cluster
         // (bounded by the command timeout).
         if let Ok(creds) = self.creds(&Secrets::default()) {
             if let Err(e) = self.rbd().watchers(&creds, &spec).await {
-                return Ok(Some(format!("the cluster does not answer: {}", e.message)));
+                return Ok(vec![Finding::inaccessible(
+                    Reason::ClusterNotAnswering,
+                    format!("the cluster does not answer: {}", e.message),
+                )]);
             }
         }
-        Ok(None)
+        Ok(Vec::new())
     }
 }
 

@@ -22,6 +22,10 @@ struct Recorder {
     /// source's UUID; and how many times the node said it renewed it.
     copy_pending: Mutex<bool>,
     copies_done: Mutex<usize>,
+    /// While set, a health check waits on it (storage that does not
+    /// answer); how many checks were started.
+    health_gate: Mutex<Option<Arc<tokio::sync::Notify>>>,
+    health_checks: std::sync::atomic::AtomicUsize,
 }
 
 #[async_trait::async_trait]
@@ -102,6 +106,17 @@ impl Stager for Recorder {
     async fn node_detach(&self, _id: &VolumeId, attachment: Option<&Attachment>) -> Result<()> {
         self.detached.lock().unwrap().push(attachment.cloned());
         Ok(())
+    }
+
+    async fn node_health(&self, _id: &VolumeId, _att: &Attachment) -> Result<Vec<Finding>> {
+        self.health_checks
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let gate = self.health_gate.lock().unwrap().clone();
+        if let Some(gate) = gate {
+            gate.notified().await;
+            return Ok(vec![Finding::degraded(Reason::PathDown, "answered late")]);
+        }
+        Ok(Vec::new())
     }
 }
 

@@ -148,6 +148,7 @@ async fn stuck_mounts_do_not_stall_other_calls() {
         serving: Default::default(),
         controller_expansion: true,
         volumes_on_nodes: false,
+        volume_health: false,
         lacking: Default::default(),
         unavailable: Default::default(),
     });

@@ -31,11 +31,12 @@ async fn stats_come_from_the_filesystem_and_the_condition_from_the_mounts() {
         (100 * MIB, Some(30 * MIB), Some(60 * MIB))
     );
     assert_eq!((s.total_inodes, s.free_inodes), (Some(1000), Some(600)));
-    assert_eq!(s.abnormal, None);
+    assert_eq!(s.health, vec![]);
     // The staging mount goes away under the driver: abnormal, with why.
     f.mounter.unmount(&staging).unwrap();
     let s = f.ops.stats(&id(), staging.to_str().unwrap()).await.unwrap();
-    assert!(s.abnormal.unwrap().contains("is gone"));
+    assert_eq!(s.health[0].reason, crate::plugin::Reason::StagingMountGone);
+    assert!(s.health[0].message.contains("is gone"));
 }
 
 #[tokio::test]
@@ -202,8 +203,12 @@ async fn a_stale_remote_stage_is_abnormal_and_refuses_publish() {
         .unwrap();
     mounter.set_stale(&staging);
     let stats = ops.stats(&id, staging.to_str().unwrap()).await.unwrap();
-    let why = stats.abnormal.expect("abnormal");
+    let why = crate::plugin::health::condition(&stats.health).expect("abnormal");
     assert!(why.contains("Stale file handle"), "{why}");
+    assert_eq!(
+        stats.health[0].reason,
+        crate::plugin::Reason::FilesystemNotAnswering
+    );
     let target = dir.path().join("pods/t");
     let err = ops
         .publish(PublishRequest {
@@ -265,4 +270,58 @@ async fn the_volume_limit_is_the_cap_within_the_room_the_kernel_leaves() {
     // Another loop device bound by someone else: one place fewer, at once.
     put("block/loop7/loop/backing_file", "/other.img\n");
     assert_eq!(ops.volume_limit(0).await.unwrap(), room - 1);
+}
+
+/// A health check that hangs (storage that does not answer) holds no call
+/// past the quick deadline, is never started twice, and holds no other
+/// call: stats and storage health answer meanwhile; once the storage
+/// answers, the next call does too.
+#[tokio::test]
+async fn a_hung_health_check_answers_late_and_holds_nothing() {
+    use crate::plugin::health::Reason;
+    use std::sync::atomic::Ordering::SeqCst;
+    use std::time::{Duration, Instant};
+    let f = fixture_with(Deadlines {
+        quick: Duration::from_millis(200),
+        ..Deadlines::default()
+    });
+    f.runner.expect("blkid", Reply::Ok("TYPE=ext4\n".into()));
+    f.ops
+        .stage(stage_req(&f, AccessMode::SingleNodeWriter))
+        .await
+        .unwrap();
+    let staging = f.dir.path().join("staging");
+    f.host
+        .set_usage(&staging, usage(100 * MIB, 40 * MIB, 30 * MIB));
+    let gate = Arc::new(tokio::sync::Notify::new());
+    *f.backend.health_gate.lock().unwrap() = Some(gate.clone());
+    for _ in 0..3 {
+        let start = Instant::now();
+        let found = f.ops.volume_health(&id(), "", "").await.unwrap();
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
+        assert_eq!(found[0].reason, Reason::HealthCheckTimedOut, "{found:?}");
+        let s = f.ops.stats(&id(), staging.to_str().unwrap()).await.unwrap();
+        assert_eq!(s.health[0].reason, Reason::HealthCheckTimedOut);
+        assert_eq!(s.total_bytes, 100 * MIB);
+    }
+    assert_eq!(
+        f.backend.health_checks.load(SeqCst),
+        1,
+        "one check at a time"
+    );
+    assert!(f.ops.storage_health().await.is_empty());
+    // The storage answers again: the next call is not late.
+    *f.backend.health_gate.lock().unwrap() = None;
+    gate.notify_one();
+    let found = f.ops.volume_health(&id(), "", "").await.unwrap();
+    assert!(
+        found
+            .iter()
+            .all(|f| f.reason != Reason::HealthCheckTimedOut),
+        "{found:?}"
+    );
 }

@@ -1,6 +1,7 @@
 //! The node's side: logins, unstage, sessions, multipath, copies' UUIDs.
 
 use super::*;
+use crate::plugin::health::{Reason, Status};
 
 /// A fake sysfs: session `sid` with LUN 1 as disk `disk`.
 fn sysfs_session(root: &Path, sid: u32, disk: &str, state: &str, sectors: u64) {
@@ -255,20 +256,23 @@ async fn rescan_and_condition_read_the_session() {
     );
 
     s.runner.expect("iscsiadm", Reply::Ok(SESSION.into()));
-    assert_eq!(b.node_condition(&id, &dev).await.unwrap(), None);
+    assert_eq!(b.node_health(&id, &dev).await.unwrap(), vec![]);
     sysfs_session(s.dir.path(), 4, "sdc", "FAILED", 32768);
     s.runner.expect("iscsiadm", Reply::Ok(SESSION.into()));
-    let c = b.node_condition(&id, &dev).await.unwrap().unwrap();
-    assert!(c.contains("FAILED"), "{c}");
+    let c = b.node_health(&id, &dev).await.unwrap().remove(0);
+    assert!(c.message.contains("FAILED"), "{c:?}");
+    assert_eq!(c.reason, Reason::SessionDown);
     s.runner.expect("iscsiadm", Reply::Fail(21, String::new()));
-    let c = b.node_condition(&id, &dev).await.unwrap().unwrap();
-    assert!(c.contains("no iSCSI session"), "{c}");
+    let c = b.node_health(&id, &dev).await.unwrap().remove(0);
+    assert!(c.message.contains("no iSCSI session"), "{c:?}");
+    assert_eq!(c.reason, Reason::SessionMissing);
     sysfs_session(s.dir.path(), 4, "sdc", "LOGGED_IN", 32768);
     s.runner.expect("iscsiadm", Reply::Ok(SESSION.into()));
     let gone = Attachment::Device {
         path: "/dev/sdz".into(),
     };
-    assert!(b.node_condition(&id, &gone).await.unwrap().is_some());
+    let c = b.node_health(&id, &gone).await.unwrap().remove(0);
+    assert_eq!(c.reason, Reason::LunMissing);
 }
 
 #[test]
@@ -372,7 +376,7 @@ async fn multipath_logs_in_everywhere_and_stages_the_map() {
     let map = Attachment::Device {
         path: s.dir.path().join("dev/mapper/360000000000000f0aa"),
     };
-    assert_eq!(b.node_condition(&id, &map).await.unwrap(), None);
+    assert_eq!(b.node_health(&id, &map).await.unwrap(), vec![]);
     std::fs::write(
         s.dir.path().join("sys/class/iscsi_session/session5/state"),
         "FAILED\n",
@@ -380,8 +384,12 @@ async fn multipath_logs_in_everywhere_and_stages_the_map() {
     .unwrap();
     s.runner.expect("iscsiadm", Reply::Ok(both.clone()));
     s.runner.expect("iscsiadm", Reply::Ok(both.clone()));
-    let c = b.node_condition(&id, &map).await.unwrap().unwrap();
-    assert!(c.contains("10.0.0.6:3260") && c.contains("down"), "{c}");
+    let c = b.node_health(&id, &map).await.unwrap().remove(0);
+    assert!(
+        c.message.contains("10.0.0.6:3260") && c.message.contains("down"),
+        "{c:?}"
+    );
+    assert_eq!((c.status, c.reason), (Status::Degraded, Reason::PathDown));
 
     // Unstage flushes the map first; a map that stays (held open) stops it
     // before any disk or session is touched.

@@ -5,6 +5,7 @@ use crate::error::Kind;
 use crate::exec::{FakeRunner, Reply};
 use std::time::UNIX_EPOCH;
 
+mod health;
 mod shared;
 mod snapshots;
 mod volumes;
@@ -108,9 +109,25 @@ fn attributes_report_problems() {
         lv_attr: attr.into(),
         ..parse_lvs(&lvs_json(&[lv_row("x", 1, "", "")])).unwrap()[0].clone()
     };
-    assert!(lv("-wi-------").problem().unwrap().contains("not active"));
-    assert!(lv("-wi-a---p-").problem().unwrap().contains("partial"));
-    assert!(lv("swi-I-s---").problem().unwrap().contains("invalid"));
+    use crate::plugin::health::{Reason, Status};
+    let p = lv("-wi-------").problem().unwrap();
+    assert!(p.message.contains("not active"));
+    assert_eq!(
+        (p.status, p.reason),
+        (Status::Inaccessible, Reason::LogicalVolumeInactive)
+    );
+    let p = lv("-wi-a---p-").problem().unwrap();
+    assert!(p.message.contains("partial"));
+    assert_eq!(
+        (p.status, p.reason),
+        (Status::Degraded, Reason::LogicalVolumePartial)
+    );
+    let p = lv("swi-I-s---").problem().unwrap();
+    assert!(p.message.contains("invalid"));
+    assert_eq!(
+        (p.status, p.reason),
+        (Status::DataLoss, Reason::SnapshotInvalid)
+    );
     assert_eq!(lv("-wi-ao----").problem(), None);
 }
 

@@ -218,11 +218,15 @@ async fn a_fenced_stage_is_abnormal() {
     assert!(!ops(&r).iter().any(|l| l.contains("image-meta set")));
     r.expect("rbd", Reply::Ok(MAPPED.into()))
         .expect("rbd", Reply::Ok(recorded.into()));
-    assert_eq!(b.node_condition(&id, &a).await.unwrap(), None);
+    assert_eq!(b.node_health(&id, &a).await.unwrap(), vec![]);
     r.expect("rbd", Reply::Ok(MAPPED.into()))
         .expect("rbd", Reply::Ok(r#"{"ferrovol.name":"a"}"#.into()));
-    let c = b.node_condition(&id, &a).await.unwrap().unwrap();
-    assert!(c.contains("fenced") && c.contains("10.0.0.2:0/77"), "{c}");
+    let c = b.node_health(&id, &a).await.unwrap().remove(0);
+    assert!(
+        c.message.contains("fenced") && c.message.contains("10.0.0.2:0/77"),
+        "{c:?}"
+    );
+    assert_eq!(c.reason, crate::plugin::health::Reason::ClientFenced);
 }
 
 #[test]

@@ -73,8 +73,9 @@ async fn the_node_maps_only_what_is_published_to_it() {
 
     // Condition: the mapping gone is abnormal.
     r.expect("rbd", Reply::Ok("[]".into()));
-    let c = b.node_condition(&id, &a).await.unwrap().unwrap();
-    assert!(c.contains("no longer mapped"), "{c}");
+    let c = b.node_health(&id, &a).await.unwrap().remove(0);
+    assert!(c.message.contains("no longer mapped"), "{c:?}");
+    assert_eq!(c.reason, crate::plugin::Reason::MappingGone);
     // Size after a resize, from sysfs.
     std::fs::create_dir_all(dir.path().join("sys/block/rbd0")).unwrap();
     std::fs::write(dir.path().join("sys/block/rbd0/size"), "40960\n").unwrap();

@@ -1,0 +1,381 @@
+//! Volume and storage health (CSI v1.13): what a backend finds wrong, each
+//! finding named by a reason from one list, and the book that answers from
+//! what was last measured so that a health call never waits on storage
+//! that does not answer.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// What is wrong with a volume (v1.13's `VolumeHealthErrorType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Status {
+    /// It cannot be reached: from any node when the controller says so,
+    /// from this node when a node does.
+    Inaccessible,
+    /// Its data is lost, or very likely so.
+    DataLoss,
+    /// It is usable, not at its best.
+    Degraded,
+}
+
+/// What is wrong with a backend as this node sees it (v1.13's
+/// `StorageHealthErrorType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum StorageStatus {
+    Unreachable,
+    Degraded,
+}
+
+macro_rules! reasons {
+    ($($(#[$doc:meta])* $variant:ident,)*) => {
+        /// Every reason ferrovol reports, each a CamelCase word on the wire
+        /// and a line in docs/monitoring.md and docs/troubleshooting.md
+        /// (tests/docs.rs checks both).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum Reason {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl Reason {
+            /// All of them.
+            pub const ALL: &'static [Reason] = &[$(Reason::$variant,)*];
+
+            /// The word on the wire.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Reason::$variant => stringify!($variant),)*
+                }
+            }
+        }
+    };
+}
+
+reasons! {
+    /// The measurement did not finish within its deadline: the storage
+    /// behind it does not answer.
+    HealthCheckTimedOut,
+    /// The measurement itself failed (the message says how).
+    HealthCheckFailed,
+    /// The volume was never attached on this node, or its attachment was
+    /// not recorded.
+    NotAttached,
+    /// The filesystem staged for the volume is no longer mounted.
+    StagingMountGone,
+    /// The filesystem does not answer (a remote server, a stale handle).
+    FilesystemNotAnswering,
+    /// The file backend's image file of the volume is gone.
+    ImageMissing,
+    /// The loop device the volume was staged on no longer backs its image.
+    LoopDeviceGone,
+    /// The file backend's pool folder cannot be read or written.
+    PoolUnreachable,
+    /// The file backend's pool has less room left than its threshold.
+    PoolNearlyFull,
+    /// The logical volume is gone.
+    LogicalVolumeGone,
+    /// The logical volume is not active.
+    LogicalVolumeInactive,
+    /// A physical volume under the logical volume is missing.
+    LogicalVolumePartial,
+    /// lvm reports the logical volume's state as unknown, needing a
+    /// refresh, or with mismatches.
+    LogicalVolumeUnsettled,
+    /// A classic snapshot that overflowed its copy-on-write area.
+    SnapshotInvalid,
+    /// A thin pool's data or metadata is nearly full.
+    ThinPoolNearlyFull,
+    /// A device class's thin pool cannot be found.
+    ThinPoolMissing,
+    /// A device class's volume group cannot be read on this node.
+    VolumeGroupMissing,
+    /// No iSCSI session to the volume's target.
+    SessionMissing,
+    /// The iSCSI session to the volume's target is not logged in.
+    SessionDown,
+    /// One path of a multipath volume is down; the others carry it.
+    PathDown,
+    /// The multipath map of the volume is gone.
+    MultipathMapGone,
+    /// The staged device is no longer a disk of the volume's session.
+    LunMissing,
+    /// The rbd image is no longer mapped at the staged device.
+    MappingGone,
+    /// This node's client was fenced (blocklisted) by a detach while the
+    /// volume was staged here.
+    ClientFenced,
+    /// The Ceph cluster does not answer this node.
+    ClusterNotAnswering,
+    /// The volume is no longer mounted at the publish path asked about.
+    PublishMountGone,
+    /// The backend has no such volume (deleted outside the driver, or its
+    /// storage lost).
+    VolumeNotFound,
+    /// A backend is not ready on this node (what it lacks is in the
+    /// message): NodeGetStorageHealth's STORAGE_UNREACHABLE.
+    BackendNotReady,
+}
+
+/// One thing found wrong with a volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    pub status: Status,
+    pub reason: Reason,
+    pub message: String,
+}
+
+impl Finding {
+    pub fn new(status: Status, reason: Reason, message: impl Into<String>) -> Self {
+        Finding {
+            status,
+            reason,
+            message: message.into(),
+        }
+    }
+    pub fn inaccessible(reason: Reason, message: impl Into<String>) -> Self {
+        Self::new(Status::Inaccessible, reason, message)
+    }
+    pub fn degraded(reason: Reason, message: impl Into<String>) -> Self {
+        Self::new(Status::Degraded, reason, message)
+    }
+    pub fn data_loss(reason: Reason, message: impl Into<String>) -> Self {
+        Self::new(Status::DataLoss, reason, message)
+    }
+}
+
+/// One thing found wrong with a backend as this node sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StorageFinding {
+    pub status: StorageStatus,
+    pub reason: Reason,
+    pub message: String,
+}
+
+/// What v1.12's callers get for a volume: abnormal with every finding's
+/// message, or healthy. One place knows a volume's health; the old
+/// condition is read from it.
+pub fn condition(findings: &[Finding]) -> Option<String> {
+    if findings.is_empty() {
+        return None;
+    }
+    Some(
+        findings
+            .iter()
+            .map(|f| f.message.as_str())
+            .collect::<Vec<_>>()
+            .join("; "),
+    )
+}
+
+/// Keeps the spec's rule: one entry per (status, reason), the first kept.
+pub fn dedup(mut findings: Vec<Finding>) -> Vec<Finding> {
+    let mut seen = std::collections::BTreeSet::new();
+    findings.retain(|f| seen.insert((f.status, f.reason)));
+    findings
+}
+
+/// A measurement and when it was taken.
+#[derive(Debug, Clone)]
+pub struct Measured<T> {
+    pub value: T,
+    pub at: Instant,
+}
+
+struct Slot<T> {
+    last: Option<Measured<T>>,
+    /// Set while a measurement runs: its result is sent here.
+    running: Option<watch::Receiver<Option<Measured<T>>>>,
+}
+
+/// What was last measured, per key (a volume, a backend). A call asks for
+/// a value no older than `fresh`: the book answers from what it has, or
+/// starts one measurement (never two at once for a key) and waits for it
+/// no longer than `deadline`. A measurement that outlives the deadline goes
+/// on in the background and is kept for the next call; the caller gets
+/// what was measured before, with its age, or nothing.
+pub struct Book<K, T> {
+    slots: Arc<Mutex<HashMap<K, Slot<T>>>>,
+}
+
+impl<K, T> Default for Book<K, T> {
+    fn default() -> Self {
+        Book {
+            slots: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+}
+
+/// A book's answer.
+#[derive(Debug, Clone)]
+pub enum Answer<T> {
+    /// Measured within the freshness asked for, or by this call.
+    Fresh(Measured<T>),
+    /// The measurement did not finish in time: the last one before it,
+    /// if any.
+    Late(Option<Measured<T>>),
+}
+
+impl<K, T> Book<K, T>
+where
+    K: Eq + Hash + Clone + Send + 'static,
+    T: Clone + Send + Sync + 'static,
+{
+    pub async fn get<F>(&self, key: K, fresh: Duration, deadline: Duration, measure: F) -> Answer<T>
+    where
+        F: Future<Output = T> + Send + 'static,
+    {
+        let mut rx = {
+            let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+            let slot = slots.entry(key.clone()).or_insert(Slot {
+                last: None,
+                running: None,
+            });
+            if let Some(m) = &slot.last {
+                if m.at.elapsed() <= fresh {
+                    return Answer::Fresh(m.clone());
+                }
+            }
+            match &slot.running {
+                Some(rx) => rx.clone(),
+                None => {
+                    let (tx, rx) = watch::channel(None);
+                    slot.running = Some(rx.clone());
+                    let slots = self.slots.clone();
+                    let key = key.clone();
+                    tokio::spawn(async move {
+                        let value = measure.await;
+                        let m = Measured {
+                            value,
+                            at: Instant::now(),
+                        };
+                        let mut slots = slots.lock().unwrap_or_else(|e| e.into_inner());
+                        if let Some(slot) = slots.get_mut(&key) {
+                            slot.last = Some(m.clone());
+                            slot.running = None;
+                        }
+                        let _ = tx.send(Some(m));
+                    });
+                    rx
+                }
+            }
+        };
+        let done = tokio::time::timeout(deadline, rx.wait_for(|v| v.is_some())).await;
+        match done {
+            Ok(Ok(m)) => Answer::Fresh(m.clone().expect("waited for a value")),
+            _ => {
+                let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+                Answer::Late(slots.get(&key).and_then(|s| s.last.clone()))
+            }
+        }
+    }
+
+    /// Forgets a key (a volume deleted or unstaged).
+    pub fn forget(&self, key: &K) {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        if slots.get(key).is_some_and(|s| s.running.is_none()) {
+            slots.remove(key);
+        }
+    }
+}
+
+/// A volume's findings from a book's answer: a late measurement says so
+/// (the last findings, with their age, and that the check timed out).
+pub fn findings_of(answer: Answer<Vec<Finding>>, deadline: Duration) -> Vec<Finding> {
+    match answer {
+        Answer::Fresh(m) => m.value,
+        Answer::Late(last) => {
+            let mut findings = vec![Finding::inaccessible(
+                Reason::HealthCheckTimedOut,
+                match &last {
+                    Some(m) => format!(
+                        "the health check did not finish within {} s; what follows was measured {} s ago",
+                        deadline.as_secs_f64(),
+                        m.at.elapsed().as_secs()
+                    ),
+                    None => format!(
+                        "the health check did not finish within {} s: the storage does not answer",
+                        deadline.as_secs_f64()
+                    ),
+                },
+            )];
+            findings.extend(last.map(|m| m.value).unwrap_or_default());
+            dedup(findings)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_are_camel_case_and_unique() {
+        let mut seen = std::collections::BTreeSet::new();
+        for r in Reason::ALL {
+            let s = r.as_str();
+            assert!(s.chars().next().unwrap().is_ascii_uppercase(), "{s}");
+            assert!(s.chars().all(|c| c.is_ascii_alphanumeric()), "{s}");
+            assert!(seen.insert(s), "{s} twice");
+        }
+    }
+
+    #[test]
+    fn one_entry_per_status_and_reason_and_the_old_condition_from_them() {
+        let f = dedup(vec![
+            Finding::inaccessible(Reason::ImageMissing, "a"),
+            Finding::inaccessible(Reason::ImageMissing, "b"),
+            Finding::degraded(Reason::PoolNearlyFull, "c"),
+        ]);
+        assert_eq!(f.len(), 2);
+        assert_eq!(condition(&f).as_deref(), Some("a; c"));
+        assert_eq!(condition(&[]), None);
+    }
+
+    #[tokio::test]
+    async fn a_hung_measurement_answers_late_once_and_is_never_run_twice() {
+        let book: Book<&str, Vec<Finding>> = Book::default();
+        let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (release, hold) = tokio::sync::oneshot::channel::<()>();
+        let s = started.clone();
+        let short = Duration::from_millis(50);
+        // The first measurement hangs until released.
+        let answer = book
+            .get("v", Duration::ZERO, short, async move {
+                s.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let _ = hold.await;
+                vec![Finding::degraded(Reason::PoolNearlyFull, "slow")]
+            })
+            .await;
+        assert!(matches!(answer, Answer::Late(None)));
+        let f = findings_of(answer, short);
+        assert_eq!(f[0].reason, Reason::HealthCheckTimedOut);
+        // A second call while it hangs starts nothing new and is late too.
+        let s = started.clone();
+        let answer = book
+            .get("v", Duration::ZERO, short, async move {
+                s.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                vec![]
+            })
+            .await;
+        assert!(matches!(answer, Answer::Late(None)));
+        assert_eq!(started.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // Released, its result is what the next call gets while fresh
+        // (waited for if it is still being written, measured again never).
+        release.send(()).unwrap();
+        let answer = book
+            .get(
+                "v",
+                Duration::from_secs(60),
+                Duration::from_secs(30),
+                async { vec![] },
+            )
+            .await;
+        match answer {
+            Answer::Fresh(m) => assert_eq!(m.value[0].message, "slow"),
+            other => panic!("{other:?}"),
+        }
+    }
+}
