@@ -67,6 +67,11 @@ reasons! {
     StagingMountGone,
     /// The filesystem does not answer (a remote server, a stale handle).
     FilesystemNotAnswering,
+    /// The nfs export cannot be mounted or read from the controller.
+    ExportUnreachable,
+    /// The nfs volume's directory is gone from its export; its record is
+    /// still there.
+    VolumeDirectoryMissing,
     /// The file backend's image file of the volume is gone.
     ImageMissing,
     /// The loop device the volume was staged on no longer backs its image.

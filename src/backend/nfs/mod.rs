@@ -12,6 +12,7 @@
 //! a directory without a record is not ours and is never touched.
 
 mod btrfs;
+mod health;
 mod share;
 mod snapshots;
 mod stage;
@@ -849,6 +850,10 @@ impl Backend for NfsBackend {
             AccessMode::SingleNodeSingleWriter,
             AccessMode::SingleNodeMultiWriter,
         ]
+    }
+
+    fn health_reporter(&self) -> Option<&dyn crate::plugin::HealthReporter> {
+        Some(self)
     }
 
     fn provisioner(&self) -> Option<&dyn Provisioner> {

@@ -540,3 +540,41 @@ async fn modify_changes_the_mode_and_the_delete_policy_all_or_nothing() {
         Kind::NotFound
     );
 }
+
+#[tokio::test]
+async fn health_says_when_the_export_or_the_volume_s_directory_is_gone() {
+    use crate::plugin::health::Reason;
+    use crate::plugin::HealthReporter;
+    let f = fixture();
+    f.runner.ok("mount");
+    let v = f
+        .backend
+        .create_volume(&req("pvc-1", &[(PV, "pvc-h")], &[]))
+        .await
+        .unwrap();
+    let s = Secrets::default();
+    assert_eq!(f.backend.volume_health(&v.id, &s).await.unwrap(), vec![]);
+    assert_eq!(
+        f.backend.known_volumes(&Page::all()).await.unwrap(),
+        vec![v.id.clone()]
+    );
+    // A volume this export never had: not found.
+    let never = f
+        .backend
+        .volume_id_for(&req("pvc-9", &[(PV, "nothere")], &[]))
+        .unwrap();
+    let found = f.backend.volume_health(&never, &s).await.unwrap();
+    assert_eq!(found[0].reason, Reason::VolumeNotFound, "{found:?}");
+    // Its directory removed by hand, its record left.
+    std::fs::remove_dir(f.share().join("pvc-h")).unwrap();
+    let found = f.backend.volume_health(&v.id, &s).await.unwrap();
+    assert_eq!(found[0].reason, Reason::VolumeDirectoryMissing, "{found:?}");
+    assert!(found[0].message.contains("pvc-h"), "{found:?}");
+    // The export no longer mounts: unreachable, said within the mount's
+    // deadline.
+    f.runner.ok("umount");
+    assert_eq!(f.backend.mounts.release_idle(Duration::ZERO).await, 1);
+    f.runner.expect("mount", Reply::Timeout);
+    let found = f.backend.volume_health(&v.id, &s).await.unwrap();
+    assert_eq!(found[0].reason, Reason::ExportUnreachable, "{found:?}");
+}
