@@ -97,6 +97,8 @@ reasons! {
     ThinPoolMissing,
     /// A device class's volume group cannot be read on this node.
     VolumeGroupMissing,
+    /// tgtd no longer serves the volume's target.
+    TargetMissing,
     /// No iSCSI session to the volume's target.
     SessionMissing,
     /// The iSCSI session to the volume's target is not logged in.

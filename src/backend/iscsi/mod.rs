@@ -17,6 +17,7 @@
 //! it all at unstage. See `initiator.rs`.
 
 mod attach;
+mod health;
 mod initiator;
 mod snapshots;
 mod stage;
@@ -633,6 +634,12 @@ impl Backend for IscsiBackend {
 
     fn access_modes(&self) -> Vec<AccessMode> {
         SINGLE_NODE_MODES.to_vec()
+    }
+
+    /// What the store and tgtd say (only where the store is: the target
+    /// host).
+    fn health_reporter(&self) -> Option<&dyn crate::plugin::HealthReporter> {
+        self.store.is_some().then_some(self as _)
     }
 
     fn provisioner(&self) -> Option<&dyn Provisioner> {

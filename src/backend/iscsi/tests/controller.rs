@@ -526,3 +526,27 @@ fn thin_provisioning_is_refused_on_an_lvm_store() {
     let off = BTreeMap::from([(THIN_PROVISIONING.to_string(), "false".to_string())]);
     b.check_mutable(&off).unwrap();
 }
+
+/// Health as the target host sees it: the store's view of the volume and
+/// whether tgtd serves its target.
+#[tokio::test]
+async fn health_reads_the_store_and_the_target() {
+    use crate::plugin::health::Reason;
+    use crate::plugin::HealthReporter;
+    let s = Setup::new();
+    let t = FakeTgtd::start(s.dir.path());
+    let b = s.backend();
+    let v = b.create_volume(&create("pvc-1")).await.unwrap();
+    let secrets = Secrets::default();
+    assert_eq!(b.volume_health(&v.id, &secrets).await.unwrap(), vec![]);
+    // tgtd lost the target (restarted without it, deleted by hand).
+    t.edit(|st| st.targets.retain(|_, target| target.iqn != IQN));
+    let found = b.volume_health(&v.id, &secrets).await.unwrap();
+    assert_eq!(found[0].reason, Reason::TargetMissing, "{found:?}");
+    assert!(found[0].message.contains(IQN), "{found:?}");
+    // A volume the store does not have: not found, by this backend's id.
+    let never = VolumeId::parse("iscsi:pvc-never").unwrap();
+    let found = b.volume_health(&never, &secrets).await.unwrap();
+    assert_eq!(found[0].reason, Reason::VolumeNotFound, "{found:?}");
+    assert!(found[0].message.contains("iscsi:pvc-never"), "{found:?}");
+}

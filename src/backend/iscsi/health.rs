@@ -1,0 +1,53 @@
+//! The iscsi backend's health, as the target host sees it: its store's
+//! view of the volume (an image or LV gone, a pool nearly full) and
+//! whether tgtd still serves the volume's target.
+
+use super::*;
+use crate::plugin::health::{Finding, Reason};
+use crate::plugin::HealthReporter;
+
+#[async_trait::async_trait]
+impl HealthReporter for IscsiBackend {
+    async fn known_volumes(&self, page: &Page) -> Result<Vec<VolumeId>> {
+        let store = self.store()?;
+        let ids = match store.health_reporter() {
+            Some(reporter) => reporter.known_volumes(page).await?,
+            None => store
+                .provisioning()?
+                .list_volumes(page)
+                .await?
+                .into_iter()
+                .map(|v| v.id)
+                .collect(),
+        };
+        ids.iter().map(|id| self.id_from_store(id)).collect()
+    }
+
+    async fn volume_health(&self, id: &VolumeId, secrets: &Secrets) -> Result<Vec<Finding>> {
+        let not_found = || vec![crate::plugin::controller::volume_not_found(id)];
+        if id.backend() != self.name {
+            return Ok(not_found());
+        }
+        let store = self.store()?;
+        let store_id = self.to_store(id)?;
+        let mut found = match store.health_reporter() {
+            Some(reporter) => reporter.volume_health(&store_id, secrets).await?,
+            None => match store.provisioning()?.get_volume(&store_id, secrets).await? {
+                Some(_) => Vec::new(),
+                None => not_found(),
+            },
+        };
+        if found.iter().any(|f| f.reason == Reason::VolumeNotFound) {
+            return Ok(not_found());
+        }
+        if let Some(record) = self.load(id)? {
+            if self.target_sessions(&record.iqn).await?.is_none() {
+                found.push(Finding::inaccessible(
+                    Reason::TargetMissing,
+                    format!("target {} is not served by tgtd", record.iqn),
+                ));
+            }
+        }
+        Ok(found)
+    }
+}
