@@ -13,6 +13,8 @@ mod deployed;
 mod encryption;
 #[path = "guest/file.rs"]
 mod file;
+#[path = "guest/health.rs"]
+mod health;
 #[path = "guest/iscsi.rs"]
 mod iscsi;
 #[path = "guest/iscsi_copies.rs"]
