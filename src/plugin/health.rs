@@ -60,6 +60,9 @@ reasons! {
     HealthCheckTimedOut,
     /// The measurement itself failed (the message says how).
     HealthCheckFailed,
+    /// The storage behind the volume did not answer the check (its server,
+    /// target or cluster), within the check's own command deadline.
+    StorageNotAnswering,
     /// The volume was never attached on this node, or its attachment was
     /// not recorded.
     NotAttached,

@@ -133,6 +133,10 @@ async fn measure(
         };
         match found {
             Ok(found) => health::dedup(found),
+            Err(e) if e.kind == crate::error::Kind::Unavailable => vec![Finding::inaccessible(
+                Reason::StorageNotAnswering,
+                format!("the storage does not answer: {}", e.message),
+            )],
             Err(e) => vec![Finding::inaccessible(
                 Reason::HealthCheckFailed,
                 format!("the health check failed: {}", e.message),

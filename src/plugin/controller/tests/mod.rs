@@ -12,6 +12,7 @@ use tokio::sync::Notify;
 
 mod calls;
 mod groups;
+mod health;
 mod publish;
 
 /// An in-memory backend that records the secrets and pages it receives and
@@ -37,6 +38,10 @@ struct Memory {
     kept_grants: Mutex<Option<Vec<(VolumeId, String)>>>,
     /// The required bytes of each create_volume.
     required_seen: Mutex<Vec<u64>>,
+    /// Volumes listed whose lookups find nothing (their storage lost), and
+    /// volumes whose lookups fail as storage that does not answer.
+    lost: Mutex<std::collections::BTreeSet<String>>,
+    not_answering: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl Memory {
@@ -55,6 +60,8 @@ impl Memory {
             fail_snapshots_of: Default::default(),
             kept_grants: Default::default(),
             required_seen: Default::default(),
+            lost: Default::default(),
+            not_answering: Default::default(),
         }
     }
 
@@ -165,6 +172,12 @@ impl Provisioner for Memory {
     }
 
     async fn get_volume(&self, id: &VolumeId, _secrets: &Secrets) -> Result<Option<VolumeInfo>> {
+        if self.not_answering.lock().unwrap().contains(id.locator()) {
+            return Err(Error::unavailable("the server did not answer within 5 s"));
+        }
+        if self.lost.lock().unwrap().contains(id.locator()) {
+            return Ok(None);
+        }
         Ok(self.volumes.lock().unwrap().get(id.locator()).cloned())
     }
 
