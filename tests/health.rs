@@ -220,10 +220,23 @@ async fn health_is_reported_by_the_v1_13_calls_and_the_old_condition_alike() {
         kinds(&c),
         BTreeSet::from([(Inaccessible, "VolumeNotFound".to_string())])
     );
-    assert!(node_health(&h, &never, "", "")
+    // The file backend's volumes live on this node: it says so too.
+    assert_eq!(
+        kinds(&node_health(&h, &never, "", "").await),
+        BTreeSet::from([(Inaccessible, "VolumeNotFound".to_string())])
+    );
+    // One made but never staged (a stage that failed): its image gone is
+    // said by the node as well.
+    let unstaged = h
+        .create(create_req("unstaged", 4 * MIB, mount_cap("ext4", SNW)))
         .await
-        .health_statuses
-        .is_empty());
+        .volume_id;
+    std::fs::remove_file(image(&h, &unstaged)).unwrap();
+    assert_eq!(
+        kinds(&node_health(&h, &unstaged, "", "").await),
+        BTreeSet::from([(Inaccessible, "ImageMissing".to_string())])
+    );
+    h.delete_volume(&unstaged).await;
     let e = h
         .node()
         .node_get_volume_health(pb::NodeGetVolumeHealthRequest {

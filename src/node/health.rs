@@ -53,9 +53,10 @@ impl NodeOps {
     }
 
     /// NodeGetVolumeHealth: what is wrong with a volume on this node. A
-    /// volume of this driver that is not staged here has nothing of this
-    /// node's to measure (empty); an id no backend of this driver made is
-    /// NOT_FOUND. Paths, when given, must be where the volume is (or was to
+    /// node-local volume not staged here (a stage that failed, or none yet)
+    /// is asked of its backend, which holds it on this node; a remote one
+    /// has nothing of this node's to measure (empty). An id no backend of
+    /// this driver made is NOT_FOUND. Paths, when given, must be where the volume is (or was to
     /// be): a staging path or target of another volume is refused.
     pub async fn volume_health(
         &self,
@@ -67,7 +68,7 @@ impl NodeOps {
         let publish_path = optional_path(publish_path, "volume_publish_path")?;
         let staging_path = optional_path(staging_path, "staging_target_path")?;
         let Some(stage) = self.state.stage(id) else {
-            return Ok(Vec::new());
+            return Ok(self.unstaged_health(id).await);
         };
         if staging_path
             .as_ref()
@@ -111,6 +112,35 @@ impl NodeOps {
             }
         }
         Ok(health::dedup(found))
+    }
+
+    /// A volume not staged here: its backend's own view when the volume
+    /// lives on this node, through the book.
+    async fn unstaged_health(&self, id: &VolumeId) -> Vec<Finding> {
+        let Ok(backend) = self.backend(id).cloned() else {
+            return Vec::new();
+        };
+        if !backend.node_local() || backend.health_reporter().is_none() {
+            return Vec::new();
+        }
+        let key = id.to_string();
+        let id = id.clone();
+        let measure = async move {
+            let reporter = backend.health_reporter().expect("checked above");
+            match reporter.volume_health(&id, &Secrets::default()).await {
+                Ok(found) => health::dedup(found),
+                Err(e) => vec![Finding::inaccessible(
+                    Reason::HealthCheckFailed,
+                    format!("the health check failed: {}", e.message),
+                )],
+            }
+        };
+        let deadline = self.deadlines.quick;
+        let answer = self
+            .health
+            .get(key, Duration::ZERO, deadline, measure)
+            .await;
+        health::findings_of(answer, deadline)
     }
 
     /// NodeGetStorageHealth: each backend as this node sees it, checked
