@@ -5,6 +5,7 @@
 use crate::error::{Error, Result};
 use crate::exec::{path_arg, Command, CommandRunner};
 use crate::plugin::health::{Finding, Reason};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -107,6 +108,34 @@ impl Initiator<'_> {
             Err(e) if e.exit_code().is_some_and(|c| already.contains(&c)) => Ok(false),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// This driver's sessions (to targets named `<prefix>:...`) that are
+    /// not logged in, and the portals that still have one that is.
+    pub async fn paths(&self, prefix: &str) -> Result<(Vec<Session>, BTreeSet<String>)> {
+        let all = match self
+            .runner
+            .run(self.iscsiadm().args(["-m", "session"]))
+            .await
+        {
+            Ok(out) => parse_sessions(&out.stdout),
+            Err(e) if e.exit_code() == Some(NO_OBJECTS) => Vec::new(),
+            Err(e) => return Err(e.into()),
+        };
+        let ours = all.into_iter().filter(|s| {
+            s.iqn
+                .strip_prefix(prefix)
+                .is_some_and(|r| r.starts_with(':'))
+        });
+        let (mut down, mut up) = (Vec::new(), BTreeSet::new());
+        for s in ours {
+            if self.session_state(s.sid) == "LOGGED_IN" {
+                up.insert(s.portal.clone());
+            } else {
+                down.push(s);
+            }
+        }
+        Ok((down, up))
     }
 
     pub async fn sessions(&self, iqn: &str) -> Result<Vec<Session>> {

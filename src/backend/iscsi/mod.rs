@@ -636,6 +636,10 @@ impl Backend for IscsiBackend {
         SINGLE_NODE_MODES.to_vec()
     }
 
+    async fn storage_findings(&self) -> Vec<crate::plugin::health::StorageFinding> {
+        self.path_findings().await
+    }
+
     /// What the store and tgtd say (only where the store is: the target
     /// host).
     fn health_reporter(&self) -> Option<&dyn crate::plugin::HealthReporter> {

@@ -534,3 +534,42 @@ async fn a_copy_token_goes_to_nodes_until_the_uuid_changes_and_each_node_renews_
         .iter()
         .all(|l| !l.starts_with("blkid")));
 }
+
+/// The storage as this node sees it: this driver's sessions, by state.
+#[tokio::test]
+async fn storage_health_counts_the_sessions_that_are_down() {
+    use crate::plugin::health::{Reason, StorageStatus};
+    let s = Setup::new();
+    let b = s.node();
+    let two = "tcp: [4] 10.0.0.5:3260,1 iqn.2026-11.io.ferrovol:pvc-1 (non-flash)\n\
+               tcp: [5] 10.0.0.6:3260,1 iqn.2026-11.io.ferrovol:pvc-1 (non-flash)\n\
+               tcp: [6] 10.0.0.9:3260,1 iqn.other:lun (non-flash)\n";
+    sysfs_session(s.dir.path(), 4, "sdc", "LOGGED_IN", 32768);
+    sysfs_session(s.dir.path(), 5, "sdd", "LOGGED_IN", 32768);
+    // Another driver's session, down: not ours to report.
+    sysfs_session(s.dir.path(), 6, "sde", "FAILED", 32768);
+    s.runner.expect("iscsiadm", Reply::Ok(two.into()));
+    assert_eq!(b.storage_findings().await, vec![]);
+    // One path down, the other up: degraded.
+    sysfs_session(s.dir.path(), 5, "sdd", "FAILED", 32768);
+    s.runner.expect("iscsiadm", Reply::Ok(two.into()));
+    let f = b.storage_findings().await;
+    assert_eq!(
+        (f[0].status, f[0].reason),
+        (StorageStatus::Degraded, Reason::PathDown),
+        "{f:?}"
+    );
+    assert!(f[0].message.contains("10.0.0.6:3260"), "{f:?}");
+    // Both down: unreachable from here.
+    sysfs_session(s.dir.path(), 4, "sdc", "FAILED", 32768);
+    s.runner.expect("iscsiadm", Reply::Ok(two.into()));
+    let f = b.storage_findings().await;
+    assert_eq!(
+        (f[0].status, f[0].reason),
+        (StorageStatus::Unreachable, Reason::SessionDown),
+        "{f:?}"
+    );
+    // No session at all: nothing down.
+    s.runner.expect("iscsiadm", Reply::Fail(21, String::new()));
+    assert_eq!(b.storage_findings().await, vec![]);
+}
