@@ -11,6 +11,7 @@ mod fake;
 pub mod freeze;
 pub mod hold;
 pub mod loopdev;
+pub mod synced;
 mod targets;
 mod tree;
 

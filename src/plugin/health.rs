@@ -300,6 +300,12 @@ pub fn findings_of(answer: Answer<Vec<Finding>>, deadline: Duration) -> Vec<Find
             let mut findings = vec![Finding::inaccessible(
                 Reason::HealthCheckTimedOut,
                 match &last {
+                    Some(m) if m.value.is_empty() => format!(
+                        "the health check did not finish within {} s; the one before, {} s ago, \
+                         found nothing wrong",
+                        deadline.as_secs_f64(),
+                        m.at.elapsed().as_secs()
+                    ),
                     Some(m) => format!(
                         "the health check did not finish within {} s; what follows was measured {} s ago",
                         deadline.as_secs_f64(),

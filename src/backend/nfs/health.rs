@@ -37,11 +37,18 @@ impl HealthReporter for NfsBackend {
         if Self::read_record(&held.dir, &loc.subdir).await?.is_none() {
             return Ok(not_found());
         }
+        // Asked of the server, not of this client's caches: a directory
+        // removed there is gone here at once.
         let (root, subdir) = (held.dir.clone(), loc.subdir.clone());
-        let dir = blocking("inspecting the share", move || resolve(&root, &subdir)).await;
+        let dir = blocking("inspecting the share", move || {
+            let synced = crate::host::synced::exists_on_server(&root.join(&subdir))?;
+            // No symlink on the way (resolve refuses one).
+            Ok(synced && resolve(&root, &subdir)?.is_some())
+        })
+        .await;
         Ok(match dir {
-            Ok(Some(_)) => Vec::new(),
-            Ok(None) => vec![Finding::inaccessible(
+            Ok(true) => Vec::new(),
+            Ok(false) => vec![Finding::inaccessible(
                 Reason::VolumeDirectoryMissing,
                 format!(
                     "the volume's directory {} is gone from {}:{} (its record is still there)",
