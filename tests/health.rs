@@ -43,19 +43,6 @@ async fn node_health(h: &Harness, id: &str, staging: &str, target: &str) -> pb::
         .expect("a volume_health")
 }
 
-async fn controller_health(h: &Harness, id: &str) -> pb::VolumeHealth {
-    h.controller()
-        .controller_get_volume_health(pb::ControllerGetVolumeHealthRequest {
-            volume_id: id.into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap_or_else(|e| panic!("ControllerGetVolumeHealth {id}: {e:?}\n{}", h.log()))
-        .into_inner()
-        .volume_health
-        .expect("a volume_health")
-}
-
 /// Every entry of ControllerListVolumeHealth, page by page of `max`.
 async fn listed(h: &Harness, max: i32) -> Vec<pb::VolumeHealth> {
     let (mut all, mut token) = (Vec::new(), String::new());
@@ -123,10 +110,7 @@ async fn health_is_reported_by_the_v1_13_calls_and_the_old_condition_alike() {
         .await
         .health_statuses
         .is_empty());
-    assert!(controller_health(&h, &p.id)
-        .await
-        .health_statuses
-        .is_empty());
+    assert!(h.controller_health(&p.id).await.health_statuses.is_empty());
     assert!(listed(&h, 0).await.is_empty());
     let storage = h
         .node()
@@ -141,7 +125,7 @@ async fn health_is_reported_by_the_v1_13_calls_and_the_old_condition_alike() {
     // is unstaged (data loss to come); v1.12's callers see it abnormal.
     std::fs::remove_file(image(&h, &p.id)).unwrap();
     use pb::VolumeHealthErrorType::Inaccessible;
-    let c = controller_health(&h, &p.id).await;
+    let c = h.controller_health(&p.id).await;
     assert_eq!(c.volume_id, p.id);
     assert_eq!(
         kinds(&c),
@@ -215,7 +199,7 @@ async fn health_is_reported_by_the_v1_13_calls_and_the_old_condition_alike() {
         assert_eq!(e.code(), want, "{id:?}: {e:?}");
     }
     let never = format!("{}:never-made", p.id.split_once(':').unwrap().0);
-    let c = controller_health(&h, &never).await;
+    let c = h.controller_health(&never).await;
     assert_eq!(
         kinds(&c),
         BTreeSet::from([(Inaccessible, "VolumeNotFound".to_string())])

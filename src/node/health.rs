@@ -32,17 +32,10 @@ impl NodeOps {
         let key = id.to_string();
         let id = id.clone();
         let measure = async move {
-            let found = match backend.staging() {
+            health::from_check(match backend.staging() {
                 Ok(stager) => stager.node_health(&id, &attachment).await,
                 Err(e) => Err(e),
-            };
-            match found {
-                Ok(found) => health::dedup(found),
-                Err(e) => vec![Finding::inaccessible(
-                    Reason::HealthCheckFailed,
-                    format!("the health check failed: {}", e.message),
-                )],
-            }
+            })
         };
         let deadline = self.deadlines.quick;
         let answer = self
@@ -127,13 +120,7 @@ impl NodeOps {
         let id = id.clone();
         let measure = async move {
             let reporter = backend.health_reporter().expect("checked above");
-            match reporter.volume_health(&id, &Secrets::default()).await {
-                Ok(found) => health::dedup(found),
-                Err(e) => vec![Finding::inaccessible(
-                    Reason::HealthCheckFailed,
-                    format!("the health check failed: {}", e.message),
-                )],
-            }
+            health::from_check(reporter.volume_health(&id, &Secrets::default()).await)
         };
         let deadline = self.deadlines.quick;
         let answer = self

@@ -558,9 +558,16 @@ pub trait DeviceMounter: Stager {
 #[async_trait::async_trait]
 pub trait HealthReporter: Provisioner {
     /// The volumes it knows of, in id order after `page.after`: healthy or
-    /// not, one whose storage is gone included (where
-    /// [`Provisioner::list_volumes`] shows only whole ones).
-    async fn known_volumes(&self, page: &Page) -> Result<Vec<VolumeId>>;
+    /// not, one whose storage is gone included where the backend can
+    /// (by default, what [`Provisioner::list_volumes`] shows).
+    async fn known_volumes(&self, page: &Page) -> Result<Vec<VolumeId>> {
+        Ok(self
+            .list_volumes(page)
+            .await?
+            .into_iter()
+            .map(|v| v.id)
+            .collect())
+    }
 
     /// What is wrong with one (empty: nothing known). One it does not
     /// know is [`super::health::Reason::VolumeNotFound`].

@@ -180,6 +180,23 @@ pub fn condition(findings: &[Finding]) -> Option<String> {
     )
 }
 
+/// A check's result as findings: its own, one per (status, reason); a
+/// check that failed is said as such (storage that did not answer it
+/// apart from any other failure).
+pub fn from_check(found: crate::error::Result<Vec<Finding>>) -> Vec<Finding> {
+    match found {
+        Ok(found) => dedup(found),
+        Err(e) if e.kind == crate::error::Kind::Unavailable => vec![Finding::inaccessible(
+            Reason::StorageNotAnswering,
+            format!("the storage does not answer: {}", e.message),
+        )],
+        Err(e) => vec![Finding::inaccessible(
+            Reason::HealthCheckFailed,
+            format!("the health check failed: {}", e.message),
+        )],
+    }
+}
+
 /// Keeps the spec's rule: one entry per (status, reason), the first kept.
 pub fn dedup(mut findings: Vec<Finding>) -> Vec<Finding> {
     let mut seen = std::collections::BTreeSet::new();

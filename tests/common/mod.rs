@@ -764,6 +764,20 @@ impl Harness {
             .expect("CreateVolume answers a volume")
     }
 
+    /// ControllerGetVolumeHealth of `id`, which must answer.
+    pub async fn controller_health(&self, id: &str) -> pb::VolumeHealth {
+        self.controller()
+            .controller_get_volume_health(pb::ControllerGetVolumeHealthRequest {
+                volume_id: id.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("ControllerGetVolumeHealth {id}: {e:?}\n{}", self.log()))
+            .into_inner()
+            .volume_health
+            .expect("a volume_health")
+    }
+
     /// ControllerUnpublishVolume of `id` from this node, which must
     /// succeed.
     pub async fn detach_here(&self, id: &str) {

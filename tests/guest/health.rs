@@ -16,19 +16,6 @@ fn kinds(h: &pb::VolumeHealth) -> Kinds {
         .collect()
 }
 
-async fn controller_health(h: &Harness, id: &str) -> pb::VolumeHealth {
-    h.controller()
-        .controller_get_volume_health(pb::ControllerGetVolumeHealthRequest {
-            volume_id: id.into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap_or_else(|e| panic!("ControllerGetVolumeHealth {id}: {e:?}\n{}", h.log()))
-        .into_inner()
-        .volume_health
-        .unwrap()
-}
-
 async fn storage_health(h: &Harness) -> BTreeSet<(i32, String)> {
     h.node()
         .node_get_storage_health(pb::NodeGetStorageHealthRequest::default())
@@ -58,13 +45,13 @@ async fn guest_lvm_health_sees_a_pool_fill_and_an_lv_go() {
         [[backend.device_class]]\nname = \"t\"\nvolume_group = \"fvhealth\"\nthin_pool = \"pool\"\n";
     let h = Harness::start_with_env(Some(config), &[("FERROVOL_VOLUME_HEALTH", "true")]).await;
     let (id, dev) = block_volume(&h, "full", "t", 16 * MIB).await;
-    assert_eq!(kinds(&controller_health(&h, &id).await), Kinds::new());
+    assert_eq!(kinds(&h.controller_health(&id).await), Kinds::new());
     assert_eq!(storage_health(&h).await, BTreeSet::new());
 
     // 15 of the pool's 16 MiB written: over 90%, writes still succeed.
     fill(&dev, 0, 15 * MIB as usize, 0xAB);
     let started = Instant::now();
-    let c = controller_health(&h, &id).await;
+    let c = h.controller_health(&id).await;
     println!(
         "lvm pool at 15/16 MiB: {:?} in {:?}",
         c.health_statuses,
@@ -88,7 +75,7 @@ async fn guest_lvm_health_sees_a_pool_fill_and_an_lv_go() {
     let gone = h.create(req).await.volume_id;
     let lv = gone.rsplit('.').next().unwrap();
     vg.lvm("lvremove", &["-q", "-y", &format!("fvhealth/{lv}")]);
-    let c = controller_health(&h, &gone).await;
+    let c = h.controller_health(&gone).await;
     assert_eq!(
         kinds(&c),
         Kinds::from([(INACCESSIBLE, "VolumeNotFound".into())]),
@@ -117,10 +104,10 @@ async fn guest_nfs_health_sees_a_directory_go_and_the_server_stop() {
     req.parameters
         .insert("csi.storage.k8s.io/pv/name".into(), "pvc-h".into());
     let id = h.create(req).await.volume_id;
-    assert_eq!(kinds(&controller_health(&h, &id).await), Kinds::new());
+    assert_eq!(kinds(&h.controller_health(&id).await), Kinds::new());
 
     std::fs::remove_dir(server.export.join("pvc-h")).unwrap();
-    let c = controller_health(&h, &id).await;
+    let c = h.controller_health(&id).await;
     assert_eq!(
         kinds(&c),
         Kinds::from([(INACCESSIBLE, "VolumeDirectoryMissing".into())]),
@@ -129,14 +116,14 @@ async fn guest_nfs_health_sees_a_directory_go_and_the_server_stop() {
     // Made again on the server: seen at once (the client asks the server,
     // not its cache of the directory).
     std::fs::create_dir(server.export.join("pvc-h")).unwrap();
-    let c = controller_health(&h, &id).await;
+    let c = h.controller_health(&id).await;
     assert_eq!(kinds(&c), Kinds::new(), "{c:?}");
 
     // The server stopped: said within the deadline (the book's 10 s, the
     // mount's 8), never a hung call.
     server.stop();
     let started = Instant::now();
-    let c = controller_health(&h, &id).await;
+    let c = h.controller_health(&id).await;
     let took = started.elapsed();
     println!("nfs server stopped: {:?} in {took:?}", c.health_statuses);
     assert!(took < Duration::from_secs(30), "{took:?}");
@@ -158,7 +145,7 @@ async fn guest_nfs_health_sees_a_directory_go_and_the_server_stop() {
     let mut calls = 0;
     loop {
         calls += 1;
-        let c = controller_health(&h, &id).await;
+        let c = h.controller_health(&id).await;
         if c.health_statuses.is_empty() {
             break;
         }

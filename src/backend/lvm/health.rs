@@ -32,15 +32,6 @@ impl LvmBackend {
 
 #[async_trait::async_trait]
 impl HealthReporter for LvmBackend {
-    async fn known_volumes(&self, page: &Page) -> Result<Vec<VolumeId>> {
-        Ok(self
-            .list_volumes(page)
-            .await?
-            .into_iter()
-            .map(|v| v.id)
-            .collect())
-    }
-
     async fn volume_health(&self, id: &VolumeId, _secrets: &Secrets) -> Result<Vec<Finding>> {
         let (class, lv_name) = self.split(id.locator())?;
         let Some(lv) = self.class_lv(class, lv_name).await? else {

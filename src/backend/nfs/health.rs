@@ -8,15 +8,6 @@ use crate::plugin::HealthReporter;
 
 #[async_trait::async_trait]
 impl HealthReporter for NfsBackend {
-    async fn known_volumes(&self, page: &Page) -> Result<Vec<VolumeId>> {
-        Ok(self
-            .list_volumes(page)
-            .await?
-            .into_iter()
-            .map(|v| v.id)
-            .collect())
-    }
-
     async fn volume_health(&self, id: &VolumeId, _secrets: &Secrets) -> Result<Vec<Finding>> {
         let not_found = || vec![crate::plugin::controller::volume_not_found(id)];
         let Ok(loc) = self.locate(id) else {

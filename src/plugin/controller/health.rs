@@ -131,17 +131,7 @@ async fn measure(
                 Err(e) => Err(e),
             },
         };
-        match found {
-            Ok(found) => health::dedup(found),
-            Err(e) if e.kind == crate::error::Kind::Unavailable => vec![Finding::inaccessible(
-                Reason::StorageNotAnswering,
-                format!("the storage does not answer: {}", e.message),
-            )],
-            Err(e) => vec![Finding::inaccessible(
-                Reason::HealthCheckFailed,
-                format!("the health check failed: {}", e.message),
-            )],
-        }
+        health::from_check(found)
     };
     let answer = book.get(key, Duration::ZERO, HEALTH_DEADLINE, check).await;
     health::findings_of(answer, HEALTH_DEADLINE)
