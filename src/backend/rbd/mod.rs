@@ -721,6 +721,35 @@ impl Backend for RbdBackend {
         &self.name
     }
 
+    /// Whether this node reaches the cluster, asked with the config's own
+    /// user (a node without one has no way to ask: nothing is said).
+    async fn storage_findings(&self) -> Vec<crate::plugin::health::StorageFinding> {
+        use crate::plugin::health::{Reason, StorageFinding, StorageStatus};
+        if self.settings.user.is_none() {
+            return Vec::new();
+        }
+        let asked = match self.creds(&Secrets::default()) {
+            Ok(creds) => {
+                self.rbd()
+                    .pool_available(&creds, &self.settings.pools[0])
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        match asked {
+            Ok(_) => Vec::new(),
+            Err(e) => vec![StorageFinding {
+                status: StorageStatus::Unreachable,
+                reason: if e.kind == crate::error::Kind::Unavailable {
+                    Reason::ClusterNotAnswering
+                } else {
+                    Reason::HealthCheckFailed
+                },
+                message: format!("cluster {}: {}", self.settings.cluster_id, e.message),
+            }],
+        }
+    }
+
     async fn health(&self) -> Result<()> {
         Ok(())
     }

@@ -305,3 +305,31 @@ async fn grants_are_read_back_from_the_images_metadata() {
         [(a.clone(), "node-a".to_string()), (a, "node-b".to_string())]
     );
 }
+
+/// The storage as a node sees it: the cluster asked with the config's own
+/// user; a node without one asks nothing.
+#[tokio::test]
+async fn storage_health_asks_the_cluster_with_the_node_s_own_user() {
+    use crate::plugin::health::{Reason, StorageStatus};
+    let dir = tempfile::tempdir().unwrap();
+    let r = Arc::new(FakeRunner::new());
+    assert_eq!(
+        backend(r.clone(), dir.path(), false)
+            .storage_findings()
+            .await,
+        vec![]
+    );
+    assert!(r.lines().is_empty());
+    let b = backend(r.clone(), dir.path(), true);
+    let df = r#"{"stats":{},"pools":[{"name":"rbd","id":2,"stats":{"max_avail":10000,"stored":300,"quota_bytes":0}}]}"#;
+    r.expect("ceph", Reply::Ok(df.into()));
+    assert_eq!(b.storage_findings().await, vec![]);
+    r.expect("ceph", Reply::Timeout);
+    let f = b.storage_findings().await;
+    assert_eq!(
+        (f[0].status, f[0].reason),
+        (StorageStatus::Unreachable, Reason::ClusterNotAnswering),
+        "{f:?}"
+    );
+    assert!(f[0].message.starts_with("cluster c1:"), "{f:?}");
+}
