@@ -37,7 +37,9 @@ impl NodeOps {
                 Err(e) => Err(e),
             })
         };
-        let deadline = self.deadlines.quick;
+        // Half the call's deadline: the mount checks that follow have the
+        // rest.
+        let deadline = self.deadlines.quick / 2;
         let answer = self
             .health
             .get(key, Duration::ZERO, deadline, measure)
@@ -80,10 +82,12 @@ impl NodeOps {
                 )));
             }
         }
+        // Every step shares one deadline: the call answers within it.
+        let until = std::time::Instant::now() + self.deadlines.quick;
         let mut found = self.measured_health(id, &stage).await?;
         let remote = matches!(stage.attachment, Some(Attachment::Remote { .. }));
         if matches!(stage.capability.access, AccessType::Mount { .. }) {
-            match self.is_mounted(&stage.staging_path).await {
+            match self.mounted_by(&stage.staging_path, until).await {
                 Ok(true) => {}
                 Ok(false) => found.push(Finding::inaccessible(
                     Reason::StagingMountGone,
@@ -97,7 +101,7 @@ impl NodeOps {
             }
         }
         if let Some(p) = publish_path.filter(|p| self.state.publish(p).is_some()) {
-            if let Ok(false) = self.is_mounted(&p).await {
+            if let Ok(false) = self.mounted_by(&p, until).await {
                 found.push(Finding::inaccessible(
                     Reason::PublishMountGone,
                     format!("the volume is no longer mounted at {}", p.display()),
@@ -105,6 +109,18 @@ impl NodeOps {
             }
         }
         Ok(health::dedup(found))
+    }
+
+    /// Whether `path` is mounted, answered by `until` (UNAVAILABLE after).
+    pub(super) async fn mounted_by(&self, path: &Path, until: std::time::Instant) -> Result<bool> {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        match tokio::time::timeout(left, self.is_mounted(path)).await {
+            Ok(answer) => answer,
+            Err(_) => Err(Error::unavailable(format!(
+                "checking whether {} is mounted: no answer within the call's deadline",
+                path.display()
+            ))),
+        }
     }
 
     /// A volume not staged here: its backend's own view when the volume

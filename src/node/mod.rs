@@ -557,6 +557,8 @@ impl NodeOps {
     pub async fn stats(&self, id: &VolumeId, raw_path: &str) -> Result<VolumeStats> {
         let (stage, path) = self.locate(id, raw_path)?;
         let volume_path = path.as_path();
+        // Every step shares one deadline: the call answers within it.
+        let until = std::time::Instant::now() + self.deadlines.quick;
         let mut stats = VolumeStats {
             health: self.measured_health(id, &stage).await?,
             ..Default::default()
@@ -564,7 +566,7 @@ impl NodeOps {
         match stage.capability.access {
             AccessType::Mount { .. } => {
                 let remote = matches!(stage.attachment, Some(Attachment::Remote { .. }));
-                match self.is_mounted(&stage.staging_path).await {
+                match self.mounted_by(&stage.staging_path, until).await {
                     Ok(true) => {}
                     Ok(false) => {
                         stats.health.push(Finding::inaccessible(
@@ -586,7 +588,7 @@ impl NodeOps {
                 let usage = self
                     .off_worker(
                         format!("reading usage of {}", volume_path.display()),
-                        self.deadlines.quick,
+                        until.saturating_duration_since(std::time::Instant::now()),
                         move |_| host.fs_usage(&p),
                     )
                     .await;
