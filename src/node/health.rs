@@ -29,30 +29,27 @@ impl NodeOps {
                 "the volume's device was never attached",
             )]);
         };
-        let key = id.to_string();
-        let id = id.clone();
+        let key = id.clone();
         let measure = async move {
             health::from_check(match backend.staging() {
-                Ok(stager) => stager.node_health(&id, &attachment).await,
+                Ok(stager) => stager.node_health(&key, &attachment).await,
                 Err(e) => Err(e),
             })
         };
         // Half the call's deadline: the mount checks that follow have the
         // rest.
-        let deadline = self.deadlines.quick / 2;
-        let answer = self
-            .health
-            .get(key, Duration::ZERO, deadline, measure)
-            .await;
-        Ok(health::findings_of(answer, deadline))
+        Ok(self
+            .through_book(id, self.deadlines.quick / 2, measure)
+            .await)
     }
 
     /// NodeGetVolumeHealth: what is wrong with a volume on this node. A
     /// node-local volume not staged here (a stage that failed, or none yet)
     /// is asked of its backend, which holds it on this node; a remote one
     /// has nothing of this node's to measure (empty). An id no backend of
-    /// this driver made is NOT_FOUND. Paths, when given, must be where the volume is (or was to
-    /// be): a staging path or target of another volume is refused.
+    /// this driver made is NOT_FOUND. Paths, when given, must be where the
+    /// volume is (or was to be): a staging path or target of another volume
+    /// is refused.
     pub async fn volume_health(
         &self,
         id: &VolumeId,
@@ -111,6 +108,20 @@ impl NodeOps {
         Ok(health::dedup(found))
     }
 
+    /// A volume's check through the book, answered within `deadline`.
+    async fn through_book(
+        &self,
+        id: &VolumeId,
+        deadline: Duration,
+        measure: impl std::future::Future<Output = Vec<Finding>> + Send + 'static,
+    ) -> Vec<Finding> {
+        let answer = self
+            .health
+            .get(id.to_string(), Duration::ZERO, deadline, measure)
+            .await;
+        health::findings_of(answer, deadline)
+    }
+
     /// Whether `path` is mounted, answered by `until` (UNAVAILABLE after).
     pub(super) async fn mounted_by(&self, path: &Path, until: std::time::Instant) -> Result<bool> {
         let left = until.saturating_duration_since(std::time::Instant::now());
@@ -132,18 +143,12 @@ impl NodeOps {
         if !backend.node_local() || backend.health_reporter().is_none() {
             return Vec::new();
         }
-        let key = id.to_string();
-        let id = id.clone();
+        let key = id.clone();
         let measure = async move {
             let reporter = backend.health_reporter().expect("checked above");
-            health::from_check(reporter.volume_health(&id, &Secrets::default()).await)
+            health::from_check(reporter.volume_health(&key, &Secrets::default()).await)
         };
-        let deadline = self.deadlines.quick;
-        let answer = self
-            .health
-            .get(key, Duration::ZERO, deadline, measure)
-            .await;
-        health::findings_of(answer, deadline)
+        self.through_book(id, self.deadlines.quick, measure).await
     }
 
     /// NodeGetStorageHealth: each backend as this node sees it, checked

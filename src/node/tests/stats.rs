@@ -14,14 +14,19 @@ fn usage(total: u64, free: u64, available: u64) -> crate::host::FsUsage {
     }
 }
 
+/// Stages the test's volume (an ext4 filesystem on its device).
+async fn stage_ext4(f: &Fixture) {
+    f.runner.expect("blkid", Reply::Ok("TYPE=ext4\n".into()));
+    f.ops
+        .stage(stage_req(f, AccessMode::SingleNodeWriter))
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn stats_come_from_the_filesystem_and_the_condition_from_the_mounts() {
     let f = fixture();
-    f.runner.expect("blkid", Reply::Ok("TYPE=ext4\n".into()));
-    f.ops
-        .stage(stage_req(&f, AccessMode::SingleNodeWriter))
-        .await
-        .unwrap();
+    stage_ext4(&f).await;
     let staging = f.dir.path().join("staging");
     f.host
         .set_usage(&staging, usage(100 * MIB, 40 * MIB, 30 * MIB));
@@ -54,11 +59,7 @@ async fn stats_and_expand_answer_not_found_for_what_is_not_there() {
             Kind::NotFound
         );
     }
-    f.runner.expect("blkid", Reply::Ok("TYPE=ext4\n".into()));
-    f.ops
-        .stage(stage_req(&f, AccessMode::SingleNodeWriter))
-        .await
-        .unwrap();
+    stage_ext4(&f).await;
     // A known volume at a path where it is not: NOT_FOUND too.
     let elsewhere = f.dir.path().join("pods");
     for path in [elsewhere.to_str().unwrap(), "relative", "/"] {
@@ -78,11 +79,7 @@ async fn stats_and_expand_answer_not_found_for_what_is_not_there() {
 #[tokio::test]
 async fn expand_refreshes_the_device_then_grows_the_filesystem() {
     let f = fixture();
-    f.runner.expect("blkid", Reply::Ok("TYPE=ext4\n".into()));
-    f.ops
-        .stage(stage_req(&f, AccessMode::SingleNodeWriter))
-        .await
-        .unwrap();
+    stage_ext4(&f).await;
     let staging = f.dir.path().join("staging");
     *f.backend.device_size.lock().unwrap() = 200 * MIB;
     // The device did not grow enough: the controller step is missing.
@@ -285,11 +282,7 @@ async fn a_hung_health_check_answers_late_and_holds_nothing() {
         quick: Duration::from_millis(200),
         ..Deadlines::default()
     });
-    f.runner.expect("blkid", Reply::Ok("TYPE=ext4\n".into()));
-    f.ops
-        .stage(stage_req(&f, AccessMode::SingleNodeWriter))
-        .await
-        .unwrap();
+    stage_ext4(&f).await;
     let staging = f.dir.path().join("staging");
     f.host
         .set_usage(&staging, usage(100 * MIB, 40 * MIB, 30 * MIB));
