@@ -167,7 +167,7 @@ pub struct ControllerOps {
 
 mod group;
 mod health;
-pub use health::{volume_not_found, HEALTH_DEADLINE};
+pub use health::volume_not_found;
 mod metadata;
 pub use group::{GroupSnapshotInfo, NewGroupSnapshot, Quiesce, FREEZE_DEADLINE};
 

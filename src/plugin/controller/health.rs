@@ -12,7 +12,7 @@ use std::time::Duration;
 pub(super) type VolumeBook = Book<String, Vec<Finding>>;
 
 /// How long one volume's measure may hold a call.
-pub const HEALTH_DEADLINE: Duration = Duration::from_secs(10);
+const HEALTH_DEADLINE: Duration = Duration::from_secs(10);
 
 /// How many volumes one ControllerListVolumeHealth page looks at, at most:
 /// a page may hold fewer entries than asked, with a token to go on.
