@@ -243,7 +243,7 @@ async fn health_is_reported_by_the_v1_13_calls_and_the_old_condition_alike() {
 /// Without `--volume-health` the capabilities are v1.12's (what csi-sanity
 /// v1.12 and other v1.12 callers accept), and the calls still answer.
 #[tokio::test]
-async fn the_health_list_pages_through_the_unhealthy_volumes_once_each() {
+async fn without_the_flag_capabilities_stay_v1_12_and_the_list_gives_each_unhealthy_volume_once() {
     let h = Harness::start().await;
     let (controller, node) = capabilities(&h).await;
     assert!(!controller.contains("VolumeHealth"), "{controller}");
