@@ -24,6 +24,7 @@ use serde_yaml::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 #[test]
 fn every_overlay_validates_against_the_kubernetes_api_schemas() {
@@ -414,6 +415,64 @@ fn snapshot_metadata_is_served_beside_the_remote_controller() {
     }
 }
 
+/// Volume health is opt-in (the v1.13 monitor needs Kubernetes 1.37's
+/// gate): only the volume-health overlay has it. There every ferrovol
+/// container advertises it, the health monitor runs beside the remote
+/// controller on its socket, and the controller's service account may
+/// record health on claims.
+#[test]
+fn volume_health_is_opt_in_and_monitored_beside_the_remote_controller() {
+    for r in all_rendered() {
+        let wanted = r.name == "volume-health";
+        for w in r.workloads() {
+            let f = container(w, "ferrovol");
+            let env = seq(&f["env"])
+                .iter()
+                .find(|e| s(&e["name"]) == "FERROVOL_VOLUME_HEALTH")
+                .map(|e| s(&e["value"]));
+            assert_eq!(env, wanted.then_some("true"), "{}", r.name);
+            let name = s(&w["metadata"]["name"]);
+            let monitor = containers(w)
+                .iter()
+                .find(|c| s(&c["name"]) == "csi-external-health-monitor-controller");
+            assert_eq!(
+                monitor.is_some(),
+                wanted && name == "ferrovol-controller",
+                "{}/{name}",
+                r.name
+            );
+            if let Some(m) = monitor {
+                let socket = flag(m, "csi-address").unwrap();
+                assert_eq!(flag(f, "endpoint").unwrap(), format!("unix://{socket}"));
+                assert_eq!(flag(f, "driver-name").unwrap(), REMOTE);
+                let dir = std::path::Path::new(&socket).parent().unwrap();
+                let at = mount(m, dir.to_str().unwrap()).expect("the socket's mount");
+                assert_eq!(s(&at["name"]), s(&mount(f, "/csi").unwrap()["name"]));
+                assert_eq!(flag(m, "leader-election").as_deref(), Some("true"));
+            }
+        }
+        let binding = r
+            .kind("ClusterRoleBinding")
+            .into_iter()
+            .find(|b| s(&b["roleRef"]["name"]) == "ferrovol-volume-health");
+        assert_eq!(binding.is_some(), wanted, "{}", r.name);
+        if let Some(b) = binding {
+            assert_eq!(s(&seq(&b["subjects"])[0]["name"]), "ferrovol-controller");
+            let role = r.named("ClusterRole", "ferrovol-volume-health");
+            let may = |resource: &str, verb: &str| {
+                seq(&role["rules"]).iter().any(|rule| {
+                    seq(&rule["resources"]).iter().any(|x| s(x) == resource)
+                        && seq(&rule["verbs"]).iter().any(|x| s(x) == verb)
+                })
+            };
+            assert!(may("persistentvolumeclaims/status", "patch"));
+            for what in ["persistentvolumes", "persistentvolumeclaims"] {
+                assert!(may(what, "list") && may(what, "watch"), "{what}");
+            }
+        }
+    }
+}
+
 /// The port a sidecar's health endpoint listens on (`--http-endpoint`,
 /// else `--health-port`).
 fn listen_port(c: &Value) -> i64 {
@@ -669,6 +728,7 @@ fn sidecar_flags_exist_in_their_releases() {
         names,
         [
             "csi-attacher",
+            "csi-external-health-monitor-controller",
             "csi-node-driver-registrar",
             "csi-provisioner",
             "csi-resizer",
@@ -932,9 +992,29 @@ async fn ferrovol_containers_start_from_their_manifest_args() {
                     })
                     .collect::<Vec<i32>>()
             };
+            // With the volume-health component, every node plugin offers
+            // kubelet the v1.13 node health calls, and the remote
+            // controller what its health monitor needs (it exits without
+            // them); elsewhere none is advertised (v1.12 callers).
+            let health = overlay == "volume-health";
+            if w["kind"].as_str() == Some("DaemonSet") {
+                let node = pb::node_client::NodeClient::new(ch.clone())
+                    .node_get_capabilities(pb::NodeGetCapabilitiesRequest {})
+                    .await
+                    .unwrap()
+                    .into_inner();
+                let advertised = node.capabilities.iter().any(|c| {
+                    matches!(&c.r#type, Some(pb::node_service_capability::Type::Rpc(r))
+                        if r.r#type == Nd::GetVolumeHealth as i32)
+                });
+                assert_eq!(advertised, health, "{overlay}/{name}: {node:?}");
+            }
             match name.as_str() {
                 "ferrovol-local-controller" => {
                     let caps = ctl_caps().await;
+                    // Its volumes are measured on their nodes: nothing to
+                    // offer a health monitor, with the component or not.
+                    assert!(!caps.contains(&(Ctl::GetVolumeHealth as i32)), "{caps:?}");
                     assert!(!caps.contains(&(Ctl::ExpandVolume as i32)), "{caps:?}");
                     assert!(plugin.contains("VolumeExpansion"), "{plugin}");
                     let node = pb::node_client::NodeClient::new(ch.clone())
@@ -977,11 +1057,52 @@ async fn ferrovol_containers_start_from_their_manifest_args() {
                         publishes,
                         "{overlay}: {caps:?}"
                     );
+                    for c in [Ctl::ListVolumeHealth, Ctl::GetVolumeHealth] {
+                        assert_eq!(caps.contains(&(c as i32)), health, "{overlay}: {caps:?}");
+                    }
+                    if health {
+                        health_monitor_calls(ch.clone()).await;
+                    }
                 }
                 _ => {}
             }
         }
     }
+}
+
+/// The calls the health monitor makes, as its flags shape them: pages of
+/// ControllerListVolumeHealth (no volume yet: an empty page, no token),
+/// and ControllerGetVolumeHealth of a volume this driver never made,
+/// NOT_FOUND; each within the `--timeout` its manifest gives it.
+async fn health_monitor_calls(ch: tonic::transport::Channel) {
+    let r = render("volume-health");
+    let w = r.named("Deployment", "ferrovol-controller");
+    let sidecar = container(w, "csi-external-health-monitor-controller");
+    let timeout = flag(sidecar, "timeout").unwrap();
+    let timeout = Duration::from_secs(timeout.strip_suffix('s').unwrap().parse().unwrap());
+    let mut c = pb::controller_client::ControllerClient::new(ch);
+    let page = tokio::time::timeout(
+        timeout,
+        c.controller_list_volume_health(pb::ControllerListVolumeHealthRequest::default()),
+    )
+    .await
+    .expect("a page within the monitor's timeout")
+    .unwrap()
+    .into_inner();
+    assert!(
+        page.entries.is_empty() && page.next_token.is_empty(),
+        "{page:?}"
+    );
+    let gone = tokio::time::timeout(
+        timeout,
+        c.controller_get_volume_health(pb::ControllerGetVolumeHealthRequest {
+            volume_id: "nfs.never-made".into(),
+            ..Default::default()
+        }),
+    )
+    .await
+    .expect("an answer within the monitor's timeout");
+    assert_eq!(common::code(&gone), tonic::Code::NotFound, "{gone:?}");
 }
 
 /// The uid the started driver runs as.

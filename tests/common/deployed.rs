@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::Command;
 
-pub const OVERLAYS: [&str; 7] = [
+pub const OVERLAYS: [&str; 8] = [
     "file",
     "lvm",
     "nfs",
@@ -20,6 +20,7 @@ pub const OVERLAYS: [&str; 7] = [
     "rbd",
     "all",
     "snapshot-metadata",
+    "volume-health",
 ];
 pub const LOCAL: &str = "local.csi.ferrovol.io";
 pub const REMOTE: &str = "csi.ferrovol.io";
@@ -35,7 +36,8 @@ pub fn root() -> &'static Path {
 pub struct Rendered {
     pub name: &'static str,
     /// The overlay whose backends it serves (`snapshot-metadata` is the
-    /// rbd overlay with changed block tracking).
+    /// rbd overlay with changed block tracking, `volume-health` the `all`
+    /// overlay with volume health).
     pub of: &'static str,
     pub text: String,
     pub docs: Vec<Value>,
@@ -56,6 +58,7 @@ pub fn render(overlay: &'static str) -> Rendered {
     let text = String::from_utf8(out.stdout).unwrap();
     let of = match overlay {
         "snapshot-metadata" => "rbd",
+        "volume-health" => "all",
         o => o,
     };
     parsed(overlay, of, text)
@@ -526,6 +529,13 @@ pub async fn start_pod(
     program.push(env!("CARGO_BIN_EXE_ferrovol").into());
     let mut cmd = Command::new(&program[0]);
     cmd.args(&program[1..]);
+    // The container's literal environment (what `valueFrom` fills comes
+    // through its `$(NAME)` in the args, above).
+    for e in seq(&f["env"]) {
+        if let Some(v) = e["value"].as_str() {
+            cmd.env(s(&e["name"]), v);
+        }
+    }
     let log = std::fs::File::create(dir.path().join("log")).unwrap();
     let mut child = cmd
         .args(&a)

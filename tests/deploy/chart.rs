@@ -200,6 +200,7 @@ fn operator_values() -> serde_json::Value {
     v["local"]["node"]["priorityClassName"] = json!("storage-critical");
     v["remote"]["controller"]["resources"]["ferrovol"] =
         json!({"requests": {"cpu": "100m", "memory": "96Mi"}, "limits": {"memory": "256Mi"}});
+    v["volumeHealth"] = json!({"enabled": true, "listInterval": "10m", "monitorInterval": "2m"});
     v
 }
 
@@ -216,6 +217,17 @@ fn chart_values_reach_what_they_name() {
     let r = render_chart("chart", "all", &operator_values());
     for w in r.workloads() {
         let name = s(&w["metadata"]["name"]);
+        // Volume health on every ferrovol container, node groups' too;
+        // the monitor's intervals on its flags.
+        let env = seq(&container(w, "ferrovol")["env"])
+            .iter()
+            .any(|e| s(&e["name"]) == "FERROVOL_VOLUME_HEALTH" && s(&e["value"]) == "true");
+        assert!(env, "{name}");
+        if name == "ferrovol-controller" {
+            let m = container(w, "csi-external-health-monitor-controller");
+            assert_eq!(flag(m, "list-volumes-interval").as_deref(), Some("10m"));
+            assert_eq!(flag(m, "monitor-interval").as_deref(), Some("2m"));
+        }
         for c in containers(w) {
             let image = s(&c["image"]);
             assert!(image.starts_with("mirror.example/"), "{name}: {image}");

@@ -180,3 +180,14 @@ tolerations:
 {{- fail (printf "nodeGroups %s: the nodeSelector names exactly one label (the other node plugins stay off where it matches)" .name) -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The v1.13 volume health capabilities on a ferrovol container, when
+volumeHealth is on: an env entry, under the container's `env:`.
+*/}}
+{{- define "ferrovol.volumeHealthEnv" -}}
+{{- if .Values.volumeHealth.enabled }}
+- name: FERROVOL_VOLUME_HEALTH
+  value: "true"
+{{- end }}
+{{- end -}}

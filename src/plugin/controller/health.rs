@@ -51,8 +51,16 @@ impl ControllerOps {
             let Some(page) = page_for(backend.name(), from.as_ref(), SCAN, known.len()) else {
                 continue;
             };
-            for id in known_volumes(backend.as_ref(), &page).await? {
-                known.push((backend.clone(), id));
+            // A backend whose volumes cannot be listed (its storage does
+            // not answer) leaves them out of this page, not the others':
+            // its storage health and readiness say why.
+            match known_volumes(backend.as_ref(), &page).await {
+                Ok(ids) => known.extend(ids.into_iter().map(|id| (backend.clone(), id))),
+                Err(e) => tracing::warn!(
+                    backend = backend.name(),
+                    error = %e.message,
+                    "volume health: the backend's volumes cannot be listed; left out of this page"
+                ),
             }
             if known.len() > SCAN {
                 break;

@@ -64,3 +64,24 @@ async fn volumes_are_reported_by_whether_they_exist_and_the_list_walks_every_bac
         crate::error::Kind::InvalidArgument
     );
 }
+
+/// A backend whose volumes cannot be listed leaves them out of the list;
+/// the other backends' volumes are listed still (one unreachable store
+/// must not hide every volume's health from the monitor).
+#[tokio::test]
+async fn a_backend_that_cannot_list_leaves_only_its_own_volumes_out() {
+    let a = Arc::new(Memory::new("a", local()).with_volumes(3));
+    let b = Arc::new(Memory::new("b", local()).with_volumes(3));
+    let c = ops(vec![a.clone(), b.clone()]);
+    a.lost.lock().unwrap().insert("v0001".into());
+    b.lost.lock().unwrap().insert("v0002".into());
+    a.list_fails
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(walk(&c, 0).await, vec!["b:v0002".to_string()]);
+    a.list_fails
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(
+        walk(&c, 0).await,
+        vec!["a:v0001".to_string(), "b:v0002".to_string()]
+    );
+}

@@ -42,6 +42,8 @@ struct Memory {
     /// volumes whose lookups fail as storage that does not answer.
     lost: Mutex<std::collections::BTreeSet<String>>,
     not_answering: Mutex<std::collections::BTreeSet<String>>,
+    /// Its listing fails (its storage does not answer).
+    list_fails: std::sync::atomic::AtomicBool,
 }
 
 impl Memory {
@@ -62,6 +64,7 @@ impl Memory {
             required_seen: Default::default(),
             lost: Default::default(),
             not_answering: Default::default(),
+            list_fails: Default::default(),
         }
     }
 
@@ -182,6 +185,9 @@ impl Provisioner for Memory {
     }
 
     async fn list_volumes(&self, page: &Page) -> Result<Vec<VolumeInfo>> {
+        if self.list_fails.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Error::unavailable("the store did not answer within 5 s"));
+        }
         self.pages.lock().unwrap().push(page.clone());
         let all: Vec<VolumeInfo> = self.volumes.lock().unwrap().values().cloned().collect();
         let out = page.apply(all, |v| v.id.locator());
