@@ -64,6 +64,11 @@ pub struct PublishRecord {
     /// block volume (bound at the target instead of the staged device).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<PathBuf>,
+    /// The device node a raw block publish bound at the target, so that
+    /// an unpublish knows its own bind after the device is gone from /dev
+    /// (an LV removed, a LUN deleted, a mapping dropped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bound: Option<crate::mount::MountId>,
 }
 
 /// The records, in memory and on disk under `<state-dir>/node`.
@@ -238,6 +243,7 @@ mod tests {
             capability: stage_record("file:a").capability,
             readonly: true,
             device: None,
+            bound: None,
         };
         state.put_publish(p.clone()).unwrap();
         state
@@ -286,6 +292,7 @@ mod tests {
             capability: stage_record("file:a").capability,
             readonly: false,
             device: None,
+            bound: None,
         };
         fs::write(old.join("0001.json"), serde_json::to_vec(&p).unwrap()).unwrap();
         let state = NodeState::open(dir.path()).unwrap();
@@ -309,6 +316,7 @@ mod tests {
                     capability: stage_record("file:a").capability,
                     readonly: false,
                     device: None,
+                    bound: None,
                 })
                 .unwrap();
         }

@@ -11,6 +11,8 @@ mod blocks;
 mod deployed;
 #[path = "guest/encryption.rs"]
 mod encryption;
+#[path = "guest/faults.rs"]
+mod faults;
 #[path = "guest/file.rs"]
 mod file;
 #[path = "guest/health.rs"]

@@ -49,6 +49,8 @@ pub struct FakeMounter {
     hung: Condvar,
     /// Paths whose filesystem answers ESTALE.
     stale: Mutex<Vec<PathBuf>>,
+    /// Device paths gone from /dev (a removed LV, a deleted LUN).
+    gone: Mutex<Vec<PathBuf>>,
     /// The fake filesystem mount points must exist in, if the test has
     /// one (a mount onto nothing fails, as the kernel's does).
     host: Option<std::sync::Arc<dyn crate::host::Host>>,
@@ -98,6 +100,17 @@ impl FakeMounter {
     /// replaced on the server does.
     pub fn set_stale(&self, path: &Path) {
         self.stale.lock().unwrap().push(path.to_path_buf());
+    }
+
+    /// Makes the device node `path` gone, as /dev loses an LV's node
+    /// when its device is removed.
+    pub fn set_gone(&self, path: &Path) {
+        self.gone.lock().unwrap().push(path.to_path_buf());
+    }
+
+    /// Brings every device gone by [`FakeMounter::set_gone`] back.
+    pub fn clear_gone(&self) {
+        self.gone.lock().unwrap().clear();
     }
 
     /// Lets every hung mount_fs return.
@@ -243,6 +256,12 @@ impl Mounter for FakeMounter {
     }
 
     fn node_id(&self, path: &Path) -> Result<MountId> {
+        if self.gone.lock().unwrap().iter().any(|p| p == path) {
+            return Err(Error::io(
+                format!("stat {}", path.display()),
+                std::io::Error::from_raw_os_error(libc::ENOENT),
+            ));
+        }
         Ok(match self.get(path) {
             Some(m) => m.id,
             None => MountId {

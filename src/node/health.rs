@@ -29,12 +29,58 @@ impl NodeOps {
                 "the volume's device was never attached",
             )]);
         };
+        // A remote filesystem's root, asked of its server (not the
+        // client's cache): a directory removed there is a stale handle.
+        let remote_root = match (&attachment, &stage.capability.access) {
+            (Attachment::Remote { .. }, AccessType::Mount { .. }) => {
+                Some(stage.staging_path.clone())
+            }
+            _ => None,
+        };
+        // A staged device is read from (past the cache): its storage gone
+        // or fenced fails the read, whatever its backend can tell.
+        let device = match &attachment {
+            Attachment::Device { .. } => stage.device(),
+            Attachment::Remote { .. } => None,
+        };
+        // A filesystem staged from a device: what the kernel says of it.
+        let fs_root = match (&attachment, &stage.capability.access) {
+            (Attachment::Device { .. }, AccessType::Mount { .. }) => {
+                Some((self.mounter.clone(), stage.staging_path.clone()))
+            }
+            _ => None,
+        };
         let key = id.clone();
         let measure = async move {
-            health::from_check(match backend.staging() {
+            let mut found = health::from_check(match backend.staging() {
                 Ok(stager) => stager.node_health(&key, &attachment).await,
                 Err(e) => Err(e),
-            })
+            });
+            if let Some(root) = remote_root {
+                found.extend(remote_root_findings(root).await);
+            }
+            if let Some(device) = device {
+                found.extend(device_findings(device).await);
+            }
+            if let Some((mounter, root)) = fs_root {
+                let at = root.display().to_string();
+                let read = tokio::task::spawn_blocking(move || {
+                    fs::troubles(mounter.as_ref(), Path::new("/sys"), &root)
+                })
+                .await;
+                match read {
+                    Ok(Ok(troubles)) => found.extend(troubles),
+                    Ok(Err(e)) => found.push(Finding::inaccessible(
+                        Reason::HealthCheckFailed,
+                        format!("the filesystem at {at} could not be checked: {}", e.message),
+                    )),
+                    Err(e) => found.push(Finding::inaccessible(
+                        Reason::HealthCheckFailed,
+                        format!("the check of {at} failed to run: {e}"),
+                    )),
+                }
+            }
+            health::dedup(found)
         };
         // Half the call's deadline: the mount checks that follow have the
         // rest.
@@ -106,6 +152,32 @@ impl NodeOps {
             }
         }
         Ok(health::dedup(found))
+    }
+
+    /// What the kernel says of the filesystem staged from a device (see
+    /// [`fs::troubles`]), by `until`; a remote filesystem's is not read
+    /// here. A check that cannot finish says so.
+    pub(super) async fn fs_troubles(
+        &self,
+        stage: &StageRecord,
+        until: std::time::Instant,
+    ) -> Vec<Finding> {
+        if !matches!(stage.attachment, Some(Attachment::Device { .. })) {
+            return Vec::new();
+        }
+        let p = stage.staging_path.clone();
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        let what = format!("checking the filesystem at {}", p.display());
+        match self
+            .off_worker(what, left, move |m| fs::troubles(m, Path::new("/sys"), &p))
+            .await
+        {
+            Ok(found) => found,
+            Err(e) => vec![Finding::inaccessible(
+                Reason::HealthCheckFailed,
+                format!("the staged filesystem could not be checked: {}", e.message),
+            )],
+        }
     }
 
     /// A volume's check through the book, answered within `deadline`.
@@ -221,4 +293,48 @@ fn optional_path(raw: &str, field: &str) -> Result<Option<PathBuf>> {
         return Ok(None);
     }
     paths::validate(raw, field).map(Some)
+}
+
+/// What the server says of a remote filesystem's root (synced, past the
+/// client's caches): gone there (a stale handle), or not answering.
+async fn remote_root_findings(root: PathBuf) -> Vec<Finding> {
+    let at = root.display().to_string();
+    let asked =
+        tokio::task::spawn_blocking(move || crate::host::synced::exists_on_server(&root)).await;
+    match asked {
+        Ok(Ok(_)) => Vec::new(),
+        Ok(Err(e)) if e.os_error == Some(libc::ESTALE) => vec![Finding::inaccessible(
+            Reason::FilesystemNotAnswering,
+            format!(
+                "the server no longer has the volume's directory mounted at {at} (a stale file \
+                 handle): it was removed or replaced there"
+            ),
+        )],
+        Ok(Err(e)) => vec![Finding::inaccessible(
+            Reason::FilesystemNotAnswering,
+            format!("the filesystem at {at} does not answer: {}", e.message),
+        )],
+        Err(e) => vec![Finding::inaccessible(
+            Reason::HealthCheckFailed,
+            format!("the check of {at} failed to run: {e}"),
+        )],
+    }
+}
+
+/// What a read of a staged device says (see [`fs::reads`]): I/O errors
+/// from it. A device gone from /dev is its backend's to say.
+async fn device_findings(device: PathBuf) -> Vec<Finding> {
+    let at = device.display().to_string();
+    match tokio::task::spawn_blocking(move || fs::reads(&device)).await {
+        Ok(Err(e)) if matches!(e.raw_os_error(), Some(libc::EIO | libc::ENXIO)) => {
+            vec![Finding::inaccessible(
+                Reason::DeviceIOErrors,
+                format!(
+                    "reads of {at} fail ({e}): its storage is gone, fails, or has fenced this \
+                     node's client"
+                ),
+            )]
+        }
+        _ => Vec::new(),
+    }
 }

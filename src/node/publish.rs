@@ -56,6 +56,7 @@ impl NodeOps {
             capability: req.capability.clone(),
             readonly: req.readonly,
             device: None,
+            bound: None,
         };
         let fresh = match self.state.publish(&req.target_path) {
             Some(existing) => {
@@ -69,8 +70,13 @@ impl NodeOps {
                 true
             }
         };
+        self.check_staged_fs(&req.volume_id, &stage).await?;
         let bind = match &req.capability.access {
-            AccessType::Block => self.block_bind(&req, &stage, &mut record).await?,
+            AccessType::Block => {
+                let bind = self.block_bind(&req, &stage, &mut record).await?;
+                record.bound = self.publish_identity(&stage, &record).await?;
+                bind
+            }
             AccessType::Mount { mount_flags, .. } => self.mount_bind(&req, &stage, mount_flags)?,
         };
         let bound = self.bind_target(fresh, record.clone(), bind).await;
@@ -78,6 +84,30 @@ impl NodeOps {
             let _ = self.release_publish_device(&record, &stage).await;
         }
         bound
+    }
+
+    /// A staged filesystem the kernel found errors in, made read-only or
+    /// shut down is not handed to another pod as if it were healthy: the
+    /// publish is refused with what was found.
+    async fn check_staged_fs(&self, id: &VolumeId, stage: &StageRecord) -> Result<()> {
+        if !matches!(stage.capability.access, AccessType::Mount { .. }) {
+            return Ok(());
+        }
+        let until = std::time::Instant::now() + self.deadlines.quick;
+        let found: Vec<String> = self
+            .fs_troubles(stage, until)
+            .await
+            .into_iter()
+            .filter(|f| f.reason != crate::plugin::health::Reason::HealthCheckFailed)
+            .map(|f| f.message)
+            .collect();
+        if found.is_empty() {
+            return Ok(());
+        }
+        Err(Error::precondition(format!(
+            "volume {id} is not published: {}",
+            found.join("; ")
+        )))
     }
 
     /// The stage a publish binds from: staged on this node, at the
@@ -130,6 +160,7 @@ impl NodeOps {
     ) -> Result<bool> {
         let asked = PublishRecord {
             device: existing.device.clone(),
+            bound: existing.bound,
             ..asked.clone()
         };
         if *existing != asked {
@@ -291,9 +322,26 @@ impl NodeOps {
             )));
         }
         let stage = self.state.stage(id);
-        let expected = match &stage {
-            Some(stage) => self.publish_identity(stage, &record).await?,
-            None => None,
+        // A raw block publish's bind is known by the device node it bound,
+        // recorded then: the device may be gone since. A record from
+        // before that was recorded, whose device is gone, takes the device
+        // node bound at the target for its own.
+        let (expected, any_device_node) = match (&stage, record.bound) {
+            (_, Some(bound)) => (Some(bound), false),
+            (Some(stage), None) => match self.publish_identity(stage, &record).await {
+                Ok(id) => (id, false),
+                Err(e) if is_stale(&e) && remote_source(stage).is_some() => {
+                    return self.unpublish_stale(stage, target).await;
+                }
+                Err(e)
+                    if e.kind == crate::error::Kind::NotFound
+                        && matches!(record.capability.access, AccessType::Block) =>
+                {
+                    (None, true)
+                }
+                Err(e) => return Err(e),
+            },
+            (None, None) => (None, false),
         };
         // Unmount our bind (and only ours: another's on top stays) and
         // remove the target, in one call on the blocking pool. A record
@@ -306,7 +354,9 @@ impl NodeOps {
                 let mut current = m.mounted(&t)?;
                 for _ in 0..MAX_STACKED_MOUNTS {
                     match current {
-                        Some(m_id) if Some(m_id) == expected => {
+                        Some(m_id)
+                            if Some(m_id) == expected || (any_device_node && m_id.rdev != 0) =>
+                        {
                             m.unmount(&t)?;
                             current = m.mounted(&t)?;
                         }
@@ -322,12 +372,74 @@ impl NodeOps {
                 }
                 Ok(cleared)
             })
-            .await?;
+            .await;
+        // Our bind of a remote filesystem whose directory is gone on its
+        // server answers ESTALE: known by the mount table instead.
+        let cleared = match (cleared, &stage) {
+            (Err(e), Some(stage)) if is_stale(&e) && remote_source(stage).is_some() => {
+                return self.unpublish_stale(stage, target).await;
+            }
+            (cleared, _) => cleared?,
+        };
         if let (true, true, Some(stage)) = (cleared, has_device, &stage) {
             self.release_publish_device(&record, stage).await?;
             self.state.remove_publish(target)?;
         }
         Ok(())
+    }
+
+    /// An unpublish whose target, our bind of a remote filesystem, answers
+    /// ESTALE (its directory removed or replaced on the server): the
+    /// binds there whose source is the stage's (by the mount table, which
+    /// needs no answer from the server) are unmounted through the mount
+    /// helper, as a remote mount is, and the target goes with its record.
+    /// Another's mount on top stays, and so does the target under it.
+    async fn unpublish_stale(&self, stage: &StageRecord, target: &Path) -> Result<()> {
+        let source = remote_source(stage).unwrap_or_default();
+        for _ in 0..MAX_STACKED_MOUNTS {
+            let t = target.to_path_buf();
+            let top = self
+                .off_worker(
+                    format!("reading the mount table for {}", target.display()),
+                    self.deadlines.quick,
+                    move |m| {
+                        Ok(m.mounts()?
+                            .into_iter()
+                            .rev()
+                            .find(|i| i.mount_point == t)
+                            .map(|i| i.source))
+                    },
+                )
+                .await?;
+            match top {
+                Some(s) if s == source => {
+                    crate::mount::unmount_with_helper(
+                        self.runner.as_ref(),
+                        target,
+                        self.deadlines.quick,
+                    )
+                    .await?
+                }
+                Some(_) => return Ok(()),
+                None => {
+                    let (host, state, t) =
+                        (self.host.clone(), self.state.clone(), target.to_path_buf());
+                    return crate::host::off_worker(
+                        "removing a stale publish's target",
+                        self.deadlines.quick,
+                        move || {
+                            host.remove_target(&t)?;
+                            state.remove_publish(&t)
+                        },
+                    )
+                    .await;
+                }
+            }
+        }
+        Err(Error::internal(format!(
+            "{} still mounted after {MAX_STACKED_MOUNTS} unmounts",
+            target.display()
+        )))
     }
 
     /// An unpublish of a target with no record: nothing this driver
@@ -403,4 +515,12 @@ async fn lookup(
     secrets: &Secrets,
 ) -> Option<Result<Option<crate::plugin::VolumeInfo>>> {
     Some(backend.provisioner()?.get_volume(id, secrets).await)
+}
+
+/// The source of a stage's remote filesystem, as the mount table shows it.
+fn remote_source(stage: &StageRecord) -> Option<String> {
+    match &stage.attachment {
+        Some(att @ Attachment::Remote { .. }) => Some(mount_source(stage, att)),
+        _ => None,
+    }
 }

@@ -434,6 +434,18 @@ impl NodeOps {
     }
 
     async fn undo_stage(&self, backend: &dyn Backend, record: &StageRecord) -> Result<()> {
+        if let (Some(att @ Attachment::Device { .. }), AccessType::Mount { .. }) =
+            (&record.attachment, &record.capability.access)
+        {
+            if let Err(e) = backend
+                .staging()?
+                .node_release_io(&record.volume_id, att)
+                .await
+            {
+                tracing::warn!(volume = %record.volume_id, error = %e.message,
+                    "could not release the I/O of storage that is gone; unmounting anyway");
+            }
+        }
         // Only our own mount is unmounted; another's there stays.
         for _ in 0..MAX_STACKED_MOUNTS {
             match self.stage_presence(record).await? {

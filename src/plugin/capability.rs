@@ -513,6 +513,14 @@ pub trait Stager: Backend {
     /// releases whatever it may have set up for this volume.
     async fn node_detach(&self, id: &VolumeId, attachment: Option<&Attachment>) -> Result<()>;
 
+    /// Before the filesystem staged on the attachment is unmounted at
+    /// unstage: makes I/O that can never complete fail now (its storage is
+    /// gone for good), so that the unmount does not wait on it. Nothing by
+    /// default.
+    async fn node_release_io(&self, _id: &VolumeId, _attachment: &Attachment) -> Result<()> {
+        Ok(())
+    }
+
     /// What is wrong with what [`Stager::node_attach`] set up, as this
     /// node sees it (empty: nothing known). Asked through a
     /// [`super::health::Book`], so it may take long without holding a call.

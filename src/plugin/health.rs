@@ -70,6 +70,14 @@ reasons! {
     StagingMountGone,
     /// The filesystem does not answer (a remote server, a stale handle).
     FilesystemNotAnswering,
+    /// The staged device answers a read with I/O errors.
+    DeviceIOErrors,
+    /// The filesystem recorded errors (ext4's count): data may be lost.
+    FilesystemErrors,
+    /// The kernel made the filesystem read-only after an error.
+    FilesystemReadOnly,
+    /// The filesystem answers I/O errors: the kernel shut it down (xfs).
+    FilesystemShutDown,
     /// The nfs export cannot be mounted or read from the controller.
     ExportUnreachable,
     /// The nfs volume's directory is gone from its export; its record is

@@ -90,6 +90,10 @@ pub struct Initiator<'a> {
     pub replacement_timeout: u64,
 }
 
+/// How long a session that lost its target gets to log in again before
+/// an unstage lets go of it (see [`Initiator::release_lost`]).
+pub const RECOVERY_GRACE: Duration = Duration::from_secs(5);
+
 /// The node record's setting for [`Initiator::replacement_timeout`].
 const REPLACEMENT_TIMEOUT: &str = "node.session.timeo.replacement_timeout";
 
@@ -497,6 +501,29 @@ impl Initiator<'_> {
 
     /// Flushes and removes the disks of every session to `iqn`, logs out,
     /// and deletes the node records. Nothing there is success.
+    /// Sessions to `iqn` that lost their target, none logged in: given
+    /// [`RECOVERY_GRACE`] to come back, then detached (logged out), which
+    /// fails their disks' queued I/O at once. Without it, an unmount of a
+    /// filesystem on them waits for `replacement_timeout` (two minutes by
+    /// default) and the unstage fails meanwhile, stuck in the kernel. What
+    /// their disks still held unwritten had nowhere to go.
+    pub async fn release_lost(&self, iqn: &str) -> Result<()> {
+        let sessions = self.sessions(iqn).await?;
+        let up = |s: &[Session]| s.iter().any(|s| self.session_state(s.sid) == "LOGGED_IN");
+        if sessions.is_empty() || up(&sessions) {
+            return Ok(());
+        }
+        let until = std::time::Instant::now() + RECOVERY_GRACE;
+        while std::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            if up(&sessions) {
+                return Ok(());
+            }
+        }
+        tracing::warn!(%iqn, "no session to the target is logged in: logging out before the unmount");
+        self.detach(iqn).await
+    }
+
     pub async fn detach(&self, iqn: &str) -> Result<()> {
         let sessions = self.sessions(iqn).await?;
         let all: Vec<String> = sessions.iter().flat_map(|s| self.disks(s.sid)).collect();

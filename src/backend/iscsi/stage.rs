@@ -47,6 +47,11 @@ impl Stager for IscsiBackend {
         remove_file(&self.renewed_path(id))
     }
 
+    async fn node_release_io(&self, id: &VolumeId, _attachment: &Attachment) -> Result<()> {
+        self.own_volume(id)?;
+        self.initiator().release_lost(&self.iqn(id)).await
+    }
+
     async fn node_health(&self, id: &VolumeId, attachment: &Attachment) -> Result<Vec<Finding>> {
         self.own_volume(id)?;
         let Attachment::Device { path } = attachment else {

@@ -335,6 +335,40 @@ async fn a_read_only_block_publish_goes_through_its_own_read_only_loop() {
     assert!(f.mounter.get(&target).is_none());
 }
 
+/// A raw block volume's device gone from /dev under its publish (an LV
+/// removed, a LUN deleted): the unpublish still takes its own bind away,
+/// known by the device node recorded at publish; a record from before
+/// that was recorded takes the device node bound there for its own.
+#[tokio::test]
+async fn a_block_publish_whose_device_is_gone_is_unpublished() {
+    let f = fixture();
+    let mut req = stage_req(&f, AccessMode::SingleNodeWriter);
+    req.capability.access = AccessType::Block;
+    f.ops.stage(req).await.unwrap();
+    let mut p = publish_req(&f, "pod", AccessMode::SingleNodeWriter, false);
+    p.capability.access = AccessType::Block;
+    let target = p.target_path.clone();
+    f.ops.publish(p.clone()).await.unwrap();
+    assert!(f.ops.state().publish(&target).unwrap().bound.is_some());
+    f.mounter.set_gone(Path::new("/dev/fake0"));
+    f.ops.unpublish(&id(), &target).await.unwrap();
+    assert!(f.mounter.get(&target).is_none());
+    assert!(f.ops.state().publish(&target).is_none());
+
+    // As an earlier version recorded it: no bound device node.
+    let mut old = publish_req(&f, "old", AccessMode::SingleNodeWriter, false);
+    old.capability.access = AccessType::Block;
+    let old_target = old.target_path.clone();
+    f.mounter.clear_gone();
+    f.ops.publish(old).await.unwrap();
+    let mut record = f.ops.state().publish(&old_target).unwrap();
+    record.bound = None;
+    f.ops.state().put_publish(record).unwrap();
+    f.mounter.set_gone(Path::new("/dev/fake0"));
+    f.ops.unpublish(&id(), &old_target).await.unwrap();
+    assert!(f.mounter.get(&old_target).is_none());
+}
+
 /// Another's filesystem at a staging path or a target is never taken for
 /// ours, used, or unmounted.
 #[tokio::test]

@@ -236,6 +236,43 @@ async fn unstage_of_a_failed_session_removes_its_disk_unflushed() {
     );
 }
 
+/// Before an unstage unmounts: a logged-in session is left alone; one that
+/// lost its target and does not log in again within the grace is logged
+/// out (its disk removed unflushed), so the unmount does not wait on I/O
+/// that can never complete.
+#[tokio::test]
+async fn a_session_that_lost_its_target_is_let_go_before_the_unmount() {
+    let s = Setup::new();
+    let b = s.node();
+    let id = VolumeId::parse("iscsi:pvc-1").unwrap();
+    let dev = Attachment::Device {
+        path: "/dev/sdc".into(),
+    };
+    sysfs_session(s.dir.path(), 4, "sdc", "LOGGED_IN", 16384);
+    s.runner.expect("iscsiadm", Reply::Ok(SESSION.into()));
+    b.node_release_io(&id, &dev).await.unwrap();
+    assert_eq!(s.runner.lines().len(), 1, "only the listing");
+
+    sysfs_session(s.dir.path(), 4, "sdc", "FAILED", 16384);
+    s.runner
+        .expect("iscsiadm", Reply::Ok(SESSION.into()))
+        .expect("iscsiadm", Reply::Ok(SESSION.into()))
+        .ok("iscsiadm")
+        .ok("iscsiadm");
+    b.node_release_io(&id, &dev).await.unwrap();
+    assert_eq!(
+        std::fs::read_to_string(s.dir.path().join("sys/block/sdc/device/delete")).unwrap(),
+        "1"
+    );
+    assert_eq!(
+        s.runner.lines()[3..],
+        [
+            "iscsiadm -m session -r 4 --logout".to_string(),
+            format!("iscsiadm -m node -T {IQN} -o delete"),
+        ]
+    );
+}
+
 #[tokio::test]
 async fn rescan_and_condition_read_the_session() {
     let s = Setup::new();
