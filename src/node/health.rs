@@ -59,7 +59,10 @@ impl NodeOps {
             if let Some(root) = remote_root {
                 found.extend(remote_root_findings(root).await);
             }
-            if let Some(device) = device {
+            // Only when the backend saw nothing wrong: a read of a device
+            // whose storage it already knows gone (an iSCSI session down)
+            // would wait on it for nothing.
+            if let Some(device) = device.filter(|_| found.is_empty()) {
                 found.extend(device_findings(device).await);
             }
             if let Some((mounter, root)) = fs_root {
@@ -137,6 +140,9 @@ impl NodeOps {
                     format!("staging mount {} is gone", stage.staging_path.display()),
                 )),
                 Err(e) if remote => found.push(not_answering(&e)),
+                // A filesystem shut down answers EIO: its own finding
+                // (FilesystemShutDown) says so.
+                Err(e) if e.os_error == Some(libc::EIO) => {}
                 Err(e) => found.push(Finding::inaccessible(
                     Reason::HealthCheckFailed,
                     format!("the staging mount could not be checked: {}", e.message),

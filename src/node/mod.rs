@@ -60,6 +60,24 @@ fn mount_source(record: &StageRecord, att: &Attachment) -> String {
     }
 }
 
+/// Whether a mount table entry's device (`major:minor`) is the one a
+/// [`MountId`] names (its `dev`, the major in the high 32 bits).
+fn same_device(table_dev: &str, id: MountId) -> bool {
+    let Some((major, minor)) = table_dev.split_once(':') else {
+        return false;
+    };
+    match (major.parse::<u64>(), minor.parse::<u64>()) {
+        (Ok(major), Ok(minor)) => (major << 32 | minor) == id.dev,
+        _ => false,
+    }
+}
+
+/// An error a stat of a filesystem that lost its storage answers: a shut
+/// down one's EIO, a remote one's stale handle.
+fn storage_lost(e: &Error) -> bool {
+    matches!(e.os_error, Some(libc::EIO) | Some(libc::ESTALE))
+}
+
 /// A remote filesystem that did not answer a call.
 fn not_answering(e: &Error) -> Finding {
     Finding::inaccessible(

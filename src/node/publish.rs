@@ -330,7 +330,7 @@ impl NodeOps {
             (_, Some(bound)) => (Some(bound), false),
             (Some(stage), None) => match self.publish_identity(stage, &record).await {
                 Ok(id) => (id, false),
-                Err(e) if is_stale(&e) && remote_source(stage).is_some() => {
+                Err(e) if storage_lost(&e) && by_table(stage).is_some() => {
                     return self.unpublish_stale(stage, target).await;
                 }
                 Err(e)
@@ -376,7 +376,7 @@ impl NodeOps {
         // Our bind of a remote filesystem whose directory is gone on its
         // server answers ESTALE: known by the mount table instead.
         let cleared = match (cleared, &stage) {
-            (Err(e), Some(stage)) if is_stale(&e) && remote_source(stage).is_some() => {
+            (Err(e), Some(stage)) if storage_lost(&e) && by_table(stage).is_some() => {
                 return self.unpublish_stale(stage, target).await;
             }
             (cleared, _) => cleared?,
@@ -388,31 +388,31 @@ impl NodeOps {
         Ok(())
     }
 
-    /// An unpublish whose target, our bind of a remote filesystem, answers
-    /// ESTALE (its directory removed or replaced on the server): the
-    /// binds there whose source is the stage's (by the mount table, which
-    /// needs no answer from the server) are unmounted through the mount
-    /// helper, as a remote mount is, and the target goes with its record.
+    /// An unpublish whose target answers a stat with an error of storage
+    /// that is gone: our bind of a remote filesystem whose directory was
+    /// removed or replaced on its server (ESTALE), or of a filesystem the
+    /// kernel shut down (EIO). The binds there that are the stage's (by the
+    /// mount table, which needs no answer from the filesystem: the remote
+    /// source, or the staged device's number) are unmounted, a remote one
+    /// through the mount helper, and the target goes with its record.
     /// Another's mount on top stays, and so does the target under it.
     async fn unpublish_stale(&self, stage: &StageRecord, target: &Path) -> Result<()> {
-        let source = remote_source(stage).unwrap_or_default();
+        let Some(ours) = by_table(stage) else {
+            return Err(Error::internal(
+                "no way to know this publish by the mount table",
+            ));
+        };
         for _ in 0..MAX_STACKED_MOUNTS {
             let t = target.to_path_buf();
             let top = self
                 .off_worker(
                     format!("reading the mount table for {}", target.display()),
                     self.deadlines.quick,
-                    move |m| {
-                        Ok(m.mounts()?
-                            .into_iter()
-                            .rev()
-                            .find(|i| i.mount_point == t)
-                            .map(|i| i.source))
-                    },
+                    move |m| Ok(m.mounts()?.into_iter().rev().find(|i| i.mount_point == t)),
                 )
                 .await?;
-            match top {
-                Some(s) if s == source => {
+            match (top, &ours) {
+                (Some(e), Known::Remote(source)) if e.source == *source => {
                     crate::mount::unmount_with_helper(
                         self.runner.as_ref(),
                         target,
@@ -420,8 +420,11 @@ impl NodeOps {
                     )
                     .await?
                 }
-                Some(_) => return Ok(()),
-                None => {
+                (Some(e), Known::Device(id)) if same_device(&e.dev, *id) => {
+                    self.unmount_once(target).await?
+                }
+                (Some(_), _) => return Ok(()),
+                (None, _) => {
                     let (host, state, t) =
                         (self.host.clone(), self.state.clone(), target.to_path_buf());
                     return crate::host::off_worker(
@@ -517,10 +520,23 @@ async fn lookup(
     Some(backend.provisioner()?.get_volume(id, secrets).await)
 }
 
-/// The source of a stage's remote filesystem, as the mount table shows it.
-fn remote_source(stage: &StageRecord) -> Option<String> {
-    match &stage.attachment {
-        Some(att @ Attachment::Remote { .. }) => Some(mount_source(stage, att)),
+/// How a stage's binds are known by the mount table alone.
+enum Known {
+    /// A remote filesystem's source.
+    Remote(String),
+    /// The staged filesystem's device.
+    Device(MountId),
+}
+
+/// How the binds of a filesystem stage are known by the mount table (a
+/// remote source, the staged device's number), if they can be.
+fn by_table(stage: &StageRecord) -> Option<Known> {
+    if !matches!(stage.capability.access, AccessType::Mount { .. }) {
+        return None;
+    }
+    match (&stage.attachment, stage.mounted) {
+        (Some(att @ Attachment::Remote { .. }), _) => Some(Known::Remote(mount_source(stage, att))),
+        (Some(Attachment::Device { .. }), Some(id)) => Some(Known::Device(id)),
         _ => None,
     }
 }

@@ -135,7 +135,20 @@ impl NodeOps {
                 },
             });
         }
-        let Some(id) = self.mount_id(path).await? else {
+        let id = match self.mount_id(path).await {
+            Ok(id) => id,
+            // A filesystem shut down after errors answers a stat with EIO:
+            // known by the mount table's device number instead.
+            Err(e) if e.os_error == Some(libc::EIO) => {
+                return Ok(match (self.top_entry(path).await?, record.mounted) {
+                    (None, _) => Presence::Absent,
+                    (Some(en), Some(ours)) if same_device(&en.dev, ours) => Presence::Ours,
+                    _ => Presence::Foreign,
+                })
+            }
+            Err(e) => return Err(e),
+        };
+        let Some(id) = id else {
             return Ok(Presence::Absent);
         };
         Ok(match record.mounted {

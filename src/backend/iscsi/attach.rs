@@ -87,18 +87,18 @@ impl Attacher for IscsiBackend {
             None => record.initiators.iter().cloned().collect(),
         };
         if let Some(tid) = self.tid_of(&record.iqn, false).await? {
-            for i in &gone {
-                self.target.disallow(tid, i).await?;
-                // Fenced: a node still logged in when its volume is
-                // detached (a node lost, its teardown never came) loses
-                // its connections before the detach answers, so none of
-                // its writes land once the volume moves on. It cannot log
-                // in again: it just left the ACL.
-                let closed = self.target.close_connections(tid, i).await?;
-                if closed > 0 {
-                    tracing::warn!(volume = %id, initiator = %i, connections = closed,
-                        "fenced: the node was still logged in to the volume's target at detach; its connections are closed");
+            match self.fence(id, tid, &gone).await {
+                // The cache named a target removed behind the driver's
+                // back: asked of the server again, a target gone is
+                // nothing to detach from.
+                Err(e) if e.kind == crate::error::Kind::NotFound => {
+                    match self.tid_of(&record.iqn, true).await? {
+                        Some(tid) => self.fence(id, tid, &gone).await?,
+                        None => tracing::warn!(volume = %id,
+                            "the volume's target is gone from the target server: nothing to detach from"),
+                    }
                 }
+                done => done?,
             }
         }
         for i in &gone {
@@ -106,5 +106,26 @@ impl Attacher for IscsiBackend {
             record.terms.remove(i);
         }
         self.save(id, &record)
+    }
+}
+
+impl IscsiBackend {
+    /// Takes `initiators` off target `tid`'s ACL and closes their
+    /// connections.
+    async fn fence(&self, id: &VolumeId, tid: u32, initiators: &[String]) -> Result<()> {
+        for i in initiators {
+            self.target.disallow(tid, i).await?;
+            // Fenced: a node still logged in when its volume is detached
+            // (a node lost, its teardown never came) loses its connections
+            // before the detach answers, so none of its writes land once
+            // the volume moves on. It cannot log in again: it just left
+            // the ACL.
+            let closed = self.target.close_connections(tid, i).await?;
+            if closed > 0 {
+                tracing::warn!(volume = %id, initiator = %i, connections = closed,
+                    "fenced: the node was still logged in to the volume's target at detach; its connections are closed");
+            }
+        }
+        Ok(())
     }
 }

@@ -229,3 +229,18 @@ fn publish_req(f: &Fixture, target: &str, mode: AccessMode, readonly: bool) -> P
         secrets: Default::default(),
     }
 }
+
+/// A mount table entry's `major:minor` is matched against a recorded
+/// mount's device number (major in the high 32 bits), and nothing else.
+#[test]
+fn a_table_device_matches_its_recorded_number() {
+    let id = MountId {
+        dev: 253 << 32 | 4,
+        rdev: 0,
+    };
+    assert!(super::same_device("253:4", id));
+    assert!(!super::same_device("253:5", id));
+    assert!(!super::same_device("4:253", id));
+    assert!(!super::same_device("0:0", id));
+    assert!(!super::same_device("nonsense", id));
+}

@@ -214,6 +214,22 @@ async fn publish_sets_chap_then_the_acl_and_unpublish_takes_it_back() {
     assert_eq!(listings, 1);
 }
 
+/// A target removed from tgtd behind the driver's back (its cache still
+/// names it): the detach asks the server again and, the target gone,
+/// succeeds with nothing to detach from.
+#[tokio::test]
+async fn a_detach_from_a_target_removed_behind_the_drivers_back_succeeds() {
+    let s = Setup::new();
+    let t = FakeTgtd::start(s.dir.path());
+    let b = s.backend();
+    let id = s.created(&b).await;
+    b.controller_attach(&id, &attach_req(&[])).await.unwrap();
+    t.edit(|st| st.targets.clear());
+    b.controller_detach(&id, Some(NODE), &Secrets::default())
+        .await
+        .unwrap();
+}
+
 /// tgtd restarted under a running driver: it forgot every target. The
 /// next call finds the server is a new run and makes the volume's target
 /// again, accounts and ACL with it; a create after it goes on.
