@@ -331,7 +331,7 @@ impl NodeOps {
             (Some(stage), None) => match self.publish_identity(stage, &record).await {
                 Ok(id) => (id, false),
                 Err(e) if storage_lost(&e) && by_table(stage).is_some() => {
-                    return self.unpublish_stale(stage, target).await;
+                    return self.unpublish_by_table(stage, target).await;
                 }
                 Err(e)
                     if e.kind == crate::error::Kind::NotFound
@@ -374,10 +374,11 @@ impl NodeOps {
             })
             .await;
         // Our bind of a remote filesystem whose directory is gone on its
-        // server answers ESTALE: known by the mount table instead.
+        // server answers ESTALE, one of a filesystem shut down EIO: known
+        // by the mount table instead.
         let cleared = match (cleared, &stage) {
             (Err(e), Some(stage)) if storage_lost(&e) && by_table(stage).is_some() => {
-                return self.unpublish_stale(stage, target).await;
+                return self.unpublish_by_table(stage, target).await;
             }
             (cleared, _) => cleared?,
         };
@@ -396,7 +397,7 @@ impl NodeOps {
     /// source, or the staged device's number) are unmounted, a remote one
     /// through the mount helper, and the target goes with its record.
     /// Another's mount on top stays, and so does the target under it.
-    async fn unpublish_stale(&self, stage: &StageRecord, target: &Path) -> Result<()> {
+    async fn unpublish_by_table(&self, stage: &StageRecord, target: &Path) -> Result<()> {
         let Some(ours) = by_table(stage) else {
             return Err(Error::internal(
                 "no way to know this publish by the mount table",

@@ -190,6 +190,57 @@ fn running_named(names: &[&str]) -> Vec<String> {
 const INACCESSIBLE: i32 = pb::VolumeHealthErrorType::Inaccessible as i32;
 const DATA_LOSS: i32 = pb::VolumeHealthErrorType::DataLoss as i32;
 
+/// Every backend on one driver (its config names each by its type), on
+/// servers of the test's own: a volume group `fv<tag>`, a tgtd, an nfs
+/// server, the shared Ceph cluster; with how the cycles drive each.
+struct Every {
+    h: Harness,
+    unders: [Under; 5],
+    tgtd: Tgtd,
+    server: NfsServer,
+    cluster: &'static CephCluster,
+    _iscsid: Iscsid,
+    _vg: LvmVg,
+}
+
+async fn every_backend(tag: &str) -> Every {
+    let vg_name = format!("fv{tag}");
+    let vg = LvmVg::new(&vg_name, 256);
+    let tgtd = Tgtd::new();
+    let iscsid = Iscsid::new();
+    let cluster = CephCluster::shared();
+    let server = NfsServer::new();
+    let prefix = format!("iqn.2026-11.io.ferrovol.{tag}");
+    let config = format!(
+        "{}{NFS_LOOPBACK_CONFIG}",
+        block_backends_config(&vg_name, &tgtd, &prefix, cluster)
+    );
+    let h = Harness::start_with_env(Some(&config), &[("FERROVOL_VOLUME_HEALTH", "true")]).await;
+    let none = HashMap::new();
+    let unders = [
+        ("file", false, true, none.clone()),
+        ("lvm", false, true, none.clone()),
+        ("nfs", false, false, none.clone()),
+        ("iscsi", true, true, none.clone()),
+        ("rbd", true, true, cluster.secrets()),
+    ]
+    .map(|(backend, attach, block, secrets)| Under {
+        backend,
+        attach,
+        block,
+        secrets,
+    });
+    Every {
+        h,
+        unders,
+        tgtd,
+        server,
+        cluster,
+        _iscsid: iscsid,
+        _vg: vg,
+    }
+}
+
 /// What a cycle breaks things with.
 struct Breakers<'a> {
     pool: PathBuf,
@@ -377,30 +428,9 @@ async fn drop_volume(h: &Harness, u: &Under, up: &Up) {
 #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
 async fn guest_storage_gone_before_unstage_leaves_nothing() {
     require_guest();
-    let vg = LvmVg::new("fvfault", 256);
-    let tgtd = Tgtd::new();
-    let _iscsid = Iscsid::new();
-    let cluster = CephCluster::shared();
-    let server = NfsServer::new();
-    let config = format!(
-        "{}{NFS_LOOPBACK_CONFIG}",
-        block_backends_config("fvfault", &tgtd, "iqn.2026-11.io.ferrovol.fault", cluster)
-    );
-    let mut h = Harness::start_with_env(Some(&config), &[("FERROVOL_VOLUME_HEALTH", "true")]).await;
-    let none = HashMap::new();
-    let unders = [
-        ("file", false, true, none.clone()),
-        ("lvm", false, true, none.clone()),
-        ("nfs", false, false, none.clone()),
-        ("iscsi", true, true, none.clone()),
-        ("rbd", true, true, cluster.secrets()),
-    ]
-    .map(|(backend, attach, block, secrets)| Under {
-        backend,
-        attach,
-        block,
-        secrets,
-    });
+    let every = every_backend("fault").await;
+    let (mut h, unders, tgtd, cluster) = (every.h, every.unders, every.tgtd, every.cluster);
+    let server = every.server;
     let b = Breakers {
         pool: h.path("file-pool"),
         tgtd: &tgtd,
@@ -458,7 +488,6 @@ async fn guest_storage_gone_before_unstage_leaves_nothing() {
     );
     let procs = running_named(&["mount", "umount", "iscsiadm", "rbd", "mkfs.ext4", "blkid"]);
     assert!(procs.is_empty(), "processes left: {procs:?}");
-    drop(vg);
     println!("{n} cycles on each of five backends at once, in {took:.1?}; nothing left behind");
     for line in lines {
         println!("{line}");
@@ -524,35 +553,8 @@ async fn adopted(h: &Harness, u: &Under, up: &Up, block: bool) {
 #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
 async fn guest_node_plugin_restarts_under_writing_pods() {
     require_guest();
-    let vg = LvmVg::new("fvrestart", 256);
-    let tgtd = Tgtd::new();
-    let _iscsid = Iscsid::new();
-    let cluster = CephCluster::shared();
-    let server = NfsServer::new();
-    let config = format!(
-        "{}{NFS_LOOPBACK_CONFIG}",
-        block_backends_config(
-            "fvrestart",
-            &tgtd,
-            "iqn.2026-11.io.ferrovol.restart",
-            cluster
-        )
-    );
-    let mut h = Harness::start_with_env(Some(&config), &[("FERROVOL_VOLUME_HEALTH", "true")]).await;
-    let none = HashMap::new();
-    let unders = [
-        ("file", false, true, none.clone()),
-        ("lvm", false, true, none.clone()),
-        ("nfs", false, false, none.clone()),
-        ("iscsi", true, true, none.clone()),
-        ("rbd", true, true, cluster.secrets()),
-    ]
-    .map(|(backend, attach, block, secrets)| Under {
-        backend,
-        attach,
-        block,
-        secrets,
-    });
+    let every = every_backend("restart").await;
+    let (mut h, unders) = (every.h, every.unders);
     let mut volumes = Vec::new();
     for u in &unders {
         for block in [false, true] {
@@ -620,7 +622,7 @@ async fn guest_node_plugin_restarts_under_writing_pods() {
         !sessions.iter().any(|s| s.contains("io.ferrovol.restart")),
         "{sessions:?}"
     );
-    drop((vg, server));
+    drop((every.server, every.tgtd));
 }
 
 /// Swaps device-mapper device `dm`'s table for `table` (live: suspended,
