@@ -672,18 +672,11 @@ async fn guest_a_filesystem_with_io_errors_is_not_handed_to_a_pod() {
         let cap = mount_cap(fs, SNW);
         let mut req = create_req(&name, 320 * MIB, cap.clone());
         req.parameters.insert("backend".into(), "lvm".into());
-        let id = h.create(req).await.volume_id;
-        let staging = h.path(&format!("kubelet/staging/{name}"));
-        std::fs::create_dir_all(&staging).unwrap();
-        let target = h.path(&format!("kubelet/pods/{name}"));
-        h.node()
-            .node_stage_volume(stage_req(&id, &staging, cap.clone()))
-            .await
-            .unwrap();
-        h.node()
-            .node_publish_volume(publish_req(&id, &staging, &target, cap.clone(), false))
-            .await
-            .unwrap();
+        let Published {
+            id,
+            staging,
+            target,
+        } = h.provision_req(req).await;
         let kept = target.join("kept");
         std::fs::write(&kept, b"written while the disk was good").unwrap();
         std::fs::File::open(&kept).unwrap().sync_all().unwrap();
