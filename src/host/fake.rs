@@ -26,6 +26,8 @@ pub struct FakeHost {
     read_only: Mutex<Vec<PathBuf>>,
     /// Device links: what `canonical` resolves a path to.
     links: Mutex<HashMap<PathBuf, PathBuf>>,
+    /// What a device holds from a byte offset (`read_at`).
+    contents: Mutex<HashMap<PathBuf, (u64, Vec<u8>)>>,
 }
 
 fn missing(path: &Path) -> Error {
@@ -48,6 +50,14 @@ impl FakeHost {
         for p in path.ancestors() {
             tree.entry(p.to_path_buf()).or_insert(Entry::Dir);
         }
+    }
+
+    /// `bytes` on device `path` from byte `offset`, for `read_at`.
+    pub fn set_contents(&self, path: &Path, offset: u64, bytes: Vec<u8>) {
+        self.contents
+            .lock()
+            .unwrap()
+            .insert(path.to_path_buf(), (offset, bytes));
     }
 
     /// A file of `len` bytes at `path` (its folder made as needed).
@@ -124,6 +134,16 @@ impl Host for FakeHost {
         path.ancestors()
             .find_map(|p| usage.get(p).copied())
             .ok_or_else(|| Error::internal(format!("no usage set for {}", path.display())))
+    }
+
+    fn read_at(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let contents = self.contents.lock().unwrap();
+        let (at, bytes) = contents.get(path).ok_or_else(|| missing(path))?;
+        let from = offset.checked_sub(*at).ok_or_else(|| missing(path))? as usize;
+        bytes
+            .get(from..from + len)
+            .map(<[u8]>::to_vec)
+            .ok_or_else(|| missing(path))
     }
 
     fn device_size(&self, path: &Path) -> Result<u64> {

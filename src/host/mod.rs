@@ -120,6 +120,9 @@ pub trait Host: Send + Sync {
     /// `path` with every symlink on the way resolved (its last part need
     /// not exist).
     fn resolve(&self, path: &Path) -> Result<std::path::PathBuf>;
+    /// `len` bytes of a device (or file) from byte `offset` (a
+    /// filesystem's superblock).
+    fn read_at(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>>;
 }
 
 /// The real host.
@@ -146,6 +149,15 @@ impl Host for SystemHost {
 
     fn device_size(&self, path: &Path) -> Result<u64> {
         targets::device_size(path)
+    }
+
+    fn read_at(&self, path: &Path, offset: u64, len: usize) -> Result<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = vec![0u8; len];
+        std::fs::File::open(path)
+            .and_then(|f| f.read_exact_at(&mut buf, offset))
+            .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+        Ok(buf)
     }
 
     fn writable_dir(&self, dir: &Path) -> Result<()> {

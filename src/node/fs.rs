@@ -2,7 +2,9 @@
 
 use crate::error::{Error, Result};
 use crate::exec::{path_arg, Command, CommandRunner};
+use crate::host::Host;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Used when a stage record predates its fs type.
@@ -360,6 +362,76 @@ pub async fn format_if_unformatted(
     }
 }
 
+/// What an ext2/3/4 superblock (the 1024 bytes at byte 1024 of the
+/// device) records of errors: its state says errors were detected, or it
+/// counted some since it was last checked. None when it is no ext
+/// superblock.
+pub fn ext_errors_recorded(superblock: &[u8]) -> Option<bool> {
+    let u16_at = |o: usize| -> Option<u16> {
+        Some(u16::from_le_bytes(
+            superblock.get(o..o + 2)?.try_into().ok()?,
+        ))
+    };
+    let u32_at = |o: usize| -> Option<u32> {
+        Some(u32::from_le_bytes(
+            superblock.get(o..o + 4)?.try_into().ok()?,
+        ))
+    };
+    // s_magic, s_state (bit 2: errors detected), s_error_count.
+    (u16_at(0x38)? == 0xEF53).then_some(())?;
+    Some(u16_at(0x3A)? & 0x0002 != 0 || u32_at(0x194)? > 0)
+}
+
+/// Before an ext filesystem that recorded errors is mounted read-write
+/// for a pod: `e2fsck -p` (it repairs what is safe to repair without
+/// asking). Exit 0, 1 or 2: clean or repaired (true when it repaired).
+/// Otherwise the filesystem is refused (FAILED_PRECONDITION), never handed
+/// to a pod as healthy. A filesystem with no errors recorded is not
+/// checked (the kernel replays its journal at mount).
+pub async fn preen_if_errors(
+    runner: &dyn CommandRunner,
+    host: Arc<dyn Host>,
+    device: &Path,
+    fs: &str,
+) -> Result<bool> {
+    if !matches!(fs, "ext4" | "ext3" | "ext2") {
+        return Ok(false);
+    }
+    // Its superblock read (false when it cannot be, or is no ext one).
+    let dev = device.to_path_buf();
+    let errors = tokio::task::spawn_blocking(move || {
+        host.read_at(&dev, 1024, 1024)
+            .ok()
+            .and_then(|sb| ext_errors_recorded(&sb))
+            .unwrap_or(false)
+    })
+    .await
+    .unwrap_or(false);
+    if !errors {
+        return Ok(false);
+    }
+    let cmd = Command::new("e2fsck")
+        .arg("-p")
+        .arg(path_arg(device)?)
+        .timeout(MKFS_TIMEOUT);
+    match runner.run(cmd).await {
+        Ok(_) => Ok(true),
+        Err(e) if matches!(e.exit_code(), Some(1) | Some(2)) => Ok(true),
+        Err(e) => match e.exit_code() {
+            Some(code) => Err(Error::precondition(format!(
+                "the {fs} filesystem on {} recorded errors that e2fsck -p could not repair \
+                 (exit {code}): it is not handed to a pod; check it by hand (e2fsck -f) with the \
+                 volume unstaged",
+                device.display()
+            ))),
+            None => Err(Error::from(e).context(format!(
+                "check the {fs} filesystem on {}, which recorded errors",
+                device.display()
+            ))),
+        },
+    }
+}
+
 /// Grows the filesystem on `device`, mounted at `mount_point`, to fill it.
 pub async fn grow(
     runner: &dyn CommandRunner,
@@ -447,6 +519,64 @@ mod mkfs_option_tests {
 mod tests {
     use super::*;
     use crate::exec::{FakeRunner, Reply};
+
+    /// An ext superblock with this state and error count.
+    fn superblock(state: u16, errors: u32) -> Vec<u8> {
+        let mut sb = vec![0u8; 1024];
+        sb[0x38..0x3A].copy_from_slice(&0xEF53u16.to_le_bytes());
+        sb[0x3A..0x3C].copy_from_slice(&state.to_le_bytes());
+        sb[0x194..0x198].copy_from_slice(&errors.to_le_bytes());
+        sb
+    }
+
+    #[test]
+    fn an_ext_superblock_says_whether_it_recorded_errors() {
+        assert_eq!(ext_errors_recorded(&superblock(1, 0)), Some(false));
+        assert_eq!(ext_errors_recorded(&superblock(2, 0)), Some(true));
+        assert_eq!(ext_errors_recorded(&superblock(1, 3)), Some(true));
+        assert_eq!(ext_errors_recorded(&[0u8; 1024]), None);
+        assert_eq!(ext_errors_recorded(&[0u8; 16]), None);
+    }
+
+    /// A device whose ext filesystem recorded errors is preened before the
+    /// mount, and refused when e2fsck -p leaves errors; one that recorded
+    /// none, or no ext filesystem, is not checked at all.
+    #[tokio::test]
+    async fn an_ext_filesystem_with_errors_is_preened_or_refused() {
+        let host = Arc::new(crate::host::FakeHost::new());
+        let device = Path::new("/dev/vg/fv-1");
+        let write = |state, errors| host.set_contents(device, 1024, superblock(state, errors));
+        let shown = format!("e2fsck -p {}", device.display());
+        let r = FakeRunner::new();
+        // Unreadable, or no errors recorded: no check.
+        assert!(!preen_if_errors(&r, host.clone(), device, "ext4")
+            .await
+            .unwrap());
+        write(1, 0);
+        assert!(!preen_if_errors(&r, host.clone(), device, "ext4")
+            .await
+            .unwrap());
+        assert!(r.lines().is_empty());
+        write(2, 4);
+        assert!(!preen_if_errors(&r, host.clone(), device, "xfs")
+            .await
+            .unwrap());
+        assert!(r.lines().is_empty());
+        r.expect("e2fsck", Reply::Fail(1, String::new()));
+        assert!(preen_if_errors(&r, host.clone(), device, "ext4")
+            .await
+            .unwrap());
+        r.expect("e2fsck", Reply::Fail(4, "UNEXPECTED INCONSISTENCY".into()));
+        let e = preen_if_errors(&r, host.clone(), device, "ext4")
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind, crate::error::Kind::FailedPrecondition, "{e:?}");
+        assert!(
+            e.message.contains("e2fsck -p could not repair (exit 4)"),
+            "{e:?}"
+        );
+        assert_eq!(r.lines(), vec![shown.clone(), shown]);
+    }
 
     #[tokio::test]
     async fn formats_only_empty_devices() {

@@ -221,7 +221,20 @@ impl NodeOps {
                             .get(fs::MKFS_OPTIONS)
                             .map_or("", String::as_str),
                     )?;
-                    fs::format_if_unformatted(self.runner.as_ref(), path, &fs, &extra).await?;
+                    let made =
+                        fs::format_if_unformatted(self.runner.as_ref(), path, &fs, &extra).await?;
+                    // A filesystem that recorded errors is checked before
+                    // a pod gets it, and refused when they stay.
+                    if !made
+                        && fs::preen_if_errors(self.runner.as_ref(), self.host.clone(), path, &fs)
+                            .await?
+                    {
+                        tracing::warn!(
+                            volume = %record.volume_id,
+                            device = %path.display(),
+                            "the filesystem had recorded errors: e2fsck -p repaired it before the mount"
+                        );
+                    }
                 }
                 let device = path.clone();
                 let at = target.clone();

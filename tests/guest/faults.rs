@@ -40,6 +40,13 @@ struct Up {
 }
 
 async fn bring_up(h: &Harness, u: &Under, name: &str, block: bool) -> Up {
+    let up = made(h, u, name, block).await;
+    stage_publish(h, u, up, block).await
+}
+
+/// A volume created (and attached to this node where the backend
+/// attaches), not staged.
+async fn made(h: &Harness, u: &Under, name: &str, block: bool) -> Up {
     let mut req = create_req(name, 16 * MIB, cap_of(u, block));
     req.parameters.insert("backend".into(), u.backend.into());
     req.parameters
@@ -53,15 +60,14 @@ async fn bring_up(h: &Harness, u: &Under, name: &str, block: bool) -> Up {
         }
         false => HashMap::new(),
     };
-    let up = Up {
+    Up {
         id: vol.volume_id,
         name: name.into(),
         staging: h.path(&format!("kubelet/staging/{name}")),
         target: h.path(&format!("kubelet/pods/{name}")),
         publish_context,
         volume_context: vol.volume_context,
-    };
-    stage_publish(h, u, up, block).await
+    }
 }
 
 /// The capability a cycle's volume is staged with.
@@ -76,14 +82,8 @@ fn cap_of(u: &Under, block: bool) -> pb::VolumeCapability {
 /// as a pod would.
 async fn stage_publish(h: &Harness, u: &Under, up: Up, block: bool) -> Up {
     let cap = cap_of(u, block);
-    std::fs::create_dir_all(&up.staging).unwrap();
     h.node()
-        .node_stage_volume(pb::NodeStageVolumeRequest {
-            secrets: u.secrets.clone(),
-            publish_context: up.publish_context.clone(),
-            volume_context: up.volume_context.clone(),
-            ..stage_req(&up.id, &up.staging, cap.clone())
-        })
+        .node_stage_volume(stage_request(u, &up, block))
         .await
         .unwrap_or_else(|e| panic!("stage {}: {e:?}\n{}", up.name, h.log()));
     h.node()
@@ -103,6 +103,18 @@ async fn stage_publish(h: &Harness, u: &Under, up: Up, block: bool) -> Up {
         std::fs::File::open(&f).unwrap().sync_all().unwrap();
     }
     up
+}
+
+/// The NodeStageVolume request of a volume made by [`made`] (its staging
+/// directory made, as kubelet makes it).
+fn stage_request(u: &Under, up: &Up, block: bool) -> pb::NodeStageVolumeRequest {
+    std::fs::create_dir_all(&up.staging).unwrap();
+    pb::NodeStageVolumeRequest {
+        secrets: u.secrets.clone(),
+        publish_context: up.publish_context.clone(),
+        volume_context: up.volume_context.clone(),
+        ..stage_req(&up.id, &up.staging, cap_of(u, block))
+    }
 }
 
 /// What the node says of the volume (status, reason).
@@ -204,6 +216,11 @@ struct Every {
 }
 
 async fn every_backend(tag: &str) -> Every {
+    every_backend_with(tag, &[]).await
+}
+
+/// [`every_backend`], the driver started with `env` too.
+async fn every_backend_with(tag: &str, env: &[(&str, &str)]) -> Every {
     let vg_name = format!("fv{tag}");
     let vg = LvmVg::new(&vg_name, 256);
     let tgtd = Tgtd::new();
@@ -215,7 +232,9 @@ async fn every_backend(tag: &str) -> Every {
         "{}{NFS_LOOPBACK_CONFIG}",
         block_backends_config(&vg_name, &tgtd, &prefix, cluster)
     );
-    let h = Harness::start_with_env(Some(&config), &[("FERROVOL_VOLUME_HEALTH", "true")]).await;
+    let mut env = env.to_vec();
+    env.push(("FERROVOL_VOLUME_HEALTH", "true"));
+    let h = Harness::start_with_env(Some(&config), &env).await;
     let none = HashMap::new();
     let unders = [
         ("file", false, true, none.clone()),
@@ -755,6 +774,10 @@ async fn guest_a_filesystem_with_io_errors_is_not_handed_to_a_pod() {
             e.code(),
             e.message()
         );
+        // The volume group's one disk fails: not "no such volume", but
+        // the group unreadable, which a retry may outlast.
+        assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+        assert!(e.message().contains("cannot be read"), "{e:?}");
         assert!(h.mounts().is_empty(), "{:?}", h.mounts());
         // The disk back: staged again, the data from before is there.
         dm_swap("fvioerr-pv", &pv_good);
@@ -778,4 +801,581 @@ async fn guest_a_filesystem_with_io_errors_is_not_handed_to_a_pod() {
     run("vgremove", &["-q", "-f", "fvioerr"]);
     run("dmsetup", &["remove", "fvioerr-pv"]);
     run("losetup", &["-d", &lo]);
+}
+
+/// Packets dropped in the guest's network namespace: a table of nftables
+/// rules of the test's own on the output hook (loopback traffic passes it
+/// once, each way), deleted when this is dropped.
+struct Cut;
+
+impl Cut {
+    const TABLE: &'static str = "ferrovol_cut";
+
+    fn new(rules: &[String]) -> Cut {
+        let script = format!(
+            "table inet {} {{\n  chain out {{\n    type filter hook output priority 0; policy accept;\n    {}\n  }}\n}}\n",
+            Self::TABLE,
+            rules.join("\n    ")
+        );
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), script).unwrap();
+        run("nft", &["-f", file.path().to_str().unwrap()]);
+        Cut
+    }
+}
+
+impl Drop for Cut {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("nft")
+            .args(["delete", "table", "inet", Self::TABLE])
+            .status();
+    }
+}
+
+/// The TCP ports the Ceph monitor and OSDs listen on.
+fn ceph_ports() -> Vec<u16> {
+    let mut ports: Vec<u16> = run("ss", &["-Hltnp"])
+        .lines()
+        .filter(|l| l.contains("\"ceph-mon\"") || l.contains("\"ceph-osd\""))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .nth(3)?
+                .rsplit(':')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    ports.sort_unstable();
+    ports.dedup();
+    assert!(
+        !ports.is_empty(),
+        "no Ceph daemon listens: {}",
+        run("ss", &["-Hltnp"])
+    );
+    ports
+}
+
+/// The rules that make `server` stop answering this node. nfs and iSCSI:
+/// every packet to or from the server's port (they serve no one else).
+/// Ceph: the packets of the kernel's client (sockets no process owns:
+/// `meta skuid` matches only a process's) to the monitor and the OSDs; the
+/// daemons go on talking to each other, and the ceph CLI to them.
+fn cut_rules(server: &str, tgtd: &Tgtd) -> Vec<String> {
+    let both = |port: u16| {
+        vec![
+            format!("tcp dport {port} drop"),
+            format!("tcp sport {port} drop"),
+        ]
+    };
+    match server {
+        "nfs" => both(2049),
+        "iscsi" => both(tgtd.port),
+        "rbd" => {
+            let ports = ceph_ports()
+                .iter()
+                .map(u16::to_string)
+                .collect::<Vec<_>>()
+                .join(", ");
+            vec![
+                format!("tcp dport {{ {ports} }} meta skuid 0 accept"),
+                format!("tcp dport {{ {ports} }} drop"),
+            ]
+        }
+        other => unreachable!("{other}"),
+    }
+}
+
+/// Processes of these names that started more than `age` ago.
+fn older_than(names: &[&str], age: Duration) -> Vec<String> {
+    let tick: f64 = run("getconf", &["CLK_TCK"]).trim().parse().unwrap();
+    let uptime: f64 = std::fs::read_to_string("/proc/uptime")
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    running_named(names)
+        .into_iter()
+        .filter(|p| {
+            let pid = p.split_whitespace().next().unwrap();
+            // Field 22 (starttime), counted after the command's closing
+            // parenthesis (the command may hold spaces).
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| {
+                    let rest = s.rsplit_once(')')?.1.to_string();
+                    rest.split_whitespace().nth(19)?.parse::<f64>().ok()
+                })
+                .is_some_and(|start| uptime - start / tick > age.as_secs_f64())
+        })
+        .collect()
+}
+
+/// NodeGetVolumeStats of a volume: whether it answered.
+async fn stats_answered(h: &Harness, up: &Up) -> Result<(), tonic::Status> {
+    h.node()
+        .node_get_volume_stats(pb::NodeGetVolumeStatsRequest {
+            volume_id: up.id.clone(),
+            volume_path: up.target.display().to_string(),
+            staging_target_path: up.staging.display().to_string(),
+        })
+        .await
+        .map(|_| ())
+}
+
+/// A server that stops answering mid-I/O (its packets dropped in the
+/// guest's network namespace), nfs, iSCSI and Ceph in turn, each under a
+/// pod writing to a volume of every backend. While it does not answer:
+/// its pod's writes wait (the cut bites); the stage of another volume of
+/// that server fails at the command deadline (20 s here,
+/// `--command-timeout`) and leaves no mount, iscsiadm or rbd process
+/// behind; every RPC on the other backends' volumes (health, stats, a
+/// publish to another pod and its unpublish) answers well inside its
+/// deadline and finds them healthy, and those of the cut server's own
+/// volume answer within the call's deadline. Once it answers again: its
+/// pod's writes go on with none failed, and the first retry of the stage
+/// succeeds. At the end nothing is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_a_server_that_stops_answering_stalls_only_its_own_volumes() {
+    require_guest();
+    let deadline = Duration::from_secs(20);
+    let every = every_backend_with("cut", &[("FERROVOL_COMMAND_TIMEOUT", "20")]).await;
+    let (mut h, unders) = (every.h, every.unders);
+    let mut live = Vec::new();
+    for u in &unders {
+        let up = bring_up(&h, u, &format!("cut-{}", u.backend), false).await;
+        let writer = Steady::start(up.target.join("steady"));
+        live.push((u, up, writer));
+    }
+    let mut report = Vec::new();
+    for server in ["nfs", "iscsi", "rbd"] {
+        let u = unders.iter().find(|u| u.backend == server).unwrap();
+        let late = made(&h, u, &format!("late-{server}"), false).await;
+        let cut = Cut::new(&cut_rules(server, &every.tgtd));
+        let cut_at = Instant::now();
+        let own = &live.iter().find(|(v, ..)| v.backend == server).unwrap().2;
+        assert!(
+            own.next_write_within(Duration::from_secs(10)).is_none(),
+            "{server}: the pod's writes went on with its server cut off"
+        );
+        let stage = tokio::spawn({
+            let mut node = h.node();
+            let req = stage_request(u, &late, false);
+            async move {
+                let t = Instant::now();
+                let r = node.node_stage_volume(req).await;
+                (r, t.elapsed())
+            }
+        });
+        // Meanwhile, every volume asked, round after round.
+        let (mut worst_other, mut worst_own, mut worst_storage) =
+            (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+        let mut own_said = BTreeSet::new();
+        let mut storage_said = BTreeSet::new();
+        let mut rounds = 0;
+        while rounds == 0 || !stage.is_finished() {
+            rounds += 1;
+            for (v, up, _) in &live {
+                let t = Instant::now();
+                let said = node_health(&h, up).await;
+                let stats = stats_answered(&h, up).await;
+                if v.backend == server {
+                    worst_own = worst_own.max(t.elapsed());
+                    own_said.extend(said.into_iter().map(|(_, r)| r));
+                    if let Err(e) = stats {
+                        own_said.insert(format!("stats {:?}", e.code()));
+                    }
+                    continue;
+                }
+                assert!(said.is_empty(), "{} ({server} cut): {said:?}", up.name);
+                stats.unwrap_or_else(|e| panic!("stats {} ({server} cut): {e:?}", up.name));
+                let other = h.path(&format!("kubelet/pods/{}-again", up.name));
+                h.node()
+                    .node_publish_volume(publish_req(
+                        &up.id,
+                        &up.staging,
+                        &other,
+                        cap_of(v, false),
+                        false,
+                    ))
+                    .await
+                    .unwrap_or_else(|e| panic!("publish {} ({server} cut): {e:?}", up.name));
+                h.node()
+                    .node_unpublish_volume(unpublish_req(&up.id, &other))
+                    .await
+                    .unwrap_or_else(|e| panic!("unpublish {} ({server} cut): {e:?}", up.name));
+                worst_other = worst_other.max(t.elapsed());
+            }
+            let t = Instant::now();
+            let storage = h
+                .node()
+                .node_get_storage_health(pb::NodeGetStorageHealthRequest::default())
+                .await
+                .unwrap_or_else(|e| panic!("NodeGetStorageHealth ({server} cut): {e:?}"))
+                .into_inner();
+            worst_storage = worst_storage.max(t.elapsed());
+            storage_said.extend(
+                storage
+                    .backend_health
+                    .iter()
+                    .map(|s| format!("{}: {}", s.reason, s.message)),
+            );
+        }
+        let (staged, stage_took) = stage.await.unwrap();
+        let e = staged.expect_err("a stage against a server that does not answer");
+        assert!(
+            stage_took < deadline * 3,
+            "{server}: the stage took {stage_took:?}"
+        );
+        assert!(
+            worst_other < Duration::from_secs(10),
+            "{server} cut: another volume's calls took {worst_other:?}"
+        );
+        assert!(
+            worst_own < deadline * 2 + Duration::from_secs(5),
+            "{server} cut: its own volume's health and stats took {worst_own:?}"
+        );
+        assert!(
+            worst_storage < deadline + Duration::from_secs(5),
+            "{server} cut: NodeGetStorageHealth took {worst_storage:?}"
+        );
+        let left = older_than(
+            &["mount", "mount.nfs", "iscsiadm", "rbd"],
+            deadline + Duration::from_secs(5),
+        );
+        assert!(
+            left.is_empty(),
+            "{server} cut: processes left behind: {left:?}"
+        );
+        assert!(
+            !h.mounts().contains(&late.staging),
+            "{server}: the failed stage left its mount"
+        );
+        let cut_for = cut_at.elapsed();
+        drop(cut);
+        // Back: the pod's writes go on, the stage asked again succeeds.
+        let resumed = own
+            .next_write_within(Duration::from_secs(240))
+            .unwrap_or_else(|| panic!("{server}: the pod's writes did not go on\n{}", h.log()));
+        let t = Instant::now();
+        h.node()
+            .node_stage_volume(stage_request(u, &late, false))
+            .await
+            .unwrap_or_else(|e| panic!("{server}: the stage asked again: {e:?}\n{}", h.log()));
+        let retry_took = t.elapsed();
+        h.node()
+            .node_publish_volume(publish_req(
+                &late.id,
+                &late.staging,
+                &late.target,
+                cap_of(u, false),
+                false,
+            ))
+            .await
+            .unwrap_or_else(|e| panic!("{server}: publish after the retry: {e:?}\n{}", h.log()));
+        std::fs::write(late.target.join("after"), b"the server is back").unwrap();
+        std::fs::File::open(late.target.join("after"))
+            .unwrap()
+            .sync_all()
+            .unwrap();
+        h.unpublish_unstage(&late.id, &late.staging, &late.target)
+            .await;
+        drop_volume(&h, u, &late).await;
+        report.push(format!(
+            "{server} cut off for {cut_for:.1?}: its pod's writes waited, went on {resumed:.1?} \
+             after it answered; the stage meanwhile failed in {stage_took:.1?} ({:?}: {}), the \
+             first retry took {retry_took:.1?}; {rounds} rounds of calls: other volumes' at most \
+             {worst_other:.2?}, its own volume's at most {worst_own:.2?} (said {own_said:?}), \
+             NodeGetStorageHealth at most {worst_storage:.2?} (said {storage_said:?})",
+            e.code(),
+            e.message(),
+        ));
+    }
+    let mut writes = BTreeMap::new();
+    for (u, up, writer) in live {
+        writes.insert(up.name.clone(), writer.finish());
+        h.unpublish_unstage(&up.id, &up.staging, &up.target).await;
+        drop_volume(&h, u, &up).await;
+    }
+    assert!(h.terminate().success());
+    assert!(h.mounts().is_empty(), "mounts: {:?}", h.mounts());
+    let sessions = Iscsid::sessions();
+    assert!(
+        !sessions.iter().any(|s| s.contains("io.ferrovol.cut")),
+        "iSCSI sessions: {sessions:?}"
+    );
+    assert!(rbd_mappings().is_empty(), "{:?}", rbd_mappings());
+    let procs = running_named(&["mount", "mount.nfs", "umount", "iscsiadm", "rbd"]);
+    assert!(procs.is_empty(), "processes left: {procs:?}");
+    for line in report {
+        println!("{line}");
+    }
+    println!("synced writes per volume, none failed: {writes:?}");
+    drop((every.server, every.tgtd));
+}
+
+/// What ControllerGetVolumeHealth says of a volume: its reasons.
+async fn controller_reasons(h: &Harness, id: &str) -> BTreeSet<String> {
+    h.controller()
+        .controller_get_volume_health(pb::ControllerGetVolumeHealthRequest {
+            volume_id: id.into(),
+            secrets: HashMap::new(),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("ControllerGetVolumeHealth {id}: {e:?}\n{}", h.log()))
+        .into_inner()
+        .volume_health
+        .unwrap_or_default()
+        .health_statuses
+        .into_iter()
+        .map(|e| e.reason)
+        .collect()
+}
+
+/// What filling a volume came to: MiB written (each synced) when the
+/// controller first said `warning`, and when the first write or sync
+/// failed, with its error.
+struct Filled {
+    warned_at: Option<u64>,
+    failed_at: u64,
+    error: std::io::Error,
+}
+
+/// Writes 1 MiB at a time to `file`, each synced, asking the
+/// controller after each what it says of volume `id`, until a write or
+/// its sync fails (at most `limit` MiB).
+async fn fill_until_refused(
+    h: &Harness,
+    id: &str,
+    file: &Path,
+    warning: &str,
+    limit: u64,
+) -> Filled {
+    use std::io::Write;
+    let mut f = std::fs::File::create(file).unwrap();
+    let chunk = vec![0xA5u8; 1 << 20];
+    let mut warned_at = None;
+    for mib in 0..limit {
+        if let Err(error) = f.write_all(&chunk).and_then(|_| f.sync_data()) {
+            return Filled {
+                warned_at,
+                failed_at: mib,
+                error,
+            };
+        }
+        if warned_at.is_none() && controller_reasons(h, id).await.contains(warning) {
+            warned_at = Some(mib + 1);
+        }
+    }
+    panic!("{} took {limit} MiB without an error", file.display());
+}
+
+/// A pool that fills under volumes that overcommit it: the file backend's
+/// pool (a filesystem of its own) under a sparse image, and an LVM thin
+/// pool (made with `--errorwhenfull y`) under a thin volume. Each is
+/// filled by a pod writing 1 MiB at a time, synced: the controller says the
+/// pool is nearly full (its threshold) before the first write fails; the
+/// writer's error is the kernel's (an I/O error: a filesystem's journal on a
+/// device with no room left fails, and ext4 makes itself read-only); the
+/// node then says so and refuses to hand that filesystem to another pod,
+/// and lets go of it at unstage. A volume made with room of its own
+/// (`preallocate`) in the full file pool fills its own filesystem, and its
+/// writer's error is ENOSPC. A pod writing to a volume elsewhere on the
+/// node (a thick LV) never stops, and its calls answer. Deleting the
+/// filling volumes gives the room back: the warnings clear.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_a_full_pool_is_said_first_and_fails_only_its_own_writers() {
+    require_guest();
+    // The file pool on a filesystem of its own (96 MiB), so that filling
+    // it fills nothing else.
+    let dir = tempfile::tempdir().unwrap();
+    let pool_image = dir.path().join("pool.img");
+    std::fs::File::create(&pool_image)
+        .unwrap()
+        .set_len(96 << 20)
+        .unwrap();
+    run(
+        "mkfs.ext4",
+        &["-q", "-m", "0", pool_image.to_str().unwrap()],
+    );
+    let pool = dir.path().join("pool");
+    std::fs::create_dir(&pool).unwrap();
+    run(
+        "mount",
+        &[
+            "-o",
+            "loop",
+            pool_image.to_str().unwrap(),
+            pool.to_str().unwrap(),
+        ],
+    );
+    let vg = LvmVg::new("fvfull", 320);
+    vg.thin_pool("pool", "48m", &["--errorwhenfull", "y"]);
+    let config = format!(
+        "[[backend]]\ntype = \"file\"\npool = \"{}\"\n\
+         [[backend]]\ntype = \"lvm\"\n\
+         [[backend.device_class]]\nname = \"thin\"\nvolume_group = \"fvfull\"\nthin_pool = \"pool\"\n\
+         [[backend.device_class]]\nname = \"thick\"\nvolume_group = \"fvfull\"\n",
+        pool.display()
+    );
+    let h = Harness::start_with_env(Some(&config), &[("FERROVOL_VOLUME_HEALTH", "true")]).await;
+    let volume = |name: &str, size: i64, backend: &str, class: Option<&str>| {
+        let mut req = create_req(name, size, mount_cap("ext4", SNW));
+        req.parameters.insert("backend".into(), backend.into());
+        if let Some(class) = class {
+            req.parameters.insert("deviceClass".into(), class.into());
+        }
+        req
+    };
+    // Elsewhere on the node: a pod writing to a thick LV.
+    let elsewhere = h
+        .provision_req(volume("full-elsewhere", 32 * MIB, "lvm", Some("thick")))
+        .await;
+    let steady = Steady::start(elsewhere.target.join("steady"));
+    // Room of its own in the file pool, taken before the pool fills.
+    let own = h
+        .provision_req(volume("full-own", 24 * MIB, "file", None))
+        .await;
+    h.controller()
+        .controller_modify_volume(pb::ControllerModifyVolumeRequest {
+            volume_id: own.id.clone(),
+            secrets: HashMap::new(),
+            mutable_parameters: HashMap::from([("preallocate".into(), "true".into())]),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("preallocate: {e:?}\n{}", h.log()));
+    let mut lines = Vec::new();
+    let mut filled = Vec::new();
+    for (name, backend, class, warning) in [
+        ("full-sparse", "file", None, "PoolNearlyFull"),
+        ("full-thin", "lvm", Some("thin"), "ThinPoolNearlyFull"),
+    ] {
+        let v = h
+            .provision_req(volume(name, 128 * MIB, backend, class))
+            .await;
+        assert!(controller_reasons(&h, &v.id).await.is_empty());
+        let began = Instant::now();
+        let f = fill_until_refused(&h, &v.id, &v.target.join("fill"), warning, 160).await;
+        let took = began.elapsed();
+        let warned_at = f.warned_at.unwrap_or_else(|| {
+            panic!(
+                "{name}: no {warning} before the writes failed ({})",
+                f.error
+            )
+        });
+        assert!(
+            warned_at <= f.failed_at,
+            "{name}: warned at {warned_at} MiB, failed at {}",
+            f.failed_at
+        );
+        // Contained: the pod elsewhere goes on, its calls answer.
+        assert!(
+            steady.next_write_within(Duration::from_secs(10)).is_some(),
+            "{name}: the pod elsewhere stopped writing"
+        );
+        let up = Up {
+            id: elsewhere.id.clone(),
+            name: "full-elsewhere".into(),
+            staging: elsewhere.staging.clone(),
+            target: elsewhere.target.clone(),
+            publish_context: HashMap::new(),
+            volume_context: HashMap::new(),
+        };
+        assert!(node_health(&h, &up).await.is_empty());
+        // The filled volume: the node says what its filesystem met, and
+        // does not hand it to another pod.
+        let filled_up = Up {
+            id: v.id.clone(),
+            name: name.into(),
+            staging: v.staging.clone(),
+            target: v.target.clone(),
+            publish_context: HashMap::new(),
+            volume_context: HashMap::new(),
+        };
+        let began_asking = Instant::now();
+        let said = loop {
+            let said = node_health(&h, &filled_up).await;
+            if said.iter().any(|(_, r)| r.starts_with("Filesystem"))
+                || began_asking.elapsed() > Duration::from_secs(30)
+            {
+                break said;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        assert!(
+            said.iter().any(|(_, r)| r.starts_with("Filesystem")),
+            "{name}: {said:?}"
+        );
+        let other = h.path(&format!("kubelet/pods/{name}-2"));
+        let e = h
+            .node()
+            .node_publish_volume(publish_req(
+                &v.id,
+                &v.staging,
+                &other,
+                mount_cap("ext4", SNW),
+                false,
+            ))
+            .await
+            .expect_err("a filesystem that met a full pool, published to another pod");
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+        lines.push(format!(
+            "{name}: {warning} said after {warned_at} MiB; the write of MiB {} failed ({}) after \
+             {took:.1?}; the node then said {said:?}",
+            f.failed_at + 1,
+            f.error
+        ));
+        filled.push((v, f.error));
+    }
+    // In the full file pool, the volume with room of its own fills its
+    // own filesystem: ENOSPC.
+    let pool_free = std::fs::metadata(&pool)
+        .map(|_| run("df", &["--output=avail", "-B1", pool.to_str().unwrap()]))
+        .unwrap();
+    let f = fill_until_refused(&h, &own.id, &own.target.join("fill"), "PoolNearlyFull", 64).await;
+    assert_eq!(
+        f.error.raw_os_error(),
+        Some(28),
+        "a preallocated volume's writer in a full pool: {}",
+        f.error
+    );
+    assert!(f.failed_at >= 16, "only {} MiB of 24 written", f.failed_at);
+    lines.push(format!(
+        "full-own (preallocated, 24 MiB, the pool full: {} bytes free): the write of MiB {} \
+         failed: {}",
+        pool_free.lines().last().unwrap_or("").trim(),
+        f.failed_at + 1,
+        f.error
+    ));
+    // Torn down; the room back, the warnings clear.
+    for (v, _) in &filled {
+        h.unpublish_unstage(&v.id, &v.staging, &v.target).await;
+        h.delete_volume(&v.id).await;
+    }
+    h.unpublish_unstage(&own.id, &own.staging, &own.target)
+        .await;
+    h.delete_volume(&own.id).await;
+    assert!(controller_reasons(&h, &elsewhere.id).await.is_empty());
+    let writes = steady.finish();
+    h.unpublish_unstage(&elsewhere.id, &elsewhere.staging, &elsewhere.target)
+        .await;
+    h.delete_volume(&elsewhere.id).await;
+    let storage = h
+        .node()
+        .node_get_storage_health(pb::NodeGetStorageHealthRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(storage.backend_health.is_empty(), "{storage:?}");
+    drop(h);
+    for line in lines {
+        println!("{line}");
+    }
+    println!("the pod elsewhere (a thick LV) wrote {writes} synced writes, none failed");
+    run("umount", &[pool.to_str().unwrap()]);
+    drop(vg);
 }

@@ -94,6 +94,19 @@ impl LvmBackend {
             })
     }
 
+    /// Why an LV of `class` that lvs does not list may not be gone: its
+    /// volume group cannot be read (lvs then lists nothing of it), as when
+    /// its physical volumes are missing or failing. None when the group
+    /// reads, and the LV is gone.
+    pub(super) async fn unreadable_group(&self, class: &DeviceClass) -> Option<String> {
+        self.vg(class).await.err().map(|e| {
+            format!(
+                "volume group {} cannot be read ({}): its physical volumes are missing or failing",
+                class.volume_group, e.message
+            )
+        })
+    }
+
     /// Thin pool: (size, free) in bytes.
     pub(super) async fn pool_space(&self, class: &DeviceClass, pool: &str) -> Result<(u64, u64)> {
         let p = self.pool(class, pool).await?;

@@ -35,7 +35,10 @@ impl HealthReporter for LvmBackend {
     async fn volume_health(&self, id: &VolumeId, _secrets: &Secrets) -> Result<Vec<Finding>> {
         let (class, lv_name) = self.split(id.locator())?;
         let Some(lv) = self.class_lv(class, lv_name).await? else {
-            return Ok(vec![crate::plugin::controller::volume_not_found(id)]);
+            return Ok(vec![match self.unreadable_group(class).await {
+                Some(why) => Finding::inaccessible(Reason::VolumeGroupMissing, why),
+                None => crate::plugin::controller::volume_not_found(id),
+            }]);
         };
         // An LV is inactive while no node has it staged: that is its rest.
         let mut found: Vec<Finding> = lv

@@ -9,11 +9,16 @@ impl Stager for LvmBackend {
     async fn node_attach(&self, id: &VolumeId, _ctx: &AttachContext) -> Result<Attachment> {
         let (class, lv_name) = self.split(id.locator())?;
         let vg = class.volume_group.clone();
-        let lv = self
-            .class_lv(class, lv_name)
-            .await?
-            .filter(|lv| !lv.has_tag(DELETING_TAG))
-            .ok_or_else(|| Error::no_volume(id))?;
+        let lv = match self.class_lv(class, lv_name).await? {
+            Some(lv) if !lv.has_tag(DELETING_TAG) => lv,
+            Some(_) => return Err(Error::no_volume(id)),
+            // Not listed: gone, or its group unreadable (a failed disk),
+            // which a retry may outlast.
+            None => match self.unreadable_group(class).await {
+                Some(why) => return Err(Error::unavailable(format!("{id}: {why}"))),
+                None => return Err(Error::no_volume(id)),
+            },
+        };
         let path = self.activate(&vg, lv_name).await?;
         if lv.has_tag(FRESH_TAG) {
             // A new LV may sit on extents an old one used: clear the start
@@ -79,10 +84,13 @@ impl Stager for LvmBackend {
     async fn node_health(&self, id: &VolumeId, _attachment: &Attachment) -> Result<Vec<Finding>> {
         let (class, lv_name) = self.split(id.locator())?;
         Ok(match self.lv(&class.volume_group, lv_name).await? {
-            None => vec![Finding::inaccessible(
-                Reason::LogicalVolumeGone,
-                format!("LV {}/{lv_name} is gone", class.volume_group),
-            )],
+            None => vec![match self.unreadable_group(class).await {
+                Some(why) => Finding::inaccessible(Reason::VolumeGroupMissing, why),
+                None => Finding::inaccessible(
+                    Reason::LogicalVolumeGone,
+                    format!("LV {}/{lv_name} is gone", class.volume_group),
+                ),
+            }],
             Some(lv) => lv.problem().into_iter().collect(),
         })
     }

@@ -150,6 +150,50 @@ async fn failed_format_and_failed_attach_leave_nothing() {
     assert!(f.ops.state().stage(&id()).is_none());
 }
 
+/// An ext filesystem that recorded errors (its superblock says so) is
+/// preened with e2fsck -p before the mount: repaired, it is mounted;
+/// errors that stay refuse the stage (FAILED_PRECONDITION), nothing
+/// mounted, the attach undone. One with no errors recorded is not checked.
+#[tokio::test]
+async fn an_ext_filesystem_that_recorded_errors_is_checked_before_the_mount() {
+    let f = fixture();
+    let mut sb = vec![0u8; 1024];
+    sb[0x38..0x3A].copy_from_slice(&0xEF53u16.to_le_bytes());
+    sb[0x3A..0x3C].copy_from_slice(&2u16.to_le_bytes());
+    f.host
+        .set_contents(Path::new("/dev/fake0"), 1024, sb.clone());
+    f.runner
+        .expect("blkid", Reply::Ok("TYPE=ext4\n".into()))
+        .expect("e2fsck", Reply::Fail(4, String::new()));
+    let err = f
+        .ops
+        .stage(stage_req(&f, AccessMode::SingleNodeWriter))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, Kind::FailedPrecondition, "{err:?}");
+    assert!(err.message.contains("could not repair"), "{err:?}");
+    assert_eq!(f.mounter.count(), 0);
+    assert_eq!(f.backend.detached.lock().unwrap().len(), 1, "attach undone");
+    assert!(f.ops.state().stage(&id()).is_none());
+    // Repaired (exit 1): mounted.
+    f.runner
+        .expect("blkid", Reply::Ok("TYPE=ext4\n".into()))
+        .expect("e2fsck", Reply::Fail(1, String::new()));
+    f.ops
+        .stage(stage_req(&f, AccessMode::SingleNodeWriter))
+        .await
+        .unwrap();
+    assert_eq!(f.mounter.count(), 1);
+    assert_eq!(
+        f.runner
+            .lines()
+            .iter()
+            .filter(|l| l.starts_with("e2fsck -p /dev/fake0"))
+            .count(),
+        2
+    );
+}
+
 #[tokio::test]
 async fn never_formats_a_device_with_another_filesystem() {
     let f = fixture();

@@ -38,10 +38,68 @@ async fn a_volume_s_health_is_its_lv_and_its_pool() {
         ]
     );
     assert!(found[1].message.contains("95% full"), "{found:?}");
-    // Gone: the backend no longer has it.
-    r.expect("lvs", Reply::Ok(lvs_json(&[])));
+    // Gone: the backend no longer has it (its group reads).
+    r.expect("lvs", Reply::Ok(lvs_json(&[])))
+        .expect("vgs", Reply::Ok(vgs_json(1 << 30, 1 << 29)));
     let found = b.volume_health(&id, &secrets).await.unwrap();
     assert_eq!(found[0].reason, Reason::VolumeNotFound);
+    // Not listed because its group cannot be read: said so, not "gone".
+    r.expect("lvs", Reply::Ok(lvs_json(&[]))).expect(
+        "vgs",
+        Reply::Fail(5, "Volume group \"vg0\" not found".into()),
+    );
+    let found = b.volume_health(&id, &secrets).await.unwrap();
+    assert_eq!(
+        (found[0].status, found[0].reason),
+        (Status::Inaccessible, Reason::VolumeGroupMissing)
+    );
+    assert!(found[0].message.contains("vg0 cannot be read"), "{found:?}");
+}
+
+/// A staged LV that lvs no longer lists: on a volume group that cannot be
+/// read (its one disk failed), the node says the group is unreadable and a
+/// stage fails UNAVAILABLE (a retry may outlast it); on one that reads,
+/// the LV is gone and a stage fails NOT_FOUND.
+#[tokio::test]
+async fn an_lv_on_an_unreadable_group_is_not_called_gone() {
+    use crate::plugin::Stager;
+    let r = Arc::new(FakeRunner::new());
+    let b = backend(r.clone(), None);
+    let id = VolumeId::parse("lvm:fast.fv-t").unwrap();
+    let attachment = Attachment::Device {
+        path: "/dev/vg0/fv-t".into(),
+    };
+    let unreadable = || Reply::Fail(5, "Volume group \"vg0\" not found".into());
+    r.expect("lvs", Reply::Ok(lvs_json(&[])))
+        .expect("vgs", unreadable());
+    let found = b.node_health(&id, &attachment).await.unwrap();
+    assert_eq!(
+        (found[0].status, found[0].reason),
+        (Status::Inaccessible, Reason::VolumeGroupMissing)
+    );
+    r.expect("lvs", Reply::Ok(lvs_json(&[])))
+        .expect("vgs", unreadable());
+    let e = b
+        .node_attach(&id, &AttachContext::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::Unavailable, "{e:?}");
+    assert!(
+        e.message
+            .contains("physical volumes are missing or failing"),
+        "{e:?}"
+    );
+    r.expect("lvs", Reply::Ok(lvs_json(&[])))
+        .expect("vgs", Reply::Ok(vgs_json(1 << 30, 1 << 29)));
+    let found = b.node_health(&id, &attachment).await.unwrap();
+    assert_eq!(found[0].reason, Reason::LogicalVolumeGone);
+    r.expect("lvs", Reply::Ok(lvs_json(&[])))
+        .expect("vgs", Reply::Ok(vgs_json(1 << 30, 1 << 29)));
+    let e = b
+        .node_attach(&id, &AttachContext::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::NotFound, "{e:?}");
 }
 
 #[tokio::test]
