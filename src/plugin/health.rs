@@ -83,6 +83,9 @@ reasons! {
     /// The nfs volume's directory is gone from its export; its record is
     /// still there.
     VolumeDirectoryMissing,
+    /// The room the nfs server gives a volume's directory (its quota, or
+    /// its export's filesystem) is nearly used up.
+    QuotaNearlyReached,
     /// The file backend's image file of the volume is gone.
     ImageMissing,
     /// The loop device the volume was staged on no longer backs its image.

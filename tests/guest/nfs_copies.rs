@@ -320,8 +320,9 @@ async fn guest_nfs_btrfs_snapshots_are_one_instant() {
 
 /// An export on XFS with project quotas that the controller reaches
 /// locally: each volume's capacity is enforced (writing past it fails with
-/// ENOSPC), the client sees the quota as the filesystem's size, and
-/// ControllerExpandVolume raises the limit.
+/// ENOSPC), the client sees the quota as the filesystem's size, the
+/// controller's health says the quota is nearly reached before it is, and
+/// ControllerExpandVolume raises the limit (and the warning clears).
 #[tokio::test]
 #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
 async fn guest_nfs_capacity_is_an_xfs_project_quota() {
@@ -333,12 +334,32 @@ async fn guest_nfs_capacity_is_an_xfs_project_quota() {
          xfs_quota_path = \"{}\"\n",
         server.export.display()
     );
-    let h = Harness::start_with(Some(&config)).await;
+    let h = Harness::start_with_env(Some(&config), &[("FERROVOL_VOLUME_HEALTH", "true")]).await;
     let (mut c, mut n) = (h.controller(), h.node());
     let cap = mount_cap("nfs", 5);
     let vol = h
         .create(create_req("pvc-quota", 32 * MIB, cap.clone()))
         .await;
+    let health = |c: &ferrovol::proto::controller_client::ControllerClient<_>| {
+        let mut c = c.clone();
+        let id = vol.volume_id.clone();
+        async move {
+            c.controller_get_volume_health(pb::ControllerGetVolumeHealthRequest {
+                volume_id: id,
+                secrets: HashMap::new(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .volume_health
+            .unwrap_or_default()
+            .health_statuses
+            .into_iter()
+            .map(|e| e.reason)
+            .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(health(&c).await, Vec::<String>::new());
     let staging = h.path("kubelet/staging/quota");
     std::fs::create_dir_all(&staging).unwrap();
     n.node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
@@ -371,6 +392,10 @@ async fn guest_nfs_capacity_is_an_xfs_project_quota() {
         }
         f.sync_all()
     };
+    // 31 of its 32 MiB written: nearly reached, said before a write fails.
+    write("most", 31).unwrap();
+    assert_eq!(health(&c).await, vec!["QuotaNearlyReached".to_string()]);
+    std::fs::remove_file(staging.join("most")).unwrap();
     let err = write("big", 48).unwrap_err();
     assert!(
         err.raw_os_error() == Some(libc::ENOSPC) || err.raw_os_error() == Some(libc::EDQUOT),
@@ -394,6 +419,7 @@ async fn guest_nfs_capacity_is_an_xfs_project_quota() {
     assert!(!grown.node_expansion_required);
     assert_eq!(total(&mut n).await, 96 * MIB);
     write("big", 48).unwrap();
+    assert_eq!(health(&c).await, Vec::<String>::new());
     n.node_unstage_volume(unstage_req(&vol.volume_id, &staging))
         .await
         .unwrap();

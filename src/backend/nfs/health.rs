@@ -30,16 +30,22 @@ impl HealthReporter for NfsBackend {
         }
         // Asked of the server, not of this client's caches: a directory
         // removed there is gone here at once.
-        let (root, subdir) = (held.dir.clone(), loc.subdir.clone());
+        let (root, subdir, host) = (held.dir.clone(), loc.subdir.clone(), self.host.clone());
         let dir = blocking("inspecting the share", move || {
             let synced = crate::host::synced::exists_on_server(&root.join(&subdir))?;
             // No symlink on the way (resolve refuses one).
-            Ok(synced && resolve(&root, &subdir)?.is_some())
+            match resolve(&root, &subdir)? {
+                // The room the server gives the directory: its project
+                // quota where it has one (XFS reports it as the size),
+                // else its export's filesystem.
+                Some(dir) if synced => host.fs_usage(&dir).map(Some),
+                _ => Ok(None),
+            }
         })
         .await;
         Ok(match dir {
-            Ok(true) => Vec::new(),
-            Ok(false) => vec![Finding::inaccessible(
+            Ok(Some(usage)) => nearly_full(&usage).into_iter().collect(),
+            Ok(None) => vec![Finding::inaccessible(
                 Reason::VolumeDirectoryMissing,
                 format!(
                     "the volume's directory {} is gone from {}:{} (its record is still there)",
@@ -55,4 +61,27 @@ impl HealthReporter for NfsBackend {
             Err(e) => return Err(e),
         })
     }
+}
+
+/// A volume's directory with less than this share of its room free is
+/// nearly full: its writers meet ENOSPC (or EDQUOT) once it is full.
+pub const NEARLY_FULL_PERCENT: u64 = 5;
+
+/// What the server's figures for a volume's directory say: nearly full
+/// (its quota, or its export's filesystem) under [`NEARLY_FULL_PERCENT`].
+pub fn nearly_full(usage: &crate::host::FsUsage) -> Option<Finding> {
+    if usage.total_bytes == 0
+        || usage.available_bytes * 100 >= usage.total_bytes * NEARLY_FULL_PERCENT
+    {
+        return None;
+    }
+    Some(Finding::degraded(
+        Reason::QuotaNearlyReached,
+        format!(
+            "the server gives the volume's directory {} of {} bytes free (under \
+             {NEARLY_FULL_PERCENT}%): its quota, or its export's filesystem, is nearly full; its \
+             writes fail with ENOSPC once it is",
+            usage.available_bytes, usage.total_bytes
+        ),
+    ))
 }

@@ -578,3 +578,26 @@ async fn health_says_when_the_export_or_the_volume_s_directory_is_gone() {
     let found = f.backend.volume_health(&v.id, &s).await.unwrap();
     assert_eq!(found[0].reason, Reason::ExportUnreachable, "{found:?}");
 }
+
+/// The room the server gives a volume's directory: under 5% free is
+/// nearly full (its quota, or its export's filesystem), said DEGRADED.
+#[test]
+fn a_directory_with_under_5_percent_free_is_nearly_full() {
+    use crate::host::FsUsage;
+    use crate::plugin::health::{Reason, Status};
+    const MIB: u64 = 1 << 20;
+    let usage = |total: u64, available: u64| FsUsage {
+        total_bytes: total,
+        free_bytes: available,
+        available_bytes: available,
+        ..FsUsage::default()
+    };
+    assert_eq!(health::nearly_full(&usage(100 * MIB, 5 * MIB)), None);
+    assert_eq!(health::nearly_full(&usage(0, 0)), None);
+    let found = health::nearly_full(&usage(100 * MIB, 4 * MIB)).unwrap();
+    assert_eq!(
+        (found.status, found.reason),
+        (Status::Degraded, Reason::QuotaNearlyReached)
+    );
+    assert!(found.message.contains("4194304 of 104857600"), "{found:?}");
+}

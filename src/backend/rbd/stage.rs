@@ -4,6 +4,10 @@
 use super::*;
 use crate::plugin::{Finding, Reason};
 
+/// How long an unstage waits for a mapped device that is busy (EBUSY) to
+/// be let go before it fails UNAVAILABLE.
+const UNMAP_BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 #[async_trait::async_trait]
 impl Stager for RbdBackend {
     // ---- node ----
@@ -44,10 +48,27 @@ impl Stager for RbdBackend {
 
     async fn node_detach(&self, id: &VolumeId, _attachment: Option<&Attachment>) -> Result<()> {
         let spec = self.volume_spec(id)?;
+        // A device just unmounted may be held a moment longer: udev probes
+        // it when its last writer closes it (and longer when its I/O
+        // fails, on a fenced client). Busy (EBUSY) is asked again until
+        // UNMAP_BUSY_WAIT has passed; then the unstage fails UNAVAILABLE,
+        // and the CO asks again.
+        let busy_until = std::time::Instant::now() + UNMAP_BUSY_WAIT;
         while let Some(dev) = self.find_mapping(&spec).await? {
             match self.cli.unmap(&dev).await {
                 Ok(()) => {}
                 Err(e) if e.kind == Kind::NotFound => {}
+                Err(e) if e.os_error == Some(libc::EBUSY) => {
+                    if std::time::Instant::now() >= busy_until {
+                        return Err(Error::unavailable(format!(
+                            "{} (volume {id}) is still open {} s after its unmount: {}",
+                            dev.display(),
+                            UNMAP_BUSY_WAIT.as_secs(),
+                            e.message
+                        )));
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
                 Err(e) => {
                     // Gone meanwhile is what was wanted.
                     if self.find_mapping(&spec).await?.as_ref() == Some(&dev) {

@@ -70,6 +70,23 @@ async fn the_node_maps_only_what_is_published_to_it() {
     r.expect("rbd", Reply::Ok(String::new()));
     b.node_detach(&id, None).await.unwrap();
     assert!(ops(&r).last().unwrap().starts_with("device list"));
+    // Busy a moment after the unmount (udev probing it): asked again.
+    r.expect("rbd", Reply::Ok(MAPPED.into()))
+        .expect(
+            "rbd",
+            Reply::Fail(16, "rbd: unmap failed: (16) Device or resource busy".into()),
+        )
+        .expect("rbd", Reply::Ok(MAPPED.into()))
+        .ok("rbd")
+        .expect("rbd", Reply::Ok("[]".into()));
+    b.node_detach(&id, None).await.unwrap();
+    let unmaps = |r: &FakeRunner| {
+        r.lines()
+            .iter()
+            .filter(|l| *l == "rbd device unmap /dev/rbd0")
+            .count()
+    };
+    assert_eq!(unmaps(&r), 3);
 
     // Condition: the mapping gone is abnormal.
     r.expect("rbd", Reply::Ok("[]".into()));
