@@ -547,7 +547,7 @@ impl NodeOps {
     /// path asked about, which must be its staging path or one of its
     /// publish targets. Anything else, an unknown volume first, is
     /// NOT_FOUND, whatever the path looks like.
-    fn locate(&self, id: &VolumeId, raw_path: &str) -> Result<(StageRecord, PathBuf)> {
+    async fn locate(&self, id: &VolumeId, raw_path: &str) -> Result<(StageRecord, PathBuf)> {
         self.backend(id)?;
         let stage = self
             .state
@@ -565,7 +565,24 @@ impl NodeOps {
                 .state
                 .publish(&path)
                 .is_some_and(|p| &p.volume_id == id);
-        if !known || !self.host.exists(&path) {
+        if !known {
+            return Err(not_here());
+        }
+        // A mount point is there by the mount table's word: a stat of it
+        // would ask its filesystem, and one whose server does not answer
+        // (NFS) would hold the call, and the worker under it, for as long.
+        if self.top_entry(&path).await?.is_some() {
+            return Ok((stage, path));
+        }
+        let (p, host) = (path.clone(), self.host.clone());
+        let there = self
+            .off_worker(
+                format!("looking for {}", path.display()),
+                self.deadlines.quick,
+                move |_| Ok(host.exists(&p)),
+            )
+            .await?;
+        if !there {
             return Err(not_here());
         }
         Ok((stage, path))
@@ -573,7 +590,7 @@ impl NodeOps {
 
     /// NodeGetVolumeStats.
     pub async fn stats(&self, id: &VolumeId, raw_path: &str) -> Result<VolumeStats> {
-        let (stage, path) = self.locate(id, raw_path)?;
+        let (stage, path) = self.locate(id, raw_path).await?;
         let volume_path = path.as_path();
         // Every step shares one deadline: the call answers within it.
         let until = std::time::Instant::now() + self.deadlines.quick;
@@ -634,7 +651,16 @@ impl NodeOps {
                     (Some(device), true) => device,
                     _ => volume_path.to_path_buf(),
                 };
-                stats.total_bytes = self.host.device_size(&device)?;
+                // Off the workers too: a device whose path is dead may
+                // hold its open.
+                let host = self.host.clone();
+                stats.total_bytes = self
+                    .off_worker(
+                        format!("reading the size of {}", device.display()),
+                        until.saturating_duration_since(std::time::Instant::now()),
+                        move |_| host.device_size(&device),
+                    )
+                    .await?;
             }
         }
         Ok(stats)
@@ -649,7 +675,7 @@ impl NodeOps {
         required: u64,
         limit: u64,
     ) -> Result<u64> {
-        let (stage, _path) = self.locate(id, raw_path)?;
+        let (stage, _path) = self.locate(id, raw_path).await?;
         let _guard = self.lock_volume(id)?;
         let backend = self.backend(id)?.clone();
         let attachment = stage

@@ -913,6 +913,15 @@ fn older_than(names: &[&str], age: Duration) -> Vec<String> {
         .collect()
 }
 
+/// `fut`, or a panic with the driver's log when it takes over 90 s (no
+/// call of this test may wait that long).
+async fn within<T>(h: &Harness, what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    match tokio::time::timeout(Duration::from_secs(90), fut).await {
+        Ok(v) => v,
+        Err(_) => panic!("{what}: no answer within 90 s\n{}", h.log()),
+    }
+}
+
 /// NodeGetVolumeStats of a volume: whether it answered.
 async fn stats_answered(h: &Harness, up: &Up) -> Result<(), tonic::Status> {
     h.node()
@@ -954,6 +963,7 @@ async fn guest_a_server_that_stops_answering_stalls_only_its_own_volumes() {
     for server in ["nfs", "iscsi", "rbd"] {
         let u = unders.iter().find(|u| u.backend == server).unwrap();
         let late = made(&h, u, &format!("late-{server}"), false).await;
+        eprintln!("{server}: cutting it off");
         let cut = Cut::new(&cut_rules(server, &every.tgtd));
         let cut_at = Instant::now();
         let own = &live.iter().find(|(v, ..)| v.backend == server).unwrap().2;
@@ -978,10 +988,12 @@ async fn guest_a_server_that_stops_answering_stalls_only_its_own_volumes() {
         let mut rounds = 0;
         while rounds == 0 || !stage.is_finished() {
             rounds += 1;
+            eprintln!("{server}: round {rounds}");
             for (v, up, _) in &live {
                 let t = Instant::now();
-                let said = node_health(&h, up).await;
-                let stats = stats_answered(&h, up).await;
+                let said = within(&h, &format!("health of {}", up.name), node_health(&h, up)).await;
+                let stats =
+                    within(&h, &format!("stats of {}", up.name), stats_answered(&h, up)).await;
                 if v.backend == server {
                     worst_own = worst_own.max(t.elapsed());
                     own_said.extend(said.into_iter().map(|(_, r)| r));
@@ -993,29 +1005,39 @@ async fn guest_a_server_that_stops_answering_stalls_only_its_own_volumes() {
                 assert!(said.is_empty(), "{} ({server} cut): {said:?}", up.name);
                 stats.unwrap_or_else(|e| panic!("stats {} ({server} cut): {e:?}", up.name));
                 let other = h.path(&format!("kubelet/pods/{}-again", up.name));
-                h.node()
-                    .node_publish_volume(publish_req(
+                let mut node = h.node();
+                within(
+                    &h,
+                    &format!("publish {}", up.name),
+                    node.node_publish_volume(publish_req(
                         &up.id,
                         &up.staging,
                         &other,
                         cap_of(v, false),
                         false,
-                    ))
-                    .await
-                    .unwrap_or_else(|e| panic!("publish {} ({server} cut): {e:?}", up.name));
-                h.node()
-                    .node_unpublish_volume(unpublish_req(&up.id, &other))
-                    .await
-                    .unwrap_or_else(|e| panic!("unpublish {} ({server} cut): {e:?}", up.name));
+                    )),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("publish {} ({server} cut): {e:?}", up.name));
+                within(
+                    &h,
+                    &format!("unpublish {}", up.name),
+                    node.node_unpublish_volume(unpublish_req(&up.id, &other)),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("unpublish {} ({server} cut): {e:?}", up.name));
                 worst_other = worst_other.max(t.elapsed());
             }
             let t = Instant::now();
-            let storage = h
-                .node()
-                .node_get_storage_health(pb::NodeGetStorageHealthRequest::default())
-                .await
-                .unwrap_or_else(|e| panic!("NodeGetStorageHealth ({server} cut): {e:?}"))
-                .into_inner();
+            let mut node = h.node();
+            let storage = within(
+                &h,
+                "NodeGetStorageHealth",
+                node.node_get_storage_health(pb::NodeGetStorageHealthRequest::default()),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("NodeGetStorageHealth ({server} cut): {e:?}"))
+            .into_inner();
             worst_storage = worst_storage.max(t.elapsed());
             storage_said.extend(
                 storage
@@ -1024,7 +1046,8 @@ async fn guest_a_server_that_stops_answering_stalls_only_its_own_volumes() {
                     .map(|s| format!("{}: {}", s.reason, s.message)),
             );
         }
-        let (staged, stage_took) = stage.await.unwrap();
+        eprintln!("{server}: {rounds} rounds of calls; the stage came back");
+        let (staged, stage_took) = within(&h, "the stage", stage).await.unwrap();
         let e = staged.expect_err("a stage against a server that does not answer");
         assert!(
             stage_took < deadline * 3,
@@ -1056,15 +1079,21 @@ async fn guest_a_server_that_stops_answering_stalls_only_its_own_volumes() {
         );
         let cut_for = cut_at.elapsed();
         drop(cut);
+        eprintln!("{server}: answering again after {cut_for:.1?}");
         // Back: the pod's writes go on, the stage asked again succeeds.
         let resumed = own
             .next_write_within(Duration::from_secs(240))
             .unwrap_or_else(|| panic!("{server}: the pod's writes did not go on\n{}", h.log()));
+        eprintln!("{server}: its pod writes again after {resumed:.1?}");
         let t = Instant::now();
-        h.node()
-            .node_stage_volume(stage_request(u, &late, false))
-            .await
-            .unwrap_or_else(|e| panic!("{server}: the stage asked again: {e:?}\n{}", h.log()));
+        let mut node = h.node();
+        within(
+            &h,
+            "the stage asked again",
+            node.node_stage_volume(stage_request(u, &late, false)),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{server}: the stage asked again: {e:?}\n{}", h.log()));
         let retry_took = t.elapsed();
         h.node()
             .node_publish_volume(publish_req(
@@ -1144,6 +1173,16 @@ struct Filled {
     error: std::io::Error,
 }
 
+/// Writes `mib` MiB to `file`, synced.
+fn write_mib(file: &Path, mib: usize) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(file).unwrap();
+    for _ in 0..mib {
+        f.write_all(&[0x3Cu8; 1 << 20]).unwrap();
+    }
+    f.sync_all().unwrap();
+}
+
 /// Writes 1 MiB at a time to `file`, each synced, asking the
 /// controller after each what it says of volume `id`, until a write or
 /// its sync fails (at most `limit` MiB).
@@ -1214,7 +1253,8 @@ async fn guest_a_full_pool_is_said_first_and_fails_only_its_own_writers() {
         ],
     );
     let vg = LvmVg::new("fvfull", 320);
-    vg.thin_pool("pool", "48m", &["--errorwhenfull", "y"]);
+    vg.thin_pool("pool", "48m", &[]);
+    vg.lvm("lvchange", &["--errorwhenfull", "y", "fvfull/pool"]);
     let config = format!(
         "[[backend]]\ntype = \"file\"\npool = \"{}\"\n\
          [[backend]]\ntype = \"lvm\"\n\
@@ -1250,16 +1290,28 @@ async fn guest_a_full_pool_is_said_first_and_fails_only_its_own_writers() {
         .unwrap_or_else(|e| panic!("preallocate: {e:?}\n{}", h.log()));
     let mut lines = Vec::new();
     let mut filled = Vec::new();
-    for (name, backend, class, warning) in [
-        ("full-sparse", "file", None, "PoolNearlyFull"),
-        ("full-thin", "lvm", Some("thin"), "ThinPoolNearlyFull"),
+    // Each pool overcommitted by two volumes that each fit it when made
+    // (the backends refuse a volume the pool could not hold now): another
+    // tenant writes some of its volume first, then the pod fills its own.
+    for (name, backend, class, warning, size, tenant_writes) in [
+        ("full-sparse", "file", None, "PoolNearlyFull", 56 * MIB, 30),
+        (
+            "full-thin",
+            "lvm",
+            Some("thin"),
+            "ThinPoolNearlyFull",
+            40 * MIB,
+            24,
+        ),
     ] {
-        let v = h
-            .provision_req(volume(name, 128 * MIB, backend, class))
+        let tenant = h
+            .provision_req(volume(&format!("{name}-tenant"), size, backend, class))
             .await;
+        write_mib(&tenant.target.join("data"), tenant_writes);
+        let v = h.provision_req(volume(name, size, backend, class)).await;
         assert!(controller_reasons(&h, &v.id).await.is_empty());
         let began = Instant::now();
-        let f = fill_until_refused(&h, &v.id, &v.target.join("fill"), warning, 160).await;
+        let f = fill_until_refused(&h, &v.id, &v.target.join("fill"), warning, 64).await;
         let took = began.elapsed();
         let warned_at = f.warned_at.unwrap_or_else(|| {
             panic!(
@@ -1330,6 +1382,7 @@ async fn guest_a_full_pool_is_said_first_and_fails_only_its_own_writers() {
             f.error
         ));
         filled.push((v, f.error));
+        filled.push((tenant, std::io::Error::other("the other tenant")));
     }
     // In the full file pool, the volume with room of its own fills its
     // own filesystem: ENOSPC.
