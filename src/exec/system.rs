@@ -10,6 +10,30 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 /// reaped, by then; one that does not is reaped in the background.
 const REAP_GRACE: Duration = Duration::from_secs(5);
 
+/// A child's process group, killed whole when this is dropped armed: a
+/// command that timed out, or whose call was cancelled. Disarmed when the
+/// child exits on its own (a daemon it started, such as `rpc.statd`,
+/// lives on).
+struct Group(Option<i32>);
+
+impl Group {
+    fn kill(&mut self) {
+        if let Some(pgid) = self.0.take() {
+            // SAFETY: killpg takes plain integers and touches no memory.
+            #[allow(unsafe_code)]
+            unsafe {
+                libc::killpg(pgid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
 /// Everything a child writes to one of its pipes, until it closes.
 async fn read_pipe<R: AsyncRead + Unpin>(pipe: &mut Option<R>) -> std::io::Result<Vec<u8>> {
     let mut bytes = Vec::new();
@@ -39,8 +63,12 @@ fn child_command(command: &Command) -> tokio::process::Command {
         })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        // A child outliving its timeout (or a cancelled RPC) is killed.
+        // A child outliving its timeout (or a cancelled RPC) is killed,
+        // with what it started: it leads a process group of its own
+        // (`mount` runs `mount.nfs`, which a kill of `mount` alone would
+        // leave running).
         .kill_on_drop(true)
+        .process_group(0)
         .env("LC_ALL", "C")
         .envs(command.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     // If the driver itself dies (SIGKILL, OOM), its children die with it
@@ -69,6 +97,7 @@ impl CommandRunner for SystemRunner {
             command: shown.clone(),
             reason: command.redact_shown(&e.to_string()),
         })?;
+        let mut group = Group(child.id().and_then(|id| i32::try_from(id).ok()));
         if let (Some(data), Some(mut stdin)) = (command.stdin.clone(), child.stdin.take()) {
             // Errors here surface as the child's own failure.
             let _ = stdin.write_all(&data).await;
@@ -90,7 +119,9 @@ impl CommandRunner for SystemRunner {
         .await;
         let out = match waited {
             Err(_) => {
-                // Killed, and reaped before the timeout is reported.
+                // Killed with its group, and reaped before the timeout is
+                // reported.
+                group.kill();
                 let _ = child.start_kill();
                 let _ = tokio::time::timeout(REAP_GRACE, child.wait()).await;
                 return Err(ExecError::Timeout {
@@ -104,7 +135,10 @@ impl CommandRunner for SystemRunner {
                     reason: command.redact_shown(&e.to_string()),
                 })
             }
-            Ok(Ok(out)) => out,
+            Ok(Ok(out)) => {
+                group.0 = None;
+                out
+            }
         };
         let output = Output {
             code: out.status.code(),
@@ -126,6 +160,63 @@ impl CommandRunner for SystemRunner {
 mod tests {
     use super::*;
     use std::time::{Duration, Instant};
+
+    /// Whether process `pid` still runs (a zombie does not).
+    fn running(pid: &str) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .map(|(_, r)| r.trim().starts_with(['R', 'S', 'D']))
+            })
+            .unwrap_or(false)
+    }
+
+    /// A command that times out is killed with what it started (a helper
+    /// it runs, as `mount` runs `mount.nfs`); one that exits on its own
+    /// leaves a process it started in the background alone.
+    #[tokio::test]
+    async fn a_timed_out_command_is_killed_with_its_children() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("pid");
+        let script = format!("sleep 60 & echo $! > {}; wait", pid_file.display());
+        let err = SystemRunner::default()
+            .run(
+                Command::new("sh")
+                    .args(["-c", &script])
+                    .timeout(Duration::from_millis(300)),
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ExecError::Timeout { .. }), "{err}");
+        let pid = std::fs::read_to_string(&pid_file)
+            .unwrap()
+            .trim()
+            .to_string();
+        let gone = Instant::now() + Duration::from_secs(5);
+        while running(&pid) && Instant::now() < gone {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            !running(&pid),
+            "the command's child {pid} outlived its timeout"
+        );
+        // Exited on its own: its background child lives on.
+        let script = format!(
+            "sleep 60 </dev/null >/dev/null 2>&1 & echo $! > {}",
+            pid_file.display()
+        );
+        SystemRunner::default()
+            .run(Command::new("sh").args(["-c", &script]))
+            .await
+            .unwrap();
+        let pid = std::fs::read_to_string(&pid_file)
+            .unwrap()
+            .trim()
+            .to_string();
+        assert!(running(&pid));
+        let _ = std::process::Command::new("kill").arg(&pid).status();
+    }
 
     #[tokio::test]
     async fn runs_and_captures_output() {

@@ -58,6 +58,60 @@ pub async fn off_worker<T: Send + 'static>(
     }
 }
 
+/// The [`off_worker_once`] calls whose thread has not come back yet: by
+/// what they do, each with a number of its own and when it began.
+type Running = std::collections::HashMap<String, Vec<(u64, std::time::Instant)>>;
+static IN_FLIGHT: std::sync::LazyLock<std::sync::Mutex<Running>> =
+    std::sync::LazyLock::new(Default::default);
+static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// [`off_worker`] for a call that touches a path a filesystem may hold
+/// (a stat of a mount whose server does not answer): while a call of the
+/// same `what` has been stuck in the kernel past `deadline`, another fails
+/// at once (UNAVAILABLE) instead of leaving one more thread stuck beside
+/// it, so a dead server, asked about every minute, never uses up the
+/// threads. Calls that are merely at the same time all run.
+pub async fn off_worker_once<T: Send + 'static>(
+    what: &str,
+    deadline: std::time::Duration,
+    call: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    struct Done(String, u64);
+    impl Drop for Done {
+        fn drop(&mut self) {
+            if let Ok(mut running) = IN_FLIGHT.lock() {
+                if let Some(calls) = running.get_mut(&self.0) {
+                    calls.retain(|(n, _)| *n != self.1);
+                    if calls.is_empty() {
+                        running.remove(&self.0);
+                    }
+                }
+            }
+        }
+    }
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    {
+        let mut running = IN_FLIGHT
+            .lock()
+            .map_err(|_| Error::internal("the stuck-call table is poisoned"))?;
+        let calls = running.entry(what.to_string()).or_default();
+        if let Some((_, began)) = calls.iter().find(|(_, began)| began.elapsed() >= deadline) {
+            return Err(Error::unavailable(format!(
+                "{what}: the same call is still stuck in the kernel after {:.0}s (often on an \
+                 unreachable server): try again when it answers",
+                began.elapsed().as_secs_f64()
+            )));
+        }
+        calls.push((n, std::time::Instant::now()));
+    }
+    let done = Done(what.to_string(), n);
+    off_worker(what, deadline, move || {
+        let _done = done;
+        call()
+    })
+    .await
+}
+
 /// Writes `value` to a sysfs attribute off the async workers, within
 /// `deadline` (a SCSI device's `delete` or `rescan` waits on its path, and
 /// a dead path holds it). Whether the attribute was there: a device gone
@@ -218,6 +272,58 @@ mod tests {
     use super::*;
     use crate::error::Kind;
     use std::time::Duration;
+
+    /// A call stuck past its deadline makes the next of its kind fail at
+    /// once, not leave one more thread stuck; calls merely at the same
+    /// time all run; once the stuck one comes back, calls run again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_stuck_in_the_kernel_is_not_piled_on() {
+        let what = "statting /test/stuck-mount";
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let stuck = off_worker_once(what, Duration::from_millis(100), move || {
+            let _ = held.recv();
+            Ok(())
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(stuck.kind, Kind::Unavailable);
+        let began = std::time::Instant::now();
+        let e = off_worker_once(what, Duration::from_millis(100), || Ok(()))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind, Kind::Unavailable);
+        assert!(e.message.contains("still stuck"), "{e:?}");
+        assert!(began.elapsed() < Duration::from_millis(50));
+        // Another path is not held up.
+        off_worker_once("statting /test/other", Duration::from_secs(5), || Ok(()))
+            .await
+            .unwrap();
+        // Two at once, neither stuck: both run.
+        let slow = |ms| {
+            move || {
+                std::thread::sleep(Duration::from_millis(ms));
+                Ok(())
+            }
+        };
+        let (a, b) = tokio::join!(
+            off_worker_once("statting /test/busy", Duration::from_secs(5), slow(100)),
+            off_worker_once("statting /test/busy", Duration::from_secs(5), slow(100)),
+        );
+        a.unwrap();
+        b.unwrap();
+        // The stuck one comes back: calls go through again.
+        release.send(()).unwrap();
+        let again = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            match off_worker_once(what, Duration::from_secs(5), || Ok(())).await {
+                Ok(()) => break,
+                Err(_) if std::time::Instant::now() < again => {
+                    tokio::time::sleep(Duration::from_millis(10)).await
+                }
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+    }
 
     /// A sysfs write that blocks in the kernel (here: opening a FIFO no
     /// one reads, as a SCSI delete waits on a dead path) holds a blocking

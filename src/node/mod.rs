@@ -358,7 +358,8 @@ impl NodeOps {
         F: FnOnce(&dyn Mounter) -> Result<T> + Send + 'static,
     {
         let mounter = self.mounter.clone();
-        crate::host::off_worker(&what, deadline, move || call(mounter.as_ref())).await
+        // Each names its path: one stuck call per path at most.
+        crate::host::off_worker_once(&what, deadline, move || call(mounter.as_ref())).await
     }
 
     async fn is_mounted(&self, path: &Path) -> Result<bool> {

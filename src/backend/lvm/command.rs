@@ -12,8 +12,9 @@ impl LvmBackend {
         let mut cmd = Command::new(tool)
             .timeout(LVM_TIMEOUT)
             .env("LVM_SUPPRESS_FD_WARNINGS", "1");
-        if !self.settings.lvm_config.is_empty() {
-            cmd = cmd.arg("--config").arg(self.settings.lvm_config.clone());
+        let config = self.settings.config_text();
+        if !config.is_empty() {
+            cmd = cmd.arg("--config").arg(config);
         }
         cmd
     }

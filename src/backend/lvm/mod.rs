@@ -90,6 +90,34 @@ pub struct LvmSettings {
     /// Extra lvm configuration passed to every command with `--config`.
     #[serde(default)]
     pub lvm_config: String,
+    /// lvm commands leave out the devices ferrovol's other backends attach
+    /// on this node (iSCSI disks, rbd mappings, its dm-crypt maps): one
+    /// whose portal or cluster does not answer would hold every lvm scan
+    /// (default true). False for a volume group on such a device.
+    #[serde(default = "yes")]
+    pub skip_attached_devices: bool,
+}
+
+/// The lvm `devices` section that leaves out what
+/// [`LvmSettings::skip_attached_devices`] names, matched on any of a
+/// device's names (an iSCSI disk by its by-path link).
+pub const SKIP_ATTACHED_FILTER: &str = "devices { global_filter = [ \"r|^/dev/rbd|\", \"r|/dev/disk/by-path/.*-iscsi-|\", \"r|^/dev/mapper/fvc-|\" ] }";
+
+impl LvmSettings {
+    /// The `--config` text every lvm command takes: the filter (unless
+    /// turned off, or the operator's own text has a `devices` section),
+    /// then the operator's text.
+    pub fn config_text(&self) -> String {
+        let own_devices = self.lvm_config.contains("devices");
+        match (
+            self.skip_attached_devices && !own_devices,
+            self.lvm_config.is_empty(),
+        ) {
+            (true, true) => SKIP_ATTACHED_FILTER.to_string(),
+            (true, false) => format!("{SKIP_ATTACHED_FILTER} {}", self.lvm_config),
+            (false, _) => self.lvm_config.clone(),
+        }
+    }
 }
 
 fn yes() -> bool {

@@ -21,6 +21,7 @@ fn shared_vg_backend(runner: Arc<FakeRunner>) -> LvmBackend {
         device_classes: vec![class("ssd", None), class("thin", Some("pool0"))],
         deactivate_on_unstage: true,
         lvm_config: String::new(),
+        skip_attached_devices: false,
     };
     LvmBackend::new("lvm", settings, runner).unwrap()
 }

@@ -514,6 +514,7 @@ fn parameters_and_settings_are_validated() {
         }],
         deactivate_on_unstage: true,
         lvm_config: String::new(),
+        skip_attached_devices: false,
     };
     assert!(LvmBackend::new("lvm", bad, Arc::new(FakeRunner::new())).is_err());
     let none = LvmSettings {
@@ -529,6 +530,7 @@ fn backend_settings() -> LvmSettings {
         device_classes: vec![],
         deactivate_on_unstage: true,
         lvm_config: String::new(),
+        skip_attached_devices: false,
     }
 }
 
@@ -540,4 +542,49 @@ fn ids_must_be_ours() {
     for bad in ["fast", "fast.root", "slow.fv-a", "fast.-fv"] {
         assert!(b.split(bad).is_err(), "{bad}");
     }
+}
+
+/// By default every lvm command leaves out the devices the other
+/// backends attach (a dead iSCSI portal or Ceph cluster would hold its
+/// scan), before the operator's own text; an operator's `devices` section,
+/// or `skip_attached_devices = false`, leaves the filter out.
+#[test]
+fn lvm_commands_skip_what_other_backends_attach() {
+    let parsed = |extra: &str| -> LvmSettings {
+        toml::from_str(&format!(
+            "{extra}[[device_class]]\nname = \"a\"\nvolume_group = \"vg0\"\n"
+        ))
+        .unwrap()
+    };
+    let plain = parsed("");
+    assert!(plain.skip_attached_devices);
+    assert_eq!(plain.config_text(), SKIP_ATTACHED_FILTER);
+    assert!(SKIP_ATTACHED_FILTER.contains("r|^/dev/rbd|"));
+    assert!(SKIP_ATTACHED_FILTER.contains("-iscsi-"));
+    let with = parsed("lvm_config = \"activation { udev_sync = 0 }\"\n");
+    assert_eq!(
+        with.config_text(),
+        format!("{SKIP_ATTACHED_FILTER} activation {{ udev_sync = 0 }}")
+    );
+    let own = parsed("lvm_config = \"devices { filter = [ \\\"a|.*|\\\" ] }\"\n");
+    assert_eq!(own.config_text(), own.lvm_config);
+    let off = parsed("skip_attached_devices = false\n");
+    assert_eq!(off.config_text(), "");
+    // The runner sees it on every command.
+    let r = Arc::new(FakeRunner::new());
+    let b = LvmBackend::new("lvm", parsed(""), r.clone()).unwrap();
+    r.expect("vgs", Reply::Fail(5, String::new()));
+    let _ = futures_lite_block(b.vg(&b.settings.device_classes[0]));
+    assert!(
+        r.lines()[0].starts_with("vgs --config devices { global_filter"),
+        "{:?}",
+        r.lines()
+    );
+}
+
+fn futures_lite_block<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(f)
 }
