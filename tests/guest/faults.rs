@@ -1150,16 +1150,8 @@ async fn guest_a_server_that_stops_answering_stalls_only_its_own_volumes() {
 
 /// What ControllerGetVolumeHealth says of a volume: its reasons.
 async fn controller_reasons(h: &Harness, id: &str) -> BTreeSet<String> {
-    h.controller()
-        .controller_get_volume_health(pb::ControllerGetVolumeHealthRequest {
-            volume_id: id.into(),
-            secrets: HashMap::new(),
-        })
+    h.controller_health(id)
         .await
-        .unwrap_or_else(|e| panic!("ControllerGetVolumeHealth {id}: {e:?}\n{}", h.log()))
-        .into_inner()
-        .volume_health
-        .unwrap_or_default()
         .health_statuses
         .into_iter()
         .map(|e| e.reason)

@@ -340,26 +340,15 @@ async fn guest_nfs_capacity_is_an_xfs_project_quota() {
     let vol = h
         .create(create_req("pvc-quota", 32 * MIB, cap.clone()))
         .await;
-    let health = |c: &ferrovol::proto::controller_client::ControllerClient<_>| {
-        let mut c = c.clone();
-        let id = vol.volume_id.clone();
-        async move {
-            c.controller_get_volume_health(pb::ControllerGetVolumeHealthRequest {
-                volume_id: id,
-                secrets: HashMap::new(),
-            })
+    let health = || async {
+        h.controller_health(&vol.volume_id)
             .await
-            .unwrap()
-            .into_inner()
-            .volume_health
-            .unwrap_or_default()
             .health_statuses
             .into_iter()
             .map(|e| e.reason)
             .collect::<Vec<_>>()
-        }
     };
-    assert_eq!(health(&c).await, Vec::<String>::new());
+    assert_eq!(health().await, Vec::<String>::new());
     let staging = h.path("kubelet/staging/quota");
     std::fs::create_dir_all(&staging).unwrap();
     n.node_stage_volume(stage_req(&vol.volume_id, &staging, cap.clone()))
@@ -394,7 +383,7 @@ async fn guest_nfs_capacity_is_an_xfs_project_quota() {
     };
     // 31 of its 32 MiB written: nearly reached, said before a write fails.
     write("most", 31).unwrap();
-    assert_eq!(health(&c).await, vec!["QuotaNearlyReached".to_string()]);
+    assert_eq!(health().await, vec!["QuotaNearlyReached".to_string()]);
     std::fs::remove_file(staging.join("most")).unwrap();
     let err = write("big", 48).unwrap_err();
     assert!(
@@ -419,7 +408,7 @@ async fn guest_nfs_capacity_is_an_xfs_project_quota() {
     assert!(!grown.node_expansion_required);
     assert_eq!(total(&mut n).await, 96 * MIB);
     write("big", 48).unwrap();
-    assert_eq!(health(&c).await, Vec::<String>::new());
+    assert_eq!(health().await, Vec::<String>::new());
     n.node_unstage_volume(unstage_req(&vol.volume_id, &staging))
         .await
         .unwrap();
