@@ -950,7 +950,6 @@ async fn guest_a_server_that_stops_answering_stalls_only_its_own_volumes() {
     for server in ["nfs", "iscsi", "rbd"] {
         let u = unders.iter().find(|u| u.backend == server).unwrap();
         let late = made(&h, u, &format!("late-{server}"), false).await;
-        eprintln!("{server}: cutting it off");
         let cut = Cut::new(&cut_rules(server, &every.tgtd));
         let cut_at = Instant::now();
         let own = &live.iter().find(|(v, ..)| v.backend == server).unwrap().2;
@@ -975,7 +974,6 @@ async fn guest_a_server_that_stops_answering_stalls_only_its_own_volumes() {
         let mut rounds = 0;
         while rounds == 0 || !stage.is_finished() {
             rounds += 1;
-            eprintln!("{server}: round {rounds}");
             for (v, up, _) in &live {
                 let t = Instant::now();
                 let said = within(&h, &format!("health of {}", up.name), node_health(&h, up)).await;
@@ -1033,9 +1031,7 @@ async fn guest_a_server_that_stops_answering_stalls_only_its_own_volumes() {
                     .map(|s| format!("{}: {}", s.reason, s.message)),
             );
         }
-        eprintln!("{server}: {rounds} rounds of calls; the stage came back");
         let (staged, stage_took) = within(&h, "the stage", stage).await.unwrap();
-        eprintln!("{server}: the stage: {staged:?}");
         let e = staged.expect_err("a stage against a server that does not answer");
         assert!(
             stage_took < deadline * 3,
@@ -1053,7 +1049,6 @@ async fn guest_a_server_that_stops_answering_stalls_only_its_own_volumes() {
             worst_storage < deadline + Duration::from_secs(5),
             "{server} cut: NodeGetStorageHealth took {worst_storage:?}"
         );
-        eprintln!("{server}: calls took {worst_other:?} {worst_own:?} {worst_storage:?}");
         // The helper the stage ran, killed at the deadline, is gone (a
         // check's own helper may come and go meanwhile: gone within 10 s).
         let helper = match server {
@@ -1069,7 +1064,6 @@ async fn guest_a_server_that_stops_answering_stalls_only_its_own_volumes() {
             }
             std::thread::sleep(Duration::from_millis(100));
         };
-        eprintln!("{server}: left {left:?}");
         assert!(
             left.is_empty(),
             "{server} cut: processes left behind: {left:?}"
@@ -1078,15 +1072,12 @@ async fn guest_a_server_that_stops_answering_stalls_only_its_own_volumes() {
             !h.mounts().contains(&late.staging),
             "{server}: the failed stage left its mount"
         );
-        eprintln!("{server}: mounts checked");
         let cut_for = cut_at.elapsed();
         drop(cut);
-        eprintln!("{server}: answering again after {cut_for:.1?}");
         // Back: the pod's writes go on, the stage asked again succeeds.
         let resumed = own
             .next_write_within(Duration::from_secs(240))
             .unwrap_or_else(|| panic!("{server}: the pod's writes did not go on\n{}", h.log()));
-        eprintln!("{server}: its pod writes again after {resumed:.1?}");
         let t = Instant::now();
         let mut node = h.node();
         within(
