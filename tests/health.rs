@@ -112,13 +112,8 @@ async fn health_is_reported_by_the_v1_13_calls_and_the_old_condition_alike() {
         .is_empty());
     assert!(h.controller_health(&p.id).await.health_statuses.is_empty());
     assert!(listed(&h, 0).await.is_empty());
-    let storage = h
-        .node()
-        .node_get_storage_health(pb::NodeGetStorageHealthRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(storage.backend_health.is_empty(), "{storage:?}");
+    let storage = h.storage_health().await;
+    assert!(storage.is_empty(), "{storage:?}");
 
     // The image deleted under its loop device: the controller cannot reach
     // it; the node still holds its data through the loop device until it

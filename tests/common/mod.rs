@@ -778,6 +778,19 @@ impl Harness {
             .expect("a volume_health")
     }
 
+    /// NodeGetStorageHealth, which must answer: what is wrong with each
+    /// backend as this node sees it.
+    pub async fn storage_health(
+        &self,
+    ) -> Vec<pb::node_get_storage_health_response::StorageBackendHealth> {
+        self.node()
+            .node_get_storage_health(pb::NodeGetStorageHealthRequest::default())
+            .await
+            .unwrap_or_else(|e| panic!("NodeGetStorageHealth: {e:?}\n{}", self.log()))
+            .into_inner()
+            .backend_health
+    }
+
     /// ControllerUnpublishVolume of `id` from this node, which must
     /// succeed.
     pub async fn detach_here(&self, id: &str) {

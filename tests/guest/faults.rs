@@ -1406,13 +1406,8 @@ async fn guest_a_full_pool_is_said_first_and_fails_only_its_own_writers() {
     h.unpublish_unstage(&elsewhere.id, &elsewhere.staging, &elsewhere.target)
         .await;
     h.delete_volume(&elsewhere.id).await;
-    let storage = h
-        .node()
-        .node_get_storage_health(pb::NodeGetStorageHealthRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(storage.backend_health.is_empty(), "{storage:?}");
+    let storage = h.storage_health().await;
+    assert!(storage.is_empty(), "{storage:?}");
     drop(h);
     for line in lines {
         println!("{line}");

@@ -17,12 +17,8 @@ fn kinds(h: &pb::VolumeHealth) -> Kinds {
 }
 
 async fn storage_health(h: &Harness) -> BTreeSet<(i32, String)> {
-    h.node()
-        .node_get_storage_health(pb::NodeGetStorageHealthRequest::default())
+    h.storage_health()
         .await
-        .unwrap()
-        .into_inner()
-        .backend_health
         .into_iter()
         .map(|b| (b.status, b.reason))
         .collect()
