@@ -80,6 +80,8 @@ reasons! {
     FilesystemShutDown,
     /// The nfs export cannot be mounted or read from the controller.
     ExportUnreachable,
+    /// An nfs server does not answer an RPC on its NFS port from this node.
+    ServerNotAnswering,
     /// The nfs volume's directory is gone from its export; its record is
     /// still there.
     VolumeDirectoryMissing,

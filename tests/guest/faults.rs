@@ -870,11 +870,29 @@ fn ceph_ports() -> Vec<u16> {
     ports
 }
 
+/// The cgroup (v2) the driver is moved into, so that the Ceph cut can
+/// tell its tools' packets from the daemons' (all run as root).
+const DRIVER_CGROUP: &str = "ferrovol-cut";
+
+/// Moves process `pid` (the driver; its later children follow it) into
+/// [`DRIVER_CGROUP`], mounting the cgroup2 hierarchy where nftables looks
+/// for it when the guest has none there.
+fn driver_into_cgroup(pid: u32) {
+    let root = Path::new("/sys/fs/cgroup");
+    if !root.join("cgroup.procs").exists() {
+        run("mount", &["-t", "cgroup2", "cgroup2", "/sys/fs/cgroup"]);
+    }
+    let group = root.join(DRIVER_CGROUP);
+    std::fs::create_dir_all(&group).unwrap();
+    std::fs::write(group.join("cgroup.procs"), pid.to_string()).unwrap();
+}
+
 /// The rules that make `server` stop answering this node. nfs and iSCSI:
 /// every packet to or from the server's port (they serve no one else).
-/// Ceph: the packets of the kernel's client (sockets no process owns:
-/// `meta skuid` matches only a process's) to the monitor and the OSDs; the
-/// daemons go on talking to each other, and the ceph CLI to them.
+/// Ceph: to the monitor and the OSDs, the packets of the driver's tools
+/// (its cgroup, see [`driver_into_cgroup`]) and of the kernel's client
+/// (sockets no process owns: `meta skuid` matches only a process's); the
+/// daemons go on talking to each other, and the test's ceph CLI to them.
 fn cut_rules(server: &str, tgtd: &Tgtd) -> Vec<String> {
     let both = |port: u16| {
         vec![
@@ -892,6 +910,7 @@ fn cut_rules(server: &str, tgtd: &Tgtd) -> Vec<String> {
                 .collect::<Vec<_>>()
                 .join(", ");
             vec![
+                format!("tcp dport {{ {ports} }} socket cgroupv2 level 1 \"{DRIVER_CGROUP}\" drop"),
                 format!("tcp dport {{ {ports} }} meta skuid 0 accept"),
                 format!("tcp dport {{ {ports} }} drop"),
             ]
@@ -940,6 +959,7 @@ async fn guest_a_server_that_stops_answering_stalls_only_its_own_volumes() {
     let deadline = Duration::from_secs(20);
     let every = every_backend_with("cut", &[("FERROVOL_COMMAND_TIMEOUT", "20")]).await;
     let (mut h, unders) = (every.h, every.unders);
+    driver_into_cgroup(h.pid());
     let mut live = Vec::new();
     for u in &unders {
         let up = bring_up(&h, u, &format!("cut-{}", u.backend), false).await;
@@ -1024,12 +1044,11 @@ async fn guest_a_server_that_stops_answering_stalls_only_its_own_volumes() {
             .unwrap_or_else(|e| panic!("NodeGetStorageHealth ({server} cut): {e:?}"))
             .into_inner();
             worst_storage = worst_storage.max(t.elapsed());
-            storage_said.extend(
-                storage
-                    .backend_health
-                    .iter()
-                    .map(|s| format!("{}: {}", s.reason, s.message)),
-            );
+            storage_said.extend(storage.backend_health.iter().map(|s| {
+                let status =
+                    pb::StorageHealthErrorType::try_from(s.status).map_or("?", |t| t.as_str_name());
+                format!("{status} {}: {}", s.reason, s.message)
+            }));
         }
         let (staged, stage_took) = within(&h, "the stage", stage).await.unwrap();
         let e = staged.expect_err("a stage against a server that does not answer");
@@ -1049,16 +1068,24 @@ async fn guest_a_server_that_stops_answering_stalls_only_its_own_volumes() {
             worst_storage < deadline + Duration::from_secs(5),
             "{server} cut: NodeGetStorageHealth took {worst_storage:?}"
         );
+        // This node cannot reach the server, NodeGetStorageHealth said.
+        assert!(
+            storage_said
+                .iter()
+                .any(|s| s.starts_with("STORAGE_UNREACHABLE") && s.contains(&format!("{server}: "))),
+            "{server} cut: NodeGetStorageHealth said {storage_said:?}"
+        );
         // The helper the stage ran, killed at the deadline, is gone (a
-        // check's own helper may come and go meanwhile: gone within 10 s).
-        let helper = match server {
-            "nfs" => "mount.nfs",
-            "iscsi" => "iscsiadm",
-            _ => "rbd",
+        // check's own helper, started in the last round, is killed at the
+        // command deadline too).
+        let helpers: &[&str] = match server {
+            "nfs" => &["mount.nfs", "mount"],
+            "iscsi" => &["iscsiadm", "mount"],
+            _ => &["rbd", "ceph", "mount"],
         };
-        let until = Instant::now() + Duration::from_secs(10);
+        let until = Instant::now() + deadline + Duration::from_secs(5);
         let left = loop {
-            let left = running_named(&[helper, "mount"]);
+            let left = running_named(helpers);
             if left.is_empty() || Instant::now() > until {
                 break left;
             }

@@ -63,6 +63,45 @@ impl HealthReporter for NfsBackend {
     }
 }
 
+impl NfsBackend {
+    /// The configured exports' servers (each server and port once) that
+    /// do not answer a NULL call within `within`: the storage unreachable
+    /// from this node. Servers a StorageClass names that no export lists
+    /// are not known here.
+    pub(super) async fn servers_not_answering(
+        &self,
+        within: Duration,
+    ) -> Vec<crate::plugin::health::StorageFinding> {
+        use crate::plugin::health::{StorageFinding, StorageStatus};
+        let mut servers = BTreeMap::new();
+        for e in &self.settings.exports {
+            let port = probe::port_of(&Self::options_of(e));
+            servers
+                .entry((e.server.clone(), port))
+                .or_insert_with(|| probe::version_of(e.version.as_deref()));
+        }
+        let mut asked = tokio::task::JoinSet::new();
+        for ((server, port), version) in servers {
+            asked.spawn(async move {
+                let answer = probe::answers(&server, port, version, within).await;
+                (server, port, answer)
+            });
+        }
+        let mut found = Vec::new();
+        while let Some(Ok((server, port, answer))) = asked.join_next().await {
+            if let Err(why) = answer {
+                found.push(StorageFinding {
+                    status: StorageStatus::Unreachable,
+                    reason: Reason::ServerNotAnswering,
+                    message: format!("server {server} port {port}: {why}"),
+                });
+            }
+        }
+        found.sort_by(|a, b| a.message.cmp(&b.message));
+        found
+    }
+}
+
 /// A volume's directory with less than this share of its room free is
 /// nearly full: its writers meet ENOSPC (or EDQUOT) once it is full.
 pub const NEARLY_FULL_PERCENT: u64 = 5;

@@ -13,6 +13,7 @@
 
 mod btrfs;
 mod health;
+mod probe;
 mod share;
 mod snapshots;
 mod stage;
@@ -820,6 +821,12 @@ impl Backend for NfsBackend {
 
     async fn health(&self) -> Result<()> {
         Ok(())
+    }
+
+    /// Whether each configured export's server answers this node (an RPC
+    /// NULL call on its NFS port; see [`probe`]), all asked at once.
+    async fn storage_findings(&self) -> Vec<crate::plugin::health::StorageFinding> {
+        self.servers_not_answering(probe::WITHIN).await
     }
 
     fn validate_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {

@@ -601,3 +601,49 @@ fn a_directory_with_under_5_percent_free_is_nearly_full() {
     );
     assert!(found.message.contains("4194304 of 104857600"), "{found:?}");
 }
+
+/// NodeGetStorageHealth's view: each configured export's server asked
+/// once per port; the one that holds its connection without a word is
+/// said unreachable, the one that answers is not.
+#[tokio::test]
+async fn storage_health_says_which_servers_do_not_answer() {
+    use crate::plugin::health::{Reason, StorageStatus};
+    let answering = probe::fake::server(|call| Some(probe::fake::reply_to(call, 0, 1))).await;
+    let silent = probe::fake::server(|_| None).await;
+    let export = |name: &str, port: u16| {
+        format!(
+            "[[export]]\nname = \"{name}\"\nserver = \"127.0.0.1\"\nshare = \"/{name}\"\nmount_options = [\"port={port}\"]\n"
+        )
+    };
+    // Two exports of the answering server: it is asked once (its fake
+    // takes one connection only).
+    let text = [
+        export("a", answering),
+        export("b", answering),
+        export("c", silent),
+    ]
+    .concat();
+    let dir = tempfile::tempdir().unwrap();
+    let b = NfsBackend::new(
+        "nfs",
+        toml::from_str(&text).unwrap(),
+        Arc::new(FakeRunner::new()),
+        Arc::new(SystemHost),
+        Arc::new(crate::mount::SystemMounter),
+        dir.path().join("work"),
+    )
+    .unwrap();
+    let t = std::time::Instant::now();
+    let found = b.servers_not_answering(Duration::from_millis(500)).await;
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].status, StorageStatus::Unreachable);
+    assert_eq!(found[0].reason, Reason::ServerNotAnswering);
+    assert!(
+        found[0]
+            .message
+            .starts_with(&format!("server 127.0.0.1 port {silent}: no answer")),
+        "{}",
+        found[0].message
+    );
+}
