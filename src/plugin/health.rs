@@ -132,6 +132,9 @@ reasons! {
     ClientFenced,
     /// The Ceph cluster does not answer this node.
     ClusterNotAnswering,
+    /// The rbd image is open (watched) by a client that no node the volume
+    /// is published to recorded as its own.
+    WatchersElsewhere,
     /// The volume is no longer mounted at the publish path asked about.
     PublishMountGone,
     /// The backend has no such volume (deleted outside the driver, or its

@@ -1443,3 +1443,103 @@ async fn guest_a_full_pool_is_said_first_and_fails_only_its_own_writers() {
     run("umount", &[pool.to_str().unwrap()]);
     drop(vg);
 }
+
+/// rbd: a client that no node the volume is published to recorded opens
+/// its image (`rbd watch` as the admin, as a mapping left on another node
+/// would hold it). The controller and the node say `WatchersElsewhere`
+/// (DEGRADED), naming that client and not the node's own mapping; once it
+/// closes the image, both say nothing again.
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_rbd_health_names_a_client_no_node_recorded() {
+    require_guest();
+    let cluster = CephCluster::shared();
+    let h = Harness::start_with_env(
+        Some(&cluster.backend_config("guest")),
+        &[("FERROVOL_VOLUME_HEALTH", "true")],
+    )
+    .await;
+    let u = Under {
+        backend: "rbd",
+        attach: true,
+        block: false,
+        secrets: cluster.secrets(),
+    };
+    let up = bring_up(&h, &u, "watched", false).await;
+    let image = up.id.rsplit('.').next().unwrap().to_string();
+    let spec = format!("{}/{image}", cluster.pool);
+    let watchers = || -> Vec<String> {
+        let status: serde_json::Value =
+            serde_json::from_str(&cluster.rbd(&["status", &spec, "--format", "json"])).unwrap();
+        status["watchers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w["address"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let own = watchers();
+    assert_eq!(own.len(), 1, "the node's mapping alone: {own:?}");
+    assert_eq!(node_health(&h, &up).await, BTreeSet::new());
+    assert_eq!(h.controller_health(&up.id).await.health_statuses, vec![]);
+
+    let mut watch = std::process::Command::new("rbd")
+        .args(["-c", cluster.conf.to_str().unwrap(), "watch", &spec])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    h.wait_until("the second client to watch the image", &|| {
+        watchers().len() == 2
+    });
+    let other: Vec<String> = watchers()
+        .into_iter()
+        .filter(|w| !own.contains(w))
+        .collect();
+    let t = Instant::now();
+    let c = h.controller_health(&up.id).await;
+    let controller_took = t.elapsed();
+    assert_eq!(c.health_statuses.len(), 1, "{c:?}");
+    let said = &c.health_statuses[0];
+    assert_eq!(
+        (said.status, said.reason.as_str()),
+        (
+            pb::VolumeHealthErrorType::Degraded as i32,
+            "WatchersElsewhere"
+        ),
+        "{c:?}"
+    );
+    let bare = |a: &str| {
+        a.trim_start_matches("v1:")
+            .trim_start_matches("v2:")
+            .to_string()
+    };
+    assert!(
+        said.message.contains(&bare(&other[0])) && !said.message.contains(&bare(&own[0])),
+        "other {other:?}, own {own:?}: {}",
+        said.message
+    );
+    let t = Instant::now();
+    assert_eq!(
+        node_health(&h, &up).await,
+        BTreeSet::from([(
+            pb::VolumeHealthErrorType::Degraded as i32,
+            "WatchersElsewhere".to_string()
+        )])
+    );
+    let node_took = t.elapsed();
+
+    // It closes the image (rbd watch ends at a line on its input).
+    use std::io::Write;
+    watch.stdin.take().unwrap().write_all(b"\n").unwrap();
+    assert!(watch.wait().unwrap().success());
+    h.wait_until("the other client to let go", &|| watchers().len() == 1);
+    assert_eq!(h.controller_health(&up.id).await.health_statuses, vec![]);
+    assert_eq!(node_health(&h, &up).await, BTreeSet::new());
+    println!(
+        "rbd, a client no node recorded: the controller said WatchersElsewhere in \
+         {controller_took:.2?}, the node in {node_took:.2?}; cleared once it let go"
+    );
+    h.unpublish_unstage(&up.id, &up.staging, &up.target).await;
+    drop_volume(&h, &u, &up).await;
+}

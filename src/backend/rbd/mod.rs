@@ -19,6 +19,7 @@ mod attach;
 mod cli;
 mod cluster;
 mod creds;
+mod health;
 mod librbd;
 mod snapshots;
 mod stage;
@@ -817,6 +818,10 @@ impl Backend for RbdBackend {
     }
 
     fn block_tracker(&self) -> Option<&dyn BlockTracker> {
+        Some(self)
+    }
+
+    fn health_reporter(&self) -> Option<&dyn crate::plugin::HealthReporter> {
         Some(self)
     }
 }

@@ -105,6 +105,7 @@ impl Stager for RbdBackend {
         // The client this node recorded at stage is no longer in the
         // image: a detach fenced it (blocklisted; its I/O fails).
         let staged = self.staged.locked().get(&id.to_string()).cloned();
+        let mut recorded = None;
         if let Some(Staged {
             secrets,
             node,
@@ -120,15 +121,29 @@ impl Stager for RbdBackend {
                     ),
                 )]);
             }
+            recorded = Some(meta);
         }
         // With credentials of its own, the node also asks the cluster
-        // (bounded by the command timeout).
+        // (bounded by the command timeout): whether it answers, and, when
+        // this node's own client is recorded, which other clients have
+        // the image open.
         if let Ok(creds) = self.creds(&Secrets::default()) {
-            if let Err(e) = self.rbd().watchers(&creds, &spec).await {
-                return Ok(vec![Finding::inaccessible(
-                    Reason::ClusterNotAnswering,
-                    format!("the cluster does not answer: {}", e.message),
-                )]);
+            let foreign = match &recorded {
+                Some(meta) => self.foreign_watchers(&creds, &spec, meta, 0).await,
+                None => self.rbd().watchers(&creds, &spec).await.map(|_| Vec::new()),
+            };
+            match foreign {
+                Err(e) => {
+                    return Ok(vec![Finding::inaccessible(
+                        Reason::ClusterNotAnswering,
+                        format!("the cluster does not answer: {}", e.message),
+                    )])
+                }
+                Ok(foreign) => {
+                    return Ok(super::health::watchers_finding(&spec, &foreign)
+                        .into_iter()
+                        .collect())
+                }
             }
         }
         Ok(Vec::new())

@@ -6,6 +6,7 @@ use crate::exec::{FakeRunner, Reply};
 
 mod attach;
 mod controller;
+mod health;
 mod node;
 
 const KEY: &str = "AQBad0BhAAAAABAAbadbadbadbadbadbadbadbQ==";
