@@ -58,6 +58,87 @@ pub async fn off_worker<T: Send + 'static>(
     }
 }
 
+/// [`off_worker`] on a thread of its own whose file table is its own
+/// (`unshare(CLONE_FILES)`, then every inherited descriptor but 0-2
+/// closed): for writes to a remote filesystem. A file open for writing
+/// there is flushed at every close of every copy of its descriptor, and a
+/// child the driver spawns closes its copies at exec: while the server
+/// does not answer, every command the driver spawned meanwhile (any
+/// backend's) would hang at its exec. A file opened on this thread is in
+/// no other table, so no child ever holds it. Where the call is refused
+/// (a seccomp profile without it), the work runs there all the same,
+/// with a warning once.
+pub async fn off_worker_private<T: Send + 'static>(
+    what: &str,
+    deadline: std::time::Duration,
+    call: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    // The answer comes back through a thread of the shared table: the
+    // private one may not wake the runtime (its descriptor is not there).
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("ferrovol-private-files".into())
+        .spawn(move || {
+            if let Err(e) = private_file_table() {
+                static WARNED: std::sync::Once = std::sync::Once::new();
+                WARNED.call_once(|| {
+                    tracing::warn!(error = %e, "a thread of its own files cannot be made \
+                        (unshare CLONE_FILES refused): a remote filesystem's writes share the \
+                        driver's table, and a server that stops answering mid-write may hold \
+                        up the commands spawned meanwhile");
+                });
+            }
+            let _ = tx.send(call());
+        });
+    if let Err(e) = spawned {
+        return Err(Error::internal(format!("{what}: no thread: {e}")));
+    }
+    let waited = what.to_string();
+    off_worker(what, deadline, move || match rx.recv_timeout(deadline) {
+        Ok(result) => result,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(Error::unavailable(format!(
+            "{waited} did not finish within {:.1}s",
+            deadline.as_secs_f64()
+        ))),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            Err(Error::internal(format!("{waited}: its thread panicked")))
+        }
+    })
+    .await
+}
+
+/// Gives the calling thread a file table of its own, holding only
+/// descriptors 0-2 of the process's (the copies of the others closed, so
+/// a thread stuck in the kernel holds no socket or lock of the driver's
+/// open).
+#[allow(unsafe_code)]
+fn private_file_table() -> std::io::Result<()> {
+    // SAFETY: unshare(2) and close_range(2) take plain integers and change
+    // only this thread's file table, which nothing else on it uses yet.
+    unsafe {
+        if libc::unshare(libc::CLONE_FILES) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) == 0 {
+            return Ok(());
+        }
+    }
+    // A kernel before 5.9: one by one.
+    let fds: Vec<i32> = std::fs::read_dir("/proc/thread-self/fd")?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|fd| *fd > 2)
+        .collect();
+    for fd in fds {
+        // SAFETY: a descriptor of this thread's own table, which no other
+        // thread shares (the directory's own is closed already: EBADF).
+        unsafe {
+            libc::close(fd);
+        }
+    }
+    Ok(())
+}
+
 /// The [`off_worker_once`] calls whose thread has not come back yet: by
 /// what they do, each with a number of its own and when it began.
 type Running = std::collections::HashMap<String, Vec<(u64, std::time::Instant)>>;
@@ -276,6 +357,64 @@ mod tests {
     /// A call stuck past its deadline makes the next of its kind fail at
     /// once, not leave one more thread stuck; calls merely at the same
     /// time all run; once the stuck one comes back, calls run again.
+    /// The files of this process's table, by what they point at.
+    fn table(dir: &str) -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .filter_map(|e| std::fs::read_link(e.path()).ok())
+            .collect()
+    }
+
+    /// A file opened by a private-table call is in no other table (a
+    /// child spawned meanwhile holds no copy), and the call's thread
+    /// holds none of the process's files but 0-2. The same call on the
+    /// blocking pool shows the file in the process's table: the check
+    /// can fail.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_private_call_s_files_are_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let before = dir.path().join("opened-before");
+        let _held = std::fs::File::create(&before).unwrap();
+        for private in [true, false] {
+            let path = dir.path().join(format!("written-{private}"));
+            let (opened_tx, opened_rx) = std::sync::mpsc::channel();
+            let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+            let p = path.clone();
+            let work = move || {
+                let f = std::fs::File::create(&p).unwrap();
+                let own = table("/proc/thread-self/fd");
+                opened_tx.send(own).unwrap();
+                go_rx.recv().unwrap();
+                drop(f);
+                Ok(())
+            };
+            let call = tokio::spawn(async move {
+                match private {
+                    true => off_worker_private("test", Duration::from_secs(30), work).await,
+                    false => off_worker("test", Duration::from_secs(30), work).await,
+                }
+            });
+            let own = tokio::task::spawn_blocking(move || opened_rx.recv().unwrap())
+                .await
+                .unwrap();
+            let shared = table("/proc/self/fd");
+            go_tx.send(()).unwrap();
+            call.await.unwrap().unwrap();
+            assert!(own.contains(&path), "{own:?}");
+            assert_eq!(
+                shared.contains(&path),
+                !private,
+                "private {private}: {shared:?}"
+            );
+            assert_eq!(
+                own.contains(&before),
+                !private,
+                "private {private}: {own:?}"
+            );
+        }
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_call_stuck_in_the_kernel_is_not_piled_on() {
         let what = "statting /test/stuck-mount";

@@ -32,7 +32,7 @@ use crate::plugin::{
     Expander, Groups, Modifier, Provisioner, SnapshotInstant, Snapshotter, Stager,
 };
 use serde::{Deserialize, Serialize};
-use share::{blocking, check_subdir, ensure_dir, resolve, Held, ShareSpec, WorkMounts};
+use share::{blocking, check_subdir, ensure_dir, resolve, writing, Held, ShareSpec, WorkMounts};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -577,7 +577,7 @@ impl NfsBackend {
         let path = Self::record_path(root, Path::new(&record.subdir));
         let bytes = crate::records::encode_record(&path.display().to_string(), record)?;
         let root = root.to_path_buf();
-        blocking("writing a volume record", move || {
+        writing("writing a volume record", move || {
             ensure_dir(&root, Path::new(".ferrovol/volumes"), 0o700)?;
             crate::records::write(&path, &bytes)
         })

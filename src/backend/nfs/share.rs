@@ -267,6 +267,17 @@ pub async fn blocking<T: Send + 'static>(
     crate::host::off_worker(what, WORK_DEADLINE, work).await
 }
 
+/// [`blocking`] for work that opens files on a share for writing: on a
+/// thread whose file table is its own ([`crate::host::off_worker_private`]),
+/// so a server that stops answering mid-write holds up that write alone,
+/// never the commands the driver spawns meanwhile.
+pub async fn writing<T: Send + 'static>(
+    what: &str,
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    crate::host::off_worker_private(what, WORK_DEADLINE, work).await
+}
+
 /// Checks a subdirectory path from a request or a template: relative,
 /// normal components of `[A-Za-z0-9._-]`, none `.` or `..`, at most 8 deep.
 pub fn check_subdir(subdir: &str) -> Result<PathBuf> {

@@ -83,7 +83,7 @@ impl Snapshotter for NfsBackend {
                 btrfs::snapshot(self.runner.as_ref(), &from, &tmp, true).await?;
                 crate::killpoint::hit(KillPoint::SnapshotMade);
                 let done = dir.join(format!("{locator}.snap"));
-                blocking("completing the snapshot", move || {
+                writing("completing the snapshot", move || {
                     crate::records::write(&record_path, &bytes)?;
                     std::fs::rename(&tmp, &done)
                         .map_err(|e| Error::io(format!("move {} into place", done.display()), e))
@@ -115,7 +115,7 @@ impl Snapshotter for NfsBackend {
             return Err(Error::from(e).context("archive the volume"));
         }
         let final_archive = dir.join(format!("{locator}.tar.gz"));
-        blocking("completing the snapshot", move || {
+        writing("completing the snapshot", move || {
             crate::records::write(&record_path, &bytes)?;
             std::fs::rename(&tmp, &final_archive)
                 .map_err(|e| Error::io(format!("move {} into place", final_archive.display()), e))
