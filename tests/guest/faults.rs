@@ -874,17 +874,27 @@ fn ceph_ports() -> Vec<u16> {
 /// tell its tools' packets from the daemons' (all run as root).
 const DRIVER_CGROUP: &str = "ferrovol-cut";
 
-/// Moves process `pid` (the driver; its later children follow it) into
-/// [`DRIVER_CGROUP`], mounting the cgroup2 hierarchy where nftables looks
-/// for it when the guest has none there.
-fn driver_into_cgroup(pid: u32) {
+/// Starts the driver again inside [`DRIVER_CGROUP`] (its children and
+/// every socket it makes follow it; the rbd backend's kept cluster
+/// connection is made at its start), mounting the cgroup2 hierarchy where
+/// nftables looks for it when the guest has none there.
+async fn driver_into_cgroup(h: &mut Harness) {
     let root = Path::new("/sys/fs/cgroup");
     if !root.join("cgroup.procs").exists() {
         run("mount", &["-t", "cgroup2", "cgroup2", "/sys/fs/cgroup"]);
     }
     let group = root.join(DRIVER_CGROUP);
     std::fs::create_dir_all(&group).unwrap();
-    std::fs::write(group.join("cgroup.procs"), pid.to_string()).unwrap();
+    assert!(h.terminate().success());
+    h.wrap = vec![
+        "sh".into(),
+        "-c".into(),
+        format!("echo $$ > {}/cgroup.procs && exec \"$@\"", group.display()),
+        "sh".into(),
+    ];
+    h.spawn().await;
+    let cgroup = std::fs::read_to_string(format!("/proc/{}/cgroup", h.pid())).unwrap();
+    assert_eq!(cgroup.trim(), format!("0::/{DRIVER_CGROUP}"));
 }
 
 /// The rules that make `server` stop answering this node. nfs and iSCSI:
@@ -959,7 +969,7 @@ async fn guest_a_server_that_stops_answering_stalls_only_its_own_volumes() {
     let deadline = Duration::from_secs(20);
     let every = every_backend_with("cut", &[("FERROVOL_COMMAND_TIMEOUT", "20")]).await;
     let (mut h, unders) = (every.h, every.unders);
-    driver_into_cgroup(h.pid());
+    driver_into_cgroup(&mut h).await;
     let mut live = Vec::new();
     for u in &unders {
         let up = bring_up(&h, u, &format!("cut-{}", u.backend), false).await;
