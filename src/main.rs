@@ -59,8 +59,9 @@ struct ServeArgs {
     config: Option<PathBuf>,
     #[arg(long, env = "FERROVOL_LOG_FORMAT", value_enum, default_value = "human")]
     log_format: LogFormat,
-    /// Caps every external command's timeout (seconds); a command still
-    /// running then is killed and its call fails.
+    /// Caps every external command's timeout, and every librbd call's
+    /// deadline (seconds); a command still running then is killed and its
+    /// call fails.
     #[arg(long, env = "FERROVOL_COMMAND_TIMEOUT")]
     command_timeout: Option<u64>,
     /// Seconds in-flight calls get to finish at shutdown.

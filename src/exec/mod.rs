@@ -256,6 +256,13 @@ pub trait CommandRunner: Send + Sync {
     /// Runs the command to completion. A non-zero exit is an error carrying
     /// the (redacted) output.
     async fn run(&self, command: Command) -> Result<Output, ExecError>;
+
+    /// The cap on every command's timeout, if the driver was given one
+    /// (`--command-timeout`): in-process calls to storage (librbd) keep
+    /// to it too.
+    fn max_timeout(&self) -> Option<std::time::Duration> {
+        None
+    }
 }
 
 #[cfg(test)]

@@ -90,6 +90,10 @@ fn child_command(command: &Command) -> tokio::process::Command {
 
 #[async_trait::async_trait]
 impl CommandRunner for SystemRunner {
+    fn max_timeout(&self) -> Option<std::time::Duration> {
+        self.max_timeout
+    }
+
     async fn run(&self, command: Command) -> Result<Output, ExecError> {
         let shown = command.to_string();
         let mut cmd = child_command(&command);

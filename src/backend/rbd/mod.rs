@@ -362,6 +362,7 @@ impl RbdBackend {
             (None, None) => {}
             _ => return Err(bad("user and keyring go together".into())),
         }
+        let cap = runner.max_timeout();
         let cli = Arc::new(CliCluster {
             runner,
             monitors: settings.monitors.clone(),
@@ -369,10 +370,10 @@ impl RbdBackend {
         let cluster: Arc<dyn Cluster> = match settings.client {
             Client::Cli => cli.clone(),
             Client::Librbd => Arc::new(
-                librbd::LibCluster::new(&settings.monitors)
+                librbd::LibCluster::new(&settings.monitors, cap)
                     .map_err(|e| bad(format!("client = \"librbd\": {e}")))?,
             ),
-            Client::Auto => match librbd::LibCluster::new(&settings.monitors) {
+            Client::Auto => match librbd::LibCluster::new(&settings.monitors, cap) {
                 Ok(lib) => Arc::new(lib),
                 Err(e) => {
                     tracing::info!(backend = name, reason = %e, "librbd is not available: the controller runs the rbd command line");

@@ -34,17 +34,29 @@ pub struct LibCluster {
     /// Images made in place whose record of making a background task is
     /// removing (a delete of one waits for it).
     unintending: Arc<Mutex<Vec<Spec>>>,
+    /// The driver's cap on how long storage is waited on
+    /// (`--command-timeout`): every call's deadline is at most this.
+    cap: Option<Duration>,
 }
 
 impl LibCluster {
-    pub fn new(monitors: &[String]) -> std::result::Result<LibCluster, String> {
+    pub fn new(
+        monitors: &[String],
+        cap: Option<Duration>,
+    ) -> std::result::Result<LibCluster, String> {
         Ok(LibCluster {
             api: api()?,
             monitors: monitors.join(","),
             pool: Mutex::new(Pool::default()),
             removing: Default::default(),
             unintending: Default::default(),
+            cap,
         })
+    }
+
+    /// `deadline`, or the driver's cap when that is shorter.
+    fn capped(&self, deadline: Duration) -> Duration {
+        self.cap.map_or(deadline, |cap| cap.min(deadline))
     }
 
     fn digest(creds: &Creds) -> Result<[u8; 32]> {
@@ -86,7 +98,7 @@ impl LibCluster {
             .get_or_try_init(|| async {
                 let (api, monitors) = (self.api, self.monitors.clone());
                 let (user, key) = (creds.user.clone(), creds.key()?.to_string());
-                blocking(DEADLINE, move || {
+                blocking(self.capped(DEADLINE), move || {
                     Connection::open(api, &monitors, &user, &key)
                 })
                 .await
@@ -128,7 +140,7 @@ impl LibCluster {
         let conn = self.connection(creds).await?;
         let held = conn.clone();
         let connected = asked.elapsed();
-        let r = blocking(deadline, move || {
+        let r = blocking(self.capped(deadline), move || {
             held.fresh()?;
             f(&held)
         })
