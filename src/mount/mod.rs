@@ -59,7 +59,17 @@ impl MountOptions {
             return Err(Error::invalid("mount_flags exceed 4 KiB"));
         }
         for entry in mount_flags {
-            for opt in entry.split(',').map(str::trim).filter(|o| !o.is_empty()) {
+            for opt in split_options(entry)?
+                .iter()
+                .map(|o| o.trim())
+                .filter(|o| !o.is_empty())
+            {
+                if let Some(label) = selinux_option(opt)? {
+                    if !opts.data.contains(&label) {
+                        opts.data.push(label);
+                    }
+                    continue;
+                }
                 let ok = opt.len() <= 256
                     && opt
                         .chars()
@@ -93,6 +103,85 @@ impl MountOptions {
             }
         }
         Ok(opts)
+    }
+}
+
+/// The SELinux mount options (KEP-1710: kubelet passes `context="..."`
+/// when the CSIDriver says `seLinuxMount`): the label applies to the whole
+/// filesystem (its superblock).
+pub const SELINUX_OPTIONS: &[&str] = &["context", "fscontext", "defcontext", "rootcontext"];
+
+/// One entry of `mount_flags` cut at its commas, except those inside
+/// double quotes (an SELinux label's category set: `s0:c1,c2`).
+fn split_options(entry: &str) -> Result<Vec<&str>> {
+    let mut parts = Vec::new();
+    let (mut start, mut quoted) = (0, false);
+    for (i, c) in entry.char_indices() {
+        match c {
+            '"' => quoted = !quoted,
+            ',' if !quoted => {
+                parts.push(&entry[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if quoted {
+        return Err(Error::invalid("mount_flags contain an unclosed quote"));
+    }
+    parts.push(&entry[start..]);
+    Ok(parts)
+}
+
+/// An SELinux option (`context=...`, quoted or not) as mount(2) takes it:
+/// `name="label"`, the label checked (`user:role:type[:level]`, of
+/// `[A-Za-z0-9_.:,-]`). `None` for any other option; an option of another
+/// name with a quote in it is refused.
+fn selinux_option(opt: &str) -> Result<Option<String>> {
+    let Some((name, value)) = opt.split_once('=') else {
+        return Ok(None);
+    };
+    if !SELINUX_OPTIONS.contains(&name) {
+        if opt.contains('"') {
+            return Err(Error::invalid(format!(
+                "mount_flags: only an SELinux option ({}) takes a quoted value",
+                SELINUX_OPTIONS.join(", ")
+            )));
+        }
+        return Ok(None);
+    }
+    let label = match value.strip_prefix('"') {
+        Some(inner) => inner.strip_suffix('"').unwrap_or("\""),
+        None => value,
+    };
+    let ok = !label.is_empty()
+        && label.len() <= 255
+        && label.split(':').count() >= 3
+        && label.split(':').take(3).all(|p| !p.is_empty())
+        && label
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_.:,-".contains(c));
+    if !ok {
+        return Err(Error::invalid(format!(
+            "mount_flags: {name} must be an SELinux label (user:role:type[:level]), quoted \
+             where it holds a comma"
+        )));
+    }
+    Ok(Some(format!("{name}=\"{label}\"")))
+}
+
+impl MountOptions {
+    /// The SELinux options among the data (`context="..."`, ...), as
+    /// mount(2) takes them.
+    pub fn selinux(&self) -> Vec<&str> {
+        self.data
+            .iter()
+            .map(String::as_str)
+            .filter(|d| {
+                d.split_once('=')
+                    .is_some_and(|(n, _)| SELINUX_OPTIONS.contains(&n))
+            })
+            .collect()
     }
 }
 
@@ -168,6 +257,50 @@ mod tests {
         assert!(o.readonly);
         assert_eq!(o.flags, vec!["noatime", "nodev"]);
         assert_eq!(o.data, vec!["discard".to_string()]);
+    }
+
+    /// kubelet's SELinux option: its category set's comma stays inside
+    /// the quotes; the label is checked and reaches mount(2) quoted.
+    #[test]
+    fn takes_an_selinux_context_with_its_commas() {
+        let o = MountOptions::parse(
+            &[
+                "noatime".into(),
+                "context=\"system_u:object_r:container_file_t:s0:c1,c2\",discard".into(),
+            ],
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            o.data,
+            vec![
+                "context=\"system_u:object_r:container_file_t:s0:c1,c2\"".to_string(),
+                "discard".to_string()
+            ]
+        );
+        assert_eq!(
+            o.selinux(),
+            vec!["context=\"system_u:object_r:container_file_t:s0:c1,c2\""]
+        );
+        // Unquoted (no comma): quoted for mount(2).
+        let o =
+            MountOptions::parse(&["fscontext=system_u:object_r:nfs_t:s0".into()], false).unwrap();
+        assert_eq!(
+            o.data,
+            vec!["fscontext=\"system_u:object_r:nfs_t:s0\"".to_string()]
+        );
+        for bad in [
+            "context=\"system_u:object_r:x_t:s0",
+            "context=\"a:b\"",
+            "context=\"::t:s0\"",
+            "context=\"u:r:t:s0\\\"\"",
+            "context=\"u:r:t:s0;rm\"",
+            "context=\"u:r:t:s0\",x=\"1\"",
+            "nfsvers=\"4\"",
+            "context=",
+        ] {
+            assert!(MountOptions::parse(&[bad.into()], false).is_err(), "{bad}");
+        }
     }
 
     #[test]
