@@ -145,6 +145,7 @@ impl NodeOps {
                 if is_block { "mount" } else { "block" }
             )));
         }
+        check_selinux_label(&req.volume_id, &stage.capability, &req.capability)?;
         Ok(stage)
     }
 
@@ -540,4 +541,45 @@ fn by_table(stage: &StageRecord) -> Option<Known> {
         (Some(Attachment::Device { .. }), Some(id)) => Some(Known::Device(id)),
         _ => None,
     }
+}
+
+/// An SELinux label is the staged filesystem's (its superblock's): a
+/// publish that asks for one (`context="..."`, KEP-1710) gets the staged
+/// filesystem only when it was mounted with the same; the pod would
+/// otherwise see files of another label. A publish that asks none binds
+/// whatever was staged.
+fn check_selinux_label(
+    id: &VolumeId,
+    staged: &crate::plugin::VolumeCapability,
+    asked: &crate::plugin::VolumeCapability,
+) -> Result<()> {
+    let labels = |cap: &crate::plugin::VolumeCapability| -> Result<Vec<String>> {
+        match &cap.access {
+            AccessType::Mount { mount_flags, .. } => Ok(MountOptions::parse(mount_flags, false)?
+                .selinux()
+                .into_iter()
+                .map(str::to_string)
+                .collect()),
+            AccessType::Block => Ok(Vec::new()),
+        }
+    };
+    let asked = labels(asked)?;
+    if asked.is_empty() {
+        return Ok(());
+    }
+    let staged = labels(staged)?;
+    if asked == staged {
+        return Ok(());
+    }
+    let say = |l: &[String]| match l.is_empty() {
+        true => "no SELinux label".to_string(),
+        false => l.join(","),
+    };
+    Err(Error::precondition(format!(
+        "volume {id} is staged with {} and cannot be published with {}: an SELinux label \
+         belongs to the whole mounted filesystem; unstage it (stop its other pods) to stage it \
+         with the new one",
+        say(&staged),
+        say(&asked)
+    )))
 }

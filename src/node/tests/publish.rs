@@ -463,3 +463,78 @@ async fn a_replaced_target_is_not_ours() {
     assert_eq!(f.mounter.get(&target).unwrap().fstype, "tmpfs");
     assert!(f.ops.state().publish(&target).is_none());
 }
+
+/// A staged filesystem's SELinux label is its superblock's: the stage's
+/// mount gets it; a publish asking the same label binds it, one asking
+/// another (or one staged without) is refused naming both; one asking
+/// none binds what was staged.
+#[tokio::test]
+async fn a_publish_gets_the_selinux_label_it_was_staged_with_or_none() {
+    let f = fixture();
+    let labelled = |label: Option<&str>| VolumeCapability {
+        access: AccessType::Mount {
+            fs_type: String::new(),
+            mount_flags: label
+                .map(|l| {
+                    vec![format!(
+                        "context=\"system_u:object_r:container_file_t:s0:{l}\""
+                    )]
+                })
+                .unwrap_or_default(),
+        },
+        mode: AccessMode::SingleNodeMultiWriter,
+    };
+    f.runner.expect("blkid", Reply::Ok("TYPE=ext4\n".into()));
+    f.ops
+        .stage(StageRequest {
+            capability: labelled(Some("c1,c2")),
+            ..stage_req(&f, AccessMode::SingleNodeMultiWriter)
+        })
+        .await
+        .unwrap();
+    let staged = f.mounter.get(&f.dir.path().join("staging")).unwrap();
+    assert_eq!(
+        staged.options.selinux(),
+        vec!["context=\"system_u:object_r:container_file_t:s0:c1,c2\""]
+    );
+    let publish = |target: &str, label: Option<&str>| PublishRequest {
+        capability: labelled(label),
+        ..publish_req(&f, target, AccessMode::SingleNodeMultiWriter, false)
+    };
+    f.ops.publish(publish("same", Some("c1,c2"))).await.unwrap();
+    f.ops.publish(publish("none", None)).await.unwrap();
+    let e = f
+        .ops
+        .publish(publish("other", Some("c3,c4")))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::FailedPrecondition, "{e}");
+    assert!(
+        e.message.contains("s0:c1,c2") && e.message.contains("s0:c3,c4"),
+        "{e}"
+    );
+    assert!(f.mounter.get(&f.dir.path().join("pods/other")).is_none());
+    for t in ["same", "none"] {
+        f.ops
+            .unpublish(&id(), &f.dir.path().join("pods").join(t))
+            .await
+            .unwrap();
+    }
+    f.ops
+        .unstage(&id(), &f.dir.path().join("staging"))
+        .await
+        .unwrap();
+
+    // Staged without a label: a publish asking one is refused.
+    f.runner.expect("blkid", Reply::Ok("TYPE=ext4\n".into()));
+    f.ops
+        .stage(stage_req(&f, AccessMode::SingleNodeMultiWriter))
+        .await
+        .unwrap();
+    let e = f
+        .ops
+        .publish(publish("late", Some("c5")))
+        .await
+        .unwrap_err();
+    assert!(e.message.contains("no SELinux label"), "{e}");
+}
