@@ -259,6 +259,15 @@ impl NodeOps {
                 // thread stuck in mount(2) could not be killed.
                 let mut opts = options.clone();
                 opts.data.extend(remote.iter().cloned());
+                // An NFS client shares one superblock among the mounts of
+                // a server's export, and an SELinux label is the
+                // superblock's: a labelled volume gets one of its own.
+                if fs_type.starts_with("nfs")
+                    && !opts.selinux().is_empty()
+                    && !opts.data.iter().any(|d| d == "nosharecache")
+                {
+                    opts.data.push("nosharecache".into());
+                }
                 crate::mount::mount_with_helper(
                     self.runner.as_ref(),
                     source,

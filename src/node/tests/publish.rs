@@ -287,6 +287,21 @@ async fn remote_mounts_go_through_the_killable_helper() {
         .state()
         .stage(&VolumeId::parse("net:v1").unwrap())
         .is_none());
+    // An SELinux label: the NFS mount gets a superblock of its own.
+    runner.expect("mount", Reply::Timeout);
+    let mut labelled = req("");
+    labelled.capability.access = AccessType::Mount {
+        fs_type: String::new(),
+        mount_flags: vec!["context=\"system_u:object_r:container_file_t:s0:c1,c2\"".into()],
+    };
+    ops.stage(labelled).await.unwrap_err();
+    assert_eq!(
+        runner.lines()[1],
+        format!(
+            "mount -t nfs -o rw,context=\"system_u:object_r:container_file_t:s0:c1,c2\",nfsvers=4.2,nosharecache -- 10.0.0.1:/export/vol {}",
+            staging.display()
+        )
+    );
     // Nothing is formatted and no mount(2) is made for a remote filesystem.
     assert!(mounter
         .calls()
