@@ -84,6 +84,10 @@ fn each_overlay_deploys_the_drivers_its_backends_need() {
             assert_eq!(spec["storageCapacity"].as_bool(), Some(local));
             assert_eq!(spec["podInfoOnMount"].as_bool(), Some(false));
             assert_eq!(spec["fsGroupPolicy"].as_str(), Some("File"));
+            // Every backend behind either name mounts with the pod's
+            // SELinux label, a mount of its own per volume (proven in the
+            // guest: tests/guest/hardened.rs).
+            assert_eq!(spec["seLinuxMount"].as_bool(), Some(true), "{}", r.name);
             // NodeGetInfo's count moves with the node's devices: the
             // kubelet reads it again, no more often than every 10 s.
             let period = spec["nodeAllocatableUpdatePeriodSeconds"].as_i64();
@@ -1030,22 +1034,7 @@ async fn ferrovol_containers_start_from_their_manifest_args() {
                         )),
                         "{node:?}"
                     );
-                    assert!(user_of(&started) != 0, "runs as its pod's non-root user");
-                    // Its read-only root and dropped capabilities hold
-                    // here too: it started and serves that way.
-                    let pid = started.child.id();
-                    let info = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
-                    let root = info
-                        .lines()
-                        .find(|l| l.split_whitespace().nth(4) == Some("/"))
-                        .unwrap();
-                    let options = root.split_whitespace().nth(5).unwrap();
-                    assert!(options.split(',').any(|o| o == "ro"), "{root}");
-                    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-                    for caps in ["CapEff:", "CapBnd:"] {
-                        let v = status.lines().find_map(|l| l.strip_prefix(caps)).unwrap();
-                        assert_eq!(v.trim(), "0000000000000000", "{caps}");
-                    }
+                    confined(&started);
                 }
                 "ferrovol-controller" => {
                     let caps = ctl_caps().await;
@@ -1062,6 +1051,10 @@ async fn ferrovol_containers_start_from_their_manifest_args() {
                     }
                     if health {
                         health_monitor_calls(ch.clone()).await;
+                    }
+                    // Serving rbd alone, it is an unprivileged pod.
+                    if r.of == "rbd" {
+                        confined(&started);
                     }
                 }
                 _ => {}
@@ -1103,6 +1096,25 @@ async fn health_monitor_calls(ch: tonic::transport::Channel) {
     .await
     .expect("an answer within the monitor's timeout");
     assert_eq!(common::code(&gone), tonic::Code::NotFound, "{gone:?}");
+}
+
+/// A container that runs as its pod's non-root user, with a read-only
+/// root and no capabilities: it started and serves that way.
+fn confined(started: &Started) {
+    assert!(user_of(started) != 0, "runs as its pod's non-root user");
+    let pid = started.child.id();
+    let info = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    let root = info
+        .lines()
+        .find(|l| l.split_whitespace().nth(4) == Some("/"))
+        .unwrap();
+    let options = root.split_whitespace().nth(5).unwrap();
+    assert!(options.split(',').any(|o| o == "ro"), "{root}");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    for caps in ["CapEff:", "CapBnd:"] {
+        let v = status.lines().find_map(|l| l.strip_prefix(caps)).unwrap();
+        assert_eq!(v.trim(), "0000000000000000", "{caps}");
+    }
 }
 
 /// The uid the started driver runs as.
@@ -1771,4 +1783,136 @@ async fn pods_started_beside_a_mounted_claim_do_not_hold_it() {
     c.unmount(&m).await;
     c.delete(&claim).await;
     assert!(c.kubelet_mounts().is_empty(), "{:?}", c.kubelet_mounts());
+}
+
+/// The Pod Security Standards level a pod template meets (the checks of
+/// the `baseline` and `restricted` profiles that manifests can fail):
+/// `restricted`, `baseline` or `privileged`, with why it is not the next
+/// one up.
+fn pod_security_level(w: &Value) -> (&'static str, Vec<String>) {
+    let p = pod(w);
+    let psc = &p["securityContext"];
+    let mut all: Vec<&Value> = containers(w).iter().collect();
+    all.extend(seq(&p["initContainers"]));
+    let (mut baseline, mut restricted) = (Vec::new(), Vec::new());
+    for key in ["hostNetwork", "hostPID", "hostIPC"] {
+        if p[key].as_bool() == Some(true) {
+            baseline.push(key.to_string());
+        }
+    }
+    for v in seq(&p["volumes"]) {
+        let name = s(&v["name"]);
+        if v.get("hostPath").is_some() {
+            baseline.push(format!("hostPath volume {name}"));
+        }
+        let allowed = [
+            "configMap",
+            "csi",
+            "downwardAPI",
+            "emptyDir",
+            "ephemeral",
+            "persistentVolumeClaim",
+            "projected",
+            "secret",
+        ];
+        for kind in v.as_mapping().unwrap().keys().map(s) {
+            if kind != "name" && !allowed.contains(&kind) {
+                restricted.push(format!("volume {name} is a {kind}"));
+            }
+        }
+    }
+    const BASELINE_CAPS: [&str; 13] = [
+        "AUDIT_WRITE",
+        "CHOWN",
+        "DAC_OVERRIDE",
+        "FOWNER",
+        "FSETID",
+        "KILL",
+        "MKNOD",
+        "NET_BIND_SERVICE",
+        "SETFCAP",
+        "SETGID",
+        "SETPCAP",
+        "SETUID",
+        "SYS_CHROOT",
+    ];
+    let seccomp = |sc: &Value| sc["seccompProfile"]["type"].as_str().map(str::to_string);
+    for c in all {
+        let name = s(&c["name"]);
+        let sc = &c["securityContext"];
+        if sc["privileged"].as_bool() == Some(true) {
+            baseline.push(format!("{name} is privileged"));
+        }
+        if seq(&c["ports"]).iter().any(|p| p.get("hostPort").is_some()) {
+            baseline.push(format!("{name} has a host port"));
+        }
+        let added: Vec<&str> = seq(&sc["capabilities"]["add"]).iter().map(s).collect();
+        if added.iter().any(|a| !BASELINE_CAPS.contains(a)) {
+            baseline.push(format!("{name} adds {added:?}"));
+        }
+        if added.iter().any(|a| *a != "NET_BIND_SERVICE") {
+            restricted.push(format!("{name} adds {added:?}"));
+        }
+        if !seq(&sc["capabilities"]["drop"])
+            .iter()
+            .any(|d| s(d) == "ALL")
+        {
+            restricted.push(format!("{name} keeps its capabilities"));
+        }
+        if sc["allowPrivilegeEscalation"].as_bool() != Some(false) {
+            restricted.push(format!("{name} may escalate"));
+        }
+        let non_root = sc["runAsNonRoot"]
+            .as_bool()
+            .or(psc["runAsNonRoot"].as_bool());
+        let uid = sc["runAsUser"].as_i64().or(psc["runAsUser"].as_i64());
+        if non_root != Some(true) || uid == Some(0) {
+            restricted.push(format!("{name} may run as root"));
+        }
+        match seccomp(sc).or(seccomp(psc)).as_deref() {
+            Some("RuntimeDefault" | "Localhost") => {}
+            Some("Unconfined") => baseline.push(format!("{name} has no seccomp")),
+            _ => restricted.push(format!("{name} names no seccomp profile")),
+        }
+    }
+    match (baseline.is_empty(), restricted.is_empty()) {
+        (true, true) => ("restricted", vec![]),
+        (true, false) => ("baseline", restricted),
+        (false, _) => ("privileged", baseline),
+    }
+}
+
+/// The Pod Security level each of ferrovol's pods needs, as
+/// docs/hardened-clusters.md says it: the node plugins are privileged
+/// (they attach devices and mount into the kubelet's directory); the
+/// node-local controller and a remote controller serving only rbd
+/// (librbd over the network) are `restricted`; a remote controller that
+/// serves nfs (it mounts exports) or iscsi (it drives tgtd and LVM on the
+/// target host) is privileged. The namespace admits privileged pods, for
+/// the node plugins. The chart renders the same (the_chart_renders_what_each_overlay_applies).
+#[test]
+fn each_pod_asks_only_the_pod_security_level_it_needs() {
+    for r in all_rendered() {
+        for w in r.workloads() {
+            let name = s(&w["metadata"]["name"]);
+            let (level, why) = pod_security_level(w);
+            let want = match (w["kind"].as_str(), name) {
+                (Some("DaemonSet"), _) => "privileged",
+                (_, "ferrovol-local-controller") => "restricted",
+                (_, "ferrovol-controller") => match r.of {
+                    "rbd" => "restricted",
+                    _ => "privileged",
+                },
+                _ => panic!("{}: a workload this test does not know: {name}", r.name),
+            };
+            assert_eq!(level, want, "{}/{name}: {why:?}", r.name);
+        }
+        let ns = r.named("Namespace", "ferrovol");
+        assert_eq!(
+            ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"].as_str(),
+            Some("privileged"),
+            "{}",
+            r.name
+        );
+    }
 }

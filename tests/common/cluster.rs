@@ -97,7 +97,14 @@ impl Cluster {
                 .into_iter()
                 .find(|w| s(&w["metadata"]["name"]) == name)
                 .unwrap();
-            let started = start_pod(&self.r, w, self.host.path(), &*self.edit).await;
+            let started = start_pod_with_secrets(
+                &self.r,
+                w,
+                self.host.path(),
+                &*self.edit,
+                &*self.secret_edit,
+            )
+            .await;
             self.pods.insert(name, started);
         }
     }

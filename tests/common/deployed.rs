@@ -334,6 +334,21 @@ pub async fn start_pod(
     host: &Path,
     edit: &dyn Fn(String) -> String,
 ) -> Started {
+    start_pod_with_secrets(r, w, host, edit, &|_, data| data).await
+}
+
+/// What a Secret's keys hold, by the Secret's name.
+pub type SecretData = std::collections::HashMap<String, String>;
+
+/// [`start_pod`], each Secret the ferrovol container mounts rewritten by
+/// `secrets` (its name, its keys) for the test's servers first.
+pub async fn start_pod_with_secrets(
+    r: &Rendered,
+    w: &Value,
+    host: &Path,
+    edit: &dyn Fn(String) -> String,
+    secrets: &dyn Fn(&str, SecretData) -> SecretData,
+) -> Started {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     // The pod's root is everyone's to walk through.
@@ -369,6 +384,50 @@ pub async fn start_pod(
         }
         None => panic!("{}: the state dir {pod_state} is on no volume", r.name),
     };
+    // The Secrets it mounts, as the kubelet writes them: each key a file
+    // of the volume's defaultMode (0644 unless given), root's; with the
+    // pod's fsGroup the files are that group's and group-readable (0440
+    // added: the volume is read-only). Their container paths, named in the
+    // config, become these folders.
+    let mut secret_dirs: Vec<(String, std::path::PathBuf)> = Vec::new();
+    for m in seq(&f["volumeMounts"]) {
+        let v = volume(w, s(&m["name"]));
+        let Some(name) = v["secret"]["secretName"].as_str() else {
+            continue;
+        };
+        let Some(secret) = r
+            .kind("Secret")
+            .into_iter()
+            .find(|d| d["metadata"]["name"].as_str() == Some(name))
+        else {
+            assert_eq!(
+                v["secret"]["optional"].as_bool(),
+                Some(true),
+                "no Secret {name}"
+            );
+            continue;
+        };
+        let data: SecretData = secret["stringData"]
+            .as_mapping()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| (s(k).to_string(), s(v).to_string()))
+            .collect();
+        let at = dir.path().join(format!("secret-{}", s(&m["name"])));
+        std::fs::create_dir_all(&at).unwrap();
+        std::fs::set_permissions(&at, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut mode = v["secret"]["defaultMode"].as_u64().unwrap_or(0o644) as u32;
+        if fs_group.is_some() {
+            mode |= 0o440;
+        }
+        for (key, text) in secrets(name, data) {
+            let file = at.join(&key);
+            std::fs::write(&file, text).unwrap();
+            std::os::unix::fs::chown(&file, Some(0), Some(fs_group.unwrap_or(0))).unwrap();
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+        }
+        secret_dirs.push((s(&m["mountPath"]).to_string(), at));
+    }
     let config = dir.path().join("config.d");
     make_volume(&config, &Value::Null, fs_group);
     // The socket's folder is an emptyDir in every pod.
@@ -396,6 +455,9 @@ pub async fn start_pod(
                 "\"/var/lib/kubelet\"",
                 &format!("\"{}\"", kubelet.display()),
             );
+            for (mount_path, at) in &secret_dirs {
+                text = text.replace(&format!("\"{mount_path}/"), &format!("\"{}/", at.display()));
+            }
             // The iscsi node reads the host's initiator name (through the
             // pod's /etc/iscsi hostPath): here, one the test writes.
             if text.contains("type = \"iscsi\"") && !text.contains("initiator_name_file") {
@@ -453,9 +515,14 @@ pub async fn start_pod(
     // fails here as it would in its pod.
     let sc = &f["securityContext"];
     let mut setpriv: Vec<String> = Vec::new();
-    if let Some(uid) = pod(w)["securityContext"]["runAsUser"].as_i64() {
-        let gid = pod(w)["securityContext"]["runAsGroup"]
+    // The container's own user and group over the pod's.
+    let user = sc["runAsUser"]
+        .as_i64()
+        .or(pod(w)["securityContext"]["runAsUser"].as_i64());
+    if let Some(uid) = user {
+        let gid = sc["runAsGroup"]
             .as_i64()
+            .or(pod(w)["securityContext"]["runAsGroup"].as_i64())
             .unwrap_or(uid);
         setpriv.push(format!("--reuid={uid}"));
         setpriv.push(format!("--regid={gid}"));

@@ -114,20 +114,19 @@ pub(crate) fn rbd_edit() -> (Edit, SecretEdit) {
         "profile rbd pool=rbd, profile rbd pool=kubernetes, profile rbd pool=kubernetes-ssd",
     ]);
     let monitors = format!("[\"v1:{}\"]", cluster.mon_addr);
-    let keyring = format!("\"{}\"", cluster.client_keyring.display());
+    let keyring = std::fs::read_to_string(&cluster.client_keyring).unwrap();
     let secrets = cluster.secrets();
     (
         Box::new(move |t: String| {
             let t = set_key(&t, "monitors", Some(&monitors));
-            let t = set_key(&t, "user", Some("\"ferrovol\""));
-            set_key(&t, "keyring", Some(&keyring))
+            set_key(&t, "user", Some("\"ferrovol\""))
         }),
-        Box::new(move |name: &str, s| {
-            if name == "ferrovol-rbd" {
-                secrets.clone()
-            } else {
-                s
-            }
+        // The CSI secrets, and the controller's own keyring (its Secret,
+        // which the pod mounts where the config names it).
+        Box::new(move |name: &str, s| match name {
+            "ferrovol-rbd" => secrets.clone(),
+            "ferrovol-rbd-keyring" => HashMap::from([("keyring".to_string(), keyring.clone())]),
+            _ => s,
         }),
     )
 }

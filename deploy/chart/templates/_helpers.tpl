@@ -191,3 +191,29 @@ volumeHealth is on: an env entry, under the container's `env:`.
   value: "true"
 {{- end }}
 {{- end -}}
+
+{{/*
+A controller pod's securityContext under Pod Security `restricted`: a
+non-root user (with its fsGroup) and the runtime's seccomp profile.
+*/}}
+{{- define "ferrovol.restrictedPod" -}}
+securityContext:
+  runAsNonRoot: true
+  runAsUser: 65532
+  runAsGroup: 65532
+  fsGroup: 65532
+  seccompProfile:
+    type: RuntimeDefault
+{{- end -}}
+
+{{/*
+A container's securityContext under Pod Security `restricted` (with the
+pod's non-root user and seccomp profile).
+*/}}
+{{- define "ferrovol.restricted" -}}
+securityContext:
+  allowPrivilegeEscalation: false
+  readOnlyRootFilesystem: true
+  capabilities:
+    drop: ["ALL"]
+{{- end -}}
