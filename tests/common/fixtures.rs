@@ -1018,6 +1018,49 @@ impl Drop for Iscsid {
     }
 }
 
+/// What one driver serving every backend needs in the guest: a volume
+/// group `fv<tag>` of `vg_mib` MiB, tgtd with iscsid, the shared Ceph
+/// cluster, (`with_nfs`) the kernel's NFS server on loopback, and the
+/// config naming them all ([`block_backends_config`] with the nfs backend
+/// after it). Dropped in this order: the NFS server, tgtd, iscsid, the
+/// volume group.
+pub struct EveryBackend {
+    pub config: String,
+    pub nfs: Option<NfsServer>,
+    pub tgtd: Tgtd,
+    pub cluster: &'static CephCluster,
+    pub iscsid: Iscsid,
+    pub vg: LvmVg,
+}
+
+impl EveryBackend {
+    pub fn new(tag: &str, vg_mib: u64, with_nfs: bool) -> Self {
+        let vg_name = format!("fv{tag}");
+        let vg = LvmVg::new(&vg_name, vg_mib);
+        let tgtd = Tgtd::new();
+        let iscsid = Iscsid::new();
+        let cluster = CephCluster::shared();
+        let nfs = with_nfs.then(NfsServer::new);
+        let mut config = block_backends_config(
+            &vg_name,
+            &tgtd,
+            &format!("iqn.2026-11.io.ferrovol.{tag}"),
+            cluster,
+        );
+        if nfs.is_some() {
+            config.push_str(NFS_LOOPBACK_CONFIG);
+        }
+        EveryBackend {
+            config,
+            nfs,
+            tgtd,
+            cluster,
+            iscsid,
+            vg,
+        }
+    }
+}
+
 /// One driver's config with every block backend, each named by its type:
 /// file (a pool in the test's folder), lvm (a thick class on volume group
 /// `vg`), iscsi on `tgtd` (a file store, targets under `iqn_prefix`) and

@@ -472,12 +472,9 @@ async fn guest_a_luks_format_cut_short_is_formatted_again() {
 #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
 async fn guest_encrypted_volumes_on_every_block_backend() {
     require_guest();
-    let vg = LvmVg::new("fvluks", 256);
-    let tgtd = Tgtd::new();
-    let _iscsid = Iscsid::new();
-    let cluster = CephCluster::shared();
-    let config = block_backends_config("fvluks", &tgtd, "iqn.2026-11.io.ferrovol.luks", cluster);
-    let mut h = Harness::start_with(Some(&config)).await;
+    let every = EveryBackend::new("luks", 256, false);
+    let cluster = every.cluster;
+    let mut h = Harness::start_with(Some(&every.config)).await;
     let none = HashMap::new();
     encrypted_volume_on(&mut h, "file", false, &none, true).await;
     encrypted_volume_on(&mut h, "lvm", false, &none, false).await;
@@ -490,5 +487,4 @@ async fn guest_encrypted_volumes_on_every_block_backend() {
         .unwrap();
     let left = String::from_utf8_lossy(&left.stdout).to_string();
     assert!(!left.contains("fvc-"), "{left}");
-    drop(vg);
 }

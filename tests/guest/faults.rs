@@ -222,20 +222,11 @@ async fn every_backend(tag: &str) -> Every {
 
 /// [`every_backend`], the driver started with `env` too.
 async fn every_backend_with(tag: &str, env: &[(&str, &str)]) -> Every {
-    let vg_name = format!("fv{tag}");
-    let vg = LvmVg::new(&vg_name, 256);
-    let tgtd = Tgtd::new();
-    let iscsid = Iscsid::new();
-    let cluster = CephCluster::shared();
-    let server = NfsServer::new();
-    let prefix = format!("iqn.2026-11.io.ferrovol.{tag}");
-    let config = format!(
-        "{}{NFS_LOOPBACK_CONFIG}",
-        block_backends_config(&vg_name, &tgtd, &prefix, cluster)
-    );
+    let every = EveryBackend::new(tag, 256, true);
+    let cluster = every.cluster;
     let mut env = env.to_vec();
     env.push(("FERROVOL_VOLUME_HEALTH", "true"));
-    let h = Harness::start_with_env(Some(&config), &env).await;
+    let h = Harness::start_with_env(Some(&every.config), &env).await;
     let none = HashMap::new();
     let unders = [
         ("file", false, true, none.clone()),
@@ -253,11 +244,11 @@ async fn every_backend_with(tag: &str, env: &[(&str, &str)]) -> Every {
     Every {
         h,
         unders,
-        tgtd,
-        server,
+        tgtd: every.tgtd,
+        server: every.nfs.unwrap(),
         cluster,
-        _iscsid: iscsid,
-        _vg: vg,
+        _iscsid: every.iscsid,
+        _vg: every.vg,
     }
 }
 

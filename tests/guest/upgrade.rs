@@ -17,24 +17,13 @@ use super::*;
 #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
 async fn guest_volumes_of_every_backend_survive_every_state_format() {
     require_guest();
-    let vg = LvmVg::new("fvupgrade", 256);
-    let nfs = NfsServer::new();
-    let tgtd = Tgtd::new();
-    let _iscsid = Iscsid::new();
-    let cluster = CephCluster::shared();
-    let config = format!(
-        "{}{NFS_LOOPBACK_CONFIG}",
-        block_backends_config(
-            "fvupgrade",
-            &tgtd,
-            "iqn.2026-11.io.ferrovol.upgrade",
-            cluster
-        )
-    );
-    let outside = Outside { vg: &vg, cluster };
+    let every = EveryBackend::new("upgrade", 256, true);
+    let (vg, tgtd, cluster, config) = (&every.vg, &every.tgtd, every.cluster, &every.config);
+    let nfs = every.nfs.as_ref().unwrap();
+    let outside = Outside { vg, cluster };
     for format in common::upgrade::formats() {
         for backend in ["lvm", "nfs", "iscsi", "rbd"] {
-            adopts(&config, backend, format, &nfs, &tgtd, &outside).await;
+            adopts(config, backend, format, nfs, tgtd, &outside).await;
         }
     }
 }
