@@ -15,6 +15,8 @@ mod encryption;
 mod faults;
 #[path = "guest/file.rs"]
 mod file;
+#[path = "guest/hardened.rs"]
+mod hardened;
 #[path = "guest/health.rs"]
 mod health;
 #[path = "guest/iscsi.rs"]
