@@ -98,14 +98,12 @@ fn may_read_write(subject: &str, object: &str) -> bool {
 /// SELinux label is shown).
 fn superblock_options(path: &Path) -> String {
     let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    table
-        .lines()
-        .find(|l| l.split(' ').nth(4) == Some(path.to_str().unwrap()))
+    ferrovol::mount::parse_mountinfo(&table)
+        .into_iter()
+        .find(|m| m.mount_point == path)
         .unwrap_or_else(|| panic!("{} is not mounted", path.display()))
-        .rsplit(' ')
-        .next()
-        .unwrap()
-        .to_string()
+        .super_options
+        .join(",")
 }
 
 fn device_of(path: &Path) -> u64 {
