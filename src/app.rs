@@ -93,6 +93,11 @@ pub fn build_with(
     // refused whole.
     crate::format::adopt(&state_dir)?;
     let config = Config::load(settings.config.as_deref(), &state_dir)?;
+    if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo")
+            .map_err(|e| Error::io("read /proc/self/mountinfo", e))?;
+        kept_on_volumes(&kept_paths(&config, &state_dir), &mounts)?;
+    }
     let host: Arc<dyn Host> = Arc::new(SystemHost);
     for p in &config.node.allowed_paths {
         crate::config::absolute(p, "node.allowed_paths entry")?;
@@ -241,6 +246,53 @@ fn full_node_id(
     Ok((full, lacking))
 }
 
+/// What the driver keeps across its own restarts, by what it is: the
+/// state directory and every pool of image files (a `file` backend's, an
+/// iSCSI store's).
+fn kept_paths(config: &Config, state_dir: &Path) -> Vec<(String, PathBuf)> {
+    let mut out = vec![("state directory".to_string(), state_dir.to_path_buf())];
+    for b in &config.backends {
+        let pools = [
+            b.settings.get("pool"),
+            b.settings
+                .get("store")
+                .and_then(|s| s.as_table())
+                .and_then(|s| s.get("pool")),
+        ];
+        for pool in pools.into_iter().flatten().filter_map(|p| p.as_str()) {
+            out.push((format!("backend {}'s pool", b.name()), PathBuf::from(pool)));
+        }
+    }
+    out
+}
+
+/// In a container (a Kubernetes pod: the kubelet sets
+/// KUBERNETES_SERVICE_HOST in every one), refuses to keep anything on the
+/// container's own root filesystem: it is the image's writable layer, and
+/// every volume, record and snapshot there would be gone with the
+/// container at its next restart. Each path must be at or below a mounted
+/// volume (`mountinfo`: the process's mount table). The error names the
+/// path that needs one.
+fn kept_on_volumes(kept: &[(String, PathBuf)], mountinfo: &str) -> Result<()> {
+    let mounts = crate::mount::parse_mountinfo(mountinfo);
+    for (what, path) in kept {
+        let on = mounts
+            .iter()
+            .filter(|m| path.starts_with(&m.mount_point))
+            .max_by_key(|m| m.mount_point.components().count());
+        if on.is_none_or(|m| m.mount_point == Path::new("/")) {
+            return Err(Error::invalid(format!(
+                "{what} {} is on the container's own root filesystem, lost whenever the \
+                 container is replaced: mount a volume (a hostPath) at it or at a folder \
+                 above it, or move it below one the pod mounts (the manifests mount the \
+                 node's state directory, /var/lib/ferrovol/local or /var/lib/ferrovol/remote)",
+                path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn absolute(p: &Path) -> Result<PathBuf> {
     if p.is_absolute() {
         Ok(p.to_path_buf())
@@ -274,5 +326,63 @@ pub async fn start_backends(driver: &Driver) -> Result<()> {
 pub async fn stop_backends(driver: &Driver) {
     for b in driver.registry.all() {
         b.stop().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pod's mount table: the image's overlay at `/`, the node's state
+    /// directory (a hostPath) and the config (a ConfigMap) mounted in it.
+    const POD: &str = "\
+1 0 0:50 / / rw,relatime - overlay overlay rw,lowerdir=/l,upperdir=/u,workdir=/w
+2 1 0:5 / /proc rw - proc proc rw
+3 1 8:1 /var/lib/ferrovol/local /var/lib/ferrovol/local rw - ext4 /dev/sda1 rw
+4 1 8:1 /var/lib/kubelet/pods/x/volumes/cm /etc/ferrovol/config.d ro - ext4 /dev/sda1 rw
+";
+
+    fn kept(config: &str) -> Vec<(String, PathBuf)> {
+        kept_paths(
+            &Config::parse(config).unwrap(),
+            Path::new("/var/lib/ferrovol/local"),
+        )
+    }
+
+    #[test]
+    fn a_pool_on_the_containers_root_is_refused_naming_it() {
+        let ok = kept("[[backend]]\ntype = \"file\"\npool = \"/var/lib/ferrovol/local/pool\"\n");
+        assert_eq!(ok.len(), 2);
+        kept_on_volumes(&ok, POD).unwrap();
+        // The documented host default, inside a pod that mounts only
+        // /var/lib/ferrovol/local.
+        let lost = kept("[[backend]]\ntype = \"file\"\npool = \"/var/lib/ferrovol/pool\"\n");
+        let e = kept_on_volumes(&lost, POD).unwrap_err();
+        assert_eq!(e.kind, crate::error::Kind::InvalidArgument);
+        assert!(
+            e.message.contains("backend file's pool /var/lib/ferrovol/pool is on the container's own root filesystem"),
+            "{}",
+            e.message
+        );
+        // A prefix of a mount point's name is not below it.
+        let near = kept("[[backend]]\ntype = \"file\"\npool = \"/var/lib/ferrovol/local2/pool\"\n");
+        assert!(kept_on_volumes(&near, POD).is_err());
+        // An iSCSI store's file pool counts too.
+        let store = kept(
+            "[[backend]]\ntype = \"iscsi\"\niqn_prefix = \"iqn.2026-11.x\"\nportals = [\"127.0.0.1:3260\"]\n\
+             [backend.store]\ntype = \"file\"\npool = \"/luns\"\n",
+        );
+        let e = kept_on_volumes(&store, POD).unwrap_err();
+        assert!(
+            e.message.contains("backend iscsi's pool /luns"),
+            "{}",
+            e.message
+        );
+        // The state directory itself.
+        let state = vec![(
+            "state directory".to_string(),
+            PathBuf::from("/var/lib/ferrovol"),
+        )];
+        assert!(kept_on_volumes(&state, POD).is_err());
     }
 }

@@ -1,5 +1,6 @@
 //! The TOML config file: node settings and the backends to enable. With no
-//! file, the `file` backend is enabled with its pool under the state dir.
+//! file, the `file` backend is enabled with its pool under the state dir; a
+//! file or directory given must name its backends.
 
 use crate::error::{Error, Result};
 use serde::Deserialize;
@@ -92,13 +93,25 @@ impl Config {
     /// Reads the config file (or the `*.toml` files of a config directory),
     /// or builds the default when there is none.
     pub fn load(path: Option<&Path>, state_dir: &Path) -> Result<Self> {
-        let mut config = match path {
-            Some(p) if p.is_dir() => Self::load_dir(p)?,
-            Some(p) => read_toml(p)?,
-            None => Config::default(),
-        };
-        if config.backends.is_empty() {
+        let Some(path) = path else {
+            let mut config = Config::default();
             config.backends.push(Self::default_file_backend(state_dir));
+            return Ok(config);
+        };
+        let config: Config = match path.is_dir() {
+            true => Self::load_dir(path)?,
+            false => read_toml(path)?,
+        };
+        // A config that names no backend is a mistake (a fragment left
+        // out, every backend turned off), never a wish for the built-in
+        // one: that would put volumes on a node meant to have none.
+        if config.backends.is_empty() {
+            return Err(Error::invalid(format!(
+                "config {} names no backend ([[backend]]); the built-in file backend is \
+                 only for a driver started without --config. A node that serves no backend \
+                 of this driver runs no node plugin of it: keep the DaemonSet off it",
+                path.display()
+            )));
         }
         Ok(config)
     }
@@ -330,9 +343,20 @@ mod tests {
         let e = Config::load(Some(dir.path()), Path::new("/state")).unwrap_err();
         assert!(e.message.contains("zz.toml"), "{}", e.message);
 
-        // An empty directory is no config: the default file backend.
+        // A directory of no backend is refused, naming it: never the
+        // built-in file backend in its place.
         let empty = tempfile::tempdir().unwrap();
-        let c = Config::load(Some(empty.path()), Path::new("/state")).unwrap();
+        std::fs::write(empty.path().join("00-driver.toml"), "[node]\n").unwrap();
+        let e = Config::load(Some(empty.path()), Path::new("/state")).unwrap_err();
+        assert_eq!(e.kind, crate::error::Kind::InvalidArgument);
+        assert!(e.message.contains("names no backend"), "{}", e.message);
+        assert!(
+            e.message.contains(&empty.path().display().to_string()),
+            "{}",
+            e.message
+        );
+        // Without a config, the built-in one.
+        let c = Config::load(None, Path::new("/state")).unwrap();
         assert_eq!(c.backends[0].settings["pool"].as_str(), Some("/state/pool"));
     }
 

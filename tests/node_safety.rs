@@ -122,7 +122,7 @@ async fn foreign_mounts_are_refused_and_left_mounted() {
 /// path); refused before anything is created, attached or mounted.
 #[tokio::test]
 async fn mounts_go_only_onto_empty_paths_under_the_allowed_prefixes() {
-    let config = "[node]\nallowed_paths = [\"@DIR@/kubelet\"]\n";
+    let config = "[node]\nallowed_paths = [\"@DIR@/kubelet\"]\n[[backend]]\ntype = \"file\"\npool = \"@DIR@/pool\"\n";
     let h = Harness::start_with(Some(config)).await;
     let cap = mount_cap("ext4", SNMW);
     let vol = h
@@ -203,7 +203,7 @@ async fn mounts_go_only_onto_empty_paths_under_the_allowed_prefixes() {
 /// right form the caller names (each of them was removed before).
 #[tokio::test]
 async fn unpublish_removes_only_what_a_publish_could_have_made() {
-    let config = "[node]\nallowed_paths = [\"@DIR@/kubelet\"]\n";
+    let config = "[node]\nallowed_paths = [\"@DIR@/kubelet\"]\n[[backend]]\ntype = \"file\"\npool = \"@DIR@/pool\"\n";
     let h = Harness::start_with(Some(config)).await;
     let cap = mount_cap("ext4", SNW);
     let vol = h

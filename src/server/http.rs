@@ -72,8 +72,11 @@ async fn answer(driver: &Driver, path: &str) -> (u16, &'static str, String) {
             if !driver.serving.load(std::sync::atomic::Ordering::Relaxed) {
                 return (503, TEXT, "not serving yet\n".into());
             }
-            // Ready while one backend at least is served; the body names
-            // those this node lacks what they need for, and why.
+            // Ready once serving, whatever the backends: a node that
+            // lacks one (or all) of them is no reason to hold a rollout or
+            // take the endpoint away from the others' calls. The body
+            // names each backend this node lacks what it needs for, and
+            // why (as the log, the metric and NodeGetStorageHealth do).
             let backends = driver.backends().await;
             let out: Vec<String> = backends
                 .iter()
@@ -82,11 +85,11 @@ async fn answer(driver: &Driver, path: &str) -> (u16, &'static str, String) {
                         .map(|w| format!("backend {name} unavailable here: {w}\n"))
                 })
                 .collect();
-            if backends.is_empty() || out.len() < backends.len() {
-                (200, TEXT, format!("ready\n{}", out.concat()))
-            } else {
-                (503, TEXT, format!("no backend available\n{}", out.concat()))
-            }
+            let head = match !backends.is_empty() && out.len() == backends.len() {
+                true => "ready; no backend available on this node\n",
+                false => "ready\n",
+            };
+            (200, TEXT, format!("{head}{}", out.concat()))
         }
         _ => (404, TEXT, "not found\n".into()),
     }

@@ -481,10 +481,28 @@ pub async fn start_pod_with_secrets(
     let env = |name: &str| match name {
         "NODE_NAME" => "node-1".to_string(),
         "POD_NAME" => "pod-1".to_string(),
+        "POD_IP" => "127.0.0.1".to_string(),
         other => panic!("unexpected $({other})"),
     };
+    // The kubelet expands $(NAME) in args only for a NAME of the
+    // container's env, and passes any other literally: every one must be
+    // defined there.
+    let defined: BTreeSet<&str> = seq(&f["env"]).iter().map(|e| s(&e["name"])).collect();
     let mut a = Vec::new();
     for arg in args(f) {
+        let mut rest = arg.as_str();
+        while let Some(start) = rest.find("$(") {
+            let end = rest[start..].find(')').unwrap() + start;
+            let var = &rest[start + 2..end];
+            assert!(
+                defined.contains(var),
+                "{}: {} passes $({var}) in {arg:?}, which its env does not define: \
+                 the kubelet would hand the driver the literal text",
+                r.name,
+                s(&w["metadata"]["name"])
+            );
+            rest = &rest[end..];
+        }
         let (name, value) = arg.split_once('=').unwrap_or((&arg, ""));
         let value = match name {
             "--endpoint" => format!("unix://{}", socket.display()),

@@ -4,11 +4,14 @@ PyPI package helm-python-sdk, which carries Helm v4 as a shared library:
 no helm binary, no cluster).
 
 usage: chart.py render VALUES.json [--name N] [--namespace NS]
+       chart.py notes VALUES.json [--name N] [--namespace NS]
        chart.py lint VALUES.json [--kube-version 1.34.0]
 
 VALUES.json holds the values given over the chart's defaults (as helm's
 --values would); `-` reads them from stdin. `render` prints the manifests
-as one YAML stream (as `helm template` does, NOTES.txt left out); `lint`
+as one YAML stream (as `helm template` does, NOTES.txt left out); `notes`
+prints NOTES.txt as `helm install` shows it (offline: `lookup` finds
+nothing); `lint`
 prints the lint report as JSON and fails on any warning or error.
 """
 import argparse
@@ -28,20 +31,23 @@ def values(path):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("command", choices=["render", "lint"])
+    parser.add_argument("command", choices=["render", "notes", "lint"])
     parser.add_argument("values")
     parser.add_argument("--name", default="ferrovol")
     parser.add_argument("--namespace", default="ferrovol")
     parser.add_argument("--kube-version", default="1.34.0")
     args = parser.parse_args()
     given = values(args.values)
-    if args.command == "render":
+    if args.command in ("render", "notes"):
         chart = helm_python.Chart.load(CHART)
         try:
             out = chart.render(given, name=args.name, namespace=args.namespace, is_install=True)
         except helm_python.HelmError as e:
             print(e, file=sys.stderr)
             return 1
+        if args.command == "notes":
+            sys.stdout.write(next(v for k, v in out.items() if k.endswith("NOTES.txt")))
+            return 0
         for path in sorted(out):
             if path.endswith("NOTES.txt") or not out[path].strip():
                 continue

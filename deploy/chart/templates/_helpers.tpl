@@ -16,8 +16,8 @@ app.kubernetes.io/instance: {{ .Release.Name | quote }}
 
 {{/*
 A container's image, pull policy and resources: (list $ sidecar $resources
-container), sidecar "" for ferrovol's own image, else a key of
-.Values.sidecars.
+container), sidecar "" for ferrovol's own image (image.pullPolicy), else a
+key of .Values.sidecars (sidecars.pullPolicy).
 */}}
 {{- define "ferrovol.container" -}}
 {{- $root := index . 0 -}}
@@ -28,7 +28,7 @@ image: {{ printf "%s/%s:%s" $root.Values.sidecars.registry $s.image $s.tag }}
 {{- else -}}
 image: {{ printf "%s:%s" $root.Values.image.repository $root.Values.image.tag }}
 {{- end }}
-{{- with $root.Values.image.pullPolicy }}
+{{- with ternary $root.Values.sidecars.pullPolicy $root.Values.image.pullPolicy (ne $side "") }}
 imagePullPolicy: {{ . }}
 {{- end }}
 {{- with index (index . 2) (index . 3) }}
@@ -69,9 +69,57 @@ an empty dict.
 {{- end -}}
 {{- end -}}
 
-{{/* "true" when the top level turns a backend on. */}}
+{{/*
+"true" when a backend is on anywhere: at the top level or in a node group
+(list $ name). Its classes, Secrets and controller config follow.
+*/}}
 {{- define "ferrovol.on" -}}
-{{- if (index (index . 0).Values.backends (index . 1)).enabled -}}true{{- end -}}
+{{- $root := index . 0 -}}
+{{- $name := index . 1 -}}
+{{- if (index $root.Values.backends $name).enabled -}}true{{- end -}}
+{{- range $driver := list "local" "remote" -}}
+{{- range (index $root.Values $driver).nodeGroups -}}
+{{- if (index (.backends | default dict) $name | default dict).enabled -}}true{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The config central pieces (the controller, the classes' checks) take for
+a backend that is on anywhere: the top level's when it is on there, else
+the one config the groups that turn it on give it (list $ name).
+*/}}
+{{- define "ferrovol.centralConfig" -}}
+{{- $root := index . 0 -}}
+{{- $name := index . 1 -}}
+{{- $b := index $root.Values.backends $name -}}
+{{- if $b.enabled -}}
+{{- $b.config -}}
+{{- else -}}
+{{- $configs := list -}}
+{{- $groups := list -}}
+{{- range $driver := list "local" "remote" -}}
+{{- range (index $root.Values $driver).nodeGroups -}}
+{{- $over := index (.backends | default dict) $name | default dict -}}
+{{- if $over.enabled -}}
+{{- $configs = append $configs ($over.config | default $b.config) | uniq -}}
+{{- $groups = append $groups .name -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if gt (len $configs) 1 -}}
+{{- fail (printf "backends.%s is off at the top level and on in node groups %s with different configs: the controller and the classes need one; turn it on at the top level with that config (the groups keep their own)" $name (join ", " $groups)) -}}
+{{- end -}}
+{{- first $configs | default "" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when a node group's view of the backends has one of the driver's on: (list $ $backends driver). */}}
+{{- define "ferrovol.serves" -}}
+{{- $b := index . 1 -}}
+{{- range $name := splitList " " (include "ferrovol.driverBackends" (index . 2)) -}}
+{{- if (index $b $name).enabled -}}true{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/*
@@ -103,9 +151,9 @@ file per backend on. (list $ $backends driver).
   # Each backend has its own file here.
 {{- range $name := list "nfs" "iscsi" "rbd" }}
 {{- $one := index $root.Values.backends $name }}
-{{- if $one.enabled }}
+{{- if include "ferrovol.on" (list $root $name) }}
 {{ $name }}.toml: |
-  {{- $one.config | nindent 2 }}
+  {{- include "ferrovol.centralConfig" (list $root $name) | nindent 2 }}
   {{- with $one.store }}
   {{- . | nindent 2 }}
   {{- end }}
@@ -156,6 +204,10 @@ nodeSelector:
   {{- toYaml (merge (deepCopy $group.nodeSelector) $p.nodeSelector) | nindent 2 }}
 {{- with $group.tolerations | default $p.tolerations }}
 tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $group.affinity | default $p.affinity }}
+affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- else }}
@@ -216,4 +268,82 @@ securityContext:
   readOnlyRootFilesystem: true
   capabilities:
     drop: ["ALL"]
+{{- end -}}
+
+{{/*
+Checks that a class of backend `name` names only what that backend's
+config has: (list $ name $class $configText). The config is read as the
+driver reads it (TOML): the class's `backend` (by name, the type by
+default), an nfs `export`, an rbd `pool`, an lvm or iscsi-store
+`deviceClass`, and the Secret the chart makes for the backend.
+*/}}
+{{- define "ferrovol.checkClass" -}}
+{{- $root := index . 0 -}}
+{{- $name := index . 1 -}}
+{{- $sc := index . 2 -}}
+{{- $where := index . 3 -}}
+{{- $text := index . 4 -}}
+{{- $values := index $root.Values.backends $name -}}
+{{- $config := fromToml $text -}}
+{{- if hasKey $config "Error" -}}
+{{- fail (printf "%s: not TOML the driver can read: %s" $where $config.Error) -}}
+{{- end -}}
+{{- $params := $sc.parameters | default dict -}}
+{{- $wanted := $params.backend | default $name -}}
+{{- $found := dict -}}
+{{- range $config.backend | default list -}}
+{{- if and (eq .type $name) (eq (.name | default .type) $wanted) -}}
+{{- $found = . -}}
+{{- end -}}
+{{- end -}}
+{{- $class := printf "class %s (backends.%s)" $sc.name $name -}}
+{{- if not $found -}}
+{{- fail (printf "%s names backend %q, but %s has no [[backend]] of type %q named so" $class $wanted $where $name) -}}
+{{- end -}}
+{{- with $params.export -}}
+{{- $names := list -}}
+{{- range $found.export | default list -}}{{- $names = append $names .name -}}{{- end -}}
+{{- if not (has . $names) -}}
+{{- fail (printf "%s names export %q, but %s has exports %v: add it there or change the class" $class . $where $names) -}}
+{{- end -}}
+{{- end -}}
+{{- with $params.pool -}}
+{{- if not (has . ($found.pools | default list)) -}}
+{{- fail (printf "%s names pool %q, but %s has pools %v: add it there or change the class" $class . $where ($found.pools | default list)) -}}
+{{- end -}}
+{{- end -}}
+{{- with $params.deviceClass -}}
+{{- $names := list -}}
+{{- range (($found.store | default dict).device_class | default $found.device_class) | default list -}}{{- $names = append $names .name -}}{{- end -}}
+{{- if not (has . $names) -}}
+{{- fail (printf "%s names device class %q, but %s has device classes %v: add it there or change the class" $class . $where $names) -}}
+{{- end -}}
+{{- end -}}
+{{- range $k, $v := $params -}}
+{{- if hasSuffix "-secret-name" $k -}}
+{{- $secret := tpl (toString $v) $root -}}
+{{- if ne $secret (($values.secret | default dict).name | default "") -}}
+{{- fail (printf "%s hands %s Secret %q, but the chart's Secret for %s is %q (backends.%s.secret.name): name that one, or set secret.name to yours with secret.create=false" $class $k $secret $name (($values.secret | default dict).name | default "none") $name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Refuses a pool of image files (a `file` backend's, an iSCSI store's) that
+is not below the folder the pod mounts from the host for its state: one
+elsewhere would be inside the container, lost whenever the pod is
+replaced. (list $where $configText $dir)
+*/}}
+{{- define "ferrovol.checkPools" -}}
+{{- $where := index . 0 -}}
+{{- $dir := index . 2 -}}
+{{- $config := fromToml (index . 1) -}}
+{{- range $config.backend | default list -}}
+{{- range $pool := list .pool ((.store | default dict).pool) -}}
+{{- if and $pool (not (hasPrefix (printf "%s/" $dir) (printf "%s/" (clean $pool)))) -}}
+{{- fail (printf "%s: pool %q is not below %s, the folder the pod mounts from the host: inside the container it would be lost with every restart of the pod. Put it below %s (%s/pool)" $where $pool $dir $dir $dir) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
