@@ -614,6 +614,10 @@ pub async fn start_pod_with_secrets(
     program.push(env!("CARGO_BIN_EXE_ferrovol").into());
     let mut cmd = Command::new(&program[0]);
     cmd.args(&program[1..]);
+    // Its volumes are this host's folders, not mounts of a pod's: the
+    // driver's in-a-pod check (tested on its own in first_week.rs) would
+    // judge them by the suite's environment.
+    cmd.env_remove("KUBERNETES_SERVICE_HOST");
     // The container's literal environment (what `valueFrom` fills comes
     // through its `$(NAME)` in the args, above).
     for e in seq(&f["env"]) {

@@ -121,7 +121,10 @@ impl Harness {
             .arg(self.state_dir())
             .arg("--shutdown-grace")
             .arg("5")
-            .env("RUST_LOG", "debug");
+            .env("RUST_LOG", "debug")
+            // The tests' folders are not a pod's volumes: should the
+            // suite itself run in a pod, the driver must not judge them so.
+            .env_remove("KUBERNETES_SERVICE_HOST");
         // Set after the default so a caller's RUST_LOG wins.
         if let Some(c) = &self.config {
             cmd.arg("--config").arg(c);
