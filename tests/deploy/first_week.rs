@@ -353,7 +353,20 @@ async fn the_driver_in_a_pod_refuses_a_pool_on_its_own_root_filesystem() {
             .spawn()
             .unwrap()
     };
-    let out = run(&lost).wait_with_output().unwrap();
+    // Refused at once: one that is still running after a minute took
+    // the pool (and is stopped, its folder removed, before failing).
+    let mut child = run(&lost);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            let _ = std::fs::remove_dir_all(Path::new(&lost).parent().unwrap());
+            panic!("the driver started with its pool at {lost}, on the container's own root");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(
