@@ -636,6 +636,22 @@ fn the_helm_quick_start_labels_its_namespace_for_the_node_plugins() {
         "the namespace is labelled {label} before the chart installs: {before:?}"
     );
     assert!(!cmds[install].contains(&"--create-namespace".to_string()));
+    // The other docs' Helm commands do the same.
+    for doc in ["deploy/README.md", "deploy/chart/README.md"] {
+        let cmds = commands(&std::fs::read_to_string(root().join(doc)).unwrap());
+        for (i, c) in cmds.iter().enumerate() {
+            if c.starts_with(&["helm".into(), "install".into()]) {
+                assert!(
+                    cmds[..i].iter().any(|b| b.starts_with(&[
+                        "kubectl".into(),
+                        "label".into(),
+                        "namespace".into()
+                    ]) && b.contains(&label)),
+                    "{doc}: {c:?} without the namespace labelled {label} before it"
+                );
+            }
+        }
+    }
     // The notes: a warning with the command while the namespace is not
     // known to be labelled (offline, `lookup` finds nothing); none when
     // the chart makes the namespace itself, labelled.
@@ -754,6 +770,10 @@ fn values_that_would_do_nothing_or_harm_are_refused() {
         (
             serde_json::json!({"local": {"node": {"metricsAddr": "node-1:9809"}}}),
             "metricsAddr",
+        ),
+        (
+            serde_json::json!({"remote": {"controller": {"affinity": {"nodeAfinity": {}}}}}),
+            "nodeAfinity",
         ),
     ] {
         let e = try_render_chart(&values).expect_err(&values.to_string());
