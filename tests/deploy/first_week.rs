@@ -852,6 +852,47 @@ fn the_docs_say_what_renders() {
             }
         }
     }
+    // What `/readyz` means, one way in every doc that says it: ready once
+    // serving (tests/observability.rs holds the driver to it), a missing
+    // backend said in its body, never a 503.
+    for doc in [
+        "docs/monitoring.md",
+        "docs/troubleshooting.md",
+        "deploy/README.md",
+    ] {
+        let text = std::fs::read_to_string(root().join(doc)).unwrap();
+        let said: Vec<&str> = text
+            .split("\n\n")
+            .filter(|p| p.contains("/readyz"))
+            .collect();
+        assert!(!said.is_empty(), "{doc}");
+        for p in said {
+            for wrong in [
+                "503",
+                "not ready while",
+                "not Ready when none",
+                "not ready (503)",
+            ] {
+                assert!(!p.contains(wrong), "{doc} says {wrong:?} of /readyz:\n{p}");
+            }
+        }
+    }
+    // A removed node's node-local claims stay Bound (their pods Pending),
+    // and the runbook has the commands for their PVs.
+    let deploy = std::fs::read_to_string(root().join("deploy/README.md")).unwrap();
+    let removing = deploy
+        .split("**Removing a node.**")
+        .nth(1)
+        .unwrap()
+        .split("\n\n")
+        .next()
+        .unwrap();
+    assert!(!removing.contains("claims stay Pending"), "{removing}");
+    assert!(removing.contains("stay Bound"), "{removing}");
+    assert!(
+        removing.contains("operations.md#removing-a-node-and-its-volumes"),
+        "{removing}"
+    );
     let hardened = std::fs::read_to_string(root().join("docs/hardened-clusters.md")).unwrap();
     assert!(
         hardened.contains("## OpenShift"),
