@@ -564,6 +564,13 @@ fn classes_that_name_what_their_config_lacks_are_refused_at_render() {
             "[[backend]]\ntype = \"lvm\"\n[[backend.device_class]]\nname = \"ssd\"\nvolume_group = \"vg\"\n"}}}]}});
     let e = try_render_chart(&v).unwrap_err();
     assert!(e.contains("names device class \"thin\""), "{e}");
+    // A class that names no backend gets the config's one backend, by
+    // whatever name the config gives it (as the driver does).
+    let v = serde_json::json!({"backends": {"nfs": {"enabled": true,
+        "storageClasses": [{"name": "plain", "parameters": {"export": "main"}}],
+        "config": "[[backend]]\ntype = \"nfs\"\nname = \"shares\"\ndefault_export = \"main\"\n\
+                   [[backend.export]]\nname = \"main\"\nserver = \"nas\"\nshare = \"/k8s\"\n"}}});
+    try_render_chart(&v).unwrap();
     // A Secret of one's own, by name: the shipped classes follow it.
     let v = serde_json::json!({"backends": {"rbd": {"enabled": true, "secret": {"create": false, "name": "ceph-csi-user"}}}});
     let r = render_chart("chart", "rbd", &v);

@@ -289,10 +289,16 @@ default), an nfs `export`, an rbd `pool`, an lvm or iscsi-store
 {{- fail (printf "%s: not TOML the driver can read: %s" $where $config.Error) -}}
 {{- end -}}
 {{- $params := $sc.parameters | default dict -}}
-{{- $wanted := $params.backend | default $name -}}
-{{- $found := dict -}}
+{{- $ofType := list -}}
 {{- range $config.backend | default list -}}
-{{- if and (eq .type $name) (eq (.name | default .type) $wanted) -}}
+{{- if eq .type $name -}}{{- $ofType = append $ofType . -}}{{- end -}}
+{{- end -}}
+{{- /* A class without `backend` gets the config's default_backend, or its
+one backend. */ -}}
+{{- $wanted := $params.backend | default $config.default_backend | default (ternary (first $ofType | default dict).name $name (eq (len $ofType) 1)) | default $name -}}
+{{- $found := dict -}}
+{{- range $ofType -}}
+{{- if eq (.name | default .type) $wanted -}}
 {{- $found = . -}}
 {{- end -}}
 {{- end -}}
