@@ -478,30 +478,32 @@ pub async fn start_pod_with_secrets(
                 .unwrap();
         }
     }
-    let env = |name: &str| match name {
-        "NODE_NAME" => "node-1".to_string(),
-        "POD_NAME" => "pod-1".to_string(),
-        "POD_IP" => "127.0.0.1".to_string(),
-        other => panic!("unexpected $({other})"),
-    };
     // The kubelet expands $(NAME) in args only for a NAME of the
     // container's env, and passes any other literally: every one must be
     // defined there.
     let defined: BTreeSet<&str> = seq(&f["env"]).iter().map(|e| s(&e["name"])).collect();
+    let env = |arg: &str, name: &str| {
+        assert!(
+            defined.contains(name),
+            "{}: {} passes $({name}) in {arg:?}, which its env does not define: \
+             the kubelet would hand the driver the literal text",
+            r.name,
+            s(&w["metadata"]["name"])
+        );
+        match name {
+            "NODE_NAME" => "node-1".to_string(),
+            "POD_NAME" => "pod-1".to_string(),
+            "POD_IP" => "127.0.0.1".to_string(),
+            other => panic!("unexpected $({other})"),
+        }
+    };
     let mut a = Vec::new();
     for arg in args(f) {
-        let mut rest = arg.as_str();
-        while let Some(start) = rest.find("$(") {
-            let end = rest[start..].find(')').unwrap() + start;
-            let var = &rest[start + 2..end];
-            assert!(
-                defined.contains(var),
-                "{}: {} passes $({var}) in {arg:?}, which its env does not define: \
-                 the kubelet would hand the driver the literal text",
-                r.name,
-                s(&w["metadata"]["name"])
-            );
-            rest = &rest[end..];
+        let mut arg = arg;
+        while let Some(start) = arg.find("$(") {
+            let end = arg[start..].find(')').unwrap() + start;
+            let value = env(&arg, &arg[start + 2..end]);
+            arg.replace_range(start..=end, &value);
         }
         let (name, value) = arg.split_once('=').unwrap_or((&arg, ""));
         let value = match name {
@@ -509,14 +511,7 @@ pub async fn start_pod_with_secrets(
             "--state-dir" => state.display().to_string(),
             "--config" => config.display().to_string(),
             "--metrics-addr" => format!("127.0.0.1:{metrics}"),
-            _ => {
-                let mut v = value.to_string();
-                while let Some(start) = v.find("$(") {
-                    let end = v[start..].find(')').unwrap() + start;
-                    v.replace_range(start..=end, &env(&v[start + 2..end]));
-                }
-                v
-            }
+            _ => value.to_string(),
         };
         a.push(if value.is_empty() && !arg.contains('=') {
             arg.clone()

@@ -72,6 +72,19 @@ fn words(line: &str) -> Vec<String> {
     out
 }
 
+/// Whether command `c` begins with `words`.
+fn is(c: &[String], words: &[&str]) -> bool {
+    c.len() >= words.len() && c.iter().zip(words).all(|(a, b)| a == b)
+}
+
+/// The value command `c` gives the first of `names` (an option and the
+/// word after it).
+fn option<'a>(c: &'a [String], names: &[&str]) -> Option<&'a str> {
+    c.windows(2)
+        .find(|w| names.contains(&w[0].as_str()))
+        .map(|w| w[1].as_str())
+}
+
 /// What each flag the quick start gives the snapshot-controller needs
 /// the controller to be allowed beyond upstream's RBAC: (flag, API group,
 /// resource, verbs). A flag the quick start adds that is not here fails
@@ -135,17 +148,10 @@ fn the_quick_starts_snapshot_controller_is_granted_what_its_flags_need() {
                 .any(|w| w == ["patch", "deployment", "snapshot-controller"])
         })
         .expect("the quick start patches the snapshot-controller");
-    let ns = cmds[patch]
-        .windows(2)
-        .find(|w| w[0] == "-n" || w[0] == "--namespace")
-        .map(|w| w[1].clone())
+    let ns = option(&cmds[patch], &["-n", "--namespace"])
         .expect("the patch names the controller's namespace");
-    let p = cmds[patch]
-        .windows(2)
-        .find(|w| w[0] == "-p")
-        .map(|w| w[1].clone())
-        .expect("a JSON patch");
-    let ops: serde_json::Value = serde_json::from_str(&p).unwrap();
+    let p = option(&cmds[patch], &["-p"]).expect("a JSON patch");
+    let ops: serde_json::Value = serde_json::from_str(p).unwrap();
     let added: Vec<&str> = ops
         .as_array()
         .unwrap()
@@ -158,9 +164,9 @@ fn the_quick_starts_snapshot_controller_is_granted_what_its_flags_need() {
     let mut granted: Vec<Value> = Vec::new();
     let mut files = Vec::new();
     for c in &cmds[..patch] {
-        if c.starts_with(&["kubectl".into(), "apply".into()]) {
-            if let Some(w) = c.windows(2).find(|w| w[0] == "-f") {
-                let f = root().join(&w[1]);
+        if is(c, &["kubectl", "apply"]) {
+            if let Some(file) = option(c, &["-f"]) {
+                let f = root().join(file);
                 granted.extend(yaml_docs(&f));
                 files.push(f);
             }
@@ -175,7 +181,7 @@ fn the_quick_starts_snapshot_controller_is_granted_what_its_flags_need() {
                 panic!("{name}: what does it need of RBAC? (SNAPSHOT_CONTROLLER_FLAGS)")
             });
         assert!(
-            grants(&granted, &ns, "snapshot-controller", group, resource, verbs),
+            grants(&granted, ns, "snapshot-controller", group, resource, verbs),
             "the quick start adds {name} to the snapshot-controller without first \
              granting it {verbs:?} on {resource} (applied before the patch: {files:?})"
         );
@@ -615,18 +621,14 @@ fn the_helm_quick_start_labels_its_namespace_for_the_node_plugins() {
     let cmds = commands(&quick_start());
     let install = cmds
         .iter()
-        .position(|c| c.starts_with(&["helm".into(), "install".into()]))
+        .position(|c| is(c, &["helm", "install"]))
         .expect("a helm install");
-    let ns = cmds[install]
-        .windows(2)
-        .find(|w| w[0] == "--namespace")
-        .map(|w| w[1].clone())
-        .unwrap();
+    let ns = option(&cmds[install], &["--namespace"]).unwrap();
     let before = &cmds[..install];
     assert!(
         before
             .iter()
-            .any(|c| c == &["kubectl", "create", "namespace", ns.as_str()]),
+            .any(|c| c == &["kubectl", "create", "namespace", ns]),
         "{before:?}"
     );
     let r = render_chart("chart", "file", &serde_json::json!({}));
@@ -634,12 +636,9 @@ fn the_helm_quick_start_labels_its_namespace_for_the_node_plugins() {
     assert_eq!(need, "privileged");
     let label = format!("pod-security.kubernetes.io/enforce={need}");
     assert!(
-        before.iter().any(|c| c.starts_with(&[
-            "kubectl".into(),
-            "label".into(),
-            "namespace".into()
-        ]) && c.contains(&ns)
-            && c.contains(&label)),
+        before
+            .iter()
+            .any(|c| is(c, &["kubectl", "label", "namespace", ns]) && c.contains(&label)),
         "the namespace is labelled {label} before the chart installs: {before:?}"
     );
     assert!(!cmds[install].contains(&"--create-namespace".to_string()));
@@ -647,13 +646,11 @@ fn the_helm_quick_start_labels_its_namespace_for_the_node_plugins() {
     for doc in ["deploy/README.md", "deploy/chart/README.md"] {
         let cmds = commands(&std::fs::read_to_string(root().join(doc)).unwrap());
         for (i, c) in cmds.iter().enumerate() {
-            if c.starts_with(&["helm".into(), "install".into()]) {
+            if is(c, &["helm", "install"]) {
                 assert!(
-                    cmds[..i].iter().any(|b| b.starts_with(&[
-                        "kubectl".into(),
-                        "label".into(),
-                        "namespace".into()
-                    ]) && b.contains(&label)),
+                    cmds[..i]
+                        .iter()
+                        .any(|b| is(b, &["kubectl", "label", "namespace"]) && b.contains(&label)),
                     "{doc}: {c:?} without the namespace labelled {label} before it"
                 );
             }
@@ -1038,33 +1035,31 @@ fn the_runbook_names_what_exists() {
                 continue;
             }
             let workload = find(kind, name);
-            if let Some(i) = c.iter().position(|x| x == "-c") {
-                let container_name = &c[i + 1];
+            if let Some(container_name) = option(c, &["-c"]) {
                 assert!(
                     containers(workload)
                         .iter()
-                        .any(|x| x["name"] == container_name.as_str()),
+                        .any(|x| x["name"] == container_name),
                     "{line}: {name} has no container {container_name}"
                 );
             }
         }
-        if let Some(i) = c.iter().position(|x| x == "-l") {
-            let (k, v) = c[i + 1].split_once('=').unwrap();
-            let w = workloads
-                .iter()
-                .find(|(_, w)| w["spec"]["template"]["metadata"]["labels"][k] == v)
-                .unwrap_or_else(|| panic!("{line}: no pod is labelled {k}={v}"));
-            // The containers named for such pods ($POD) are that pod's.
-            let _ = w;
+        if let Some(label) = option(c, &["-l"]) {
+            let (k, v) = label.split_once('=').unwrap();
+            assert!(
+                workloads
+                    .iter()
+                    .any(|(_, w)| w["spec"]["template"]["metadata"]["labels"][k] == v),
+                "{line}: no pod is labelled {k}={v}"
+            );
         }
         if c.first().map(String::as_str) == Some("kubectl") && c.contains(&"$POD".to_string()) {
-            if let Some(i) = c.iter().position(|x| x == "-c") {
-                let name = &c[i + 1];
+            if let Some(name) = option(c, &["-c"]) {
                 for ds in ["ferrovol-node", "ferrovol-local-node"] {
                     assert!(
                         containers(find("DaemonSet", ds))
                             .iter()
-                            .any(|x| x["name"] == name.as_str()),
+                            .any(|x| x["name"] == name),
                         "{line}: {ds} has no container {name}"
                     );
                 }
@@ -1112,12 +1107,9 @@ fn the_runbook_names_what_exists() {
             .collect::<Vec<_>>(),
         quick
     );
-    assert!(cmds.iter().any(|c| c.starts_with(&[
-        "helm".into(),
-        "upgrade".into(),
-        "ferrovol".into(),
-        "deploy/chart".into()
-    ])));
+    assert!(cmds
+        .iter()
+        .any(|c| is(c, &["helm", "upgrade", "ferrovol", "deploy/chart"])));
     // `helm upgrade`: what changes rolls, and only that.
     let template = |v: &serde_json::Value, name: &str| {
         let r = render_chart("chart", "all", v);
