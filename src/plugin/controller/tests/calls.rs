@@ -23,12 +23,12 @@ async fn secrets_reach_the_backend_for_every_rpc_that_carries_them() {
         .with_writer(move || writer.clone())
         .finish();
     let _logging = tracing::subscriber::set_default(subscriber);
-    // Other tests' threads may have had the backend's log line's interest
-    // worked out without this subscriber at the same moment: worked out
-    // again, with it (else the count below may miss a line).
+    // Only this test's backend logs, so the line's interest is first
+    // worked out here, with this subscriber set (see `Memory::logs`).
     tracing::callsite::rebuild_interest_cache();
 
     let b = Arc::new(Memory::new("net", remote_attach()));
+    b.logs.store(true, std::sync::atomic::Ordering::Relaxed);
     let c = ops(vec![b.clone()]);
     let v = c
         .create_volume(new_volume("pvc-1", &[]))

@@ -44,6 +44,12 @@ struct Memory {
     not_answering: Mutex<std::collections::BTreeSet<String>>,
     /// Its listing fails (its storage does not answer).
     list_fails: std::sync::atomic::AtomicBool,
+    /// It logs each call's secrets as a careless backend would. Only the
+    /// test that captures the log sets it: a log line reached first on
+    /// another test's thread, with no subscriber there, may have its
+    /// interest cached as "never" while this test's subscriber is being
+    /// set, and then the line is not written at all.
+    logs: std::sync::atomic::AtomicBool,
 }
 
 impl Memory {
@@ -65,6 +71,7 @@ impl Memory {
             lost: Default::default(),
             not_answering: Default::default(),
             list_fails: Default::default(),
+            logs: Default::default(),
         }
     }
 
@@ -90,7 +97,9 @@ impl Memory {
 
     fn saw(&self, op: &'static str, secrets: &Secrets) {
         // A careless backend logs what it got: the values must not show.
-        tracing::info!(op, ?secrets, %secrets, "backend called");
+        if self.logs.load(std::sync::atomic::Ordering::Relaxed) {
+            tracing::info!(op, ?secrets, %secrets, "backend called");
+        }
         self.secrets_seen
             .lock()
             .unwrap()
