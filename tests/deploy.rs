@@ -251,6 +251,49 @@ fn node_mode_snapshotter(r: &Rendered, ds: &Value) {
     }
 }
 
+/// A workload whose ferrovol runs lvm (`lvm` true) works with the host's
+/// udev and locks: the host's IPC namespace (lvm waits for udev's nodes on
+/// its semaphores), `/run/lock/lvm` and `/run/udev` from the host, and no
+/// config of its that tells lvm to make the nodes itself (which races the
+/// host's udev: docs/backends/lvm.md). Without lvm, none of it.
+fn lvm_with_the_hosts_udev(r: &Rendered, w: &Value, lvm: bool) {
+    let name = format!("{}: {}", r.name, s(&w["metadata"]["name"]));
+    let f = container(w, "ferrovol");
+    assert_eq!(pod(w)["hostIPC"].as_bool() == Some(true), lvm, "{name}");
+    for path in ["/run/lock/lvm", "/run/udev"] {
+        assert_eq!(
+            host_path_at(w, f, path),
+            lvm.then_some(path),
+            "{name}: {path}"
+        );
+    }
+    let config = r.config_files(s(&volume(w, "config")["configMap"]["name"]));
+    let texts: Vec<&String> = config.values().collect();
+    let lvm_configs: Vec<String> = texts
+        .iter()
+        .filter_map(|t| Config::parse(t).ok())
+        .flat_map(|c| c.backends)
+        .flat_map(|b| {
+            let own = b.settings.get("lvm_config").cloned();
+            let store = b
+                .settings
+                .get("store")
+                .and_then(|s| s.get("lvm_config").cloned());
+            [own, store]
+        })
+        .flatten()
+        .filter_map(|v| v.as_str().map(str::to_string))
+        .collect();
+    assert_eq!(!lvm_configs.is_empty(), lvm, "{name}: {lvm_configs:?}");
+    for c in lvm_configs {
+        let words: String = c.split_whitespace().collect();
+        assert!(
+            !words.contains("udev_sync=0") && !words.contains("udev_rules=0"),
+            "{name}: {c}"
+        );
+    }
+}
+
 /// Each backend's component brings what its node plugin and controller
 /// reach on the host.
 #[test]
@@ -266,6 +309,7 @@ fn components_add_the_host_paths_their_backends_use() {
                 "{}",
                 r.name
             );
+            lvm_with_the_hosts_udev(&r, ds, has("lvm"));
         }
         if !r.drivers().contains(REMOTE) {
             continue;
@@ -279,6 +323,7 @@ fn components_add_the_host_paths_their_backends_use() {
         // iscsi and rbd need the host's network; the plugin is on it
         // whatever the backends (its endpoints on 127.0.0.1 only).
         assert_eq!(pod(ds)["hostNetwork"].as_bool(), Some(true), "{}", r.name);
+        lvm_with_the_hosts_udev(&r, ctl, has("iscsi"));
         if has("iscsi") {
             assert_eq!(
                 pod(ctl)["nodeSelector"]["ferrovol.io/iscsi-target"].as_str(),

@@ -91,6 +91,7 @@ impl Cluster {
             .map(|w| s(&w["metadata"]["name"]).to_string())
             .collect();
         for name in names {
+            let t = std::time::Instant::now();
             let w = self
                 .r
                 .workloads()
@@ -105,6 +106,11 @@ impl Cluster {
                 &*self.secret_edit,
             )
             .await;
+            eprintln!(
+                "{}: pod {name} started in {:.1}s",
+                self.r.name,
+                t.elapsed().as_secs_f64()
+            );
             self.pods.insert(name, started);
         }
     }
@@ -646,6 +652,31 @@ impl Drop for Cluster {
     }
 }
 
+/// Where a class's run spends its time: each step's seconds, printed as
+/// it ends (the guest suite's output shows them).
+struct Laps {
+    class: String,
+    at: std::time::Instant,
+}
+
+impl Laps {
+    fn new(class: &str) -> Self {
+        Laps {
+            class: class.to_string(),
+            at: std::time::Instant::now(),
+        }
+    }
+
+    fn lap(&mut self, step: &str) {
+        eprintln!(
+            "{}: {step} {:.1}s",
+            self.class,
+            self.at.elapsed().as_secs_f64()
+        );
+        self.at = std::time::Instant::now();
+    }
+}
+
 /// Writes `text` into the mounted claim and reads it back.
 /// Synced, file and folder, as an application that wants its data in a
 /// snapshot syncs it: a snapshot of a volume in use is crash-consistent,
@@ -676,160 +707,251 @@ pub fn fs_bytes(m: &Mounted) -> u64 {
 /// pod and written, snapshotted and restored into a new claim, cut in a
 /// group with a second claim (where the backend has a group class),
 /// moved to the attributes class (node-local volumes: refused, saying
-/// why), grown; then every pod replaced with the claim still mounted, the
-/// claim used again from the new pods, and everything deleted, no mount
-/// left. Answers what it did, a line per class.
+/// why), grown; then every pod replaced with every class's claim still
+/// mounted, each claim used again from the new pods, and everything
+/// deleted, no mount left. The classes run at once, as a cluster's claims
+/// do (each class's steps in order), and the pods are replaced once for
+/// all of them. Answers what it did, a line per class.
 pub async fn every_class(c: &mut Cluster) -> Vec<String> {
-    const MIB: i64 = 1 << 20;
-    let mut done = Vec::new();
     let classes: Vec<String> =
         c.r.kind("StorageClass")
             .iter()
             .map(|sc| s(&sc["metadata"]["name"]).to_string())
             .collect();
-    for class in classes {
-        let sc = c.class(&class).clone();
-        let backend = s(&sc["parameters"]["backend"]).to_string();
-        let vac_name = format!("ferrovol-{backend}-example");
-        let vac =
-            c.r.has("VolumeAttributesClass", &vac_name)
-                .then_some(vac_name.as_str());
-        let vsc = format!("ferrovol-{backend}");
-        let claim = c
-            .provision(&class, 64 * MIB, vac, None)
-            .await
-            .unwrap_or_else(|e| panic!("{}: CreateVolume in {class}: {e}", c.r.name));
-        let m = c.mount(&claim).await;
-        write_and_read(&m, "first", &format!("{class} before its snapshot"));
-        let snap = c.snapshot(&claim, &vsc).await;
-        write_and_read(&m, "second", "after the snapshot");
-        let restored = c
-            .provision(&class, 64 * MIB, None, Some(snapshot_source(&snap)))
-            .await
-            .unwrap_or_else(|e| panic!("{}: restore in {class}: {e}", c.r.name));
-        let rm = c.mount(&restored).await;
-        assert_eq!(read(&rm, "first"), format!("{class} before its snapshot"));
-        assert!(
-            !rm.target.join("second").exists(),
-            "{class}: the restore is of the snapshot's instant"
-        );
-        c.unmount(&rm).await;
-        c.delete(&restored).await;
-        let mut line = format!("{class}: made, mounted, snapshot restored");
-        if c.r.has("VolumeGroupSnapshotClass", &vsc) {
-            let other = c.provision(&class, 64 * MIB, None, None).await.unwrap();
-            let om = c.mount(&other).await;
-            write_and_read(&om, "g", "the other member");
-            let (group, members) = c.group_snapshot(&[&claim, &other], &vsc).await;
-            for (member, (m, file)) in members.iter().zip([(&m, "first"), (&om, "g")]) {
-                let copy = c
-                    .provision(&class, 64 * MIB, None, Some(snapshot_source(member)))
-                    .await
-                    .unwrap_or_else(|e| panic!("{class}: restore of a group member: {e}"));
-                let cm = c.mount(&copy).await;
-                assert_eq!(read(&cm, file), read(m, file));
-                c.unmount(&cm).await;
-                c.delete(&copy).await;
-            }
-            c.delete_group_snapshot(&claim.driver, &vsc, &group, &members)
-                .await;
-            c.unmount(&om).await;
-            c.delete(&other).await;
-            line += ", group snapshot restored";
-        }
-        if let Some(vac) = vac {
-            match c.modify(&claim, vac).await {
-                Ok(()) => {
-                    assert_eq!(
-                        claim.driver, REMOTE,
-                        "{class}: a node-local volume was modified centrally"
-                    );
-                    line += ", modified";
-                }
-                Err(e) => {
-                    assert_eq!(claim.driver, LOCAL, "{class}: ControllerModifyVolume: {e}");
-                    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
-                    line += ", modify refused (node-local)";
-                }
-            }
-        }
-        // An nfs volume of an export without quotas (the shipped exports
-        // set none) shows the export's size: its capacity is a record, not
-        // a limit (docs/backends/nfs.md).
-        let enforced = backend != "nfs";
-        let grew = |before: u64, after: u64| {
-            assert!(after > before || !enforced, "{class}: {before} -> {after}");
-        };
-        let before = fs_bytes(&m);
-        let bigger = claim.bytes + 64 * MIB;
-        let mut snapshot_kept = true;
-        let mut grown = c.expand(&m, bigger).await;
-        if let Err(e) = &grown {
-            if e.code() == tonic::Code::FailedPrecondition && e.message().contains("has snapshots")
-            {
-                // A thick LV with snapshots grows only once they are gone.
-                c.delete_snapshot(&claim.driver, &vsc, &snap).await;
-                snapshot_kept = false;
-                line += ", grown once its snapshot was deleted";
-                grown = c.expand(&m, bigger).await;
-            }
-        }
-        let m = match grown {
-            Ok(after) => {
-                grew(before, after);
-                line += ", grown online";
-                m
-            }
-            Err(e) if e.code() == tonic::Code::FailedPrecondition => {
-                // Offline expansion (iscsi): the resizer retries once the
-                // pod is gone; the filesystem grows at the next stage.
-                c.unmount(&m).await;
-                let node = c
-                    .controller_expand(&claim, bigger)
-                    .await
-                    .unwrap_or_else(|e| panic!("{class}: expansion once unmounted: {e}"));
-                // The kubelet's NodeExpandVolume follows the next stage.
-                let grown = c.mount(&claim).await;
-                if node {
-                    if let Err(e) = c.node_expand(&grown, bigger).await {
-                        let out = std::process::Command::new("sh")
-                            .args(["-c", "lvs -a -o lv_name,lv_size,lv_attr,origin; dmsetup table; dmsetup info -c; lsblk -b -o NAME,SIZE,TYPE; dmesg | tail -30"])
-                            .output()
-                            .unwrap();
-                        eprintln!("{}", String::from_utf8_lossy(&out.stdout));
-                        panic!("{class}: NodeExpandVolume after the stage: {e}");
-                    }
-                }
-                grew(before, fs_bytes(&grown));
-                line += ", grown offline";
-                grown
-            }
-            Err(e) => panic!("{class}: expansion: {e}"),
-        };
-        // A roll: the pods go and come back with the claim mounted.
-        c.replace_pods().await;
-        c.stage_and_publish(&m).await;
-        assert_eq!(read(&m, "second"), "after the snapshot");
-        c.unmount(&m).await;
-        let again = c.mount(&claim).await;
-        assert_eq!(
-            read(&again, "first"),
-            format!("{class} before its snapshot")
-        );
-        c.unmount(&again).await;
-        if snapshot_kept {
-            c.delete_snapshot(&claim.driver, &vsc, &snap).await;
-        }
-        c.delete(&claim).await;
-        line += ", used again after every pod was replaced, deleted";
-        assert!(
-            c.kubelet_mounts().is_empty(),
-            "{class}: {:?}",
-            c.kubelet_mounts()
-        );
-        done.push(line);
-    }
+    let used = join_all(classes.iter().map(|class| use_class(c, class))).await;
+    // A roll: the pods go and come back with every claim mounted.
+    let t = std::time::Instant::now();
+    c.replace_pods().await;
+    eprintln!(
+        "{}: every pod replaced in {:.1}s",
+        c.r.name,
+        t.elapsed().as_secs_f64()
+    );
+    let c = &*c;
+    let done = join_all(used.into_iter().map(|u| use_again(c, u))).await;
+    assert!(c.kubelet_mounts().is_empty(), "{:?}", c.kubelet_mounts());
     done
+}
+
+/// A class's claim as [`use_class`] leaves it: mounted, grown, its
+/// snapshot kept or not.
+struct Used {
+    class: String,
+    claim: Claim,
+    m: Mounted,
+    vsc: String,
+    snap: String,
+    snapshot_kept: bool,
+    line: String,
+    lap: Laps,
+}
+
+/// A class's claim made, mounted, written, snapshotted and restored,
+/// grouped, modified and grown (see [`every_class`]).
+async fn use_class(c: &Cluster, class: &str) -> Used {
+    const MIB: i64 = 1 << 20;
+    let class = class.to_string();
+    let sc = c.class(&class).clone();
+    let backend = s(&sc["parameters"]["backend"]).to_string();
+    let vac_name = format!("ferrovol-{backend}-example");
+    let vac =
+        c.r.has("VolumeAttributesClass", &vac_name)
+            .then_some(vac_name.as_str());
+    let vsc = format!("ferrovol-{backend}");
+    let mut lap = Laps::new(&class);
+    let claim = c
+        .provision(&class, 64 * MIB, vac, None)
+        .await
+        .unwrap_or_else(|e| panic!("{}: CreateVolume in {class}: {e}", c.r.name));
+    lap.lap("provision");
+    let m = c.mount(&claim).await;
+    lap.lap("mount");
+    write_and_read(&m, "first", &format!("{class} before its snapshot"));
+    let snap = c.snapshot(&claim, &vsc).await;
+    lap.lap("snapshot");
+    write_and_read(&m, "second", "after the snapshot");
+    let restored = c
+        .provision(&class, 64 * MIB, None, Some(snapshot_source(&snap)))
+        .await
+        .unwrap_or_else(|e| panic!("{}: restore in {class}: {e}", c.r.name));
+    lap.lap("restore");
+    let rm = c.mount(&restored).await;
+    lap.lap("mount");
+    assert_eq!(read(&rm, "first"), format!("{class} before its snapshot"));
+    assert!(
+        !rm.target.join("second").exists(),
+        "{class}: the restore is of the snapshot's instant"
+    );
+    c.unmount(&rm).await;
+    lap.lap("unmount");
+    c.delete(&restored).await;
+    lap.lap("delete");
+    let mut line = format!("{class}: made, mounted, snapshot restored");
+    if c.r.has("VolumeGroupSnapshotClass", &vsc) {
+        let other = c.provision(&class, 64 * MIB, None, None).await.unwrap();
+        let om = c.mount(&other).await;
+        write_and_read(&om, "g", "the other member");
+        let (group, members) = c.group_snapshot(&[&claim, &other], &vsc).await;
+        for (member, (m, file)) in members.iter().zip([(&m, "first"), (&om, "g")]) {
+            let copy = c
+                .provision(&class, 64 * MIB, None, Some(snapshot_source(member)))
+                .await
+                .unwrap_or_else(|e| panic!("{class}: restore of a group member: {e}"));
+            let cm = c.mount(&copy).await;
+            assert_eq!(read(&cm, file), read(m, file));
+            c.unmount(&cm).await;
+            c.delete(&copy).await;
+        }
+        c.delete_group_snapshot(&claim.driver, &vsc, &group, &members)
+            .await;
+        c.unmount(&om).await;
+        c.delete(&other).await;
+        lap.lap("group snapshot");
+        line += ", group snapshot restored";
+    }
+    if let Some(vac) = vac {
+        let modified = c.modify(&claim, vac).await;
+        lap.lap("modify");
+        match modified {
+            Ok(()) => {
+                assert_eq!(
+                    claim.driver, REMOTE,
+                    "{class}: a node-local volume was modified centrally"
+                );
+                line += ", modified";
+            }
+            Err(e) => {
+                assert_eq!(claim.driver, LOCAL, "{class}: ControllerModifyVolume: {e}");
+                assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+                line += ", modify refused (node-local)";
+            }
+        }
+    }
+    // An nfs volume of an export without quotas (the shipped exports
+    // set none) shows the export's size: its capacity is a record, not
+    // a limit (docs/backends/nfs.md).
+    let enforced = backend != "nfs";
+    let grew = |before: u64, after: u64| {
+        assert!(after > before || !enforced, "{class}: {before} -> {after}");
+    };
+    let before = fs_bytes(&m);
+    let bigger = claim.bytes + 64 * MIB;
+    let mut snapshot_kept = true;
+    let mut grown = c.expand(&m, bigger).await;
+    if let Err(e) = &grown {
+        if e.code() == tonic::Code::FailedPrecondition && e.message().contains("has snapshots") {
+            // A thick LV with snapshots grows only once they are gone.
+            c.delete_snapshot(&claim.driver, &vsc, &snap).await;
+            snapshot_kept = false;
+            line += ", grown once its snapshot was deleted";
+            grown = c.expand(&m, bigger).await;
+        }
+    }
+    let m = match grown {
+        Ok(after) => {
+            grew(before, after);
+            line += ", grown online";
+            m
+        }
+        Err(e) if e.code() == tonic::Code::FailedPrecondition => {
+            // Offline expansion (iscsi): the resizer retries once the
+            // pod is gone; the filesystem grows at the next stage.
+            c.unmount(&m).await;
+            let node = c
+                .controller_expand(&claim, bigger)
+                .await
+                .unwrap_or_else(|e| panic!("{class}: expansion once unmounted: {e}"));
+            // The kubelet's NodeExpandVolume follows the next stage.
+            let grown = c.mount(&claim).await;
+            if node {
+                if let Err(e) = c.node_expand(&grown, bigger).await {
+                    let out = std::process::Command::new("sh")
+                        .args(["-c", "lvs -a -o lv_name,lv_size,lv_attr,origin; dmsetup table; dmsetup info -c; lsblk -b -o NAME,SIZE,TYPE; dmesg | tail -30"])
+                        .output()
+                        .unwrap();
+                    eprintln!("{}", String::from_utf8_lossy(&out.stdout));
+                    panic!("{class}: NodeExpandVolume after the stage: {e}");
+                }
+            }
+            grew(before, fs_bytes(&grown));
+            line += ", grown offline";
+            grown
+        }
+        Err(e) => panic!("{class}: expansion: {e}"),
+    };
+    lap.lap("expand");
+    Used {
+        class,
+        claim,
+        m,
+        vsc,
+        snap,
+        snapshot_kept,
+        line,
+        lap,
+    }
+}
+
+/// A class's claim after the roll: staged and published again by the new
+/// pods (both idempotent), read, mounted by a new pod, read, deleted.
+async fn use_again(c: &Cluster, u: Used) -> String {
+    let Used {
+        class,
+        claim,
+        m,
+        vsc,
+        snap,
+        snapshot_kept,
+        mut line,
+        mut lap,
+    } = u;
+    c.stage_and_publish(&m).await;
+    lap.lap("staged again");
+    assert_eq!(read(&m, "second"), "after the snapshot");
+    c.unmount(&m).await;
+    let again = c.mount(&claim).await;
+    assert_eq!(
+        read(&again, "first"),
+        format!("{class} before its snapshot")
+    );
+    c.unmount(&again).await;
+    if snapshot_kept {
+        c.delete_snapshot(&claim.driver, &vsc, &snap).await;
+    }
+    c.delete(&claim).await;
+    lap.lap("remount, unmount, delete");
+    line += ", used again after every pod was replaced, deleted";
+    line
+}
+
+/// Runs `futures` at once on this task (each awaiting its calls while the
+/// others go on) and answers their outputs in order.
+pub async fn join_all<F: std::future::Future>(
+    futures: impl IntoIterator<Item = F>,
+) -> Vec<F::Output> {
+    use std::task::Poll;
+    let mut running: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = running.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, o) in running.iter_mut().zip(out.iter_mut()) {
+            if o.is_none() {
+                match f.as_mut().poll(cx) {
+                    Poll::Ready(v) => *o = Some(v),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter()
+        .map(|o| o.expect("every future ran to its end"))
+        .collect()
 }
 
 /// `text` with every line that sets `key` (`key = ...`, in any table)

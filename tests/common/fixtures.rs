@@ -180,10 +180,9 @@ impl Drop for LvmVg {
             &self.with_cfg(&["-q", "-y", "-ff", &self.device]),
         );
         try_run("losetup", &["-d", &self.device]);
-        // Device nodes lvm made itself for the group (a driver whose lvm
-        // runs with `udev_rules = 0`, as the shipped config has it) and
-        // that nothing removed once the group was gone here (the guest
-        // runs no udev): stale names a later test would count as maps.
+        // Device nodes of the group's that outlive it (lvm makes them
+        // itself where it finds no udev, and nothing removes them once the
+        // group is gone): stale names a later test would count as maps.
         let prefix = format!("{}-", self.name.replace('-', "--"));
         if let Ok(entries) = std::fs::read_dir("/dev/mapper") {
             for e in entries.flatten() {
