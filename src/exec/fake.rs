@@ -14,6 +14,9 @@ pub enum Reply {
     Ok(String),
     /// Exit with this code and stderr.
     Fail(i32, String),
+    /// Exit with this code, having written this stdout (a report of what
+    /// it found before it failed).
+    FailWithOutput(i32, String),
     /// Behave as if the command hung and was killed at its timeout.
     Timeout,
 }
@@ -89,6 +92,14 @@ impl CommandRunner for FakeRunner {
                     code: Some(code),
                     stdout: String::new(),
                     stderr: command.redact_shown(&stderr),
+                },
+            }),
+            Reply::FailWithOutput(code, stdout) => Err(ExecError::Failed {
+                command: shown,
+                output: Output {
+                    code: Some(code),
+                    stdout: command.redact(&stdout),
+                    stderr: String::new(),
                 },
             }),
             Reply::Timeout => Err(ExecError::Timeout {

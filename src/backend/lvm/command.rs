@@ -1,11 +1,24 @@
 //! The lvm commands the backend runs, each through the exec seam with a
 //! timeout, reading JSON reports.
 
-use super::report::{parse_lvs, parse_vgs, Lv, Vg};
+use super::report::{
+    parse_lv_rows, parse_lvs, parse_vgs, Lv, Vg, LV_FIELDS, VG_FIELDS, VG_FIGURES,
+};
 use super::{DeviceClass, LvmBackend, COPY_TIMEOUT, LVM_TIMEOUT, TAG};
 use crate::error::{Error, Result};
-use crate::exec::Command;
+use crate::exec::{Command, ExecError};
 use std::path::PathBuf;
+
+/// A class's group as a new volume's create sees it ([`LvmBackend::sight`]).
+pub(super) struct Sight {
+    /// An LV of ours with the new volume's name.
+    pub existing: Option<Lv>,
+    /// The class's thin pool, where it has one and lvs found it.
+    pub pool: Option<Lv>,
+    /// The group, from the rows (none came back for a thick class's new
+    /// LV: [`LvmBackend::vg`] reads it then).
+    pub vg: Option<Vg>,
+}
 
 impl LvmBackend {
     pub(super) fn lvm(&self, tool: &str) -> Command {
@@ -29,7 +42,7 @@ impl LvmBackend {
                 "b",
                 "--nosuffix",
                 "-o",
-                "lv_name,vg_name,lv_size,lv_tags,lv_attr,origin,pool_lv,lv_time,data_percent,metadata_percent",
+                LV_FIELDS,
                 target,
             ]))
             .await;
@@ -39,6 +52,49 @@ impl LvmBackend {
             Err(e) if e.exit_code() == Some(5) && target.contains('/') => Ok(Vec::new()),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// What making volume `lv_name` in `class` needs to know, in one read
+    /// (one lvs of the LV and the class's thin pool, each row with the
+    /// group's figures): the LV if one of ours has that name already, the
+    /// pool, the group's figures where a row came back.
+    pub(super) async fn sight(&self, class: &DeviceClass, lv_name: &str) -> Result<Sight> {
+        let vg_name = &class.volume_group;
+        let mut cmd = self.lvm("lvs").args([
+            "--reportformat",
+            "json",
+            "--units",
+            "b",
+            "--nosuffix",
+            "-o",
+            &format!("{LV_FIELDS},{VG_FIGURES}"),
+            &format!("{vg_name}/{lv_name}"),
+        ]);
+        if let Some(pool) = &class.thin_pool {
+            cmd = cmd.arg(format!("{vg_name}/{pool}"));
+        }
+        // lvs exits 5 when a named LV does not exist, and reports the
+        // others.
+        let report = match self.runner.run(cmd).await {
+            Ok(o) => o.stdout,
+            Err(ExecError::Failed { output, .. }) if output.code == Some(5) => output.stdout,
+            Err(e) => return Err(e.into()),
+        };
+        let rows = if report.trim().is_empty() {
+            Vec::new()
+        } else {
+            parse_lv_rows(&report)?
+        };
+        let find = |name: &str| {
+            rows.iter()
+                .map(|(lv, _)| lv)
+                .find(|l| l.lv_name == name && l.vg_name == *vg_name)
+                .cloned()
+        };
+        let existing = find(lv_name).filter(|l| l.has_tag(TAG));
+        let pool = class.thin_pool.as_deref().and_then(find);
+        let vg = rows.into_iter().find_map(|(_, vg)| vg);
+        Ok(Sight { existing, pool, vg })
     }
 
     pub(super) async fn lv(&self, vg: &str, lv: &str) -> Result<Option<Lv>> {
@@ -83,7 +139,7 @@ impl LvmBackend {
                 "b",
                 "--nosuffix",
                 "-o",
-                "vg_name,vg_size,vg_free,vg_extent_size",
+                VG_FIELDS,
                 &class.volume_group,
             ]))
             .await?;

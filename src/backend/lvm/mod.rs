@@ -699,9 +699,17 @@ impl LvmBackend {
     /// its space) and zero the chunks it hands out: without that, a write
     /// into a new chunk leaves the rest of it showing whatever the chunk
     /// last held, another tenant's data.
-    async fn create_thin(&self, class: &DeviceClass, new: &NewLv, pool: &str) -> Result<()> {
+    async fn create_thin(
+        &self,
+        class: &DeviceClass,
+        new: &NewLv,
+        pool: &str,
+        seen: Option<&Lv>,
+    ) -> Result<()> {
         let vg_name = &class.volume_group;
-        let p = self.pool(class, pool).await?;
+        let p = seen.ok_or_else(|| {
+            Error::precondition(format!("thin pool {}/{pool} not found", class.volume_group))
+        })?;
         if !p.zeroes_new_chunks() && class.zero_on_delete {
             return Err(Error::precondition(format!(
                 "thin pool {vg_name}/{pool} does not zero new chunks, so a new volume \

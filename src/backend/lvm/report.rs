@@ -146,6 +146,37 @@ impl Vg {
     }
 }
 
+/// The LV fields every `lvs` reads (an [`Lv`]'s).
+pub const LV_FIELDS: &str =
+    "lv_name,vg_name,lv_size,lv_tags,lv_attr,origin,pool_lv,lv_time,data_percent,metadata_percent";
+/// The group fields `vgs` reads (a [`Vg`]'s).
+pub const VG_FIELDS: &str = "vg_name,vg_size,vg_free,vg_extent_size";
+/// The group's figures an `lvs` row can carry beside [`LV_FIELDS`] (which
+/// name the group already).
+pub const VG_FIGURES: &str = "vg_size,vg_free,vg_extent_size";
+
+/// Parses an `lvs` JSON report whose rows carry [`VG_FIGURES`] too: each
+/// LV with its group (None where the row lacks the group's fields).
+pub fn parse_lv_rows(json: &str) -> Result<Vec<(Lv, Option<Vg>)>> {
+    let r: Report<RowSection> = serde_json::from_str(json)
+        .map_err(|e| Error::internal(format!("unreadable lvs report: {e}")))?;
+    r.report
+        .into_iter()
+        .flat_map(|s| s.lv)
+        .map(|row| {
+            let lv: Lv = serde_json::from_value(row.clone())
+                .map_err(|e| Error::internal(format!("unreadable lvs row: {e}")))?;
+            Ok((lv, serde_json::from_value(row).ok()))
+        })
+        .collect()
+}
+
+#[derive(Debug, Deserialize)]
+struct RowSection {
+    #[serde(default)]
+    lv: Vec<serde_json::Value>,
+}
+
 /// Parses an `lvs` JSON report.
 pub fn parse_lvs(json: &str) -> Result<Vec<Lv>> {
     let r: Report<LvSection> = serde_json::from_str(json)

@@ -16,7 +16,8 @@ impl Provisioner for LvmBackend {
         // A copy the driver died making is finished by this retry (it is
         // this request's when it carries this name in this class, made from
         // this source); any other LV of this name is judged as it is.
-        let existing = self.lv(&class.volume_group, &lv_name).await?;
+        let sight = self.sight(&class, &lv_name).await?;
+        let existing = sight.existing;
         let unfinished = |lv: &Lv| {
             source.as_ref().is_some_and(|src| {
                 lv.has_tag(FILLING_TAG)
@@ -28,7 +29,10 @@ impl Provisioner for LvmBackend {
         if let Some(existing) = existing.as_ref().filter(|lv| !unfinished(lv)) {
             return self.existing_volume(&class, req, existing);
         }
-        let vg = self.vg(&class).await?;
+        let vg = match sight.vg {
+            Some(vg) => vg,
+            None => self.vg(&class).await?,
+        };
         let size = Self::size_rules(&class, vg.extent()).new_volume(
             req.required_bytes,
             req.limit_bytes,
@@ -64,8 +68,21 @@ impl Provisioner for LvmBackend {
         }
         match (&class.thin_pool, &source) {
             (Some(_), Some(src)) => self.create_thin_copy(&class, &new, src).await?,
-            (Some(pool), None) => self.create_thin(&class, &new, pool).await?,
+            (Some(pool), None) => {
+                self.create_thin(&class, &new, pool, sight.pool.as_ref())
+                    .await?
+            }
             (None, src) => self.create_thick(&class, &new, &vg, src.as_ref()).await?,
+        }
+        if source.is_none() {
+            // lvcreate made what it was asked: the size (whole extents
+            // already) and the tags; nothing to read back.
+            return Ok(VolumeInfo {
+                id: VolumeId::new(&self.name, &format!("{}.{}", class.name, new.name))?,
+                capacity_bytes: new.size,
+                context: BTreeMap::new(),
+                source: None,
+            });
         }
         let lv = self
             .lv(&class.volume_group, &new.name)

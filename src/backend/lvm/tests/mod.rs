@@ -18,6 +18,15 @@ fn lv_row(name: &str, size: u64, tags: &str, attr: &str) -> String {
     )
 }
 
+/// An lvs row with the group's figures (vg0: `size`, `free`, 4 MiB
+/// extents), as a create's read has them.
+fn with_vg(row: String, size: u64, free: u64) -> String {
+    format!(
+        r#"{}, "vg_size":"{size}", "vg_free":"{free}", "vg_extent_size":"4194304"}}"#,
+        row.trim_end_matches('}')
+    )
+}
+
 fn lvs_json(rows: &[String]) -> String {
     format!("  {{\n      \"report\": [\n          {{\n              \"lv\": [\n{}\n              ]\n          }}\n      ]\n  }}\n", rows.join(",\n"))
 }

@@ -11,15 +11,6 @@ async fn creates_a_thick_lv_rounded_to_extents_with_tags() {
     );
     r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 200 * MIB)));
     r.expect("lvcreate", Reply::Ok(String::new()));
-    r.expect(
-        "lvs",
-        Reply::Ok(lvs_json(&[lv_row(
-            "fv-pvc-1",
-            12 * MIB,
-            "ferrovol,ferrovol-name:pvc-1,ferrovol-fresh",
-            "-wi-------",
-        )])),
-    );
     let b = backend(r.clone(), None);
     let v = b
         .create_volume(&create("pvc-1", 10 * MIB + 1, 0))
@@ -164,9 +155,10 @@ async fn a_refused_thin_create_is_judged_by_the_pool() {
             r#""data_percent":"""#,
             &format!(r#""data_percent":"{data}", "metadata_percent":"{meta}""#),
         );
-        r.expect("lvs", Reply::Fail(5, String::new()));
-        r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 0)));
-        r.expect("lvs", Reply::Ok(lvs_json(&[pool])));
+        r.expect(
+            "lvs",
+            Reply::FailWithOutput(5, lvs_json(&[with_vg(pool, 256 * MIB, 0)])),
+        );
         r.expect(
             "lvcreate",
             Reply::Fail(5, "  Cannot create new thin volume.".into()),
@@ -189,31 +181,39 @@ async fn a_refused_thin_create_is_judged_by_the_pool() {
 #[tokio::test]
 async fn thin_volumes_go_in_the_pool() {
     let r = Arc::new(FakeRunner::new());
-    r.expect("lvs", Reply::Fail(5, String::new()));
-    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 0)));
+    // One read: the new LV (not there: lvs exits 5) and the pool, each
+    // row with the group's figures; then lvcreate, and nothing else.
     r.expect(
         "lvs",
-        Reply::Ok(lvs_json(&[lv_row("pool", 200 * MIB, "", "twi-a-tz--")])),
+        Reply::FailWithOutput(
+            5,
+            lvs_json(&[with_vg(
+                lv_row("pool", 200 * MIB, "", "twi-a-tz--"),
+                256 * MIB,
+                0,
+            )]),
+        ),
     );
     r.expect("lvcreate", Reply::Ok(String::new()));
-    r.expect(
-        "lvs",
-        Reply::Ok(lvs_json(&[lv_row(
-            "fv-t",
-            8 * MIB,
-            "ferrovol,ferrovol-name:t",
-            "Vwi-a-tz--",
-        )])),
-    );
     let v = backend(r.clone(), Some("pool"))
-        .create_volume(&create("t", 8 * MIB, 0))
+        .create_volume(&create("t", 8 * MIB + 1, 0))
         .await
         .unwrap();
-    assert_eq!(v.capacity_bytes, 8 * MIB);
+    assert_eq!(v.id.to_string(), "lvm:fast.fv-t");
+    assert_eq!(v.capacity_bytes, 12 * MIB, "whole extents");
+    assert!(v.source.is_none());
+    let lines = r.lines();
+    assert_eq!(lines.len(), 2, "{lines:?}");
     assert!(
-        r.lines()[3].starts_with("lvcreate -y -V 8388608b --thinpool vg0/pool -n fv-t"),
+        lines[0].ends_with(" vg0/fv-t vg0/pool")
+            && lines[0].contains(",vg_size,vg_free,vg_extent_size "),
         "{}",
-        r.lines()[3]
+        lines[0]
+    );
+    assert!(
+        lines[1].starts_with("lvcreate -y -V 12582912b --thinpool vg0/pool -n fv-t"),
+        "{}",
+        lines[1]
     );
 }
 
@@ -223,11 +223,16 @@ async fn thin_volumes_go_in_the_pool() {
 #[tokio::test]
 async fn a_thin_pool_that_does_not_zero_is_refused() {
     let r = Arc::new(FakeRunner::new());
-    r.expect("lvs", Reply::Fail(5, String::new()));
-    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 0)));
     r.expect(
         "lvs",
-        Reply::Ok(lvs_json(&[lv_row("pool", 200 * MIB, "", "twi-a-t---")])),
+        Reply::FailWithOutput(
+            5,
+            lvs_json(&[with_vg(
+                lv_row("pool", 200 * MIB, "", "twi-a-t---"),
+                256 * MIB,
+                0,
+            )]),
+        ),
     );
     let e = backend(r.clone(), Some("pool"))
         .create_volume(&create("t", 8 * MIB, 0))
