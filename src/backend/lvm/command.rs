@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::exec::{Command, ExecError};
 use std::path::PathBuf;
 
-/// A class's group as a new volume's create sees it ([`LvmBackend::sight`]).
+/// A class's group as a create or an expansion sees it ([`LvmBackend::sight`]).
 pub(super) struct Sight {
     /// An LV of ours with the new volume's name.
     pub existing: Option<Lv>,
@@ -54,9 +54,9 @@ impl LvmBackend {
         }
     }
 
-    /// What making volume `lv_name` in `class` needs to know, in one read
-    /// (one lvs of the LV and the class's thin pool, each row with the
-    /// group's figures): the LV if one of ours has that name already, the
+    /// What making or growing volume `lv_name` in `class` needs to know,
+    /// in one read (one lvs of the LV and the class's thin pool, each row
+    /// with the group's figures): the LV if one of ours has that name, the
     /// pool, the group's figures where a row came back.
     pub(super) async fn sight(&self, class: &DeviceClass, lv_name: &str) -> Result<Sight> {
         let vg_name = &class.volume_group;

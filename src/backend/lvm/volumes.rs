@@ -197,11 +197,16 @@ impl Expander for LvmBackend {
         _secrets: &Secrets,
     ) -> Result<u64> {
         let (class, lv_name) = self.split(id.locator())?;
-        let lv = self
-            .class_lv(class, lv_name)
-            .await?
+        // The LV and the group's figures in one read.
+        let sight = self.sight(class, lv_name).await?;
+        let lv = sight
+            .existing
+            .filter(|lv| self.owner(lv).is_some_and(|c| c.name == class.name))
             .ok_or_else(|| Error::no_volume(id))?;
-        let vg = self.vg(class).await?;
+        let vg = match sight.vg {
+            Some(vg) => vg,
+            None => self.vg(class).await?,
+        };
         let Some(wanted) =
             Self::size_rules(class, vg.extent()).expansion(lv.size(), required, limit)?
         else {
