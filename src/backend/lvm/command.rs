@@ -32,19 +32,24 @@ impl LvmBackend {
         cmd
     }
 
+    /// An lvm reporting command (`lvs`, `vgs`) answering `fields` as JSON,
+    /// sizes in `units` without suffix.
+    fn report(&self, tool: &str, units: &str, fields: &str) -> Command {
+        self.lvm(tool).args([
+            "--reportformat",
+            "json",
+            "--units",
+            units,
+            "--nosuffix",
+            "-o",
+            fields,
+        ])
+    }
+
     pub(super) async fn lvs(&self, target: &str) -> Result<Vec<Lv>> {
         let out = self
             .runner
-            .run(self.lvm("lvs").args([
-                "--reportformat",
-                "json",
-                "--units",
-                "b",
-                "--nosuffix",
-                "-o",
-                LV_FIELDS,
-                target,
-            ]))
+            .run(self.report("lvs", "b", LV_FIELDS).arg(target))
             .await;
         match out {
             Ok(o) => parse_lvs(&o.stdout),
@@ -60,16 +65,9 @@ impl LvmBackend {
     /// pool, the group's figures where a row came back.
     pub(super) async fn sight(&self, class: &DeviceClass, lv_name: &str) -> Result<Sight> {
         let vg_name = &class.volume_group;
-        let mut cmd = self.lvm("lvs").args([
-            "--reportformat",
-            "json",
-            "--units",
-            "b",
-            "--nosuffix",
-            "-o",
-            &format!("{LV_FIELDS},{VG_FIGURES}"),
-            &format!("{vg_name}/{lv_name}"),
-        ]);
+        let mut cmd = self
+            .report("lvs", "b", &format!("{LV_FIELDS},{VG_FIGURES}"))
+            .arg(format!("{vg_name}/{lv_name}"));
         if let Some(pool) = &class.thin_pool {
             cmd = cmd.arg(format!("{vg_name}/{pool}"));
         }
@@ -110,16 +108,7 @@ impl LvmBackend {
     pub(super) async fn read_ahead(&self, target: &str) -> Result<String> {
         let out = self
             .runner
-            .run(self.lvm("lvs").args([
-                "--reportformat",
-                "json",
-                "--units",
-                "s",
-                "--nosuffix",
-                "-o",
-                "lv_read_ahead",
-                target,
-            ]))
+            .run(self.report("lvs", "s", "lv_read_ahead").arg(target))
             .await?;
         let v: serde_json::Value = serde_json::from_str(&out.stdout)
             .map_err(|e| Error::internal(format!("lvs report: {e}")))?;
@@ -132,16 +121,7 @@ impl LvmBackend {
     pub(super) async fn vg(&self, class: &DeviceClass) -> Result<Vg> {
         let out = self
             .runner
-            .run(self.lvm("vgs").args([
-                "--reportformat",
-                "json",
-                "--units",
-                "b",
-                "--nosuffix",
-                "-o",
-                VG_FIELDS,
-                &class.volume_group,
-            ]))
+            .run(self.report("vgs", "b", VG_FIELDS).arg(&class.volume_group))
             .await?;
         parse_vgs(&out.stdout)?
             .into_iter()
