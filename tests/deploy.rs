@@ -1334,7 +1334,12 @@ fn programs_the_code_runs() -> BTreeSet<String> {
         let text = std::fs::read_to_string(&f).unwrap();
         // A file's own unit tests sit in its trailing `mod tests`.
         let code = text.split("#[cfg(test)]\nmod ").next().unwrap();
-        for pattern in ["Command::new(\"", "Command::new(format!(\"", "self.lvm(\""] {
+        for pattern in [
+            "Command::new(\"",
+            "Command::new(format!(\"",
+            "self.lvm(\"",
+            "self.report(\"",
+        ] {
             for piece in code.split(pattern).skip(1) {
                 let program: String = piece
                     .chars()
