@@ -96,6 +96,7 @@ impl CommandRunner for SystemRunner {
 
     async fn run(&self, command: Command) -> Result<Output, ExecError> {
         let shown = command.to_string();
+        let started = std::time::Instant::now();
         let mut cmd = child_command(&command);
         let mut child = cmd.spawn().map_err(|e| ExecError::Spawn {
             command: shown.clone(),
@@ -144,6 +145,14 @@ impl CommandRunner for SystemRunner {
                 out
             }
         };
+        // Each command's time (its line is redacted as any error's is),
+        // to see where a call's time goes.
+        tracing::debug!(
+            command = %shown,
+            code = ?out.status.code(),
+            ms = started.elapsed().as_millis() as u64,
+            "command ran"
+        );
         let output = Output {
             code: out.status.code(),
             stdout: command.redact(&String::from_utf8_lossy(&out.stdout)),

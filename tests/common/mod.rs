@@ -304,6 +304,19 @@ impl Drop for Harness {
             }
         }
         self.kill();
+        // FERROVOL_KEEP_DRIVER_LOGS=DIR keeps each driver's log there
+        // (named by the test's thread), to see where a test's time goes.
+        if let Some(dir) = std::env::var_os("FERROVOL_KEEP_DRIVER_LOGS") {
+            let name = std::thread::current()
+                .name()
+                .unwrap_or("test")
+                .replace("::", "-");
+            static KEPT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+            let n = KEPT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let to = Path::new(&dir).join(format!("{name}.{n}.log"));
+            let _ = std::fs::create_dir_all(&dir);
+            let _ = std::fs::copy(self.dir.path().join("driver.log"), to);
+        }
         cleanup(self.dir.path());
     }
 }
