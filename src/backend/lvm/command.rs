@@ -64,12 +64,29 @@ impl LvmBackend {
     /// with the group's figures): the LV if one of ours has that name, the
     /// pool, the group's figures where a row came back.
     pub(super) async fn sight(&self, class: &DeviceClass, lv_name: &str) -> Result<Sight> {
-        let vg_name = &class.volume_group;
-        let mut cmd = self
-            .report("lvs", "b", &format!("{LV_FIELDS},{VG_FIGURES}"))
-            .arg(format!("{vg_name}/{lv_name}"));
+        let mut names = vec![lv_name];
         if let Some(pool) = &class.thin_pool {
-            cmd = cmd.arg(format!("{vg_name}/{pool}"));
+            names.push(pool);
+        }
+        let (rows, vg) = self.look(class, &names).await?;
+        let find = |name: &str| rows.iter().find(|l| l.lv_name == name).cloned();
+        let existing = find(lv_name).filter(|l| l.has_tag(TAG));
+        let pool = class.thin_pool.as_deref().and_then(find);
+        Ok(Sight { existing, pool, vg })
+    }
+
+    /// One lvs of the LVs `names` in `class`'s group, each row with the
+    /// group's figures: the rows of those that exist (of any owner), and
+    /// the group where a row came back.
+    pub(super) async fn look(
+        &self,
+        class: &DeviceClass,
+        names: &[&str],
+    ) -> Result<(Vec<Lv>, Option<Vg>)> {
+        let vg_name = &class.volume_group;
+        let mut cmd = self.report("lvs", "b", &format!("{LV_FIELDS},{VG_FIGURES}"));
+        for name in names {
+            cmd = cmd.arg(format!("{vg_name}/{name}"));
         }
         // lvs exits 5 when a named LV does not exist, and reports the
         // others.
@@ -83,16 +100,13 @@ impl LvmBackend {
         } else {
             parse_lv_rows(&report)?
         };
-        let find = |name: &str| {
-            rows.iter()
-                .map(|(lv, _)| lv)
-                .find(|l| l.lv_name == name && l.vg_name == *vg_name)
-                .cloned()
-        };
-        let existing = find(lv_name).filter(|l| l.has_tag(TAG));
-        let pool = class.thin_pool.as_deref().and_then(find);
-        let vg = rows.into_iter().find_map(|(_, vg)| vg);
-        Ok(Sight { existing, pool, vg })
+        let vg = rows.iter().find_map(|(_, vg)| vg.clone());
+        let lvs = rows
+            .into_iter()
+            .map(|(lv, _)| lv)
+            .filter(|l| l.vg_name == *vg_name)
+            .collect();
+        Ok((lvs, vg))
     }
 
     pub(super) async fn lv(&self, vg: &str, lv: &str) -> Result<Option<Lv>> {

@@ -24,6 +24,7 @@ use crate::plugin::{
 };
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -269,6 +270,11 @@ pub struct LvmBackend {
     group_snapshots: crate::plugin::GroupSnapshots,
     /// One metadata snapshot at a time per thin pool (see `blocks`).
     pool_locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Whether each LV an attach just read is a copy (its copy tag), for
+    /// the stage's next question (`node_copy_pending`) to take instead of
+    /// reading the LV again. Taken once; the stage holds the volume's
+    /// lock between the two, and only the stage drops the tag.
+    copies_seen: std::sync::Mutex<HashMap<String, bool>>,
     // No lock of its own: the operation guard covers every id an operation
     // touches, and lvm serializes changes to a volume group's metadata
     // itself. A create racing another for the last free extents fails in
@@ -325,6 +331,7 @@ impl LvmBackend {
             runner,
             host: Arc::new(SystemHost),
             pool_locks: Default::default(),
+            copies_seen: Default::default(),
             group_snapshots: if crate::host::freeze::block_freeze_nests() {
                 crate::plugin::GroupSnapshots::Frozen
             } else {
@@ -507,23 +514,36 @@ impl LvmBackend {
     /// restores from it meanwhile.
     async fn zero_extents(&self, class: &DeviceClass, lv: &Lv, what: &str) -> Result<()> {
         let target = format!("{}/{}", class.volume_group, lv.lv_name);
-        if !lv.has_tag(DELETING_TAG) {
+        let snapshot = lv.lv_attr.starts_with('s');
+        let device = PathBuf::from(format!("/dev/{target}"));
+        if lv.has_tag(DELETING_TAG) || snapshot {
+            if !lv.has_tag(DELETING_TAG) {
+                self.runner
+                    .run(
+                        self.lvm("lvchange")
+                            .args(["--addtag", DELETING_TAG, &target]),
+                    )
+                    .await?;
+            }
+            if snapshot {
+                self.runner
+                    .run(
+                        self.lvm("lvconvert")
+                            .args(["-y", "--splitsnapshot", &target]),
+                    )
+                    .await?;
+            }
+            self.activate(&class.volume_group, &lv.lv_name).await?;
+        } else {
+            // A plain LV: tagged and activated by one lvchange (lvm writes
+            // the tag before it activates).
             self.runner
                 .run(
                     self.lvm("lvchange")
-                        .args(["--addtag", DELETING_TAG, &target]),
+                        .args(["-ay", "-y", "--addtag", DELETING_TAG, &target]),
                 )
                 .await?;
         }
-        if lv.lv_attr.starts_with('s') {
-            self.runner
-                .run(
-                    self.lvm("lvconvert")
-                        .args(["-y", "--splitsnapshot", &target]),
-                )
-                .await?;
-        }
-        let device = self.activate(&class.volume_group, &lv.lv_name).await?;
         let zeroed = self
             .runner
             .run(
@@ -546,7 +566,8 @@ impl LvmBackend {
                 Error::from(e).context("zero the extents before they are freed")
             });
         }
-        self.deactivate(&class.volume_group, &lv.lv_name).await
+        // Left active: lvremove deactivates what it removes.
+        Ok(())
     }
 
     /// Whether lvs says the LV is open (mounted or otherwise in use).

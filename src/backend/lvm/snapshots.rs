@@ -43,7 +43,15 @@ impl Snapshotter for LvmBackend {
         let tag = name_tag(name);
         let source_tag = format!("{SOURCE_TAG}{src_lv}");
         let target = format!("{vg_name}/{snap_name}");
-        let mut existing = self.lv(&vg_name, &snap_name).await?;
+        // One read answers a new snapshot's questions: whether it exists,
+        // its source, and the group's room for its copy-on-write area.
+        let (seen, mut vg) = self.look(&class, &[&snap_name, src_lv]).await?;
+        let ours = |name: &str| {
+            seen.iter()
+                .find(|l| l.lv_name == name && l.has_tag(TAG))
+                .cloned()
+        };
+        let mut existing = ours(&snap_name);
         if let Some(lv) = existing.as_ref().filter(|lv| lv.plain()) {
             // lvcreate makes a classic snapshot's copy-on-write area as a
             // plain LV (with the snapshot's tags) and only then turns it
@@ -59,6 +67,8 @@ impl Snapshotter for LvmBackend {
             for what in self.settle().await? {
                 tracing::warn!("{what}");
             }
+            // The group's room changed with what settling removed.
+            vg = None;
             existing = self.lv(&vg_name, &snap_name).await?;
             if existing.as_ref().is_some_and(|lv| lv.plain()) {
                 return Err(Error::unavailable(format!(
@@ -78,9 +88,11 @@ impl Snapshotter for LvmBackend {
                     "snapshot {name:?} exists for another source volume"
                 )));
             }
-            let inherited = match self.class_lv(&class, src_lv).await? {
-                Some(src) => inherited_tags(&src, &existing, &tag, &source_tag),
-                None => Vec::new(),
+            let inherited = match ours(src_lv) {
+                Some(src) if self.owner(&src).is_some_and(|c| c.name == class.name) => {
+                    inherited_tags(&src, &existing, &tag, &source_tag)
+                }
+                _ => Vec::new(),
             };
             if inherited.is_empty() {
                 return self.snapshot_info(&class, &existing);
@@ -93,16 +105,18 @@ impl Snapshotter for LvmBackend {
                 .ok_or_else(|| Error::internal(format!("snapshot {target} vanished")))?;
             return self.snapshot_info(&class, &lv);
         }
-        let src = self
-            .class_lv(&class, src_lv)
-            .await?
+        let src = ours(src_lv)
+            .filter(|lv| self.owner(lv).is_some_and(|c| c.name == class.name))
             .ok_or_else(|| Error::not_found(format!("source volume {source} does not exist")))?;
         let mut cmd = self.lvm("lvcreate").args(["-y", "-s", "-n", &snap_name]);
         // What the snapshot takes from the group: its copy-on-write area
         // (a thin snapshot takes nothing from the group, only pool chunks).
         let mut cow = 0;
         if class.thin_pool.is_none() || src.pool_lv.is_empty() {
-            let vg = self.vg(&class).await?;
+            let vg = match vg {
+                Some(vg) => vg,
+                None => self.vg(&class).await?,
+            };
             cow = round_up(src.size() * class.snapshot_size_percent / 100, vg.extent());
             if cow > vg.free() {
                 return Err(Error::no_room(
@@ -131,17 +145,21 @@ impl Snapshotter for LvmBackend {
         crate::killpoint::hit(KillPoint::SnapshotMade);
         // The snapshot inherits the origin's tags: drop the ones that are
         // not ours (a retry finishes this if the driver dies first).
-        let made = self
+        let mut made = self
             .lv(&vg_name, &snap_name)
             .await?
             .ok_or_else(|| Error::internal(format!("snapshot {target} vanished")))?;
-        self.drop_tags(&target, &inherited_tags(&src, &made, &tag, &source_tag))
-            .await?;
-        let lv = self
-            .lv(&vg_name, &snap_name)
-            .await?
-            .ok_or_else(|| Error::internal(format!("snapshot {target} vanished")))?;
-        self.snapshot_info(&class, &lv)
+        let inherited = inherited_tags(&src, &made, &tag, &source_tag);
+        if !inherited.is_empty() {
+            self.drop_tags(&target, &inherited).await?;
+            // As lvm now has it: the same LV without those tags.
+            made.lv_tags = made
+                .tags()
+                .filter(|t| !inherited.iter().any(|i| i == t))
+                .collect::<Vec<_>>()
+                .join(",");
+        }
+        self.snapshot_info(&class, &made)
     }
 
     async fn delete_snapshot(&self, id: &SnapshotId, _secrets: &Secrets) -> Result<()> {

@@ -20,6 +20,10 @@ impl Stager for LvmBackend {
             },
         };
         let path = self.activate(&vg, lv_name).await?;
+        self.copies_seen
+            .lock()
+            .unwrap()
+            .insert(format!("{vg}/{lv_name}"), lv.has_tag(COPY_TAG));
         if lv.has_tag(FRESH_TAG) {
             // A new LV may sit on extents an old one used: clear the start
             // (old filesystem signatures and data) before anything reads it.
@@ -55,12 +59,27 @@ impl Stager for LvmBackend {
         Ok(Attachment::Device { path })
     }
 
-    async fn node_detach(&self, id: &VolumeId, _attachment: Option<&Attachment>) -> Result<()> {
+    async fn node_detach(&self, id: &VolumeId, attachment: Option<&Attachment>) -> Result<()> {
         let Ok((class, lv_name)) = self.split(id.locator()) else {
             return Ok(());
         };
         if !self.settings.deactivate_on_unstage {
             return Ok(());
+        }
+        self.copies_seen
+            .lock()
+            .unwrap()
+            .remove(&format!("{}/{lv_name}", class.volume_group));
+        if attachment.is_some() {
+            // Staged by us: the LV was ours when it was attached. It is
+            // let go at once, and lvs then says whether that is done; an
+            // lvchange that failed over an LV still active is the answer.
+            let first = self.deactivate(&class.volume_group, lv_name).await;
+            match self.lv(&class.volume_group, lv_name).await? {
+                None => return Ok(()),
+                Some(lv) if lv.inactive() => return Ok(()),
+                Some(_) => first?,
+            }
         }
         // Done only when lvs says so: an LV left active (lvchange raced a
         // udev scan of the device, or answered 0 and left it) fails the
@@ -100,6 +119,10 @@ impl Stager for LvmBackend {
 impl DeviceMounter for LvmBackend {
     async fn node_copy_pending(&self, id: &VolumeId, _ctx: &AttachContext) -> Result<bool> {
         let (class, lv_name) = self.split(id.locator())?;
+        let key = format!("{}/{lv_name}", class.volume_group);
+        if let Some(copy) = self.copies_seen.lock().unwrap().remove(&key) {
+            return Ok(copy);
+        }
         Ok(self
             .class_lv(class, lv_name)
             .await?

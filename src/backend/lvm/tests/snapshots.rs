@@ -5,17 +5,19 @@ use super::*;
 #[tokio::test]
 async fn classic_snapshot_gets_a_sized_cow_and_clean_tags() {
     let r = Arc::new(FakeRunner::new());
-    r.expect("lvs", Reply::Fail(5, String::new()));
+    // One read: the snapshot is not there (lvs exits 5, and reports the
+    // source, with the group's figures).
     r.expect(
         "lvs",
-        Reply::Ok(lvs_json(&[lv_row(
-            "fv-a",
-            40 * MIB,
-            "ferrovol,ferrovol-name:a",
-            "-wi-ao----",
-        )])),
+        Reply::FailWithOutput(
+            5,
+            lvs_json(&[with_vg(
+                lv_row("fv-a", 40 * MIB, "ferrovol,ferrovol-name:a", "-wi-ao----"),
+                256 * MIB,
+                100 * MIB,
+            )]),
+        ),
     );
-    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 100 * MIB)));
     r.expect("lvcreate", Reply::Ok(String::new()));
     // As made: the origin's name tag came along; it is taken off.
     r.expect(
@@ -28,15 +30,6 @@ async fn classic_snapshot_gets_a_sized_cow_and_clean_tags() {
         )])),
     );
     r.ok("lvchange");
-    r.expect(
-        "lvs",
-        Reply::Ok(lvs_json(&[lv_row(
-            "fvs-s1",
-            12 * MIB,
-            "ferrovol,ferrovol-name:s1,ferrovol-source:fv-a,ferrovol-size:41943040",
-            "swi-a-s---",
-        )])),
-    );
     let b = backend(r.clone(), None);
     let s = b
         .create_snapshot(&snapshot_of("lvm:fast.fv-a", "s1"))
@@ -44,7 +37,14 @@ async fn classic_snapshot_gets_a_sized_cow_and_clean_tags() {
         .unwrap();
     assert_eq!(s.id.to_string(), "lvm:fast.fvs-s1");
     assert_eq!(s.size_bytes, 40 * MIB);
+    assert_eq!(s.source_volume.to_string(), "lvm:fast.fv-a");
     let lines = r.lines();
+    // The read, lvcreate, the read of what it made, the tag's removal.
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    assert_eq!(
+        lines[0],
+        "lvs --reportformat json --units b --nosuffix -o lv_name,vg_name,lv_size,lv_tags,lv_attr,origin,pool_lv,lv_time,data_percent,metadata_percent,vg_size,vg_free,vg_extent_size vg0/fvs-s1 vg0/fv-a"
+    );
     assert!(
         lines
             .iter()
@@ -81,8 +81,7 @@ async fn a_snapshot_or_copy_cut_short_is_finished_by_the_retry() {
         "ferrovol,ferrovol-name:s1,ferrovol-source:fv-a,ferrovol-size:41943040",
         "swi-a-s---",
     );
-    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&half))));
-    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&origin))));
+    r.expect("lvs", Reply::Ok(lvs_json(&[half.clone(), origin.clone()])));
     r.ok("lvchange");
     r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&whole))));
     let b = backend(r.clone(), None);
@@ -113,7 +112,13 @@ async fn a_snapshot_or_copy_cut_short_is_finished_by_the_retry() {
         "ferrovol,ferrovol-name:s1,ferrovol-source:fv-a,ferrovol-size:41943040",
         "-wi-a-----",
     );
-    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&cow))));
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[
+            with_vg(cow.clone(), 256 * MIB, 100 * MIB),
+            with_vg(origin.clone(), 256 * MIB, 100 * MIB),
+        ])),
+    );
     r.expect("lvs", Reply::Ok(lvs_json(&[origin.clone(), cow.clone()])));
     r.ok("lvremove").ok("lvchange");
     r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&origin))));
@@ -123,10 +128,8 @@ async fn a_snapshot_or_copy_cut_short_is_finished_by_the_retry() {
     );
     r.ok("dmsetup");
     r.expect("lvs", Reply::Fail(5, String::new()));
-    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&origin))));
     r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 100 * MIB)));
     r.ok("lvcreate");
-    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&whole))));
     r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&whole))));
     backend(r.clone(), None)
         .create_snapshot(&snapshot_of("lvm:fast.fv-a", "s1"))
@@ -137,7 +140,7 @@ async fn a_snapshot_or_copy_cut_short_is_finished_by_the_retry() {
     assert_eq!(lines[3], "lvchange --refresh vg0/fv-a");
     assert_eq!(lines[6], "dmsetup remove vg0-fv--a-real");
     assert!(
-        lines[10].starts_with("lvcreate -y -s -n fvs-s1"),
+        lines[9].starts_with("lvcreate -y -s -n fvs-s1"),
         "{lines:?}"
     );
     // A plain LV of that name that is not this snapshot's is left alone.
@@ -278,8 +281,8 @@ async fn delete_refuses_origins_of_classic_snapshots_and_lvs_opened_meanwhile() 
         )])),
     );
     // Zeroing opens the device exclusively: in use, it is refused, and
-    // nothing is removed.
-    r.ok("lvchange").ok("lvchange");
+    // nothing is removed. (One lvchange tags and activates it.)
+    r.ok("lvchange");
     r.expect(
         "blkdiscard",
         Reply::Fail(
@@ -300,7 +303,7 @@ async fn delete_refuses_origins_of_classic_snapshots_and_lvs_opened_meanwhile() 
         .any(|l| l.contains("lvremove -y vg0/fv-race")));
     // Opened between zeroing and lvremove: lvm's refusal is FAILED_PRECONDITION.
     r.expect("lvs", deleting("-wi-a-----"));
-    r.ok("lvchange").ok("blkdiscard").ok("lvchange");
+    r.ok("lvchange").ok("blkdiscard");
     r.expect(
         "lvremove",
         Reply::Fail(5, "  Logical volume vg0/fv-race in use.".into()),
@@ -359,10 +362,7 @@ async fn classic_snapshots_are_split_and_zeroed_before_removal() {
         "hidden while deleting"
     );
     r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&split))));
-    r.ok("lvchange")
-        .ok("blkdiscard")
-        .ok("lvchange")
-        .ok("lvremove");
+    r.ok("lvchange").ok("blkdiscard").ok("lvremove");
     b.delete_snapshot(&id, &Secrets::default()).await.unwrap();
     let lines = r.lines();
     assert_eq!(
@@ -374,11 +374,10 @@ async fn classic_snapshots_are_split_and_zeroed_before_removal() {
         ]
     );
     assert_eq!(
-        lines[lines.len() - 4..],
+        lines[lines.len() - 3..],
         [
             "lvchange -ay -K -y vg0/fvs-s1",
             "blkdiscard --zeroout /dev/vg0/fvs-s1",
-            "lvchange -an vg0/fvs-s1",
             "lvremove -y vg0/fvs-s1"
         ]
     );

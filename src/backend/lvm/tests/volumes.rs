@@ -296,12 +296,9 @@ async fn delete_is_idempotent_and_refuses_open_volumes() {
             "-wi-------",
         )])),
     );
-    // A thick LV: tagged, activated, zeroed, deactivated, then removed.
-    r.ok("lvchange")
-        .ok("lvchange")
-        .ok("blkdiscard")
-        .ok("lvchange")
-        .ok("lvremove");
+    // A thick LV: tagged and activated (one lvchange), zeroed, then
+    // removed (lvremove deactivates it).
+    r.ok("lvchange").ok("blkdiscard").ok("lvremove");
     b.delete_volume(
         &VolumeId::parse("lvm:fast.fv-idle").unwrap(),
         &Secrets::default(),
@@ -310,12 +307,10 @@ async fn delete_is_idempotent_and_refuses_open_volumes() {
     .unwrap();
     let lines = r.lines();
     assert_eq!(
-        lines[lines.len() - 5..],
+        lines[lines.len() - 3..],
         [
-            "lvchange --addtag ferrovol-deleting vg0/fv-idle",
-            "lvchange -ay -K -y vg0/fv-idle",
+            "lvchange -ay -y --addtag ferrovol-deleting vg0/fv-idle",
             "blkdiscard --zeroout /dev/vg0/fv-idle",
-            "lvchange -an vg0/fv-idle",
             "lvremove -y vg0/fv-idle"
         ]
     );
@@ -461,6 +456,44 @@ async fn first_attach_wipes_a_fresh_lv_once() {
     r.ok("lvchange");
     b.node_attach(&id, &AttachContext::default()).await.unwrap();
     assert_eq!(r.lines().len(), 7);
+    // The stage's next question, whether it is a copy, is answered from
+    // the attach's read: no command.
+    assert!(!b
+        .node_copy_pending(&id, &AttachContext::default())
+        .await
+        .unwrap());
+    assert_eq!(r.lines().len(), 7);
+    // A copy: the same, once; asked again, lvs answers.
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row(
+            "fv-n",
+            8 * MIB,
+            "ferrovol,ferrovol-class:fast,ferrovol-copy",
+            "-wi-a-----",
+        )])),
+    );
+    r.ok("lvchange");
+    b.node_attach(&id, &AttachContext::default()).await.unwrap();
+    assert!(b
+        .node_copy_pending(&id, &AttachContext::default())
+        .await
+        .unwrap());
+    assert_eq!(r.lines().len(), 9);
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row(
+            "fv-n",
+            8 * MIB,
+            "ferrovol,ferrovol-class:fast",
+            "-wi-a-----",
+        )])),
+    );
+    assert!(!b
+        .node_copy_pending(&id, &AttachContext::default())
+        .await
+        .unwrap());
+    assert_eq!(r.lines().len(), 10);
 }
 
 #[tokio::test]
@@ -489,6 +522,41 @@ async fn detach_deactivates_only_active_lvs() {
             .count(),
         1
     );
+
+    // Staged by us (the stage's attachment): let go at once, and lvs
+    // then says it is done: two commands.
+    let r = Arc::new(FakeRunner::new());
+    let b = backend(r.clone(), None);
+    let staged = Attachment::Device {
+        path: "/dev/vg0/fv-d".into(),
+    };
+    r.ok("lvchange");
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row("fv-d", MIB, "ferrovol", "-wi-------")])),
+    );
+    b.node_detach(&id, Some(&staged)).await.unwrap();
+    assert_eq!(r.lines().len(), 2);
+    assert_eq!(r.lines()[0], "lvchange -an vg0/fv-d");
+    // In use: lvchange fails and lvs shows it still active; lvchange's
+    // failure is the answer.
+    r.expect(
+        "lvchange",
+        Reply::Fail(5, "  Logical volume vg0/fv-d in use.".into()),
+    );
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[lv_row("fv-d", MIB, "ferrovol", "-wi-ao----")])),
+    );
+    let e = b.node_detach(&id, Some(&staged)).await.unwrap_err();
+    assert!(e.message.contains("in use"), "{}", e.message);
+    // Gone already: lvchange fails, lvs lists nothing: done.
+    r.expect(
+        "lvchange",
+        Reply::Fail(5, "  Failed to find logical volume \"vg0/fv-d\"".into()),
+    );
+    r.expect("lvs", Reply::Fail(5, String::new()));
+    b.node_detach(&id, Some(&staged)).await.unwrap();
 }
 
 #[test]
