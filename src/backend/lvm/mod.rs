@@ -535,8 +535,9 @@ impl LvmBackend {
             }
             self.activate(&class.volume_group, &lv.lv_name).await?;
         } else {
-            // A plain LV: tagged and activated by one lvchange (lvm writes
-            // the tag before it activates).
+            // A plain LV: tagged and activated by one lvchange. Zeroing
+            // starts only once both are done; a delete cut short before
+            // finds the tag (or not) and does this again.
             self.runner
                 .run(
                     self.lvm("lvchange")
