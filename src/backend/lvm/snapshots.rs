@@ -51,6 +51,8 @@ impl Snapshotter for LvmBackend {
                 .find(|l| l.lv_name == name && l.has_tag(TAG))
                 .cloned()
         };
+        let source_lv =
+            ours(src_lv).filter(|lv| self.owner(lv).is_some_and(|c| c.name == class.name));
         let mut existing = ours(&snap_name);
         if let Some(lv) = existing.as_ref().filter(|lv| lv.plain()) {
             // lvcreate makes a classic snapshot's copy-on-write area as a
@@ -88,11 +90,9 @@ impl Snapshotter for LvmBackend {
                     "snapshot {name:?} exists for another source volume"
                 )));
             }
-            let inherited = match ours(src_lv) {
-                Some(src) if self.owner(&src).is_some_and(|c| c.name == class.name) => {
-                    inherited_tags(&src, &existing, &tag, &source_tag)
-                }
-                _ => Vec::new(),
+            let inherited = match &source_lv {
+                Some(src) => inherited_tags(src, &existing, &tag, &source_tag),
+                None => Vec::new(),
             };
             if inherited.is_empty() {
                 return self.snapshot_info(&class, &existing);
@@ -105,8 +105,7 @@ impl Snapshotter for LvmBackend {
                 .ok_or_else(|| Error::internal(format!("snapshot {target} vanished")))?;
             return self.snapshot_info(&class, &lv);
         }
-        let src = ours(src_lv)
-            .filter(|lv| self.owner(lv).is_some_and(|c| c.name == class.name))
+        let src = source_lv
             .ok_or_else(|| Error::not_found(format!("source volume {source} does not exist")))?;
         let mut cmd = self.lvm("lvcreate").args(["-y", "-s", "-n", &snap_name]);
         // What the snapshot takes from the group: its copy-on-write area

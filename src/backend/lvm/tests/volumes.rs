@@ -417,7 +417,7 @@ async fn expand_rounds_and_respects_limits() {
 }
 
 #[tokio::test]
-async fn first_attach_wipes_a_fresh_lv_once() {
+async fn first_attach_wipes_a_fresh_lv_once_and_answers_whether_it_is_a_copy() {
     let r = Arc::new(FakeRunner::new());
     r.expect(
         "lvs",
@@ -522,9 +522,14 @@ async fn detach_deactivates_only_active_lvs() {
             .count(),
         1
     );
+}
 
-    // Staged by us (the stage's attachment): let go at once, and lvs
-    // then says it is done: two commands.
+/// A volume the stage recorded (its attachment) was ours when attached:
+/// let go at once, and lvs then says it is done: two commands; in use,
+/// lvchange's own failure is the answer; already gone, done.
+#[tokio::test]
+async fn a_staged_lv_is_let_go_first_and_read_once() {
+    let id = VolumeId::parse("lvm:fast.fv-d").unwrap();
     let r = Arc::new(FakeRunner::new());
     let b = backend(r.clone(), None);
     let staged = Attachment::Device {
