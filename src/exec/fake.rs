@@ -19,6 +19,19 @@ pub enum Reply {
     FailWithOutput(i32, String),
     /// Behave as if the command hung and was killed at its timeout.
     Timeout,
+    /// Exit 0 with this stdout, having done to the world what the command
+    /// does (a device removed from a fake sysfs).
+    OkAfter(String, Effect),
+}
+
+/// What a scripted command does besides answering.
+#[derive(Clone)]
+pub struct Effect(pub std::sync::Arc<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for Effect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Effect(..)")
+    }
 }
 
 /// Answers commands from a script, strictly.
@@ -102,6 +115,14 @@ impl CommandRunner for FakeRunner {
                     stderr: String::new(),
                 },
             }),
+            Reply::OkAfter(stdout, Effect(effect)) => {
+                effect();
+                Ok(Output {
+                    code: Some(0),
+                    stdout: command.redact(&stdout),
+                    stderr: String::new(),
+                })
+            }
             Reply::Timeout => Err(ExecError::Timeout {
                 command: shown,
                 after: command.timeout,

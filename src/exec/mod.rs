@@ -7,7 +7,7 @@ mod fake;
 mod system;
 
 #[cfg(test)]
-pub use fake::{FakeRunner, Reply};
+pub use fake::{Effect, FakeRunner, Reply};
 pub use system::SystemRunner;
 
 use crate::error::{Error, Kind, Result};

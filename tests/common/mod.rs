@@ -318,6 +318,32 @@ impl Drop for Harness {
             let _ = std::fs::copy(self.dir.path().join("driver.log"), to);
         }
         cleanup(self.dir.path());
+        if std::thread::panicking() && std::env::var("FERROVOL_IN_GUEST").as_deref() == Ok("1") {
+            release_sessions_and_mappings();
+        }
+    }
+}
+
+/// After a guest test that failed half way: every iSCSI session logged
+/// out and every rbd mapping removed, so that the next tests, which find
+/// none of their own left behind by asking the whole node, judge their own
+/// work, not this one's leftovers. The guest runs one test at a time, so
+/// all of them are the failed test's. The test's daemons (iscsid, tgtd)
+/// still run: the harness is dropped before them.
+fn release_sessions_and_mappings() {
+    let _ = Command::new("timeout")
+        .args(["60", "iscsiadm", "-m", "node", "--logoutall=all"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    let remove = ["/sys/bus/rbd/remove_single_major", "/sys/bus/rbd/remove"]
+        .into_iter()
+        .find(|p| Path::new(p).exists());
+    if let (Some(remove), Ok(devices)) = (remove, std::fs::read_dir("/sys/bus/rbd/devices")) {
+        for d in devices.flatten() {
+            let id = d.file_name().to_string_lossy().into_owned();
+            let _ = std::fs::write(remove, format!("{id} force"));
+        }
     }
 }
 

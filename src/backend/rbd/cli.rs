@@ -61,18 +61,6 @@ struct Namespace {
     name: String,
 }
 
-/// One row of `rbd device list --format json` (showmapped).
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-pub struct Mapped {
-    pub pool: String,
-    #[serde(default)]
-    pub namespace: String,
-    pub name: String,
-    #[serde(default)]
-    pub snap: String,
-    pub device: String,
-}
-
 const TIMEOUT: Duration = Duration::from_secs(60);
 /// Copies (flatten) take their time.
 const LONG: Duration = Duration::from_secs(3600);
@@ -154,21 +142,6 @@ impl CliCluster {
             .await
             .map(|o| o.stdout)
             .map_err(classify)
-    }
-
-    /// Mapped images on this node.
-    pub async fn mapped(&self) -> Result<Vec<Mapped>> {
-        let out = self
-            .run_cmd(
-                Command::new("rbd")
-                    .args(["device", "list", "--format", "json"])
-                    .timeout(TIMEOUT),
-            )
-            .await?;
-        if out.trim().is_empty() {
-            return Ok(Vec::new());
-        }
-        json("device list", &out)
     }
 
     pub async fn map(&self, creds: &Creds, spec: &Spec, options: &str) -> Result<PathBuf> {

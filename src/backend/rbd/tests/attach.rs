@@ -212,15 +212,13 @@ async fn a_fenced_stage_is_abnormal() {
     std::fs::write(dev0.join("client_addr"), "10.0.0.2:0/77\n").unwrap();
     let recorded = r#"{"ferrovol.node.node-a":"single","ferrovol.client.node-a":"10.0.0.2:0/77"}"#;
     // Found mapped, its client recorded already: nothing written.
-    r.expect("rbd", Reply::Ok(recorded.into()))
-        .expect("rbd", Reply::Ok(MAPPED.into()));
+    mapped(dir.path());
+    r.expect("rbd", Reply::Ok(recorded.into()));
     let a = b.node_attach(&id, &stage_ctx("node-a")).await.unwrap();
     assert!(!ops(&r).iter().any(|l| l.contains("image-meta set")));
-    r.expect("rbd", Reply::Ok(MAPPED.into()))
-        .expect("rbd", Reply::Ok(recorded.into()));
+    r.expect("rbd", Reply::Ok(recorded.into()));
     assert_eq!(b.node_health(&id, &a).await.unwrap(), vec![]);
-    r.expect("rbd", Reply::Ok(MAPPED.into()))
-        .expect("rbd", Reply::Ok(r#"{"ferrovol.name":"a"}"#.into()));
+    r.expect("rbd", Reply::Ok(r#"{"ferrovol.name":"a"}"#.into()));
     let c = b.node_health(&id, &a).await.unwrap().remove(0);
     assert!(
         c.message.contains("fenced") && c.message.contains("10.0.0.2:0/77"),

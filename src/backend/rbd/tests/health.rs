@@ -100,17 +100,15 @@ async fn the_node_says_other_clients_of_its_staged_image() {
     let dev0 = dir.path().join("sys/bus/rbd/devices/0");
     std::fs::create_dir_all(&dev0).unwrap();
     std::fs::write(dev0.join("client_addr"), "10.0.0.2:0/77\n").unwrap();
-    r.expect("rbd", Reply::Ok(RECORDED.into()))
-        .expect("rbd", Reply::Ok(MAPPED.into()));
+    mapped(dir.path());
+    r.expect("rbd", Reply::Ok(RECORDED.into()));
     let a = b.node_attach(&id, &stage_ctx("node-a")).await.unwrap();
 
-    r.expect("rbd", Reply::Ok(MAPPED.into()))
-        .expect("rbd", Reply::Ok(RECORDED.into()))
+    r.expect("rbd", Reply::Ok(RECORDED.into()))
         .expect("rbd", Reply::Ok(watchers(&["10.0.0.2:0/77"])));
     assert_eq!(b.node_health(&id, &a).await.unwrap(), vec![]);
 
-    r.expect("rbd", Reply::Ok(MAPPED.into()))
-        .expect("rbd", Reply::Ok(RECORDED.into()))
+    r.expect("rbd", Reply::Ok(RECORDED.into()))
         .expect(
             "rbd",
             Reply::Ok(watchers(&["10.0.0.2:0/77", "10.0.0.4:0/9"])),

@@ -2,7 +2,7 @@
 //! from Ceph 16 (Debian bookworm).
 
 use super::*;
-use crate::exec::{FakeRunner, Reply};
+use crate::exec::{Effect, FakeRunner, Reply};
 
 mod attach;
 mod controller;
@@ -75,8 +75,32 @@ fn ops(r: &FakeRunner) -> Vec<String> {
         .collect()
 }
 
-const MAPPED: &str =
-    r#"[{"id":"0","pool":"rbd","namespace":"","name":"fv-a","snap":"-","device":"/dev/rbd0"}]"#;
+/// The kernel shows image rbd/fv-a mapped at /dev/rbd0 (its sysfs entry
+/// under the test's `dir`), as `rbd device map` leaves it.
+fn mapped(dir: &std::path::Path) {
+    let dev = dir.join("sys/bus/rbd/devices/0");
+    std::fs::create_dir_all(&dev).unwrap();
+    for (attr, value) in [
+        ("pool", "rbd"),
+        ("pool_ns", ""),
+        ("name", "fv-a"),
+        ("current_snap", "-"),
+    ] {
+        std::fs::write(dev.join(attr), format!("{value}\n")).unwrap();
+    }
+}
+
+/// /dev/rbd0 unmapped: its sysfs entry gone.
+fn unmapped(dir: &std::path::Path) {
+    let _ = std::fs::remove_dir_all(dir.join("sys/bus/rbd/devices/0"));
+}
+
+/// What `rbd device unmap` does to the kernel's table, for the scripted
+/// runner.
+fn unmaps(dir: &std::path::Path) -> Effect {
+    let dir = dir.to_path_buf();
+    Effect(Arc::new(move || unmapped(&dir)))
+}
 
 fn stage_ctx(node: &str) -> AttachContext {
     AttachContext {

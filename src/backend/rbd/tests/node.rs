@@ -26,7 +26,6 @@ async fn the_node_maps_only_what_is_published_to_it() {
         "rbd",
         Reply::Ok(r#"{"ferrovol.name":"a","ferrovol.node.node-a":"single"}"#.into()),
     )
-    .expect("rbd", Reply::Ok("[]".into()))
     .expect("rbd", Reply::Ok("/dev/rbd3\n".into()))
     .ok("rbd");
     let a = b.node_attach(&id, &stage_ctx("node-a")).await.unwrap();
@@ -44,9 +43,9 @@ async fn the_node_maps_only_what_is_published_to_it() {
             "image-meta set rbd/fv-a ferrovol.client.node-a 10.0.0.2:0/3459289423"
         ]
     );
-    // After a restart: the mapping is found.
-    r.expect("rbd", Reply::Ok(r#"{"ferrovol.name":"a"}"#.into()))
-        .expect("rbd", Reply::Ok(MAPPED.into()));
+    // After a restart: the mapping is found, in the kernel's table.
+    mapped(dir.path());
+    r.expect("rbd", Reply::Ok(r#"{"ferrovol.name":"a"}"#.into()));
     let a = b.node_attach(&id, &stage_ctx("node-a")).await.unwrap();
     assert_eq!(
         a,
@@ -57,9 +56,7 @@ async fn the_node_maps_only_what_is_published_to_it() {
 
     // Unstage unmaps, then removes this node's client record (with the
     // stage's secrets); not mapped is success, with nothing left to remove.
-    r.expect("rbd", Reply::Ok(MAPPED.into()))
-        .ok("rbd")
-        .expect("rbd", Reply::Ok("[]".into()))
+    r.expect("rbd", Reply::OkAfter(String::new(), unmaps(dir.path())))
         .ok("rbd");
     b.node_detach(&id, Some(&a)).await.unwrap();
     assert!(r.lines().iter().any(|l| l == "rbd device unmap /dev/rbd0"));
@@ -67,18 +64,16 @@ async fn the_node_maps_only_what_is_published_to_it() {
         ops(&r).last().unwrap(),
         "image-meta remove rbd/fv-a ferrovol.client.node-a"
     );
-    r.expect("rbd", Reply::Ok(String::new()));
+    let before = r.lines().len();
     b.node_detach(&id, None).await.unwrap();
-    assert!(ops(&r).last().unwrap().starts_with("device list"));
+    assert_eq!(r.lines().len(), before, "not mapped: no command");
     // Busy a moment after the unmount (udev probing it): asked again.
-    r.expect("rbd", Reply::Ok(MAPPED.into()))
-        .expect(
-            "rbd",
-            Reply::Fail(16, "rbd: unmap failed: (16) Device or resource busy".into()),
-        )
-        .expect("rbd", Reply::Ok(MAPPED.into()))
-        .ok("rbd")
-        .expect("rbd", Reply::Ok("[]".into()));
+    mapped(dir.path());
+    r.expect(
+        "rbd",
+        Reply::Fail(16, "rbd: unmap failed: (16) Device or resource busy".into()),
+    )
+    .expect("rbd", Reply::OkAfter(String::new(), unmaps(dir.path())));
     b.node_detach(&id, None).await.unwrap();
     let unmaps = |r: &FakeRunner| {
         r.lines()
@@ -89,7 +84,6 @@ async fn the_node_maps_only_what_is_published_to_it() {
     assert_eq!(unmaps(&r), 3);
 
     // Condition: the mapping gone is abnormal.
-    r.expect("rbd", Reply::Ok("[]".into()));
     let c = b.node_health(&id, &a).await.unwrap().remove(0);
     assert!(c.message.contains("no longer mapped"), "{c:?}");
     assert_eq!(c.reason, crate::plugin::Reason::MappingGone);
@@ -225,4 +219,56 @@ async fn changed_blocks_read_the_source_between_the_two_cuts() {
         .unwrap_err();
     assert_eq!(e.kind, Kind::InvalidArgument, "{e}");
     assert!(e.message.contains("newer"), "{e}");
+}
+
+/// The node finds an image's mapping in the kernel's table: by pool,
+/// namespace and name, the image itself (a snapshot's mapping is not the
+/// volume), with no command run.
+#[tokio::test]
+async fn the_mapping_is_read_from_the_kernel_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = Arc::new(FakeRunner::new());
+    let b = backend(r.clone(), dir.path(), false);
+    let devices = dir.path().join("sys/bus/rbd/devices");
+    let entry = |id: &str, pool: &str, ns: &str, name: &str, snap: &str| {
+        let d = devices.join(id);
+        std::fs::create_dir_all(&d).unwrap();
+        for (attr, v) in [
+            ("pool", pool),
+            ("pool_ns", ns),
+            ("name", name),
+            ("current_snap", snap),
+        ] {
+            std::fs::write(d.join(attr), format!("{v}\n")).unwrap();
+        }
+    };
+    let spec = |ns: &str, image: &str| Spec {
+        pool: "rbd".into(),
+        namespace: ns.into(),
+        image: image.into(),
+    };
+    // Nothing mapped, and no rbd module at all: not mapped.
+    assert_eq!(b.find_mapping(&spec("", "fv-a")).await.unwrap(), None);
+    entry("0", "rbd", "", "fv-a", "s1");
+    entry("1", "rbd", "tenant", "fv-a", "-");
+    entry("2", "other", "", "fv-a", "-");
+    entry("12", "rbd", "", "fv-a", "-");
+    // Not a device's entry.
+    entry("x", "rbd", "", "fv-b", "-");
+    assert_eq!(
+        b.find_mapping(&spec("", "fv-a")).await.unwrap(),
+        Some("/dev/rbd12".into())
+    );
+    assert_eq!(
+        b.find_mapping(&spec("tenant", "fv-a")).await.unwrap(),
+        Some("/dev/rbd1".into())
+    );
+    assert_eq!(b.find_mapping(&spec("", "fv-b")).await.unwrap(), None);
+    // A kernel without namespaces (no pool_ns): the default namespace.
+    std::fs::remove_file(devices.join("12/pool_ns")).unwrap();
+    assert_eq!(
+        b.find_mapping(&spec("", "fv-a")).await.unwrap(),
+        Some("/dev/rbd12".into())
+    );
+    assert!(r.lines().is_empty(), "{:?}", r.lines());
 }
