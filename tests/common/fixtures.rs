@@ -484,6 +484,61 @@ pub struct CephCluster {
     osd: Option<Child>,
     /// The manager: usage figures (`ceph df`) come from it.
     mgr: Option<Child>,
+    /// The admin commands' one connection (tests/common/ceph-admin),
+    /// started at the first command.
+    admin: std::sync::Mutex<Option<CephAdmin>>,
+}
+
+/// tests/common/ceph-admin: `ceph` command lines through one Python and
+/// one cluster connection.
+struct CephAdmin {
+    child: Child,
+    to: std::process::ChildStdin,
+    from: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl CephAdmin {
+    fn start(conf: &Path) -> Self {
+        let mut child = Command::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/common/ceph-admin"
+        ))
+        .arg(conf)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("tests/common/ceph-admin: {e}"));
+        let to = child.stdin.take().unwrap();
+        let from = std::io::BufReader::new(child.stdout.take().unwrap());
+        CephAdmin { child, to, from }
+    }
+
+    /// The command's answer: None when ceph-admin does not know it.
+    fn ask(&mut self, args: &[&str]) -> Option<Result<String, String>> {
+        use std::io::{BufRead, Write};
+        let line = serde_json::to_string(args).unwrap();
+        writeln!(self.to, "{line}").expect("ceph-admin: write");
+        let mut answer = String::new();
+        self.from.read_line(&mut answer).expect("ceph-admin: read");
+        assert!(!answer.is_empty(), "ceph-admin ended (see its stderr)");
+        let v: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        let out = v["out"].as_str().unwrap_or_default().to_string();
+        match v["rc"].as_i64() {
+            None => None,
+            Some(0) => Some(Ok(out)),
+            Some(rc) => Some(Err(format!(
+                "ceph {args:?} failed ({rc}): {}",
+                v["err"].as_str().unwrap_or_default()
+            ))),
+        }
+    }
+}
+
+impl Drop for CephAdmin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 fn uuid() -> String {
@@ -705,6 +760,7 @@ impl CephCluster {
             mon,
             osd: None,
             mgr: None,
+            admin: Default::default(),
         };
         let osd_uuid = uuid();
         let id = cluster.ceph(&["osd", "create", &osd_uuid]);
@@ -771,11 +827,25 @@ impl CephCluster {
         cluster
     }
 
-    /// Runs `ceph` as the admin against this cluster.
+    /// Runs a `ceph` command line as the admin against this cluster (as
+    /// [`run`]: panics unless it succeeds), through ceph-admin's one
+    /// connection; one it does not know through the `ceph` tool.
     pub fn ceph(&self, args: &[&str]) -> String {
-        let mut all = vec!["-c", self.conf.to_str().unwrap(), "--connect-timeout", "30"];
-        all.extend_from_slice(args);
-        run("ceph", &all)
+        let answer = {
+            let mut admin = self.admin.lock().unwrap_or_else(|e| e.into_inner());
+            admin
+                .get_or_insert_with(|| CephAdmin::start(&self.conf))
+                .ask(args)
+        };
+        match answer {
+            Some(Ok(out)) => out,
+            Some(Err(e)) => panic!("{e}"),
+            None => {
+                let mut all = vec!["-c", self.conf.to_str().unwrap(), "--connect-timeout", "30"];
+                all.extend_from_slice(args);
+                run("ceph", &all)
+            }
+        }
     }
 
     /// Runs `rbd` as `client.ferrovol`.
@@ -840,6 +910,8 @@ impl CephCluster {
 
 impl Drop for CephCluster {
     fn drop(&mut self) {
+        // Its connection first, while the monitor answers.
+        drop(self.admin.lock().unwrap_or_else(|e| e.into_inner()).take());
         for mut child in [self.mgr.take(), self.osd.take()].into_iter().flatten() {
             let _ = child.kill();
             let _ = child.wait();
