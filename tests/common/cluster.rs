@@ -498,18 +498,21 @@ impl Cluster {
         let class = self.r.named("VolumeGroupSnapshotClass", vgsc);
         let driver = &claims[0].driver;
         let w = self.serving(driver, Some("csi-snapshotter"));
-        let g = pb::group_controller_client::GroupControllerClient::new(self.channel(&w))
-            .create_volume_group_snapshot(pb::CreateVolumeGroupSnapshotRequest {
-                name: self.next("groupsnapshot"),
-                source_volume_ids: claims.iter().map(|c| c.id.clone()).collect(),
-                secrets: self.secrets(&class["parameters"], "group-snapshotter"),
-                parameters: strip(&class["parameters"]),
-            })
-            .await
-            .unwrap_or_else(|e| panic!("CreateVolumeGroupSnapshot: {e}"))
-            .into_inner()
-            .group_snapshot
-            .unwrap();
+        let req = pb::CreateVolumeGroupSnapshotRequest {
+            name: self.next("groupsnapshot"),
+            source_volume_ids: claims.iter().map(|c| c.id.clone()).collect(),
+            secrets: self.secrets(&class["parameters"], "group-snapshotter"),
+            parameters: strip(&class["parameters"]),
+        };
+        let g = super::as_the_snapshotter("CreateVolumeGroupSnapshot", || {
+            let mut c = pb::group_controller_client::GroupControllerClient::new(self.channel(&w));
+            let req = req.clone();
+            async move { c.create_volume_group_snapshot(req).await }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("CreateVolumeGroupSnapshot: {e}"))
+        .group_snapshot
+        .unwrap();
         let members = claims
             .iter()
             .map(|c| {

@@ -15,6 +15,38 @@ pub fn require_guest() {
         Ok("1"),
         "this test needs the real-kernel guest: run it with tests/guest/suite"
     );
+    say_panics_at_once();
+}
+
+/// Each panic's first line is also written straight to the console (the
+/// test harness holds a test's output until the whole suite ends, and a
+/// suite cut short by its timeout never prints it): the test's name, where
+/// and what, on one line.
+fn say_panics_at_once() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let before = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            use std::io::Write;
+            let what = info
+                .payload()
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| info.payload().downcast_ref::<&str>().copied())
+                .unwrap_or("(no message)");
+            let what: String = what.chars().take(800).collect();
+            let line = format!(
+                "PANIC in {} at {}: {}\n",
+                std::thread::current().name().unwrap_or("a thread"),
+                info.location()
+                    .map(|l| format!("{}:{}", l.file(), l.line()))
+                    .unwrap_or_default(),
+                what.replace('\n', " | ")
+            );
+            let _ = std::io::stderr().write_all(line.as_bytes());
+            before(info);
+        }));
+    });
 }
 
 /// Runs a command, panics with its stderr unless it succeeds, returns stdout.

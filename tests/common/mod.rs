@@ -268,18 +268,20 @@ impl Harness {
         volume: &str,
         secrets: HashMap<String, String>,
     ) -> pb::Snapshot {
-        self.controller()
-            .create_snapshot(pb::CreateSnapshotRequest {
-                name: name.into(),
-                source_volume_id: volume.into(),
-                secrets,
-                ..Default::default()
-            })
-            .await
-            .unwrap_or_else(|e| panic!("CreateSnapshot {name}: {e:?}\n{}", self.log()))
-            .into_inner()
-            .snapshot
-            .expect("CreateSnapshot answers a snapshot")
+        let req = pb::CreateSnapshotRequest {
+            name: name.into(),
+            source_volume_id: volume.into(),
+            secrets,
+            ..Default::default()
+        };
+        as_the_snapshotter("CreateSnapshot", || {
+            let (mut c, req) = (self.controller(), req.clone());
+            async move { c.create_snapshot(req).await }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("CreateSnapshot {name}: {e:?}\n{}", self.log()))
+        .snapshot
+        .expect("CreateSnapshot answers a snapshot")
     }
 
     /// Loop devices whose image lives under this test's folder.
@@ -1207,5 +1209,26 @@ impl Steady {
 impl Drop for Steady {
     fn drop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Calls `call` until it answers anything but UNAVAILABLE, three times at
+/// most, as the snapshotter does: a driver that could not take a snapshot
+/// while its writers were held says UNAVAILABLE (on a busy machine the
+/// commands under the hold can outlast its deadline), and is asked again.
+pub async fn as_the_snapshotter<T, F, Fut>(what: &str, call: F) -> Result<T, tonic::Status>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match call().await {
+            Err(e) if e.code() == tonic::Code::Unavailable && tries < 3 => {
+                eprintln!("{what}, try {tries}: {}", e.message());
+            }
+            r => return r.map(tonic::Response::into_inner),
+        }
     }
 }

@@ -410,18 +410,19 @@ async fn guest_iscsi_group_snapshots_of_volumes_being_written() {
         wait_for("the writer's first 20 rounds", &|| {
             read_seq(&a_dir.join("seq")) >= 20
         });
-        let group = h
-            .group()
-            .create_volume_group_snapshot(pb::CreateVolumeGroupSnapshotRequest {
-                name: format!("{store}-group"),
-                source_volume_ids: vec![a.clone(), b.clone()],
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .group_snapshot
-            .unwrap();
+        let req = pb::CreateVolumeGroupSnapshotRequest {
+            name: format!("{store}-group"),
+            source_volume_ids: vec![a.clone(), b.clone()],
+            ..Default::default()
+        };
+        let group = as_the_snapshotter("CreateVolumeGroupSnapshot", || {
+            let (mut g, req) = (h.group(), req.clone());
+            async move { g.create_volume_group_snapshot(req).await }
+        })
+        .await
+        .unwrap()
+        .group_snapshot
+        .unwrap();
         assert_eq!(group.snapshots.len(), 2);
         let suspended = run(
             "dmsetup",
