@@ -178,7 +178,7 @@ rm -rf $d && mkdir -p $d/state $d/kubelet/staging $d/kubelet/pods
 cat > $d/config.toml <<'FERROVOL_CONFIG'
 {config}
 FERROVOL_CONFIG
-RUST_LOG=debug setsid {bin} serve --mode node --endpoint unix://$d/csi.sock \\
+RUST_LOG='{log}' setsid {bin} serve --mode node --endpoint unix://$d/csi.sock \\
   --node-id {node_name} --state-dir $d/state --config $d/config.toml \\
   >$d/driver.log 2>&1 </dev/null &
 echo $! > $d/driver.pid
@@ -187,7 +187,8 @@ while kill -0 $(cat $d/driver.pid) 2>/dev/null && [ ! -S $d/csi.sock ]; do sleep
 setsid socat TCP-LISTEN:{DRIVER_PORT},bind={PEER_ADDR},reuseaddr,fork UNIX-CONNECT:$d/csi.sock \\
   </dev/null >/dev/null 2>&1 &
 echo $! > $d/relay.pid
-"
+",
+            log = super::DRIVER_LOG
         ));
         let endpoint =
             tonic::transport::Endpoint::from_shared(format!("http://{PEER_ADDR}:{DRIVER_PORT}"))
