@@ -42,15 +42,32 @@ pub struct NodeSettings {
     /// prefixes, checked on the resolved path); empty: anywhere. The
     /// manifests set it to the kubelet root.
     pub allowed_paths: Vec<PathBuf>,
+    /// The key derivation of encrypted volumes formatted from now on
+    /// (argon2id): the memory it takes, in KiB...
+    pub encryption_kdf_memory_kib: u32,
+    /// ...and the time it is tuned to take on this node, in milliseconds.
+    /// Every stage of the volume derives its key again with the cost
+    /// fixed at its format.
+    pub encryption_kdf_time_ms: u32,
 }
 
 impl Default for NodeSettings {
     fn default() -> Self {
+        let kdf = crate::host::crypt::Kdf::default();
         Self {
             max_volumes_per_node: 256,
             topology_key: "topology.ferrovol.io/node".into(),
             allowed_paths: Vec::new(),
+            encryption_kdf_memory_kib: kdf.memory_kib,
+            encryption_kdf_time_ms: kdf.time_ms,
         }
+    }
+}
+
+impl NodeSettings {
+    /// The key derivation the settings name, within cryptsetup's bounds.
+    pub fn kdf(&self) -> Result<crate::host::crypt::Kdf> {
+        crate::host::crypt::Kdf::new(self.encryption_kdf_memory_kib, self.encryption_kdf_time_ms)
     }
 }
 
@@ -300,6 +317,33 @@ mod tests {
         assert_eq!(c.node.max_volumes_per_node, 10);
         assert_eq!(c.backends[0].kind, "file");
         assert_eq!(c.backends[0].name(), "fast");
+    }
+
+    /// The key derivation of encrypted volumes: 64 MiB and half a second
+    /// unless `[node]` says otherwise, within cryptsetup's bounds.
+    #[test]
+    fn the_encryption_kdf_is_set_in_node() {
+        let kdf = Config::default().node.kdf().unwrap();
+        assert_eq!((kdf.memory_kib, kdf.time_ms), (65536, 500));
+        let parse = |text: &str| toml::from_str::<Config>(text).unwrap().node.kdf();
+        let kdf = parse(
+            "[node]
+encryption_kdf_memory_kib = 1048576
+encryption_kdf_time_ms = 2000
+",
+        )
+        .unwrap();
+        assert_eq!((kdf.memory_kib, kdf.time_ms), (1048576, 2000));
+        for bad in [
+            "encryption_kdf_memory_kib = 16",
+            "encryption_kdf_memory_kib = 4194305",
+            "encryption_kdf_time_ms = 0",
+            "encryption_kdf_time_ms = 60001",
+        ] {
+            let e = parse(&format!("[node]\n{bad}\n")).unwrap_err();
+            assert_eq!(e.kind, crate::error::Kind::InvalidArgument, "{bad}");
+            assert!(e.message.contains("node.encryption_kdf_"), "{}", e.message);
+        }
     }
 
     #[test]

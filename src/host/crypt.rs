@@ -24,8 +24,8 @@ pub const LUKS2: &str = "luks2";
 /// The NodeStage secret that holds a volume's passphrase.
 pub const PASSPHRASE_KEY: &str = "encryptionPassphrase";
 const PREFIX: &str = "fvc-";
-/// Formatting and opening run the key derivation (argon2id, set below to
-/// take about half a second where the header is made).
+/// Formatting and opening run the key derivation (argon2id, [`Kdf`]: by
+/// default about half a second where the header is made).
 const TIMEOUT: Duration = Duration::from_secs(120);
 
 fn cryptsetup() -> Command {
@@ -164,11 +164,57 @@ pub fn key_slots(area: &[u8]) -> usize {
         .unwrap_or(0)
 }
 
-/// Formats `device` as LUKS2 (subsystem [`SUBSYSTEM`]) with `passphrase`.
-/// A small header (1 MiB of key slots; the data starts at 2 MiB) leaves
-/// the volume most of its size.
-pub async fn format(runner: &dyn CommandRunner, device: &Path, passphrase: &str) -> Result<()> {
+/// The key derivation (argon2id) a format sets: its memory in KiB and the
+/// time it is tuned to take where the header is made, in milliseconds
+/// (at least cryptsetup's four passes). Each open pays the same again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kdf {
+    pub memory_kib: u32,
+    pub time_ms: u32,
+}
+
+impl Default for Kdf {
+    /// 64 MiB and half a second.
+    fn default() -> Self {
+        Self {
+            memory_kib: 65536,
+            time_ms: 500,
+        }
+    }
+}
+
+impl Kdf {
+    /// Within what cryptsetup takes for argon2id: 32 KiB to 4 GiB of
+    /// memory, 1 ms to a minute.
+    pub fn new(memory_kib: u32, time_ms: u32) -> Result<Self> {
+        if !(32..=4 * 1024 * 1024).contains(&memory_kib) {
+            return Err(Error::invalid(format!(
+                "node.encryption_kdf_memory_kib is {memory_kib}: it must be 32 to 4194304 (4 GiB)"
+            )));
+        }
+        if !(1..=60_000).contains(&time_ms) {
+            return Err(Error::invalid(format!(
+                "node.encryption_kdf_time_ms is {time_ms}: it must be 1 to 60000"
+            )));
+        }
+        Ok(Self {
+            memory_kib,
+            time_ms,
+        })
+    }
+}
+
+/// Formats `device` as LUKS2 (subsystem [`SUBSYSTEM`]) with `passphrase`,
+/// its key derived as `kdf` says. A small header (1 MiB of key slots; the
+/// data starts at 2 MiB) leaves the volume most of its size.
+pub async fn format(
+    runner: &dyn CommandRunner,
+    device: &Path,
+    passphrase: &str,
+    kdf: Kdf,
+) -> Result<()> {
     check_passphrase(passphrase)?;
+    let (memory, time) = (kdf.memory_kib.to_string(), kdf.time_ms.to_string());
     let cmd = cryptsetup()
         .args([
             "luksFormat",
@@ -180,11 +226,11 @@ pub async fn format(runner: &dyn CommandRunner, device: &Path, passphrase: &str)
             "--pbkdf",
             "argon2id",
             "--pbkdf-memory",
-            "65536",
+            &memory,
             "--pbkdf-parallel",
             "1",
             "--iter-time",
-            "500",
+            &time,
             "--luks2-metadata-size",
             "16k",
             "--luks2-keyslots-size",
@@ -324,6 +370,29 @@ mod tests {
         assert!(check_passphrase("").is_err());
         assert!(check_passphrase(&"x".repeat(8193)).is_err());
         assert!(check_passphrase("correct horse").is_ok());
+    }
+
+    /// A format derives its key as the node's settings say, and the
+    /// passphrase goes in on stdin, never on the command line.
+    #[tokio::test]
+    async fn format_derives_the_key_as_set() {
+        let runner = crate::exec::FakeRunner::new();
+        runner.ok("cryptsetup");
+        let kdf = Kdf::new(1024, 50).unwrap();
+        format(&runner, Path::new("/dev/loop7"), "correct horse", kdf)
+            .await
+            .unwrap();
+        let line = runner.lines().join("\n");
+        for arg in [
+            "--pbkdf argon2id",
+            "--pbkdf-memory 1024",
+            "--iter-time 50",
+            "/dev/loop7",
+        ] {
+            assert!(line.contains(arg), "{arg}: {line}");
+        }
+        assert!(!line.contains("correct horse"), "{line}");
+        assert!(Kdf::new(31, 500).is_err() && Kdf::new(65536, 0).is_err());
     }
 
     /// The key slots of a LUKS2 metadata area: a format cut short has none

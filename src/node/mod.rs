@@ -170,6 +170,8 @@ pub struct NodeOps {
     deadlines: Deadlines,
     /// Where staging paths and targets may be; empty: anywhere.
     allowed_paths: Vec<PathBuf>,
+    /// The key derivation of the encrypted volumes it formats.
+    kdf: crate::host::crypt::Kdf,
     /// Read-only loop devices for read-only block publishes.
     loops: LoopDevices,
     /// The kernel's device tables, for the node's volume limit.
@@ -201,6 +203,7 @@ impl NodeOps {
             host,
             deadlines: Deadlines::default(),
             allowed_paths: Vec::new(),
+            kdf: Default::default(),
             loops: LoopDevices::new(),
             devices: DeviceTables::default(),
             freezer: None,
@@ -314,6 +317,12 @@ impl NodeOps {
     }
 
     /// The same, with staging paths and targets kept under these prefixes.
+    /// The same, formatting encrypted volumes with key derivation `kdf`.
+    pub fn with_kdf(mut self, kdf: crate::host::crypt::Kdf) -> Self {
+        self.kdf = kdf;
+        self
+    }
+
     pub fn with_allowed_paths(mut self, prefixes: Vec<PathBuf>) -> Self {
         // Judged against resolved paths, so resolve the prefixes too.
         self.allowed_paths = prefixes

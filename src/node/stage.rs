@@ -370,7 +370,7 @@ impl NodeOps {
             record.crypt_formatting = true;
             self.put_stage(record.clone()).await?;
             crate::killpoint::hit(crate::killpoint::Step::CryptFormatting);
-            if let Err(e) = crypt::format(runner, device, passphrase).await {
+            if let Err(e) = crypt::format(runner, device, passphrase, self.kdf).await {
                 // A failed format (cryptsetup's error, or its timeout) may
                 // leave part of a header: it goes, as the stage's undo
                 // takes the intent with the record. The device held
