@@ -58,18 +58,32 @@ pub fn render(overlay: &'static str) -> Rendered {
             .unwrap_or_else(|e| panic!("{}: {e} (tests/guest/suite renders it)", file.display()));
         return parsed(overlay, of, text);
     }
-    let dir = root().join("deploy/overlays").join(overlay);
-    let out = Command::new("kubectl")
-        .arg("kustomize")
-        .arg(&dir)
-        .output()
-        .expect("kubectl (for its kustomize) is needed; .ci/run checks for it");
-    assert!(
-        out.status.success(),
-        "kustomize {overlay}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
+    // Each overlay is rendered once per test binary (the deploy tests
+    // read every overlay in a dozen tests: 150 kubectl runs): the
+    // manifests do not change while the tests run.
+    static RENDERS: std::sync::Mutex<Vec<(&str, String)>> = std::sync::Mutex::new(Vec::new());
+    let known = RENDERS
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(o, _)| *o == overlay)
+        .map(|(_, text)| text.clone());
+    let text = known.unwrap_or_else(|| {
+        let dir = root().join("deploy/overlays").join(overlay);
+        let out = Command::new("kubectl")
+            .arg("kustomize")
+            .arg(&dir)
+            .output()
+            .expect("kubectl (for its kustomize) is needed; .ci/run checks for it");
+        assert!(
+            out.status.success(),
+            "kustomize {overlay}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8(out.stdout).unwrap();
+        RENDERS.lock().unwrap().push((overlay, text.clone()));
+        text
+    });
     parsed(overlay, of, text)
 }
 
