@@ -316,13 +316,13 @@ impl NodeOps {
         self
     }
 
-    /// The same, with staging paths and targets kept under these prefixes.
     /// The same, formatting encrypted volumes with key derivation `kdf`.
     pub fn with_kdf(mut self, kdf: crate::host::crypt::Kdf) -> Self {
         self.kdf = kdf;
         self
     }
 
+    /// The same, with staging paths and targets kept under these prefixes.
     pub fn with_allowed_paths(mut self, prefixes: Vec<PathBuf>) -> Self {
         // Judged against resolved paths, so resolve the prefixes too.
         self.allowed_paths = prefixes
