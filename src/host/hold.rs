@@ -182,14 +182,18 @@ impl Holds {
         self.reload(name, &want).await
     }
 
-    /// Removes hold `name`; one that is not there is no error.
+    /// Removes hold `name`; one that is not there is no error. A device
+    /// that is busy for a moment after its user let go (udev or multipath
+    /// still probing it: seen on a busy machine right after tgtd closed
+    /// a LUN's hold) is asked again for a few seconds (`--retry`) before
+    /// the call fails.
     pub async fn remove(&self, name: &str) -> Result<()> {
         Self::check_name(name)?;
         if self.table(name).await?.is_none() {
             return Ok(());
         }
         self.runner
-            .run(self.dmsetup().args(["remove", name]))
+            .run(self.dmsetup().args(["remove", "--retry", name]))
             .await?;
         Ok(())
     }
@@ -342,7 +346,10 @@ mod tests {
         r.expect("dmsetup", Reply::Ok(format!("{grown}\n")))
             .ok("dmsetup");
         holds.remove(&name).await.unwrap();
-        assert_eq!(r.lines().last().unwrap(), &format!("dmsetup remove {name}"));
+        assert_eq!(
+            r.lines().last().unwrap(),
+            &format!("dmsetup remove --retry {name}")
+        );
         r.expect(
             "dmsetup",
             Reply::Fail(1, "Device does not exist.\nCommand failed.".into()),

@@ -156,7 +156,7 @@ impl LvmBackend {
                 .run(
                     crate::exec::Command::new("dmsetup")
                         .timeout(super::LVM_TIMEOUT)
-                        .args(["remove", name]),
+                        .args(["remove", "--retry", name]),
                 )
                 .await?;
             done.push(format!("removed the stray device-mapper layer {name}"));

@@ -138,7 +138,7 @@ async fn a_snapshot_or_copy_cut_short_is_finished_by_the_retry() {
     let lines = r.lines();
     assert_eq!(lines[2], "lvremove -y vg0/fvs-s1");
     assert_eq!(lines[3], "lvchange --refresh vg0/fv-a");
-    assert_eq!(lines[6], "dmsetup remove vg0-fv--a-real");
+    assert_eq!(lines[6], "dmsetup remove --retry vg0-fv--a-real");
     assert!(
         lines[9].starts_with("lvcreate -y -s -n fvs-s1"),
         "{lines:?}"
@@ -441,8 +441,8 @@ async fn start_settles_what_a_cut_short_snapshot_left() {
         lines[5..],
         [
             "dmsetup info -c --noheadings --separator : -o name,open",
-            "dmsetup remove vg0-fv--a-real",
-            "dmsetup remove vg0-fvs--s-cow"
+            "dmsetup remove --retry vg0-fv--a-real",
+            "dmsetup remove --retry vg0-fvs--s-cow"
         ]
     );
 }
