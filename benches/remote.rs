@@ -9,7 +9,9 @@
 //! FERROVOL_BENCH_EXISTING (default 800) the volumes made before the phases
 //! "with N", FERROVOL_BENCH_CLIENTS (default 8) the concurrent callers,
 //! FERROVOL_BENCH_ONLY (`iscsi` or `rbd`) one backend, or `cephcsi` the
-//! rbd backend beside ceph-csi alone (`remote/beside.rs`: its own knobs).
+//! rbd backend beside ceph-csi alone (`remote/beside.rs`: its own knobs),
+//! or, in the real-kernel guest only, `nfs` or `lvm` (`remote/lvm.rs`:
+//! lvm beside the bare lvm commands).
 //!
 //! Each row: p50 and p99 of one call, calls per second, and the floor: the
 //! same work done by the tool itself (one `tgtadm` or `rbd` process per
@@ -20,6 +22,8 @@
 mod beside;
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "remote/lvm.rs"]
+mod lvm;
 
 use common::fixtures::{run, CephCluster, NfsServer, Tgtd};
 use common::*;
@@ -268,6 +272,14 @@ async fn main() {
     // target/release/deps/remote-* --bench).
     if only == "nfs" {
         nfs(n, existing, clients).await;
+    }
+    // lvm needs device-mapper: the guest only, as nfs (remote/lvm.rs).
+    if only == "lvm" {
+        lvm::lvm(
+            env_num("FERROVOL_BENCH_CALLS", 8),
+            env_num("FERROVOL_BENCH_ROUNDS", 2),
+        )
+        .await;
     }
 }
 

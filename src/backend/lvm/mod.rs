@@ -37,6 +37,11 @@ const NAME_TAG: &str = "ferrovol-name:";
 /// On an LV being deleted: its extents are being zeroed (a retried delete
 /// zeroes again, so the extents never go back to the pool unwiped).
 const DELETING_TAG: &str = "ferrovol-deleting";
+/// How long a create trusts what a read of its class's group and pool
+/// showed (the extent size; the pool there and zeroing new chunks) and
+/// goes straight to lvcreate: a pool whose zeroing is turned off is
+/// refused from the next read on, at most this long after.
+const FACTS_FRESH: Duration = Duration::from_secs(30);
 /// Zeroing a whole LV takes a while on a big one.
 const ZERO_TIMEOUT: Duration = Duration::from_secs(6 * 3600);
 /// The device class an LV belongs to (classes may share a volume group).
@@ -275,6 +280,11 @@ pub struct LvmBackend {
     /// reading the LV again. Taken once; the stage holds the volume's
     /// lock between the two, and only the stage drops the tag.
     copies_seen: std::sync::Mutex<HashMap<String, bool>>,
+    /// What the last careful read of each device class showed a create
+    /// (by class name): its group's extent size, read when, and for a
+    /// thin class that its pool was there and fit to hand out volumes
+    /// (see [`LvmBackend::fresh_extent`]).
+    facts: std::sync::Mutex<HashMap<String, (u64, std::time::Instant)>>,
     // No lock of its own: the operation guard covers every id an operation
     // touches, and lvm serializes changes to a volume group's metadata
     // itself. A create racing another for the last free extents fails in
@@ -332,6 +342,7 @@ impl LvmBackend {
             host: Arc::new(SystemHost),
             pool_locks: Default::default(),
             copies_seen: Default::default(),
+            facts: Default::default(),
             group_snapshots: if crate::host::freeze::block_freeze_nests() {
                 crate::plugin::GroupSnapshots::Frozen
             } else {
@@ -394,6 +405,29 @@ impl LvmBackend {
     }
 
     /// The LV `name` of `class`: ours, and of that class.
+    /// The extent size of `class`'s group, when a careful read of the
+    /// class (its group, and its thin pool there and fit to hand out
+    /// volumes) is recent enough for a create to go straight to lvcreate.
+    fn fresh_extent(&self, class: &DeviceClass) -> Option<u64> {
+        let facts = self.facts.lock().unwrap_or_else(|e| e.into_inner());
+        facts
+            .get(&class.name)
+            .filter(|(_, read)| read.elapsed() < FACTS_FRESH)
+            .map(|(extent, _)| *extent)
+    }
+
+    /// Notes what a careful read just showed of `class`: its group's
+    /// extent size, and the class fit for a create (its pool checked).
+    fn note_facts(&self, class: &DeviceClass, extent: u64) {
+        let mut facts = self.facts.lock().unwrap_or_else(|e| e.into_inner());
+        facts.insert(class.name.clone(), (extent, std::time::Instant::now()));
+    }
+
+    fn forget_facts(&self, class: &DeviceClass) {
+        let mut facts = self.facts.lock().unwrap_or_else(|e| e.into_inner());
+        facts.remove(&class.name);
+    }
+
     async fn class_lv(&self, class: &DeviceClass, name: &str) -> Result<Option<Lv>> {
         Ok(self
             .lv(&class.volume_group, name)
@@ -741,22 +775,40 @@ impl LvmBackend {
                 class.name
             )));
         }
-        self.run_judged(
-            class,
-            0,
-            self.lvm("lvcreate")
-                .args([
-                    "-y",
-                    "-V",
-                    &format!("{}b", new.size),
-                    "--thinpool",
-                    &format!("{vg_name}/{pool}"),
-                    "-n",
-                    &new.name,
-                ])
-                .args(new.tag_args()),
-        )
-        .await
+        self.run_judged(class, 0, self.thin_lvcreate(class, new, pool))
+            .await
+    }
+
+    /// The lvcreate of new thin volume `new` in `class`'s pool `pool`.
+    fn thin_lvcreate(&self, class: &DeviceClass, new: &NewLv, pool: &str) -> Command {
+        self.lvm("lvcreate")
+            .args([
+                "-y",
+                "-V",
+                &format!("{}b", new.size),
+                "--thinpool",
+                &format!("{}/{pool}", class.volume_group),
+                "-n",
+                &new.name,
+            ])
+            .args(new.tag_args())
+    }
+
+    /// The lvcreate of new thick volume `new`, with neither the start
+    /// zeroed nor signatures wiped (the first attach wipes a fresh one).
+    fn thick_lvcreate(&self, class: &DeviceClass, new: &NewLv) -> Command {
+        self.lvm("lvcreate")
+            .args([
+                "-y",
+                "-Zn",
+                "-Wn",
+                "-L",
+                &format!("{}b", new.size),
+                "-n",
+                &new.name,
+            ])
+            .args(new.tag_args())
+            .arg(&class.volume_group)
     }
 
     /// A thick volume, a copy of `src` if given. No zeroing here (it needs
@@ -776,23 +828,8 @@ impl LvmBackend {
             vg.size(),
             vg.free(),
         )?;
-        self.run_judged(
-            class,
-            size,
-            self.lvm("lvcreate")
-                .args([
-                    "-y",
-                    "-Zn",
-                    "-Wn",
-                    "-L",
-                    &format!("{size}b"),
-                    "-n",
-                    &new.name,
-                ])
-                .args(new.tag_args())
-                .arg(vg_name),
-        )
-        .await?;
+        self.run_judged(class, size, self.thick_lvcreate(class, new))
+            .await?;
         if let Some(src) = src {
             crate::killpoint::hit(KillPoint::CopyMade);
             self.fill(class, new, src).await?;

@@ -12,6 +12,13 @@ impl Provisioner for LvmBackend {
     async fn create_volume(&self, req: &CreateVolume) -> Result<VolumeInfo> {
         let class = self.class_for(&req.parameters)?.clone();
         let lv_name = format!("fv-{}", locator_for_name(&req.name));
+        if req.source.is_none() {
+            if let Some(extent) = self.fresh_extent(&class) {
+                if let Some(made) = self.create_straight(&class, req, &lv_name, extent).await? {
+                    return Ok(made);
+                }
+            }
+        }
         let (source, source_size) = self.create_source(&class, req).await?;
         // A copy the driver died making is finished by this retry (it is
         // this request's when it carries this name in this class, made from
@@ -38,25 +45,7 @@ impl Provisioner for LvmBackend {
             req.limit_bytes,
             source_size,
         )?;
-        let mut tags = vec![
-            TAG.to_string(),
-            name_tag(&req.name),
-            format!("{CLASS_TAG}{}", class.name),
-        ];
-        match &source {
-            Some(src) => tags.extend([
-                format!("{SOURCE_TAG}{}", src.lv_name),
-                COPY_TAG.into(),
-                FILLING_TAG.into(),
-            ]),
-            None => tags.push(FRESH_TAG.into()),
-        }
-        let new = NewLv {
-            target: format!("{}/{lv_name}", class.volume_group),
-            name: lv_name,
-            size,
-            tags,
-        };
+        let new = new_lv(&class, req, &lv_name, size, source.as_ref());
         if let (Some(_), Some(src)) = (&existing, &source) {
             tracing::warn!(lv = %new.target, "finishing a copy whose making was cut short");
             self.fill(&class, &new, src).await?;
@@ -75,14 +64,10 @@ impl Provisioner for LvmBackend {
             (None, src) => self.create_thick(&class, &new, &vg, src.as_ref()).await?,
         }
         if source.is_none() {
-            // lvcreate made what it was asked: the size (whole extents
-            // already) and the tags; nothing to read back.
-            return Ok(VolumeInfo {
-                id: VolumeId::new(&self.name, &format!("{}.{}", class.name, new.name))?,
-                capacity_bytes: new.size,
-                context: BTreeMap::new(),
-                source: None,
-            });
+            // The class read as fit for a new volume, and lvcreate took
+            // the extent size it showed: what the next creates go on.
+            self.note_facts(&class, vg.extent());
+            return self.made_info(&class, &new);
         }
         let lv = self
             .lv(&class.volume_group, &new.name)
@@ -180,6 +165,81 @@ impl Provisioner for LvmBackend {
             &self.name,
             &format!("{}.fv-{}", class.name, locator_for_name(&req.name)),
         )
+    }
+}
+
+/// LV `lv_name` about to be made for `req` in `class`, of `size`: its
+/// tags say whose it is, and either that it is fresh (its start wiped at
+/// the first attach) or a copy of `source` still being filled.
+fn new_lv(
+    class: &DeviceClass,
+    req: &CreateVolume,
+    lv_name: &str,
+    size: u64,
+    source: Option<&Lv>,
+) -> NewLv {
+    let mut tags = vec![
+        TAG.to_string(),
+        name_tag(&req.name),
+        format!("{CLASS_TAG}{}", class.name),
+    ];
+    match source {
+        Some(src) => tags.extend([
+            format!("{SOURCE_TAG}{}", src.lv_name),
+            COPY_TAG.into(),
+            FILLING_TAG.into(),
+        ]),
+        None => tags.push(FRESH_TAG.into()),
+    }
+    NewLv {
+        target: format!("{}/{lv_name}", class.volume_group),
+        name: lv_name.to_string(),
+        size,
+        tags,
+    }
+}
+
+impl LvmBackend {
+    /// A new empty volume made by one lvcreate, on what a recent careful
+    /// read of its class showed ([`LvmBackend::fresh_extent`]): no read
+    /// first. None when lvcreate refuses: the careful path then reads
+    /// the class and finds out why (an LV of this name there already, no
+    /// room, a pool gone or no longer zeroing), and the class is read
+    /// again before the next create goes straight.
+    async fn create_straight(
+        &self,
+        class: &DeviceClass,
+        req: &CreateVolume,
+        lv_name: &str,
+        extent: u64,
+    ) -> Result<Option<VolumeInfo>> {
+        let size =
+            Self::size_rules(class, extent).new_volume(req.required_bytes, req.limit_bytes, 0)?;
+        let new = new_lv(class, req, lv_name, size, None);
+        let cmd = match &class.thin_pool {
+            Some(pool) => self.thin_lvcreate(class, &new, pool),
+            None => self.thick_lvcreate(class, &new),
+        };
+        match self.runner.run(cmd).await {
+            // lvcreate made what it was asked: the size (whole extents
+            // already) and the tags; nothing to read back.
+            Ok(_) => Ok(Some(self.made_info(class, &new)?)),
+            Err(e) => {
+                self.forget_facts(class);
+                tracing::debug!(lv = %new.target, error = %e, "lvcreate refused: reading the class");
+                Ok(None)
+            }
+        }
+    }
+
+    /// What CreateVolume answers for empty volume `new`, just made.
+    fn made_info(&self, class: &DeviceClass, new: &NewLv) -> Result<VolumeInfo> {
+        Ok(VolumeInfo {
+            id: VolumeId::new(&self.name, &format!("{}.{}", class.name, new.name))?,
+            capacity_bytes: new.size,
+            context: BTreeMap::new(),
+            source: None,
+        })
     }
 }
 

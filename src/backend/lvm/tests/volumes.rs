@@ -217,6 +217,141 @@ async fn thin_volumes_go_in_the_pool() {
     );
 }
 
+/// Once a careful create has read a class, the next creates go straight
+/// to lvcreate (one lvm command a volume); one that lvcreate refuses is
+/// read the careful way, and so is the one after it.
+#[tokio::test]
+async fn creates_after_a_careful_one_go_straight_to_lvcreate() {
+    // Thick: the careful read (the LV, the group), then one lvcreate each.
+    let r = Arc::new(FakeRunner::new());
+    r.expect("lvs", Reply::Fail(5, String::new()));
+    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 200 * MIB)));
+    let b = backend(r.clone(), None);
+    for name in ["a", "b", "c"] {
+        r.expect("lvcreate", Reply::Ok(String::new()));
+        let v = b.create_volume(&create(name, 10 * MIB, 0)).await.unwrap();
+        assert_eq!(
+            v.capacity_bytes,
+            12 * MIB,
+            "whole extents of the group read"
+        );
+        assert_eq!(v.id.to_string(), format!("lvm:fast.fv-{name}"));
+    }
+    let lines = r.lines();
+    let tools: Vec<&str> = lines.iter().map(|l| l.split(' ').next().unwrap()).collect();
+    assert_eq!(tools, ["lvs", "vgs", "lvcreate", "lvcreate", "lvcreate"]);
+    assert!(
+        lines[4].starts_with(
+            "lvcreate -y -Zn -Wn -L 12582912b -n fv-c --addtag ferrovol --addtag ferrovol-name:c"
+        ),
+        "{}",
+        lines[4]
+    );
+    // A create of a name that is there already: lvcreate refuses, the
+    // careful read finds the LV (this name's), and answers it.
+    r.expect(
+        "lvcreate",
+        Reply::Fail(5, "  Logical Volume \"fv-a\" already exists".into()),
+    );
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[with_vg(
+            lv_row(
+                "fv-a",
+                12 * MIB,
+                "ferrovol,ferrovol-name:a,ferrovol-class:fast",
+                "-wi-------",
+            ),
+            256 * MIB,
+            150 * MIB,
+        )])),
+    );
+    let v = b.create_volume(&create("a", 10 * MIB, 0)).await.unwrap();
+    assert_eq!(v.capacity_bytes, 12 * MIB);
+    let n = r.lines().len();
+    assert_eq!(n, 7, "{:?}", r.lines());
+    // After a refusal the class is read again before the next create.
+    r.expect("lvs", Reply::Fail(5, String::new()));
+    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 150 * MIB)));
+    r.expect("lvcreate", Reply::Ok(String::new()));
+    b.create_volume(&create("d", 10 * MIB, 0)).await.unwrap();
+    let tools: Vec<String> = r.lines()[n..]
+        .iter()
+        .map(|l| l.split(' ').next().unwrap().to_string())
+        .collect();
+    assert_eq!(tools, ["lvs", "vgs", "lvcreate"]);
+
+    // Thin: the careful read (the LV and the pool, zeroing), then one
+    // lvcreate in the pool.
+    let r = Arc::new(FakeRunner::new());
+    r.expect(
+        "lvs",
+        Reply::FailWithOutput(
+            5,
+            lvs_json(&[with_vg(
+                lv_row("pool", 200 * MIB, "", "twi-a-tz--"),
+                256 * MIB,
+                0,
+            )]),
+        ),
+    );
+    let b = backend(r.clone(), Some("pool"));
+    for name in ["t1", "t2"] {
+        r.expect("lvcreate", Reply::Ok(String::new()));
+        b.create_volume(&create(name, 8 * MIB, 0)).await.unwrap();
+    }
+    let lines = r.lines();
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert!(
+        lines[2].starts_with("lvcreate -y -V 8388608b --thinpool vg0/pool -n fv-t2"),
+        "{}",
+        lines[2]
+    );
+    // A request the class's extents cannot meet is refused with no
+    // command at all.
+    let e = b
+        .create_volume(&create("t3", MIB, 2 * MIB))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::OutOfRange, "{e}");
+    assert_eq!(r.lines().len(), 3);
+}
+
+/// A pool that no longer zeroes is refused from the next careful read on:
+/// a straight create that lvcreate refuses (the pool full) reads the pool
+/// again, and what it shows is what counts.
+#[tokio::test]
+async fn a_refused_straight_create_reads_the_pool_again() {
+    let r = Arc::new(FakeRunner::new());
+    let pool = |attr: &str| {
+        Reply::FailWithOutput(
+            5,
+            lvs_json(&[with_vg(lv_row("pool", 200 * MIB, "", attr), 256 * MIB, 0)]),
+        )
+    };
+    r.expect("lvs", pool("twi-a-tz--"));
+    r.expect("lvcreate", Reply::Ok(String::new()));
+    let b = backend(r.clone(), Some("pool"));
+    b.create_volume(&create("t1", 8 * MIB, 0)).await.unwrap();
+    r.expect(
+        "lvcreate",
+        Reply::Fail(5, "  Cannot create new thin volume.".into()),
+    );
+    r.expect("lvs", pool("twi-a-t---"));
+    let e = b
+        .create_volume(&create("t2", 8 * MIB, 0))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::FailedPrecondition, "{e}");
+    assert!(e.message.contains("lvchange --zero y vg0/pool"), "{e}");
+    let tools: Vec<String> = r
+        .lines()
+        .iter()
+        .map(|l| l.split(' ').next().unwrap().to_string())
+        .collect();
+    assert_eq!(tools, ["lvs", "lvcreate", "lvcreate", "lvs"]);
+}
+
 /// A pool that hands out chunks without zeroing them (attr `twi-a-t---`)
 /// would show a new volume the rest of a previous tenant's chunk: refused
 /// before anything is created.
