@@ -37,10 +37,9 @@ const NAME_TAG: &str = "ferrovol-name:";
 /// On an LV being deleted: its extents are being zeroed (a retried delete
 /// zeroes again, so the extents never go back to the pool unwiped).
 const DELETING_TAG: &str = "ferrovol-deleting";
-/// How long a create trusts what a read of its class's group and pool
-/// showed (the extent size; the pool there and zeroing new chunks) and
-/// goes straight to lvcreate: a pool whose zeroing is turned off is
-/// refused from the next read on, at most this long after.
+/// How long a thick create trusts the extent size a read of its group
+/// showed, and goes straight to lvcreate (a group's extent size changes
+/// only by `vgchange -s`, and then only to one its LVs fit).
 const FACTS_FRESH: Duration = Duration::from_secs(30);
 /// Zeroing a whole LV takes a while on a big one.
 const ZERO_TIMEOUT: Duration = Duration::from_secs(6 * 3600);
@@ -280,10 +279,9 @@ pub struct LvmBackend {
     /// reading the LV again. Taken once; the stage holds the volume's
     /// lock between the two, and only the stage drops the tag.
     copies_seen: std::sync::Mutex<HashMap<String, bool>>,
-    /// What the last careful read of each device class showed a create
-    /// (by class name): its group's extent size, read when, and for a
-    /// thin class that its pool was there and fit to hand out volumes
-    /// (see [`LvmBackend::fresh_extent`]).
+    /// The extent size of each thick device class's group (by class
+    /// name) and when it was read: what a new empty volume's lvcreate
+    /// needs first (see [`LvmBackend::fresh_extent`]).
     facts: std::sync::Mutex<HashMap<String, (u64, std::time::Instant)>>,
     // No lock of its own: the operation guard covers every id an operation
     // touches, and lvm serializes changes to a volume group's metadata
@@ -405,9 +403,8 @@ impl LvmBackend {
     }
 
     /// The LV `name` of `class`: ours, and of that class.
-    /// The extent size of `class`'s group, when a careful read of the
-    /// class (its group, and its thin pool there and fit to hand out
-    /// volumes) is recent enough for a create to go straight to lvcreate.
+    /// The extent size of `class`'s group, when a read of it is recent
+    /// enough for a create to go straight to lvcreate.
     fn fresh_extent(&self, class: &DeviceClass) -> Option<u64> {
         let facts = self.facts.lock().unwrap_or_else(|e| e.into_inner());
         facts
@@ -416,8 +413,7 @@ impl LvmBackend {
             .map(|(extent, _)| *extent)
     }
 
-    /// Notes what a careful read just showed of `class`: its group's
-    /// extent size, and the class fit for a create (its pool checked).
+    /// Notes the extent size a read of `class`'s group just showed.
     fn note_facts(&self, class: &DeviceClass, extent: u64) {
         let mut facts = self.facts.lock().unwrap_or_else(|e| e.into_inner());
         facts.insert(class.name.clone(), (extent, std::time::Instant::now()));

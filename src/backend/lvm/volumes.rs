@@ -12,12 +12,11 @@ impl Provisioner for LvmBackend {
     async fn create_volume(&self, req: &CreateVolume) -> Result<VolumeInfo> {
         let class = self.class_for(&req.parameters)?.clone();
         let lv_name = format!("fv-{}", locator_for_name(&req.name));
-        if req.source.is_none() {
-            if let Some(extent) = self.fresh_extent(&class) {
-                if let Some(made) = self.create_straight(&class, req, &lv_name, extent).await? {
-                    return Ok(made);
-                }
-            }
+        // A new empty thick volume needs only the group's extent size
+        // before lvcreate (a thin one needs its pool read every time: that
+        // it zeroes new chunks is checked before each create).
+        if req.source.is_none() && class.thin_pool.is_none() {
+            return self.create_thick_straight(&class, req, &lv_name).await;
         }
         let (source, source_size) = self.create_source(&class, req).await?;
         // A copy the driver died making is finished by this retry (it is
@@ -64,9 +63,8 @@ impl Provisioner for LvmBackend {
             (None, src) => self.create_thick(&class, &new, &vg, src.as_ref()).await?,
         }
         if source.is_none() {
-            // The class read as fit for a new volume, and lvcreate took
-            // the extent size it showed: what the next creates go on.
-            self.note_facts(&class, vg.extent());
+            // lvcreate made what it was asked: the size (whole extents
+            // already) and the tags; nothing to read back.
             return self.made_info(&class, &new);
         }
         let lv = self
@@ -200,36 +198,51 @@ fn new_lv(
 }
 
 impl LvmBackend {
-    /// A new empty volume made by one lvcreate, on what a recent careful
-    /// read of its class showed ([`LvmBackend::fresh_extent`]): no read
-    /// first. None when lvcreate refuses: the careful path then reads
-    /// the class and finds out why (an LV of this name there already, no
-    /// room, a pool gone or no longer zeroing), and the class is read
-    /// again before the next create goes straight.
-    async fn create_straight(
+    /// A new empty thick volume: one lvcreate, on the extent size of a
+    /// recent read of its group ([`LvmBackend::fresh_extent`]), or after
+    /// one `vgs` (whose figures also check the room first). Whether an LV
+    /// of this name is there already is lvcreate's to find: when it
+    /// refuses, the LV and the group are read, and the create answers
+    /// this name's LV, or RESOURCE_EXHAUSTED (or OUT_OF_RANGE) from lvm's
+    /// figures, or lvcreate's failure as it was; the group is read again
+    /// before the next create.
+    async fn create_thick_straight(
         &self,
         class: &DeviceClass,
         req: &CreateVolume,
         lv_name: &str,
-        extent: u64,
-    ) -> Result<Option<VolumeInfo>> {
+    ) -> Result<VolumeInfo> {
+        let whole = format!("volume group {}", class.volume_group);
+        let (extent, read) = match self.fresh_extent(class) {
+            Some(extent) => (extent, None),
+            None => {
+                let vg = self.vg(class).await?;
+                self.note_facts(class, vg.extent());
+                (vg.extent(), Some(vg))
+            }
+        };
         let size =
             Self::size_rules(class, extent).new_volume(req.required_bytes, req.limit_bytes, 0)?;
+        if let Some(vg) = &read {
+            crate::error::room(size, &whole, vg.size(), vg.free())?;
+        }
         let new = new_lv(class, req, lv_name, size, None);
-        let cmd = match &class.thin_pool {
-            Some(pool) => self.thin_lvcreate(class, &new, pool),
-            None => self.thick_lvcreate(class, &new),
-        };
-        match self.runner.run(cmd).await {
+        let Err(e) = self.runner.run(self.thick_lvcreate(class, &new)).await else {
             // lvcreate made what it was asked: the size (whole extents
             // already) and the tags; nothing to read back.
-            Ok(_) => Ok(Some(self.made_info(class, &new)?)),
-            Err(e) => {
-                self.forget_facts(class);
-                tracing::debug!(lv = %new.target, error = %e, "lvcreate refused: reading the class");
-                Ok(None)
-            }
+            return self.made_info(class, &new);
+        };
+        self.forget_facts(class);
+        let sight = self.sight(class, lv_name).await?;
+        if let Some(existing) = &sight.existing {
+            return self.existing_volume(class, req, existing);
         }
+        let vg = match sight.vg {
+            Some(vg) => vg,
+            None => self.vg(class).await?,
+        };
+        crate::error::room(size, &whole, vg.size(), vg.free())?;
+        Err(e.into())
     }
 
     /// What CreateVolume answers for empty volume `new`, just made.

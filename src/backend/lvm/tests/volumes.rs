@@ -4,11 +4,9 @@ use super::*;
 
 #[tokio::test]
 async fn creates_a_thick_lv_rounded_to_extents_with_tags() {
+    // The group's figures, then lvcreate: whether an LV of the name is
+    // there already is lvcreate's to find.
     let r = Arc::new(FakeRunner::new());
-    r.expect(
-        "lvs",
-        Reply::Fail(5, "Failed to find logical volume \"vg0/fv-pvc-1\"".into()),
-    );
     r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 200 * MIB)));
     r.expect("lvcreate", Reply::Ok(String::new()));
     let b = backend(r.clone(), None);
@@ -19,14 +17,16 @@ async fn creates_a_thick_lv_rounded_to_extents_with_tags() {
     assert_eq!(v.id.to_string(), "lvm:fast.fv-pvc-1");
     assert_eq!(v.capacity_bytes, 12 * MIB);
     let lines = r.lines();
+    assert_eq!(lines.len(), 2, "{lines:?}");
     assert_eq!(
-        lines[2],
+        lines[1],
         "lvcreate -y -Zn -Wn -L 12582912b -n fv-pvc-1 --addtag ferrovol --addtag ferrovol-name:pvc-1 --addtag ferrovol-class:fast --addtag ferrovol-fresh vg0"
     );
 }
 
 #[tokio::test]
 async fn existing_lv_is_returned_or_refused() {
+    // lvcreate refuses the name; the read after it finds this name's LV.
     let r = Arc::new(FakeRunner::new());
     let row = lv_row(
         "fv-pvc-1",
@@ -34,8 +34,18 @@ async fn existing_lv_is_returned_or_refused() {
         "ferrovol,ferrovol-name:pvc-1",
         "-wi-------",
     );
-    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&row))));
-    r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&row))));
+    let exists = || {
+        Reply::Fail(
+            5,
+            "  Logical Volume \"fv-pvc-1\" already exists in volume group \"vg0\"".into(),
+        )
+    };
+    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 200 * MIB)));
+    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 200 * MIB)));
+    for _ in 0..2 {
+        r.expect("lvcreate", exists());
+        r.expect("lvs", Reply::Ok(lvs_json(std::slice::from_ref(&row))));
+    }
     let b = backend(r.clone(), None);
     assert_eq!(
         b.create_volume(&create("pvc-1", 10 * MIB, 0))
@@ -51,9 +61,10 @@ async fn existing_lv_is_returned_or_refused() {
             .kind,
         Kind::AlreadyExists
     );
-    assert!(!r.lines().iter().any(|l| l.starts_with("lvcreate")));
     // An LV of this name made for another CSI name is never handed out.
     let r = Arc::new(FakeRunner::new());
+    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 200 * MIB)));
+    r.expect("lvcreate", exists());
     r.expect(
         "lvs",
         Reply::Ok(lvs_json(&[lv_row(
@@ -65,7 +76,7 @@ async fn existing_lv_is_returned_or_refused() {
     );
     assert_eq!(
         backend(r, None)
-            .create_volume(&create("pvc-1", 0, 0))
+            .create_volume(&create("pvc-1", 10 * MIB, 0))
             .await
             .unwrap_err()
             .kind,
@@ -80,7 +91,6 @@ async fn space_is_checked_before_lvcreate() {
         (100 * MIB, Kind::ResourceExhausted),
     ] {
         let r = Arc::new(FakeRunner::new());
-        r.expect("lvs", Reply::Fail(5, String::new()));
         r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 64 * MIB)));
         let err = backend(r.clone(), None)
             .create_volume(&create("pvc-x", required, 0))
@@ -91,7 +101,6 @@ async fn space_is_checked_before_lvcreate() {
     }
     // A limit below one extent cannot be met.
     let r = Arc::new(FakeRunner::new());
-    r.expect("lvs", Reply::Fail(5, String::new()));
     r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 200 * MIB)));
     assert_eq!(
         backend(r, None)
@@ -105,7 +114,6 @@ async fn space_is_checked_before_lvcreate() {
     // read again, has less free than the volume needs: RESOURCE_EXHAUSTED,
     // from lvm's figures and not its wording.
     let refused = |r: &FakeRunner, free_after: u64| {
-        r.expect("lvs", Reply::Fail(5, String::new()));
         r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 200 * MIB)));
         r.expect(
             "lvcreate",
@@ -115,6 +123,7 @@ async fn space_is_checked_before_lvcreate() {
                     .into(),
             ),
         );
+        r.expect("lvs", Reply::Fail(5, String::new()));
         r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, free_after)));
     };
     let r = Arc::new(FakeRunner::new());
@@ -217,14 +226,13 @@ async fn thin_volumes_go_in_the_pool() {
     );
 }
 
-/// Once a careful create has read a class, the next creates go straight
-/// to lvcreate (one lvm command a volume); one that lvcreate refuses is
-/// read the careful way, and so is the one after it.
+/// A thick create after another within half a minute goes straight to
+/// lvcreate, on the extent size the first one read (one lvm command a
+/// volume); one that lvcreate refuses is read the careful way, and the
+/// group is read again before the next.
 #[tokio::test]
-async fn creates_after_a_careful_one_go_straight_to_lvcreate() {
-    // Thick: the careful read (the LV, the group), then one lvcreate each.
+async fn thick_creates_after_a_read_go_straight_to_lvcreate() {
     let r = Arc::new(FakeRunner::new());
-    r.expect("lvs", Reply::Fail(5, String::new()));
     r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 200 * MIB)));
     let b = backend(r.clone(), None);
     for name in ["a", "b", "c"] {
@@ -237,18 +245,22 @@ async fn creates_after_a_careful_one_go_straight_to_lvcreate() {
         );
         assert_eq!(v.id.to_string(), format!("lvm:fast.fv-{name}"));
     }
-    let lines = r.lines();
-    let tools: Vec<&str> = lines.iter().map(|l| l.split(' ').next().unwrap()).collect();
-    assert_eq!(tools, ["lvs", "vgs", "lvcreate", "lvcreate", "lvcreate"]);
+    let tools = |from: usize| -> Vec<String> {
+        r.lines()[from..]
+            .iter()
+            .map(|l| l.split(' ').next().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(tools(0), ["vgs", "lvcreate", "lvcreate", "lvcreate"]);
     assert!(
-        lines[4].starts_with(
+        r.lines()[3].starts_with(
             "lvcreate -y -Zn -Wn -L 12582912b -n fv-c --addtag ferrovol --addtag ferrovol-name:c"
         ),
         "{}",
-        lines[4]
+        r.lines()[3]
     );
     // A create of a name that is there already: lvcreate refuses, the
-    // careful read finds the LV (this name's), and answers it.
+    // read after it finds the LV (this name's), and the create answers it.
     r.expect(
         "lvcreate",
         Reply::Fail(5, "  Logical Volume \"fv-a\" already exists".into()),
@@ -268,60 +280,26 @@ async fn creates_after_a_careful_one_go_straight_to_lvcreate() {
     );
     let v = b.create_volume(&create("a", 10 * MIB, 0)).await.unwrap();
     assert_eq!(v.capacity_bytes, 12 * MIB);
-    let n = r.lines().len();
-    assert_eq!(n, 7, "{:?}", r.lines());
-    // After a refusal the class is read again before the next create.
-    r.expect("lvs", Reply::Fail(5, String::new()));
+    assert_eq!(tools(4), ["lvcreate", "lvs"]);
+    // After a refusal the group is read again before the next create.
     r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 150 * MIB)));
     r.expect("lvcreate", Reply::Ok(String::new()));
     b.create_volume(&create("d", 10 * MIB, 0)).await.unwrap();
-    let tools: Vec<String> = r.lines()[n..]
-        .iter()
-        .map(|l| l.split(' ').next().unwrap().to_string())
-        .collect();
-    assert_eq!(tools, ["lvs", "vgs", "lvcreate"]);
-
-    // Thin: the careful read (the LV and the pool, zeroing), then one
-    // lvcreate in the pool.
-    let r = Arc::new(FakeRunner::new());
-    r.expect(
-        "lvs",
-        Reply::FailWithOutput(
-            5,
-            lvs_json(&[with_vg(
-                lv_row("pool", 200 * MIB, "", "twi-a-tz--"),
-                256 * MIB,
-                0,
-            )]),
-        ),
-    );
-    let b = backend(r.clone(), Some("pool"));
-    for name in ["t1", "t2"] {
-        r.expect("lvcreate", Reply::Ok(String::new()));
-        b.create_volume(&create(name, 8 * MIB, 0)).await.unwrap();
-    }
-    let lines = r.lines();
-    assert_eq!(lines.len(), 3, "{lines:?}");
-    assert!(
-        lines[2].starts_with("lvcreate -y -V 8388608b --thinpool vg0/pool -n fv-t2"),
-        "{}",
-        lines[2]
-    );
-    // A request the class's extents cannot meet is refused with no
+    assert_eq!(tools(6), ["vgs", "lvcreate"]);
+    // A request the group's extents cannot meet is refused with no
     // command at all.
     let e = b
-        .create_volume(&create("t3", MIB, 2 * MIB))
+        .create_volume(&create("e", MIB, 2 * MIB))
         .await
         .unwrap_err();
     assert_eq!(e.kind, Kind::OutOfRange, "{e}");
-    assert_eq!(r.lines().len(), 3);
+    assert_eq!(r.lines().len(), 8);
 }
 
-/// A pool that no longer zeroes is refused from the next careful read on:
-/// a straight create that lvcreate refuses (the pool full) reads the pool
-/// again, and what it shows is what counts.
+/// A thin create reads its pool every time: a pool whose zeroing is
+/// turned off between two creates refuses the second.
 #[tokio::test]
-async fn a_refused_straight_create_reads_the_pool_again() {
+async fn every_thin_create_reads_its_pool() {
     let r = Arc::new(FakeRunner::new());
     let pool = |attr: &str| {
         Reply::FailWithOutput(
@@ -331,13 +309,9 @@ async fn a_refused_straight_create_reads_the_pool_again() {
     };
     r.expect("lvs", pool("twi-a-tz--"));
     r.expect("lvcreate", Reply::Ok(String::new()));
+    r.expect("lvs", pool("twi-a-t---"));
     let b = backend(r.clone(), Some("pool"));
     b.create_volume(&create("t1", 8 * MIB, 0)).await.unwrap();
-    r.expect(
-        "lvcreate",
-        Reply::Fail(5, "  Cannot create new thin volume.".into()),
-    );
-    r.expect("lvs", pool("twi-a-t---"));
     let e = b
         .create_volume(&create("t2", 8 * MIB, 0))
         .await
@@ -349,7 +323,7 @@ async fn a_refused_straight_create_reads_the_pool_again() {
         .iter()
         .map(|l| l.split(' ').next().unwrap().to_string())
         .collect();
-    assert_eq!(tools, ["lvs", "lvcreate", "lvcreate", "lvs"]);
+    assert_eq!(tools, ["lvs", "lvcreate", "lvs"]);
 }
 
 /// A pool that hands out chunks without zeroing them (attr `twi-a-t---`)
