@@ -31,6 +31,10 @@ enum Command {
     /// src/host/freeze.rs); not for use by hand.
     #[command(name = "freeze-holder", hide = true)]
     FreezeHolder,
+    /// Runs lvm's commands for the driver through liblvm2cmd (see
+    /// src/backend/lvm/library.rs); not for use by hand.
+    #[command(name = "lvm-helper", hide = true)]
+    LvmHelper,
 }
 
 /// The settings of `serve`.
@@ -165,6 +169,9 @@ fn main() -> std::process::ExitCode {
         Command::Serve(args) => serve(args),
         Command::FreezeHolder => {
             std::process::ExitCode::from(ferrovol::host::freeze::holder_main() as u8)
+        }
+        Command::LvmHelper => {
+            std::process::ExitCode::from(ferrovol::backend::lvm::library::helper_main() as u8)
         }
     }
 }

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::fixtures::{LvmVg, LVM_NO_ACTIVATION};
+use common::fixtures::{wait_for, LvmVg, LVM_NO_ACTIVATION};
 use common::*;
 use ferrovol::proto as pb;
 use std::collections::HashMap;
@@ -200,4 +200,89 @@ async fn lvm_creates_racing_for_the_last_space() {
     }
     let lvs = vg.lvm("lvs", &["--noheadings", "-o", "lv_name", &vg_name]);
     assert_eq!(lvs.split_whitespace().count(), 2, "{lvs}");
+}
+
+/// The pids of the driver's lvm helpers (`ferrovol lvm-helper`).
+fn helpers_of(driver: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let parent = stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if parent == Some(driver) && cmdline.split(|b| *b == 0).any(|a| a == b"lvm-helper") {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// lvm's commands run in the driver's helpers (liblvm2cmd) by default,
+/// and as one process each with `lvm_library = false`: the same calls
+/// answer the same either way, and the helpers go with the driver.
+#[tokio::test]
+async fn lvm_commands_answer_alike_in_helpers_and_as_processes() {
+    require_root();
+    let mut answers = Vec::new();
+    for library in [true, false] {
+        let vg_name = format!("fvlib{}{}", std::process::id(), library as u8);
+        let _vg = LvmVg::with_config(&vg_name, 64, LVM_NO_ACTIVATION);
+        let config = config(&vg_name).replacen(
+            "type = \"lvm\"\n",
+            &format!("type = \"lvm\"\nlvm_library = {library}\n"),
+            1,
+        );
+        let h = Harness::start_with(Some(&config)).await;
+        let mut c = h.controller();
+        let mut seen = Vec::new();
+        for (name, mib) in [("a", 10), ("a", 10), ("a", 20), ("huge", 4096)] {
+            let mut req = create_req(name, mib * MIB, mount_cap("ext4", SNW));
+            req.parameters = HashMap::from([("deviceClass".into(), "fast".into())]);
+            seen.push(match c.create_volume(req).await {
+                Ok(r) => format!("{:?}", r.into_inner().volume.unwrap().capacity_bytes),
+                Err(e) => format!("{:?}", e.code()),
+            });
+        }
+        let listed = c
+            .list_volumes(pb::ListVolumesRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .entries
+            .len();
+        seen.push(listed.to_string());
+        c.delete_volume(pb::DeleteVolumeRequest {
+            volume_id: "lvm:fast.fv-a".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let log = h.log();
+        assert_eq!(
+            log.contains("liblvm2cmd"),
+            library,
+            "lvm_library = {library}: the log says otherwise:\n{log}"
+        );
+        let helpers = helpers_of(h.pid());
+        assert_eq!(!helpers.is_empty(), library, "helpers: {helpers:?}");
+        drop(h);
+        for pid in helpers {
+            wait_for(
+                "the helper to go with the driver",
+                std::time::Duration::from_secs(30),
+                || !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            );
+        }
+        answers.push(seen);
+    }
+    assert_eq!(answers[0], answers[1]);
+    assert_eq!(
+        answers[0],
+        ["12582912", "12582912", "AlreadyExists", "OutOfRange", "1"]
+    );
 }

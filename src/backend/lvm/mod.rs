@@ -101,6 +101,12 @@ pub struct LvmSettings {
     /// (default true). False for a volume group on such a device.
     #[serde(default = "yes")]
     pub skip_attached_devices: bool,
+    /// Run lvm's commands in helper processes kept running, through
+    /// liblvm2cmd (installed with lvm2), instead of starting lvm for
+    /// each (default true; without the library, processes). See
+    /// [`library`].
+    #[serde(default = "yes")]
+    pub lvm_library: bool,
 }
 
 /// The lvm `devices` section that leaves out what
@@ -176,6 +182,7 @@ fn is_lvm_name(name: &str) -> bool {
 mod blocks;
 mod command;
 mod health;
+pub mod library;
 mod report;
 mod settle;
 mod snapshots;
@@ -193,9 +200,19 @@ pub const KIND: super::Kind = super::Kind {
     kill_points: KillPoint::NAMES,
     secrets: &[],
     build: |bc, env| {
+        let settings: LvmSettings = bc.settings()?;
+        // The helpers are this binary, as the kernel has it even if its
+        // file was replaced meanwhile (an upgrade).
+        let runner: Arc<dyn CommandRunner> = if settings.lvm_library {
+            Arc::new(library::LvmLibrary::new(
+                env.runner.clone(),
+                PathBuf::from("/proc/self/exe"),
+            ))
+        } else {
+            env.runner.clone()
+        };
         Ok(Arc::new(
-            LvmBackend::new(bc.name(), bc.settings()?, env.runner.clone())?
-                .with_host(env.host.clone()),
+            LvmBackend::new(bc.name(), settings, runner)?.with_host(env.host.clone()),
         ))
     },
 };

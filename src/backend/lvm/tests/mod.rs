@@ -51,6 +51,7 @@ fn backend(runner: Arc<FakeRunner>, thin: Option<&str>) -> LvmBackend {
         deactivate_on_unstage: true,
         lvm_config: String::new(),
         skip_attached_devices: false,
+        lvm_library: false,
     };
     LvmBackend::new("lvm", settings, runner).unwrap()
 }

@@ -22,6 +22,7 @@ fn shared_vg_backend(runner: Arc<FakeRunner>) -> LvmBackend {
         deactivate_on_unstage: true,
         lvm_config: String::new(),
         skip_attached_devices: false,
+        lvm_library: false,
     };
     LvmBackend::new("lvm", settings, runner).unwrap()
 }

@@ -702,6 +702,7 @@ fn parameters_and_settings_are_validated() {
         deactivate_on_unstage: true,
         lvm_config: String::new(),
         skip_attached_devices: false,
+        lvm_library: false,
     };
     assert!(LvmBackend::new("lvm", bad, Arc::new(FakeRunner::new())).is_err());
     let none = LvmSettings {
@@ -718,6 +719,7 @@ fn backend_settings() -> LvmSettings {
         deactivate_on_unstage: true,
         lvm_config: String::new(),
         skip_attached_devices: false,
+        lvm_library: false,
     }
 }
 
