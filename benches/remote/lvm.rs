@@ -8,7 +8,8 @@
 //!         target/release/deps/remote-<hash> --bench
 //!
 //! FERROVOL_BENCH_CALLS sets the calls per phase and round (8 by default
-//! here), FERROVOL_BENCH_ROUNDS the rounds (2); the driver and the floor
+//! here), FERROVOL_BENCH_ROUNDS the rounds (2), FERROVOL_BENCH_LVM_LIBRARY=1
+//! turns the driver's `lvm_library` on; the driver and the floor
 //! take turns going first, round by round, in every phase.
 //!
 //! The floor of each call, for each class:
@@ -82,14 +83,17 @@ pub async fn lvm(n: usize, rounds: usize) {
     require_guest();
     let vg = LvmVg::new(VG, 1536);
     vg.thin_pool("pool", "512M", &[]);
+    // FERROVOL_BENCH_LVM_LIBRARY=1: the driver runs lvm's commands in its
+    // helpers (liblvm2cmd), as `lvm_library = true` says.
+    let library = std::env::var("FERROVOL_BENCH_LVM_LIBRARY").as_deref() == Ok("1");
     let config = format!(
-        "[[backend]]\ntype = \"lvm\"\n\
+        "[[backend]]\ntype = \"lvm\"\nlvm_library = {library}\n\
          [[backend.device_class]]\nname = \"thick\"\nvolume_group = \"{VG}\"\nsnapshot_size_percent = 50\n\
          [[backend.device_class]]\nname = \"thin\"\nvolume_group = \"{VG}\"\nthin_pool = \"pool\"\n"
     );
     let h = Harness::start_with(Some(&config)).await;
     let cap = mount_cap("ext4", 1);
-    println!("\nlvm: each call beside the bare lvm commands doing its work ({n} calls a phase, {rounds} rounds, turns alternating)");
+    println!("\nlvm: each call beside the bare lvm commands doing its work ({n} calls a phase, {rounds} rounds, turns alternating; lvm_library = {library})");
     for class in ["thick", "thin"] {
         let thin = class == "thin";
         let mut pairs: Vec<Pair> = PHASES.iter().map(|_| Pair::default()).collect();

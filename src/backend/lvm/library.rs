@@ -12,6 +12,16 @@
 //! the helper cannot take (input on stdin, an environment of its own, an
 //! argument lvm's own line splitter cannot carry), commands run as
 //! processes through the runner beneath.
+//!
+//! Off by default (`lvm_library`): in a whole guest run (2026-11-29) two
+//! things went wrong that lvm processes never showed. An `lvs` in a helper
+//! blocked on a device the driver had suspended to hold a group's writers,
+//! though the command said `devices/ignore_suspended_devices=1`, until the
+//! hold's deadline let the device go; and after a NodeUnstage whose
+//! `lvchange -an` and `lvs` (in helpers) found the LV inactive, an `lvs`
+//! process found it active. Both point at what lvm's library keeps of the
+//! devices between commands in one process; until that is understood and
+//! mended, processes are the default.
 
 use crate::exec::{Command, CommandRunner, ExecError, Output};
 use serde::{Deserialize, Serialize};
