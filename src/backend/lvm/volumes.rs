@@ -223,11 +223,22 @@ impl LvmBackend {
         };
         let size =
             Self::size_rules(class, extent).new_volume(req.required_bytes, req.limit_bytes, 0)?;
-        if let Some(vg) = &read {
-            crate::error::room(size, &whole, vg.size(), vg.free())?;
-        }
+        // No room by the group's figures: no lvcreate, but the same
+        // questions as after its refusal (this may be a retry of a create
+        // that took the last of the room).
+        let no_room = read
+            .as_ref()
+            .and_then(|vg| crate::error::room(size, &whole, vg.size(), vg.free()).err());
         let new = new_lv(class, req, lv_name, size, None);
-        let Err(e) = self.runner.run(self.thick_lvcreate(class, &new)).await else {
+        let made = match no_room {
+            Some(e) => Err(e),
+            None => self
+                .runner
+                .run(self.thick_lvcreate(class, &new))
+                .await
+                .map_err(Error::from),
+        };
+        let Err(e) = made else {
             // lvcreate made what it was asked: the size (whole extents
             // already) and the tags; nothing to read back.
             return self.made_info(class, &new);
@@ -242,7 +253,7 @@ impl LvmBackend {
             None => self.vg(class).await?,
         };
         crate::error::room(size, &whole, vg.size(), vg.free())?;
-        Err(e.into())
+        Err(e)
     }
 
     /// What CreateVolume answers for empty volume `new`, just made.

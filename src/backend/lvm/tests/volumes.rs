@@ -90,7 +90,11 @@ async fn space_is_checked_before_lvcreate() {
         (300 * MIB, Kind::OutOfRange),
         (100 * MIB, Kind::ResourceExhausted),
     ] {
+        // The group's figures say no; the LV is not there (this is no
+        // retry); nothing is made.
         let r = Arc::new(FakeRunner::new());
+        r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 64 * MIB)));
+        r.expect("lvs", Reply::Fail(5, String::new()));
         r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 64 * MIB)));
         let err = backend(r.clone(), None)
             .create_volume(&create("pvc-x", required, 0))
@@ -294,6 +298,45 @@ async fn thick_creates_after_a_read_go_straight_to_lvcreate() {
         .unwrap_err();
     assert_eq!(e.kind, Kind::OutOfRange, "{e}");
     assert_eq!(r.lines().len(), 8);
+}
+
+/// A retried create of a volume that took the last of the group's room
+/// answers the volume: the group's figures say there is no room for it,
+/// and the LV read after that is this name's.
+#[tokio::test]
+async fn a_retry_in_a_full_group_answers_the_volume() {
+    let r = Arc::new(FakeRunner::new());
+    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 0)));
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[with_vg(
+            lv_row(
+                "fv-full",
+                12 * MIB,
+                "ferrovol,ferrovol-name:full,ferrovol-class:fast",
+                "-wi-------",
+            ),
+            256 * MIB,
+            0,
+        )])),
+    );
+    let v = backend(r.clone(), None)
+        .create_volume(&create("full", 10 * MIB, 0))
+        .await
+        .unwrap();
+    assert_eq!(v.capacity_bytes, 12 * MIB);
+    assert!(!r.lines().iter().any(|l| l.starts_with("lvcreate")));
+    // Another name in the full group: RESOURCE_EXHAUSTED, no lvcreate.
+    let r = Arc::new(FakeRunner::new());
+    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 0)));
+    r.expect("lvs", Reply::Fail(5, String::new()));
+    r.expect("vgs", Reply::Ok(vgs_json(256 * MIB, 0)));
+    let e = backend(r.clone(), None)
+        .create_volume(&create("other", 10 * MIB, 0))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::ResourceExhausted, "{e}");
+    assert!(!r.lines().iter().any(|l| l.starts_with("lvcreate")));
 }
 
 /// A thin create reads its pool every time: a pool whose zeroing is
