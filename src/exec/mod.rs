@@ -8,7 +8,7 @@ mod system;
 
 #[cfg(test)]
 pub use fake::{Effect, FakeRunner, Reply};
-pub use system::SystemRunner;
+pub use system::{supervised, SystemRunner};
 
 use crate::error::{Error, Kind, Result};
 use std::fmt;
@@ -63,6 +63,10 @@ impl Command {
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
+    }
+    /// The time this command may run under a runner's cap, if it has one.
+    pub fn timeout_under(&self, cap: Option<Duration>) -> Duration {
+        cap.map_or(self.timeout, |m| m.min(self.timeout))
     }
     pub fn stdin(mut self, data: impl Into<Vec<u8>>) -> Self {
         self.stdin = Some(data.into());
@@ -171,6 +175,19 @@ pub struct Output {
 impl Output {
     pub fn success(&self) -> bool {
         self.code == Some(0)
+    }
+
+    /// The output of a command that succeeded, or the failure of
+    /// `command` (its shown line) that exited otherwise.
+    pub fn checked(self, command: String) -> std::result::Result<Output, ExecError> {
+        if self.success() {
+            Ok(self)
+        } else {
+            Err(ExecError::Failed {
+                command,
+                output: self,
+            })
+        }
     }
 }
 

@@ -62,15 +62,21 @@ fn child_command(command: &Command) -> tokio::process::Command {
             Stdio::null()
         })
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        // A child outliving its timeout (or a cancelled RPC) is killed,
-        // with what it started: it leads a process group of its own
-        // (`mount` runs `mount.nfs`, which a kill of `mount` alone would
-        // leave running).
-        .kill_on_drop(true)
-        .process_group(0)
-        .env("LC_ALL", "C")
-        .envs(command.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        .stderr(Stdio::piped());
+    supervised(&mut cmd);
+    cmd.envs(command.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    cmd
+}
+
+/// What every child of the driver runs under (a command's process, or a
+/// helper that runs commands for it): killed when dropped, with what it
+/// started, and when the driver dies; the C locale.
+pub fn supervised(cmd: &mut tokio::process::Command) {
+    // A child outliving its timeout (or a cancelled RPC) is killed,
+    // with what it started: it leads a process group of its own
+    // (`mount` runs `mount.nfs`, which a kill of `mount` alone would
+    // leave running).
+    cmd.kill_on_drop(true).process_group(0).env("LC_ALL", "C");
     // If the driver itself dies (SIGKILL, OOM), its children die with it
     // instead of running on unsupervised (an orphaned mkfs would race the
     // restarted driver's retry).
@@ -85,7 +91,6 @@ fn child_command(command: &Command) -> tokio::process::Command {
             Ok(())
         });
     }
-    cmd
 }
 
 #[async_trait::async_trait]
@@ -108,9 +113,7 @@ impl CommandRunner for SystemRunner {
             let _ = stdin.write_all(&data).await;
             drop(stdin);
         }
-        let limit = self
-            .max_timeout
-            .map_or(command.timeout, |m| m.min(command.timeout));
+        let limit = command.timeout_under(self.max_timeout);
         let (mut stdout, mut stderr) = (child.stdout.take(), child.stderr.take());
         let waited = tokio::time::timeout(limit, async {
             let (status, out, err) =
@@ -153,19 +156,12 @@ impl CommandRunner for SystemRunner {
             ms = started.elapsed().as_millis() as u64,
             "command ran"
         );
-        let output = Output {
+        Output {
             code: out.status.code(),
             stdout: command.redact(&String::from_utf8_lossy(&out.stdout)),
             stderr: command.redact_shown(&String::from_utf8_lossy(&out.stderr)),
-        };
-        if output.success() {
-            Ok(output)
-        } else {
-            Err(ExecError::Failed {
-                command: shown,
-                output,
-            })
         }
+        .checked(shown)
     }
 }
 

@@ -133,22 +133,10 @@ impl Helper {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .process_group(0)
-            .env("LC_ALL", "C")
             .env("LVM_SUPPRESS_FD_WARNINGS", "1");
-        // Dies with the driver, as every command's process does.
-        // SAFETY: prctl is async-signal-safe and touches no memory of
-        // ours; the closure allocates nothing.
-        #[allow(unsafe_code)]
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        // Killed when dropped and when the driver dies, as every
+        // command's process is.
+        crate::exec::supervised(&mut cmd);
         let mut child = cmd.spawn().map_err(|e| e.to_string())?;
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             return Err("no pipes to the helper".into());
@@ -269,10 +257,7 @@ impl CommandRunner for LvmLibrary {
         };
         let shown = command.to_string();
         let started = Instant::now();
-        let limit = self
-            .inner
-            .max_timeout()
-            .map_or(command.timeout, |m| m.min(command.timeout));
+        let limit = command.timeout_under(self.inner.max_timeout());
         let deadline = tokio::time::Instant::now() + limit;
         let timed_out = || ExecError::Timeout {
             command: shown.clone(),
@@ -322,19 +307,12 @@ impl CommandRunner for LvmLibrary {
             via = "liblvm2cmd",
             "command ran"
         );
-        let output = Output {
+        Output {
             code: Some(reply.code),
             stdout: command.redact(&reply.stdout),
             stderr: command.redact_shown(&reply.stderr),
-        };
-        if output.success() {
-            Ok(output)
-        } else {
-            Err(ExecError::Failed {
-                command: shown,
-                output,
-            })
         }
+        .checked(shown)
     }
 }
 
