@@ -13,18 +13,13 @@
 //! argument lvm's own line splitter cannot carry), commands run as
 //! processes through the runner beneath.
 //!
-//! Off by default (`lvm_library`): in a whole guest run (2026-11-29) two
-//! things went wrong that lvm processes never showed. An `lvs` in a helper
-//! blocked on a device the driver had suspended to hold a group's writers,
-//! though the command said `devices/ignore_suspended_devices=1`, until the
-//! hold's deadline let the device go; and after a NodeUnstage whose
-//! `lvchange -an` and `lvs` (in helpers) found the LV inactive, an `lvs`
-//! process found it active. One liblvm2cmd process alone, with an LV
-//! deactivated and activated and a device suspended from outside between
-//! its commands, answered correctly; what the failing runs had beyond
-//! that (three helpers at once, hold devices stacked on an iscsi store's
-//! LVs) is still to be understood. Until it is, processes are the
-//! default.
+//! Each command runs in a fork of its helper, taken just after
+//! `lvm2_init`: it starts from the state a new lvm process would have,
+//! and what lvm's library learns while it runs ends with it. (Commands
+//! that shared one context answered from what earlier ones had seen: a
+//! thin LV active since was taken for inactive, and left active by
+//! NodeUnstage.) A command that sets what liblvm2cmd settles at its
+//! start ([`SETTLED_AT_START`]) runs as a process.
 
 use crate::exec::{Command, CommandRunner, ExecError, Output};
 use serde::{Deserialize, Serialize};
@@ -57,11 +52,23 @@ const TOOLS: &[&str] = &[
 const HELPERS: usize = 3;
 
 /// A helper serves this many commands, then goes (and a new one comes):
-/// whatever lvm's library keeps between commands stays bounded.
+/// each command runs in a fork and keeps nothing, but the helper's own
+/// reading of lvm.conf is refreshed now and then all the same.
 const COMMANDS_PER_HELPER: u32 = 500;
 
 /// How long a new helper has to load liblvm2cmd and say it is ready.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A setting liblvm2cmd takes from lvm.conf when `lvm2_init` runs and
+/// keeps, whatever a command's `--config` says: rebuilding its filters
+/// for a command's own configuration, lvm 2.03.16 puts this one back as
+/// it was (`refresh_filters`, "during repair code must not reset
+/// suspended flag"). A helper's command told to skip suspended devices
+/// read them anyway: in a whole guest run, an `lvs` after a snapshot
+/// (which makes the next command scan every device) blocked on the hold
+/// devices an iscsi group snapshot had suspended. A command that says it
+/// runs as a process, where it is honoured.
+const SETTLED_AT_START: &str = "ignore_suspended_devices";
 
 /// The `lvm2_run` line splitter's limit on arguments, with room.
 const MAX_ARGS: usize = 60;
@@ -214,6 +221,7 @@ impl LvmLibrary {
                 .env
                 .iter()
                 .any(|(k, v)| !(k == "LVM_SUPPRESS_FD_WARNINGS" && v == "1"))
+            || command.args.iter().any(|a| a.contains(SETTLED_AT_START))
         {
             return None;
         }
@@ -230,7 +238,17 @@ impl LvmLibrary {
                         return Ok(h);
                     }
                 }
-                None => return Helper::start(&self.exe).await,
+                None => {
+                    let started = Instant::now();
+                    tracing::debug!("lvm helper starting");
+                    let h = Helper::start(&self.exe).await;
+                    tracing::debug!(
+                        ms = started.elapsed().as_millis() as u64,
+                        ok = h.is_ok(),
+                        "lvm helper started"
+                    );
+                    return h;
+                }
             }
         }
     }
@@ -391,6 +409,71 @@ fn redirect(from: &impl std::os::fd::AsRawFd, to: libc::c_int) -> std::io::Resul
     Ok(())
 }
 
+/// Runs one command line in a fork of this helper, its stdout and
+/// stderr in `out` and `err`; answers the command's exit code (lvm's:
+/// 0 for success), and the signal that killed it, if one did.
+///
+/// The fork is what makes a helper as good as a process: each command
+/// starts from the context `lvm2_init` made, as a new lvm process would,
+/// and whatever lvm's library learns while it runs (its device and
+/// filter caches, what it read of the devices and of device-mapper)
+/// ends with it. A helper whose commands shared one context answered
+/// from what earlier commands had seen: in a whole guest run one took an
+/// active LV for inactive, and one read a device suspended since, though
+/// told to skip suspended devices. What the fork saves is the rest of a
+/// process's start (exec, loading lvm and its libraries, `lvm2_init`).
+#[allow(unsafe_code)]
+fn run_forked(
+    lvm: &Lvm,
+    line: &std::ffi::CStr,
+    out: &std::fs::File,
+    err: &std::fs::File,
+) -> std::io::Result<(i32, Option<i32>)> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: this helper is one thread (nothing here starts another),
+    // so the child may run any code after fork; fflush first so that no
+    // buffered output is written twice. The child leaves only by _exit.
+    unsafe {
+        libc::fflush(std::ptr::null_mut());
+        let parent = libc::getpid();
+        let pid = libc::fork();
+        if pid < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if pid == 0 {
+            // Dies with the helper (killed on a timeout, or with the
+            // driver), as the command's process would.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0
+                || libc::getppid() != parent
+                || libc::dup2(out.as_raw_fd(), 1) < 0
+                || libc::dup2(err.as_raw_fd(), 2) < 0
+            {
+                libc::_exit(127);
+            }
+            let ret = (lvm.run)(lvm.handle, line.as_ptr());
+            libc::fflush(std::ptr::null_mut());
+            // lvm's own exit code: 1 (ECMD_PROCESSED) is success.
+            libc::_exit(if ret == 1 { 0 } else { ret.clamp(2, 126) });
+        }
+        let mut status = 0;
+        loop {
+            if libc::waitpid(pid, &mut status, 0) == pid {
+                break;
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+        if libc::WIFSIGNALED(status) {
+            let signal = libc::WTERMSIG(status);
+            Ok((128 + signal, Some(signal)))
+        } else {
+            Ok((libc::WEXITSTATUS(status), None))
+        }
+    }
+}
+
 #[allow(unsafe_code)]
 fn serve() -> std::io::Result<()> {
     use std::io::{BufRead, Read, Seek, Write};
@@ -445,24 +528,24 @@ fn serve() -> std::io::Result<()> {
             return Err(std::io::Error::other("a command line with a NUL"));
         };
         let (mut out, mut err) = (memfd()?, memfd()?);
-        redirect(&out, 1)?;
-        redirect(&err, 2)?;
-        // SAFETY: the handle lvm2_init gave, and a NUL-terminated line.
-        let ret = unsafe { (lvm.run)(lvm.handle, cline.as_ptr()) };
-        redirect(&null, 1)?;
-        redirect(&null, 2)?;
+        let (code, killed) = run_forked(&lvm, &cline, &out, &err)?;
         let read = |f: &mut std::fs::File| -> std::io::Result<String> {
             f.rewind()?;
             let mut bytes = Vec::new();
             f.read_to_end(&mut bytes)?;
             Ok(String::from_utf8_lossy(&bytes).into_owned())
         };
+        let mut stderr = read(&mut err)?;
+        if let Some(signal) = killed {
+            stderr.push_str(&format!(
+                "\nthe lvm command was killed by signal {signal}\n"
+            ));
+        }
         say(&Reply {
             ready: None,
-            // lvm's own exit code: 1 (ECMD_PROCESSED) is success.
-            code: if ret == 1 { 0 } else { ret },
+            code,
             stdout: read(&mut out)?,
-            stderr: read(&mut err)?,
+            stderr,
         })?;
     }
     Ok(())
@@ -511,6 +594,13 @@ mod tests {
         assert!(lib
             .takes(&Command::new("lvs").stdin(b"y".to_vec()))
             .is_none());
+        // A helper would not honour it (SETTLED_AT_START).
+        assert!(lib
+            .takes(&Command::new("lvs").args(["--config", "devices/ignore_suspended_devices=1"]))
+            .is_none());
+        assert!(lib
+            .takes(&Command::new("lvs").args(["--config", "devices/scan_lvs=0"]))
+            .is_some());
     }
 
     /// Without a helper (this binary here is the test harness, which

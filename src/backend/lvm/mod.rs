@@ -103,9 +103,9 @@ pub struct LvmSettings {
     pub skip_attached_devices: bool,
     /// Run lvm's commands in helper processes kept running, through
     /// liblvm2cmd (installed with lvm2), instead of starting lvm for
-    /// each (default false: off until what a whole guest run found is
-    /// mended, see [`library`]; without the library, processes).
-    #[serde(default)]
+    /// each (default true; without the library, processes: see
+    /// [`library`]).
+    #[serde(default = "yes")]
     pub lvm_library: bool,
 }
 
