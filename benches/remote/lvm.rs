@@ -8,9 +8,10 @@
 //!         target/release/deps/remote-<hash> --bench
 //!
 //! FERROVOL_BENCH_CALLS sets the calls per phase and round (8 by default
-//! here), FERROVOL_BENCH_ROUNDS the rounds (2), FERROVOL_BENCH_LVM_LIBRARY=1
-//! turns the driver's `lvm_library` on; the driver and the floor
-//! take turns going first, round by round, in every phase.
+//! here), FERROVOL_BENCH_ROUNDS the rounds (2), FERROVOL_BENCH_LVM_LIBRARY=0
+//! turns the driver's `lvm_library` off (lvm processes, not its helpers);
+//! the driver and the floor take turns going first, round by round, in
+//! every phase.
 //!
 //! The floor of each call, for each class:
 //! - CreateVolume: one `lvcreate` of the same size and type (thick: no
@@ -83,9 +84,9 @@ pub async fn lvm(n: usize, rounds: usize) {
     require_guest();
     let vg = LvmVg::new(VG, 1536);
     vg.thin_pool("pool", "512M", &[]);
-    // FERROVOL_BENCH_LVM_LIBRARY=1: the driver runs lvm's commands in its
-    // helpers (liblvm2cmd), as `lvm_library = true` says.
-    let library = std::env::var("FERROVOL_BENCH_LVM_LIBRARY").as_deref() == Ok("1");
+    // FERROVOL_BENCH_LVM_LIBRARY=0: the driver runs an lvm process per
+    // command, as `lvm_library = false` says, not its helpers.
+    let library = std::env::var("FERROVOL_BENCH_LVM_LIBRARY").as_deref() != Ok("0");
     let config = format!(
         "[[backend]]\ntype = \"lvm\"\nlvm_library = {library}\n\
          [[backend.device_class]]\nname = \"thick\"\nvolume_group = \"{VG}\"\nsnapshot_size_percent = 50\n\
