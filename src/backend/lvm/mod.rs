@@ -269,21 +269,14 @@ impl NewLv {
 /// The tags `snapshot` took from its origin `src` that are not its own:
 /// lvcreate copies the origin's tags onto a snapshot.
 fn inherited_tags(src: &Lv, snapshot: &Lv, name_tag: &str, source_tag: &str) -> Vec<String> {
-    origin_tags_not_its_snapshots(src, name_tag, source_tag)
-        .into_iter()
-        .filter(|t| snapshot.has_tag(t))
-        .collect()
-}
-
-/// The tags of `src` that a new snapshot of it (named by `name_tag`, its
-/// source `source_tag`) inherits and must not keep: what lvcreate gives
-/// it of its origin's beyond its own.
-fn origin_tags_not_its_snapshots(src: &Lv, name_tag: &str, source_tag: &str) -> Vec<String> {
     let size_tag = format!("ferrovol-size:{}", src.size());
     let own = |t: &str| {
         t == TAG || t == name_tag || t == source_tag || t == size_tag || t.starts_with(CLASS_TAG)
     };
-    src.tags().filter(|t| !own(t)).map(str::to_string).collect()
+    src.tags()
+        .filter(|t| !own(t) && snapshot.has_tag(t))
+        .map(str::to_string)
+        .collect()
 }
 
 pub struct LvmBackend {

@@ -142,24 +142,22 @@ impl Snapshotter for LvmBackend {
         self.run_judged(&class, cow, cmd.arg(format!("{vg_name}/{src_lv}")))
             .await?;
         crate::killpoint::hit(KillPoint::SnapshotMade);
-        // The snapshot inherits the origin's tags: the ones that are not
-        // its own are dropped (a retry finishes this if the driver dies
-        // first) while the snapshot is read, side by side (lvm orders the
-        // two; the read may come first or last, and what it gives is
-        // taken without those tags either way).
-        let inherited = origin_tags_not_its_snapshots(&src, &tag, &source_tag);
-        let (made, dropped) = tokio::join!(
-            self.lv(&vg_name, &snap_name),
-            self.drop_tags(&target, &inherited)
-        );
-        dropped?;
-        let mut made =
-            made?.ok_or_else(|| Error::internal(format!("snapshot {target} vanished")))?;
-        made.lv_tags = made
-            .tags()
-            .filter(|t| !inherited.iter().any(|i| i == t))
-            .collect::<Vec<_>>()
-            .join(",");
+        // The snapshot inherits the origin's tags: drop the ones that are
+        // not ours (a retry finishes this if the driver dies first).
+        let mut made = self
+            .lv(&vg_name, &snap_name)
+            .await?
+            .ok_or_else(|| Error::internal(format!("snapshot {target} vanished")))?;
+        let inherited = inherited_tags(&src, &made, &tag, &source_tag);
+        if !inherited.is_empty() {
+            self.drop_tags(&target, &inherited).await?;
+            // As lvm now has it: the same LV without those tags.
+            made.lv_tags = made
+                .tags()
+                .filter(|t| !inherited.iter().any(|i| i == t))
+                .collect::<Vec<_>>()
+                .join(",");
+        }
         self.snapshot_info(&class, &made)
     }
 
