@@ -429,7 +429,6 @@ fn run_forked(
     out: &std::fs::File,
     err: &std::fs::File,
 ) -> std::io::Result<(i32, Option<i32>)> {
-    use std::os::fd::AsRawFd;
     // SAFETY: this helper is one thread (nothing here starts another),
     // so the child may run any code after fork; fflush first so that no
     // buffered output is written twice. The child leaves only by _exit.
@@ -445,8 +444,8 @@ fn run_forked(
             // driver), as the command's process would.
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0
                 || libc::getppid() != parent
-                || libc::dup2(out.as_raw_fd(), 1) < 0
-                || libc::dup2(err.as_raw_fd(), 2) < 0
+                || redirect(out, 1).is_err()
+                || redirect(err, 2).is_err()
             {
                 libc::_exit(127);
             }
@@ -582,7 +581,7 @@ mod tests {
     }
 
     #[test]
-    fn only_lvm_tools_without_input_or_an_environment_of_their_own_are_taken() {
+    fn only_lvm_tools_without_input_an_environment_or_a_setting_fixed_at_start_are_taken() {
         let lib = LvmLibrary::new(
             Arc::new(crate::exec::FakeRunner::new()),
             PathBuf::from("/nonexistent"),
