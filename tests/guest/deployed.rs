@@ -32,13 +32,20 @@ pub(crate) async fn run_one(
     nothing_left(overlay);
 }
 
-/// What the claims made is gone with them: no hold device, map, or
-/// iSCSI session is left for the next test to find.
+/// What the claims made is gone with them: no hold device, LV device
+/// (of the groups the manifests name: another test's may be active beside
+/// this one, see tests/guest/lanes), or iSCSI session is left for the
+/// next test to find.
 pub(crate) fn nothing_left(overlay: &str) {
     let maps = run("dmsetup", &["ls"]);
     let ours: Vec<&str> = maps
         .lines()
-        .filter(|l| l.starts_with("fvh-") || l.contains("fv--"))
+        .filter(|l| {
+            l.starts_with("fvh-")
+                || ["ferrovol--ssd-", "vg--iscsi-"]
+                    .iter()
+                    .any(|vg| l.starts_with(vg) && l.contains("fv--"))
+        })
         .collect();
     assert!(ours.is_empty(), "{overlay}: devices left: {ours:?}");
     let sessions = Iscsid::sessions();

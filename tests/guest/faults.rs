@@ -183,10 +183,50 @@ fn rbd_mappings() -> Vec<(String, String, String)> {
         .collect()
 }
 
-/// Processes of these names still running (none may be left behind).
+/// This test process adopts the orphans of everything it starts (its
+/// drivers' commands among them: one that outlived a kill would be
+/// reparented here, not to the guest's init), so that [`running_named`]
+/// can tell what this process started from what another test process
+/// beside it did (tests/guest/lanes). Adopted orphans that end stay
+/// zombies until this process ends: dead, and not counted as running.
+fn adopt_orphans() {
+    nix::sys::prctl::set_child_subreaper(true).expect("PR_SET_CHILD_SUBREAPER");
+}
+
+/// A process's state and parent, from /proc/PID/stat.
+fn state_and_parent(pid: u32) -> Option<(char, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut rest = stat[stat.rfind(')')? + 2..].split_whitespace();
+    let state = rest.next()?.chars().next()?;
+    Some((state, rest.next()?.parse().ok()?))
+}
+
+/// Whether `pid` was started by this process (it or its adopted
+/// orphans' lines: see [`adopt_orphans`]).
+fn ours(pid: u32) -> bool {
+    let me = std::process::id();
+    let mut p = pid;
+    for _ in 0..64 {
+        match state_and_parent(p) {
+            Some((_, parent)) if parent == me => return true,
+            Some((_, parent)) if parent > 1 => p = parent,
+            _ => return false,
+        }
+    }
+    false
+}
+
+/// Processes of these names that this process started still running
+/// (none may be left behind; a zombie has ended).
 fn running_named(names: &[&str]) -> Vec<String> {
     let mut found = Vec::new();
     for p in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !ours(pid) || matches!(state_and_parent(pid), Some(('Z', _))) {
+            continue;
+        }
         if let Ok(comm) = std::fs::read_to_string(p.path().join("comm")) {
             if names.contains(&comm.trim()) {
                 found.push(format!(
@@ -222,6 +262,7 @@ async fn every_backend(tag: &str) -> Every {
 
 /// [`every_backend`], the driver started with `env` too.
 async fn every_backend_with(tag: &str, env: &[(&str, &str)]) -> Every {
+    adopt_orphans();
     let every = EveryBackend::new(tag, 256, true);
     let cluster = every.cluster;
     let mut env = env.to_vec();

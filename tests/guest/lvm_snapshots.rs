@@ -253,11 +253,11 @@ async fn guest_lvm_thin_changed_blocks() {
 #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
 async fn guest_lvm_snapshots_and_copies_cut_short_converge() {
     require_guest();
-    let vg = LvmVg::new("fvcut", 256);
+    let vg = LvmVg::new("fvshort", 256);
     vg.thin_pool("pool", "96M", &[]);
     let config = "[[backend]]\ntype = \"lvm\"\n\
-        [[backend.device_class]]\nname = \"thick\"\nvolume_group = \"fvcut\"\n\
-        [[backend.device_class]]\nname = \"thin\"\nvolume_group = \"fvcut\"\nthin_pool = \"pool\"\n";
+        [[backend.device_class]]\nname = \"thick\"\nvolume_group = \"fvshort\"\n\
+        [[backend.device_class]]\nname = \"thin\"\nvolume_group = \"fvshort\"\nthin_pool = \"pool\"\n";
     let mut h = Harness::start_with(Some(config)).await;
     let cap = mount_cap("ext4", SNW);
     let lvs = || {
@@ -268,14 +268,14 @@ async fn guest_lvm_snapshots_and_copies_cut_short_converge() {
                 "--noheadings",
                 "-o",
                 "lv_name,lv_attr,lv_tags",
-                "fvcut",
+                "fvshort",
             ],
         )
     };
     let layers = || {
         run("dmsetup", &["ls"])
             .lines()
-            .filter(|l| l.starts_with("fvcut-fv"))
+            .filter(|l| l.starts_with("fvshort-fv"))
             .map(|l| l.split_whitespace().next().unwrap().to_string())
             .collect::<Vec<_>>()
     };
@@ -303,7 +303,7 @@ async fn guest_lvm_snapshots_and_copies_cut_short_converge() {
         }
         for layer in layers() {
             let lv = layer
-                .trim_start_matches("fvcut-")
+                .trim_start_matches("fvshort-")
                 .trim_end_matches("-real")
                 .trim_end_matches("-cow");
             let kind = if layer.ends_with("-real") {
@@ -401,7 +401,7 @@ async fn guest_lvm_snapshots_and_copies_cut_short_converge() {
                 .map(|l| l.split_whitespace().take(2).collect::<Vec<_>>().join(" "))
                 .collect();
             if by_hand {
-                let dm = format!("fvcut-{}", lv.replace('-', "--"));
+                let dm = format!("fvshort-{}", lv.replace('-', "--"));
                 run("dmsetup", &["suspend", &dm]);
                 assert!(
                     writer.next_write_within(Duration::from_secs(2)).is_none(),
@@ -432,7 +432,7 @@ async fn guest_lvm_snapshots_and_copies_cut_short_converge() {
                     "--noheadings",
                     "-o",
                     "lv_tags",
-                    &format!("fvcut/fvs-{name}"),
+                    &format!("fvshort/fvs-{name}"),
                 ],
             );
             assert_eq!(
@@ -494,7 +494,7 @@ async fn guest_lvm_snapshots_and_copies_cut_short_converge() {
             .unwrap();
         // `whole` was cut while the writer wrote: crash-consistent, its
         // journal replayed at the mount; unmounted, the filesystem is clean.
-        let rlv = format!("fvcut/{}", restored.split_once('.').unwrap().1);
+        let rlv = format!("fvshort/{}", restored.split_once('.').unwrap().1);
         run("lvchange", &["-ay", "-K", &rlv]);
         run("e2fsck", &["-fn", &format!("/dev/{rlv}")]);
         run("lvchange", &["-an", &rlv]);
