@@ -193,12 +193,14 @@ fn adopt_orphans() {
     nix::sys::prctl::set_child_subreaper(true).expect("PR_SET_CHILD_SUBREAPER");
 }
 
-/// A process's state and parent, from /proc/PID/stat.
-fn state_and_parent(pid: u32) -> Option<(char, u32)> {
+/// A process's parent, from /proc/PID/stat.
+fn parent(pid: u32) -> Option<u32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let mut rest = stat[stat.rfind(')')? + 2..].split_whitespace();
-    let state = rest.next()?.chars().next()?;
-    Some((state, rest.next()?.parse().ok()?))
+    stat[stat.rfind(')')? + 2..]
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 /// Whether `pid` was started by this process (it or its adopted
@@ -207,9 +209,9 @@ fn ours(pid: u32) -> bool {
     let me = std::process::id();
     let mut p = pid;
     for _ in 0..64 {
-        match state_and_parent(p) {
-            Some((_, parent)) if parent == me => return true,
-            Some((_, parent)) if parent > 1 => p = parent,
+        match parent(p) {
+            Some(parent) if parent == me => return true,
+            Some(parent) if parent > 1 => p = parent,
             _ => return false,
         }
     }
@@ -224,7 +226,7 @@ fn running_named(names: &[&str]) -> Vec<String> {
         let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
             continue;
         };
-        if !ours(pid) || matches!(state_and_parent(pid), Some(('Z', _))) {
+        if !ours(pid) || !running(pid) {
             continue;
         }
         if let Ok(comm) = std::fs::read_to_string(p.path().join("comm")) {
