@@ -14,9 +14,9 @@
 //! every phase.
 //!
 //! The floor of each call, for each class:
-//! - CreateVolume: one `lvcreate` of the same size and type (thick: no
-//!   zeroing or wiping of the start, as the driver asks; thin: in the
-//!   class's pool);
+//! - CreateVolume: one `lvcreate` of the same size and type, left
+//!   inactive as the driver leaves it (thick: no zeroing or wiping of the
+//!   start, as the driver asks; thin: in the class's pool);
 //! - ControllerExpandVolume: one `lvextend`;
 //! - CreateSnapshot: one `lvcreate -s` (thick: a copy-on-write area of
 //!   the size the class gives, half the origin here);
@@ -117,6 +117,7 @@ pub async fn lvm(n: usize, rounds: usize) {
                                     "lvcreate",
                                     &[
                                         "-y",
+                                        "-an",
                                         "-V",
                                         "8m",
                                         "--thinpool",
@@ -129,7 +130,7 @@ pub async fn lvm(n: usize, rounds: usize) {
                             "CreateVolume" => {
                                 vg.lvm(
                                     "lvcreate",
-                                    &["-y", "-Zn", "-Wn", "-L", "8m", "-n", &fl(i), VG],
+                                    &["-y", "-an", "-Zn", "-Wn", "-L", "8m", "-n", &fl(i), VG],
                                 );
                             }
                             "ControllerExpandVolume" => {

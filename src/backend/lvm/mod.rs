@@ -267,6 +267,13 @@ impl NewLv {
 }
 
 /// The tags `snapshot` took from its origin `src` that are not its own:
+/// A new LV is made inactive: it holds a device on the node only while
+/// it is staged (NodeStage activates it, NodeUnstage deactivates it), as
+/// a copy already was. lvm's default would activate it, which costs the
+/// create a device and udev's rules for it, and an unstage of a volume
+/// never staged (a CO's cleanup) a deactivation and a second read.
+const INACTIVE: &str = "-an";
+
 /// lvcreate copies the origin's tags onto a snapshot.
 fn inherited_tags(src: &Lv, snapshot: &Lv, name_tag: &str, source_tag: &str) -> Vec<String> {
     let size_tag = format!("ferrovol-size:{}", src.size());
@@ -792,11 +799,13 @@ impl LvmBackend {
             .await
     }
 
-    /// The lvcreate of new thin volume `new` in `class`'s pool `pool`.
+    /// The lvcreate of new thin volume `new` in `class`'s pool `pool`,
+    /// left inactive ([`INACTIVE`]).
     fn thin_lvcreate(&self, class: &DeviceClass, new: &NewLv, pool: &str) -> Command {
         self.lvm("lvcreate")
             .args([
                 "-y",
+                INACTIVE,
                 "-V",
                 &format!("{}b", new.size),
                 "--thinpool",
@@ -807,12 +816,14 @@ impl LvmBackend {
             .args(new.tag_args())
     }
 
-    /// The lvcreate of new thick volume `new`, with neither the start
-    /// zeroed nor signatures wiped (the first attach wipes a fresh one).
+    /// The lvcreate of new thick volume `new`, left inactive
+    /// ([`INACTIVE`]), with neither the start zeroed nor signatures wiped
+    /// (the first attach wipes a fresh one).
     fn thick_lvcreate(&self, class: &DeviceClass, new: &NewLv) -> Command {
         self.lvm("lvcreate")
             .args([
                 "-y",
+                INACTIVE,
                 "-Zn",
                 "-Wn",
                 "-L",
