@@ -182,20 +182,21 @@ async fn guest_lvm_backend_full_lifecycle() {
             n.node_unpublish_volume(unpublish_req(id, t)).await.unwrap();
             n.node_unstage_volume(unstage_req(id, s)).await.unwrap();
         }
-        let attrs = vg.lvm(
-            "lvs",
-            &[
-                "--noheadings",
-                "-o",
-                "lv_attr",
-                &format!("fvguest/fv-pvc-{class}"),
-            ],
-        );
-        assert_ne!(
-            attrs.trim().chars().nth(4),
-            Some('a'),
-            "{class}: LV still active after unstage"
-        );
+        // What lvm's udev rule runs once a group's disks are all seen (at
+        // boot, or late, when udev is behind): it leaves unstaged volumes
+        // alone.
+        vg.lvm("vgchange", &["-aay", "fvguest"]);
+        for lv in [
+            format!("fvguest/fv-pvc-{class}"),
+            format!("fvguest/fv-restored-{class}"),
+        ] {
+            let attrs = vg.lvm("lvs", &["--noheadings", "-o", "lv_attr", &lv]);
+            assert_ne!(
+                attrs.trim().chars().nth(4),
+                Some('a'),
+                "{class}: {lv} active after its unstage and an autoactivation: {attrs}"
+            );
+        }
         if class == "thick" {
             // A classic snapshot depends on its origin: the origin cannot go first.
             let r = c

@@ -266,14 +266,24 @@ impl NewLv {
     }
 }
 
-/// The tags `snapshot` took from its origin `src` that are not its own:
 /// A new LV is made inactive: it holds a device on the node only while
 /// it is staged (NodeStage activates it, NodeUnstage deactivates it), as
 /// a copy already was. lvm's default would activate it, which costs the
 /// create a device and udev's rules for it, and an unstage of a volume
 /// never staged (a CO's cleanup) a deactivation and a second read.
-const INACTIVE: &str = "-an";
+///
+/// It is also flagged to skip activation (the `k` attribute), as lvm
+/// flags thin snapshots: only an activation that asks for it (`-K`, as
+/// NodeStage's does) activates it. Without the flag, lvm's event
+/// autoactivation (its udev rule runs `vgchange -aay` once a group's
+/// physical volumes have all been seen, at boot or whenever udev gets to
+/// a new one) and any `vgchange -ay` on the node activate every volume
+/// not staged, holding devices the driver did not open, and one activated
+/// just after its unstage is found active again (the guest's lifecycle
+/// test caught this when udev ran late).
+const INACTIVE: [&str; 3] = ["-an", "--setactivationskip", "y"];
 
+/// The tags `snapshot` took from its origin `src` that are not its own:
 /// lvcreate copies the origin's tags onto a snapshot.
 fn inherited_tags(src: &Lv, snapshot: &Lv, name_tag: &str, source_tag: &str) -> Vec<String> {
     let size_tag = format!("ferrovol-size:{}", src.size());
@@ -589,14 +599,21 @@ impl LvmBackend {
             }
             self.activate(&class.volume_group, &lv.lv_name).await?;
         } else {
-            // A plain LV: tagged and activated by one lvchange. Zeroing
-            // starts only once both are done; a delete cut short before
-            // finds the tag (or not) and does this again.
+            // A plain LV: tagged and activated by one lvchange (which
+            // takes no `-K` beside a tag: its skip flag is cleared instead,
+            // on an LV that is going). Zeroing starts only once both are
+            // done; a delete cut short before finds the tag (or not) and
+            // does this again.
             self.runner
-                .run(
-                    self.lvm("lvchange")
-                        .args(["-ay", "-y", "--addtag", DELETING_TAG, &target]),
-                )
+                .run(self.lvm("lvchange").args([
+                    "-ay",
+                    "-y",
+                    "--setactivationskip",
+                    "n",
+                    "--addtag",
+                    DELETING_TAG,
+                    &target,
+                ]))
                 .await?;
         }
         let zeroed = self
@@ -803,9 +820,9 @@ impl LvmBackend {
     /// left inactive ([`INACTIVE`]).
     fn thin_lvcreate(&self, class: &DeviceClass, new: &NewLv, pool: &str) -> Command {
         self.lvm("lvcreate")
+            .args(["-y"])
+            .args(INACTIVE)
             .args([
-                "-y",
-                INACTIVE,
                 "-V",
                 &format!("{}b", new.size),
                 "--thinpool",
@@ -821,9 +838,9 @@ impl LvmBackend {
     /// (the first attach wipes a fresh one).
     fn thick_lvcreate(&self, class: &DeviceClass, new: &NewLv) -> Command {
         self.lvm("lvcreate")
+            .args(["-y"])
+            .args(INACTIVE)
             .args([
-                "-y",
-                INACTIVE,
                 "-Zn",
                 "-Wn",
                 "-L",

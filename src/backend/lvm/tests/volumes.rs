@@ -20,7 +20,7 @@ async fn creates_a_thick_lv_rounded_to_extents_with_tags() {
     assert_eq!(lines.len(), 2, "{lines:?}");
     assert_eq!(
         lines[1],
-        "lvcreate -y -an -Zn -Wn -L 12582912b -n fv-pvc-1 --addtag ferrovol --addtag ferrovol-name:pvc-1 --addtag ferrovol-class:fast --addtag ferrovol-fresh vg0"
+        "lvcreate -y -an --setactivationskip y -Zn -Wn -L 12582912b -n fv-pvc-1 --addtag ferrovol --addtag ferrovol-name:pvc-1 --addtag ferrovol-class:fast --addtag ferrovol-fresh vg0"
     );
 }
 
@@ -224,7 +224,7 @@ async fn thin_volumes_go_in_the_pool() {
         lines[0]
     );
     assert!(
-        lines[1].starts_with("lvcreate -y -an -V 12582912b --thinpool vg0/pool -n fv-t"),
+        lines[1].starts_with("lvcreate -y -an --setactivationskip y -V 12582912b --thinpool vg0/pool -n fv-t"),
         "{}",
         lines[1]
     );
@@ -258,7 +258,7 @@ async fn thick_creates_after_a_read_go_straight_to_lvcreate() {
     assert_eq!(tools(0), ["vgs", "lvcreate", "lvcreate", "lvcreate"]);
     assert!(
         r.lines()[3].starts_with(
-            "lvcreate -y -an -Zn -Wn -L 12582912b -n fv-c --addtag ferrovol --addtag ferrovol-name:c"
+            "lvcreate -y -an --setactivationskip y -Zn -Wn -L 12582912b -n fv-c --addtag ferrovol --addtag ferrovol-name:c"
         ),
         "{}",
         r.lines()[3]
@@ -461,7 +461,7 @@ async fn delete_is_idempotent_and_refuses_open_volumes() {
     assert_eq!(
         lines[lines.len() - 3..],
         [
-            "lvchange -ay -y --addtag ferrovol-deleting vg0/fv-idle",
+            "lvchange -ay -y --setactivationskip n --addtag ferrovol-deleting vg0/fv-idle",
             "blkdiscard --zeroout /dev/vg0/fv-idle",
             "lvremove -y vg0/fv-idle"
         ]
