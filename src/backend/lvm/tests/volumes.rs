@@ -224,7 +224,9 @@ async fn thin_volumes_go_in_the_pool() {
         lines[0]
     );
     assert!(
-        lines[1].starts_with("lvcreate -y -an --setactivationskip y -V 12582912b --thinpool vg0/pool -n fv-t"),
+        lines[1].starts_with(
+            "lvcreate -y -an --setactivationskip y -V 12582912b --thinpool vg0/pool -n fv-t"
+        ),
         "{}",
         lines[1]
     );
