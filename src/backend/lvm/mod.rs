@@ -47,6 +47,11 @@ const ZERO_TIMEOUT: Duration = Duration::from_secs(6 * 3600);
 const CLASS_TAG: &str = "ferrovol-class:";
 /// On a snapshot: the volume it was taken from.
 const SOURCE_TAG: &str = "ferrovol-source:";
+/// On a snapshot: when it was cut (Unix seconds, the driver's clock just
+/// before its lvcreate), so that CreateSnapshot answers its time without
+/// reading the LV it made, and every later read answers the same.
+/// Snapshots made before it have lvm's `lv_time` instead.
+pub(super) const TIME_TAG: &str = "ferrovol-time:";
 /// On a new, empty volume: its start is wiped at first attach.
 const FRESH_TAG: &str = "ferrovol-fresh";
 /// On a copy (restored snapshot, clone): its filesystem still has the
@@ -283,15 +288,12 @@ impl NewLv {
 /// test caught this when udev ran late).
 const INACTIVE: [&str; 3] = ["-an", "--setactivationskip", "y"];
 
-/// The tags `snapshot` took from its origin `src` that are not its own:
-/// lvcreate copies the origin's tags onto a snapshot.
-fn inherited_tags(src: &Lv, snapshot: &Lv, name_tag: &str, source_tag: &str) -> Vec<String> {
-    let size_tag = format!("ferrovol-size:{}", src.size());
-    let own = |t: &str| {
-        t == TAG || t == name_tag || t == source_tag || t == size_tag || t.starts_with(CLASS_TAG)
-    };
+/// The tags a snapshot of `src` took from it that are not among its own
+/// (`own`): lvcreate copies the origin's tags onto a snapshot. `made`: the
+/// snapshot as read, when it was (only what it still carries goes).
+fn inherited_tags(src: &Lv, own: &[String], made: Option<&Lv>) -> Vec<String> {
     src.tags()
-        .filter(|t| !own(t) && snapshot.has_tag(t))
+        .filter(|t| !own.iter().any(|o| o == t) && made.is_none_or(|m| m.has_tag(t)))
         .map(str::to_string)
         .collect()
 }

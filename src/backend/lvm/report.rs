@@ -24,7 +24,7 @@ struct VgSection {
 }
 
 /// One row of `lvs`.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
 pub struct Lv {
     pub lv_name: String,
     pub vg_name: String,
@@ -115,9 +115,14 @@ impl Lv {
         let pct = |s: &str| s.trim().parse::<f64>().unwrap_or(0.0);
         pct(&self.data_percent) >= 100.0 || pct(&self.metadata_percent) >= 100.0
     }
-    /// Creation time from `lv_time` (`2026-11-22 00:26:21 +0000`).
+    /// Creation time: a snapshot's time tag, else `lv_time`
+    /// (`2026-11-22 00:26:21 +0000`).
     pub(super) fn created(&self) -> SystemTime {
-        parse_lv_time(&self.lv_time).unwrap_or(UNIX_EPOCH)
+        self.tag_value(super::TIME_TAG)
+            .and_then(|s| s.parse().ok())
+            .map(|secs| UNIX_EPOCH + Duration::from_secs(secs))
+            .or_else(|| parse_lv_time(&self.lv_time))
+            .unwrap_or(UNIX_EPOCH)
     }
 }
 
