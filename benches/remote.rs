@@ -10,7 +10,8 @@
 //! "with N", FERROVOL_BENCH_CLIENTS (default 8) the concurrent callers,
 //! FERROVOL_BENCH_ONLY (`iscsi` or `rbd`) one backend, or `cephcsi` the
 //! rbd backend beside ceph-csi alone (`remote/beside.rs`: its own knobs),
-//! or, in the real-kernel guest only, `nfs` or `lvm` (`remote/lvm.rs`:
+//! or, in the real-kernel guest only, `nfs` (beside csi-driver-nfs,
+//! `remote/nfs_beside.rs`, then beside the tools) or `lvm` (`remote/lvm.rs`:
 //! lvm beside the bare lvm commands).
 //!
 //! Each row: p50 and p99 of one call, calls per second, and the floor: the
@@ -24,6 +25,8 @@ mod beside;
 mod common;
 #[path = "remote/lvm.rs"]
 mod lvm;
+#[path = "remote/nfs_beside.rs"]
+mod nfs_beside;
 
 use common::fixtures::{run, CephCluster, NfsServer, Tgtd};
 use common::*;
@@ -271,6 +274,7 @@ async fn main() {
     // (tests/guest/run -- env FERROVOL_IN_GUEST=1 FERROVOL_BENCH_ONLY=nfs
     // target/release/deps/remote-* --bench).
     if only == "nfs" {
+        nfs_peer().await;
         nfs(n, existing, clients).await;
     }
     // lvm needs device-mapper: the guest only, as nfs (remote/lvm.rs).
@@ -653,6 +657,14 @@ impl RbdPhases<'_> {
             &snapshotted,
         );
     }
+}
+
+/// The nfs backend beside csi-driver-nfs (remote/nfs_beside.rs), on an
+/// export of its own.
+async fn nfs_peer() {
+    let _server = NfsServer::new();
+    let h = Harness::start_with(Some(common::fixtures::NFS_LOOPBACK_CONFIG)).await;
+    nfs_beside::run(&h).await;
 }
 
 /// The tools' floor for the nfs backend: over a mount of the export of

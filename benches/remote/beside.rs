@@ -508,7 +508,7 @@ impl Floors {
     }
 }
 
-fn pct(samples: &[Duration], p: f64) -> Duration {
+pub(super) fn pct(samples: &[Duration], p: f64) -> Duration {
     Figures {
         elapsed: Duration::ZERO,
         samples: samples.to_vec(),
@@ -517,14 +517,14 @@ fn pct(samples: &[Duration], p: f64) -> Duration {
     .pct(p)
 }
 
-fn load() -> String {
+pub(super) fn load() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()
 }
 
 /// Memory and threads of a process, as one cell.
-fn memory(pid: u32) -> String {
+pub(super) fn memory(pid: u32) -> String {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let kb = |field: &str| {
         status
