@@ -42,35 +42,9 @@ pub struct CephCsi {
 }
 
 impl CephCsi {
-    /// The binary: FERROVOL_CEPHCSI, else `../shared/tools/cephcsi.xz`
-    /// beside the project, unpacked.
-    fn unpack(into: &Path) -> PathBuf {
-        let bin = into.join("cephcsi");
-        if let Ok(given) = std::env::var("FERROVOL_CEPHCSI") {
-            return PathBuf::from(given);
-        }
-        let packed = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/tools/cephcsi.xz");
-        assert!(
-            packed.exists(),
-            "ceph-csi not found at {} (../shared/tools beside the project, or FERROVOL_CEPHCSI)",
-            packed.display()
-        );
-        let out = std::fs::File::create(&bin).unwrap();
-        let status = Command::new("xz")
-            .arg("-dc")
-            .arg(&packed)
-            .stdout(out)
-            .status()
-            .expect("xz");
-        assert!(status.success(), "xz -dc {}: {status}", packed.display());
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
-        bin
-    }
-
     pub async fn start(cluster: &CephCluster) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let bin = Self::unpack(dir.path());
+        let bin = unpack_tool(dir.path(), "cephcsi", "FERROVOL_CEPHCSI", "ceph-csi");
         let was = OUTSIDE
             .iter()
             .map(|p| (PathBuf::from(p), std::fs::read(p).ok()))
@@ -117,36 +91,13 @@ impl CephCsi {
             was,
             made_dirs,
         };
-        // Ready when it answers a probe.
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            if let Ok(Some(status)) = me.child.try_wait() {
-                panic!("ceph-csi exited ({status}): {}", me.log());
-            }
-            if let Ok(ch) = connect(&me.socket()).await {
-                if IdentityClient::new(ch)
-                    .probe(pb::ProbeRequest {})
-                    .await
-                    .is_ok()
-                {
-                    return me;
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "ceph-csi did not answer: {}",
-                me.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let (socket, dir) = (me.socket(), &me.dir);
+        wait_ready(&mut me.child, &socket, "ceph-csi", 120, || cephcsi_log(dir)).await;
+        me
     }
 
     fn socket(&self) -> PathBuf {
         self.dir.path().join("csi.sock")
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("cephcsi.log")).unwrap_or_default()
     }
 
     pub fn pid(&self) -> u32 {
@@ -155,6 +106,70 @@ impl CephCsi {
 
     pub async fn controller(&self) -> ControllerClient<Channel> {
         ControllerClient::new(connect(&self.socket()).await.unwrap())
+    }
+}
+
+/// ceph-csi's log, in its folder.
+fn cephcsi_log(dir: &tempfile::TempDir) -> String {
+    std::fs::read_to_string(dir.path().join("cephcsi.log")).unwrap_or_default()
+}
+
+/// A peer driver's binary: the path in `env`, else
+/// `../shared/tools/<tool>.xz` beside the project, unpacked into `into`.
+pub(super) fn unpack_tool(into: &Path, tool: &str, env: &str, what: &str) -> PathBuf {
+    if let Ok(given) = std::env::var(env) {
+        return PathBuf::from(given);
+    }
+    let packed =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../shared/tools/{tool}.xz"));
+    assert!(
+        packed.exists(),
+        "{what} not found at {} (../shared/tools beside the project, or {env})",
+        packed.display()
+    );
+    let bin = into.join(tool);
+    let out = std::fs::File::create(&bin).unwrap();
+    let status = Command::new("xz")
+        .arg("-dc")
+        .arg(&packed)
+        .stdout(out)
+        .status()
+        .expect("xz");
+    assert!(status.success(), "xz -dc {}: {status}", packed.display());
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    bin
+}
+
+/// Waits until the peer driver `child` answers a probe on `socket`, for
+/// at most `secs`; panics with its log (`log`) if it exits or does not.
+pub(super) async fn wait_ready(
+    child: &mut Child,
+    socket: &Path,
+    what: &str,
+    secs: u64,
+    log: impl Fn() -> String,
+) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{what} exited ({status}): {}", log());
+        }
+        if let Ok(ch) = connect(socket).await {
+            if IdentityClient::new(ch)
+                .probe(pb::ProbeRequest {})
+                .await
+                .is_ok()
+            {
+                return;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not answer: {}",
+            log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -14,12 +14,11 @@
 //! FERROVOL_BENCH_BURST (50) volumes created at once (every call in flight
 //! together) and deleted at once. FERROVOL_BENCH_ROUNDS rounds (4).
 
-use super::beside::{load, memory, pct};
+use super::beside::{load, memory, pct, unpack_tool, wait_ready};
 use super::common::{connect, cpu_of, mount_cap, publish_req, stage_req, unpublish_req};
 use super::common::{unstage_req, Harness, SNW};
 use ferrovol::proto as pb;
 use ferrovol::proto::controller_client::ControllerClient;
-use ferrovol::proto::identity_client::IdentityClient;
 use ferrovol::proto::node_client::NodeClient;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -55,35 +54,14 @@ pub struct NfsPlugin {
 }
 
 impl NfsPlugin {
-    /// The binary: FERROVOL_NFSPLUGIN, else `../shared/tools/nfsplugin.xz`
-    /// beside the project, unpacked.
-    fn unpack(into: &Path) -> PathBuf {
-        if let Ok(given) = std::env::var("FERROVOL_NFSPLUGIN") {
-            return PathBuf::from(given);
-        }
-        let packed = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/tools/nfsplugin.xz");
-        assert!(
-            packed.exists(),
-            "csi-driver-nfs not found at {} (../shared/tools beside the project, or FERROVOL_NFSPLUGIN)",
-            packed.display()
-        );
-        let bin = into.join("nfsplugin");
-        let out = std::fs::File::create(&bin).unwrap();
-        let status = Command::new("xz")
-            .arg("-dc")
-            .arg(&packed)
-            .stdout(out)
-            .status()
-            .expect("xz");
-        assert!(status.success(), "xz -dc {}: {status}", packed.display());
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
-        bin
-    }
-
     pub async fn start() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let bin = Self::unpack(dir.path());
+        let bin = unpack_tool(
+            dir.path(),
+            "nfsplugin",
+            "FERROVOL_NFSPLUGIN",
+            "csi-driver-nfs",
+        );
         let work = dir.path().join("work");
         std::fs::create_dir_all(&work).unwrap();
         let log = std::fs::File::create(dir.path().join("nfsplugin.log")).unwrap();
@@ -100,36 +78,16 @@ impl NfsPlugin {
             .spawn()
             .unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
         let mut me = NfsPlugin { child, dir };
-        // Ready when it answers a probe.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Ok(Some(status)) = me.child.try_wait() {
-                panic!("csi-driver-nfs exited ({status}): {}", me.log());
-            }
-            if let Ok(ch) = connect(&me.socket()).await {
-                if IdentityClient::new(ch)
-                    .probe(pb::ProbeRequest {})
-                    .await
-                    .is_ok()
-                {
-                    return me;
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "csi-driver-nfs did not answer: {}",
-                me.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let (socket, log) = (me.socket(), me.dir.path().join("nfsplugin.log"));
+        wait_ready(&mut me.child, &socket, "csi-driver-nfs", 60, || {
+            std::fs::read_to_string(&log).unwrap_or_default()
+        })
+        .await;
+        me
     }
 
     fn socket(&self) -> PathBuf {
         self.dir.path().join("nfs.sock")
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("nfsplugin.log")).unwrap_or_default()
     }
 
     pub fn pid(&self) -> u32 {
