@@ -28,14 +28,14 @@ LABEL org.opencontainers.image.title="ferrovol" \
 # store), dmsetup (iscsi hold devices, thin pool messages),
 # thin-provisioning-tools (thin_dump, thin_delta: lvm changed block
 # tracking), cryptsetup-bin (LUKS2 encryption on the nodes), open-iscsi and multipath-tools (iscsi nodes), nfs-common
-# (mount.nfs), ceph-common (rbd). The iscsi controller speaks to the host's
+# (mount.nfs), zstd (nfs snapshots' archives), ceph-common (rbd). The iscsi controller speaks to the host's
 # tgtd over its management socket itself: no tgt package. Versions follow the Debian release; pinning each
 # would break the build at every point release.
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       util-linux mount e2fsprogs xfsprogs btrfs-progs lvm2 dmsetup \
-      thin-provisioning-tools cryptsetup-bin open-iscsi multipath-tools nfs-common ceph-common \
+      thin-provisioning-tools cryptsetup-bin open-iscsi multipath-tools nfs-common zstd ceph-common \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /home/builder/src/target/release/ferrovol /usr/local/bin/ferrovol
 ENTRYPOINT ["/usr/local/bin/ferrovol"]

@@ -1299,6 +1299,10 @@ const PROGRAMS: &[(&str, &str)] = &[
     ("iscsiadm", "open-iscsi"),
     ("multipath", "multipath-tools"),
     ("mount.nfs", "nfs-common"),
+    ("mount.nfs4", "nfs-common"),
+    ("umount.nfs", "nfs-common"),
+    ("zstd", "zstd"),
+    ("gzip", BASE),
     ("rbd", "ceph-common"),
     ("ceph", "ceph-common"),
     ("cp", BASE),
@@ -1306,9 +1310,9 @@ const PROGRAMS: &[(&str, &str)] = &[
     ("tar", BASE),
 ];
 
-/// Programs run on the driver's behalf rather than by it: mount(8) runs
-/// mount.nfs for NFS mounts.
-const INDIRECT: &[&str] = &["mount.nfs"];
+/// Programs run on the driver's behalf rather than by it: tar runs the
+/// (de)compressor of an nfs snapshot's archive.
+const INDIRECT: &[&str] = &["zstd", "gzip"];
 
 /// The programs the driver's own code (not its tests) runs through the
 /// command runner: `Command::new("...")` and the lvm tools.

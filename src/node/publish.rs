@@ -418,6 +418,7 @@ impl NodeOps {
                     crate::mount::unmount_with_helper(
                         self.runner.as_ref(),
                         target,
+                        &e.fstype,
                         self.deadlines.quick,
                     )
                     .await?

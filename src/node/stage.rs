@@ -529,14 +529,25 @@ impl NodeOps {
                 .off_worker(
                     format!("reading the mount table for {}", path.display()),
                     self.deadlines.quick,
-                    move |m| Ok(m.mounts()?.iter().any(|i| i.mount_point == p)),
+                    move |m| {
+                        Ok(m.mounts()?
+                            .into_iter()
+                            .rev()
+                            .find(|i| i.mount_point == p)
+                            .map(|i| i.fstype))
+                    },
                 )
                 .await?;
-            if !mounted {
+            let Some(fs_type) = mounted else {
                 return Ok(());
-            }
-            crate::mount::unmount_with_helper(self.runner.as_ref(), path, self.deadlines.quick)
-                .await?;
+            };
+            crate::mount::unmount_with_helper(
+                self.runner.as_ref(),
+                path,
+                &fs_type,
+                self.deadlines.quick,
+            )
+            .await?;
         }
         Err(Error::internal(format!(
             "{} still mounted after {MAX_STACKED_MOUNTS} unmounts",

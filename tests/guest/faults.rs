@@ -540,7 +540,16 @@ async fn guest_storage_gone_before_unstage_leaves_nothing() {
         "rbd mappings: {:?}",
         rbd_mappings()
     );
-    let procs = running_named(&["mount", "umount", "iscsiadm", "rbd", "mkfs.ext4", "blkid"]);
+    let procs = running_named(&[
+        "mount",
+        "mount.nfs",
+        "umount",
+        "umount.nfs",
+        "iscsiadm",
+        "rbd",
+        "mkfs.ext4",
+        "blkid",
+    ]);
     assert!(procs.is_empty(), "processes left: {procs:?}");
     println!("{n} cycles on each of five backends at once, in {took:.1?}; nothing left behind");
     for line in lines {
@@ -1229,7 +1238,14 @@ async fn guest_a_server_that_stops_answering_stalls_only_its_own_volumes() {
         "iSCSI sessions: {sessions:?}"
     );
     assert!(rbd_mappings().is_empty(), "{:?}", rbd_mappings());
-    let procs = running_named(&["mount", "mount.nfs", "umount", "iscsiadm", "rbd"]);
+    let procs = running_named(&[
+        "mount",
+        "mount.nfs",
+        "umount",
+        "umount.nfs",
+        "iscsiadm",
+        "rbd",
+    ]);
     assert!(procs.is_empty(), "processes left: {procs:?}");
     for line in report {
         println!("{line}");

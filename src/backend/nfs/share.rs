@@ -167,7 +167,8 @@ impl WorkMounts {
     /// unmount never waits on it); never forced (see
     /// [`crate::mount::unmount_with_helper`]).
     async fn unmount(&self, dir: &Path) -> Result<()> {
-        crate::mount::unmount_with_helper(self.runner.as_ref(), dir, Duration::from_secs(20)).await
+        crate::mount::unmount_with_helper(self.runner.as_ref(), dir, "nfs", Duration::from_secs(20))
+            .await
     }
 
     /// Releases the shares unused for `idle`; returns how many. A share
@@ -393,7 +394,7 @@ mod tests {
     #[async_trait::async_trait]
     impl CommandRunner for DeadServer {
         async fn run(&self, command: Command) -> std::result::Result<Output, ExecError> {
-            if command.program == "mount" && command.args.iter().any(|a| a == "dead:/") {
+            if command.program == "mount.nfs" && command.args.iter().any(|a| a == "dead:/") {
                 self.stuck.notify_one();
                 self.release.notified().await;
             }

@@ -2,6 +2,18 @@
 
 use super::*;
 
+/// A snapshot's archive, as the snapshots made since 2026-12 are kept: a
+/// tar of the volume's directory through zstd (on every CPU the
+/// controller has). In the emulated test guest zstd packed 8 MiB of
+/// random data and 4.5 MiB of text in 330 ms where gzip took 1,150-1,350
+/// (its 8 MB/s being most of a snapshot's time), and it packs tighter.
+const ARCHIVE: &str = "tar.zst";
+/// tar's filter for [`ARCHIVE`] (it adds `-d` to unpack).
+const COMPRESSOR: &str = "zstd -T0 -q";
+/// A snapshot's archive as earlier versions made it (tar and gzip): still
+/// restored and deleted.
+const GZIP_ARCHIVE: &str = "tar.gz";
+
 #[async_trait::async_trait]
 impl Snapshotter for NfsBackend {
     /// A directory copied file by file while every node's clients write
@@ -97,12 +109,12 @@ impl Snapshotter for NfsBackend {
                  archived file by file, not at one instant"
             );
         }
-        let tmp = dir.join(format!(".{locator}.tar.gz.tmp"));
+        let tmp = dir.join(format!(".{locator}.{ARCHIVE}.tmp"));
         let archived = self
             .runner
             .run(
                 Command::new("tar")
-                    .args(["-czf"])
+                    .args(["-I", COMPRESSOR, "-cf"])
                     .arg(path_arg(&tmp)?)
                     .args(["--one-file-system", "-C"])
                     .arg(path_arg(&from)?)
@@ -114,7 +126,7 @@ impl Snapshotter for NfsBackend {
             let _ = std::fs::remove_file(&tmp);
             return Err(Error::from(e).context("archive the volume"));
         }
-        let final_archive = dir.join(format!("{locator}.tar.gz"));
+        let final_archive = dir.join(format!("{locator}.{ARCHIVE}"));
         writing("completing the snapshot", move || {
             crate::records::write(&record_path, &bytes)?;
             std::fs::rename(&tmp, &final_archive)
@@ -146,8 +158,10 @@ impl Snapshotter for NfsBackend {
         blocking("removing the snapshot", move || {
             // With what a create cut short left under a temporary name.
             for name in [
-                format!("{locator}.tar.gz"),
-                format!(".{locator}.tar.gz.tmp"),
+                format!("{locator}.{ARCHIVE}"),
+                format!(".{locator}.{ARCHIVE}.tmp"),
+                format!("{locator}.{GZIP_ARCHIVE}"),
+                format!(".{locator}.{GZIP_ARCHIVE}.tmp"),
                 format!("{locator}.json"),
             ] {
                 crate::records::remove(&dir.join(name))?;
@@ -250,9 +264,9 @@ impl NfsBackend {
         locator: &str,
     ) -> Result<Option<SnapshotRecord>> {
         let dir = Self::snapshot_dir(root);
-        let (record, archive, snap) = (
+        let (record, archives, snap) = (
             dir.join(format!("{locator}.json")),
-            dir.join(format!("{locator}.tar.gz")),
+            [ARCHIVE, GZIP_ARCHIVE].map(|a| dir.join(format!("{locator}.{a}"))),
             dir.join(format!("{locator}.snap")),
         );
         blocking("reading a snapshot record", move || {
@@ -263,7 +277,7 @@ impl NfsBackend {
             };
             // Ready only once the archive is whole, or the subvolume made
             // (each is renamed into place after the record is written).
-            if !archive.exists() && !snap.exists() {
+            if !archives.iter().any(|a| a.exists()) && !snap.exists() {
                 return Ok(None);
             }
             crate::records::decode_record(&record.display().to_string(), &bytes).map(Some)
@@ -302,16 +316,25 @@ impl NfsBackend {
                     )));
                 }
                 let snaps = Self::snapshot_dir(&held.dir);
-                let archive = snaps.join(format!("{locator}.tar.gz"));
-                if !archive.exists() {
-                    // A btrfs snapshot, restored elsewhere: copied.
+                // An archive (zstd; gzip from before 2026-12), or else a
+                // btrfs snapshot, restored elsewhere: copied.
+                let (zstd, gzip) = (
+                    snaps.join(format!("{locator}.{ARCHIVE}")),
+                    snaps.join(format!("{locator}.{GZIP_ARCHIVE}")),
+                );
+                let (archive, filter) = if zstd.exists() {
+                    (zstd, ["-I", COMPRESSOR])
+                } else if gzip.exists() {
+                    (gzip, ["-I", "gzip"])
+                } else {
                     let snap = snaps.join(format!("{locator}.snap"));
                     return self.copy_tree(&snap, into, "restore the snapshot").await;
-                }
+                };
                 self.runner
                     .run(
                         Command::new("tar")
-                            .args(["-xzpf"])
+                            .args(filter)
+                            .arg("-xpf")
                             .arg(path_arg(&archive)?)
                             .args(["-C", &into_arg, "--numeric-owner"])
                             .timeout(COPY_TIMEOUT),

@@ -185,7 +185,7 @@ fn configuration_is_checked() {
 #[tokio::test]
 async fn a_fill_cut_short_is_done_again_by_the_retry() {
     let f = fixture();
-    f.runner.ok("mount");
+    f.runner.ok("mount.nfs");
     f.runner.ok("cp");
     let src = f
         .backend
@@ -248,7 +248,7 @@ async fn a_fill_cut_short_is_done_again_by_the_retry() {
 #[tokio::test]
 async fn creates_a_directory_and_a_record_and_answers_retries() {
     let f = fixture_with("directory_mode = 0o2770\n");
-    f.runner.ok("mount");
+    f.runner.ok("mount.nfs");
     let r = req("pvc-1", &[(PV, "pvc-1234")], &[]);
     let v = f.backend.create_volume(&r).await.unwrap();
     assert_eq!(v.id, f.backend.volume_id_for(&r).unwrap());
@@ -258,7 +258,7 @@ async fn creates_a_directory_and_a_record_and_answers_retries() {
     assert_eq!(
         f.runner.lines(),
         [format!(
-            "mount -t nfs -o rw,nfsvers=4.2 -- 10.0.0.1:/export/k8s {}",
+            "mount.nfs 10.0.0.1:/export/k8s {} -o rw,nfsvers=4.2",
             work.display()
         )]
     );
@@ -290,18 +290,18 @@ async fn creates_a_directory_and_a_record_and_answers_retries() {
     assert_eq!(listed, vec![v]);
     // Idle shares are released: unmounted, never forced (that would
     // abort the RPCs of the pods' mounts sharing the superblock).
-    f.runner.ok("umount");
+    f.runner.ok("umount.nfs");
     assert_eq!(f.backend.mounts.release_idle(Duration::ZERO).await, 1);
     assert_eq!(
         f.runner.lines().last().unwrap(),
-        &format!("umount {}", work.display())
+        &format!("umount.nfs {}", work.display())
     );
 }
 
 #[tokio::test]
 async fn a_symlink_on_the_share_never_leads_out() {
     let f = fixture();
-    f.runner.ok("mount");
+    f.runner.ok("mount.nfs");
     // Make the share exist, then plant a link where a namespace goes.
     f.backend
         .create_volume(&req("first", &[(PV, "first")], &[]))
@@ -326,7 +326,7 @@ async fn a_symlink_on_the_share_never_leads_out() {
 #[tokio::test]
 async fn delete_follows_the_policy_recorded_at_create() {
     let f = fixture();
-    f.runner.ok("mount");
+    f.runner.ok("mount.nfs");
     let create = |name: &str, policy: Option<&str>| {
         let mut r = req(name, &[(PV, name)], &[]);
         if let Some(p) = policy {
@@ -385,7 +385,7 @@ async fn delete_follows_the_policy_recorded_at_create() {
 #[tokio::test]
 async fn a_mount_that_hangs_is_killed_and_reported() {
     let f = fixture();
-    f.runner.expect("mount", Reply::Timeout);
+    f.runner.expect("mount.nfs", Reply::Timeout);
     let err = f
         .backend
         .create_volume(&req("pvc-1", &[(PV, "p")], &[]))
@@ -395,7 +395,7 @@ async fn a_mount_that_hangs_is_killed_and_reported() {
     assert!(err.message.contains("mount the share"), "{}", err.message);
     assert_eq!(f.backend.mounts.mounted(), 0);
     // The next attempt mounts again and works.
-    f.runner.ok("mount");
+    f.runner.ok("mount.nfs");
     f.backend
         .create_volume(&req("pvc-1", &[(PV, "p")], &[]))
         .await
@@ -478,7 +478,7 @@ fn parameters_are_checked() {
 #[tokio::test]
 async fn modify_changes_the_mode_and_the_delete_policy_all_or_nothing() {
     let f = fixture_with("directory_mode = 0o2770\n");
-    f.runner.ok("mount");
+    f.runner.ok("mount.nfs");
     let none = Secrets::default();
     let v = f
         .backend
@@ -546,7 +546,7 @@ async fn health_says_when_the_export_or_the_volume_s_directory_is_gone() {
     use crate::plugin::health::Reason;
     use crate::plugin::HealthReporter;
     let f = fixture();
-    f.runner.ok("mount");
+    f.runner.ok("mount.nfs");
     let v = f
         .backend
         .create_volume(&req("pvc-1", &[(PV, "pvc-h")], &[]))
@@ -572,9 +572,9 @@ async fn health_says_when_the_export_or_the_volume_s_directory_is_gone() {
     assert!(found[0].message.contains("pvc-h"), "{found:?}");
     // The export no longer mounts: unreachable, said within the mount's
     // deadline.
-    f.runner.ok("umount");
+    f.runner.ok("umount.nfs");
     assert_eq!(f.backend.mounts.release_idle(Duration::ZERO).await, 1);
-    f.runner.expect("mount", Reply::Timeout);
+    f.runner.expect("mount.nfs", Reply::Timeout);
     let found = f.backend.volume_health(&v.id, &s).await.unwrap();
     assert_eq!(found[0].reason, Reason::ExportUnreachable, "{found:?}");
 }
@@ -646,4 +646,98 @@ async fn storage_health_says_which_servers_do_not_answer() {
         "{}",
         found[0].message
     );
+}
+
+/// A snapshot is a tar of the volume's directory through zstd, made under
+/// a temporary name and renamed into place once whole; a restore unpacks
+/// it with zstd. A gzip archive, as earlier versions made them, is still
+/// restored (with gzip) and deleted with its record.
+#[tokio::test]
+async fn snapshots_are_zstd_archives_and_gzip_ones_still_restore() {
+    use crate::exec::Effect;
+    let f = fixture();
+    f.runner.ok("mount.nfs");
+    let src = f
+        .backend
+        .create_volume(&req("pvc-src", &[(PV, "src")], &[]))
+        .await
+        .unwrap();
+    let work = f.share();
+    let snaps = work.join(".ferrovol/snapshots");
+    let locator = crate::id::locator_for_name("snap-1");
+    let (tmp, zstd, gzip) = (
+        snaps.join(format!(".{locator}.tar.zst.tmp")),
+        snaps.join(format!("{locator}.tar.zst")),
+        snaps.join(format!("{locator}.tar.gz")),
+    );
+    let packed = tmp.clone();
+    f.runner.expect(
+        "tar",
+        Reply::OkAfter(
+            String::new(),
+            Effect(Arc::new(move || std::fs::write(&packed, b"zstd").unwrap())),
+        ),
+    );
+    let made = f
+        .backend
+        .create_snapshot(&CreateSnapshot {
+            source: src.id.clone(),
+            name: "snap-1".into(),
+            parameters: BTreeMap::new(),
+            metadata: BTreeMap::new(),
+            secrets: Secrets::default(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        f.runner.lines().last().unwrap(),
+        &format!(
+            "tar -I zstd -T0 -q -cf {} --one-file-system -C {} .",
+            tmp.display(),
+            work.join("src").display()
+        )
+    );
+    assert!(zstd.exists() && !tmp.exists());
+    let restore = |name: &'static str| {
+        let mut r = req(name, &[(PV, name)], &[]);
+        r.source = Some(ContentSource::Snapshot(made.id.clone()));
+        r
+    };
+    f.runner.ok("tar");
+    f.backend.create_volume(&restore("r1")).await.unwrap();
+    assert_eq!(
+        f.runner.lines().last().unwrap(),
+        &format!(
+            "tar -I zstd -T0 -q -xpf {} -C {} --numeric-owner",
+            zstd.display(),
+            work.join("r1").display()
+        )
+    );
+    // As an earlier version left it: the same snapshot packed with gzip.
+    std::fs::rename(&zstd, &gzip).unwrap();
+    let none = Secrets::default();
+    assert!(f
+        .backend
+        .get_snapshot(&made.id, &none)
+        .await
+        .unwrap()
+        .is_some());
+    f.runner.ok("tar");
+    f.backend.create_volume(&restore("r2")).await.unwrap();
+    assert_eq!(
+        f.runner.lines().last().unwrap(),
+        &format!(
+            "tar -I gzip -xpf {} -C {} --numeric-owner",
+            gzip.display(),
+            work.join("r2").display()
+        )
+    );
+    f.backend.delete_snapshot(&made.id, &none).await.unwrap();
+    assert!(!gzip.exists() && !snaps.join(format!("{locator}.json")).exists());
+    assert!(f
+        .backend
+        .get_snapshot(&made.id, &none)
+        .await
+        .unwrap()
+        .is_none());
 }

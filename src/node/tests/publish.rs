@@ -274,11 +274,11 @@ async fn remote_mounts_go_through_the_killable_helper() {
     );
     assert!(runner.lines().is_empty());
 
-    runner.expect("mount", Reply::Timeout);
+    runner.expect("mount.nfs", Reply::Timeout);
     let err = ops.stage(req("")).await.unwrap_err();
     assert_eq!(err.kind, Kind::Unavailable, "{}", err.message);
     let line = format!(
-        "mount -t nfs -o rw,noatime,nfsvers=4.2 -- 10.0.0.1:/export/vol {}",
+        "mount.nfs 10.0.0.1:/export/vol {} -o rw,noatime,nfsvers=4.2",
         staging.display()
     );
     assert_eq!(runner.lines(), [line]);
@@ -288,7 +288,7 @@ async fn remote_mounts_go_through_the_killable_helper() {
         .stage(&VolumeId::parse("net:v1").unwrap())
         .is_none());
     // An SELinux label: the NFS mount gets a superblock of its own.
-    runner.expect("mount", Reply::Timeout);
+    runner.expect("mount.nfs", Reply::Timeout);
     let mut labelled = req("");
     labelled.capability.access = AccessType::Mount {
         fs_type: String::new(),
@@ -298,7 +298,7 @@ async fn remote_mounts_go_through_the_killable_helper() {
     assert_eq!(
         runner.lines()[1],
         format!(
-            "mount -t nfs -o rw,context=\"system_u:object_r:container_file_t:s0:c1,c2\",nfsvers=4.2,nosharecache -- 10.0.0.1:/export/vol {}",
+            "mount.nfs 10.0.0.1:/export/vol {} -o rw,context=\"system_u:object_r:container_file_t:s0:c1,c2\",nfsvers=4.2,nosharecache",
             staging.display()
         )
     );

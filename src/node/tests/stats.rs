@@ -179,7 +179,7 @@ async fn a_stale_remote_stage_is_abnormal_and_refuses_publish() {
         },
         mode: AccessMode::MultiNodeMultiWriter,
     };
-    runner.ok("mount");
+    runner.ok("mount.nfs");
     ops.stage(StageRequest {
         volume_id: id.clone(),
         staging_path: staging.clone(),
