@@ -15,9 +15,16 @@
 //! without, in alternating rounds (FERROVOL_BENCH_ROUNDS, default 8), and
 //! prints each round and the median ratio: the drift of the machine falls
 //! on both alike.
+//! FERROVOL_BENCH_HOSTPATH=1 runs only the file backend's publish path
+//! beside the reference hostpath driver: FERROVOL_BENCH_PAIRS (3000)
+//! NodePublish+NodeUnpublish pairs a round from FERROVOL_BENCH_CLIENTS,
+//! FERROVOL_BENCH_ROUNDS (3) rounds turning who goes first, each driver's
+//! rate, latency and peak RSS.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "results.rs"]
+mod results;
 
 use common::*;
 use ferrovol::proto as pb;
@@ -220,6 +227,14 @@ async fn main() {
         return nfs_phase(
             env_num("FERROVOL_BENCH_SECS", 5),
             env_num("FERROVOL_BENCH_CLIENTS", 8) as usize,
+        )
+        .await;
+    }
+    if std::env::var("FERROVOL_BENCH_HOSTPATH").as_deref() == Ok("1") {
+        return hostpath_beside(
+            env_num("FERROVOL_BENCH_PAIRS", if full { 3000 } else { 80 }) as usize,
+            env_num("FERROVOL_BENCH_CLIENTS", 8) as usize,
+            env_num("FERROVOL_BENCH_ROUNDS", if full { 3 } else { 1 }) as usize,
         )
         .await;
     }
@@ -555,10 +570,13 @@ async fn lifecycles(channels: &[tonic::transport::Channel], root: &Path, set: Se
     .await
 }
 
-/// The reference driver (the hostpath driver from the shared tools), run
-/// beside ferrovol for the same lifecycles: its figures, or why there are
-/// none.
-async fn reference_lifecycles(set: Settings) -> Result<Figures, String> {
+/// The reference driver (the hostpath driver from the shared tools),
+/// started in `dir` (its state there, the CO's targets' parent made);
+/// it, and a connection per client, or why not.
+async fn start_reference(
+    dir: &Path,
+    clients: usize,
+) -> Result<(std::process::Child, Vec<tonic::transport::Channel>), String> {
     let tool = std::env::var_os("FERROVOL_REFERENCE_DRIVER")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
@@ -567,39 +585,259 @@ async fn reference_lifecycles(set: Settings) -> Result<Figures, String> {
     if !tool.exists() {
         return Err(format!("no reference driver at {}", tool.display()));
     }
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     // The CO makes the targets' parent.
-    std::fs::create_dir_all(dir.path().join("kubelet/pods")).map_err(|e| e.to_string())?;
-    let socket = dir.path().join("hp.sock");
+    std::fs::create_dir_all(dir.join("kubelet/pods")).map_err(|e| e.to_string())?;
+    let socket = dir.join("hp.sock");
     let mut child = std::process::Command::new(&tool)
         .arg(format!("--endpoint=unix://{}", socket.display()))
         .args(["--nodeid=bench", "--v=0"])
-        .arg(format!("--statedir={}", dir.path().join("state").display()))
+        .arg(format!("--statedir={}", dir.join("state").display()))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
         .map_err(|e| format!("start {}: {e}", tool.display()))?;
-    let figures = async {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let first = loop {
-            match connect(&socket).await {
-                Ok(c) => break c,
-                Err(_) if Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(20)).await
-                }
-                Err(e) => return Err(format!("the reference driver never answered: {e}")),
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let first = loop {
+        match connect(&socket).await {
+            Ok(c) => break c,
+            Err(_) if Instant::now() < deadline && child.try_wait().ok().flatten().is_none() => {
+                tokio::time::sleep(Duration::from_millis(20)).await
             }
-        };
-        let mut channels = vec![first];
-        while channels.len() < set.clients {
-            channels.push(connect(&socket).await.map_err(|e| e.to_string())?);
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("the reference driver never answered: {e}"));
+            }
         }
-        Ok(lifecycles(&channels, dir.path(), set).await)
+    };
+    let mut channels = vec![first];
+    while channels.len() < clients {
+        match connect(&socket).await {
+            Ok(c) => channels.push(c),
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(e.to_string());
+            }
+        }
     }
-    .await;
+    Ok((child, channels))
+}
+
+/// The reference driver run beside ferrovol for the same lifecycles: its
+/// figures, or why there are none.
+async fn reference_lifecycles(set: Settings) -> Result<Figures, String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let (mut child, channels) = start_reference(dir.path(), set.clients).await?;
+    let figures = lifecycles(&channels, dir.path(), set).await;
     let _ = child.kill();
     let _ = child.wait();
-    figures
+    Ok(figures)
+}
+
+/// `pairs` NodePublish+NodeUnpublish pairs in all from `clients` tasks,
+/// each doing its share; each pair's time.
+async fn drive_pairs<F, Fut>(clients: usize, pairs: usize, op: F) -> Figures
+where
+    F: Fn(usize, usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let op = Arc::new(op);
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let op = op.clone();
+        let share = pairs / clients + usize::from(c < pairs % clients);
+        tasks.push(tokio::spawn(async move {
+            let mut samples = Vec::with_capacity(share);
+            for i in 0..share {
+                let t = Instant::now();
+                op(c, i).await;
+                samples.push(t.elapsed());
+            }
+            samples
+        }));
+    }
+    let mut samples = Vec::new();
+    for t in tasks {
+        samples.extend(t.await.unwrap());
+    }
+    Figures {
+        ops: samples.len(),
+        elapsed: start.elapsed(),
+        samples,
+    }
+}
+
+/// A process's VmHWM in KiB (0 if it is gone).
+fn peak_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The file backend's publish path beside the reference hostpath driver
+/// (`../shared/tools/hostpathplugin`, or FERROVOL_REFERENCE_DRIVER), as a
+/// node under kubelet sees them: each driver with one volume made and
+/// staged (hostpath: staged when it says it stages), `clients` callers on
+/// connections of their own doing `pairs` NodePublish+NodeUnpublish pairs
+/// in all, at a fresh target each; `rounds` rounds that turn who goes
+/// first. Each driver's pair rate, p50/p99, and peak RSS (VmHWM, reset
+/// before the rounds, read from outside at the end).
+async fn hostpath_beside(pairs: usize, clients: usize, rounds: usize) {
+    let h = start_driver(None).await;
+    let (id, staging, cap) = stage_bench_volume(&h).await;
+    let mut ours_ch = Vec::new();
+    for _ in 0..clients {
+        ours_ch.push(connect(&h.socket()).await.unwrap());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, theirs_ch) = start_reference(dir.path(), clients)
+        .await
+        .unwrap_or_else(|e| panic!("the reference driver: {e}"));
+    let theirs_pid = child.id();
+    let mut c = ferrovol::proto::controller_client::ControllerClient::new(theirs_ch[0].clone());
+    let mut n = ferrovol::proto::node_client::NodeClient::new(theirs_ch[0].clone());
+    let theirs_id = c
+        .create_volume(create_req("bench-pub", 64 * MIB, cap.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let stages = n
+        .node_get_capabilities(pb::NodeGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities
+        .iter()
+        .any(|c| {
+            matches!(
+                &c.r#type,
+                Some(pb::node_service_capability::Type::Rpc(r))
+                    if r.r#type == pb::node_service_capability::rpc::Type::StageUnstageVolume as i32
+            )
+        });
+    let theirs_staging = dir.path().join("kubelet/staging/bench");
+    std::fs::create_dir_all(&theirs_staging).unwrap();
+    if stages {
+        n.node_stage_volume(stage_req(&theirs_id, &theirs_staging, cap.clone()))
+            .await
+            .unwrap();
+    }
+    h.reset_peak_rss();
+    std::fs::write(format!("/proc/{theirs_pid}/clear_refs"), "5").unwrap();
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    let (mut ours_time, mut theirs_time) = (Duration::ZERO, Duration::ZERO);
+    for round in 0..rounds {
+        for turn in 0..2 {
+            let ferrovol = (round + turn) % 2 == 0;
+            let (pods, staging, id, channels) = if ferrovol {
+                (
+                    h.path(&format!("kubelet/pods/r{round}")),
+                    staging.clone(),
+                    id.clone(),
+                    ours_ch.clone(),
+                )
+            } else {
+                (
+                    dir.path().join(format!("kubelet/pods/r{round}")),
+                    // A driver that does not stage gets no staging path,
+                    // as from kubelet.
+                    if stages {
+                        theirs_staging.clone()
+                    } else {
+                        PathBuf::new()
+                    },
+                    theirs_id.clone(),
+                    theirs_ch.clone(),
+                )
+            };
+            std::fs::create_dir_all(&pods).unwrap();
+            let f = drive_pairs(
+                clients,
+                pairs,
+                publish_cycle(pods.clone(), staging, id, cap.clone(), channels),
+            )
+            .await;
+            std::fs::remove_dir_all(&pods).unwrap();
+            let (samples, time) = if ferrovol {
+                (&mut ours, &mut ours_time)
+            } else {
+                (&mut theirs, &mut theirs_time)
+            };
+            samples.extend(f.samples);
+            *time += f.elapsed;
+        }
+    }
+    let (ours_kb, theirs_kb) = (h.status_kb("VmHWM"), peak_kb(theirs_pid));
+    let _ = child.kill();
+    let _ = child.wait();
+    let fig = |samples: Vec<Duration>, elapsed: Duration| Figures {
+        ops: samples.len(),
+        elapsed,
+        samples,
+    };
+    let (ours, theirs) = (fig(ours, ours_time), fig(theirs, theirs_time));
+    println!(
+        "\nfile: the publish path beside the reference hostpath driver; {clients} clients, \
+         {pairs} NodePublish+NodeUnpublish pairs a round on one staged volume, {rounds} rounds \
+         turning who goes first (hostpath staged: {stages})"
+    );
+    for (name, f, kb) in [
+        ("ferrovol", &ours, ours_kb),
+        ("hostpath", &theirs, theirs_kb),
+    ] {
+        println!(
+            "  {name:<9} {:>8.0} pairs/s, p50 {}, p99 {}, peak RSS {:.1} MiB",
+            f.rate(),
+            ms(f.pct(0.5)),
+            ms(f.pct(0.99)),
+            kb as f64 / 1024.0
+        );
+    }
+    println!(
+        "  ferrovol / hostpath: {:.1}x the pairs per second, {:.2}x the peak RSS",
+        ours.rate() / theirs.rate(),
+        ours_kb as f64 / theirs_kb.max(1) as f64
+    );
+    use results::{record, Against, Better, Row, Value};
+    record(Row {
+        backend: "file",
+        call: "NodePublish+NodeUnpublish pair",
+        unit: "ms",
+        better: Better::Lower,
+        ours: Value::ms(ours.pct(0.5), ours.pct(0.99)),
+        against: "hostpath",
+        kind: Against::Peer,
+        theirs: Value::ms(theirs.pct(0.5), theirs.pct(0.99)),
+    });
+    record(Row {
+        backend: "file",
+        call: &format!("publish pairs/s, {clients} clients"),
+        unit: "pairs/s",
+        better: Better::Higher,
+        ours: Value::one(ours.rate()),
+        against: "hostpath",
+        kind: Against::Peer,
+        theirs: Value::one(theirs.rate()),
+    });
+    record(Row {
+        backend: "file",
+        call: "driver peak RSS",
+        unit: "MiB",
+        better: Better::Lower,
+        ours: Value::one(ours_kb as f64 / 1024.0),
+        against: "hostpath",
+        kind: Against::Peer,
+        theirs: Value::one(theirs_kb as f64 / 1024.0),
+    });
 }
 
 /// Publish latency from one client with no other mounts on the node, and

@@ -27,6 +27,8 @@ mod common;
 mod lvm;
 #[path = "remote/nfs_beside.rs"]
 mod nfs_beside;
+#[path = "results.rs"]
+mod results;
 
 use common::fixtures::{run, CephCluster, NfsServer, Tgtd};
 use common::*;
@@ -263,22 +265,26 @@ async fn main() {
     let n = env_num("FERROVOL_BENCH_CALLS", if full { 40 } else { 4 });
     let existing = env_num("FERROVOL_BENCH_EXISTING", if full { 800 } else { 20 });
     let clients = env_num("FERROVOL_BENCH_CLIENTS", 8);
+    // One of them, or several separated by commas.
     let only = std::env::var("FERROVOL_BENCH_ONLY").unwrap_or_default();
-    if only.is_empty() || only == "iscsi" {
+    let only: Vec<&str> = only.split(',').filter(|o| !o.is_empty()).collect();
+    let all = only.is_empty();
+    let only = |name: &str| only.contains(&name);
+    if all || only("iscsi") {
         iscsi(n, existing, clients).await;
     }
-    if only.is_empty() || only == "rbd" || only == "cephcsi" {
-        rbd(n, existing, clients, only == "cephcsi", !full).await;
+    if all || only("rbd") || only("cephcsi") {
+        rbd(n, existing, clients, only("cephcsi") && !only("rbd"), !full).await;
     }
     // NFS needs the kernel's client and server: the real-kernel guest only
     // (tests/guest/run -- env FERROVOL_IN_GUEST=1 FERROVOL_BENCH_ONLY=nfs
     // target/release/deps/remote-* --bench).
-    if only == "nfs" {
+    if only("nfs") {
         nfs_peer().await;
         nfs(n, existing, clients).await;
     }
     // lvm needs device-mapper: the guest only, as nfs (remote/lvm.rs).
-    if only == "lvm" {
+    if only("lvm") {
         lvm::lvm(
             env_num("FERROVOL_BENCH_CALLS", 8),
             env_num("FERROVOL_BENCH_ROUNDS", 2),
@@ -364,6 +370,32 @@ fn tgt_floor(tgtd: &Tgtd, dir: &Path, base: u32, count: usize) -> (Figures, Figu
 type IscsiRound = (usize, [Figures; 4], [Figures; 3]);
 
 fn print_iscsi(results: &[IscsiRound], clients: usize) {
+    // The table's rows: the round with the most volumes there.
+    if let Some((round, [created, published, deleted, _], [made, bound, removed])) =
+        results.iter().max_by_key(|r| r.0)
+    {
+        for (call, ours, what, floor) in [
+            ("CreateVolume", created, "tgtadm: image, target, LUN", made),
+            (
+                "ControllerPublishVolume",
+                published,
+                "tgtadm: ACL bind",
+                bound,
+            ),
+            ("DeleteVolume", deleted, "tgtadm: target delete", removed),
+        ] {
+            results::record(results::Row {
+                backend: "iscsi",
+                call: &format!("{call} ({round} volumes there)"),
+                unit: "ms",
+                better: results::Better::Lower,
+                ours: results::Value::ms(ours.pct(0.5), ours.pct(0.99)),
+                against: what,
+                kind: results::Against::Floor,
+                theirs: results::Value::ms(floor.pct(0.5), floor.pct(0.99)),
+            });
+        }
+    }
     header("iscsi (file store, tgtd on loopback)");
     for (round, [created, published, deleted, together], [made, bound, removed]) in results {
         let with = format!("{round} volumes there");

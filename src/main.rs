@@ -178,6 +178,7 @@ fn main() -> std::process::ExitCode {
 
 /// `serve`: the driver, until SIGTERM or SIGINT.
 fn serve(args: ServeArgs) -> std::process::ExitCode {
+    limit_malloc_arenas();
     init_logging(args.log_format);
     ferrovol::killpoint::announce(&ferrovol::backend::kill_points());
     raise_file_limit();
@@ -197,6 +198,20 @@ fn serve(args: ServeArgs) -> std::process::ExitCode {
             eprintln!("ferrovol: {}", e.message);
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+/// glibc's allocator gives each thread that allocates an arena of its
+/// own, up to eight per CPU: the blocking pool's threads (mount table
+/// reads, records), busy at once under concurrent calls, each kept pages
+/// of one. Two arenas, for the runtime's two workers: the driver's peak
+/// RSS under 8 clients publishing went from 13.4-13.6 MiB to 12.5-13.0
+/// (one arena: no lower), its rate within the runs' noise (2026-12-02).
+fn limit_malloc_arenas() {
+    // SAFETY: mallopt(3) takes two integers and only changes the
+    // allocator's settings; it runs before the driver starts any thread.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
     }
 }
 

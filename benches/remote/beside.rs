@@ -12,6 +12,7 @@
 
 use super::common::fixtures::CephCluster;
 use super::common::{connect, cpu_of};
+use super::results::{record, Against, Better, Row, Value};
 use super::{env_num, Figures};
 use ferrovol::proto as pb;
 use ferrovol::proto::controller_client::ControllerClient;
@@ -538,6 +539,17 @@ pub(super) fn load() -> String {
         .unwrap_or_default()
 }
 
+/// A process's peak resident memory (VmHWM) in MiB.
+pub(super) fn peak_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap_or(0) as f64
+        / 1024.0
+}
+
 /// Memory and threads of a process, as one cell.
 pub(super) fn memory(pid: u32) -> String {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -686,6 +698,30 @@ pub async fn run(cluster: &CephCluster, h: &super::Harness, smoke: bool) {
             d.map(|d| format!("{:.1} ms", d.as_secs_f64() * 1e3))
                 .unwrap_or_default()
         };
+        if !fs.is_empty() && !cs.is_empty() {
+            record(Row {
+                backend: "rbd",
+                call,
+                unit: "ms",
+                better: Better::Lower,
+                ours: Value::ms(pct(fs, 0.5), pct(fs, 0.99)),
+                against: "ceph-csi",
+                kind: Against::Peer,
+                theirs: Value::ms(pct(cs, 0.5), pct(cs, 0.99)),
+            });
+        }
+        if let (false, Some(l)) = (fs.is_empty(), lib) {
+            record(Row {
+                backend: "rbd",
+                call,
+                unit: "ms",
+                better: Better::Lower,
+                ours: Value::ms(pct(fs, 0.5), pct(fs, 0.99)),
+                against: "librbd (one call a step)",
+                kind: Against::Floor,
+                theirs: Value::one(l.as_secs_f64() * 1e3),
+            });
+        }
         println!(
             "{call:<30} {:>18} {:>18} {:>7} {:>13} {:>10} {:>7} {:>9}",
             both(fs),
@@ -697,6 +733,16 @@ pub async fn run(cluster: &CephCluster, h: &super::Harness, smoke: bool) {
             ms1(cli),
         );
     }
+    record(Row {
+        backend: "rbd",
+        call: "driver peak RSS",
+        unit: "MiB",
+        better: Better::Lower,
+        ours: Value::one(peak_mib(f.pid)),
+        against: "ceph-csi",
+        kind: Against::Peer,
+        theirs: Value::one(peak_mib(c.pid)),
+    });
     for d in [f, c] {
         println!("{}: {}", d.name, memory(d.pid));
         for ((call, error), times) in &d.tally.failures {

@@ -25,6 +25,7 @@
 //!   default), the same zeroing by hand first: a classic snapshot split
 //!   from its origin, the LV activated, `blkdiscard --zeroout`.
 
+use super::results::{record, Against, Better, Row, Value};
 use super::*;
 use common::fixtures::{require_guest, LvmVg};
 
@@ -244,6 +245,17 @@ pub async fn lvm(n: usize, rounds: usize) {
                 _ => "lvremove",
             };
             row(phase, &ours, Some((what, &floor)));
+            let (call, floor_name) = (format!("{phase}, {class}"), format!("bare lvm: {what}"));
+            record(Row {
+                backend: "lvm",
+                call: &call,
+                unit: "ms",
+                better: Better::Lower,
+                ours: Value::ms(ours.pct(0.5), ours.pct(0.99)),
+                against: &floor_name,
+                kind: Against::Floor,
+                theirs: Value::ms(floor.pct(0.5), floor.pct(0.99)),
+            });
         }
     }
     println!(
