@@ -71,16 +71,43 @@ where
     F: Fn(usize, usize) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + Send,
 {
+    drive_until(
+        clients,
+        Until::Deadline(Instant::now() + Duration::from_secs(secs)),
+        op,
+    )
+    .await
+}
+
+/// When [`drive_until`]'s tasks stop.
+#[derive(Clone, Copy)]
+enum Until {
+    /// Each task calls until then.
+    Deadline(Instant),
+    /// The tasks make this many calls in all, each its share.
+    Calls(usize),
+}
+
+/// Runs `op` from `clients` concurrent tasks until `until`, each task
+/// getting its index and an iteration counter; each call's time.
+async fn drive_until<F, Fut>(clients: usize, until: Until, op: F) -> Figures
+where
+    F: Fn(usize, usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
     let op = Arc::new(op);
-    let deadline = Instant::now() + Duration::from_secs(secs);
     let start = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..clients {
         let op = op.clone();
         tasks.push(tokio::spawn(async move {
+            let more = |i: usize| match until {
+                Until::Deadline(d) => Instant::now() < d,
+                Until::Calls(n) => i < n / clients + usize::from(c < n % clients),
+            };
             let mut samples = Vec::new();
             let mut i = 0;
-            while Instant::now() < deadline {
+            while more(i) {
                 let t = Instant::now();
                 op(c, i).await;
                 samples.push(t.elapsed());
@@ -635,51 +662,6 @@ async fn reference_lifecycles(set: Settings) -> Result<Figures, String> {
     Ok(figures)
 }
 
-/// `pairs` NodePublish+NodeUnpublish pairs in all from `clients` tasks,
-/// each doing its share; each pair's time.
-async fn drive_pairs<F, Fut>(clients: usize, pairs: usize, op: F) -> Figures
-where
-    F: Fn(usize, usize) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = ()> + Send,
-{
-    let op = Arc::new(op);
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for c in 0..clients {
-        let op = op.clone();
-        let share = pairs / clients + usize::from(c < pairs % clients);
-        tasks.push(tokio::spawn(async move {
-            let mut samples = Vec::with_capacity(share);
-            for i in 0..share {
-                let t = Instant::now();
-                op(c, i).await;
-                samples.push(t.elapsed());
-            }
-            samples
-        }));
-    }
-    let mut samples = Vec::new();
-    for t in tasks {
-        samples.extend(t.await.unwrap());
-    }
-    Figures {
-        ops: samples.len(),
-        elapsed: start.elapsed(),
-        samples,
-    }
-}
-
-/// A process's VmHWM in KiB (0 if it is gone).
-fn peak_kb(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
 /// The file backend's publish path beside the reference hostpath driver
 /// (`../shared/tools/hostpathplugin`, or FERROVOL_REFERENCE_DRIVER), as a
 /// node under kubelet sees them: each driver with one volume made and
@@ -732,7 +714,7 @@ async fn hostpath_beside(pairs: usize, clients: usize, rounds: usize) {
             .unwrap();
     }
     h.reset_peak_rss();
-    std::fs::write(format!("/proc/{theirs_pid}/clear_refs"), "5").unwrap();
+    reset_peak_rss_of(theirs_pid);
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
     let (mut ours_time, mut theirs_time) = (Duration::ZERO, Duration::ZERO);
     for round in 0..rounds {
@@ -760,9 +742,9 @@ async fn hostpath_beside(pairs: usize, clients: usize, rounds: usize) {
                 )
             };
             std::fs::create_dir_all(&pods).unwrap();
-            let f = drive_pairs(
+            let f = drive_until(
                 clients,
-                pairs,
+                Until::Calls(pairs),
                 publish_cycle(pods.clone(), staging, id, cap.clone(), channels),
             )
             .await;
@@ -776,7 +758,10 @@ async fn hostpath_beside(pairs: usize, clients: usize, rounds: usize) {
             *time += f.elapsed;
         }
     }
-    let (ours_kb, theirs_kb) = (h.status_kb("VmHWM"), peak_kb(theirs_pid));
+    let (ours_kb, theirs_kb) = (
+        h.status_kb("VmHWM"),
+        proc_status_kb(theirs_pid, "VmHWM").unwrap_or(0),
+    );
     let _ = child.kill();
     let _ = child.wait();
     let fig = |samples: Vec<Duration>, elapsed: Duration| Figures {

@@ -541,13 +541,7 @@ pub(super) fn load() -> String {
 
 /// A process's peak resident memory (VmHWM) in MiB.
 pub(super) fn peak_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .unwrap_or(0) as f64
-        / 1024.0
+    super::common::proc_status_kb(pid, "VmHWM").unwrap_or(0) as f64 / 1024.0
 }
 
 /// Memory and threads of a process, as one cell.

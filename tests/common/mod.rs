@@ -537,18 +537,30 @@ impl Harness {
 
     /// A field of /proc/<driver>/status in kB (VmHWM, VmRSS).
     pub fn status_kb(&self, field: &str) -> u64 {
-        let text = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{field}:")))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+        proc_status_kb(self.pid(), field).unwrap()
     }
 
     /// Resets the driver's peak RSS (VmHWM) to its current RSS.
     pub fn reset_peak_rss(&self) {
-        std::fs::write(format!("/proc/{}/clear_refs", self.pid()), "5").unwrap();
+        reset_peak_rss_of(self.pid());
     }
+}
+
+/// A field of /proc/<pid>/status in kB (VmHWM, VmRSS); 0 when the field
+/// is not there.
+pub fn proc_status_kb(pid: u32, field: &str) -> std::io::Result<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    Ok(text
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0))
+}
+
+/// Resets a process's peak RSS (VmHWM) to its current RSS.
+pub fn reset_peak_rss_of(pid: u32) {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
 }
 
 /// A small deterministic generator (xorshift64*) for randomized tests. The
