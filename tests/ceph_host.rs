@@ -37,3 +37,27 @@ fn ceph_fixture_serves_rbd_cli_with_cephx() {
     cluster.rbd(&["rm", "rbd/vol-a"]);
     assert_eq!(cluster.rbd(&["ls", "rbd"]).trim(), "");
 }
+
+/// The shared cluster (the guest's tests take it one after another): one
+/// that cannot take a write fails the test that asks for it, with what the
+/// cluster says of itself, and the next test gets a new one.
+#[test]
+fn a_shared_cluster_that_takes_no_write_is_named_and_replaced() {
+    common::require_root();
+    let first = CephCluster::shared();
+    let first_mon = first.mon_addr.clone();
+    // Writes held cluster-wide, as a full cluster holds them.
+    first.ceph(&["osd", "pause"]);
+    let said = std::panic::catch_unwind(CephCluster::shared)
+        .map(|_| ())
+        .expect_err("a paused cluster handed out");
+    let said = said.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(said.contains("the shared Ceph cluster is broken"), "{said}");
+    assert!(said.contains("rados put"), "{said}");
+    // The cluster's own word on why: the flag, in its health and its map.
+    assert!(said.contains("pausewr"), "{said}");
+    let second = CephCluster::shared();
+    assert_ne!(second.mon_addr, first_mon);
+    second.rbd(&["create", "rbd/after", "--size", "8M"]);
+    second.rbd(&["rm", "rbd/after"]);
+}

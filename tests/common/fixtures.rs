@@ -594,26 +594,153 @@ impl CephCluster {
     /// loopback otherwise. A test that stops or reconfigures daemons takes
     /// a cluster of its own.
     pub fn shared() -> &'static CephCluster {
-        static SHARED: std::sync::OnceLock<CephCluster> = std::sync::OnceLock::new();
-        let cluster = SHARED.get_or_init(|| {
+        // A cluster found unable to take a write is let go (its daemons
+        // stopped, its folder removed) and the test that found it fails,
+        // saying what the cluster said; the next test gets a new one, so
+        // that what one test did to the cluster fails that test only.
+        static SHARED: std::sync::Mutex<Option<&'static CephCluster>> = std::sync::Mutex::new(None);
+        let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+        let cluster = *shared.get_or_insert_with(|| {
             let private = super::peer::MAIN_ADDR;
             let addresses = Command::new("ip")
                 .args(["-o", "-4", "addr", "show"])
                 .output()
                 .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
                 .unwrap_or_default();
-            match addresses.contains(&format!(" {private}/")) {
-                true => CephCluster::on(private),
-                false => CephCluster::new(),
-            }
+            Box::leak(Box::new(
+                match addresses.contains(&format!(" {private}/")) {
+                    true => CephCluster::on(private),
+                    false => CephCluster::new(),
+                },
+            ))
         });
-        for (name, pid) in cluster.daemon_pids() {
-            assert!(running(pid), "the shared cluster's {name} exited");
+        let gone: Vec<_> = cluster
+            .daemon_pids()
+            .into_iter()
+            .filter(|(_, pid)| !running(*pid))
+            .collect();
+        let broken = match gone.is_empty() {
+            true => cluster.write_probe().err(),
+            false => Some(format!("its daemons exited: {gone:?}")),
+        };
+        if let Some(why) = broken {
+            let said = cluster.diagnosis();
+            *shared = None;
+            cluster.stop_and_remove();
+            panic!("the shared Ceph cluster is broken ({why}); a new one is made for the next test.\n{said}");
         }
         if !cluster.pool_is_empty() {
             cluster.renew_pool();
         }
         cluster
+    }
+
+    /// Writes and removes an object in the pool as the client user, each
+    /// within 30 s: an error when the cluster does not take it (its OSD
+    /// down, a full or paused cluster, this address blocklisted).
+    fn write_probe(&self) -> Result<(), String> {
+        let conf = self.conf.to_str().unwrap();
+        let keyring = self.client_keyring.to_str().unwrap();
+        for op in [
+            &["put", "ferrovol.probe", "/dev/null"][..],
+            &["rm", "ferrovol.probe"],
+        ] {
+            let mut args = vec![
+                "30",
+                "rados",
+                "-c",
+                conf,
+                "--id",
+                "ferrovol",
+                "--keyring",
+                keyring,
+                "--rados-osd-op-timeout",
+                "25",
+                "--rados-mon-op-timeout",
+                "25",
+                "-p",
+                self.pool,
+            ];
+            args.extend_from_slice(op);
+            let out = Command::new("timeout")
+                .args(&args)
+                .output()
+                .map_err(|e| format!("rados: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "rados {} ({}): {}",
+                    op[0],
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// What the cluster and this machine say of the cluster, each answer
+    /// within 30 s: its status, flags, blocklist and placement groups, the
+    /// machine's firewall rules and free memory, the OSD log's end.
+    fn diagnosis(&self) -> String {
+        let conf = self.conf.to_str().unwrap();
+        let mut said = String::new();
+        let mut ask = |what: &str, program: &str, args: &[&str]| {
+            let out = Command::new("timeout")
+                .arg("30")
+                .arg(program)
+                .args(args)
+                .output();
+            let text = match out {
+                Ok(o) => format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                ),
+                Err(e) => e.to_string(),
+            };
+            said.push_str(&format!("--- {what}:\n{}\n", text.trim_end()));
+        };
+        for (what, args) in [
+            ("ceph health detail", &["health", "detail"][..]),
+            ("ceph -s", &["-s"]),
+            ("ceph osd dump", &["osd", "dump"]),
+            ("ceph osd blocklist ls", &["osd", "blocklist", "ls"]),
+            ("ceph pg dump pgs_brief", &["pg", "dump", "pgs_brief"]),
+            ("ceph df", &["df"]),
+        ] {
+            let mut all = vec!["-c", conf, "--connect-timeout", "25"];
+            all.extend_from_slice(args);
+            ask(what, "ceph", &all);
+        }
+        ask("nft list ruleset", "nft", &["list", "ruleset"]);
+        ask(
+            "memory",
+            "grep",
+            &["-E", "MemTotal|MemAvailable", "/proc/meminfo"],
+        );
+        let log = self.dir.path().join("osd.0.log");
+        ask(
+            "the OSD log's end",
+            "tail",
+            &["-n", "30", log.to_str().unwrap()],
+        );
+        said
+    }
+
+    /// Stops the daemons of a cluster that is never dropped (the shared
+    /// one) and removes its folder (its store is in memory; the folder
+    /// holds the monitor's store and the logs).
+    fn stop_and_remove(&self) {
+        drop(self.admin.lock().unwrap_or_else(|e| e.into_inner()).take());
+        for (_, pid) in self.daemon_pids() {
+            try_run("kill", &["-9", &pid.to_string()]);
+        }
+        for (_, pid) in self.daemon_pids() {
+            wait_for("a Ceph daemon killed", Duration::from_secs(30), || {
+                !running(pid)
+            });
+        }
+        let _ = std::fs::remove_dir_all(self.dir.path());
     }
 
     /// Whether the pool holds no image, nothing in its trash, and no
