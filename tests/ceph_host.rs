@@ -44,6 +44,15 @@ fn ceph_fixture_serves_rbd_cli_with_cephx() {
 #[test]
 fn a_shared_cluster_that_takes_no_write_is_named_and_replaced() {
     common::require_root();
+    // The shared cluster's daemons would outlive this process: they are
+    // stopped at the end, failed or not.
+    struct LetGo;
+    impl Drop for LetGo {
+        fn drop(&mut self) {
+            CephCluster::let_go_of_shared();
+        }
+    }
+    let _let_go = LetGo;
     let first = CephCluster::shared();
     let first_mon = first.mon_addr.clone();
     // Writes held cluster-wide, as a full cluster holds them.

@@ -580,6 +580,10 @@ fn uuid() -> String {
         .to_string()
 }
 
+/// The cluster [`CephCluster::shared`] hands out (leaked: its daemons live
+/// as long as the process, or until it is let go).
+static SHARED_CEPH: std::sync::Mutex<Option<&'static CephCluster>> = std::sync::Mutex::new(None);
+
 impl CephCluster {
     pub fn new() -> Self {
         Self::on("127.0.0.1")
@@ -598,8 +602,7 @@ impl CephCluster {
         // stopped, its folder removed) and the test that found it fails,
         // saying what the cluster said; the next test gets a new one, so
         // that what one test did to the cluster fails that test only.
-        static SHARED: std::sync::Mutex<Option<&'static CephCluster>> = std::sync::Mutex::new(None);
-        let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+        let mut shared = SHARED_CEPH.lock().unwrap_or_else(|e| e.into_inner());
         let cluster = *shared.get_or_insert_with(|| {
             let private = super::peer::MAIN_ADDR;
             let addresses = Command::new("ip")
@@ -633,6 +636,18 @@ impl CephCluster {
             cluster.renew_pool();
         }
         cluster
+    }
+
+    /// Stops the shared cluster, if there is one, and removes its folder;
+    /// the next [`CephCluster::shared`] makes another. In the guest the
+    /// cluster goes with the guest; a test on the host lets it go itself
+    /// (its daemons would outlive the test process).
+    #[allow(dead_code)] // the host's tests; not every test binary uses it
+    pub fn let_go_of_shared() {
+        let mut shared = SHARED_CEPH.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(cluster) = shared.take() {
+            cluster.stop_and_remove();
+        }
     }
 
     /// Writes and removes an object in the pool as the client user, each
