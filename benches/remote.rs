@@ -12,7 +12,9 @@
 //! rbd backend beside ceph-csi alone (`remote/beside.rs`: its own knobs),
 //! or, in the real-kernel guest only, `nfs` (beside csi-driver-nfs,
 //! `remote/nfs_beside.rs`, then beside the tools) or `lvm` (`remote/lvm.rs`:
-//! lvm beside the bare lvm commands).
+//! lvm beside the bare lvm commands), or, in the two-node guest,
+//! `failover` (`remote/failover.rs`: a fenced failover of iscsi and rbd,
+//! step by step).
 //!
 //! Each row: p50 and p99 of one call, calls per second, and the floor: the
 //! same work done by the tool itself (one `tgtadm` or `rbd` process per
@@ -23,12 +25,19 @@
 mod beside;
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "remote/failover.rs"]
+mod failover;
 #[path = "remote/lvm.rs"]
 mod lvm;
 #[path = "remote/nfs_beside.rs"]
 mod nfs_beside;
 #[path = "results.rs"]
 mod results;
+// The two-node guest's scenarios (its tests, which a bench does not
+// compile, leave part of it unused here).
+#[allow(dead_code, unused_imports)]
+#[path = "../tests/two_nodes/mod.rs"]
+mod two_nodes;
 
 use common::fixtures::{run, CephCluster, NfsServer, Tgtd};
 use common::*;
@@ -282,6 +291,10 @@ async fn main() {
     if only("nfs") {
         nfs_peer().await;
         nfs(n, existing, clients).await;
+    }
+    // Two nodes: the two-node guest only (remote/failover.rs).
+    if only("failover") {
+        failover::failover(env_num("FERROVOL_BENCH_FAILOVERS", 10)).await;
     }
     // lvm needs device-mapper: the guest only, as nfs (remote/lvm.rs).
     if only("lvm") {

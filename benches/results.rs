@@ -65,9 +65,6 @@ pub struct Row<'a> {
 
 /// Appends `row` to FERROVOL_BENCH_RESULTS, if set.
 pub fn record(row: Row<'_>) {
-    let Some(path) = std::env::var_os("FERROVOL_BENCH_RESULTS") else {
-        return;
-    };
     let line = serde_json::json!({
         "backend": row.backend,
         "call": row.call,
@@ -80,6 +77,14 @@ pub fn record(row: Row<'_>) {
         "theirs": row.theirs.p50,
         "theirs_p99": row.theirs.p99,
     });
+    append(line);
+}
+
+/// Appends one line to FERROVOL_BENCH_RESULTS, if set.
+fn append(line: serde_json::Value) {
+    let Some(path) = std::env::var_os("FERROVOL_BENCH_RESULTS") else {
+        return;
+    };
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -87,4 +92,18 @@ pub fn record(row: Row<'_>) {
         .unwrap_or_else(|e| panic!("{}: {e}", std::path::Path::new(&path).display()));
     // One write(2) per line: benches in two processes may append at once.
     f.write_all(format!("{line}\n").as_bytes()).unwrap();
+}
+
+/// Appends a figure nothing is put beside (no peer publishes one, and it
+/// has no floor), if FERROVOL_BENCH_RESULTS is set: its p50 and its worst,
+/// in milliseconds.
+pub fn record_figure(backend: &str, what: &str, p50: Duration, worst: Duration) {
+    append(serde_json::json!({
+        "backend": backend,
+        "call": what,
+        "unit": "ms",
+        "figure": true,
+        "ours": p50.as_secs_f64() * 1e3,
+        "ours_worst": worst.as_secs_f64() * 1e3,
+    }));
 }

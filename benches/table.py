@@ -38,12 +38,35 @@ def value(v, p99, unit):
 
 
 def load(path):
-    rows = [json.loads(line) for line in open(path) if line.strip()]
+    """The comparisons, and the figures nothing is put beside (the fenced
+    failover's steps), each in the backends' order."""
+    lines = [json.loads(line) for line in open(path) if line.strip()]
+    rows = [r for r in lines if not r.get("figure")]
+    figures = [r for r in lines if r.get("figure")]
     for r in rows:
         r["ratio"] = cost_ratio(r)
     rank = {b: i for i, b in enumerate(ORDER)}
     # Backends in a fixed order; within one, calls as recorded.
-    return sorted(rows, key=lambda r: rank.get(r["backend"], len(ORDER)))
+    def order(rs):
+        return sorted(rs, key=lambda r: rank.get(r["backend"], len(ORDER)))
+    return order(rows), order(figures)
+
+
+def figures_markdown(figures):
+    """The figures nothing is put beside: no peer publishes a fenced
+    failover time, and it has no floor."""
+    if not figures:
+        return ""
+    out = [
+        "",
+        "| backend | step | ferrovol (p50 / worst) |",
+        "| --- | --- | --- |",
+    ]
+    for r in figures:
+        out.append(
+            f"| {r['backend']} | {r['call']} | {r['ours']:,.0f} / {r['ours_worst']:,.0f} ms |"
+        )
+    return "\n".join(out) + "\n"
 
 
 def markdown(rows, title):
@@ -67,7 +90,7 @@ def markdown(rows, title):
     return "\n".join(out) + "\n"
 
 
-def svg(rows, title):
+def svg(rows, figures, title):
     """Horizontal bars on a log scale from the line at 1: left of it
     ferrovol costs less than the peer (or sits under the floor, which
     happens where the floor does more than the call needs), right of it
@@ -75,6 +98,11 @@ def svg(rows, title):
     lo, hi = 0.01, 10.0
     label_w, plot_w, row_h, top = 420, 440, 18, 58
     height = top + row_h * len(rows) + 40
+    # Below the ratios, the figures nothing is put beside: a bar per
+    # figure on a linear scale in seconds, p50 solid, up to the worst pale.
+    fig_top = height + 24
+    if figures:
+        height = fig_top + row_h * len(figures) + 30
     width = label_w + plot_w + 70
 
     def x(ratio):
@@ -125,6 +153,34 @@ def svg(rows, title):
         parts.append(
             f'<text x="{tx:.1f}" y="{y + 13}" text-anchor="{anchor}">{ratio:.2f}</text>'
         )
+    if figures:
+        most = max(r["ours_worst"] for r in figures) or 1.0
+        parts.append(
+            f'<text x="8" y="{fig_top - 8}" font-weight="bold">A fenced failover, by step '
+            f"(no peer publishes one): p50, and pale up to the worst; "
+            f"the scale ends at {most / 1e3:.1f} s</text>"
+        )
+        last = None
+        for i, r in enumerate(figures):
+            y = fig_top + i * row_h
+            if r["backend"] != last and i > 0:
+                parts.append(
+                    f'<line x1="8" y1="{y}" x2="{width - 8}" y2="{y}" stroke="#999" stroke-dasharray="2,3"/>'
+                )
+            last = r["backend"]
+            parts.append(f'<text x="8" y="{y + 13}">{e((r["backend"] + ": " + r["call"])[:68])}</text>')
+            w50 = plot_w * r["ours"] / most
+            wworst = plot_w * r["ours_worst"] / most
+            parts.append(
+                f'<rect x="{label_w}" y="{y + 3}" width="{max(wworst, 1):.1f}" height="{row_h - 6}" fill="#b0bec5"/>'
+            )
+            parts.append(
+                f'<rect x="{label_w}" y="{y + 3}" width="{max(w50, 1):.1f}" height="{row_h - 6}" fill="#455a64"/>'
+            )
+            parts.append(
+                f'<text x="{label_w + max(wworst, 1) + 4:.1f}" y="{y + 13}">'
+                f'{r["ours"] / 1e3:.2f} / {r["ours_worst"] / 1e3:.2f} s</text>'
+            )
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 
@@ -136,17 +192,17 @@ def main():
     ap.add_argument("--svg")
     ap.add_argument("--title", default="ferrovol beside its peers and floors")
     a = ap.parse_args()
-    rows = load(a.results)
-    if not rows:
+    rows, figures = load(a.results)
+    if not rows and not figures:
         raise SystemExit(f"{a.results}: no rows")
-    md = markdown(rows, "")
+    md = markdown(rows, "") + figures_markdown(figures)
     print(md, end="")
     if a.markdown:
         with open(a.markdown, "w") as f:
             f.write(md)
     if a.svg:
         with open(a.svg, "w") as f:
-            f.write(svg(rows, a.title))
+            f.write(svg(rows, figures, a.title))
 
 
 if __name__ == "__main__":

@@ -111,24 +111,9 @@ async fn guest_two_nodes_iscsi_moves_fences_and_lets_a_gone_node_go() {
 async fn guest_two_nodes_rbd_moves_shares_fences_and_lets_a_gone_node_go() {
     require_guest();
     let cluster = CephCluster::shared();
-    assert!(
-        cluster.mon_addr.starts_with(&format!("{MAIN_ADDR}:")),
-        "the shared cluster is not on the private network: {}",
-        cluster.mon_addr
-    );
-    let peer_config = format!(
-        "[[backend]]\ntype = \"rbd\"\ncluster_id = \"two\"\nmonitors = [\"v1:{}\"]\npools = [\"rbd\"]\n",
-        cluster.mon_addr
-    );
-    let config = format!(
-        "{peer_config}user = \"ferrovol\"\nkeyring = \"{}\"\n",
-        cluster.client_keyring.display()
-    );
+    let (config, peer_config) = rbd_configs(cluster);
     let h = Harness::start_with(Some(&config)).await;
-    let secrets = Secrets::from([
-        ("userID".to_string(), "ferrovol".to_string()),
-        ("userKey".to_string(), cluster.client_key()),
-    ]);
+    let secrets = cluster.secrets();
     let mapped = || {
         Peer::try_sh("rbd device list 2>/dev/null; true")
             .unwrap()

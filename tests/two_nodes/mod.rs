@@ -22,7 +22,7 @@ const MNRO: i32 = 3;
 /// in a file pool; the same text configures both nodes. A session that
 /// lost its connection fails its I/O after 10 s (open-iscsi's default is
 /// 120 s): how long a fenced node's writers stay blocked.
-fn iscsi_config(prefix: &str, tgtd: &Tgtd) -> String {
+pub(crate) fn iscsi_config(prefix: &str, tgtd: &Tgtd) -> String {
     format!(
         "[[backend]]\ntype = \"iscsi\"\niqn_prefix = \"{prefix}\"\nportals = [\"{}\"]\n\
          control_port = {}\nreplacement_timeout = 10\n\
@@ -32,21 +32,41 @@ fn iscsi_config(prefix: &str, tgtd: &Tgtd) -> String {
     )
 }
 
-type Secrets = HashMap<String, String>;
-type Context = HashMap<String, String>;
+/// The rbd backend's configuration on `cluster` (on the private network)
+/// for this guest (the controller and node B: the client user's keyring)
+/// and for the peer (node A: the calls' secrets only).
+pub(crate) fn rbd_configs(cluster: &CephCluster) -> (String, String) {
+    assert!(
+        cluster.mon_addr.starts_with(&format!("{MAIN_ADDR}:")),
+        "the shared cluster is not on the private network: {}",
+        cluster.mon_addr
+    );
+    let peer = format!(
+        "[[backend]]\ntype = \"rbd\"\ncluster_id = \"two\"\nmonitors = [\"v1:{}\"]\npools = [\"rbd\"]\n",
+        cluster.mon_addr
+    );
+    let here = format!(
+        "{peer}user = \"ferrovol\"\nkeyring = \"{}\"\n",
+        cluster.client_keyring.display()
+    );
+    (here, peer)
+}
+
+pub(crate) type Secrets = HashMap<String, String>;
+pub(crate) type Context = HashMap<String, String>;
 
 /// Both nodes, as the CO drives them: the controller and node B here, node
 /// A on the peer, with the secrets every call carries.
-struct Nodes<'a> {
-    h: &'a Harness,
-    a: &'a PeerDriver,
-    secrets: Secrets,
-    node_a: String,
-    node_b: String,
+pub(crate) struct Nodes<'a> {
+    pub(crate) h: &'a Harness,
+    pub(crate) a: &'a PeerDriver,
+    pub(crate) secrets: Secrets,
+    pub(crate) node_a: String,
+    pub(crate) node_b: String,
 }
 
 impl<'a> Nodes<'a> {
-    async fn new(h: &'a Harness, a: &'a PeerDriver, secrets: &Secrets) -> Nodes<'a> {
+    pub(crate) async fn new(h: &'a Harness, a: &'a PeerDriver, secrets: &Secrets) -> Nodes<'a> {
         Nodes {
             h,
             a,
@@ -56,14 +76,14 @@ impl<'a> Nodes<'a> {
         }
     }
 
-    async fn create(&self, name: &str, size: i64, cap: &pb::VolumeCapability) -> String {
+    pub(crate) async fn create(&self, name: &str, size: i64, cap: &pb::VolumeCapability) -> String {
         let mut r = create_req(name, size, cap.clone());
         r.secrets = self.secrets.clone();
         let vol = self.h.controller().create_volume(r).await.unwrap();
         vol.into_inner().volume.unwrap().volume_id
     }
 
-    async fn delete(&self, id: &str) {
+    pub(crate) async fn delete(&self, id: &str) {
         let r = pb::DeleteVolumeRequest {
             volume_id: id.into(),
             secrets: self.secrets.clone(),
@@ -72,7 +92,7 @@ impl<'a> Nodes<'a> {
     }
 
     /// ControllerPublish to `node`.
-    async fn try_attach(
+    pub(crate) async fn try_attach(
         &self,
         id: &str,
         node: &str,
@@ -91,12 +111,12 @@ impl<'a> Nodes<'a> {
         Ok(answer.into_inner().publish_context)
     }
 
-    async fn attach(&self, id: &str, node: &str, cap: &pb::VolumeCapability) -> Context {
+    pub(crate) async fn attach(&self, id: &str, node: &str, cap: &pb::VolumeCapability) -> Context {
         self.try_attach(id, node, cap, false).await.unwrap()
     }
 
     /// ControllerUnpublish for `node`.
-    async fn detach(&self, id: &str, node: &str) {
+    pub(crate) async fn detach(&self, id: &str, node: &str) {
         let r = pb::ControllerUnpublishVolumeRequest {
             volume_id: id.into(),
             node_id: node.into(),
@@ -121,7 +141,7 @@ impl<'a> Nodes<'a> {
 
     /// Stage and publish on A (the peer) as `name`, with the context of
     /// the attach to A.
-    async fn stage_a(
+    pub(crate) async fn stage_a(
         &self,
         id: &str,
         name: &str,
@@ -140,7 +160,7 @@ impl<'a> Nodes<'a> {
 
     /// NodeStage at `staging` and NodePublish at `target` through `node`,
     /// with the context of the attach to that node.
-    async fn stage_on(
+    pub(crate) async fn stage_on(
         &self,
         mut node: NodeClient<Channel>,
         id: &str,
@@ -161,7 +181,7 @@ impl<'a> Nodes<'a> {
     }
 
     /// Unpublish and unstage on A.
-    async fn unstage_a(&self, id: &str, (staging, target): &(String, String)) {
+    pub(crate) async fn unstage_a(&self, id: &str, (staging, target): &(String, String)) {
         let unpublish = unpublish_req(id, Path::new(target));
         self.a
             .node()
@@ -174,8 +194,36 @@ impl<'a> Nodes<'a> {
         }
     }
 
+    /// A's kubelet tears down what it had once A runs again after it was
+    /// fenced. A writer still blocked holds the mount busy until the kernel
+    /// fails its write: the kubelet retries the unpublish until then, as
+    /// here (for 120 s at most).
+    pub(crate) async fn unstage_fenced_a(&self, id: &str, staging: &str, target: &str) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let r = self
+                .a
+                .node()
+                .node_unpublish_volume(unpublish_req(id, Path::new(target)))
+                .await;
+            match r {
+                Ok(_) => break,
+                Err(e) if std::time::Instant::now() < deadline => {
+                    eprintln!("unpublish on the fenced node, again: {}", e.message());
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Err(e) => panic!("unpublish on the fenced node: {e}"),
+            }
+        }
+        self.a
+            .node()
+            .node_unstage_volume(unstage_req(id, Path::new(staging)))
+            .await
+            .unwrap_or_else(|e| panic!("unstage on the fenced node: {e}\n{}", self.a.log()));
+    }
+
     /// Stage and publish on B (this guest) as `name`.
-    async fn stage_b(
+    pub(crate) async fn stage_b(
         &self,
         id: &str,
         name: &str,
@@ -192,12 +240,12 @@ impl<'a> Nodes<'a> {
         (staging, target)
     }
 
-    async fn unstage_b(&self, id: &str, (staging, target): &(PathBuf, PathBuf)) {
+    pub(crate) async fn unstage_b(&self, id: &str, (staging, target): &(PathBuf, PathBuf)) {
         self.h.unpublish_unstage(id, staging, target).await;
     }
 
     /// Nothing of A's driver folder is mounted on A.
-    fn nothing_mounted_on_a(&self) {
+    pub(crate) fn nothing_mounted_on_a(&self) {
         let script = format!("grep -c ' {}' /proc/mounts || true", self.a.dir);
         assert_eq!(self.a.peer.sh(&script).trim(), "0");
     }
@@ -223,11 +271,67 @@ fn here(script: &str) -> String {
 }
 
 /// The checksum of a file read past the page cache.
-fn direct_sum(path: &Path) -> String {
+pub(crate) fn direct_sum(path: &Path) -> String {
     here(&format!(
         "dd if={} iflag=direct bs=64k status=none | sha256sum",
         path.display()
     ))
+}
+
+/// A pod on A that writes without pause: 64 KiB blocks straight to the
+/// device (O_DIRECT) into `blob` under A's target, over and over, until a
+/// write fails; the count of writes made is kept in a file on A.
+pub(crate) struct AWriter<'a>(&'a Peer);
+
+impl<'a> AWriter<'a> {
+    /// Starts it on A at `target`, and returns once it writes.
+    pub(crate) fn start(peer: &'a Peer, target: &str) -> AWriter<'a> {
+        peer.sh(&format!(
+            "dd if=/dev/zero of={target}/blob bs=64k count=16 conv=fsync status=none
+             rm -f /tmp/a-writes
+             (n=0; while :; do n=$((n+1))
+                dd if=/dev/urandom of={target}/blob bs=64k count=1 seek=$((n % 16)) \\
+                   conv=notrunc oflag=direct status=none || break
+                echo $n > /tmp/a-writes
+              done) </dev/null >/dev/null 2>&1 &
+             echo $! > /tmp/a-writer.pid"
+        ));
+        let writer = AWriter(peer);
+        let started = writer.writes();
+        wait_for("A to write", Duration::from_secs(60), || {
+            writer.writes() > started + 3
+        });
+        writer
+    }
+
+    /// The writes made so far (0 while A does not answer).
+    pub(crate) fn writes(&self) -> u64 {
+        Peer::try_sh("cat /tmp/a-writes 2>/dev/null || echo 0")
+            .map(|(_, o)| o.trim().parse().unwrap_or(0))
+            .unwrap_or(0)
+    }
+
+    /// Whether it still runs.
+    pub(crate) fn running(&self) -> bool {
+        self.0
+            .sh("kill -0 $(cat /tmp/a-writer.pid) 2>/dev/null && echo yes; true")
+            .contains("yes")
+    }
+
+    /// Once A runs again after a freeze: waits until its writer has failed
+    /// (at once, or once the kernel gives up on the volume) or has made a
+    /// few more writes (were A not fenced, they would go on). The writes
+    /// it made meanwhile. (While A is frozen its count cannot be read: it
+    /// is read once A answers.)
+    pub(crate) fn fails_or_writes_on(&self) -> u64 {
+        let before = self.writes();
+        wait_for(
+            "A's writer to fail, or A to write again",
+            Duration::from_secs(120),
+            || self.writes() > before + 3 || !self.running(),
+        );
+        self.writes() - before
+    }
 }
 
 /// What differs between the backends in [`move_and_fence`].

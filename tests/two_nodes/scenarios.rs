@@ -64,31 +64,7 @@ pub(super) async fn move_and_fence(n: &Nodes<'_>, b: &Backend<'_>, name: &str) {
     let (a_staging, a_target) = n.stage_a(&id, "v", &cap, &ctx).await;
 
     step("A writes");
-    // A writes without pause: 64 KiB blocks straight to the device.
-    a.peer.sh(&format!(
-        "dd if=/dev/zero of={a_target}/blob bs=64k count=16 conv=fsync status=none
-         rm -f /tmp/a-writes
-         (n=0; while :; do n=$((n+1))
-            dd if=/dev/urandom of={a_target}/blob bs=64k count=1 seek=$((n % 16)) \\
-               conv=notrunc oflag=direct status=none || break
-            echo $n > /tmp/a-writes
-          done) </dev/null >/dev/null 2>&1 &
-         echo $! > /tmp/a-writer.pid"
-    ));
-    let writes = || -> u64 {
-        Peer::try_sh("cat /tmp/a-writes 2>/dev/null || echo 0")
-            .map(|(_, o)| o.trim().parse().unwrap_or(0))
-            .unwrap_or(0)
-    };
-    let writing = || {
-        a.peer
-            .sh("kill -0 $(cat /tmp/a-writer.pid) 2>/dev/null && echo yes; true")
-            .contains("yes")
-    };
-    let started = writes();
-    wait_for("A to write", Duration::from_secs(60), || {
-        writes() > started + 3
-    });
+    let writer = AWriter::start(&a.peer, &a_target);
 
     step("freeze A, detach it, attach to B");
     // A is lost: frozen, no teardown. The CO detaches it anyway, and
@@ -107,18 +83,12 @@ pub(super) async fn move_and_fence(n: &Nodes<'_>, b: &Backend<'_>, name: &str) {
     // up on the volume) and none of its writes land. (Were A not fenced,
     // its writes would go on: the wait ends either way.)
     step("thaw A");
-    let before_thaw = writes();
     a.peer.thaw();
-    wait_for(
-        "A's writer to fail, or A to write again",
-        Duration::from_secs(120),
-        || writes() > before_thaw + 3 || !writing(),
-    );
+    let since_thaw = writer.fails_or_writes_on();
     assert_eq!(
         direct_sum(&blob),
         handed_over,
-        "A's writes reached the volume after B took it over ({} since the thaw)",
-        writes() - before_thaw
+        "A's writes reached the volume after B took it over ({since_thaw} since the thaw)"
     );
     if let Err(e) = shut_out {
         panic!("A could still reach the volume when the detach answered: {e}");
@@ -137,28 +107,7 @@ pub(super) async fn move_and_fence(n: &Nodes<'_>, b: &Backend<'_>, name: &str) {
     assert!(condition.abnormal, "{condition:?}");
 
     step("teardown on A");
-    // A's kubelet tears down what it had, and nothing is left. A writer
-    // still blocked holds the mount busy until the kernel fails its
-    // write: the kubelet retries the unpublish until then, as here.
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    loop {
-        let r = a
-            .node()
-            .node_unpublish_volume(unpublish_req(&id, Path::new(&a_target)))
-            .await;
-        match r {
-            Ok(_) => break,
-            Err(e) if std::time::Instant::now() < deadline => {
-                eprintln!("unpublish on the fenced node, again: {}", e.message());
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-            Err(e) => panic!("unpublish on the fenced node: {e}"),
-        }
-    }
-    a.node()
-        .node_unstage_volume(unstage_req(&id, Path::new(&a_staging)))
-        .await
-        .unwrap_or_else(|e| panic!("unstage on the fenced node: {e}\n{}", a.log()));
+    n.unstage_fenced_a(&id, &a_staging, &a_target).await;
     assert!(!(b.a_holds)(), "the fenced node still holds the volume");
     n.nothing_mounted_on_a();
     // B's data is as B found it.
