@@ -684,14 +684,7 @@ async fn hostpath_beside(pairs: usize, clients: usize, rounds: usize) {
     let theirs_pid = child.id();
     let mut c = ferrovol::proto::controller_client::ControllerClient::new(theirs_ch[0].clone());
     let mut n = ferrovol::proto::node_client::NodeClient::new(theirs_ch[0].clone());
-    let theirs_id = c
-        .create_volume(create_req("bench-pub", 64 * MIB, cap.clone()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    let theirs_id = create_bench_volume(&mut c, &cap).await;
     let stages = n
         .node_get_capabilities(pb::NodeGetCapabilitiesRequest {})
         .await
@@ -793,16 +786,14 @@ async fn hostpath_beside(pairs: usize, clients: usize, rounds: usize) {
         ours_kb as f64 / theirs_kb.max(1) as f64
     );
     use results::{record, Against, Better, Row, Value};
-    record(Row {
-        backend: "file",
-        call: "NodePublish+NodeUnpublish pair",
-        unit: "ms",
-        better: Better::Lower,
-        ours: Value::ms(ours.pct(0.5), ours.pct(0.99)),
-        against: "hostpath",
-        kind: Against::Peer,
-        theirs: Value::ms(theirs.pct(0.5), theirs.pct(0.99)),
-    });
+    record(Row::times(
+        "file",
+        "NodePublish+NodeUnpublish pair",
+        Value::ms(ours.pct(0.5), ours.pct(0.99)),
+        "hostpath",
+        Against::Peer,
+        Value::ms(theirs.pct(0.5), theirs.pct(0.99)),
+    ));
     record(Row {
         backend: "file",
         call: &format!("publish pairs/s, {clients} clients"),
@@ -813,16 +804,12 @@ async fn hostpath_beside(pairs: usize, clients: usize, rounds: usize) {
         kind: Against::Peer,
         theirs: Value::one(theirs.rate()),
     });
-    record(Row {
-        backend: "file",
-        call: "driver peak RSS",
-        unit: "MiB",
-        better: Better::Lower,
-        ours: Value::one(ours_kb as f64 / 1024.0),
-        against: "hostpath",
-        kind: Against::Peer,
-        theirs: Value::one(theirs_kb as f64 / 1024.0),
-    });
+    record(Row::peak_rss(
+        "file",
+        ours_kb as f64 / 1024.0,
+        "hostpath",
+        theirs_kb as f64 / 1024.0,
+    ));
 }
 
 /// Publish latency from one client with no other mounts on the node, and
@@ -1165,19 +1152,26 @@ fn spawn_scraper(port: u16) -> Arc<std::sync::atomic::AtomicUsize> {
     scrapes
 }
 
-/// The publish phases' volume: created and staged; (id, staging path,
-/// capability).
-async fn stage_bench_volume(h: &Harness) -> (String, PathBuf, pb::VolumeCapability) {
-    let cap = mount_cap("ext4", SNMW);
-    let id = h
-        .controller()
-        .create_volume(create_req("bench-pub", 64 * MIB, cap.clone()))
+/// The publish phases' volume (64 MiB, `cap`) made through `c`, ours or
+/// the reference driver's: its id.
+async fn create_bench_volume(
+    c: &mut ferrovol::proto::controller_client::ControllerClient<tonic::transport::Channel>,
+    cap: &pb::VolumeCapability,
+) -> String {
+    c.create_volume(create_req("bench-pub", 64 * MIB, cap.clone()))
         .await
         .unwrap()
         .into_inner()
         .volume
         .unwrap()
-        .volume_id;
+        .volume_id
+}
+
+/// The publish phases' volume: created and staged; (id, staging path,
+/// capability).
+async fn stage_bench_volume(h: &Harness) -> (String, PathBuf, pb::VolumeCapability) {
+    let cap = mount_cap("ext4", SNMW);
+    let id = create_bench_volume(&mut h.controller(), &cap).await;
     let staging = h.path("kubelet/staging/bench");
     std::fs::create_dir_all(&staging).unwrap();
     h.node()

@@ -63,6 +63,43 @@ pub struct Row<'a> {
     pub theirs: Value,
 }
 
+impl<'a> Row<'a> {
+    /// A call's times in milliseconds (lower is better) beside another's.
+    pub fn times(
+        backend: &'a str,
+        call: &'a str,
+        ours: Value,
+        against: &'a str,
+        kind: Against,
+        theirs: Value,
+    ) -> Self {
+        Row {
+            backend,
+            call,
+            unit: "ms",
+            better: Better::Lower,
+            ours,
+            against,
+            kind,
+            theirs,
+        }
+    }
+
+    /// The driver's peak RSS in MiB beside a peer driver's.
+    pub fn peak_rss(backend: &'a str, ours_mib: f64, against: &'a str, theirs_mib: f64) -> Self {
+        Row {
+            backend,
+            call: "driver peak RSS",
+            unit: "MiB",
+            better: Better::Lower,
+            ours: Value::one(ours_mib),
+            against,
+            kind: Against::Peer,
+            theirs: Value::one(theirs_mib),
+        }
+    }
+}
+
 /// Appends `row` to FERROVOL_BENCH_RESULTS, if set.
 pub fn record(row: Row<'_>) {
     let line = serde_json::json!({

@@ -129,16 +129,17 @@ def svg(rows, figures, title):
         parts.append(
             f'<text x="{tx:.1f}" y="{top + row_h * len(rows) + 14}" text-anchor="middle">{tick:g}</text>'
         )
-    last = None
-    for i, r in enumerate(rows):
-        y = top + i * row_h
-        if r["backend"] != last and i > 0:
+    def row_label(rs, i, y, label):
+        """A row's label, under a dashed line where a new backend starts."""
+        if i > 0 and rs[i - 1]["backend"] != rs[i]["backend"]:
             parts.append(
                 f'<line x1="8" y1="{y}" x2="{width - 8}" y2="{y}" stroke="#999" stroke-dasharray="2,3"/>'
             )
-        last = r["backend"]
-        label = f"{r['backend']}: {r['call']} / {r['against']}"
         parts.append(f'<text x="8" y="{y + 13}">{e(label[:68])}</text>')
+
+    for i, r in enumerate(rows):
+        y = top + i * row_h
+        row_label(rows, i, y, f"{r['backend']}: {r['call']} / {r['against']}")
         ratio = r["ratio"]
         if r["kind"] == "floor":
             colour = "#1565c0" if ratio <= 1 else "#64b5f6"
@@ -160,15 +161,9 @@ def svg(rows, figures, title):
             f"(no peer publishes one): p50, and pale up to the worst; "
             f"the scale ends at {most / 1e3:.1f} s</text>"
         )
-        last = None
         for i, r in enumerate(figures):
             y = fig_top + i * row_h
-            if r["backend"] != last and i > 0:
-                parts.append(
-                    f'<line x1="8" y1="{y}" x2="{width - 8}" y2="{y}" stroke="#999" stroke-dasharray="2,3"/>'
-                )
-            last = r["backend"]
-            parts.append(f'<text x="8" y="{y + 13}">{e((r["backend"] + ": " + r["call"])[:68])}</text>')
+            row_label(figures, i, y, f"{r['backend']}: {r['call']}")
             w50 = plot_w * r["ours"] / most
             wworst = plot_w * r["ours_worst"] / most
             parts.append(

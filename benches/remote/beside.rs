@@ -12,7 +12,7 @@
 
 use super::common::fixtures::CephCluster;
 use super::common::{connect, cpu_of};
-use super::results::{record, Against, Better, Row, Value};
+use super::results::{record, Against, Row, Value};
 use super::{env_num, Figures};
 use ferrovol::proto as pb;
 use ferrovol::proto::controller_client::ControllerClient;
@@ -533,6 +533,11 @@ pub(super) fn pct(samples: &[Duration], p: f64) -> Duration {
     .pct(p)
 }
 
+/// The p50 and p99 of `samples`, as one figure of the table.
+pub(super) fn p50_p99(samples: &[Duration]) -> Value {
+    Value::ms(pct(samples, 0.5), pct(samples, 0.99))
+}
+
 pub(super) fn load() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
@@ -693,28 +698,24 @@ pub async fn run(cluster: &CephCluster, h: &super::Harness, smoke: bool) {
                 .unwrap_or_default()
         };
         if !fs.is_empty() && !cs.is_empty() {
-            record(Row {
-                backend: "rbd",
+            record(Row::times(
+                "rbd",
                 call,
-                unit: "ms",
-                better: Better::Lower,
-                ours: Value::ms(pct(fs, 0.5), pct(fs, 0.99)),
-                against: "ceph-csi",
-                kind: Against::Peer,
-                theirs: Value::ms(pct(cs, 0.5), pct(cs, 0.99)),
-            });
+                p50_p99(fs),
+                "ceph-csi",
+                Against::Peer,
+                p50_p99(cs),
+            ));
         }
         if let (false, Some(l)) = (fs.is_empty(), lib) {
-            record(Row {
-                backend: "rbd",
+            record(Row::times(
+                "rbd",
                 call,
-                unit: "ms",
-                better: Better::Lower,
-                ours: Value::ms(pct(fs, 0.5), pct(fs, 0.99)),
-                against: "librbd (one call a step)",
-                kind: Against::Floor,
-                theirs: Value::one(l.as_secs_f64() * 1e3),
-            });
+                p50_p99(fs),
+                "librbd (one call a step)",
+                Against::Floor,
+                Value::one(l.as_secs_f64() * 1e3),
+            ));
         }
         println!(
             "{call:<30} {:>18} {:>18} {:>7} {:>13} {:>10} {:>7} {:>9}",
@@ -727,16 +728,12 @@ pub async fn run(cluster: &CephCluster, h: &super::Harness, smoke: bool) {
             ms1(cli),
         );
     }
-    record(Row {
-        backend: "rbd",
-        call: "driver peak RSS",
-        unit: "MiB",
-        better: Better::Lower,
-        ours: Value::one(peak_mib(f.pid)),
-        against: "ceph-csi",
-        kind: Against::Peer,
-        theirs: Value::one(peak_mib(c.pid)),
-    });
+    record(Row::peak_rss(
+        "rbd",
+        peak_mib(f.pid),
+        "ceph-csi",
+        peak_mib(c.pid),
+    ));
     for d in [f, c] {
         println!("{}: {}", d.name, memory(d.pid));
         for ((call, error), times) in &d.tally.failures {

@@ -19,6 +19,7 @@
 //!
 //! FERROVOL_BENCH_FAILOVERS sets the rounds per backend (10).
 
+use super::beside::pct;
 use super::results::record_figure;
 use super::two_nodes::{direct_sum, iscsi_config, rbd_configs, AWriter, Nodes, Secrets};
 use super::*;
@@ -121,14 +122,9 @@ async fn rounds_of(n: &Nodes<'_>, backend: &str, rounds: usize) {
     }
     println!("{backend}: a fenced failover, {rounds} rounds (p50 / worst)");
     let names = STEPS.iter().copied().chain(["whole failover"]);
-    for (name, samples) in names.zip(&mut took) {
-        samples.sort();
-        let (p50, worst) = (samples[samples.len() / 2], *samples.last().unwrap());
-        println!("  {name:<36} {:>9.1} ms {:>9.1} ms", ms(p50), ms(worst));
+    for (name, samples) in names.zip(&took) {
+        let (p50, worst) = (pct(samples, 0.5), pct(samples, 1.0));
+        println!("  {name:<36} {:>12} {:>12}", ms(p50), ms(worst));
         record_figure(backend, &format!("failover: {name}"), p50, worst);
     }
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
 }

@@ -25,7 +25,7 @@
 //!   default), the same zeroing by hand first: a classic snapshot split
 //!   from its origin, the LV activated, `blkdiscard --zeroout`.
 
-use super::results::{record, Against, Better, Row, Value};
+use super::results::{record, Against, Row, Value};
 use super::*;
 use common::fixtures::{require_guest, LvmVg};
 
@@ -246,16 +246,14 @@ pub async fn lvm(n: usize, rounds: usize) {
             };
             row(phase, &ours, Some((what, &floor)));
             let (call, floor_name) = (format!("{phase}, {class}"), format!("bare lvm: {what}"));
-            record(Row {
-                backend: "lvm",
-                call: &call,
-                unit: "ms",
-                better: Better::Lower,
-                ours: Value::ms(ours.pct(0.5), ours.pct(0.99)),
-                against: &floor_name,
-                kind: Against::Floor,
-                theirs: Value::ms(floor.pct(0.5), floor.pct(0.99)),
-            });
+            record(Row::times(
+                "lvm",
+                &call,
+                Value::ms(ours.pct(0.5), ours.pct(0.99)),
+                &floor_name,
+                Against::Floor,
+                Value::ms(floor.pct(0.5), floor.pct(0.99)),
+            ));
         }
     }
     println!(

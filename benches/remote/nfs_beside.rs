@@ -14,10 +14,10 @@
 //! FERROVOL_BENCH_BURST (50) volumes created at once (every call in flight
 //! together) and deleted at once. FERROVOL_BENCH_ROUNDS rounds (4).
 
-use super::beside::{load, memory, pct, peak_mib, unpack_tool, wait_ready};
+use super::beside::{load, memory, p50_p99, pct, peak_mib, unpack_tool, wait_ready};
 use super::common::{connect, cpu_of, mount_cap, publish_req, stage_req, unpublish_req};
 use super::common::{unstage_req, Harness, SNW};
-use super::results::{record, Against, Better, Row, Value};
+use super::results::{record, Against, Row};
 use ferrovol::proto as pb;
 use ferrovol::proto::controller_client::ControllerClient;
 use ferrovol::proto::node_client::NodeClient;
@@ -498,16 +498,14 @@ pub async fn run(h: &Harness) {
         };
         let ratio = pct(fs, 0.5).as_secs_f64() / pct(cs, 0.5).as_secs_f64().max(1e-9);
         if !fs.is_empty() && !cs.is_empty() {
-            record(Row {
-                backend: "nfs",
+            record(Row::times(
+                "nfs",
                 call,
-                unit: "ms",
-                better: Better::Lower,
-                ours: Value::ms(pct(fs, 0.5), pct(fs, 0.99)),
-                against: "csi-driver-nfs",
-                kind: Against::Peer,
-                theirs: Value::ms(pct(cs, 0.5), pct(cs, 0.99)),
-            });
+                p50_p99(fs),
+                "csi-driver-nfs",
+                Against::Peer,
+                p50_p99(cs),
+            ));
         }
         println!(
             "{call:<30} {:>20} {:>20} {:>7.2} {:>15}",
@@ -520,14 +518,10 @@ pub async fn run(h: &Harness) {
     for s in [f, c] {
         println!("{}: {}", s.name, memory(s.pid));
     }
-    record(Row {
-        backend: "nfs",
-        call: "driver peak RSS",
-        unit: "MiB",
-        better: Better::Lower,
-        ours: Value::one(peak_mib(f.pid)),
-        against: "csi-driver-nfs",
-        kind: Against::Peer,
-        theirs: Value::one(peak_mib(c.pid)),
-    });
+    record(Row::peak_rss(
+        "nfs",
+        peak_mib(f.pid),
+        "csi-driver-nfs",
+        peak_mib(c.pid),
+    ));
 }
