@@ -62,7 +62,7 @@ fn a_shared_cluster_that_takes_no_write_is_named_and_replaced() {
         .expect_err("a paused cluster handed out");
     let said = said.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(said.contains("the shared Ceph cluster is broken"), "{said}");
-    assert!(said.contains("rados put"), "{said}");
+    assert!(said.contains("the write probe"), "{said}");
     // The cluster's own word on why: the flag, in its health and its map.
     assert!(said.contains("pausewr"), "{said}");
     let second = CephCluster::shared();

@@ -650,47 +650,16 @@ impl CephCluster {
         }
     }
 
-    /// Writes and removes an object in the pool as the client user, each
-    /// within 30 s: an error when the cluster does not take it (its OSD
-    /// down, a full or paused cluster, this address blocklisted).
+    /// Writes and removes an object in the pool through the admin's
+    /// connection (no process to start), each within 25 s: an error when
+    /// the cluster does not take it (its OSD down, a full or paused
+    /// cluster, its placement groups inactive).
     fn write_probe(&self) -> Result<(), String> {
-        let conf = self.conf.to_str().unwrap();
-        let keyring = self.client_keyring.to_str().unwrap();
-        for op in [
-            &["put", "ferrovol.probe", "/dev/null"][..],
-            &["rm", "ferrovol.probe"],
-        ] {
-            let mut args = vec![
-                "30",
-                "rados",
-                "-c",
-                conf,
-                "--id",
-                "ferrovol",
-                "--keyring",
-                keyring,
-                "--rados-osd-op-timeout",
-                "25",
-                "--rados-mon-op-timeout",
-                "25",
-                "-p",
-                self.pool,
-            ];
-            args.extend_from_slice(op);
-            let out = Command::new("timeout")
-                .args(&args)
-                .output()
-                .map_err(|e| format!("rados: {e}"))?;
-            if !out.status.success() {
-                return Err(format!(
-                    "rados {} ({}): {}",
-                    op[0],
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ));
-            }
+        match self.ask_admin(&["--write-probe", self.pool]) {
+            Some(Ok(_)) => Ok(()),
+            Some(Err(e)) => Err(e),
+            None => Err("tests/common/ceph-admin did not take the write probe".into()),
         }
-        Ok(())
     }
 
     /// What the cluster and this machine say of the cluster, each answer
@@ -1005,13 +974,7 @@ impl CephCluster {
     /// [`run`]: panics unless it succeeds), through ceph-admin's one
     /// connection; one it does not know through the `ceph` tool.
     pub fn ceph(&self, args: &[&str]) -> String {
-        let answer = {
-            let mut admin = self.admin.lock().unwrap_or_else(|e| e.into_inner());
-            admin
-                .get_or_insert_with(|| CephAdmin::start(&self.conf))
-                .ask(args)
-        };
-        match answer {
+        match self.ask_admin(args) {
             Some(Ok(out)) => out,
             Some(Err(e)) => panic!("{e}"),
             None => {
@@ -1020,6 +983,14 @@ impl CephCluster {
                 run("ceph", &all)
             }
         }
+    }
+
+    /// The admin connection's answer to `args` (None: not its to answer).
+    fn ask_admin(&self, args: &[&str]) -> Option<Result<String, String>> {
+        let mut admin = self.admin.lock().unwrap_or_else(|e| e.into_inner());
+        admin
+            .get_or_insert_with(|| CephAdmin::start(&self.conf))
+            .ask(args)
     }
 
     /// Runs `rbd` as `client.ferrovol`.
