@@ -40,7 +40,8 @@ fn ceph_fixture_serves_rbd_cli_with_cephx() {
 
 /// The shared cluster (the guest's tests take it one after another): one
 /// that cannot take a write fails the test that asks for it, with what the
-/// cluster says of itself, and the next test gets a new one.
+/// cluster says of itself, and the next test gets a new one; a pool made
+/// anew between two tests is not taken for a broken cluster.
 #[test]
 fn a_shared_cluster_that_takes_no_write_is_named_and_replaced() {
     common::require_root();
@@ -55,8 +56,21 @@ fn a_shared_cluster_that_takes_no_write_is_named_and_replaced() {
     let _let_go = LetGo;
     let first = CephCluster::shared();
     let first_mon = first.mon_addr.clone();
+    // A pool a test left an image in is made anew by the next test's
+    // ask, and the test after that finds the new pool taking writes (the
+    // admin's connection knew the old pool's id until it asked again).
+    first.rbd(&["create", "rbd/left", "--size", "8M"]);
+    assert!(std::ptr::eq(CephCluster::shared(), first));
+    assert!(first.rbd(&["ls", "rbd"]).trim().is_empty());
+    assert!(std::ptr::eq(CephCluster::shared(), first));
     // Writes held cluster-wide, as a full cluster holds them.
     first.ceph(&["osd", "pause"]);
+    // What a test's panic says of the cluster: the flag, and that the OSD
+    // holds no operation (the clients do).
+    let glance = first.at_a_glance();
+    assert!(glance.contains("flags pauserd,pausewr"), "{glance}");
+    assert!(glance.contains("OSD ops in flight 0"), "{glance}");
+    assert!(glance.contains("\"active+clean\": 8"), "{glance}");
     let said = std::panic::catch_unwind(CephCluster::shared)
         .map(|_| ())
         .expect_err("a paused cluster handed out");

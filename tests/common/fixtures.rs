@@ -580,6 +580,64 @@ fn uuid() -> String {
         .to_string()
 }
 
+/// After each panic of a test while the shared cluster is there (and free:
+/// the test's own ask for it says more), the cluster at a glance
+/// ([`CephCluster::at_a_glance`]) on a line of its own that begins
+/// `the shared Ceph cluster at this panic:` (tests/run gathers those),
+/// asked from a thread of its own within 90 s.
+fn say_the_shared_cluster_at_each_panic() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static ASKING: AtomicBool = AtomicBool::new(false);
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        previous(info);
+        let cluster = match SHARED_CEPH.try_lock() {
+            Ok(shared) => *shared,
+            Err(std::sync::TryLockError::Poisoned(e)) => *e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        };
+        let Some(cluster) = cluster else { return };
+        // Not for a panic of the asking thread itself, nor two at a time.
+        if ASKING.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(cluster.at_a_glance());
+        });
+        let said = rx
+            .recv_timeout(Duration::from_secs(90))
+            .unwrap_or_else(|e| format!("no answer ({e})"));
+        // Straight to the console, as the panic's own line
+        // (say_panics_at_once).
+        let line = format!(
+            "the shared Ceph cluster at this panic: {}\n",
+            said.replace('\n', " | ")
+        );
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+        ASKING.store(false, Ordering::SeqCst);
+    }));
+}
+
+/// A Ceph daemon's admin socket's answer to a command of no arguments
+/// (its JSON), within 20 s.
+fn admin_socket(path: &Path, prefix: &str) -> Result<serde_json::Value, String> {
+    use std::io::{Read, Write};
+    let fail = |e: std::io::Error| format!("{}: {e}", path.display());
+    let mut s = std::os::unix::net::UnixStream::connect(path).map_err(fail)?;
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .map_err(fail)?;
+    s.set_write_timeout(Some(Duration::from_secs(20)))
+        .map_err(fail)?;
+    s.write_all(format!("{{\"prefix\": \"{prefix}\"}}\0").as_bytes())
+        .map_err(fail)?;
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).map_err(fail)?;
+    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+    s.read_exact(&mut body).map_err(fail)?;
+    serde_json::from_slice(&body).map_err(|e| e.to_string())
+}
+
 /// The cluster [`CephCluster::shared`] hands out (leaked: its daemons live
 /// as long as the process, or until it is let go).
 static SHARED_CEPH: std::sync::Mutex<Option<&'static CephCluster>> = std::sync::Mutex::new(None);
@@ -602,6 +660,8 @@ impl CephCluster {
         // stopped, its folder removed) and the test that found it fails,
         // saying what the cluster said; the next test gets a new one, so
         // that what one test did to the cluster fails that test only.
+        static HOOK: std::sync::Once = std::sync::Once::new();
+        HOOK.call_once(say_the_shared_cluster_at_each_panic);
         let mut shared = SHARED_CEPH.lock().unwrap_or_else(|e| e.into_inner());
         let cluster = *shared.get_or_insert_with(|| {
             let private = super::peer::MAIN_ADDR;
@@ -648,6 +708,136 @@ impl CephCluster {
         if let Some(cluster) = shared.take() {
             cluster.stop_and_remove();
         }
+    }
+
+    /// One line of what the cluster says of itself now, each part within
+    /// about 30 s: its health checks (but those every cluster of these
+    /// tests has), the map's and the pool's flags, the space used, the
+    /// placement groups' states and the OSD's oldest operations in
+    /// flight. Through the admin's connection when no one else holds it,
+    /// and the OSD's admin socket; a part that cannot be had says why.
+    pub fn at_a_glance(&self) -> String {
+        let ask = |args: &[&str]| -> Result<serde_json::Value, String> {
+            let mut all = args.to_vec();
+            all.extend_from_slice(&["--format", "json"]);
+            let mut admin = self
+                .admin
+                .try_lock()
+                .map_err(|_| "the admin connection is busy".to_string())?;
+            let out = admin
+                .get_or_insert_with(|| CephAdmin::start(&self.conf))
+                .ask(&all)
+                .ok_or("not the admin's")??;
+            serde_json::from_str(&out).map_err(|e| e.to_string())
+        };
+        let mut parts = Vec::new();
+        parts.push(match ask(&["health", "detail"]) {
+            Ok(v) => {
+                let usual = [
+                    "AUTH_INSECURE_GLOBAL_ID_RECLAIM_ALLOWED",
+                    "MGR_MODULE_ERROR",
+                    "MON_MSGR2_NOT_ENABLED",
+                    "POOL_NO_REDUNDANCY",
+                ];
+                let checks: Vec<String> = v["checks"]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .filter(|(name, _)| !usual.contains(&name.as_str()))
+                    .map(|(name, c)| {
+                        format!("{name}: {}", c["summary"]["message"].as_str().unwrap_or(""))
+                    })
+                    .collect();
+                format!("health {} {checks:?}", v["status"].as_str().unwrap_or("?"))
+            }
+            Err(e) => format!("health: {e}"),
+        });
+        parts.push(match ask(&["osd", "dump"]) {
+            Ok(v) => {
+                let pools: Vec<String> = v["pools"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|p| {
+                        format!(
+                            "{} {}",
+                            p["pool_name"].as_str().unwrap_or("?"),
+                            p["flags_names"].as_str().unwrap_or("?")
+                        )
+                    })
+                    .collect();
+                format!(
+                    "osdmap e{} flags {}, pools {pools:?}, OSDs up {}",
+                    v["epoch"],
+                    v["flags"].as_str().unwrap_or("?"),
+                    v["osds"]
+                        .as_array()
+                        .map_or(0, |o| o.iter().filter(|o| o["up"] == 1).count())
+                )
+            }
+            Err(e) => format!("osd dump: {e}"),
+        });
+        parts.push(match ask(&["df"]) {
+            Ok(v) => format!(
+                "used {} of {} MiB",
+                v["stats"]["total_used_raw_bytes"].as_u64().unwrap_or(0) >> 20,
+                v["stats"]["total_bytes"].as_u64().unwrap_or(0) >> 20
+            ),
+            Err(e) => format!("df: {e}"),
+        });
+        parts.push(match ask(&["pg", "dump", "pgs_brief"]) {
+            Ok(v) => {
+                let mut states = std::collections::BTreeMap::new();
+                let list = v["pg_stats"]
+                    .as_array()
+                    .or(v.as_array())
+                    .cloned()
+                    .unwrap_or_default();
+                for pg in list {
+                    *states
+                        .entry(pg["state"].as_str().unwrap_or("?").to_string())
+                        .or_insert(0) += 1;
+                }
+                format!("placement groups {states:?}")
+            }
+            Err(e) => format!("pg dump: {e}"),
+        });
+        parts.push(
+            match admin_socket(
+                &self.dir.path().join("run/osd.0.asok"),
+                "dump_ops_in_flight",
+            ) {
+                Ok(v) => {
+                    let mut ops = v["ops"].as_array().cloned().unwrap_or_default();
+                    ops.sort_by(|a, b| {
+                        b["age"]
+                            .as_f64()
+                            .partial_cmp(&a["age"].as_f64())
+                            .unwrap_or(std::cmp::Ordering::Equal)
+                    });
+                    let oldest: Vec<String> = ops
+                        .iter()
+                        .take(3)
+                        .map(|op| {
+                            let events = op["type_data"]["events"].as_array();
+                            format!(
+                                "{:.1} s {} ({}, last {})",
+                                op["age"].as_f64().unwrap_or(0.0),
+                                op["description"].as_str().unwrap_or("?"),
+                                op["type_data"]["flag_point"].as_str().unwrap_or("?"),
+                                events
+                                    .and_then(|e| e.last())
+                                    .and_then(|e| e["event"].as_str())
+                                    .unwrap_or("?")
+                            )
+                        })
+                        .collect();
+                    format!("OSD ops in flight {}: {oldest:?}", ops.len())
+                }
+                Err(e) => format!("OSD ops in flight: {e}"),
+            },
+        );
+        parts.join("; ")
     }
 
     /// Writes and removes an object in the pool through the admin's
