@@ -56,12 +56,19 @@ fn a_shared_cluster_that_takes_no_write_is_named_and_replaced() {
     let _let_go = LetGo;
     let first = CephCluster::shared();
     let first_mon = first.mon_addr.clone();
+    assert_eq!(first.ceph(&["--pool-contents", "rbd"]), "");
     // A pool a test left an image in is made anew by the next test's
-    // ask, and the test after that finds the new pool taking writes (the
-    // admin's connection knew the old pool's id until it asked again).
+    // ask, and so is one with an image in its trash only; the test after
+    // that finds the new pool taking writes (the admin's connection knew
+    // the old pool's id until it asked again).
     first.rbd(&["create", "rbd/left", "--size", "8M"]);
     assert!(std::ptr::eq(CephCluster::shared(), first));
     assert!(first.rbd(&["ls", "rbd"]).trim().is_empty());
+    first.rbd(&["create", "rbd/trashed", "--size", "8M"]);
+    first.rbd(&["trash", "mv", "rbd/trashed"]);
+    assert!(first.rbd(&["ls", "rbd"]).trim().is_empty());
+    assert!(std::ptr::eq(CephCluster::shared(), first));
+    assert!(first.rbd(&["trash", "ls", "rbd"]).trim().is_empty());
     assert!(std::ptr::eq(CephCluster::shared(), first));
     // Writes held cluster-wide, as a full cluster holds them.
     first.ceph(&["osd", "pause"]);
@@ -83,4 +90,5 @@ fn a_shared_cluster_that_takes_no_write_is_named_and_replaced() {
     assert_ne!(second.mon_addr, first_mon);
     second.rbd(&["create", "rbd/after", "--size", "8M"]);
     second.rbd(&["rm", "rbd/after"]);
+    assert_eq!(second.ceph(&["--pool-contents", "rbd"]), "");
 }

@@ -692,7 +692,9 @@ impl CephCluster {
             cluster.stop_and_remove();
             panic!("the shared Ceph cluster is broken ({why}); a new one is made for the next test.\n{said}");
         }
-        if !cluster.pool_is_empty() {
+        let left = cluster.pool_contents();
+        if !left.is_empty() {
+            println!("the shared Ceph cluster's pool is made anew: it held {left:?}");
             cluster.renew_pool();
         }
         cluster
@@ -917,22 +919,16 @@ impl CephCluster {
         let _ = std::fs::remove_dir_all(self.dir.path());
     }
 
-    /// Whether the pool holds no image, nothing in its trash, and no
-    /// object but those of an empty rbd pool (and ferrovol's record of
-    /// images being made, with none on it).
-    fn pool_is_empty(&self) -> bool {
-        let objects = self.rados(&["-p", self.pool, "ls", "--all"]);
-        objects
-            .lines()
-            .all(|line| match line.split_whitespace().last().unwrap_or("") {
-                "rbd_directory" | "rbd_info" | "rbd_trash" | "rbd_children" => true,
-                "ferrovol.making" => self
-                    .rados(&["-p", self.pool, "listomapkeys", "ferrovol.making"])
-                    .trim()
-                    .is_empty(),
-                object => object.starts_with("rbd_mirroring"),
-            })
-            && self.rbd(&["trash", "ls", self.pool]).trim().is_empty()
+    /// What the pool holds (as `namespace/object`) but the objects of an
+    /// empty rbd pool: an image, anything in its trash, a record in
+    /// ferrovol's record of images being made, in any namespace. Listed
+    /// through the admin's connection (no `rados` or `rbd` process).
+    fn pool_contents(&self) -> Vec<String> {
+        match self.ask_admin(&["--pool-contents", self.pool]) {
+            Some(Ok(left)) => left.lines().map(str::to_string).collect(),
+            Some(Err(e)) => panic!("{e}"),
+            None => panic!("tests/common/ceph-admin did not list the pool"),
+        }
     }
 
     /// Deletes the pool and makes it again, initialized for rbd (the

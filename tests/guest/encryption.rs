@@ -118,6 +118,10 @@ pub(crate) async fn encrypted_volume_on(
             b"plain data"
         );
         h.teardown(&plain).await;
+        let plain_mapping = ferrovol::host::crypt::name_for(&plain.id);
+        assert!(!std::path::Path::new("/dev/mapper")
+            .join(&plain_mapping)
+            .exists());
     }
     let vol = bring_up_on(
         h,
@@ -346,9 +350,13 @@ pub(crate) async fn encrypted_volume_on(
             "{backend}: raw plaintext"
         );
         h.teardown(&raw).await;
+        assert!(!std::path::Path::new("/dev/mapper")
+            .join(&raw_mapping)
+            .exists());
     }
 
     h.teardown(&restored).await;
+    assert!(!restored_mapping.exists());
     h.controller()
         .delete_snapshot(pb::DeleteSnapshotRequest {
             snapshot_id: snap,
@@ -380,6 +388,7 @@ async fn guest_a_luks_format_cut_short_is_formatted_again() {
     require_guest();
     let mut h = Harness::start().await;
     let key = "the passphrase of volumes whose format was cut short";
+    let mut mappings = Vec::new();
     let cap = mount_cap("ext4", SNW);
     let header_of = |dev: &str| -> Vec<u8> {
         let mut head = vec![0u8; 16384];
@@ -402,6 +411,7 @@ async fn guest_a_luks_format_cut_short_is_formatted_again() {
         let mut req = create_req(&name, 32 * MIB, cap.clone());
         req.parameters.insert("encrypted".into(), "true".into());
         let vol = h.create_volume(req).await;
+        mappings.push(ferrovol::host::crypt::name_for(&vol.volume_id));
         let staging = h.path(&format!("kubelet/staging/{name}"));
         std::fs::create_dir_all(&staging).unwrap();
         let stage = |passphrase: &str| pb::NodeStageVolumeRequest {
@@ -461,8 +471,12 @@ async fn guest_a_luks_format_cut_short_is_formatted_again() {
         h.delete_volume(&vol.volume_id).await;
     }
     assert!(h.mounts().is_empty(), "{:?}", h.mounts());
+    // Its volumes' mappings (the other lane's tests may have theirs open,
+    // see tests/guest/lanes).
     let left = run("dmsetup", &["ls"]);
-    assert!(!left.contains("fvc-"), "{left}");
+    for name in &mappings {
+        assert!(!left.contains(name.as_str()), "{name} left: {left}");
+    }
     assert!(!h.log().contains(key), "the passphrase reached the log");
 }
 
@@ -508,11 +522,7 @@ async fn guest_encrypted_volumes_on_every_block_backend() {
         LIGHT_KDF_KIB,
     )
     .await;
+    // Each volume's mapping was found gone after its teardown (another
+    // lane's test may have mappings of its own open: tests/guest/lanes).
     assert!(h.mounts().is_empty(), "{:?}", h.mounts());
-    let left = std::process::Command::new("dmsetup")
-        .args(["ls"])
-        .output()
-        .unwrap();
-    let left = String::from_utf8_lossy(&left.stdout).to_string();
-    assert!(!left.contains("fvc-"), "{left}");
 }
