@@ -503,6 +503,17 @@ impl Drop for NfsServer {
     }
 }
 
+/// The memstore OSD's size, as it tells the monitor: 16 GiB, none of it
+/// taken until written. memstore counts an object as long as its last
+/// written byte (32 writes of 4 KiB at random offsets of a 1 GiB image,
+/// 128 KiB of data, counted 68 MiB), so a 1 GiB store was called full
+/// (95%) after a few dozen volumes had an ext4 made and written on them,
+/// with a few MiB of the guest's memory in use; the pool full, the OSD
+/// drops a write a client sends anyway (the driver's record of making,
+/// a class call librados sends as a read), and every rbd test after one
+/// CI run's fault tests (2026-12-02) timed out on it.
+const MEMSTORE_BYTES: u64 = 16 << 30;
+
 /// A single-node Ceph cluster: one monitor and one in-memory (memstore) OSD
 /// on loopback, cephx on, an `rbd` pool of size 1, and a client key
 /// (`client.ferrovol`) limited to that pool.
@@ -842,13 +853,23 @@ impl CephCluster {
         parts.join("; ")
     }
 
-    /// Writes and removes an object in the pool through the admin's
-    /// connection (no process to start), each within 25 s: an error when
-    /// the cluster does not take it (its OSD down, a full or paused
-    /// cluster, its placement groups inactive).
+    /// Writes and removes an object in each of the pool's placement groups
+    /// and an attribute of the driver's record of making, through the
+    /// admin's connection (no process to start), each within 25 s: an
+    /// error when the cluster does not take them (its OSD down, a full or
+    /// paused cluster, a placement group inactive, a write to the record
+    /// stuck). The test's output says how much of the store is used.
     fn write_probe(&self) -> Result<(), String> {
         match self.ask_admin(&["--write-probe", self.pool]) {
-            Some(Ok(_)) => Ok(()),
+            Some(Ok(used)) => {
+                let mib: Vec<u64> = used.split(' ').filter_map(|n| n.parse().ok()).collect();
+                println!(
+                    "the shared Ceph cluster took the write probe; {} of {} MiB used, as its OSD counts",
+                    mib.first().unwrap_or(&0),
+                    mib.get(1).unwrap_or(&0)
+                );
+                Ok(())
+            }
             Some(Err(e)) => Err(e),
             None => Err("tests/common/ceph-admin did not take the write probe".into()),
         }
@@ -997,13 +1018,14 @@ impl CephCluster {
                 "[global]\nfsid = {fsid}\nmon host = v1:{mon_addr}\nmon initial members = a\n{public}\
                  auth cluster required = cephx\nauth service required = cephx\nauth client required = cephx\n\
                  osd pool default size = 1\nosd pool default min size = 1\nmon allow pool size one = true\n\
-                 mon allow pool delete = true\nosd objectstore = memstore\nmemstore device bytes = 1073741824\n\
+                 mon allow pool delete = true\nosd objectstore = memstore\nmemstore device bytes = {device_bytes}\n\
                  osd crush chooseleaf type = 0\nms bind ipv6 = false\nrun dir = {run}\nlog file = {dir}/$name.log\n\
                  admin socket = {run}/$name.asok\nkeyring = {admin}\n\
                  mgr stats period = 1\nmgr initial modules = \nmgr module path = {modules}\n\
                  [mon.a]\nmon data = {dir}/mon\n[osd.0]\nosd data = {dir}/osd\nkeyring = {dir}/osd/keyring\n\
                  [mgr.x]\nmgr data = {dir}/mgr\nkeyring = {dir}/mgr/keyring\n",
                 run = d.join("run").display(),
+                device_bytes = MEMSTORE_BYTES,
                 // An empty folder: the manager serves `ceph df` (the rbd
                 // backend's capacity) from its core, and none of its Python
                 // modules serves anything here; it imports every one it
