@@ -1504,3 +1504,60 @@ async fn rbd_an_idle_connection_catches_up_with_the_cluster_map() {
     h.delete_volume(&second.volume_id).await;
     assert!(images(&cluster).is_empty(), "{:?}", images(&cluster));
 }
+
+/// A pool that takes no more data (its object quota reached): CreateVolume
+/// answers RESOURCE_EXHAUSTED naming the pool and its flags once librados
+/// gives up (its op timeout, 30 s), not UNAVAILABLE with "timed out" (the
+/// OSD drops the driver's first write, to its record of making, and the
+/// client is told nothing else); with the quota lifted, the CO's retry of
+/// the same call makes the volume.
+#[tokio::test]
+async fn rbd_a_full_pool_is_resource_exhausted() {
+    require_root();
+    let cluster = CephCluster::new();
+    let h = Harness::start_with(Some(&rbd_config(&cluster, "librbd"))).await;
+    let mut req = create_req("pvc-full", 4 * MIB, mount_cap("ext4", SNW));
+    req.secrets = secrets(&cluster);
+    let full =
+        || {
+            let pools: serde_json::Value = serde_json::from_str(
+                &cluster.ceph(&["osd", "pool", "ls", "detail", "--format", "json"]),
+            )
+            .unwrap();
+            pools.as_array().unwrap().iter().any(|p| {
+                p["pool_name"] == "rbd" && p["flags_names"].as_str().unwrap().contains("full")
+            })
+        };
+    let settle = |want: bool| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while full() != want {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the pool's full flag never became {want}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(250));
+        }
+    };
+    cluster.ceph(&["osd", "pool", "set-quota", "rbd", "max_objects", "1"]);
+    settle(true);
+    let asked = std::time::Instant::now();
+    let e = h
+        .controller()
+        .create_volume(req.clone())
+        .await
+        .expect_err("a volume made in a full pool");
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("pool rbd is full ("), "{e:?}");
+    assert!(e.message().contains("full_quota"), "{e:?}");
+    assert!(
+        asked.elapsed() < std::time::Duration::from_secs(80),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert!(!h.log().contains(&cluster.client_key()));
+    cluster.ceph(&["osd", "pool", "set-quota", "rbd", "max_objects", "0"]);
+    settle(false);
+    let vol = h.create_volume(req).await;
+    h.delete_volume(&vol.volume_id).await;
+    assert!(images(&cluster).is_empty(), "{:?}", images(&cluster));
+}

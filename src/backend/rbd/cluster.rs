@@ -442,6 +442,29 @@ pub fn pool_available(df_json: &str, pool: &str) -> Result<u64> {
     Ok(free)
 }
 
+/// `osd pool ls detail --format json`: each pool's flags.
+#[derive(Debug, Clone, Deserialize)]
+struct PoolFlags {
+    pool_name: String,
+    #[serde(default)]
+    flags_names: String,
+}
+
+/// The flags that say `pool` takes no more data, from `osd pool ls detail`
+/// output: `full` (an OSD it maps to past its full ratio, or its quota
+/// reached, which adds `full_quota`); None when it has none of them, or is
+/// not listed.
+pub fn pool_full(pools_json: &str, pool: &str) -> Option<String> {
+    let pools: Vec<PoolFlags> = serde_json::from_str(pools_json).ok()?;
+    let p = pools.iter().find(|p| p.pool_name == pool)?;
+    let full: Vec<&str> = p
+        .flags_names
+        .split(',')
+        .filter(|f| *f == "full" || *f == "full_quota")
+        .collect();
+    (!full.is_empty()).then(|| full.join(","))
+}
+
 /// The backend's features by name, as librbd's bits.
 pub fn feature_bits(features: &str) -> Result<u64> {
     let mut bits = 0;

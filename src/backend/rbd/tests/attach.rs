@@ -249,6 +249,24 @@ fn client_addresses_are_checked() {
 }
 
 #[test]
+fn a_full_pool_is_told_by_its_flags() {
+    let ls = r#"[
+        {"pool_name":"rbd","pool_id":2,"flags_names":"hashpspool,full_quota,full,selfmanaged_snaps"},
+        {"pool_name":"osd-full","pool_id":3,"flags_names":"hashpspool,full"},
+        {"pool_name":"near","pool_id":4,"flags_names":"hashpspool,nearfull,backfillfull"},
+        {"pool_name":"bare","pool_id":5}]"#;
+    assert_eq!(
+        cluster::pool_full(ls, "rbd").as_deref(),
+        Some("full_quota,full")
+    );
+    assert_eq!(cluster::pool_full(ls, "osd-full").as_deref(), Some("full"));
+    assert_eq!(cluster::pool_full(ls, "near"), None);
+    assert_eq!(cluster::pool_full(ls, "bare"), None);
+    assert_eq!(cluster::pool_full(ls, "gone"), None);
+    assert_eq!(cluster::pool_full("nonsense", "rbd"), None);
+}
+
+#[test]
 fn capacity_is_what_the_pool_can_still_take() {
     let df = r#"{"stats":{},"pools":[
         {"name":"other","id":1,"stats":{"max_avail":1,"stored":0,"quota_bytes":0}},
