@@ -510,8 +510,11 @@ impl Drop for NfsServer {
 /// (95%) after a few dozen volumes had an ext4 made and written on them,
 /// with a few MiB of the guest's memory in use; the pool full, the OSD
 /// drops a write a client sends anyway (the driver's record of making,
-/// a class call librados sends as a read), and every rbd test after one
-/// CI run's fault tests (2026-12-02) timed out on it.
+/// a class call librados sends as a read). That is most likely what
+/// every rbd test after one CI run's fault tests (2026-12-02) timed out
+/// on: that write, while reads of the same object answered. (Between
+/// the tests of a whole run the store held at most 15 MiB: the peak
+/// within a test is not known.)
 const MEMSTORE_BYTES: u64 = 16 << 30;
 
 /// A single-node Ceph cluster: one monitor and one in-memory (memstore) OSD
