@@ -198,41 +198,12 @@ impl LibCluster {
         place: &Spec,
         f: impl FnOnce(&Ctx<'_>) -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        let pool = place.pool.clone();
         let place = place.clone();
-        let r = self
-            .call(creds, DEADLINE, move |c| f(&c.ioctx(&place)?))
-            .await;
-        self.full_said(creds, &pool, r).await
-    }
-
-    /// `r`, or, when it timed out on a pool the cluster calls full, that
-    /// (RESOURCE_EXHAUSTED, with the pool's flags): a full pool's writes
-    /// are held by the client or dropped by the OSD (a write it should
-    /// have held), and librados's timeout is all the call sees. Asked
-    /// only after a timeout: no call pays for it otherwise.
-    async fn full_said<T>(&self, creds: &Creds, pool: &str, r: Result<T>) -> Result<T> {
-        let e = match r {
-            Err(e) if e.os_error == Some(libc::ETIMEDOUT) => e,
-            r => return r,
-        };
-        let flags = self
-            .call(creds, FULL_CHECK, |c| {
-                c.mon_command(r#"{"prefix":"osd pool ls","detail":"detail","format":"json"}"#)
-            })
-            .await
-            .ok()
-            .and_then(|out| super::super::cluster::pool_full(&out, pool));
-        match flags {
-            Some(flags) => Err(Error {
-                os_error: e.os_error,
-                ..Error::exhausted(format!(
-                    "pool {pool} is full ({flags}): the cluster takes no more data into it ({})",
-                    e.message
-                ))
-            }),
-            None => Err(e),
-        }
+        self.call(creds, DEADLINE, move |c| {
+            let r = f(&c.ioctx(&place)?);
+            full_said(c, &place.pool, r)
+        })
+        .await
     }
 
     /// Runs `f` on the image `spec` names, opened for writing or not.
@@ -244,16 +215,41 @@ impl LibCluster {
         deadline: Duration,
         f: impl FnOnce(&Img<'_, '_>) -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        let pool = spec.pool.clone();
         let spec = spec.clone();
-        let r = self
-            .call(creds, deadline, move |c| {
-                let ctx = c.ioctx(&spec)?;
-                let img = ctx.open(&spec, write)?;
-                f(&img)
-            })
-            .await;
-        self.full_said(creds, &pool, r).await
+        self.call(creds, deadline, move |c| {
+            let ctx = c.ioctx(&spec)?;
+            let r = ctx.open(&spec, write).and_then(|img| f(&img));
+            full_said(c, &spec.pool, r)
+        })
+        .await
+    }
+}
+
+/// `r`, or, when an operation of it timed out on a pool the cluster calls
+/// full, that (RESOURCE_EXHAUSTED, with the pool's flags): a full pool's
+/// writes are held by the client or dropped by the OSD (a write it should
+/// have held), and librados's timeout is all the call sees. Asked on the
+/// call's own connection, which reached the monitors, and only after a
+/// timeout: no call pays for it otherwise, and a cluster that cannot be
+/// reached is not asked again.
+fn full_said<T>(c: &Connection, pool: &str, r: Result<T>) -> Result<T> {
+    let e = match r {
+        Err(e) if e.os_error == Some(libc::ETIMEDOUT) => e,
+        r => return r,
+    };
+    let flags = c
+        .mon_command(r#"{"prefix":"osd pool ls","detail":"detail","format":"json"}"#)
+        .ok()
+        .and_then(|out| super::super::cluster::pool_full(&out, pool));
+    match flags {
+        Some(flags) => Err(Error {
+            os_error: e.os_error,
+            ..Error::exhausted(format!(
+                "pool {pool} is full ({flags}): the cluster takes no more data into it ({})",
+                e.message
+            ))
+        }),
+        None => Err(e),
     }
 }
 

@@ -395,9 +395,6 @@ impl Drop for Connection {
 pub(super) const MOUNT_TIMEOUT: &str = "20";
 pub(super) const OP_TIMEOUT: &str = "30";
 pub(super) const DEADLINE: Duration = Duration::from_secs(90);
-/// The question asked after a timeout: whether the pool is full (a
-/// monitor command: the monitors answer a full cluster).
-pub(super) const FULL_CHECK: Duration = Duration::from_secs(30);
 /// Copies (flatten) take their time.
 pub(super) const LONG: Duration = Duration::from_secs(3600);
 /// Kept connections: at most this many users and keys, dropped after this
