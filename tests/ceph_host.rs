@@ -43,7 +43,7 @@ fn ceph_fixture_serves_rbd_cli_with_cephx() {
 /// cluster says of itself, and the next test gets a new one; a pool made
 /// anew between two tests is not taken for a broken cluster.
 #[test]
-fn a_shared_cluster_that_takes_no_write_is_named_and_replaced() {
+fn a_shared_cluster_renews_a_used_pool_and_is_replaced_when_it_takes_no_write() {
     common::require_root();
     // The shared cluster's daemons would outlive this process: they are
     // stopped at the end, failed or not.
