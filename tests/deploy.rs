@@ -981,12 +981,37 @@ fn classes_and_configs_agree() {
 /// controller expansion but node expansion (the stock resizer's "node
 /// only" path), the remote controller expands and (with iscsi or rbd)
 /// publishes. Needs root: the node plugins' backends are real.
+///
+/// The overlays are taken all at once, each in a task of its own (their
+/// containers one after another): a controller serving a remote backend
+/// first asks its cluster what a killed run left, and here no cluster
+/// answers, so each of those starts takes its librados connection
+/// timeouts (40 s) before it serves.
 #[tokio::test]
 async fn ferrovol_containers_start_from_their_manifest_args() {
     common::require_root();
+    // Local tasks: the pods' starts hold what is not Send.
+    let local = tokio::task::LocalSet::new();
+    local
+        .run_until(async {
+            let mut overlays = tokio::task::JoinSet::new();
+            for overlay in OVERLAYS {
+                overlays.spawn_local(an_overlays_containers_start(overlay));
+            }
+            while let Some(done) = overlays.join_next().await {
+                if let Err(e) = done {
+                    std::panic::resume_unwind(e.into_panic());
+                }
+            }
+        })
+        .await;
+}
+
+/// [`ferrovol_containers_start_from_their_manifest_args`], for one overlay.
+async fn an_overlays_containers_start(overlay: &'static str) {
     use pb::controller_service_capability::rpc::Type as Ctl;
     use pb::node_service_capability::rpc::Type as Nd;
-    for overlay in OVERLAYS {
+    {
         let r = render(overlay);
         for w in r.workloads() {
             let name = s(&w["metadata"]["name"]).to_string();

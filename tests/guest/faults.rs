@@ -1039,10 +1039,8 @@ async fn guest_a_server_that_stops_answering_stalls_only_its_own_volumes() {
         let cut = Cut::new(&cut_rules(server, &every.tgtd));
         let cut_at = Instant::now();
         let own = &live.iter().find(|(v, ..)| v.backend == server).unwrap().2;
-        assert!(
-            own.next_write_within(Duration::from_secs(10)).is_none(),
-            "{server}: the pod's writes went on with its server cut off"
-        );
+        // The stage runs out its deadline while the pod's writes are
+        // watched.
         let stage = tokio::spawn({
             let mut node = h.node();
             let req = stage_request(u, &late, false);
@@ -1052,6 +1050,10 @@ async fn guest_a_server_that_stops_answering_stalls_only_its_own_volumes() {
                 (r, t.elapsed())
             }
         });
+        assert!(
+            own.next_write_within(Duration::from_secs(10)).is_none(),
+            "{server}: the pod's writes went on with its server cut off"
+        );
         // Meanwhile, every volume asked, round after round.
         let (mut worst_other, mut worst_own, mut worst_storage) =
             (Duration::ZERO, Duration::ZERO, Duration::ZERO);
