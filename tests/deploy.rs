@@ -1011,129 +1011,127 @@ async fn ferrovol_containers_start_from_their_manifest_args() {
 async fn an_overlays_containers_start(overlay: &'static str) {
     use pb::controller_service_capability::rpc::Type as Ctl;
     use pb::node_service_capability::rpc::Type as Nd;
-    {
-        let r = render(overlay);
-        for w in r.workloads() {
-            let name = s(&w["metadata"]["name"]).to_string();
-            let started = start_container(&r, w).await;
-            let ch = started.channel.clone();
-            let mut id = pb::identity_client::IdentityClient::new(ch.clone());
-            let info = id
-                .get_plugin_info(pb::GetPluginInfoRequest {})
+    let r = render(overlay);
+    for w in r.workloads() {
+        let name = s(&w["metadata"]["name"]).to_string();
+        let started = start_container(&r, w).await;
+        let ch = started.channel.clone();
+        let mut id = pb::identity_client::IdentityClient::new(ch.clone());
+        let info = id
+            .get_plugin_info(pb::GetPluginInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            r.drivers().contains(&info.name),
+            "{overlay}/{name}: {}",
+            info.name
+        );
+        if w["kind"].as_str() == Some("DaemonSet") {
+            let reg = flag(
+                container(w, "node-driver-registrar"),
+                "kubelet-registration-path",
+            )
+            .unwrap();
+            assert!(reg.contains(&format!("/{}/", info.name)));
+        }
+        // Ready, the lvm overlay's node plugin too: this host has no
+        // such volume group, and lvm is its only backend, which its
+        // readiness says without holding the DaemonSet's rollout
+        // (the node is one that legitimately lacks the backend).
+        let (ready, body) = common::http_get(started.metrics, "/readyz").unwrap();
+        assert_eq!(ready, 200, "{overlay}/{name}: {body}");
+        let only_lvm = overlay == "lvm" && name == "ferrovol-local-node";
+        assert_eq!(
+            body.starts_with("ready; no backend available on this node\n"),
+            only_lvm,
+            "{overlay}/{name}: {body}"
+        );
+        let plugin = format!(
+            "{:?}",
+            id.get_plugin_capabilities(pb::GetPluginCapabilitiesRequest {})
+                .await
+                .unwrap()
+                .into_inner()
+        );
+        // Every instance reports the same plugin capabilities.
+        assert!(plugin.contains("ControllerService"), "{plugin}");
+        let ctl_caps = || async {
+            let caps = pb::controller_client::ControllerClient::new(ch.clone())
+                .controller_get_capabilities(pb::ControllerGetCapabilitiesRequest {})
                 .await
                 .unwrap()
                 .into_inner();
-            assert!(
-                r.drivers().contains(&info.name),
-                "{overlay}/{name}: {}",
-                info.name
-            );
-            if w["kind"].as_str() == Some("DaemonSet") {
-                let reg = flag(
-                    container(w, "node-driver-registrar"),
-                    "kubelet-registration-path",
-                )
-                .unwrap();
-                assert!(reg.contains(&format!("/{}/", info.name)));
-            }
-            // Ready, the lvm overlay's node plugin too: this host has no
-            // such volume group, and lvm is its only backend, which its
-            // readiness says without holding the DaemonSet's rollout
-            // (the node is one that legitimately lacks the backend).
-            let (ready, body) = common::http_get(started.metrics, "/readyz").unwrap();
-            assert_eq!(ready, 200, "{overlay}/{name}: {body}");
-            let only_lvm = overlay == "lvm" && name == "ferrovol-local-node";
-            assert_eq!(
-                body.starts_with("ready; no backend available on this node\n"),
-                only_lvm,
-                "{overlay}/{name}: {body}"
-            );
-            let plugin = format!(
-                "{:?}",
-                id.get_plugin_capabilities(pb::GetPluginCapabilitiesRequest {})
-                    .await
-                    .unwrap()
-                    .into_inner()
-            );
-            // Every instance reports the same plugin capabilities.
-            assert!(plugin.contains("ControllerService"), "{plugin}");
-            let ctl_caps = || async {
-                let caps = pb::controller_client::ControllerClient::new(ch.clone())
-                    .controller_get_capabilities(pb::ControllerGetCapabilitiesRequest {})
-                    .await
-                    .unwrap()
-                    .into_inner();
-                caps.capabilities
-                    .iter()
-                    .filter_map(|c| match &c.r#type {
-                        Some(pb::controller_service_capability::Type::Rpc(r)) => Some(r.r#type),
-                        _ => None,
-                    })
-                    .collect::<Vec<i32>>()
-            };
-            // With the volume-health component, every node plugin offers
-            // kubelet the v1.13 node health calls, and the remote
-            // controller what its health monitor needs (it exits without
-            // them); elsewhere none is advertised (v1.12 callers).
-            let health = overlay == "volume-health";
-            if w["kind"].as_str() == Some("DaemonSet") {
+            caps.capabilities
+                .iter()
+                .filter_map(|c| match &c.r#type {
+                    Some(pb::controller_service_capability::Type::Rpc(r)) => Some(r.r#type),
+                    _ => None,
+                })
+                .collect::<Vec<i32>>()
+        };
+        // With the volume-health component, every node plugin offers
+        // kubelet the v1.13 node health calls, and the remote
+        // controller what its health monitor needs (it exits without
+        // them); elsewhere none is advertised (v1.12 callers).
+        let health = overlay == "volume-health";
+        if w["kind"].as_str() == Some("DaemonSet") {
+            let node = pb::node_client::NodeClient::new(ch.clone())
+                .node_get_capabilities(pb::NodeGetCapabilitiesRequest {})
+                .await
+                .unwrap()
+                .into_inner();
+            let advertised = node.capabilities.iter().any(|c| {
+                matches!(&c.r#type, Some(pb::node_service_capability::Type::Rpc(r))
+                    if r.r#type == Nd::GetVolumeHealth as i32)
+            });
+            assert_eq!(advertised, health, "{overlay}/{name}: {node:?}");
+        }
+        match name.as_str() {
+            "ferrovol-local-controller" => {
+                let caps = ctl_caps().await;
+                // Its volumes are measured on their nodes: nothing to
+                // offer a health monitor, with the component or not.
+                assert!(!caps.contains(&(Ctl::GetVolumeHealth as i32)), "{caps:?}");
+                assert!(!caps.contains(&(Ctl::ExpandVolume as i32)), "{caps:?}");
+                assert!(plugin.contains("VolumeExpansion"), "{plugin}");
                 let node = pb::node_client::NodeClient::new(ch.clone())
                     .node_get_capabilities(pb::NodeGetCapabilitiesRequest {})
                     .await
                     .unwrap()
                     .into_inner();
-                let advertised = node.capabilities.iter().any(|c| {
-                    matches!(&c.r#type, Some(pb::node_service_capability::Type::Rpc(r))
-                        if r.r#type == Nd::GetVolumeHealth as i32)
-                });
-                assert_eq!(advertised, health, "{overlay}/{name}: {node:?}");
+                assert!(
+                    node.capabilities.iter().any(|c| matches!(
+                        &c.r#type,
+                        Some(pb::node_service_capability::Type::Rpc(r))
+                            if r.r#type == Nd::ExpandVolume as i32
+                    )),
+                    "{node:?}"
+                );
+                confined(&started);
             }
-            match name.as_str() {
-                "ferrovol-local-controller" => {
-                    let caps = ctl_caps().await;
-                    // Its volumes are measured on their nodes: nothing to
-                    // offer a health monitor, with the component or not.
-                    assert!(!caps.contains(&(Ctl::GetVolumeHealth as i32)), "{caps:?}");
-                    assert!(!caps.contains(&(Ctl::ExpandVolume as i32)), "{caps:?}");
-                    assert!(plugin.contains("VolumeExpansion"), "{plugin}");
-                    let node = pb::node_client::NodeClient::new(ch.clone())
-                        .node_get_capabilities(pb::NodeGetCapabilitiesRequest {})
-                        .await
-                        .unwrap()
-                        .into_inner();
-                    assert!(
-                        node.capabilities.iter().any(|c| matches!(
-                            &c.r#type,
-                            Some(pb::node_service_capability::Type::Rpc(r))
-                                if r.r#type == Nd::ExpandVolume as i32
-                        )),
-                        "{node:?}"
-                    );
+            "ferrovol-controller" => {
+                let caps = ctl_caps().await;
+                assert!(caps.contains(&(Ctl::ExpandVolume as i32)), "{caps:?}");
+                assert!(caps.contains(&(Ctl::CreateDeleteSnapshot as i32)));
+                let publishes = matches!(r.of, "iscsi" | "rbd" | "all");
+                assert_eq!(
+                    caps.contains(&(Ctl::PublishUnpublishVolume as i32)),
+                    publishes,
+                    "{overlay}: {caps:?}"
+                );
+                for c in [Ctl::ListVolumeHealth, Ctl::GetVolumeHealth] {
+                    assert_eq!(caps.contains(&(c as i32)), health, "{overlay}: {caps:?}");
+                }
+                if health {
+                    health_monitor_calls(ch.clone()).await;
+                }
+                // Serving rbd alone, it is an unprivileged pod.
+                if r.of == "rbd" {
                     confined(&started);
                 }
-                "ferrovol-controller" => {
-                    let caps = ctl_caps().await;
-                    assert!(caps.contains(&(Ctl::ExpandVolume as i32)), "{caps:?}");
-                    assert!(caps.contains(&(Ctl::CreateDeleteSnapshot as i32)));
-                    let publishes = matches!(r.of, "iscsi" | "rbd" | "all");
-                    assert_eq!(
-                        caps.contains(&(Ctl::PublishUnpublishVolume as i32)),
-                        publishes,
-                        "{overlay}: {caps:?}"
-                    );
-                    for c in [Ctl::ListVolumeHealth, Ctl::GetVolumeHealth] {
-                        assert_eq!(caps.contains(&(c as i32)), health, "{overlay}: {caps:?}");
-                    }
-                    if health {
-                        health_monitor_calls(ch.clone()).await;
-                    }
-                    // Serving rbd alone, it is an unprivileged pod.
-                    if r.of == "rbd" {
-                        confined(&started);
-                    }
-                }
-                _ => {}
             }
+            _ => {}
         }
     }
 }
