@@ -123,6 +123,26 @@ async fn guest_lvm_backend_full_lifecycle() {
             .snapshot_made(&format!("snap-{class}"), &vol.volume_id)
             .await;
         assert_eq!(snap.size_bytes, 128 * MIB);
+        // The snapshot carries its own tags and none of its origin's: the
+        // driver takes none off after lvcreate, so an lvm that copied an
+        // origin's tags onto its snapshots would fail here.
+        let snap_lv = format!("fvguest/{}", snap.snapshot_id.split_once('.').unwrap().1);
+        let tags = vg.lvm("lvs", &["--noheadings", "-o", "lv_tags", &snap_lv]);
+        let mut tags: Vec<&str> = tags.trim().split(',').collect();
+        tags.sort();
+        let time = tags.iter().position(|t| t.starts_with("ferrovol-time:"));
+        assert!(
+            time.is_some(),
+            "{class}: no time tag on {snap_lv}: {tags:?}"
+        );
+        tags.remove(time.unwrap());
+        let size = format!("ferrovol-size:{}", 128 * MIB);
+        let name = format!("ferrovol-name:snap-{class}");
+        let own_class = format!("ferrovol-class:{class}");
+        let source = format!("ferrovol-source:fv-pvc-{class}");
+        let mut own = vec!["ferrovol", &own_class, &name, &size, &source];
+        own.sort();
+        assert_eq!(tags, own, "{class}: the tags of {snap_lv}");
         let mut restore = create_req(&format!("restored-{class}"), 0, cap.clone());
         restore.parameters = params.clone();
         restore.volume_content_source = Some(snapshot_source(&snap.snapshot_id));

@@ -240,7 +240,7 @@ async fn guest_lvm_thin_changed_blocks() {
 /// snapshot's measured time (lvcreate dies with the driver part way
 /// through its own steps: the half-made snapshot, the origin on a table the
 /// metadata does not name, the stray layers), `lvm.snapshot.made` (the
-/// snapshot still wearing its origin's tags), `lvm.snapshot` with the
+/// snapshot made, the call not answered), `lvm.snapshot` with the
 /// origin then suspended by hand (what a death inside lvcreate's suspend
 /// leaves), and `lvm.copy.made` (a restore whose data or tags are not
 /// settled). After each: the restarted driver leaves no LV of ours

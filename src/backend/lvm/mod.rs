@@ -230,7 +230,7 @@ crate::kill_points! {
         /// FERROVOL_KILL_AFTER_MS, it dies part way through, the origin perhaps
         /// suspended).
         Snapshot = "lvm.snapshot",
-        /// lvcreate made the snapshot; it still carries its origin's tags.
+        /// lvcreate made the snapshot; the call has not answered.
         SnapshotMade = "lvm.snapshot.made",
         /// lvcreate made a copy (restore or clone) with the filling tag;
         /// a thick one holds no data yet, a thin one its source's tags.
@@ -288,12 +288,12 @@ impl NewLv {
 /// test caught this when udev ran late).
 const INACTIVE: [&str; 3] = ["-an", "--setactivationskip", "y"];
 
-/// The tags a snapshot of `src` took from it that are not among its own
-/// (`own`): lvcreate copies the origin's tags onto a snapshot. `made`: the
-/// snapshot as read, when it was (only what it still carries goes).
-fn inherited_tags(src: &Lv, own: &[String], made: Option<&Lv>) -> Vec<String> {
+/// The tags of its origin `src` that snapshot `made` carries and that are
+/// not among its own (`own`). lvm 2.03.16 copies no tag onto a snapshot;
+/// an lvm that does leaves them, and a retry of the call takes them off.
+fn inherited_tags(src: &Lv, own: &[String], made: &Lv) -> Vec<String> {
     src.tags()
-        .filter(|t| !own.iter().any(|o| o == t) && made.is_none_or(|m| m.has_tag(t)))
+        .filter(|t| !own.iter().any(|o| o == t) && made.has_tag(t))
         .map(str::to_string)
         .collect()
 }

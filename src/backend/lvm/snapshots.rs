@@ -80,9 +80,9 @@ impl Snapshotter for LvmBackend {
             }
         }
         if let Some(existing) = existing {
-            // Membership, not the first tag of a kind: a snapshot whose
-            // making was cut short still carries its origin's tags beside
-            // its own (a name tag among them).
+            // Membership, not the first tag of a kind: a snapshot made by
+            // an lvm that copies its origin's tags carries them beside its
+            // own (a name tag among them).
             let same = existing.has_tag(&tag)
                 && existing.has_tag(&source_tag)
                 && self.owner(&existing).is_some_and(|c| c.name == class.name);
@@ -102,14 +102,14 @@ impl Snapshotter for LvmBackend {
                             .filter(|t| t.starts_with(TIME_TAG) && !src.has_tag(t))
                             .map(str::to_string),
                     );
-                    inherited_tags(src, &own, Some(&existing))
+                    inherited_tags(src, &own, &existing)
                 }
                 None => Vec::new(),
             };
             if inherited.is_empty() {
                 return self.snapshot_info(&class, &existing);
             }
-            tracing::warn!(snapshot = %target, "finishing a snapshot whose making was cut short: dropping its origin's tags");
+            tracing::warn!(snapshot = %target, "the snapshot carries tags of its origin's: dropping them");
             self.drop_tags(&target, &inherited).await?;
             let lv = self
                 .lv(&vg_name, &snap_name)
@@ -152,16 +152,14 @@ impl Snapshotter for LvmBackend {
         self.run_judged(&class, cow, cmd.arg(format!("{vg_name}/{src_lv}")))
             .await?;
         crate::killpoint::hit(KillPoint::SnapshotMade);
-        // The snapshot took every tag of its origin's: the ones not its
-        // own go (a retry finishes this if the driver dies first). They
-        // are the origin's as read just before. One a node's first stage
-        // took off the origin meanwhile (its fresh or copy tag) is not on
-        // the snapshot either, and lvchange drops a tag an LV lacks
-        // without a word (lvm 2.03.16, checked in the guest). What the
-        // call answers is known without reading the snapshot: its tags,
-        // name and source are this call's, its time its time tag.
-        let inherited = inherited_tags(&src, &tags, None);
-        self.drop_tags(&target, &inherited).await?;
+        // The snapshot carries the tags given here and none of its
+        // origin's: lvcreate copies no tag onto a snapshot, classic or
+        // thin (lvm 2.03.16, the image's and the guest's, checked there by
+        // `guest_lvm_backend_full_lifecycle`). So what the call answers is
+        // known without reading the snapshot: its tags, name and source are
+        // this call's, its time its time tag. (A snapshot found carrying
+        // tags of its origin's, made by an lvm that copies them, has them
+        // taken off by the retry above.)
         let made = Lv {
             lv_name: snap_name,
             vg_name,
