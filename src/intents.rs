@@ -5,11 +5,14 @@
 //! each before it serves anything.
 //!
 //! One file per intent under `<state-dir>/intents`, written by
-//! [`crate::records`] (atomic, fsynced, root's alone).
+//! [`crate::records`] (atomic, fsynced, root's alone). A backend keeps
+//! intents of its own kind in a folder of its own the same way.
 
 use crate::error::Result;
 use crate::records;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -33,27 +36,36 @@ impl std::fmt::Display for IntentId {
     }
 }
 
-/// The intents of one driver's state directory.
+/// The intents of one driver's state directory (of kind `T`: the
+/// driver's own [`Intent`]s, or a backend's).
 #[derive(Debug)]
-pub struct Intents {
+pub struct Intents<T = Intent> {
     dir: PathBuf,
     next: AtomicU64,
+    kind: PhantomData<fn() -> T>,
 }
 
-impl Intents {
+impl Intents<Intent> {
     /// Opens (making it) `<state_dir>/intents`.
     pub fn open(state_dir: &Path) -> Result<Self> {
-        let dir = state_dir.join("intents");
+        Self::open_dir(state_dir.join("intents"))
+    }
+}
+
+impl<T: Serialize + DeserializeOwned> Intents<T> {
+    /// Opens (making it) the folder `dir` of intents of kind `T`.
+    pub fn open_dir(dir: PathBuf) -> Result<Self> {
         records::private_dir(&dir)?;
         Ok(Intents {
             dir,
             next: AtomicU64::new(0),
+            kind: PhantomData,
         })
     }
 
     /// Records `intent` durably; its id is unique to this process's life
     /// and every earlier one's (the pid and the start time in it).
-    pub fn record(&self, intent: &Intent) -> Result<IntentId> {
+    pub fn record(&self, intent: &T) -> Result<IntentId> {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let since = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -72,7 +84,7 @@ impl Intents {
     /// Every intent left, oldest name first. A record that does not parse
     /// is set aside (renamed `.bad`) with a warning: nothing can be done
     /// from it.
-    pub fn pending(&self) -> Result<Vec<(IntentId, Intent)>> {
+    pub fn pending(&self) -> Result<Vec<(IntentId, T)>> {
         let mut names = Vec::new();
         let entries = std::fs::read_dir(&self.dir)
             .map_err(|e| crate::error::Error::io(format!("read {}", self.dir.display()), e))?;
@@ -91,7 +103,7 @@ impl Intents {
         for name in names {
             let id = IntentId(name);
             let path = self.path(&id);
-            match records::read_json::<Intent>(&path) {
+            match records::read_json::<T>(&path) {
                 Ok(Some(intent)) => out.push((id, intent)),
                 Ok(None) => {}
                 Err(e) => {

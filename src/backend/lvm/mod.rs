@@ -29,6 +29,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 const LVM_TIMEOUT: Duration = Duration::from_secs(120);
+/// lvm's `locking_dir`, where its group locks are (its default; the
+/// manifests mount the host's).
+const LVM_LOCK_DIR: &str = "/run/lock/lvm";
 const COPY_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Every LV ferrovol makes carries this tag.
 const TAG: &str = "ferrovol";
@@ -188,6 +191,7 @@ mod blocks;
 mod command;
 mod health;
 pub mod library;
+mod orphans;
 mod report;
 mod settle;
 mod snapshots;
@@ -217,7 +221,9 @@ pub const KIND: super::Kind = super::Kind {
             env.runner.clone()
         };
         Ok(Arc::new(
-            LvmBackend::new(bc.name(), settings, runner)?.with_host(env.host.clone()),
+            LvmBackend::new(bc.name(), settings, runner)?
+                .with_host(env.host.clone())
+                .with_records(env.state_dir.join("lvm").join(bc.name()))?,
         ))
     },
 };
@@ -319,6 +325,13 @@ pub struct LvmBackend {
     /// name) and when it was read: what a new empty volume's lvcreate
     /// needs first (see [`LvmBackend::fresh_extent`]).
     facts: std::sync::Mutex<HashMap<String, (u64, std::time::Instant)>>,
+    /// The intents recorded before each thin snapshot's lvcreate
+    /// ([`orphans`]); none in unit tests that do not ask for them.
+    intents: Option<Arc<orphans::ThinIntents>>,
+    /// The ids of those whose lvcreate is running now.
+    running_cuts: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Where lvm keeps its group locks.
+    lock_dir: PathBuf,
     // No lock of its own: the operation guard covers every id an operation
     // touches, and lvm serializes changes to a volume group's metadata
     // itself. A create racing another for the last free extents fails in
@@ -377,6 +390,9 @@ impl LvmBackend {
             pool_locks: Default::default(),
             copies_seen: Default::default(),
             facts: Default::default(),
+            intents: None,
+            running_cuts: Default::default(),
+            lock_dir: PathBuf::from(LVM_LOCK_DIR),
             group_snapshots: if crate::host::freeze::block_freeze_nests() {
                 crate::plugin::GroupSnapshots::Frozen
             } else {
@@ -398,6 +414,21 @@ impl LvmBackend {
     /// The same, on another host seam.
     pub fn with_host(mut self, host: Arc<dyn Host>) -> Self {
         self.host = host;
+        self
+    }
+
+    /// The same, keeping its records (the thin snapshots' intents) in
+    /// `dir`.
+    pub fn with_records(mut self, dir: PathBuf) -> Result<Self> {
+        self.intents = Some(Arc::new(orphans::ThinIntents::open_dir(
+            dir.join("intents"),
+        )?));
+        Ok(self)
+    }
+
+    /// The same, taking lvm's group locks in `dir` (lvm's `locking_dir`).
+    pub fn with_lock_dir(mut self, dir: PathBuf) -> Self {
+        self.lock_dir = dir;
         self
     }
 
@@ -724,9 +755,11 @@ impl LvmBackend {
     /// A copy in a thin pool: a thin snapshot of the source (instant,
     /// shares blocks), then finished by [`LvmBackend::fill`].
     async fn create_thin_copy(&self, class: &DeviceClass, new: &NewLv, src: &Lv) -> Result<()> {
-        self.run_judged(
+        let noted = self.note_thin_snapshot(class, src, &new.name).await?;
+        self.run_snapshot_lvcreate(
             class,
             0,
+            noted,
             self.lvm("lvcreate")
                 .args(["-y", "-s", "-n", &new.name])
                 .args(new.tag_args())
@@ -902,6 +935,11 @@ impl Backend for LvmBackend {
             Err(e) => {
                 tracing::error!(error = %e.message, "could not settle what cut-short snapshots left")
             }
+        }
+        // And the thin device ids a thin snapshot's cut-short lvcreate
+        // left in its pool.
+        for what in self.settle_all_cuts().await {
+            tracing::warn!("{what}");
         }
         Ok(())
     }

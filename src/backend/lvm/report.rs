@@ -43,6 +43,13 @@ pub struct Lv {
     pub data_percent: String,
     #[serde(default)]
     pub metadata_percent: String,
+    /// A thin LV's device id in its pool (read only where asked for).
+    #[serde(default)]
+    pub thin_id: String,
+    /// A thin pool's transaction id in the metadata (read only where
+    /// asked for).
+    #[serde(default)]
+    pub transaction_id: String,
 }
 
 impl Lv {

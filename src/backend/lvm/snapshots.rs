@@ -147,9 +147,12 @@ impl Snapshotter for LvmBackend {
             cmd = cmd.args(["--addtag", t]);
         }
         // lvcreate suspends the origin while it cuts the snapshot; killed
-        // part way, it can leave the origin suspended (resumed at start).
+        // part way, it can leave the origin suspended (resumed at start),
+        // or a thin device id in the pool that nothing names (recorded
+        // first, see `orphans`).
+        let noted = self.note_thin_snapshot(&class, &src, &snap_name).await?;
         crate::killpoint::hit(KillPoint::Snapshot);
-        self.run_judged(&class, cow, cmd.arg(format!("{vg_name}/{src_lv}")))
+        self.run_snapshot_lvcreate(&class, cow, noted, cmd.arg(format!("{vg_name}/{src_lv}")))
             .await?;
         crate::killpoint::hit(KillPoint::SnapshotMade);
         // The snapshot carries the tags given here and none of its

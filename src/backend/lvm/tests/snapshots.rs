@@ -459,3 +459,270 @@ async fn start_settles_what_a_cut_short_snapshot_left() {
         ]
     );
 }
+
+/// A thin backend keeping its records in `dir` (and lvm's locks there).
+fn recording(r: Arc<FakeRunner>, dir: &std::path::Path) -> LvmBackend {
+    backend(r, Some("pool"))
+        .with_records(dir.join("state"))
+        .unwrap()
+        .with_lock_dir(dir.to_path_buf())
+}
+
+fn thin_row(name: &str, tags: &str, thin_id: u32) -> String {
+    lv_row(name, 40 * MIB, tags, "Vwi-a-tz--").replace(
+        r#""pool_lv":"""#,
+        &format!(r#""pool_lv":"pool", "thin_id":"{thin_id}""#),
+    )
+}
+
+fn pool_row(transaction: u64) -> String {
+    lv_row("pool", 96 * MIB, "", "twi-aotz--").replace(
+        r#""data_percent":"""#,
+        &format!(r#""transaction_id":"{transaction}""#),
+    )
+}
+
+fn intents_left(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir.join("state/intents"))
+        .map(|d| d.flatten().count())
+        .unwrap_or(0)
+}
+
+/// What the start's settling of classic snapshots reads when there is
+/// nothing of theirs to settle: every LV twice, and the device-mapper
+/// devices.
+fn settle_finds_nothing(r: &FakeRunner) {
+    r.expect("lvs", Reply::Ok(lvs_json(&[])));
+    r.expect("lvs", Reply::Ok(lvs_json(&[])));
+    r.expect("dmsetup", Reply::Fail(1, "No devices found".into()));
+}
+
+const TAKEN_TEXT: &str =
+    "  Thin pool vg0-pool-tpool (254:2) already contain thin device with device_id 3.\n";
+
+/// A thin snapshot's lvcreate is recorded before it runs and the record
+/// goes once it has answered; one a driver that died left (its LV never
+/// made) frees, at the next start, the id its lvcreate left in the pool,
+/// only while the pool's transaction ids agree, and a record whose LV was
+/// made just goes.
+#[tokio::test]
+async fn thin_snapshots_are_recorded_and_a_cut_short_one_settled_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = thin_row("fv-a", "ferrovol,ferrovol-name:a,ferrovol-class:fast", 1);
+    let r = Arc::new(FakeRunner::new());
+    r.expect(
+        "lvs",
+        Reply::FailWithOutput(
+            5,
+            lvs_json(&[with_vg(origin.clone(), 256 * MIB, 100 * MIB)]),
+        ),
+    );
+    r.ok("lvcreate");
+    let b = recording(r.clone(), dir.path());
+    b.create_snapshot(&snapshot_of("lvm:fast.fv-a", "s1"))
+        .await
+        .unwrap();
+    assert_eq!(r.lines().len(), 2, "{:?}", r.lines());
+    assert_eq!(intents_left(dir.path()), 0);
+
+    // Recorded, then the driver died before lvcreate answered.
+    let cut = orphans::ThinSnapshot {
+        vg: "vg0".into(),
+        pool: "pool".into(),
+        lv: "fvs-s2".into(),
+    };
+    let intents = orphans::ThinIntents::open_dir(dir.path().join("state/intents")).unwrap();
+    intents.record(&cut).unwrap();
+    // The next start: fvs-s2 is not in the metadata, whose highest id in
+    // the pool is 2, so 3 is deleted from the pool, under lvm's lock.
+    let r = Arc::new(FakeRunner::new());
+    settle_finds_nothing(&r);
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[
+            thin_row("fv-a", "ferrovol", 1),
+            thin_row("fv-b", "ferrovol", 2),
+            pool_row(7),
+        ])),
+    );
+    r.expect(
+        "dmsetup",
+        Reply::Ok(
+            "0 204800 thin-pool 7 114/1024 0/1600 - rw discard_passdown queue_if_no_space - 256\n"
+                .into(),
+        ),
+    );
+    r.ok("dmsetup");
+    let b = recording(r.clone(), dir.path());
+    b.start().await.unwrap();
+    let lines = r.lines();
+    assert_eq!(
+        lines[3],
+        "lvs --reportformat json --units b --nosuffix -o lv_name,vg_name,lv_size,pool_lv,thin_id,transaction_id vg0"
+    );
+    assert_eq!(lines[4], "dmsetup status vg0-pool-tpool");
+    assert_eq!(lines[5], "dmsetup message vg0-pool-tpool 0 delete 3");
+    assert_eq!(intents_left(dir.path()), 0);
+
+    // The pool's ids disagree (a change of lvm's unfinished): nothing is
+    // deleted and the record stays for a later start.
+    intents.record(&cut).unwrap();
+    let r = Arc::new(FakeRunner::new());
+    settle_finds_nothing(&r);
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[thin_row("fv-a", "ferrovol", 1), pool_row(7)])),
+    );
+    r.expect(
+        "dmsetup",
+        Reply::Ok("0 204800 thin-pool 8 114/1024 0/1600 - rw - 256\n".into()),
+    );
+    recording(r.clone(), dir.path()).start().await.unwrap();
+    assert_eq!(r.lines().len(), 5, "{:?}", r.lines());
+    assert_eq!(intents_left(dir.path()), 1);
+
+    // Its LV was made after all: the record just goes.
+    let r = Arc::new(FakeRunner::new());
+    settle_finds_nothing(&r);
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[thin_row("fvs-s2", "ferrovol", 2), pool_row(8)])),
+    );
+    recording(r.clone(), dir.path()).start().await.unwrap();
+    assert_eq!(r.lines().len(), 4, "{:?}", r.lines());
+    assert_eq!(intents_left(dir.path()), 0);
+}
+
+/// An lvcreate refused because the pool has the id it picked: the id is
+/// freed and the lvcreate runs again only when an earlier lvcreate of ours
+/// was cut short in that pool; otherwise it is not the driver's, nothing
+/// is deleted and the call says why. An lvcreate failing otherwise (its
+/// timeout) settles its own record: the id it may have sent goes, and
+/// "no such id" means it sent none.
+#[tokio::test]
+async fn a_thin_snapshot_refused_for_a_taken_id_frees_only_ours() {
+    let dir = tempfile::tempdir().unwrap();
+    let origin = thin_row("fv-a", "ferrovol,ferrovol-name:a,ferrovol-class:fast", 1);
+    let look = || {
+        Reply::FailWithOutput(
+            5,
+            lvs_json(&[with_vg(origin.clone(), 256 * MIB, 100 * MIB)]),
+        )
+    };
+    // Not ours: no record explains the id.
+    let r = Arc::new(FakeRunner::new());
+    r.expect("lvs", look());
+    r.expect("lvcreate", Reply::Fail(5, TAKEN_TEXT.into()));
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[thin_row("fv-a", "ferrovol", 2), pool_row(4)])),
+    );
+    r.expect(
+        "dmsetup",
+        Reply::Ok("0 1 thin-pool 4 1/2 0/3 - rw - 256\n".into()),
+    );
+    let e = recording(r.clone(), dir.path())
+        .create_snapshot(&snapshot_of("lvm:fast.fv-a", "s1"))
+        .await
+        .unwrap_err();
+    assert!(
+        e.message.contains("no cut-short lvcreate of this driver's"),
+        "{}",
+        e.message
+    );
+    assert!(
+        !r.lines().iter().any(|l| l.starts_with("dmsetup message")),
+        "{:?}",
+        r.lines()
+    );
+    assert_eq!(intents_left(dir.path()), 0);
+
+    // Ours: an earlier lvcreate in the pool was cut short.
+    let intents = orphans::ThinIntents::open_dir(dir.path().join("state/intents")).unwrap();
+    intents
+        .record(&orphans::ThinSnapshot {
+            vg: "vg0".into(),
+            pool: "pool".into(),
+            lv: "fvs-s0".into(),
+        })
+        .unwrap();
+    let r = Arc::new(FakeRunner::new());
+    r.expect("lvs", look());
+    r.expect("lvcreate", Reply::Fail(5, TAKEN_TEXT.into()));
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[thin_row("fv-a", "ferrovol", 2), pool_row(4)])),
+    );
+    r.expect(
+        "dmsetup",
+        Reply::Ok("0 1 thin-pool 4 1/2 0/3 - rw - 256\n".into()),
+    );
+    r.ok("dmsetup");
+    r.ok("lvcreate");
+    recording(r.clone(), dir.path())
+        .create_snapshot(&snapshot_of("lvm:fast.fv-a", "s1"))
+        .await
+        .unwrap();
+    let lines = r.lines();
+    assert_eq!(lines[4], "dmsetup message vg0-pool-tpool 0 delete 3");
+    assert!(
+        lines[5].starts_with("lvcreate -y -s -n fvs-s1"),
+        "{lines:?}"
+    );
+    assert_eq!(intents_left(dir.path()), 0);
+
+    // Refused, with lvm's metadata a transaction ahead of the pool (it
+    // queued the id's removal itself): lvcreate runs again, nothing is
+    // deleted by the driver.
+    let r = Arc::new(FakeRunner::new());
+    r.expect("lvs", look());
+    r.expect("lvcreate", Reply::Fail(5, TAKEN_TEXT.into()));
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[thin_row("fv-a", "ferrovol", 1), pool_row(5)])),
+    );
+    r.expect(
+        "dmsetup",
+        Reply::Ok("0 1 thin-pool 4 1/2 0/3 - rw - 256\n".into()),
+    );
+    r.ok("lvcreate");
+    recording(r.clone(), dir.path())
+        .create_snapshot(&snapshot_of("lvm:fast.fv-a", "s1"))
+        .await
+        .unwrap();
+    let lines = r.lines();
+    assert_eq!(lines.len(), 5, "{lines:?}");
+    assert!(
+        !lines.iter().any(|l| l.starts_with("dmsetup message")),
+        "{lines:?}"
+    );
+    assert_eq!(intents_left(dir.path()), 0);
+
+    // Timed out: its own record is settled; the pool had no such id.
+    let r = Arc::new(FakeRunner::new());
+    r.expect("lvs", look());
+    r.expect("lvcreate", Reply::Timeout);
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[thin_row("fv-a", "ferrovol", 1), pool_row(4)])),
+    );
+    r.expect(
+        "dmsetup",
+        Reply::Ok("0 1 thin-pool 4 1/2 0/3 - rw - 256\n".into()),
+    );
+    r.expect(
+        "dmsetup",
+        Reply::Fail(
+            1,
+            "device-mapper: message ioctl on vg0-pool-tpool  failed: No data available\n".into(),
+        ),
+    );
+    r.expect("lvs", Reply::Ok(lvs_json(&[pool_row(4)])));
+    let e = recording(r.clone(), dir.path())
+        .create_snapshot(&snapshot_of("lvm:fast.fv-a", "s1"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::Unavailable, "{}", e.message);
+    assert_eq!(r.lines()[4], "dmsetup message vg0-pool-tpool 0 delete 2");
+    assert_eq!(intents_left(dir.path()), 0);
+}
