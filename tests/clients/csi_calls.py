@@ -11,6 +11,7 @@ usage: csi_calls.py SOCKET PROTO AUTHORITY
 
 import importlib
 import os
+import shutil
 import sys
 import tempfile
 
@@ -20,7 +21,16 @@ from grpc_tools import protoc
 
 def main():
     socket, proto, authority = sys.argv[1:4]
+    # The stubs are generated into a folder of their own, removed once
+    # they are loaded and the calls made.
     out = tempfile.mkdtemp(prefix="csi-py-")
+    try:
+        call_all(socket, proto, authority, out)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def call_all(socket, proto, authority, out):
     include = os.path.join(os.path.dirname(protoc.__file__), "_proto")
     rc = protoc.main([
         "protoc",
