@@ -146,16 +146,25 @@ impl LvmBackend {
         src: &Lv,
         lv: &str,
     ) -> Result<Option<Noted>> {
-        let (Some(intents), Some(pool)) = (&self.intents, &class.thin_pool) else {
+        let Some(pool) = &class.thin_pool else {
             return Ok(None);
         };
         if src.pool_lv != *pool {
             return Ok(None);
         }
-        let cut = ThinSnapshot {
+        self.note(ThinSnapshot {
             vg: class.volume_group.clone(),
             pool: pool.clone(),
             lv: lv.to_string(),
+        })
+        .await
+    }
+
+    /// Records `cut`, about to run, and counts it running (none where
+    /// the backend keeps no records).
+    async fn note(&self, cut: ThinSnapshot) -> Result<Option<Noted>> {
+        let Some(intents) = &self.intents else {
+            return Ok(None);
         };
         let (intents, record) = (intents.clone(), cut.clone());
         let id = crate::host::off_worker(
@@ -230,29 +239,11 @@ impl LvmBackend {
                 }
             }
             // The id freed, the lvcreate runs again (recorded again).
-            let Some(again) = self.note_again(&noted.cut).await? else {
+            let Some(again) = self.note(noted.cut.clone()).await? else {
                 return Err(e);
             };
             noted = again;
         }
-    }
-
-    async fn note_again(&self, cut: &ThinSnapshot) -> Result<Option<Noted>> {
-        let Some(intents) = &self.intents else {
-            return Ok(None);
-        };
-        let (intents, record) = (intents.clone(), cut.clone());
-        let id = crate::host::off_worker(
-            "recording a thin snapshot's making",
-            LVM_TIMEOUT,
-            move || intents.record(&record),
-        )
-        .await?;
-        self.running_cuts().insert(id.to_string());
-        Ok(Some(Noted {
-            id,
-            cut: cut.clone(),
-        }))
     }
 
     fn running_cuts(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {

@@ -497,6 +497,24 @@ fn settle_finds_nothing(r: &FakeRunner) {
     r.expect("dmsetup", Reply::Fail(1, "No devices found".into()));
 }
 
+/// What settling a pool reads: one lvs (fv-a, the highest thin id
+/// `highest` in the pool; the pool's transaction id `metadata` in lvm's
+/// metadata), then the pool's status (its transaction id `kernel` in the
+/// kernel).
+fn pool_read(r: &FakeRunner, highest: u32, metadata: u64, kernel: u64) {
+    r.expect(
+        "lvs",
+        Reply::Ok(lvs_json(&[
+            thin_row("fv-a", "ferrovol", highest),
+            pool_row(metadata),
+        ])),
+    );
+    r.expect(
+        "dmsetup",
+        Reply::Ok(format!("0 1 thin-pool {kernel} 1/2 0/3 - rw - 256\n")),
+    );
+}
+
 const TAKEN_TEXT: &str =
     "  Thin pool vg0-pool-tpool (254:2) already contain thin device with device_id 3.\n";
 
@@ -613,14 +631,7 @@ async fn a_thin_snapshot_refused_for_a_taken_id_frees_only_ours() {
     let r = Arc::new(FakeRunner::new());
     r.expect("lvs", look());
     r.expect("lvcreate", Reply::Fail(5, TAKEN_TEXT.into()));
-    r.expect(
-        "lvs",
-        Reply::Ok(lvs_json(&[thin_row("fv-a", "ferrovol", 2), pool_row(4)])),
-    );
-    r.expect(
-        "dmsetup",
-        Reply::Ok("0 1 thin-pool 4 1/2 0/3 - rw - 256\n".into()),
-    );
+    pool_read(&r, 2, 4, 4);
     let e = recording(r.clone(), dir.path())
         .create_snapshot(&snapshot_of("lvm:fast.fv-a", "s1"))
         .await
@@ -649,14 +660,7 @@ async fn a_thin_snapshot_refused_for_a_taken_id_frees_only_ours() {
     let r = Arc::new(FakeRunner::new());
     r.expect("lvs", look());
     r.expect("lvcreate", Reply::Fail(5, TAKEN_TEXT.into()));
-    r.expect(
-        "lvs",
-        Reply::Ok(lvs_json(&[thin_row("fv-a", "ferrovol", 2), pool_row(4)])),
-    );
-    r.expect(
-        "dmsetup",
-        Reply::Ok("0 1 thin-pool 4 1/2 0/3 - rw - 256\n".into()),
-    );
+    pool_read(&r, 2, 4, 4);
     r.ok("dmsetup");
     r.ok("lvcreate");
     recording(r.clone(), dir.path())
@@ -677,14 +681,7 @@ async fn a_thin_snapshot_refused_for_a_taken_id_frees_only_ours() {
     let r = Arc::new(FakeRunner::new());
     r.expect("lvs", look());
     r.expect("lvcreate", Reply::Fail(5, TAKEN_TEXT.into()));
-    r.expect(
-        "lvs",
-        Reply::Ok(lvs_json(&[thin_row("fv-a", "ferrovol", 1), pool_row(5)])),
-    );
-    r.expect(
-        "dmsetup",
-        Reply::Ok("0 1 thin-pool 4 1/2 0/3 - rw - 256\n".into()),
-    );
+    pool_read(&r, 1, 5, 4);
     r.ok("lvcreate");
     recording(r.clone(), dir.path())
         .create_snapshot(&snapshot_of("lvm:fast.fv-a", "s1"))
@@ -702,14 +699,7 @@ async fn a_thin_snapshot_refused_for_a_taken_id_frees_only_ours() {
     let r = Arc::new(FakeRunner::new());
     r.expect("lvs", look());
     r.expect("lvcreate", Reply::Timeout);
-    r.expect(
-        "lvs",
-        Reply::Ok(lvs_json(&[thin_row("fv-a", "ferrovol", 1), pool_row(4)])),
-    );
-    r.expect(
-        "dmsetup",
-        Reply::Ok("0 1 thin-pool 4 1/2 0/3 - rw - 256\n".into()),
-    );
+    pool_read(&r, 1, 4, 4);
     r.expect(
         "dmsetup",
         Reply::Fail(
