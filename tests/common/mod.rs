@@ -723,6 +723,17 @@ impl Harness {
             .unwrap_or_else(|e| panic!("DeleteVolumeGroupSnapshot {id}: {e:?}\n{}", self.log()));
     }
 
+    /// DeleteSnapshot of `id`, which must succeed.
+    pub async fn delete_snapshot(&self, id: &str) {
+        self.controller()
+            .delete_snapshot(pb::DeleteSnapshotRequest {
+                snapshot_id: id.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("DeleteSnapshot {id}: {e:?}\n{}", self.log()));
+    }
+
     /// DeleteVolume of `id`, which must succeed.
     pub async fn delete_volume(&self, id: &str) {
         self.delete_volume_with(id, HashMap::new()).await

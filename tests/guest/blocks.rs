@@ -259,13 +259,7 @@ async fn guest_file_and_iscsi_changed_blocks() {
             changed_blocks_backup(&h, &format!("cbt-{backend}"), expected, bring_up).await;
         eprintln!("{backend}: the backup copied {copied} bytes");
         for s in snaps {
-            h.controller()
-                .delete_snapshot(pb::DeleteSnapshotRequest {
-                    snapshot_id: s,
-                    ..Default::default()
-                })
-                .await
-                .unwrap();
+            h.delete_snapshot(&s).await;
         }
         h.teardown(&vol).await;
     }

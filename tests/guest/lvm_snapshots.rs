@@ -659,13 +659,7 @@ async fn guest_lvm_thin_snapshot_cut_between_its_steps_frees_its_id() {
     assert_eq!(thin_id("fvs-other"), foreign);
 
     for s in [cut, other] {
-        h.controller()
-            .delete_snapshot(pb::DeleteSnapshotRequest {
-                snapshot_id: s,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        h.delete_snapshot(&s).await;
     }
     h.delete_volume(&src).await;
     let rows = vg.lvm("lvs", &["--noheadings", "-o", "lv_name", "fvorphan"]);
