@@ -1196,6 +1196,11 @@ impl Steady {
         }
     }
 
+    /// How many writes have gone through so far.
+    pub fn count(&self) -> u64 {
+        self.count.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// How long until the next write goes through, or None within `limit`.
     pub fn next_write_within(&self, limit: Duration) -> Option<Duration> {
         let began = Instant::now();

@@ -99,6 +99,15 @@ const REPLACEMENT_TIMEOUT: &str = "node.session.timeo.replacement_timeout";
 
 use super::Chap;
 
+/// What a login came to.
+enum Login {
+    /// iscsiadm logged in.
+    Made,
+    /// iscsid has a session (or a login under way) to the target through
+    /// the portal already.
+    InProgress,
+}
+
 impl Initiator<'_> {
     fn iscsiadm(&self) -> Command {
         Command::new("iscsiadm").timeout(Duration::from_secs(30))
@@ -176,7 +185,14 @@ impl Initiator<'_> {
                 continue;
             }
             match self.login(iqn, portal, incoming, outgoing).await {
-                Ok(()) => sessions = self.sessions(iqn).await?,
+                Ok(Login::Made) => sessions = self.sessions(iqn).await?,
+                // An earlier login through this portal goes on in iscsid
+                // (its iscsiadm killed at a call's deadline: iscsid keeps
+                // trying): this one waits for it to end.
+                Ok(Login::InProgress) => match self.session_through(iqn, portal).await {
+                    Ok(found) => sessions = found,
+                    Err(e) => last = Some(e),
+                },
                 Err(e) => last = Some(e),
             }
         }
@@ -203,13 +219,36 @@ impl Initiator<'_> {
         self.map(&disks).await
     }
 
+    /// The sessions to `iqn` once one through `portal` is listed: iscsid
+    /// said it has one, which it lists once logged in. Asked every 200 ms
+    /// for the login's timeout (at least); UNAVAILABLE when none is
+    /// listed by then.
+    async fn session_through(&self, iqn: &str, portal: &str) -> Result<Vec<Session>> {
+        const EVERY: Duration = Duration::from_millis(200);
+        let asks = self.timeout.as_millis() / EVERY.as_millis() + 1;
+        for ask in 1..=asks {
+            let sessions = self.sessions(iqn).await?;
+            if sessions.iter().any(|s| same_portal(&s.portal, portal)) {
+                return Ok(sessions);
+            }
+            if ask < asks {
+                tokio::time::sleep(EVERY).await;
+            }
+        }
+        Err(Error::unavailable(format!(
+            "iscsid is still logging in to {iqn} through {portal} (an earlier login's, which \
+             goes on after its iscsiadm was stopped); not logged in within {:?}",
+            self.timeout
+        )))
+    }
+
     async fn login(
         &self,
         iqn: &str,
         portal: &str,
         incoming: Option<&Chap>,
         outgoing: Option<&Chap>,
-    ) -> Result<()> {
+    ) -> Result<Login> {
         let node = |cmd: Command| cmd.args(["-m", "node", "-T", iqn, "-p", portal]);
         self.run(node(self.iscsiadm()).args(["-o", "new"]), &[SESSION_EXISTS])
             .await?;
@@ -221,8 +260,8 @@ impl Initiator<'_> {
         self.write_session_settings(iqn, portal, incoming, outgoing)?;
         let login = node(self.iscsiadm()).arg("--login").timeout(self.timeout);
         match self.runner.run(login).await {
-            Ok(_) => Ok(()),
-            Err(e) if e.exit_code() == Some(SESSION_EXISTS) => Ok(()),
+            Ok(_) => Ok(Login::Made),
+            Err(e) if e.exit_code() == Some(SESSION_EXISTS) => Ok(Login::InProgress),
             Err(e) => {
                 let auth = e.exit_code() == Some(LOGIN_AUTH_FAILED);
                 let err = Error::from(e);

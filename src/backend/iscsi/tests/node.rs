@@ -122,6 +122,80 @@ async fn stage_logs_in_with_chap_from_the_record_file() {
     );
 }
 
+/// A stage asked again after its login was stopped at the deadline:
+/// iscsid still has that login under way (it says the session exists
+/// before it lists it), and the stage waits for it rather than failing.
+#[tokio::test]
+async fn a_login_still_under_way_in_iscsid_is_waited_for() {
+    let s = Setup::new();
+    let b = s.node();
+    let id = VolumeId::parse("iscsi:pvc-1").unwrap();
+    let record_dir = s.dir.path().join("nodes").join(IQN);
+    std::fs::create_dir_all(&record_dir).unwrap();
+    std::fs::write(record_dir.join("10.0.0.5,3260"), "node.name = x\n").unwrap();
+    sysfs_session(s.dir.path(), 4, "sdc", "LOGGED_IN", 16384);
+    let none = || Reply::Fail(21, "iscsiadm: No active sessions.".into());
+    s.runner
+        .expect("iscsiadm", none())
+        .ok("iscsiadm")
+        .ok("iscsiadm")
+        .expect(
+            "iscsiadm",
+            Reply::Fail(
+                15,
+                "iscsiadm: default: 1 session requested, but 1 already present.".into(),
+            ),
+        )
+        .expect("iscsiadm", none())
+        .expect("iscsiadm", none())
+        .expect("iscsiadm", Reply::Ok(SESSION.into()));
+    let a = b.node_attach(&id, &stage_ctx(&[])).await.unwrap();
+    assert_eq!(
+        a,
+        Attachment::Device {
+            path: s.dir.path().join("dev/sdc")
+        }
+    );
+    let lines = s.runner.lines();
+    assert_eq!(lines.len(), 7, "{lines:#?}");
+    assert!(
+        lines[4..].iter().all(|l| l == "iscsiadm -m session"),
+        "{lines:#?}"
+    );
+    // No record was deleted meanwhile: the login goes on through it.
+    assert!(lines.iter().all(|l| !l.contains("-o delete")), "{lines:#?}");
+}
+
+/// iscsid says a session exists and never lists it: the stage gives up
+/// at the login's timeout, UNAVAILABLE (the CO asks again), saying why.
+#[tokio::test]
+async fn a_login_under_way_that_never_ends_is_unavailable() {
+    let s = Setup::new();
+    let b = s.node();
+    let id = VolumeId::parse("iscsi:pvc-1").unwrap();
+    let record_dir = s.dir.path().join("nodes").join(IQN);
+    std::fs::create_dir_all(&record_dir).unwrap();
+    std::fs::write(record_dir.join("10.0.0.5,3260"), "node.name = x\n").unwrap();
+    s.runner
+        .expect("iscsiadm", Reply::Fail(21, String::new()))
+        .ok("iscsiadm")
+        .ok("iscsiadm")
+        .expect("iscsiadm", Reply::Fail(15, String::new()));
+    // Every listing after that, one each 200 ms for the login's 2 s and
+    // one more: none; then the node record goes (none left either).
+    for _ in 0..12 {
+        s.runner.expect("iscsiadm", Reply::Fail(21, String::new()));
+    }
+    let e = b.node_attach(&id, &stage_ctx(&[])).await.unwrap_err();
+    assert_eq!(e.kind, Kind::Unavailable, "{e}");
+    assert!(e.message.contains("still logging in"), "{e}");
+    let lines = s.runner.lines();
+    assert_eq!(
+        lines.last().unwrap(),
+        &format!("iscsiadm -m node -T {IQN} -o delete")
+    );
+}
+
 #[tokio::test]
 async fn a_refused_login_leaves_no_record() {
     let s = Setup::new();
