@@ -32,7 +32,10 @@ use crate::plugin::{
     Expander, Groups, Modifier, Provisioner, SnapshotInstant, Snapshotter, Stager,
 };
 use serde::{Deserialize, Serialize};
-use share::{blocking, check_subdir, ensure_dir, resolve, writing, Held, ShareSpec, WorkMounts};
+use share::{
+    blocking, check_subdir, ensure_dir, remove_on_share, resolve, write_on_share, writing, Held,
+    ShareSpec, WorkMounts,
+};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -573,13 +576,13 @@ impl NfsBackend {
         .await
     }
 
-    async fn write_record(root: &Path, record: &VolumeRecord) -> Result<()> {
-        let path = Self::record_path(root, Path::new(&record.subdir));
+    async fn write_record(held: &Held, record: &VolumeRecord) -> Result<()> {
+        let path = Self::record_path(&held.dir, Path::new(&record.subdir));
         let bytes = crate::records::encode_record(&path.display().to_string(), record)?;
-        let root = root.to_path_buf();
+        let (root, on_nfs) = (held.dir.clone(), held.on_nfs);
         writing("writing a volume record", move || {
             ensure_dir(&root, Path::new(".ferrovol/volumes"), 0o700)?;
-            crate::records::write(&path, &bytes)
+            write_on_share(on_nfs, &path, &bytes)
         })
         .await
     }

@@ -51,6 +51,8 @@ pub struct WorkMounts {
 pub struct Held {
     mounts: Arc<WorkMounts>,
     pub dir: PathBuf,
+    /// The share is an NFS mount here (not a local path: `btrfs_path`).
+    pub on_nfs: bool,
 }
 
 impl Drop for Held {
@@ -70,6 +72,7 @@ impl WorkMounts {
         Held {
             mounts: self.clone(),
             dir,
+            on_nfs: false,
         }
     }
 
@@ -122,6 +125,7 @@ impl WorkMounts {
             return Ok(Held {
                 mounts: self.clone(),
                 dir,
+                on_nfs: true,
             });
         }
         let lock = self.share_lock(&dir);
@@ -154,6 +158,7 @@ impl WorkMounts {
         Ok(Held {
             mounts: self.clone(),
             dir,
+            on_nfs: true,
         })
     }
 
@@ -375,6 +380,27 @@ pub fn ensure_dir(root: &Path, rel: &Path, mode: u32) -> Result<PathBuf> {
             .map_err(|e| Error::io(format!("chmod {}", at.display()), e))?;
     }
     resolve(root, rel)?.ok_or_else(|| Error::internal("a directory vanished as it was made"))
+}
+
+/// Writes a record on a share as [`crate::records::write`] does, without
+/// the folder's fsync where the share is an NFS mount
+/// ([`crate::records::write_on_nfs`]).
+pub fn write_on_share(on_nfs: bool, path: &Path, bytes: &[u8]) -> Result<()> {
+    if on_nfs {
+        crate::records::write_on_nfs(path, bytes)
+    } else {
+        crate::records::write(path, bytes)
+    }
+}
+
+/// Removes a record on a share as [`crate::records::remove`] does, without
+/// the folder's fsync where the share is an NFS mount.
+pub fn remove_on_share(on_nfs: bool, path: &Path) -> Result<bool> {
+    if on_nfs {
+        crate::records::remove_on_nfs(path)
+    } else {
+        crate::records::remove(path)
+    }
 }
 
 #[cfg(test)]

@@ -127,8 +127,9 @@ impl Snapshotter for NfsBackend {
             return Err(Error::from(e).context("archive the volume"));
         }
         let final_archive = dir.join(format!("{locator}.{ARCHIVE}"));
+        let on_nfs = held.on_nfs;
         writing("completing the snapshot", move || {
-            crate::records::write(&record_path, &bytes)?;
+            write_on_share(on_nfs, &record_path, &bytes)?;
             std::fs::rename(&tmp, &final_archive)
                 .map_err(|e| Error::io(format!("move {} into place", final_archive.display()), e))
         })
@@ -155,6 +156,7 @@ impl Snapshotter for NfsBackend {
                 btrfs::delete(self.runner.as_ref(), &snap).await?;
             }
         }
+        let on_nfs = held.on_nfs;
         blocking("removing the snapshot", move || {
             // With what a create cut short left under a temporary name.
             for name in [
@@ -164,7 +166,7 @@ impl Snapshotter for NfsBackend {
                 format!(".{locator}.{GZIP_ARCHIVE}.tmp"),
                 format!("{locator}.json"),
             ] {
-                crate::records::remove(&dir.join(name))?;
+                remove_on_share(on_nfs, &dir.join(name))?;
             }
             Ok(())
         })

@@ -206,7 +206,9 @@ async fn a_fill_cut_short_is_done_again_by_the_retry() {
         mode: None,
         filling: true,
     };
-    NfsBackend::write_record(&work, &record).await.unwrap();
+    NfsBackend::write_record(&f.backend.mounts.local(work.clone()), &record)
+        .await
+        .unwrap();
     std::fs::create_dir(work.join("copy")).unwrap();
     std::fs::write(work.join("copy/partial"), b"half").unwrap();
     let listed = f.backend.list_volumes(&Page::all()).await.unwrap();
@@ -240,7 +242,9 @@ async fn a_fill_cut_short_is_done_again_by_the_retry() {
         filling: false,
         ..record
     };
-    NfsBackend::write_record(&work, &record).await.unwrap();
+    NfsBackend::write_record(&f.backend.mounts.local(work.clone()), &record)
+        .await
+        .unwrap();
     f.backend.create_volume(&plain).await.unwrap();
     assert!(work.join("plain").is_dir());
 }

@@ -82,7 +82,7 @@ impl Provisioner for NfsBackend {
         };
         // The record first: a crash in between leaves a record whose
         // directory a retry makes, never a directory nobody claims.
-        Self::write_record(&root, &record).await?;
+        Self::write_record(&held, &record).await?;
         let made = match self.btrfs_root(&loc.server, &loc.share) {
             Some(b) => self
                 .make_subvolume(b, &subdir, mode, req.source.as_ref())
@@ -120,7 +120,7 @@ impl Provisioner for NfsBackend {
         }
         if record.filling {
             record.filling = false;
-            Self::write_record(&root, &record).await?;
+            Self::write_record(&held, &record).await?;
         }
         if let (Some(project), true) = (record.project_id, record.capacity_bytes > 0) {
             self.apply_quota(&loc, project, record.capacity_bytes)
@@ -183,8 +183,9 @@ impl Provisioner for NfsBackend {
             }
         }
         let path = Self::record_path(&held.dir, &loc.subdir);
+        let on_nfs = held.on_nfs;
         blocking("removing the volume record", move || {
-            crate::records::remove(&path).map(drop)
+            remove_on_share(on_nfs, &path).map(drop)
         })
         .await
     }
@@ -283,7 +284,7 @@ impl Expander for NfsBackend {
                 self.set_limit(&loc, project, required).await?;
             }
             record.capacity_bytes = required;
-            Self::write_record(&held.dir, &record).await?;
+            Self::write_record(&held, &record).await?;
         }
         Ok(record.capacity_bytes)
     }
@@ -334,7 +335,7 @@ impl Modifier for NfsBackend {
         if record == before {
             return Ok(());
         }
-        if let Err(e) = Self::write_record(&held.dir, &record).await {
+        if let Err(e) = Self::write_record(&held, &record).await {
             if let Some(old) = old_mode {
                 let (root, subdir) = (held.dir.clone(), loc.subdir.clone());
                 let _ = blocking("restoring the directory's mode", move || {
