@@ -11,8 +11,9 @@
 //! Holds are named `fvh-<32 hex>` from a key of the caller's; a hold of
 //! that name mapping another device is the driver's own leftover, mended
 //! only while nothing has it open. A suspended hold never outlives its
-//! holder for long: the caller resumes it, and [`Holds::resume_all`] resumes
-//! any left suspended by a driver that died (run at start).
+//! holder for long: the caller resumes it, and [`Holds::resume_ours`]
+//! resumes those of its own a driver that died left suspended (run at
+//! start).
 //!
 //! Holds are used only where the kernel has device-mapper loaded; elsewhere
 //! the device is served directly.
@@ -216,9 +217,14 @@ impl Holds {
         Ok(())
     }
 
-    /// Resumes every hold left suspended (a driver that died holding
-    /// them); answers their names.
-    pub async fn resume_all(&self) -> Result<Vec<String>> {
+    /// Resumes the holds among `ours` left suspended (a driver that died
+    /// holding them); answers their names. A suspended hold not in `ours`
+    /// is another driver's (another backend, or another driver on this
+    /// host, in the middle of its own group snapshot): left as it is.
+    pub async fn resume_ours(
+        &self,
+        ours: &std::collections::BTreeSet<String>,
+    ) -> Result<Vec<String>> {
         let out = match self
             .runner
             .run(self.dmsetup().args([
@@ -243,7 +249,7 @@ impl Holds {
             let (Some(name), Some(state)) = (f.next(), f.next()) else {
                 continue;
             };
-            if state == "Suspended" && Self::check_name(name).is_ok() {
+            if state == "Suspended" && Self::check_name(name).is_ok() && ours.contains(name) {
                 self.resume(name).await?;
                 resumed.push(name.to_string());
             }
@@ -304,15 +310,17 @@ mod tests {
         let e = holds.ensure(&name, &device).await.unwrap_err();
         assert!(e.message.contains("in use"), "{e:?}");
         // Left suspended by a driver that died: resumed; others' devices
-        // are not touched.
+        // are not touched, nor another driver's hold suspended meanwhile.
+        let theirs = Holds::name_for("another driver's volume");
         r.expect(
             "dmsetup",
             Reply::Ok(format!(
-                "{name} Suspended\nvg-lv Suspended\n{name}x Active\n"
+                "{name} Suspended\nvg-lv Suspended\n{name}x Active\n{theirs} Suspended\n"
             )),
         )
         .ok("dmsetup");
-        assert_eq!(holds.resume_all().await.unwrap(), vec![name.clone()]);
+        let ours = std::collections::BTreeSet::from([name.clone()]);
+        assert_eq!(holds.resume_ours(&ours).await.unwrap(), vec![name.clone()]);
         let lines = r.lines();
         let tail: Vec<&String> = lines.iter().rev().take(2).collect();
         assert_eq!(tail[0], &format!("dmsetup resume {name}"), "{lines:#?}");
@@ -326,7 +334,7 @@ mod tests {
         );
         assert!(!lines
             .iter()
-            .any(|l| l.contains("vg-lv") && l.contains("resume")));
+            .any(|l| (l.contains("vg-lv") || l.contains(&theirs)) && l.contains("resume")));
         // Grown: reloaded at the new size and resumed; the same size:
         // nothing but the look.
         std::fs::write(root.path().join("sys/dev/block/1:3/size"), "4096\n").unwrap();

@@ -551,6 +551,37 @@ impl IscsiBackend {
         crate::records::read_json(&self.record_path(id))
     }
 
+    /// The hold devices this backend's targets are served through, from
+    /// their records. A record that cannot be read is said (its hold, if
+    /// left suspended, is not resumed).
+    fn own_holds(records: &Path) -> BTreeSet<String> {
+        let entries = match std::fs::read_dir(records) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return BTreeSet::new(),
+            Err(e) => {
+                tracing::error!(dir = %records.display(), error = %e, "could not list the target records");
+                return BTreeSet::new();
+            }
+        };
+        let mut holds = BTreeSet::new();
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.extension().is_none_or(|x| x != "json") {
+                continue;
+            }
+            match crate::records::read_json::<Record>(&path) {
+                Ok(Some(Record { hold: Some(h), .. })) => {
+                    holds.insert(h);
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::error!(record = %path.display(), error = %e.message, "a target record could not be read: its hold device, if left suspended, stays so")
+                }
+            }
+        }
+        holds
+    }
+
     fn save(&self, id: &VolumeId, record: &Record) -> Result<()> {
         let bytes = crate::records::encode_record("a target record", record)?;
         write_file(&self.record_path(id), &bytes)
@@ -596,7 +627,11 @@ impl Backend for IscsiBackend {
         // A driver that died cutting a group left its holds suspended:
         // the initiators' I/O waits on them until they are resumed.
         if let (Some(_), Some(holds)) = (&self.store, &self.holds) {
-            match holds.resume_all().await {
+            let records = self.records.clone();
+            let ours = tokio::task::spawn_blocking(move || Self::own_holds(&records))
+                .await
+                .unwrap_or_default();
+            match holds.resume_ours(&ours).await {
                 Ok(resumed) => {
                     for name in resumed {
                         tracing::warn!(hold = %name, "resumed a hold device a group snapshot left suspended");

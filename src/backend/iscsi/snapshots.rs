@@ -168,7 +168,7 @@ impl IscsiBackend {
     /// device (no device-mapper on the target host, or made before holds
     /// were) fails the call when `required`; otherwise `cut` runs with its
     /// writers going on. A driver that dies while holding leaves the holds
-    /// suspended: every start resumes them ([`Holds::resume_all`]).
+    /// suspended: every start resumes its own ([`Holds::resume_ours`]).
     pub(super) async fn while_held<T>(
         &self,
         sources: &[&VolumeId],

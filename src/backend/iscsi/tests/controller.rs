@@ -566,3 +566,37 @@ async fn health_reads_the_store_and_the_target() {
     assert_eq!(found[0].reason, Reason::VolumeNotFound, "{found:?}");
     assert!(found[0].message.contains("iscsi:pvc-never"), "{found:?}");
 }
+
+/// The holds a start may resume are its own targets' (from their records):
+/// a suspended hold of another driver's on this host is left to it.
+#[test]
+fn its_own_holds_come_from_its_target_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let record = |hold: &str| {
+        format!(
+            "{{\"attachment\": {{\"device\": {{\"path\": \"/dev/loop7\"}}}}, \"device\": \
+             \"/dev/loop7\", \"format\": 1, {hold} \"incoming_user\": null, \
+             \"initiators\": [], \"iqn\": \"iqn.2026-11.io.ferrovol:pvc-1\", \
+             \"outgoing_user\": null}}"
+        )
+    };
+    let ours = Holds::name_for("iqn.2026-11.io.ferrovol:pvc-1");
+    std::fs::write(
+        dir.path().join("pvc-1.json"),
+        record(&format!("\"hold\": \"{ours}\",")),
+    )
+    .unwrap();
+    // One served without a hold, one cut short, and what is no record.
+    std::fs::write(dir.path().join("pvc-2.json"), record("")).unwrap();
+    std::fs::write(dir.path().join("pvc-3.json"), "{\"iqn\": ").unwrap();
+    std::fs::write(
+        dir.path().join(".pvc-4.json.tmp"),
+        record("\"hold\": \"fvh-x\","),
+    )
+    .unwrap();
+    assert_eq!(
+        IscsiBackend::own_holds(dir.path()),
+        BTreeSet::from([ours.clone()])
+    );
+    assert!(IscsiBackend::own_holds(&dir.path().join("none")).is_empty());
+}
