@@ -18,6 +18,16 @@ fn sysfs_session(root: &Path, sid: u32, disk: &str, state: &str, sectors: u64) {
     std::fs::write(root.join("dev").join(disk), b"").unwrap();
 }
 
+/// iscsiadm's node record of target `IQN` at `portal` (`host,port`)
+/// under the setup's node database, holding `text`; its path.
+fn node_record(root: &Path, portal: &str, text: &str) -> PathBuf {
+    let dir = root.join("nodes").join(IQN);
+    std::fs::create_dir_all(&dir).unwrap();
+    let record = dir.join(portal);
+    std::fs::write(&record, text).unwrap();
+    record
+}
+
 fn stage_ctx(secrets: &[(&str, &str)]) -> AttachContext {
     AttachContext {
         publish_context: BTreeMap::from([
@@ -44,15 +54,12 @@ async fn stage_logs_in_with_chap_from_the_record_file() {
     let s = Setup::new();
     let b = s.node();
     let id = VolumeId::parse("iscsi:pvc-1").unwrap();
-    let record_dir = s.dir.path().join("nodes").join(IQN);
-    std::fs::create_dir_all(&record_dir).unwrap();
-    let record = record_dir.join("10.0.0.5,3260");
-    std::fs::write(
-        &record,
+    let record = node_record(
+        s.dir.path(),
+        "10.0.0.5,3260",
         "# BEGIN RECORD 2.1.8\nnode.name = x\nnode.session.auth.authmethod = None\n\
          node.session.timeo.replacement_timeout = 120\n# END RECORD\n",
-    )
-    .unwrap();
+    );
     sysfs_session(s.dir.path(), 4, "sdc", "LOGGED_IN", 16384);
     s.runner
         .expect(
@@ -130,9 +137,7 @@ async fn a_login_still_under_way_in_iscsid_is_waited_for() {
     let s = Setup::new();
     let b = s.node();
     let id = VolumeId::parse("iscsi:pvc-1").unwrap();
-    let record_dir = s.dir.path().join("nodes").join(IQN);
-    std::fs::create_dir_all(&record_dir).unwrap();
-    std::fs::write(record_dir.join("10.0.0.5,3260"), "node.name = x\n").unwrap();
+    node_record(s.dir.path(), "10.0.0.5,3260", "node.name = x\n");
     sysfs_session(s.dir.path(), 4, "sdc", "LOGGED_IN", 16384);
     let none = || Reply::Fail(21, "iscsiadm: No active sessions.".into());
     s.runner
@@ -173,9 +178,7 @@ async fn a_login_under_way_that_never_ends_is_unavailable() {
     let s = Setup::new();
     let b = s.node();
     let id = VolumeId::parse("iscsi:pvc-1").unwrap();
-    let record_dir = s.dir.path().join("nodes").join(IQN);
-    std::fs::create_dir_all(&record_dir).unwrap();
-    std::fs::write(record_dir.join("10.0.0.5,3260"), "node.name = x\n").unwrap();
+    node_record(s.dir.path(), "10.0.0.5,3260", "node.name = x\n");
     s.runner
         .expect("iscsiadm", Reply::Fail(21, String::new()))
         .ok("iscsiadm")
@@ -201,9 +204,7 @@ async fn a_refused_login_leaves_no_record() {
     let s = Setup::new();
     let b = s.node();
     let id = VolumeId::parse("iscsi:pvc-1").unwrap();
-    let record_dir = s.dir.path().join("nodes").join(IQN);
-    std::fs::create_dir_all(&record_dir).unwrap();
-    std::fs::write(record_dir.join("10.0.0.5,3260"), "node.name = x\n").unwrap();
+    node_record(s.dir.path(), "10.0.0.5,3260", "node.name = x\n");
     s.runner
         .expect("iscsiadm", Reply::Fail(21, String::new()))
         .ok("iscsiadm")
@@ -426,9 +427,7 @@ async fn multipath_logs_in_everywhere_and_stages_the_map() {
     sysfs_session(s.dir.path(), 4, "sdc", "LOGGED_IN", 16384);
     sysfs_session(s.dir.path(), 5, "sdd", "LOGGED_IN", 16384);
     let both = format!("{SESSION}tcp: [5] 10.0.0.6:3260,1 {IQN} (non-flash)\n");
-    let record_dir = s.dir.path().join("nodes").join(IQN);
-    std::fs::create_dir_all(&record_dir).unwrap();
-    std::fs::write(record_dir.join("10.0.0.6,3260"), "node.name = x\n").unwrap();
+    node_record(s.dir.path(), "10.0.0.6,3260", "node.name = x\n");
     // One path is there (after a restart); the other is logged in now.
     s.runner
         .expect("iscsiadm", Reply::Ok(SESSION.into()))
