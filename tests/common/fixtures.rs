@@ -1495,10 +1495,38 @@ impl EveryBackend {
     }
 }
 
+/// The backends of the node alone, for a test of the guest's second lane
+/// (tests/guest/lanes): file (a pool in the test's folder) and lvm (a
+/// thick class on a volume group of the test's own, `fv{tag}`); no
+/// server another test could cut off, and nothing another test sees.
+pub struct LocalBackends {
+    pub config: String,
+    pub vg: LvmVg,
+}
+
+impl LocalBackends {
+    pub fn new(tag: &str, vg_mib: u64) -> Self {
+        let vg_name = format!("fv{tag}");
+        let vg = LvmVg::new(&vg_name, vg_mib);
+        LocalBackends {
+            config: local_backends_config(&vg_name),
+            vg,
+        }
+    }
+}
+
+/// The config of the file backend (a pool in the test's folder) and the
+/// lvm one (a thick class on volume group `vg`), each named by its type.
+pub fn local_backends_config(vg: &str) -> String {
+    format!(
+        "[[backend]]\ntype = \"file\"\npool = \"@DIR@/file-pool\"\n\
+         [[backend]]\ntype = \"lvm\"\n[[backend.device_class]]\nname = \"thick\"\nvolume_group = \"{vg}\"\n"
+    )
+}
+
 /// One driver's config with every block backend, each named by its type:
-/// file (a pool in the test's folder), lvm (a thick class on volume group
-/// `vg`), iscsi on `tgtd` (a file store, targets under `iqn_prefix`) and
-/// rbd on `cluster`.
+/// file and lvm (see [`local_backends_config`]), iscsi on `tgtd` (a file
+/// store, targets under `iqn_prefix`) and rbd on `cluster`.
 pub fn block_backends_config(
     vg: &str,
     tgtd: &Tgtd,
@@ -1506,9 +1534,8 @@ pub fn block_backends_config(
     cluster: &CephCluster,
 ) -> String {
     format!(
-        "[[backend]]\ntype = \"file\"\npool = \"@DIR@/file-pool\"\n\
-         [[backend]]\ntype = \"lvm\"\n[[backend.device_class]]\nname = \"thick\"\nvolume_group = \"{vg}\"\n\
-         {}{}",
+        "{}{}{}",
+        local_backends_config(vg),
         tgtd.file_store_config(iqn_prefix),
         cluster.backend_config("guest"),
     )

@@ -49,7 +49,7 @@ pub(crate) fn fs_uuid(dev: &std::path::Path) -> String {
 const LIGHT_KDF_KIB: u32 = 32;
 
 /// Encryption on one block backend, a mounted ext4 volume and (`block`) a
-/// raw block one: see [`guest_encrypted_volumes_on_every_block_backend`].
+/// raw block one: see [`guest_encrypted_volumes_on_file_and_lvm`].
 pub(crate) async fn encrypted_volume_on(
     h: &mut Harness,
     backend: &str,
@@ -480,8 +480,22 @@ async fn guest_a_luks_format_cut_short_is_formatted_again() {
     assert!(!h.log().contains(key), "the passphrase reached the log");
 }
 
-/// LUKS2 encryption on every block backend (file, lvm, iscsi over a file
-/// store, rbd), one driver serving all four: a StorageClass parameter asks
+/// The node settings of the tests of every block backend, before the
+/// backends' `config`: the lightest key derivation cryptsetup takes. What
+/// is tested there is the driver's use of LUKS, and argon2id's default
+/// 64 MiB cost about 18 s a format and 6 s an open under the guest's
+/// emulated CPU. The format cut short (below) runs the default.
+fn light_kdf(config: &str) -> String {
+    format!(
+        "[node]\nencryption_kdf_memory_kib = {LIGHT_KDF_KIB}\nencryption_kdf_time_ms = 1\n{config}"
+    )
+}
+
+/// LUKS2 encryption on every block backend, in two tests the guest runs
+/// side by side (tests/guest/lanes): the node's own backends (file, lvm)
+/// here, one driver serving both; the remote ones in
+/// [`guest_encrypted_volumes_on_the_remote_block_backends`]. On each: a
+/// StorageClass parameter asks
 /// for it, the node formats the device at the first stage and serves the
 /// pod its opened mapping; a known pattern written through the volume is
 /// on the mapping and nowhere on the backing device; unstage closes the
@@ -496,22 +510,29 @@ async fn guest_a_luks_format_cut_short_is_formatted_again() {
 /// mapping is left.
 #[tokio::test]
 #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
-async fn guest_encrypted_volumes_on_every_block_backend() {
+async fn guest_encrypted_volumes_on_file_and_lvm() {
     require_guest();
-    let every = EveryBackend::new("luks", 256, false);
-    let cluster = every.cluster;
-    // The lightest key derivation cryptsetup takes (node settings): what
-    // is tested here is the driver's use of LUKS, and argon2id's default
-    // 64 MiB cost about 18 s a format and 6 s an open under the guest's
-    // emulated CPU. The format cut short (below) runs the default.
-    let config = format!(
-        "[node]\nencryption_kdf_memory_kib = {LIGHT_KDF_KIB}\nencryption_kdf_time_ms = 1\n{}",
-        every.config
-    );
-    let mut h = Harness::start_with(Some(&config)).await;
+    let local = LocalBackends::new("luksl", 256);
+    let mut h = Harness::start_with(Some(&light_kdf(&local.config))).await;
     let none = HashMap::new();
     encrypted_volume_on(&mut h, "file", false, &none, true, LIGHT_KDF_KIB).await;
     encrypted_volume_on(&mut h, "lvm", false, &none, false, LIGHT_KDF_KIB).await;
+    // Each volume's mapping was found gone after its teardown (another
+    // lane's test may have mappings of its own open: tests/guest/lanes).
+    assert!(h.mounts().is_empty(), "{:?}", h.mounts());
+}
+
+/// LUKS2 encryption on the remote block backends (iscsi over a file
+/// store, rbd), one driver serving both: as
+/// [`guest_encrypted_volumes_on_file_and_lvm`] on the node's own.
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_encrypted_volumes_on_the_remote_block_backends() {
+    require_guest();
+    let every = EveryBackend::new("luks", 256, false);
+    let cluster = every.cluster;
+    let mut h = Harness::start_with(Some(&light_kdf(&every.config))).await;
+    let none = HashMap::new();
     encrypted_volume_on(&mut h, "iscsi", true, &none, false, LIGHT_KDF_KIB).await;
     encrypted_volume_on(
         &mut h,
@@ -522,7 +543,5 @@ async fn guest_encrypted_volumes_on_every_block_backend() {
         LIGHT_KDF_KIB,
     )
     .await;
-    // Each volume's mapping was found gone after its teardown (another
-    // lane's test may have mappings of its own open: tests/guest/lanes).
     assert!(h.mounts().is_empty(), "{:?}", h.mounts());
 }

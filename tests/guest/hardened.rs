@@ -418,7 +418,7 @@ fn apply_fs_group(root: &Path) {
 }
 
 /// A user-namespaced pod given volume `vol` of one backend and filesystem
-/// (see [`guest_hardened_pods_on_every_backend`]): its publish target
+/// (see [`guest_hardened_pods_on_file_and_lvm`]): its publish target
 /// idmapped into the pod's namespace. The fresh filesystem's root is
 /// root's inside; the pod's root writes files that are uid 0 on disk; a pod
 /// user (uid 1000) cannot write the root until fsGroup is applied, and then
@@ -541,10 +541,12 @@ async fn idmapped_on(
     line
 }
 
-/// Pods of a hardened cluster on every backend and filesystem, one
-/// driver serving all five: file (ext4, xfs, btrfs), lvm, iscsi and rbd
-/// (ext4, xfs), nfs (two volumes of one export). SELinux mount labels (see
-/// [`labels_on`]) with the reference policy loaded permissive (see
+/// Pods of a hardened cluster on every backend and filesystem, in two
+/// tests the guest runs side by side (tests/guest/lanes): the node's own
+/// backends here, file (ext4, xfs, btrfs) and lvm (ext4, xfs), one driver
+/// serving both; the remote ones in
+/// [`guest_hardened_pods_on_the_remote_backends`]. SELinux mount labels
+/// (see [`labels_on`]) with the reference policy loaded permissive (see
 /// [`selinux_permissive`]); then the first, labelled, volume given to a
 /// user-namespaced pod (`hostUsers: false`), the runtime's part done by
 /// hand (see [`idmapped_on`]): idmapped where the kernel can (every block
@@ -552,25 +554,49 @@ async fn idmapped_on(
 /// of the closing table; nothing is left mounted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
-async fn guest_hardened_pods_on_every_backend() {
+async fn guest_hardened_pods_on_file_and_lvm() {
     require_guest();
     selinux_permissive();
-    let every = EveryBackend::new("hardened", 700, true);
-    let cluster = every.cluster;
-    let mut h = Harness::start_with(Some(&every.config)).await;
-    let ns = PodUserns::new();
+    let local = LocalBackends::new("hardl", 700);
     let none = HashMap::new();
-    let rbd = cluster.secrets();
     let mut cases: Vec<(&str, &str, bool, &HashMap<String, String>)> = ["ext4", "xfs", "btrfs"]
         .into_iter()
         .map(|fs| ("file", fs, false, &none))
         .collect();
     for fs in ["ext4", "xfs"] {
         cases.push(("lvm", fs, false, &none));
+    }
+    hardened_pods(&local.config, cases).await;
+}
+
+/// Pods of a hardened cluster on the remote backends, one driver serving
+/// them all: iscsi and rbd (ext4, xfs), nfs (two volumes of one export);
+/// as [`guest_hardened_pods_on_file_and_lvm`] on the node's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_hardened_pods_on_the_remote_backends() {
+    require_guest();
+    selinux_permissive();
+    let every = EveryBackend::new("hardened", 64, true);
+    let cluster = every.cluster;
+    let none = HashMap::new();
+    let rbd = cluster.secrets();
+    let mut cases: Vec<(&str, &str, bool, &HashMap<String, String>)> = Vec::new();
+    for fs in ["ext4", "xfs"] {
         cases.push(("iscsi", fs, true, &none));
         cases.push(("rbd", fs, true, &rbd));
     }
     cases.push(("nfs", "", false, &none));
+    hardened_pods(&every.config, cases).await;
+}
+
+/// Each case (backend, filesystem, attached, secrets) labelled and given
+/// to a user-namespaced pod by one driver of `config`; the closing table's
+/// lines printed; nothing left mounted once the driver stops (it lets go
+/// of its own working mount of an nfs export then).
+async fn hardened_pods(config: &str, cases: Vec<(&str, &str, bool, &HashMap<String, String>)>) {
+    let mut h = Harness::start_with(Some(config)).await;
+    let ns = PodUserns::new();
     let mut lines = Vec::new();
     for (backend, fs, attach, secrets) in cases {
         let made = labels_on(&h, backend, fs, attach, secrets).await;
@@ -580,8 +606,6 @@ async fn guest_hardened_pods_on_every_backend() {
         }
     }
     println!("{}", lines.join("\n"));
-    // Nothing left mounted once the driver stops (it lets go of its own
-    // working mount of the nfs export then).
     assert!(h.terminate().success(), "{}", h.log());
     let left: Vec<PathBuf> = h.mounts();
     assert!(left.is_empty(), "{left:?}");
