@@ -1015,6 +1015,10 @@ impl CephCluster {
         };
         let conf = d.join("ceph.conf");
         let admin = d.join("admin.keyring");
+        // The manager keeps its cluster log to itself (the monitor stored
+        // each entry it sent in its consensus store): an idle cluster's
+        // daemons used 4.3 s of CPU a minute against 5.1 in the guest
+        // (2026-12-03), the monitor 1.6 against 2.4.
         std::fs::write(
             &conf,
             format!(
@@ -1026,7 +1030,7 @@ impl CephCluster {
                  admin socket = {run}/$name.asok\nkeyring = {admin}\n\
                  mgr stats period = 1\nmgr initial modules = \nmgr module path = {modules}\n\
                  [mon.a]\nmon data = {dir}/mon\n[osd.0]\nosd data = {dir}/osd\nkeyring = {dir}/osd/keyring\n\
-                 [mgr.x]\nmgr data = {dir}/mgr\nkeyring = {dir}/mgr/keyring\n",
+                 [mgr.x]\nmgr data = {dir}/mgr\nkeyring = {dir}/mgr/keyring\nclog to monitors = false\n",
                 run = d.join("run").display(),
                 device_bytes = MEMSTORE_BYTES,
                 // An empty folder: the manager serves `ceph df` (the rbd
