@@ -134,11 +134,7 @@ pub(crate) async fn encrypted_volume_on(
     assert!(mapped.exists(), "{backend}: no mapping {mapping}");
     let backing = crypt_backing(&mapping);
     // The header's key derivation is the node's setting.
-    let dump = run("cryptsetup", &["luksDump", backing.to_str().unwrap()]);
-    let memory = dump
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("Memory:"))
-        .map(|m| m.trim().to_string());
+    let (memory, dump) = kdf_memory(backing.to_str().unwrap());
     assert_eq!(memory, Some(kdf_kib.to_string()), "{backend}: {dump}");
     // What the pod writes is on the mapping, and only ciphertext below it.
     let pattern: Vec<u8> = b"ferrovol-luks-plaintext-0123456789|"
@@ -372,6 +368,17 @@ pub(crate) async fn encrypted_volume_on(
     );
 }
 
+/// The memory (KiB) of the key derivation in the LUKS header on `device`,
+/// and the header's dump (for a failed assertion's message).
+fn kdf_memory(device: &str) -> (Option<String>, String) {
+    let dump = run("cryptsetup", &["luksDump", device]);
+    let memory = dump
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Memory:"))
+        .map(|m| m.trim().to_string());
+    (memory, dump)
+}
+
 /// A LUKS format cut short by the driver's death is done again by the
 /// CO's retry of the stage, and a finished one is never formatted over:
 /// the driver killed (kill points) with the format recorded as under way
@@ -467,11 +474,7 @@ async fn guest_a_luks_format_cut_short_is_formatted_again() {
             .await
             .unwrap_or_else(|e| panic!("{point} (erased: {erase}): the retry: {e:?}\n{}", h.log()));
         // The header's key derivation is the round's setting.
-        let dump = run("cryptsetup", &["luksDump", &h.loop_devices()[0]]);
-        let memory = dump
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("Memory:"))
-            .map(|m| m.trim().to_string());
+        let (memory, dump) = kdf_memory(&h.loop_devices()[0]);
         let kdf_kib = match round {
             2 => ferrovol::host::crypt::Kdf::default().memory_kib,
             _ => LIGHT_KDF_KIB,
