@@ -256,6 +256,32 @@ pub trait Cluster: Send + Sync {
             spec.arg()
         )))
     }
+    /// Makes the new, empty image `spec` under its final name for the CSI
+    /// name `name` when no image has that name: its making recorded
+    /// ([`Self::intend`]), created, then `set` on it ([`Self::finish`]),
+    /// which makes it whole. `Ok(false)`, with nothing done, when an image
+    /// of that name is there: the caller looks at it. Only for clients
+    /// that make in place. librbd runs the steps in one go on one I/O
+    /// context, where each step apart would pay a hop to a blocking thread
+    /// and back.
+    async fn make_new(
+        &self,
+        creds: &Creds,
+        spec: &Spec,
+        name: &str,
+        size: u64,
+        layout: Layout<'_>,
+        set: &[(&str, &str)],
+    ) -> Result<bool> {
+        if self.describe(creds, spec).await?.is_some() {
+            return Ok(false);
+        }
+        self.intend(creds, spec, name).await?;
+        self.create(creds, spec, size, layout).await?;
+        crate::killpoint::hit(super::KillPoint::Made);
+        self.finish(creds, spec, spec, set, false).await?;
+        Ok(true)
+    }
     /// Removes the record that image `spec` is being made (none is no
     /// error).
     async fn unintend(&self, _creds: &Creds, _spec: &Spec) -> Result<()> {

@@ -28,6 +28,24 @@ impl Provisioner for RbdBackend {
             image: format!("fv-{}", locator_for_name(&req.name)),
         };
         let in_place = self.rbd().makes_in_place();
+        if in_place && req.source.is_none() {
+            // A new empty volume, the usual call: made in one go, unless
+            // an image of its name is there (below says whose it is).
+            let size = Self::size_rules().new_volume(req.required_bytes, req.limit_bytes, 0)?;
+            let layout = Layout {
+                features: &p.features,
+                data_pool: &p.data_pool,
+            };
+            let meta = [(META_NAME, req.name.as_str())];
+            if self
+                .rbd()
+                .make_new(&creds, &spec, &req.name, size, layout, &meta)
+                .await?
+            {
+                let meta = BTreeMap::from([(META_NAME.to_string(), req.name.clone())]);
+                return self.volume_info(&spec, size, &meta, Some(&p));
+            }
+        }
         if let Some((info, meta)) = self.rbd().describe(&creds, &spec).await? {
             if meta.get(META_NAME) == Some(&req.name) {
                 // Made whole (its CSI name is set last), whatever a record

@@ -366,6 +366,46 @@ impl Cluster for LibCluster {
         .await
     }
 
+    async fn make_new(
+        &self,
+        creds: &Creds,
+        spec: &Spec,
+        name: &str,
+        size: u64,
+        layout: Layout<'_>,
+        set: &[(&str, &str)],
+    ) -> Result<bool> {
+        let opts = Opts::new(self.api).layout(layout)?;
+        let set: Vec<(String, String)> = set
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let (s, intent) = (
+            spec.clone(),
+            encode_metadata(&[(spec.image.clone(), name.to_string())]),
+        );
+        let made = self
+            .on(creds, spec, move |ctx| {
+                if ctx.exists(&s)? {
+                    return Ok(false);
+                }
+                ctx.making("metadata_set", &intent, &mut [])?;
+                ctx.create(&s, size, &opts)?;
+                crate::killpoint::hit(super::super::KillPoint::Made);
+                // Nobody has it open yet: its metadata straight onto its
+                // header.
+                ctx.set_meta_unopened(&s, &set, false)?;
+                Ok(true)
+            })
+            .await?;
+        if made {
+            // Whole now that it has its CSI name; the record of its making
+            // goes in the background.
+            self.unintend_later(creds, spec).await;
+        }
+        Ok(made)
+    }
+
     async fn unintend(&self, creds: &Creds, spec: &Spec) -> Result<()> {
         let image = spec.image.clone();
         self.on(creds, spec, move |ctx| ctx.unintend(&image)).await
