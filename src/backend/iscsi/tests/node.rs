@@ -18,6 +18,96 @@ fn sysfs_session(root: &Path, sid: u32, disk: &str, state: &str, sectors: u64) {
     std::fs::write(root.join("dev").join(disk), b"").unwrap();
 }
 
+/// What the kernel shows of session `sid` besides its state and disks:
+/// its target's name, and its connection's persistent address and port.
+fn sysfs_identity(root: &Path, sid: u32, iqn: &str, address: &str, port: &str) {
+    let session = root.join(format!("sys/class/iscsi_session/session{sid}"));
+    std::fs::create_dir_all(&session).unwrap();
+    std::fs::write(session.join("targetname"), format!("{iqn}\n")).unwrap();
+    let conn = root.join(format!("sys/class/iscsi_connection/connection{sid}:0"));
+    std::fs::create_dir_all(&conn).unwrap();
+    std::fs::write(conn.join("persistent_address"), format!("{address}\n")).unwrap();
+    std::fs::write(conn.join("persistent_port"), format!("{port}\n")).unwrap();
+}
+
+/// The sessions are read from sysfs, as iscsiadm lists them (an IPv6
+/// portal in brackets), with no process; while an entry is not whole
+/// (a session being made: no address yet) iscsiadm is asked instead.
+#[tokio::test]
+async fn sessions_are_read_from_sysfs_and_asked_of_iscsiadm_while_one_is_being_made() {
+    let s = Setup::new();
+    let b = s.node();
+    let root = s.dir.path();
+    sysfs_session(root, 4, "sdc", "LOGGED_IN", 16384);
+    sysfs_identity(root, 4, IQN, "10.0.0.5", "3260");
+    sysfs_session(root, 5, "sdd", "LOGGED_IN", 16384);
+    sysfs_identity(root, 5, IQN, "fd00::6", "3261");
+    sysfs_session(root, 6, "sde", "LOGGED_IN", 16384);
+    sysfs_identity(root, 6, "iqn.other:lun", "10.0.0.9", "3260");
+    let i = b.initiator();
+    let found = i.sessions(IQN).await.unwrap();
+    assert_eq!(
+        found,
+        vec![
+            Session {
+                sid: 4,
+                portal: "10.0.0.5:3260".into(),
+                iqn: IQN.into()
+            },
+            Session {
+                sid: 5,
+                portal: "[fd00::6]:3261".into(),
+                iqn: IQN.into()
+            },
+        ]
+    );
+    assert!(s.runner.lines().is_empty(), "{:#?}", s.runner.lines());
+    // The health check's view: both portals logged in, none down.
+    let (down, up) = i.paths("iqn.2026-11.io.ferrovol").await.unwrap();
+    assert!(down.is_empty(), "{down:?}");
+    assert_eq!(
+        up.into_iter().collect::<Vec<_>>(),
+        ["10.0.0.5:3260", "[fd00::6]:3261"]
+    );
+    assert!(s.runner.lines().is_empty());
+
+    // Session 7 is being made: its connection has no address yet.
+    sysfs_session(root, 7, "sdf", "FREE", 16384);
+    sysfs_identity(root, 7, IQN, "(null)", "3260");
+    s.runner.expect(
+        "iscsiadm",
+        Reply::Ok(format!(
+            "{SESSION}tcp: [7] 10.0.0.7:3260,1 {IQN} (non-flash)\n"
+        )),
+    );
+    let found = i.sessions(IQN).await.unwrap();
+    assert_eq!(
+        found.iter().map(|s| s.sid).collect::<Vec<_>>(),
+        [4, 7],
+        "iscsiadm's listing, not sysfs's"
+    );
+    assert_eq!(s.runner.lines(), ["iscsiadm -m session"]);
+}
+
+/// A stage after a restart finds the session in sysfs: no login, and no
+/// process at all.
+#[tokio::test]
+async fn a_stage_finds_its_session_in_sysfs_with_no_process() {
+    let s = Setup::new();
+    let b = s.node();
+    let id = VolumeId::parse("iscsi:pvc-1").unwrap();
+    sysfs_session(s.dir.path(), 4, "sdc", "LOGGED_IN", 16384);
+    sysfs_identity(s.dir.path(), 4, IQN, "10.0.0.5", "3260");
+    let a = b.node_attach(&id, &stage_ctx(&[])).await.unwrap();
+    assert_eq!(
+        a,
+        Attachment::Device {
+            path: s.dir.path().join("dev/sdc")
+        }
+    );
+    assert!(s.runner.lines().is_empty(), "{:#?}", s.runner.lines());
+}
+
 /// iscsiadm's node record of target `IQN` at `portal` (`host,port`)
 /// under the setup's node database, holding `text`; its path.
 fn node_record(root: &Path, portal: &str, text: &str) -> PathBuf {
