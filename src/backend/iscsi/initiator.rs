@@ -41,6 +41,28 @@ pub fn initiator_name(file: &Path) -> Result<String> {
     Ok(name.to_string())
 }
 
+/// Whether the disk's device node opens: the kernel makes the node and
+/// the disk's sysfs entry a moment before the disk can be opened (until
+/// then an open fails with ENXIO), and says it is ready only by its
+/// uevent. A session is read from sysfs at once after the login, so the
+/// disk is often found in that moment. Opened for reading without waiting
+/// (`O_NONBLOCK`); any error but the disk's absence is left for whoever
+/// uses it to report.
+fn opens(dev: &Path) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(dev)
+    {
+        Ok(_) => true,
+        Err(e) => !matches!(
+            e.raw_os_error(),
+            Some(libc::ENXIO | libc::ENOENT | libc::ENODEV)
+        ),
+    }
+}
+
 /// Whether two `host:port` portals are the same (an IPv6 host in brackets
 /// or not).
 fn same_portal(a: &str, b: &str) -> bool {
@@ -560,7 +582,7 @@ impl Initiator<'_> {
         loop {
             if let Some(disk) = self.disk(session.sid, lun) {
                 let dev = self.dev.join(&disk);
-                if dev.exists() {
+                if opens(&dev) {
                     return Ok(dev);
                 }
             }

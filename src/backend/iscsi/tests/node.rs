@@ -108,6 +108,35 @@ async fn a_stage_finds_its_session_in_sysfs_with_no_process() {
     assert!(s.runner.lines().is_empty(), "{:#?}", s.runner.lines());
 }
 
+/// A disk found in sysfs whose node does not open yet (ENXIO: the kernel
+/// has not finished adding it; a unix socket stands in, which opens with
+/// the same error) is waited for, not handed on.
+#[tokio::test]
+async fn a_disk_whose_node_does_not_open_yet_is_waited_for() {
+    let s = Setup::new();
+    let b = s.node();
+    let id = VolumeId::parse("iscsi:pvc-1").unwrap();
+    sysfs_session(s.dir.path(), 4, "sdc", "LOGGED_IN", 16384);
+    sysfs_identity(s.dir.path(), 4, IQN, "10.0.0.5", "3260");
+    let node = s.dir.path().join("dev/sdc");
+    std::fs::remove_file(&node).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind(&node).unwrap();
+    let ready = tokio::spawn({
+        let node = node.clone();
+        async move {
+            tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+            drop(listener);
+            std::fs::remove_file(&node).unwrap();
+            std::fs::write(&node, b"").unwrap();
+        }
+    });
+    let started = std::time::Instant::now();
+    let a = b.node_attach(&id, &stage_ctx(&[])).await.unwrap();
+    assert!(started.elapsed() >= std::time::Duration::from_millis(400));
+    assert_eq!(a, Attachment::Device { path: node });
+    ready.await.unwrap();
+}
+
 /// iscsiadm's node record of target `IQN` at `portal` (`host,port`)
 /// under the setup's node database, holding `text`; its path.
 fn node_record(root: &Path, portal: &str, text: &str) -> PathBuf {
