@@ -257,30 +257,25 @@ pub trait Cluster: Send + Sync {
         )))
     }
     /// Makes the new, empty image `spec` under its final name for the CSI
-    /// name `name` when no image has that name: its making recorded
-    /// ([`Self::intend`]), created, then `set` on it ([`Self::finish`]),
-    /// which makes it whole. `Ok(false)`, with nothing done, when an image
-    /// of that name is there: the caller looks at it. Only for clients
-    /// that make in place. librbd runs the steps in one go on one I/O
-    /// context, where each step apart would pay a hop to a blocking thread
-    /// and back.
+    /// name `name` when no image has that name, in one go: the lookup,
+    /// its making recorded ([`Self::intend`]), the create, then `set` on
+    /// it, which makes it whole (the steps the backend otherwise takes one
+    /// by one, each a hop to a blocking thread and back). `Ok(false)`,
+    /// with nothing done, when an image of that name is there: the caller
+    /// looks at it. Only for clients that make in place.
     async fn make_new(
         &self,
-        creds: &Creds,
+        _creds: &Creds,
         spec: &Spec,
-        name: &str,
-        size: u64,
-        layout: Layout<'_>,
-        set: &[(&str, &str)],
+        _name: &str,
+        _size: u64,
+        _layout: Layout<'_>,
+        _set: &[(&str, &str)],
     ) -> Result<bool> {
-        if self.describe(creds, spec).await?.is_some() {
-            return Ok(false);
-        }
-        self.intend(creds, spec, name).await?;
-        self.create(creds, spec, size, layout).await?;
-        crate::killpoint::hit(super::KillPoint::Made);
-        self.finish(creds, spec, spec, set, false).await?;
-        Ok(true)
+        Err(crate::error::Error::internal(format!(
+            "{}: this client makes images under a temporary name",
+            spec.arg()
+        )))
     }
     /// Removes the record that image `spec` is being made (none is no
     /// error).

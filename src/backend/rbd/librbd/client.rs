@@ -269,6 +269,13 @@ async fn blocking<T: Send + 'static>(
     }
 }
 
+/// Metadata pairs owned, to move onto a blocking thread.
+fn owned_pairs(set: &[(&str, &str)]) -> Vec<(String, String)> {
+    set.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
 fn not_found_none<T>(r: Result<T>) -> Result<Option<T>> {
     match r {
         Ok(v) => Ok(Some(v)),
@@ -376,10 +383,7 @@ impl Cluster for LibCluster {
         set: &[(&str, &str)],
     ) -> Result<bool> {
         let opts = Opts::new(self.api).layout(layout)?;
-        let set: Vec<(String, String)> = set
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let set = owned_pairs(set);
         let (s, intent) = (
             spec.clone(),
             encode_metadata(&[(spec.image.clone(), name.to_string())]),
@@ -425,10 +429,7 @@ impl Cluster for LibCluster {
     ) -> Result<()> {
         // The metadata on the header (no open), then the rename; made in
         // place, the record of its making goes instead.
-        let set: Vec<(String, String)> = set
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let set = owned_pairs(set);
         let in_place = tmp.image == to.image;
         let (from, dest) = (tmp.clone(), to.clone());
         self.call(creds, DEADLINE, move |c| {
