@@ -12,7 +12,9 @@
 //! rbd backend beside ceph-csi alone (`remote/beside.rs`: its own knobs),
 //! or, in the real-kernel guest only, `nfs` (beside csi-driver-nfs,
 //! `remote/nfs_beside.rs`, then beside the tools) or `lvm` (`remote/lvm.rs`:
-//! lvm beside the bare lvm commands), or, in the two-node guest,
+//! lvm beside the bare lvm commands) or `iscsi-stage`
+//! (`remote/iscsi_stage.rs`: the node's stage and unstage beside
+//! open-iscsi by hand), or, in the two-node guest,
 //! `failover` (`remote/failover.rs`: a fenced failover of iscsi and rbd,
 //! step by step).
 //!
@@ -27,6 +29,8 @@ mod beside;
 mod common;
 #[path = "remote/failover.rs"]
 mod failover;
+#[path = "remote/iscsi_stage.rs"]
+mod iscsi_stage;
 #[path = "remote/lvm.rs"]
 mod lvm;
 #[path = "remote/nfs_beside.rs"]
@@ -301,6 +305,14 @@ async fn main() {
         lvm::lvm(
             env_num("FERROVOL_BENCH_CALLS", 8),
             env_num("FERROVOL_BENCH_ROUNDS", 2),
+        )
+        .await;
+    }
+    // A login needs iscsi_tcp: the guest only (remote/iscsi_stage.rs).
+    if only("iscsi-stage") {
+        iscsi_stage::iscsi_stage(
+            env_num("FERROVOL_BENCH_CALLS", 4),
+            env_num("FERROVOL_BENCH_ROUNDS", 4),
         )
         .await;
     }
