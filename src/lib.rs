@@ -6,7 +6,6 @@
 #![deny(unsafe_code)]
 
 pub mod app;
-pub mod authority;
 pub mod backend;
 pub mod client;
 pub mod config;

@@ -29,6 +29,12 @@ pub struct Kind {
     /// Its kill points' names ([`crate::killpoint`]; the enum in its
     /// folder is what its code hits).
     pub kill_points: &'static [&'static str],
+    /// Patterns (lvm's regular expressions) matching a name of each device
+    /// a volume of this kind attaches on the node: the lvm scans of every
+    /// backend that runs lvm leave them out (a device whose server does
+    /// not answer would hold each scan). None for a kind that attaches no
+    /// device, or only devices lvm may read (a loop device over a file).
+    pub attaches: &'static [&'static str],
     /// Builds one from its config table.
     pub build: fn(&BackendConfig, &Env) -> Result<Arc<dyn Backend>>,
 }
@@ -40,4 +46,8 @@ pub struct Env<'a> {
     pub host: &'a Arc<dyn Host>,
     pub mounter: &'a Arc<dyn Mounter>,
     pub state_dir: &'a Path,
+    /// What lvm's scans leave out on this node: every kind's
+    /// [`Kind::attaches`], and the driver's own dm-crypt maps
+    /// ([`super::attached_devices`]).
+    pub attached: &'a [&'static str],
 }

@@ -32,6 +32,15 @@ pub fn kind(name: &str) -> Result<&'static Kind> {
     })
 }
 
+/// The devices ferrovol's volumes attach on a node, as patterns of lvm's
+/// `global_filter`: each kind's [`Kind::attaches`], then the dm-crypt maps
+/// of encrypted volumes, which every block backend opens.
+pub fn attached_devices() -> Vec<&'static str> {
+    let mut all: Vec<&'static str> = KINDS.iter().flat_map(|k| k.attaches).copied().collect();
+    all.push(crate::host::crypt::MAPS);
+    all
+}
+
 /// Every kill point there is: the driver's own and each backend's.
 pub fn kill_points() -> Vec<&'static str> {
     let mut all = crate::killpoint::Step::NAMES.to_vec();
@@ -50,11 +59,13 @@ pub fn build_registry(
     state_dir: &std::path::Path,
 ) -> Result<Registry> {
     let mut registry = Registry::new();
+    let attached = attached_devices();
     let env = Env {
         runner: &runner,
         host: &host,
         mounter: &mounter,
         state_dir,
+        attached: &attached,
     };
     for bc in &config.backends {
         let backend = build_backend(bc, &env)?;

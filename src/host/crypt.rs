@@ -24,6 +24,8 @@ pub const LUKS2: &str = "luks2";
 /// The NodeStage secret that holds a volume's passphrase.
 pub const PASSPHRASE_KEY: &str = "encryptionPassphrase";
 const PREFIX: &str = "fvc-";
+/// The maps of encrypted volumes, as lvm's `global_filter` matches them.
+pub const MAPS: &str = "^/dev/mapper/fvc-";
 /// Formatting and opening run the key derivation (argon2id, [`Kdf`]: by
 /// default about half a second where the header is made).
 const TIMEOUT: Duration = Duration::from_secs(120);

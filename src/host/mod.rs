@@ -9,6 +9,7 @@ pub mod extents;
 #[cfg(test)]
 mod fake;
 pub mod freeze;
+pub mod fs;
 pub mod hold;
 pub mod loopdev;
 pub mod synced;

@@ -68,7 +68,7 @@ impl NodeOps {
             if let Some((mounter, root)) = fs_root {
                 let at = root.display().to_string();
                 let read = tokio::task::spawn_blocking(move || {
-                    fs::troubles(mounter.as_ref(), Path::new("/sys"), &root)
+                    troubles(mounter.as_ref(), Path::new("/sys"), &root)
                 })
                 .await;
                 match read {
@@ -161,7 +161,7 @@ impl NodeOps {
     }
 
     /// What the kernel says of the filesystem staged from a device (see
-    /// [`fs::troubles`]), by `until`; a remote filesystem's is not read
+    /// [`troubles`]), by `until`; a remote filesystem's is not read
     /// here. A check that cannot finish says so.
     pub(super) async fn fs_troubles(
         &self,
@@ -175,7 +175,7 @@ impl NodeOps {
         let left = until.saturating_duration_since(std::time::Instant::now());
         let what = format!("checking the filesystem at {}", p.display());
         match self
-            .off_worker(what, left, move |m| fs::troubles(m, Path::new("/sys"), &p))
+            .off_worker(what, left, move |m| troubles(m, Path::new("/sys"), &p))
             .await
         {
             Ok(found) => found,
@@ -342,5 +342,163 @@ async fn device_findings(device: PathBuf) -> Vec<Finding> {
             )]
         }
         _ => Vec::new(),
+    }
+}
+
+/// What the kernel says of a mounted filesystem's health: errors ext4
+/// counted, a superblock it made read-only under a writable mount (its
+/// answer to an error, for ext4's `errors=remount-ro` and btrfs), a root
+/// that answers EIO (an xfs shut down). Block filesystems only: a remote
+/// one's server is asked elsewhere, within its own deadline.
+pub fn troubles(
+    m: &dyn crate::mount::Mounter,
+    sysfs: &Path,
+    path: &Path,
+) -> Result<Vec<crate::plugin::health::Finding>> {
+    // By the mount table, which needs no answer from the filesystem (a
+    // stat of a shut-down one fails).
+    let Some(info) = m
+        .mounts()?
+        .into_iter()
+        .rev()
+        .find(|i| i.mount_point == path)
+    else {
+        return Ok(Vec::new());
+    };
+    if !matches!(
+        info.fstype.as_str(),
+        "ext4" | "ext3" | "ext2" | "xfs" | "btrfs"
+    ) {
+        return Ok(Vec::new());
+    }
+    let root = std::fs::symlink_metadata(path).err();
+    let counted = match info.fstype.starts_with("ext") {
+        true => ext4_errors(sysfs, &info.dev),
+        false => None,
+    };
+    Ok(verdict(&info, counted, root.as_ref()))
+}
+
+/// The errors ext4 counted on the device `major:minor` since it was made
+/// or last checked, with when the first one was, from sysfs.
+fn ext4_errors(sysfs: &Path, dev: &str) -> Option<(u64, Option<u64>)> {
+    let kname = std::fs::canonicalize(sysfs.join("dev/block").join(dev)).ok()?;
+    let dir = sysfs.join("fs/ext4").join(kname.file_name()?);
+    let read = |f: &str| -> Option<u64> {
+        std::fs::read_to_string(dir.join(f))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    Some((
+        read("errors_count")?,
+        read("first_error_time").filter(|t| *t > 0),
+    ))
+}
+
+/// The findings of [`troubles`] from what was read: the mount, ext4's
+/// count (and first error's time, seconds since the epoch), and the error
+/// a stat of its root met.
+pub fn verdict(
+    info: &crate::mount::MountInfo,
+    ext4_errors: Option<(u64, Option<u64>)>,
+    root: Option<&std::io::Error>,
+) -> Vec<crate::plugin::health::Finding> {
+    use crate::plugin::health::{Finding, Reason};
+    let at = info.mount_point.display();
+    let mut found = Vec::new();
+    if let Some(e) = root.filter(|e| e.raw_os_error() == Some(libc::EIO)) {
+        found.push(Finding::inaccessible(
+            Reason::FilesystemShutDown,
+            format!(
+                "the {} filesystem at {at} answers I/O errors ({e}): the kernel shut it down \
+                 after errors on its device",
+                info.fstype
+            ),
+        ));
+    }
+    if let Some((n, first)) = ext4_errors.filter(|(n, _)| *n > 0) {
+        let since = first.map_or(String::new(), |t| {
+            format!(", the first at {t} (epoch seconds)")
+        });
+        found.push(Finding::data_loss(
+            Reason::FilesystemErrors,
+            format!(
+                "the ext4 filesystem at {at} recorded {n} error(s){since}: some data may be lost; \
+                 stop its pods, unstage it and check it (e2fsck -f) before using it again"
+            ),
+        ));
+    }
+    let super_ro = info.super_options.iter().any(|o| o == "ro");
+    if super_ro && !info.readonly() {
+        found.push(Finding::degraded(
+            Reason::FilesystemReadOnly,
+            format!(
+                "the {} filesystem at {at} was made read-only by the kernel after an error: \
+                 writes fail",
+                info.fstype
+            ),
+        ));
+    }
+    found
+}
+
+#[cfg(test)]
+mod trouble_tests {
+    use super::*;
+    use crate::plugin::health::{Reason, Status};
+
+    fn info(line: &str) -> crate::mount::MountInfo {
+        crate::mount::parse_mountinfo(line).remove(0)
+    }
+
+    #[test]
+    fn what_the_kernel_says_of_a_filesystem_is_a_finding() {
+        let rw = info("36 35 253:1 / /stage rw,relatime - ext4 /dev/dm-1 rw,errors=remount-ro");
+        assert!(verdict(&rw, Some((0, None)), None).is_empty());
+        // Errors counted: data may be lost.
+        let f = verdict(&rw, Some((3, Some(1_700_000_000))), None);
+        assert_eq!(
+            (f[0].status, f[0].reason),
+            (Status::DataLoss, Reason::FilesystemErrors)
+        );
+        assert!(f[0].message.contains("3 error(s)") && f[0].message.contains("1700000000"));
+        // Made read-only by the kernel under a writable mount.
+        let ro = info("36 35 253:1 / /stage rw,relatime - ext4 /dev/dm-1 ro,errors=remount-ro");
+        let f = verdict(&ro, None, None);
+        assert_eq!(
+            (f[0].status, f[0].reason),
+            (Status::Degraded, Reason::FilesystemReadOnly)
+        );
+        // A read-only stage, read-only by asking: nothing wrong.
+        let asked = info("36 35 253:1 / /stage ro,relatime - ext4 /dev/dm-1 ro");
+        assert!(verdict(&asked, None, None).is_empty());
+        // A root that answers EIO: shut down; other errors say nothing.
+        let xfs = info("36 35 253:2 / /stage rw,relatime - xfs /dev/dm-2 rw");
+        let eio = std::io::Error::from_raw_os_error(libc::EIO);
+        let f = verdict(&xfs, None, Some(&eio));
+        assert_eq!(
+            (f[0].status, f[0].reason),
+            (Status::Inaccessible, Reason::FilesystemShutDown)
+        );
+        let enoent = std::io::Error::from_raw_os_error(libc::ENOENT);
+        assert!(verdict(&xfs, None, Some(&enoent)).is_empty());
+    }
+
+    /// ext4's count is read from sysfs by the device's kernel name.
+    #[test]
+    fn ext4_counts_are_read_by_the_device_kernel_name() {
+        let sys = tempfile::tempdir().unwrap();
+        let blocks = sys.path().join("devices/virtual/block/dm-4");
+        std::fs::create_dir_all(&blocks).unwrap();
+        std::fs::create_dir_all(sys.path().join("dev/block")).unwrap();
+        std::os::unix::fs::symlink(&blocks, sys.path().join("dev/block/253:4")).unwrap();
+        let ext4 = sys.path().join("fs/ext4/dm-4");
+        std::fs::create_dir_all(&ext4).unwrap();
+        std::fs::write(ext4.join("errors_count"), "2\n").unwrap();
+        std::fs::write(ext4.join("first_error_time"), "0\n").unwrap();
+        assert_eq!(ext4_errors(sys.path(), "253:4"), Some((2, None)));
+        assert_eq!(ext4_errors(sys.path(), "253:5"), None);
     }
 }

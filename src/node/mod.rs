@@ -3,7 +3,7 @@
 //! mounts once at the staging path, bind-mounts into each target, and keeps
 //! the node state that lets every step be undone after a restart.
 
-pub mod fs;
+use crate::host::fs;
 mod health;
 pub mod paths;
 mod publish;

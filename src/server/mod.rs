@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub mod authority;
 pub mod http;
 pub mod limits;
 pub use limits::Limits;
@@ -262,8 +263,7 @@ pub async fn serve(
                 .store(true, std::sync::atomic::Ordering::Relaxed);
             // Clients that send the socket path as :authority (kubelet
             // before 1.26, csc, grpcio, grpc-java) get it fixed on the way in.
-            let incoming =
-                limits::incoming(listener, limits, true, crate::authority::AuthorityFix::new);
+            let incoming = limits::incoming(listener, limits, true, authority::AuthorityFix::new);
             let serving = router.serve_with_incoming_shutdown(incoming, stopped);
             tokio::select! {
                 r = serving => r.map_err(|e| Error::internal(format!("server: {e}"))),
@@ -286,7 +286,7 @@ pub async fn serve(
                 // :authority (csc sends `tcp://host:port`) get it fixed on
                 // the way in, as on the unix socket.
                 let incoming =
-                    limits::incoming(listener, limits, true, crate::authority::AuthorityFix::new);
+                    limits::incoming(listener, limits, true, authority::AuthorityFix::new);
                 Box::pin(router.serve_with_incoming_shutdown(incoming, stopped))
             } else {
                 // Under TLS the first bytes are its handshake, not HTTP/2's

@@ -42,6 +42,7 @@ pub const KIND: super::Kind = super::Kind {
     parameters: &[],
     mutable: &[PREALLOCATE],
     kill_points: &[],
+    attaches: &[],
     secrets: &[],
     build: |bc, env| {
         Ok(Arc::new(FileBackend::new(

@@ -55,6 +55,8 @@ pub const KIND: super::Kind = super::Kind {
     parameters: &[],
     mutable: &[THIN_PROVISIONING],
     kill_points: KillPoint::NAMES,
+    // A LUN's disk, by its by-path link.
+    attaches: &["/dev/disk/by-path/.*-iscsi-"],
     secrets: &[CHAP_USER, CHAP_PASSWORD, MUTUAL_USER, MUTUAL_PASSWORD],
     build,
 };

@@ -127,7 +127,7 @@ impl IscsiBackend {
         }
         // Read through what tgtd serves: the initiators' writes are in its
         // cache until they reach the store's device.
-        if let Some(uuid) = crate::node::fs::uuid(self.runner.as_ref(), &record.served()).await? {
+        if let Some(uuid) = crate::host::fs::uuid(self.runner.as_ref(), &record.served()).await? {
             record.copy = Some(FsCopy {
                 token: copy_token()?,
                 uuid,
@@ -147,7 +147,7 @@ impl IscsiBackend {
         let Some(copy) = &record.copy else {
             return Ok(());
         };
-        let now = crate::node::fs::uuid(self.runner.as_ref(), &record.served()).await?;
+        let now = crate::host::fs::uuid(self.runner.as_ref(), &record.served()).await?;
         if now.is_some_and(|u| u != copy.uuid) {
             tracing::info!(volume = %id, "the copy's filesystem has its own UUID now");
             record.copy = None;

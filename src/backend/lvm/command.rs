@@ -25,7 +25,7 @@ impl LvmBackend {
         let mut cmd = Command::new(tool)
             .timeout(LVM_TIMEOUT)
             .env("LVM_SUPPRESS_FD_WARNINGS", "1");
-        let config = self.settings.config_text();
+        let config = self.settings.config_text(&self.attached);
         if !config.is_empty() {
             cmd = cmd.arg("--config").arg(config);
         }

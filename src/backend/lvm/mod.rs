@@ -117,24 +117,32 @@ pub struct LvmSettings {
     pub lvm_library: bool,
 }
 
-/// The lvm `devices` section that leaves out what
-/// [`LvmSettings::skip_attached_devices`] names, matched on any of a
-/// device's names (an iSCSI disk by its by-path link).
-pub const SKIP_ATTACHED_FILTER: &str = "devices { global_filter = [ \"r|^/dev/rbd|\", \"r|/dev/disk/by-path/.*-iscsi-|\", \"r|^/dev/mapper/fvc-|\" ] }";
+/// The lvm `devices` section that leaves out the devices `attached`
+/// matches ([`LvmSettings::skip_attached_devices`]; each pattern matched
+/// on any of a device's names: an iSCSI disk by its by-path link). None
+/// when nothing is to be left out.
+pub fn skip_filter(attached: &[&str]) -> Option<String> {
+    if attached.is_empty() {
+        return None;
+    }
+    let rules: Vec<String> = attached.iter().map(|p| format!("\"r|{p}|\"")).collect();
+    Some(format!(
+        "devices {{ global_filter = [ {} ] }}",
+        rules.join(", ")
+    ))
+}
 
 impl LvmSettings {
-    /// The `--config` text every lvm command takes: the filter (unless
-    /// turned off, or the operator's own text has a `devices` section),
-    /// then the operator's text.
-    pub fn config_text(&self) -> String {
+    /// The `--config` text every lvm command takes: the filter of what the
+    /// driver attaches on the node (unless turned off, or the operator's
+    /// own text has a `devices` section), then the operator's text.
+    pub fn config_text(&self, attached: &[&str]) -> String {
         let own_devices = self.lvm_config.contains("devices");
-        match (
-            self.skip_attached_devices && !own_devices,
-            self.lvm_config.is_empty(),
-        ) {
-            (true, true) => SKIP_ATTACHED_FILTER.to_string(),
-            (true, false) => format!("{SKIP_ATTACHED_FILTER} {}", self.lvm_config),
-            (false, _) => self.lvm_config.clone(),
+        let filter = skip_filter(attached).filter(|_| self.skip_attached_devices && !own_devices);
+        match (filter, self.lvm_config.is_empty()) {
+            (Some(f), true) => f,
+            (Some(f), false) => format!("{f} {}", self.lvm_config),
+            (None, _) => self.lvm_config.clone(),
         }
     }
 }
@@ -207,6 +215,7 @@ pub const KIND: super::Kind = super::Kind {
     parameters: &[DEVICE_CLASS_PARAMETER],
     mutable: &[READ_AHEAD],
     kill_points: KillPoint::NAMES,
+    attaches: &[],
     secrets: &[],
     build: |bc, env| {
         let settings: LvmSettings = bc.settings()?;
@@ -222,6 +231,7 @@ pub const KIND: super::Kind = super::Kind {
         };
         Ok(Arc::new(
             LvmBackend::new(bc.name(), settings, runner)?
+                .with_attached(env.attached)
                 .with_host(env.host.clone())
                 .with_records(env.state_dir.join("lvm").join(bc.name()))?,
         ))
@@ -332,6 +342,10 @@ pub struct LvmBackend {
     running_cuts: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Where lvm keeps its group locks.
     lock_dir: PathBuf,
+    /// What its lvm commands leave out (see [`skip_filter`]): the devices
+    /// the driver's volumes attach on this node, as the registry's kinds
+    /// name them.
+    attached: Vec<&'static str>,
     // No lock of its own: the operation guard covers every id an operation
     // touches, and lvm serializes changes to a volume group's metadata
     // itself. A create racing another for the last free extents fails in
@@ -393,6 +407,7 @@ impl LvmBackend {
             intents: None,
             running_cuts: Default::default(),
             lock_dir: PathBuf::from(LVM_LOCK_DIR),
+            attached: Vec::new(),
             group_snapshots: if crate::host::freeze::block_freeze_nests() {
                 crate::plugin::GroupSnapshots::Frozen
             } else {
@@ -409,6 +424,13 @@ impl LvmBackend {
             .entry(format!("{vg}/{pool}"))
             .or_default()
             .clone()
+    }
+
+    /// The same, its lvm commands leaving out the devices `attached`
+    /// matches ([`crate::backend::Env::attached`]).
+    pub fn with_attached(mut self, attached: &[&'static str]) -> Self {
+        self.attached = attached.to_vec();
+        self
     }
 
     /// The same, on another host seam.

@@ -48,6 +48,7 @@ pub const KIND: super::Kind = super::Kind {
     parameters: PARAMETERS,
     mutable: MUTABLE,
     kill_points: KillPoint::NAMES,
+    attaches: &[],
     secrets: &[],
     build: |bc, env| {
         Ok(Arc::new(NfsBackend::new(

@@ -55,6 +55,8 @@ pub const KIND: super::Kind = super::Kind {
     parameters: PARAMETERS,
     mutable: &QOS_KEYS,
     kill_points: KillPoint::NAMES,
+    // A mapped image.
+    attaches: &["^/dev/rbd"],
     secrets: &[USER_ID, USER_KEY],
     build: |bc, env| {
         Ok(Arc::new(RbdBackend::new(
@@ -476,7 +478,7 @@ impl RbdBackend {
         check_name("dataPool", &p.data_pool, true)?;
         check_features(&p.features)?;
         check_map_options(&p.map_options)?;
-        crate::node::fs::mkfs_options(None, &p.mkfs_options)?;
+        crate::host::fs::mkfs_options(None, &p.mkfs_options)?;
         Ok(p)
     }
 
@@ -590,7 +592,7 @@ impl RbdBackend {
             }
             if !p.mkfs_options.is_empty() {
                 context.insert(
-                    crate::node::fs::MKFS_OPTIONS.to_string(),
+                    crate::host::fs::MKFS_OPTIONS.to_string(),
                     p.mkfs_options.clone(),
                 );
             }

@@ -792,21 +792,37 @@ fn lvm_commands_skip_what_other_backends_attach() {
     };
     let plain = parsed("");
     assert!(plain.skip_attached_devices);
-    assert_eq!(plain.config_text(), SKIP_ATTACHED_FILTER);
-    assert!(SKIP_ATTACHED_FILTER.contains("r|^/dev/rbd|"));
-    assert!(SKIP_ATTACHED_FILTER.contains("-iscsi-"));
+    // What the registry's kinds attach: iSCSI disks by their by-path
+    // links, mapped rbd images, and the dm-crypt maps of encrypted
+    // volumes; nothing of the file, lvm or nfs kinds.
+    let attached = crate::backend::attached_devices();
+    let filter = skip_filter(&attached).unwrap();
+    assert_eq!(
+        filter,
+        "devices { global_filter = [ \"r|/dev/disk/by-path/.*-iscsi-|\", \"r|^/dev/rbd|\", \"r|^/dev/mapper/fvc-|\" ] }"
+    );
+    assert_eq!(skip_filter(&[]), None);
+    assert_eq!(plain.config_text(&attached), filter);
     let with = parsed("lvm_config = \"activation { udev_sync = 0 }\"\n");
     assert_eq!(
-        with.config_text(),
-        format!("{SKIP_ATTACHED_FILTER} activation {{ udev_sync = 0 }}")
+        with.config_text(&attached),
+        format!("{filter} activation {{ udev_sync = 0 }}")
+    );
+    assert_eq!(
+        with.config_text(&[]),
+        "activation { udev_sync = 0 }",
+        "nothing attached, nothing left out"
     );
     let own = parsed("lvm_config = \"devices { filter = [ \\\"a|.*|\\\" ] }\"\n");
-    assert_eq!(own.config_text(), own.lvm_config);
+    assert_eq!(own.config_text(&attached), own.lvm_config);
     let off = parsed("skip_attached_devices = false\n");
-    assert_eq!(off.config_text(), "");
-    // The runner sees it on every command.
+    assert_eq!(off.config_text(&attached), "");
+    // The runner sees it on every command of a backend built as the
+    // registry builds it.
     let r = Arc::new(FakeRunner::new());
-    let b = LvmBackend::new("lvm", parsed(""), r.clone()).unwrap();
+    let b = LvmBackend::new("lvm", parsed(""), r.clone())
+        .unwrap()
+        .with_attached(&attached);
     r.expect("vgs", Reply::Fail(5, String::new()));
     let _ = futures_lite_block(b.vg(&b.settings.device_classes[0]));
     assert!(
