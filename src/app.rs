@@ -2,13 +2,14 @@
 
 use crate::backend::build_registry;
 use crate::config::Config;
+use crate::controller::ControllerOps;
 use crate::error::{Error, Result};
 use crate::exec::{CommandRunner, SystemRunner};
 use crate::host::{Host, SystemHost};
 use crate::locks::OpLocks;
 use crate::mount::{Mounter, SystemMounter};
 use crate::node::{Deadlines, NodeOps};
-use crate::plugin::{ControllerOps, Registry};
+use crate::plugin::Registry;
 use crate::service::{Driver, Mode};
 use crate::state::NodeState;
 use std::collections::BTreeMap;
@@ -145,7 +146,7 @@ pub fn build_with(
         let quiesce = settings
             .mode
             .node()
-            .then(|| node.clone() as Arc<dyn crate::plugin::controller::Quiesce>);
+            .then(|| node.clone() as Arc<dyn crate::plugin::Quiesce>);
         controller = controller.with_ledger(ledger).with_groups(groups, quiesce);
     }
     if settings.mode.node() {

@@ -9,6 +9,7 @@ pub mod app;
 pub mod backend;
 pub mod client;
 pub mod config;
+pub mod controller;
 pub mod error;
 pub mod exec;
 pub mod format;

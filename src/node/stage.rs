@@ -587,9 +587,9 @@ impl NodeOps {
 }
 
 /// The node's part in a group snapshot: the staged filesystems of the
-/// group's sources frozen together (see `plugin::controller::Quiesce`).
+/// group's sources frozen together (see `plugin::Quiesce`).
 #[async_trait::async_trait]
-impl crate::plugin::controller::Quiesce for NodeOps {
+impl crate::plugin::Quiesce for NodeOps {
     async fn freeze(
         &self,
         volumes: &[VolumeId],

@@ -607,3 +607,21 @@ pub trait BlockTracker: Backend {
         secrets: &Secrets,
     ) -> Result<BlockPage>;
 }
+
+/// What holds the writes of volumes staged on this node while a group's
+/// snapshots are cut: the node service, for the controller's group
+/// snapshots ([`crate::controller`]).
+#[async_trait::async_trait]
+pub trait Quiesce: Send + Sync {
+    /// Freezes the filesystems of those of `volumes` staged here, all
+    /// together; FAILED_PRECONDITION for one staged as a raw block device
+    /// (nothing can hold its writes) unless `block_ok` (then it is left as
+    /// it is), or for any staged one at all unless `staged_ok`.
+    async fn freeze(
+        &self,
+        volumes: &[super::VolumeId],
+        staged_ok: bool,
+        block_ok: bool,
+        deadline: std::time::Duration,
+    ) -> crate::error::Result<crate::host::freeze::Frozen>;
+}

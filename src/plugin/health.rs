@@ -356,6 +356,14 @@ pub fn findings_of(answer: Answer<Vec<Finding>>, deadline: Duration) -> Vec<Find
     }
 }
 
+/// The finding for a volume its backend no longer has.
+pub fn volume_not_found(id: &super::VolumeId) -> Finding {
+    Finding::inaccessible(
+        Reason::VolumeNotFound,
+        format!("volume {id} is not on its backend"),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,7 +6,6 @@
 
 mod attached;
 mod capability;
-pub mod controller;
 mod fields;
 mod groups;
 pub mod health;
@@ -21,13 +20,12 @@ pub use crate::id::{
 };
 pub use attached::Ledger;
 pub use capability::*;
-pub use controller::ControllerOps;
 pub use fields::{join_fields, split_fields};
-pub use groups::GroupStore;
+pub use groups::{GroupRecord, GroupStore};
 pub use health::{Finding, Reason};
-pub use registry::Registry;
+pub use registry::{Registry, BACKEND_PARAMETER};
 pub use secrets::Secrets;
-pub use sizing::{check_existing, own_source, round_up, SizeRules};
+pub use sizing::{check_existing, filesystem_floor, own_source, round_up, SizeRules};
 pub use types::*;
 
 /// The node's name in a node id (`<name>` or `<name>/<suffix>`): the

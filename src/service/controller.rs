@@ -1,11 +1,11 @@
 //! The Controller service: each handler validates its request, delegates to
-//! the plugin layer's [`ControllerOps`](crate::plugin::ControllerOps) (which
+//! the plugin layer's [`ControllerOps`](crate::controller::ControllerOps) (which
 //! takes the operation guard), and builds the response.
 
 use super::convert::{self, params};
 use super::{respond, respond_hiding, Driver};
+use crate::controller::{NewSnapshot, NewVolume};
 use crate::error::Error;
-use crate::plugin::controller::{NewSnapshot, NewVolume};
 use crate::plugin::{AccessMode, ControllerAttach, Secrets};
 use crate::proto::{
     self as pb, controller_server::Controller, controller_service_capability as csc,

@@ -1,8 +1,8 @@
 //! Conversions between the wire types and the plugin layer's types, with
 //! the checks the spec asks for on the way in.
 
+use crate::controller::Placed;
 use crate::error::{Error, Result};
-use crate::plugin::controller::Placed;
 use crate::plugin::health::{Finding, StorageFinding};
 use crate::plugin::{
     AccessMode, AccessType, ContentSource, SnapshotId, SnapshotInfo, VolumeCapability, VolumeId,
@@ -198,9 +198,7 @@ fn timestamp(t: std::time::SystemTime) -> prost_types::Timestamp {
     }
 }
 
-pub fn group_snapshot_to_pb(
-    g: &crate::plugin::controller::GroupSnapshotInfo,
-) -> pb::VolumeGroupSnapshot {
+pub fn group_snapshot_to_pb(g: &crate::controller::GroupSnapshotInfo) -> pb::VolumeGroupSnapshot {
     pb::VolumeGroupSnapshot {
         group_snapshot_id: g.id.to_string(),
         snapshots: g.snapshots.iter().map(snapshot_to_pb).collect(),

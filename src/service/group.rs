@@ -1,10 +1,10 @@
 //! The GroupController service: group snapshots, delegated to the plugin
-//! layer's [`ControllerOps`](crate::plugin::ControllerOps).
+//! layer's [`ControllerOps`](crate::controller::ControllerOps).
 
 use super::convert::{self, params};
 use super::{respond, respond_hiding, Driver};
+use crate::controller::NewGroupSnapshot;
 use crate::error::Error;
-use crate::plugin::controller::NewGroupSnapshot;
 use crate::plugin::{Secrets, VolumeId};
 use crate::proto::{
     self as pb, group_controller_server::GroupController,

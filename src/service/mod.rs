@@ -11,9 +11,10 @@ pub mod node;
 pub mod trace;
 
 use crate::config::NodeSettings;
+use crate::controller::ControllerOps;
 use crate::error::Result;
 use crate::node::NodeOps;
-use crate::plugin::{ControllerOps, Registry};
+use crate::plugin::Registry;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;

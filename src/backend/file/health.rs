@@ -59,7 +59,7 @@ impl HealthReporter for FileBackend {
         let (meta, image) = (self.meta(id.locator()), self.image(id.locator()));
         let mut found = Vec::new();
         match (meta.exists(), image.exists()) {
-            (false, false) => return Ok(vec![crate::plugin::controller::volume_not_found(id)]),
+            (false, false) => return Ok(vec![crate::plugin::health::volume_not_found(id)]),
             (_, false) => found.push(Finding::inaccessible(
                 Reason::ImageMissing,
                 format!("image {} is missing", image.display()),

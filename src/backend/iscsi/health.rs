@@ -24,7 +24,7 @@ impl HealthReporter for IscsiBackend {
     }
 
     async fn volume_health(&self, id: &VolumeId, secrets: &Secrets) -> Result<Vec<Finding>> {
-        let not_found = || vec![crate::plugin::controller::volume_not_found(id)];
+        let not_found = || vec![crate::plugin::health::volume_not_found(id)];
         if id.backend() != self.name {
             return Ok(not_found());
         }

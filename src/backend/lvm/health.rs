@@ -37,7 +37,7 @@ impl HealthReporter for LvmBackend {
         let Some(lv) = self.class_lv(class, lv_name).await? else {
             return Ok(vec![match self.unreadable_group(class).await {
                 Some(why) => Finding::inaccessible(Reason::VolumeGroupMissing, why),
-                None => crate::plugin::controller::volume_not_found(id),
+                None => crate::plugin::health::volume_not_found(id),
             }]);
         };
         // An LV is inactive while no node has it staged: that is its rest.

@@ -9,7 +9,7 @@ use crate::plugin::HealthReporter;
 #[async_trait::async_trait]
 impl HealthReporter for NfsBackend {
     async fn volume_health(&self, id: &VolumeId, _secrets: &Secrets) -> Result<Vec<Finding>> {
-        let not_found = || vec![crate::plugin::controller::volume_not_found(id)];
+        let not_found = || vec![crate::plugin::health::volume_not_found(id)];
         let Ok(loc) = self.locate(id) else {
             return Ok(not_found());
         };

@@ -24,7 +24,7 @@ fn bare(addr: &str) -> &str {
 #[async_trait::async_trait]
 impl HealthReporter for RbdBackend {
     async fn volume_health(&self, id: &VolumeId, secrets: &Secrets) -> Result<Vec<Finding>> {
-        let not_found = || Ok(vec![crate::plugin::controller::volume_not_found(id)]);
+        let not_found = || Ok(vec![crate::plugin::health::volume_not_found(id)]);
         let Ok(spec) = self.volume_spec(id) else {
             return not_found();
         };

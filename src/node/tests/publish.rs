@@ -137,7 +137,7 @@ async fn stuck_mounts_do_not_stall_other_calls() {
         settings: Default::default(),
         registry: f.registry.clone(),
         node: f.ops.clone(),
-        controller: crate::plugin::ControllerOps::new(
+        controller: crate::controller::ControllerOps::new(
             f.registry.clone(),
             crate::locks::OpLocks::new(),
             "n1",

@@ -1,25 +1,23 @@
-//! The controller side of the plugin layer: provisioning policy in one
-//! place. The Controller service validates a request, calls one function
+//! The controller's policy over the plugin layer, as [`crate::node`] is
+//! the node's: provisioning policy in one place. The Controller service validates a request, calls one function
 //! here, and builds its response; this module picks the backend, splits its
 //! parameters from the CO's, gates capabilities, content sources and
 //! topology, takes the operation guard over every id the operation touches,
 //! and delegates to the backend.
 
-use super::attached::Ledger;
-use super::groups::GroupStore;
-use super::{
-    Backend, Capacity, ContentSource, ControllerAttach, CreateSnapshot, CreateVolume, Page,
-    Registry, Secrets, SnapshotId, SnapshotInfo, SnapshotInstant, VolumeCapability, VolumeId,
-    VolumeInfo,
-};
 use crate::error::{Error, Kind, Result};
 use crate::host::freeze::Frozen;
 use crate::locks::{Key, OpGuard, OpLocks};
+use crate::plugin::{
+    Backend, Capacity, ContentSource, ControllerAttach, CreateSnapshot, CreateVolume, GroupStore,
+    Ledger, Page, Registry, Secrets, SnapshotId, SnapshotInfo, SnapshotInstant, VolumeCapability,
+    VolumeId, VolumeInfo,
+};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 /// The StorageClass parameter that picks a backend.
-pub use super::registry::BACKEND_PARAMETER;
+pub use crate::plugin::BACKEND_PARAMETER;
 
 /// The prefix of the keys a CO adds to parameters and contexts for itself
 /// (`csi.storage.k8s.io/pvc/name`, `.../fstype`, the snapshotter's
@@ -160,16 +158,15 @@ pub struct ControllerOps {
     /// Group snapshots taken here; `None`: none served.
     groups: Option<GroupStore>,
     /// What freezes the staged filesystems of a group's sources.
-    quiesce: Option<Arc<dyn group::Quiesce>>,
+    quiesce: Option<Arc<dyn crate::plugin::Quiesce>>,
     /// What each volume's health was when last measured.
     health: Arc<health::VolumeBook>,
 }
 
 mod group;
 mod health;
-pub use health::volume_not_found;
 mod metadata;
-pub use group::{GroupSnapshotInfo, NewGroupSnapshot, Quiesce, FREEZE_DEADLINE};
+pub use group::{GroupSnapshotInfo, NewGroupSnapshot, FREEZE_DEADLINE};
 
 /// Parses a page token: the id of the last entry of the previous page, as
 /// `(backend, locator)`. The entry itself may be gone since; the walk goes
@@ -188,7 +185,7 @@ fn cursor(token: &str) -> Result<Option<(String, String)>> {
         return Err(bad());
     }
     let (backend, locator) = token.split_once(':').ok_or_else(bad)?;
-    if !super::is_dns_label(backend) || locator.is_empty() || locator.len() > 200 {
+    if !crate::plugin::is_dns_label(backend) || locator.is_empty() || locator.len() > 200 {
         return Err(bad());
     }
     Ok(Some((backend.to_string(), locator.to_string())))
@@ -235,7 +232,7 @@ impl ControllerOps {
     }
 
     /// Brings the ledger in line with the grants each attaching backend
-    /// keeps in its own storage (see [`super::Attacher::grants`]): a
+    /// keeps in its own storage (see [`crate::plugin::Attacher::grants`]): a
     /// controller started in a new pod, its ledger empty, counts what its
     /// predecessor attached. A backend that cannot say, or fails to, is
     /// left as the journal has it. Answers how many grants changed.
@@ -273,7 +270,7 @@ impl ControllerOps {
     pub fn attached_to(&self, node_id: &str) -> u64 {
         self.ledger
             .as_ref()
-            .map_or(0, |l| l.held(super::node_name(node_id)))
+            .map_or(0, |l| l.held(crate::plugin::node_name(node_id)))
     }
 
     pub fn registry(&self) -> &Registry {
@@ -284,7 +281,7 @@ impl ControllerOps {
     pub fn node_topology(&self) -> Topology {
         HashMap::from([(
             self.topology_key.clone(),
-            super::node_name(&self.node_id).to_string(),
+            crate::plugin::node_name(&self.node_id).to_string(),
         )])
     }
 
@@ -319,7 +316,7 @@ impl ControllerOps {
         for cap in &req.capabilities {
             backend
                 .supports(cap)
-                .map_err(super::Unsupported::at_controller)?;
+                .map_err(crate::plugin::Unsupported::at_controller)?;
         }
         match &req.source {
             Some(ContentSource::Snapshot(_)) if !caps.snapshot => {
@@ -340,7 +337,7 @@ impl ControllerOps {
         // A volume too small for its filesystem would fail every stage
         // (mkfs refuses it): it is made as large as the filesystem needs,
         // which CSI allows (the answer says the size made).
-        let floor = super::sizing::filesystem_floor(&req.capabilities, encrypted);
+        let floor = crate::plugin::filesystem_floor(&req.capabilities, encrypted);
         let required_bytes = if req.required_bytes < floor {
             if req.limit_bytes > 0 && req.limit_bytes < floor {
                 return Err(Error::out_of_range(format!(
@@ -489,7 +486,7 @@ impl ControllerOps {
             .map(|c| {
                 backend
                     .supports(c)
-                    .map_err(super::Unsupported::at_controller)
+                    .map_err(crate::plugin::Unsupported::at_controller)
             })
             .chain(std::iter::once(backend.validate_parameters(&own)))
             .find_map(Result::err)
@@ -513,7 +510,7 @@ impl ControllerOps {
         let backend = self.registry.for_volume(id)?.clone();
         backend
             .supports(&req.capability)
-            .map_err(super::Unsupported::at_controller)?;
+            .map_err(crate::plugin::Unsupported::at_controller)?;
         // A single-node publish holds the whole volume: a backend's "is it
         // published elsewhere?" check and its record of this node cannot
         // interleave with a publish to another node. Multi-node publishes
@@ -535,7 +532,9 @@ impl ControllerOps {
         }
         let mut context = if backend.capabilities().attach {
             let place = match &self.ledger {
-                Some(ledger) => Some(ledger.reserve(id, super::node_name(&req.node_id), limit)?),
+                Some(ledger) => {
+                    Some(ledger.reserve(id, crate::plugin::node_name(&req.node_id), limit)?)
+                }
                 None => None,
             };
             crate::killpoint::hit(crate::killpoint::Step::AttachReserved);
@@ -546,7 +545,7 @@ impl ControllerOps {
             }
             context
         } else if backend.capabilities().node_local
-            && super::node_name(&req.node_id) != super::node_name(&self.node_id)
+            && crate::plugin::node_name(&req.node_id) != crate::plugin::node_name(&self.node_id)
         {
             return Err(Error::not_found(format!(
                 "volume {id} lives on node {}; node {:?} cannot reach it",
@@ -557,7 +556,7 @@ impl ControllerOps {
         };
         // A read-only publish: the node stages and publishes read-only.
         if req.readonly {
-            context.insert(super::CTX_READONLY.into(), "true".into());
+            context.insert(crate::plugin::CTX_READONLY.into(), "true".into());
         }
         Ok(context)
     }
@@ -593,7 +592,7 @@ impl ControllerOps {
             .controller_detach(&id, node_id, secrets)
             .await?;
         match &self.ledger {
-            Some(ledger) => ledger.release(&id, node_id.map(super::node_name)),
+            Some(ledger) => ledger.release(&id, node_id.map(crate::plugin::node_name)),
             None => Ok(()),
         }
     }
@@ -676,7 +675,7 @@ impl ControllerOps {
         if let Some(cap) = capability {
             backend
                 .supports(cap)
-                .map_err(super::Unsupported::at_controller)?;
+                .map_err(crate::plugin::Unsupported::at_controller)?;
         }
         let _guard = self.guard(&[Key::Volume(id.clone())], &[])?;
         let size = backend

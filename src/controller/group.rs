@@ -5,15 +5,13 @@
 //! of the sources frozen together by the node, one snapshot per source,
 //! all thawed; a group that did not finish leaves nothing.
 
-use super::super::groups::{GroupRecord, GroupStore};
-use super::super::{
-    Backend, CreateSnapshot, GroupSnapshotId, GroupSnapshots, Secrets, SnapshotId, SnapshotInfo,
-    VolumeId,
-};
 use super::{split_parameters, ControllerOps};
 use crate::error::{Error, Result};
-use crate::host::freeze::Frozen;
 use crate::locks::Key;
+use crate::plugin::{
+    Backend, CreateSnapshot, GroupRecord, GroupSnapshotId, GroupSnapshots, GroupStore, Quiesce,
+    Secrets, SnapshotId, SnapshotInfo, VolumeId,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -21,23 +19,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// How long the members' filesystems may stay frozen: every member's
 /// snapshot is cut within it, or the group fails (and leaves nothing).
 pub const FREEZE_DEADLINE: Duration = Duration::from_secs(60);
-
-/// What holds the writes of volumes staged on this node while a group's
-/// snapshots are cut (the node service).
-#[async_trait::async_trait]
-pub trait Quiesce: Send + Sync {
-    /// Freezes the filesystems of those of `volumes` staged here, all
-    /// together; FAILED_PRECONDITION for one staged as a raw block device
-    /// (nothing can hold its writes) unless `block_ok` (then it is left as
-    /// it is), or for any staged one at all unless `staged_ok`.
-    async fn freeze(
-        &self,
-        volumes: &[VolumeId],
-        staged_ok: bool,
-        block_ok: bool,
-        deadline: Duration,
-    ) -> Result<Frozen>;
-}
 
 /// A validated CreateVolumeGroupSnapshot request.
 #[derive(Debug, Clone)]
@@ -163,7 +144,7 @@ impl ControllerOps {
         backend
             .snapshotting()?
             .validate_snapshot_parameters(&parameters)?;
-        let id = GroupSnapshotId::new(backend.name(), &super::super::locator_for_name(&req.name))?;
+        let id = GroupSnapshotId::new(backend.name(), &crate::plugin::locator_for_name(&req.name))?;
         let member = |source: &VolumeId| CreateSnapshot {
             source: source.clone(),
             name: member_name(&req.name, source),

@@ -172,7 +172,7 @@ impl Provisioner for Memory {
             entered.notify_one();
             release.notified().await;
         }
-        let locator = super::super::locator_for_name(&req.name);
+        let locator = crate::plugin::locator_for_name(&req.name);
         self.add(&locator);
         Ok(self.volumes.lock().unwrap()[&locator].clone())
     }

@@ -10,7 +10,7 @@ struct FakeNode {
 }
 
 #[async_trait::async_trait]
-impl super::Quiesce for FakeNode {
+impl crate::plugin::Quiesce for FakeNode {
     async fn freeze(
         &self,
         volumes: &[VolumeId],
@@ -35,8 +35,10 @@ async fn a_group_snapshot_is_one_snapshot_per_member_under_one_freeze_or_nothing
     let node = Arc::new(FakeNode::default());
     let dir = tempfile::tempdir().unwrap();
     let groups = || crate::plugin::GroupStore::open(&dir.path().join("groups")).unwrap();
-    let c = ops(vec![b.clone(), nfs.clone()])
-        .with_groups(groups(), Some(node.clone() as Arc<dyn super::Quiesce>));
+    let c = ops(vec![b.clone(), nfs.clone()]).with_groups(
+        groups(),
+        Some(node.clone() as Arc<dyn crate::plugin::Quiesce>),
+    );
     assert!(c.groups_served());
     let mut ids = Vec::new();
     for name in ["data", "wal", "other"] {
@@ -140,8 +142,10 @@ async fn a_group_snapshot_is_one_snapshot_per_member_under_one_freeze_or_nothing
 
     // Get and delete check the member list; the group outlives a restart.
     let members: Vec<String> = g.snapshots.iter().map(|s| s.id.to_string()).collect();
-    let c = ops(vec![b.clone(), nfs.clone()])
-        .with_groups(groups(), Some(node.clone() as Arc<dyn super::Quiesce>));
+    let c = ops(vec![b.clone(), nfs.clone()]).with_groups(
+        groups(),
+        Some(node.clone() as Arc<dyn crate::plugin::Quiesce>),
+    );
     assert_eq!(
         c.get_group_snapshot(&g.id.to_string(), &members, &Secrets::default())
             .await

@@ -5,7 +5,7 @@
 //! call past the deadline nor another backend's volumes.
 
 use super::*;
-use crate::plugin::health::{self, Book, Finding, Reason};
+use crate::plugin::health::{self, volume_not_found, Book, Finding};
 use std::time::Duration;
 
 /// Per volume: its findings when last measured.
@@ -143,12 +143,4 @@ async fn measure(
     };
     let answer = book.get(key, Duration::ZERO, HEALTH_DEADLINE, check).await;
     health::findings_of(answer, HEALTH_DEADLINE)
-}
-
-/// The finding for a volume its backend no longer has.
-pub fn volume_not_found(id: &VolumeId) -> Finding {
-    Finding::inaccessible(
-        Reason::VolumeNotFound,
-        format!("volume {id} is not on its backend"),
-    )
 }
