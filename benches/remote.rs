@@ -345,28 +345,11 @@ fn tgt_floor(tgtd: &Tgtd, dir: &Path, base: u32, count: usize) -> (Figures, Figu
         f.sync_all().unwrap();
         let backing = image.to_str().unwrap().to_string();
         let tid = (base + i as u32).to_string();
-        t.tgtadm(&[
-            "--op",
-            "new",
-            "--mode",
-            "target",
-            "--tid",
+        t.serve(
             &tid,
-            "-T",
             &format!("iqn.2026-11.io.ferrovol.floor:t{tid}"),
-        ]);
-        t.tgtadm(&[
-            "--op",
-            "new",
-            "--mode",
-            "logicalunit",
-            "--tid",
-            &tid,
-            "--lun",
-            "1",
-            "-b",
             &backing,
-        ]);
+        );
     });
     let bound = floor(count, |i| {
         let tid = (base + i as u32).to_string();

@@ -74,21 +74,8 @@ pub async fn iscsi_stage(n: usize, rounds: usize) {
                 .set_len(SIZE as u64)
                 .unwrap();
             run("mkfs.ext4", &["-q", "-F", image.to_str().unwrap()]);
-            let op = |args: &[&str]| tgtd.tgtadm(args);
-            op(&["--op", "new", "--mode", "target", "--tid", &tid, "-T", &iqn]);
-            op(&[
-                "--op",
-                "new",
-                "--mode",
-                "logicalunit",
-                "--tid",
-                &tid,
-                "--lun",
-                "1",
-                "-b",
-                image.to_str().unwrap(),
-            ]);
-            op(&[
+            tgtd.serve(&tid, &iqn, image.to_str().unwrap());
+            tgtd.tgtadm(&[
                 "--op", "bind", "--mode", "target", "--tid", &tid, "-I", "ALL",
             ]);
             let staging = dir.path().join(format!("staging-{i}"));

@@ -1350,6 +1350,24 @@ impl Tgtd {
         run("tgtadm", &all)
     }
 
+    /// Target `tid` named `iqn`, serving the file `backing` as its LUN 1,
+    /// made by hand (two tgtadm calls; no initiator is allowed yet).
+    pub fn serve(&self, tid: &str, iqn: &str, backing: &str) {
+        self.tgtadm(&["--op", "new", "--mode", "target", "--tid", tid, "-T", iqn]);
+        self.tgtadm(&[
+            "--op",
+            "new",
+            "--mode",
+            "logicalunit",
+            "--tid",
+            tid,
+            "--lun",
+            "1",
+            "-b",
+            backing,
+        ]);
+    }
+
     /// Starts tgtd (again) on this fixture's ports and waits until it
     /// answers on its control port.
     pub fn start(&mut self) {
