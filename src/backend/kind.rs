@@ -35,6 +35,9 @@ pub struct Kind {
     /// not answer would hold each scan). None for a kind that attaches no
     /// device, or only devices lvm may read (a loop device over a file).
     pub attaches: &'static [&'static str],
+    /// The health reasons only it gives (its folder's `reasons::ALL`); the
+    /// shared ones are [`crate::plugin::health::Reason::SHARED`].
+    pub reasons: &'static [crate::plugin::health::Reason],
     /// Builds one from its config table.
     pub build: fn(&BackendConfig, &Env) -> Result<Arc<dyn Backend>>,
 }

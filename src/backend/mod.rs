@@ -41,6 +41,15 @@ pub fn attached_devices() -> Vec<&'static str> {
     all
 }
 
+/// Every health reason the driver gives: the shared ones, then each kind's.
+pub fn reasons() -> Vec<crate::plugin::health::Reason> {
+    let mut all = crate::plugin::health::Reason::SHARED.to_vec();
+    for k in KINDS {
+        all.extend(k.reasons);
+    }
+    all
+}
+
 /// Every kill point there is: the driver's own and each backend's.
 pub fn kill_points() -> Vec<&'static str> {
     let mut all = crate::killpoint::Step::NAMES.to_vec();
@@ -83,4 +92,19 @@ pub fn build_registry(
 pub fn build_backend(bc: &BackendConfig, env: &Env) -> Result<Arc<dyn crate::plugin::Backend>> {
     let kind = kind(&bc.kind).map_err(|e| e.context(format!("backend {:?}", bc.name())))?;
     (kind.build)(bc, env)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn reasons_are_camel_case_words_each_given_once() {
+        let mut seen = std::collections::BTreeSet::new();
+        for r in super::reasons() {
+            let s = r.as_str();
+            assert!(s.chars().next().unwrap().is_ascii_uppercase(), "{s}");
+            assert!(s.chars().all(|c| c.is_ascii_alphanumeric()), "{s}");
+            assert!(seen.insert(s), "{s} twice");
+        }
+        assert!(seen.len() > crate::plugin::health::Reason::SHARED.len());
+    }
 }

@@ -12,7 +12,7 @@ mod stage;
 use crate::error::{Error, Kind, Result};
 use crate::exec::CommandRunner;
 use crate::host::crypt;
-use crate::host::devices::{DeviceKind, DeviceTables};
+use crate::host::devices::{DeviceClass, DeviceTables};
 use crate::host::loopdev::LoopDevices;
 use crate::host::Host;
 use crate::locks::{Key, OpGuard, OpLocks};
@@ -264,7 +264,7 @@ impl NodeOps {
     /// staged volumes as ferrovol's own (see [`crate::host::devices`]).
     /// 0 when nothing bounds it, as CSI reads 0: no limit.
     pub async fn volume_limit(&self, cap: i64) -> Result<i64> {
-        let kinds: Vec<DeviceKind> = self
+        let kinds: Vec<DeviceClass> = self
             .registry
             .all()
             .filter_map(|b| b.device_mounter()?.node_device())
@@ -294,7 +294,7 @@ impl NodeOps {
                     .filter_map(|p| std::fs::canonicalize(p).ok())
                     .filter_map(|p| Some(p.file_name()?.to_string_lossy().into_owned()))
                     .collect();
-                Ok(kinds.iter().filter_map(|k| tables.room(*k, &ours)).min())
+                Ok(kinds.iter().map(|k| tables.room(k, &ours)).min())
             },
         )
         .await?;

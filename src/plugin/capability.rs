@@ -552,9 +552,11 @@ pub trait DeviceMounter: Stager {
     }
 
     /// The kind of device a stage attaches, one per volume; `None` for one
-    /// the kernel sets no count on (an LV). NodeGetInfo's volume count is
-    /// bounded by the room left for each kind the node's backends use.
-    fn node_device(&self) -> Option<crate::host::devices::DeviceKind> {
+    /// the kernel sets no count on (an LV; an iSCSI disk, whose sessions,
+    /// hosts and disks are numbered without a ceiling). NodeGetInfo's
+    /// volume count is bounded by the room left for each kind the node's
+    /// backends use.
+    fn node_device(&self) -> Option<crate::host::devices::DeviceClass> {
         None
     }
 }

@@ -30,31 +30,59 @@ pub enum StorageStatus {
     Degraded,
 }
 
+/// Why a volume or a backend is not well: a CamelCase word on the wire
+/// (v1.13's `reason`), and a line in docs/monitoring.md and
+/// docs/troubleshooting.md (tests/docs.rs checks both). The reasons any
+/// backend may give are here, as `Reason::X`; a backend's own are in its
+/// folder (`reasons::X`, made by [`crate::reasons!`]), listed in its
+/// [`crate::backend::Kind::reasons`]. Every one there is:
+/// [`crate::backend::reasons`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Reason(&'static str);
+
+impl Reason {
+    /// The reason this word names (a CamelCase word: checked by the test
+    /// of every reason).
+    pub const fn named(word: &'static str) -> Self {
+        Reason(word)
+    }
+
+    /// The word on the wire.
+    pub fn as_str(self) -> &'static str {
+        self.0
+    }
+}
+
+/// Declares reasons, each a constant named as its word on the wire:
+/// `reasons! { impl { ... } }` the shared ones, as `Reason::X`;
+/// `reasons! { pub mod reasons { ... } }` a backend's own, as
+/// `reasons::X`, with `reasons::ALL` for its [`crate::backend::Kind`].
+#[macro_export]
 macro_rules! reasons {
-    ($($(#[$doc:meta])* $variant:ident,)*) => {
-        /// Every reason ferrovol reports, each a CamelCase word on the wire
-        /// and a line in docs/monitoring.md and docs/troubleshooting.md
-        /// (tests/docs.rs checks both).
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-        pub enum Reason {
-            $($(#[$doc])* $variant,)*
+    (impl { $($(#[$doc:meta])* $variant:ident,)* }) => {
+        #[allow(non_upper_case_globals)]
+        impl $crate::plugin::health::Reason {
+            $($(#[$doc])* pub const $variant: Self = Self::named(stringify!($variant));)*
+
+            /// The reasons any backend may give (each backend's own:
+            /// [`crate::backend::reasons`]).
+            pub const SHARED: &'static [Self] = &[$(Self::$variant,)*];
         }
+    };
+    ($(#[$meta:meta])* $vis:vis mod $set:ident { $($(#[$doc:meta])* $variant:ident,)* }) => {
+        $(#[$meta])*
+        #[allow(non_upper_case_globals)]
+        $vis mod $set {
+            use $crate::plugin::health::Reason;
+            $($(#[$doc])* pub const $variant: Reason = Reason::named(stringify!($variant));)*
 
-        impl Reason {
-            /// All of them.
-            pub const ALL: &'static [Reason] = &[$(Reason::$variant,)*];
-
-            /// The word on the wire.
-            pub fn as_str(self) -> &'static str {
-                match self {
-                    $(Reason::$variant => stringify!($variant),)*
-                }
-            }
+            /// All of them, for the backend's [`crate::backend::Kind`].
+            pub const ALL: &[Reason] = &[$($variant,)*];
         }
     };
 }
 
-reasons! {
+crate::reasons! { impl {
     /// The measurement did not finish within its deadline: the storage
     /// behind it does not answer.
     HealthCheckTimedOut,
@@ -78,63 +106,6 @@ reasons! {
     FilesystemReadOnly,
     /// The filesystem answers I/O errors: the kernel shut it down (xfs).
     FilesystemShutDown,
-    /// The nfs export cannot be mounted or read from the controller.
-    ExportUnreachable,
-    /// An nfs server does not answer an RPC on its NFS port from this node.
-    ServerNotAnswering,
-    /// The nfs volume's directory is gone from its export; its record is
-    /// still there.
-    VolumeDirectoryMissing,
-    /// The room the nfs server gives a volume's directory (its quota, or
-    /// its export's filesystem) is nearly used up.
-    QuotaNearlyReached,
-    /// The file backend's image file of the volume is gone.
-    ImageMissing,
-    /// The loop device the volume was staged on no longer backs its image.
-    LoopDeviceGone,
-    /// The file backend's pool folder cannot be read or written.
-    PoolUnreachable,
-    /// The file backend's pool has less room left than its threshold.
-    PoolNearlyFull,
-    /// The logical volume is gone.
-    LogicalVolumeGone,
-    /// The logical volume is not active.
-    LogicalVolumeInactive,
-    /// A physical volume under the logical volume is missing.
-    LogicalVolumePartial,
-    /// lvm reports the logical volume's state as unknown, needing a
-    /// refresh, or with mismatches.
-    LogicalVolumeUnsettled,
-    /// A classic snapshot that overflowed its copy-on-write area.
-    SnapshotInvalid,
-    /// A thin pool's data or metadata is nearly full.
-    ThinPoolNearlyFull,
-    /// A device class's thin pool cannot be found.
-    ThinPoolMissing,
-    /// A device class's volume group cannot be read on this node.
-    VolumeGroupMissing,
-    /// tgtd no longer serves the volume's target.
-    TargetMissing,
-    /// No iSCSI session to the volume's target.
-    SessionMissing,
-    /// The iSCSI session to the volume's target is not logged in.
-    SessionDown,
-    /// One path of a multipath volume is down; the others carry it.
-    PathDown,
-    /// The multipath map of the volume is gone.
-    MultipathMapGone,
-    /// The staged device is no longer a disk of the volume's session.
-    LunMissing,
-    /// The rbd image is no longer mapped at the staged device.
-    MappingGone,
-    /// This node's client was fenced (blocklisted) by a detach while the
-    /// volume was staged here.
-    ClientFenced,
-    /// The Ceph cluster does not answer this node.
-    ClusterNotAnswering,
-    /// The rbd image is open (watched) by a client that no node the volume
-    /// is published to recorded as its own.
-    WatchersElsewhere,
     /// The volume is no longer mounted at the publish path asked about.
     PublishMountGone,
     /// The backend has no such volume (deleted outside the driver, or its
@@ -143,7 +114,7 @@ reasons! {
     /// A backend is not ready on this node (what it lacks is in the
     /// message): NodeGetStorageHealth's STORAGE_UNREACHABLE.
     BackendNotReady,
-}
+} }
 
 /// One thing found wrong with a volume.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -369,22 +340,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reasons_are_camel_case_and_unique() {
-        let mut seen = std::collections::BTreeSet::new();
-        for r in Reason::ALL {
-            let s = r.as_str();
-            assert!(s.chars().next().unwrap().is_ascii_uppercase(), "{s}");
-            assert!(s.chars().all(|c| c.is_ascii_alphanumeric()), "{s}");
-            assert!(seen.insert(s), "{s} twice");
-        }
-    }
-
-    #[test]
     fn one_entry_per_status_and_reason_and_the_old_condition_from_them() {
         let f = dedup(vec![
-            Finding::inaccessible(Reason::ImageMissing, "a"),
-            Finding::inaccessible(Reason::ImageMissing, "b"),
-            Finding::degraded(Reason::PoolNearlyFull, "c"),
+            Finding::inaccessible(Reason::StagingMountGone, "a"),
+            Finding::inaccessible(Reason::StagingMountGone, "b"),
+            Finding::degraded(Reason::DeviceIOErrors, "c"),
         ]);
         assert_eq!(f.len(), 2);
         assert_eq!(condition(&f).as_deref(), Some("a; c"));
@@ -403,7 +363,7 @@ mod tests {
             .get("v", Duration::ZERO, short, async move {
                 s.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let _ = hold.await;
-                vec![Finding::degraded(Reason::PoolNearlyFull, "slow")]
+                vec![Finding::degraded(Reason::DeviceIOErrors, "slow")]
             })
             .await;
         assert!(matches!(answer, Answer::Late(None)));

@@ -2,8 +2,23 @@
 //! cannot be written or is nearly full.
 
 use super::*;
-use crate::plugin::health::{Finding, Reason, StorageFinding, StorageStatus};
+use crate::plugin::health::{Finding, StorageFinding, StorageStatus};
 use crate::plugin::HealthReporter;
+
+crate::reasons! {
+    /// The health reasons only this backend gives (the shared ones are
+    /// [`crate::plugin::health::Reason`]'s).
+    pub mod reasons {
+        /// The file backend's image file of the volume is gone.
+        ImageMissing,
+        /// The loop device the volume was staged on no longer backs its image.
+        LoopDeviceGone,
+        /// The file backend's pool folder cannot be read or written.
+        PoolUnreachable,
+        /// The file backend's pool has less room left than its threshold.
+        PoolNearlyFull,
+    }
+}
 
 /// A pool with less than this share of its room free is nearly full: its
 /// volumes (sparse images) may meet ENOSPC before they are full.
@@ -33,12 +48,12 @@ impl FileBackend {
             Ok(None) => Vec::new(),
             Ok(Some(why)) => vec![StorageFinding {
                 status: StorageStatus::Degraded,
-                reason: Reason::PoolNearlyFull,
+                reason: reasons::PoolNearlyFull,
                 message: why,
             }],
             Err(e) => vec![StorageFinding {
                 status: StorageStatus::Unreachable,
-                reason: Reason::PoolUnreachable,
+                reason: reasons::PoolUnreachable,
                 message: e.message,
             }],
         }
@@ -61,15 +76,15 @@ impl HealthReporter for FileBackend {
         match (meta.exists(), image.exists()) {
             (false, false) => return Ok(vec![crate::plugin::health::volume_not_found(id)]),
             (_, false) => found.push(Finding::inaccessible(
-                Reason::ImageMissing,
+                reasons::ImageMissing,
                 format!("image {} is missing", image.display()),
             )),
             _ => {}
         }
         match self.nearly_full() {
             Ok(None) => {}
-            Ok(Some(why)) => found.push(Finding::degraded(Reason::PoolNearlyFull, why)),
-            Err(e) => found.push(Finding::inaccessible(Reason::PoolUnreachable, e.message)),
+            Ok(Some(why)) => found.push(Finding::degraded(reasons::PoolNearlyFull, why)),
+            Err(e) => found.push(Finding::inaccessible(reasons::PoolUnreachable, e.message)),
         }
         Ok(found)
     }

@@ -9,6 +9,7 @@
 //! half-made volume that looks whole.
 
 mod health;
+pub use health::reasons;
 mod snapshots;
 mod stage;
 mod volumes;
@@ -43,6 +44,7 @@ pub const KIND: super::Kind = super::Kind {
     mutable: &[PREALLOCATE],
     kill_points: &[],
     attaches: &[],
+    reasons: reasons::ALL,
     secrets: &[],
     build: |bc, env| {
         Ok(Arc::new(FileBackend::new(

@@ -2,7 +2,7 @@
 //! at unstage, and the block device's growth and copies.
 
 use super::*;
-use crate::plugin::{Finding, Reason};
+use crate::plugin::Finding;
 
 #[async_trait::async_trait]
 impl Stager for FileBackend {
@@ -43,7 +43,7 @@ impl Stager for FileBackend {
             // Deleted under its loop device: the device still holds the
             // data, until the volume is unstaged.
             (false, true) => found.push(Finding::data_loss(
-                Reason::ImageMissing,
+                reasons::ImageMissing,
                 format!(
                     "image {} was deleted; {} still holds its data until the volume is \
                      unstaged, then it is gone: copy it off first",
@@ -54,12 +54,12 @@ impl Stager for FileBackend {
             (exists, false) => {
                 if !exists {
                     found.push(Finding::inaccessible(
-                        Reason::ImageMissing,
+                        reasons::ImageMissing,
                         format!("image {} is missing", image.display()),
                     ));
                 }
                 found.push(Finding::inaccessible(
-                    Reason::LoopDeviceGone,
+                    reasons::LoopDeviceGone,
                     format!("{} no longer backs this volume", path.display()),
                 ));
             }
@@ -70,8 +70,8 @@ impl Stager for FileBackend {
 
 #[async_trait::async_trait]
 impl DeviceMounter for FileBackend {
-    fn node_device(&self) -> Option<crate::host::devices::DeviceKind> {
-        Some(crate::host::devices::DeviceKind::Loop)
+    fn node_device(&self) -> Option<crate::host::devices::DeviceClass> {
+        Some(crate::host::devices::LOOP)
     }
 
     async fn node_copy_pending(&self, id: &VolumeId, _ctx: &AttachContext) -> Result<bool> {

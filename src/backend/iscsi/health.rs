@@ -6,6 +6,25 @@ use super::*;
 use crate::plugin::health::{Finding, Reason};
 use crate::plugin::HealthReporter;
 
+crate::reasons! {
+    /// The health reasons only this backend gives (the shared ones are
+    /// [`crate::plugin::health::Reason`]'s).
+    pub mod reasons {
+        /// tgtd no longer serves the volume's target.
+        TargetMissing,
+        /// No iSCSI session to the volume's target.
+        SessionMissing,
+        /// The iSCSI session to the volume's target is not logged in.
+        SessionDown,
+        /// One path of a multipath volume is down; the others carry it.
+        PathDown,
+        /// The multipath map of the volume is gone.
+        MultipathMapGone,
+        /// The staged device is no longer a disk of the volume's session.
+        LunMissing,
+    }
+}
+
 #[async_trait::async_trait]
 impl HealthReporter for IscsiBackend {
     async fn known_volumes(&self, page: &Page) -> Result<Vec<VolumeId>> {
@@ -43,7 +62,7 @@ impl HealthReporter for IscsiBackend {
         if let Some(record) = self.load(id)? {
             if self.target_sessions(&record.iqn).await?.is_none() {
                 found.push(Finding::inaccessible(
-                    Reason::TargetMissing,
+                    reasons::TargetMissing,
                     format!("target {} is not served by tgtd", record.iqn),
                 ));
             }
@@ -79,7 +98,7 @@ impl IscsiBackend {
         if still.is_empty() {
             vec![StorageFinding {
                 status: StorageStatus::Unreachable,
-                reason: Reason::SessionDown,
+                reason: reasons::SessionDown,
                 message: format!(
                     "{targets} session(s) through {} down, none up",
                     portals.join(", ")
@@ -88,7 +107,7 @@ impl IscsiBackend {
         } else {
             vec![StorageFinding {
                 status: StorageStatus::Degraded,
-                reason: Reason::PathDown,
+                reason: reasons::PathDown,
                 message: format!(
                     "{targets} session(s) through {} down; {} still up",
                     portals.join(", "),

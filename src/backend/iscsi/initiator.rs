@@ -2,9 +2,10 @@
 //! node record's CHAP settings written to its file (a secret never goes on
 //! a command line), and the LUN's disk found through sysfs.
 
+use super::reasons;
 use crate::error::{Error, Result};
 use crate::exec::{path_arg, Command, CommandRunner};
-use crate::plugin::health::{Finding, Reason};
+use crate::plugin::health::Finding;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -765,14 +766,14 @@ impl Initiator<'_> {
     pub async fn condition(&self, iqn: &str, device: &Path) -> Result<Option<Finding>> {
         let Some(session) = self.sessions(iqn).await?.into_iter().next() else {
             return Ok(Some(Finding::inaccessible(
-                Reason::SessionMissing,
+                reasons::SessionMissing,
                 format!("no iSCSI session to {iqn}"),
             )));
         };
         let state = self.session_state(session.sid);
         if state != "LOGGED_IN" {
             return Ok(Some(Finding::inaccessible(
-                Reason::SessionDown,
+                reasons::SessionDown,
                 format!(
                     "iSCSI session {} to {iqn} is {}",
                     session.sid,
@@ -787,7 +788,7 @@ impl Initiator<'_> {
                 let state = self.session_state(s.sid);
                 if state != "LOGGED_IN" {
                     return Ok(Some(Finding::degraded(
-                        Reason::PathDown,
+                        reasons::PathDown,
                         format!("path {} of {iqn} is down ({state})", s.portal),
                     )));
                 }
@@ -795,7 +796,7 @@ impl Initiator<'_> {
             }
             if self.holder(&disks).as_deref() != disk.as_deref() {
                 return Ok(Some(Finding::inaccessible(
-                    Reason::MultipathMapGone,
+                    reasons::MultipathMapGone,
                     format!("multipath map {} is gone", device.display()),
                 )));
             }
@@ -803,7 +804,7 @@ impl Initiator<'_> {
         }
         if disk.is_none_or(|d| !self.disks(session.sid).contains(&d)) {
             return Ok(Some(Finding::inaccessible(
-                Reason::LunMissing,
+                reasons::LunMissing,
                 format!("{} is no longer a disk of the session", device.display()),
             )));
         }

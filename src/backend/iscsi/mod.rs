@@ -18,6 +18,7 @@
 
 mod attach;
 mod health;
+pub use health::reasons;
 mod initiator;
 mod snapshots;
 mod stage;
@@ -57,6 +58,7 @@ pub const KIND: super::Kind = super::Kind {
     kill_points: KillPoint::NAMES,
     // A LUN's disk, by its by-path link.
     attaches: &["/dev/disk/by-path/.*-iscsi-"],
+    reasons: reasons::ALL,
     secrets: &[CHAP_USER, CHAP_PASSWORD, MUTUAL_USER, MUTUAL_PASSWORD],
     build,
 };

@@ -68,10 +68,6 @@ impl Stager for IscsiBackend {
 
 #[async_trait::async_trait]
 impl DeviceMounter for IscsiBackend {
-    fn node_device(&self) -> Option<crate::host::devices::DeviceKind> {
-        Some(crate::host::devices::DeviceKind::Iscsi)
-    }
-
     async fn node_copy_pending(&self, id: &VolumeId, ctx: &AttachContext) -> Result<bool> {
         self.own_volume(id)?;
         let Some(token) = ctx.publish_context.get(CTX_FS_COPY) else {

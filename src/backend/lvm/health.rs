@@ -2,8 +2,32 @@
 //! pool nearly full, a volume group this node cannot read.
 
 use super::*;
-use crate::plugin::health::{Finding, Reason, StorageFinding, StorageStatus};
+use crate::plugin::health::{Finding, StorageFinding, StorageStatus};
 use crate::plugin::HealthReporter;
+
+crate::reasons! {
+    /// The health reasons only this backend gives (the shared ones are
+    /// [`crate::plugin::health::Reason`]'s).
+    pub mod reasons {
+        /// The logical volume is gone.
+        LogicalVolumeGone,
+        /// The logical volume is not active.
+        LogicalVolumeInactive,
+        /// A physical volume under the logical volume is missing.
+        LogicalVolumePartial,
+        /// lvm reports the logical volume's state as unknown, needing a
+        /// refresh, or with mismatches.
+        LogicalVolumeUnsettled,
+        /// A classic snapshot that overflowed its copy-on-write area.
+        SnapshotInvalid,
+        /// A thin pool's data or metadata is nearly full.
+        ThinPoolNearlyFull,
+        /// A device class's thin pool cannot be found.
+        ThinPoolMissing,
+        /// A device class's volume group cannot be read on this node.
+        VolumeGroupMissing,
+    }
+}
 
 /// A thin pool whose data or metadata is this full or more is nearly full:
 /// its volumes' writes fail once it is full.
@@ -36,7 +60,7 @@ impl HealthReporter for LvmBackend {
         let (class, lv_name) = self.split(id.locator())?;
         let Some(lv) = self.class_lv(class, lv_name).await? else {
             return Ok(vec![match self.unreadable_group(class).await {
-                Some(why) => Finding::inaccessible(Reason::VolumeGroupMissing, why),
+                Some(why) => Finding::inaccessible(reasons::VolumeGroupMissing, why),
                 None => crate::plugin::health::volume_not_found(id),
             }]);
         };
@@ -44,11 +68,11 @@ impl HealthReporter for LvmBackend {
         let mut found: Vec<Finding> = lv
             .problem()
             .into_iter()
-            .filter(|f| f.reason != Reason::LogicalVolumeInactive)
+            .filter(|f| f.reason != reasons::LogicalVolumeInactive)
             .collect();
         if !lv.pool_lv.is_empty() {
             if let Some(why) = self.pool_nearly_full(class).await? {
-                found.push(Finding::degraded(Reason::ThinPoolNearlyFull, why));
+                found.push(Finding::degraded(reasons::ThinPoolNearlyFull, why));
             }
         }
         Ok(found)
@@ -64,7 +88,7 @@ impl LvmBackend {
             if let Err(e) = self.vg(class).await {
                 found.push(StorageFinding {
                     status: StorageStatus::Unreachable,
-                    reason: Reason::VolumeGroupMissing,
+                    reason: reasons::VolumeGroupMissing,
                     message: format!("device class {}: {}", class.name, e.message),
                 });
                 continue;
@@ -73,12 +97,12 @@ impl LvmBackend {
                 Ok(None) => {}
                 Ok(Some(why)) => found.push(StorageFinding {
                     status: StorageStatus::Degraded,
-                    reason: Reason::ThinPoolNearlyFull,
+                    reason: reasons::ThinPoolNearlyFull,
                     message: format!("device class {}: {why}", class.name),
                 }),
                 Err(e) => found.push(StorageFinding {
                     status: StorageStatus::Unreachable,
-                    reason: Reason::ThinPoolMissing,
+                    reason: reasons::ThinPoolMissing,
                     message: format!("device class {}: {}", class.name, e.message),
                 }),
             }

@@ -198,6 +198,7 @@ fn is_lvm_name(name: &str) -> bool {
 mod blocks;
 mod command;
 mod health;
+pub use health::reasons;
 pub mod library;
 mod orphans;
 mod report;
@@ -216,6 +217,7 @@ pub const KIND: super::Kind = super::Kind {
     mutable: &[READ_AHEAD],
     kill_points: KillPoint::NAMES,
     attaches: &[],
+    reasons: reasons::ALL,
     secrets: &[],
     build: |bc, env| {
         let settings: LvmSettings = bc.settings()?;

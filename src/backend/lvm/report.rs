@@ -1,8 +1,9 @@
 //! lvm's JSON reports (`lvs`/`vgs --reportformat json`), parsed into typed
 //! rows; the attributes and tags ferrovol reads from them.
 
+use super::reasons;
 use crate::error::{Error, Result};
-use crate::plugin::health::{Finding, Reason};
+use crate::plugin::health::Finding;
 use serde::Deserialize;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -95,23 +96,23 @@ impl Lv {
     pub(super) fn problem(&self) -> Option<Finding> {
         let a: Vec<char> = self.lv_attr.chars().collect();
         Some(match (a.get(4), a.get(8)) {
-            (Some('I'), _) => Finding::data_loss(Reason::SnapshotInvalid, "snapshot is invalid"),
+            (Some('I'), _) => Finding::data_loss(reasons::SnapshotInvalid, "snapshot is invalid"),
             (Some(s), _) if *s != 'a' => Finding::inaccessible(
-                Reason::LogicalVolumeInactive,
+                reasons::LogicalVolumeInactive,
                 format!("LV is not active (attr {})", self.lv_attr),
             ),
             (_, Some('p')) => Finding::degraded(
-                Reason::LogicalVolumePartial,
+                reasons::LogicalVolumePartial,
                 "LV is partial: a physical volume is missing",
             ),
             (_, Some('r')) => {
-                Finding::degraded(Reason::LogicalVolumeUnsettled, "LV needs a refresh")
+                Finding::degraded(reasons::LogicalVolumeUnsettled, "LV needs a refresh")
             }
             (_, Some('m')) => {
-                Finding::degraded(Reason::LogicalVolumeUnsettled, "LV has mismatches")
+                Finding::degraded(reasons::LogicalVolumeUnsettled, "LV has mismatches")
             }
             (_, Some('X')) => {
-                Finding::degraded(Reason::LogicalVolumeUnsettled, "LV state is unknown")
+                Finding::degraded(reasons::LogicalVolumeUnsettled, "LV state is unknown")
             }
             _ => return None,
         })

@@ -2,7 +2,7 @@
 //! unstage, and the block device's growth and copies.
 
 use super::*;
-use crate::plugin::{Finding, Reason};
+use crate::plugin::Finding;
 
 #[async_trait::async_trait]
 impl Stager for LvmBackend {
@@ -104,9 +104,9 @@ impl Stager for LvmBackend {
         let (class, lv_name) = self.split(id.locator())?;
         Ok(match self.lv(&class.volume_group, lv_name).await? {
             None => vec![match self.unreadable_group(class).await {
-                Some(why) => Finding::inaccessible(Reason::VolumeGroupMissing, why),
+                Some(why) => Finding::inaccessible(reasons::VolumeGroupMissing, why),
                 None => Finding::inaccessible(
-                    Reason::LogicalVolumeGone,
+                    reasons::LogicalVolumeGone,
                     format!("LV {}/{lv_name} is gone", class.volume_group),
                 ),
             }],

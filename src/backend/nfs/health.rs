@@ -6,6 +6,23 @@ use super::*;
 use crate::plugin::health::{Finding, Reason};
 use crate::plugin::HealthReporter;
 
+crate::reasons! {
+    /// The health reasons only this backend gives (the shared ones are
+    /// [`crate::plugin::health::Reason`]'s).
+    pub mod reasons {
+        /// The nfs export cannot be mounted or read from the controller.
+        ExportUnreachable,
+        /// An nfs server does not answer an RPC on its NFS port from this node.
+        ServerNotAnswering,
+        /// The nfs volume's directory is gone from its export; its record is
+        /// still there.
+        VolumeDirectoryMissing,
+        /// The room the nfs server gives a volume's directory (its quota, or
+        /// its export's filesystem) is nearly used up.
+        QuotaNearlyReached,
+    }
+}
+
 #[async_trait::async_trait]
 impl HealthReporter for NfsBackend {
     async fn volume_health(&self, id: &VolumeId, _secrets: &Secrets) -> Result<Vec<Finding>> {
@@ -17,7 +34,7 @@ impl HealthReporter for NfsBackend {
             Ok(held) => held,
             Err(e) => {
                 return Ok(vec![Finding::inaccessible(
-                    Reason::ExportUnreachable,
+                    reasons::ExportUnreachable,
                     format!(
                         "export {}:{} cannot be reached: {}",
                         loc.server, loc.share, e.message
@@ -46,7 +63,7 @@ impl HealthReporter for NfsBackend {
         Ok(match dir {
             Ok(Some(usage)) => nearly_full(&usage).into_iter().collect(),
             Ok(None) => vec![Finding::inaccessible(
-                Reason::VolumeDirectoryMissing,
+                reasons::VolumeDirectoryMissing,
                 format!(
                     "the volume's directory {} is gone from {}:{} (its record is still there)",
                     loc.subdir.display(),
@@ -92,7 +109,7 @@ impl NfsBackend {
             if let Err(why) = answer {
                 found.push(StorageFinding {
                     status: StorageStatus::Unreachable,
-                    reason: Reason::ServerNotAnswering,
+                    reason: reasons::ServerNotAnswering,
                     message: format!("server {server} port {port}: {why}"),
                 });
             }
@@ -115,7 +132,7 @@ pub fn nearly_full(usage: &crate::host::FsUsage) -> Option<Finding> {
         return None;
     }
     Some(Finding::degraded(
-        Reason::QuotaNearlyReached,
+        reasons::QuotaNearlyReached,
         format!(
             "the server gives the volume's directory {} of {} bytes free (under \
              {NEARLY_FULL_PERCENT}%): its quota, or its export's filesystem, is nearly full; its \

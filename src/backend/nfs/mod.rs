@@ -13,6 +13,7 @@
 
 mod btrfs;
 mod health;
+pub use health::reasons;
 mod probe;
 mod share;
 mod snapshots;
@@ -49,6 +50,7 @@ pub const KIND: super::Kind = super::Kind {
     mutable: MUTABLE,
     kill_points: KillPoint::NAMES,
     attaches: &[],
+    reasons: reasons::ALL,
     secrets: &[],
     build: |bc, env| {
         Ok(Arc::new(NfsBackend::new(

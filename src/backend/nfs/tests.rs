@@ -572,7 +572,11 @@ async fn health_says_when_the_export_or_the_volume_s_directory_is_gone() {
     // Its directory removed by hand, its record left.
     std::fs::remove_dir(f.share().join("pvc-h")).unwrap();
     let found = f.backend.volume_health(&v.id, &s).await.unwrap();
-    assert_eq!(found[0].reason, Reason::VolumeDirectoryMissing, "{found:?}");
+    assert_eq!(
+        found[0].reason,
+        reasons::VolumeDirectoryMissing,
+        "{found:?}"
+    );
     assert!(found[0].message.contains("pvc-h"), "{found:?}");
     // The export no longer mounts: unreachable, said within the mount's
     // deadline.
@@ -580,7 +584,7 @@ async fn health_says_when_the_export_or_the_volume_s_directory_is_gone() {
     assert_eq!(f.backend.mounts.release_idle(Duration::ZERO).await, 1);
     f.runner.expect("mount.nfs", Reply::Timeout);
     let found = f.backend.volume_health(&v.id, &s).await.unwrap();
-    assert_eq!(found[0].reason, Reason::ExportUnreachable, "{found:?}");
+    assert_eq!(found[0].reason, reasons::ExportUnreachable, "{found:?}");
 }
 
 /// The room the server gives a volume's directory: under 5% free is
@@ -588,7 +592,7 @@ async fn health_says_when_the_export_or_the_volume_s_directory_is_gone() {
 #[test]
 fn a_directory_with_under_5_percent_free_is_nearly_full() {
     use crate::host::FsUsage;
-    use crate::plugin::health::{Reason, Status};
+    use crate::plugin::health::Status;
     const MIB: u64 = 1 << 20;
     let usage = |total: u64, available: u64| FsUsage {
         total_bytes: total,
@@ -601,7 +605,7 @@ fn a_directory_with_under_5_percent_free_is_nearly_full() {
     let found = health::nearly_full(&usage(100 * MIB, 4 * MIB)).unwrap();
     assert_eq!(
         (found.status, found.reason),
-        (Status::Degraded, Reason::QuotaNearlyReached)
+        (Status::Degraded, reasons::QuotaNearlyReached)
     );
     assert!(found.message.contains("4194304 of 104857600"), "{found:?}");
 }
@@ -611,7 +615,7 @@ fn a_directory_with_under_5_percent_free_is_nearly_full() {
 /// said unreachable, the one that answers is not.
 #[tokio::test]
 async fn storage_health_says_which_servers_do_not_answer() {
-    use crate::plugin::health::{Reason, StorageStatus};
+    use crate::plugin::health::StorageStatus;
     let answering = probe::fake::server(|call| Some(probe::fake::reply_to(call, 0, 1))).await;
     let silent = probe::fake::server(|_| None).await;
     let export = |name: &str, port: u16| {
@@ -642,7 +646,7 @@ async fn storage_health_says_which_servers_do_not_answer() {
     assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
     assert_eq!(found.len(), 1, "{found:?}");
     assert_eq!(found[0].status, StorageStatus::Unreachable);
-    assert_eq!(found[0].reason, Reason::ServerNotAnswering);
+    assert_eq!(found[0].reason, reasons::ServerNotAnswering);
     assert!(
         found[0]
             .message

@@ -3,9 +3,26 @@
 //! (a mapping left behind on a node, a client outside this driver).
 
 use super::*;
-use crate::plugin::health::{Finding, Reason};
+use crate::plugin::health::Finding;
 use crate::plugin::HealthReporter;
 use std::collections::BTreeSet;
+
+crate::reasons! {
+    /// The health reasons only this backend gives (the shared ones are
+    /// [`crate::plugin::health::Reason`]'s).
+    pub mod reasons {
+        /// The rbd image is no longer mapped at the staged device.
+        MappingGone,
+        /// This node's client was fenced (blocklisted) by a detach while the
+        /// volume was staged here.
+        ClientFenced,
+        /// The Ceph cluster does not answer this node.
+        ClusterNotAnswering,
+        /// The rbd image is open (watched) by a client that no node the volume
+        /// is published to recorded as its own.
+        WatchersElsewhere,
+    }
+}
 
 /// How long apart the image's watchers are read twice before a client is
 /// called foreign: a tool's brief open of the image (a resize, a metadata
@@ -96,7 +113,7 @@ pub(super) fn watchers_finding(spec: &Spec, foreign: &[String]) -> Option<Findin
         return None;
     }
     Some(Finding::degraded(
-        Reason::WatchersElsewhere,
+        reasons::WatchersElsewhere,
         format!(
             "image {} is open by client(s) {} that no node it is published to recorded as its \
              own: a mapping left on a node, or a client outside this driver; two writers of a \

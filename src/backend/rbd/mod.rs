@@ -20,9 +20,10 @@ mod cli;
 mod cluster;
 mod creds;
 mod health;
+pub use health::reasons;
 mod librbd;
 mod snapshots;
-mod stage;
+pub(crate) mod stage;
 #[cfg(test)]
 mod tests;
 mod volumes;
@@ -57,6 +58,7 @@ pub const KIND: super::Kind = super::Kind {
     kill_points: KillPoint::NAMES,
     // A mapped image.
     attaches: &["^/dev/rbd"],
+    reasons: reasons::ALL,
     secrets: &[USER_ID, USER_KEY],
     build: |bc, env| {
         Ok(Arc::new(RbdBackend::new(
@@ -745,7 +747,7 @@ impl Backend for RbdBackend {
             Err(e) => vec![StorageFinding {
                 status: StorageStatus::Unreachable,
                 reason: if e.kind == crate::error::Kind::Unavailable {
-                    Reason::ClusterNotAnswering
+                    reasons::ClusterNotAnswering
                 } else {
                     Reason::HealthCheckFailed
                 },

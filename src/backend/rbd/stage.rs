@@ -2,7 +2,8 @@
 //! unstage, and the block device's growth and copies.
 
 use super::*;
-use crate::plugin::{Finding, Reason};
+use crate::host::devices::{Census, DeviceClass, MINOR_BITS};
+use crate::plugin::Finding;
 
 /// How long an unstage waits for a mapped device that is busy (EBUSY) to
 /// be let go before it fails UNAVAILABLE.
@@ -98,7 +99,7 @@ impl Stager for RbdBackend {
         };
         if self.find_mapping(&spec).await?.as_ref() != Some(path) {
             return Ok(vec![Finding::inaccessible(
-                Reason::MappingGone,
+                reasons::MappingGone,
                 format!("{} is no longer mapped to {}", path.display(), spec.arg()),
             )]);
         }
@@ -115,7 +116,7 @@ impl Stager for RbdBackend {
             let meta = self.rbd().meta(&self.creds(&secrets)?, &spec).await?;
             if meta.get(&client_key(&node)) != Some(&addr) {
                 return Ok(vec![Finding::inaccessible(
-                    Reason::ClientFenced,
+                    reasons::ClientFenced,
                     format!(
                         "the volume was detached from this node while staged here: its client {addr} is fenced"
                     ),
@@ -135,7 +136,7 @@ impl Stager for RbdBackend {
             match foreign {
                 Err(e) => {
                     return Ok(vec![Finding::inaccessible(
-                        Reason::ClusterNotAnswering,
+                        reasons::ClusterNotAnswering,
                         format!("the cluster does not answer: {}", e.message),
                     )])
                 }
@@ -150,10 +151,34 @@ impl Stager for RbdBackend {
     }
 }
 
+/// rbd's minors per device with `single_major` (`RBD_SINGLE_MAJOR_PART_SHIFT`).
+const PART_SHIFT: u32 = 4;
+
+/// Mapped rbd images, for NodeGetInfo's count. With `single_major` (the
+/// default, and what a module not loaded yet will get) rbd numbers devices
+/// within its one major: 65,536. Without it each device takes a dynamic
+/// block major of its own: those free now, and those its mapped devices
+/// hold.
+pub const DEVICES: DeviceClass = DeviceClass {
+    name: "rbd",
+    census: |t| {
+        let attached: Vec<String> = t
+            .entries("bus/rbd/devices", |_, _| true)
+            .into_iter()
+            .map(|id| format!("rbd{id}"))
+            .collect();
+        let ceiling = match t.param("rbd", "single_major").as_deref() {
+            Some("N" | "n" | "0") => t.free_dynamic_majors() + attached.len() as u64,
+            _ => 1u64 << (MINOR_BITS - PART_SHIFT),
+        };
+        Census { ceiling, attached }
+    },
+};
+
 #[async_trait::async_trait]
 impl DeviceMounter for RbdBackend {
-    fn node_device(&self) -> Option<crate::host::devices::DeviceKind> {
-        Some(crate::host::devices::DeviceKind::Rbd)
+    fn node_device(&self) -> Option<DeviceClass> {
+        Some(DEVICES)
     }
 
     async fn node_copy_pending(&self, id: &VolumeId, ctx: &AttachContext) -> Result<bool> {

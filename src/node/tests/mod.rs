@@ -114,7 +114,10 @@ impl Stager for Recorder {
         let gate = self.health_gate.lock().unwrap().clone();
         if let Some(gate) = gate {
             gate.notified().await;
-            return Ok(vec![Finding::degraded(Reason::PathDown, "answered late")]);
+            return Ok(vec![Finding::degraded(
+                Reason::DeviceIOErrors,
+                "answered late",
+            )]);
         }
         Ok(Vec::new())
     }
@@ -122,8 +125,8 @@ impl Stager for Recorder {
 
 #[async_trait::async_trait]
 impl DeviceMounter for Recorder {
-    fn node_device(&self) -> Option<DeviceKind> {
-        Some(DeviceKind::Loop)
+    fn node_device(&self) -> Option<crate::host::devices::DeviceClass> {
+        Some(crate::host::devices::LOOP)
     }
 
     async fn node_refresh_size(&self, _id: &VolumeId, _attachment: &Attachment) -> Result<u64> {

@@ -558,7 +558,7 @@ async fn health_reads_the_store_and_the_target() {
     // tgtd lost the target (restarted without it, deleted by hand).
     t.edit(|st| st.targets.retain(|_, target| target.iqn != IQN));
     let found = b.volume_health(&v.id, &secrets).await.unwrap();
-    assert_eq!(found[0].reason, Reason::TargetMissing, "{found:?}");
+    assert_eq!(found[0].reason, reasons::TargetMissing, "{found:?}");
     assert!(found[0].message.contains(IQN), "{found:?}");
     // A volume the store does not have: not found, by this backend's id.
     let never = VolumeId::parse("iscsi:pvc-never").unwrap();

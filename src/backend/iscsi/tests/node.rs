@@ -1,7 +1,7 @@
 //! The node's side: logins, unstage, sessions, multipath, copies' UUIDs.
 
 use super::*;
-use crate::plugin::health::{Reason, Status};
+use crate::plugin::health::Status;
 
 /// A fake sysfs: session `sid` with LUN 1 as disk `disk`.
 fn sysfs_session(root: &Path, sid: u32, disk: &str, state: &str, sectors: u64) {
@@ -492,18 +492,18 @@ async fn rescan_and_condition_read_the_session() {
     s.runner.expect("iscsiadm", Reply::Ok(SESSION.into()));
     let c = b.node_health(&id, &dev).await.unwrap().remove(0);
     assert!(c.message.contains("FAILED"), "{c:?}");
-    assert_eq!(c.reason, Reason::SessionDown);
+    assert_eq!(c.reason, reasons::SessionDown);
     s.runner.expect("iscsiadm", Reply::Fail(21, String::new()));
     let c = b.node_health(&id, &dev).await.unwrap().remove(0);
     assert!(c.message.contains("no iSCSI session"), "{c:?}");
-    assert_eq!(c.reason, Reason::SessionMissing);
+    assert_eq!(c.reason, reasons::SessionMissing);
     sysfs_session(s.dir.path(), 4, "sdc", "LOGGED_IN", 32768);
     s.runner.expect("iscsiadm", Reply::Ok(SESSION.into()));
     let gone = Attachment::Device {
         path: "/dev/sdz".into(),
     };
     let c = b.node_health(&id, &gone).await.unwrap().remove(0);
-    assert_eq!(c.reason, Reason::LunMissing);
+    assert_eq!(c.reason, reasons::LunMissing);
 }
 
 #[test]
@@ -618,7 +618,7 @@ async fn multipath_logs_in_everywhere_and_stages_the_map() {
         c.message.contains("10.0.0.6:3260") && c.message.contains("down"),
         "{c:?}"
     );
-    assert_eq!((c.status, c.reason), (Status::Degraded, Reason::PathDown));
+    assert_eq!((c.status, c.reason), (Status::Degraded, reasons::PathDown));
 
     // Unstage flushes the map first; a map that stays (held open) stops it
     // before any disk or session is touched.
@@ -767,7 +767,7 @@ async fn a_copy_token_goes_to_nodes_until_the_uuid_changes_and_each_node_renews_
 /// The storage as this node sees it: this driver's sessions, by state.
 #[tokio::test]
 async fn storage_health_counts_the_sessions_that_are_down() {
-    use crate::plugin::health::{Reason, StorageStatus};
+    use crate::plugin::health::StorageStatus;
     let s = Setup::new();
     let b = s.node();
     let two = "tcp: [4] 10.0.0.5:3260,1 iqn.2026-11.io.ferrovol:pvc-1 (non-flash)\n\
@@ -785,7 +785,7 @@ async fn storage_health_counts_the_sessions_that_are_down() {
     let f = b.storage_findings().await;
     assert_eq!(
         (f[0].status, f[0].reason),
-        (StorageStatus::Degraded, Reason::PathDown),
+        (StorageStatus::Degraded, reasons::PathDown),
         "{f:?}"
     );
     assert!(f[0].message.contains("10.0.0.6:3260"), "{f:?}");
@@ -795,7 +795,7 @@ async fn storage_health_counts_the_sessions_that_are_down() {
     let f = b.storage_findings().await;
     assert_eq!(
         (f[0].status, f[0].reason),
-        (StorageStatus::Unreachable, Reason::SessionDown),
+        (StorageStatus::Unreachable, reasons::SessionDown),
         "{f:?}"
     );
     // No session at all: nothing down.

@@ -33,8 +33,8 @@ async fn a_volume_s_health_is_its_lv_and_its_pool() {
     assert_eq!(
         kinds,
         vec![
-            (Status::Degraded, Reason::LogicalVolumePartial),
-            (Status::Degraded, Reason::ThinPoolNearlyFull)
+            (Status::Degraded, reasons::LogicalVolumePartial),
+            (Status::Degraded, reasons::ThinPoolNearlyFull)
         ]
     );
     assert!(found[1].message.contains("95% full"), "{found:?}");
@@ -51,7 +51,7 @@ async fn a_volume_s_health_is_its_lv_and_its_pool() {
     let found = b.volume_health(&id, &secrets).await.unwrap();
     assert_eq!(
         (found[0].status, found[0].reason),
-        (Status::Inaccessible, Reason::VolumeGroupMissing)
+        (Status::Inaccessible, reasons::VolumeGroupMissing)
     );
     assert!(found[0].message.contains("vg0 cannot be read"), "{found:?}");
 }
@@ -75,7 +75,7 @@ async fn an_lv_on_an_unreadable_group_is_not_called_gone() {
     let found = b.node_health(&id, &attachment).await.unwrap();
     assert_eq!(
         (found[0].status, found[0].reason),
-        (Status::Inaccessible, Reason::VolumeGroupMissing)
+        (Status::Inaccessible, reasons::VolumeGroupMissing)
     );
     r.expect("lvs", Reply::Ok(lvs_json(&[])))
         .expect("vgs", unreadable());
@@ -92,7 +92,7 @@ async fn an_lv_on_an_unreadable_group_is_not_called_gone() {
     r.expect("lvs", Reply::Ok(lvs_json(&[])))
         .expect("vgs", Reply::Ok(vgs_json(1 << 30, 1 << 29)));
     let found = b.node_health(&id, &attachment).await.unwrap();
-    assert_eq!(found[0].reason, Reason::LogicalVolumeGone);
+    assert_eq!(found[0].reason, reasons::LogicalVolumeGone);
     r.expect("lvs", Reply::Ok(lvs_json(&[])))
         .expect("vgs", Reply::Ok(vgs_json(1 << 30, 1 << 29)));
     let e = b
@@ -114,7 +114,7 @@ async fn the_storage_s_health_is_each_class_s_group_and_pool() {
     let found = b.storage_findings().await;
     assert_eq!(
         (found[0].status, found[0].reason),
-        (StorageStatus::Degraded, Reason::ThinPoolNearlyFull)
+        (StorageStatus::Degraded, reasons::ThinPoolNearlyFull)
     );
     assert!(
         found[0].message.starts_with("device class fast:"),
@@ -127,6 +127,6 @@ async fn the_storage_s_health_is_each_class_s_group_and_pool() {
     let found = b.storage_findings().await;
     assert_eq!(
         (found[0].status, found[0].reason),
-        (StorageStatus::Unreachable, Reason::VolumeGroupMissing)
+        (StorageStatus::Unreachable, reasons::VolumeGroupMissing)
     );
 }

@@ -120,24 +120,24 @@ fn attributes_report_problems() {
         lv_attr: attr.into(),
         ..parse_lvs(&lvs_json(&[lv_row("x", 1, "", "")])).unwrap()[0].clone()
     };
-    use crate::plugin::health::{Reason, Status};
+    use crate::plugin::health::Status;
     let p = lv("-wi-------").problem().unwrap();
     assert!(p.message.contains("not active"));
     assert_eq!(
         (p.status, p.reason),
-        (Status::Inaccessible, Reason::LogicalVolumeInactive)
+        (Status::Inaccessible, reasons::LogicalVolumeInactive)
     );
     let p = lv("-wi-a---p-").problem().unwrap();
     assert!(p.message.contains("partial"));
     assert_eq!(
         (p.status, p.reason),
-        (Status::Degraded, Reason::LogicalVolumePartial)
+        (Status::Degraded, reasons::LogicalVolumePartial)
     );
     let p = lv("swi-I-s---").problem().unwrap();
     assert!(p.message.contains("invalid"));
     assert_eq!(
         (p.status, p.reason),
-        (Status::DataLoss, Reason::SnapshotInvalid)
+        (Status::DataLoss, reasons::SnapshotInvalid)
     );
     assert_eq!(lv("-wi-ao----").problem(), None);
 }

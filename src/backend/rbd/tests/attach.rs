@@ -224,7 +224,7 @@ async fn a_fenced_stage_is_abnormal() {
         c.message.contains("fenced") && c.message.contains("10.0.0.2:0/77"),
         "{c:?}"
     );
-    assert_eq!(c.reason, crate::plugin::health::Reason::ClientFenced);
+    assert_eq!(c.reason, reasons::ClientFenced);
 }
 
 #[test]
@@ -326,7 +326,7 @@ async fn grants_are_read_back_from_the_images_metadata() {
 /// user; a node without one asks nothing.
 #[tokio::test]
 async fn storage_health_asks_the_cluster_with_the_node_s_own_user() {
-    use crate::plugin::health::{Reason, StorageStatus};
+    use crate::plugin::health::StorageStatus;
     let dir = tempfile::tempdir().unwrap();
     let r = Arc::new(FakeRunner::new());
     assert_eq!(
@@ -344,7 +344,7 @@ async fn storage_health_asks_the_cluster_with_the_node_s_own_user() {
     let f = b.storage_findings().await;
     assert_eq!(
         (f[0].status, f[0].reason),
-        (StorageStatus::Unreachable, Reason::ClusterNotAnswering),
+        (StorageStatus::Unreachable, reasons::ClusterNotAnswering),
         "{f:?}"
     );
     assert!(f[0].message.starts_with("cluster c1:"), "{f:?}");

@@ -51,7 +51,7 @@ async fn the_controller_says_an_image_gone_and_clients_no_node_recorded() {
     assert_eq!(f.len(), 1, "{f:?}");
     assert_eq!(
         (f[0].status, f[0].reason),
-        (Status::Degraded, Reason::WatchersElsewhere)
+        (Status::Degraded, reasons::WatchersElsewhere)
     );
     assert!(
         f[0].message.contains("10.0.0.9:0/5") && !f[0].message.contains("0/77"),
@@ -119,6 +119,6 @@ async fn the_node_says_other_clients_of_its_staged_image() {
         );
     let f = b.node_health(&id, &a).await.unwrap();
     assert_eq!(f.len(), 1, "{f:?}");
-    assert_eq!(f[0].reason, Reason::WatchersElsewhere);
+    assert_eq!(f[0].reason, reasons::WatchersElsewhere);
     assert!(f[0].message.contains("10.0.0.4:0/9"), "{}", f[0].message);
 }

@@ -86,7 +86,7 @@ async fn the_node_maps_only_what_is_published_to_it() {
     // Condition: the mapping gone is abnormal.
     let c = b.node_health(&id, &a).await.unwrap().remove(0);
     assert!(c.message.contains("no longer mapped"), "{c:?}");
-    assert_eq!(c.reason, crate::plugin::Reason::MappingGone);
+    assert_eq!(c.reason, reasons::MappingGone);
     // Size after a resize, from sysfs.
     std::fs::create_dir_all(dir.path().join("sys/block/rbd0")).unwrap();
     std::fs::write(dir.path().join("sys/block/rbd0/size"), "40960\n").unwrap();
@@ -271,4 +271,43 @@ async fn the_mapping_is_read_from_the_kernel_table() {
         Some("/dev/rbd12".into())
     );
     assert!(r.lines().is_empty(), "{:?}", r.lines());
+}
+
+/// NodeGetInfo's count of rbd devices, read from the kernel's tables.
+mod devices {
+    use crate::backend::rbd::stage::DEVICES;
+    use crate::host::devices::fixture::*;
+
+    #[test]
+    fn rbd_room_with_one_major_is_its_minor_space_less_others_mappings() {
+        let f = Fixture::new();
+        f.write("module/rbd/parameters/single_major", "Y\n");
+        f.write("bus/rbd/devices/0/pool", "rbd\n");
+        f.write("bus/rbd/devices/3/pool", "other\n");
+        let t = f.tables();
+        assert_eq!(t.room(&DEVICES, &set(&["rbd0"])), 65_536 - 1);
+        // The module not loaded yet: it loads with one major.
+        let empty = Fixture::new();
+        assert_eq!(empty.tables().room(&DEVICES, &set(&[])), 65_536);
+    }
+
+    #[test]
+    fn rbd_room_without_one_major_counts_the_free_dynamic_majors() {
+        let f = Fixture::new();
+        f.write("module/rbd/parameters/single_major", "N\n");
+        f.write("bus/rbd/devices/0/pool", "rbd\n");
+        f.write("bus/rbd/devices/1/pool", "rbd\n");
+        // Majors 1 to 250 take their slots and 259 hashes onto slot 4,
+        // taken already: slots 251 to 254 are free. Two of the taken ones
+        // are the mapped devices' own.
+        let mut devices = String::from("Character devices:\n  1 mem\n\nBlock devices:\n");
+        for m in 1..=250 {
+            devices.push_str(&format!("{m} blk{m}\n"));
+        }
+        devices.push_str("259 blkext\n");
+        f.proc_devices(&devices);
+        let t = f.tables();
+        // 4 free slots + 2 held by mapped devices, one of them others'.
+        assert_eq!(t.room(&DEVICES, &set(&["rbd0"])), 4 + 2 - 1);
+    }
 }
