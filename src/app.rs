@@ -93,7 +93,9 @@ pub fn build_with(
     // Before anything reads it: a directory a newer version wrote is
     // refused whole.
     crate::format::adopt(&state_dir)?;
-    let config = Config::load(settings.config.as_deref(), &state_dir)?;
+    let config = Config::load(settings.config.as_deref(), || {
+        crate::backend::built_in(&state_dir)
+    })?;
     if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
         let mounts = std::fs::read_to_string("/proc/self/mountinfo")
             .map_err(|e| Error::io("read /proc/self/mountinfo", e))?;
@@ -189,8 +191,8 @@ pub fn build_with(
 }
 
 /// The node id this driver reports. A node tells controllers what its
-/// backends need to know of it (an iSCSI initiator name, that it maps rbd
-/// images) in its node id: `<name>/<token>,<token>`. A backend that cannot
+/// backends need to know of it (an initiator name, that it maps images of a
+/// kind) in its node id: `<name>/<token>,<token>`. A backend that cannot
 /// say (this node lacks what it needs: no initiator name) is left out of
 /// it, and answered with why: the node serves its other backends, and no
 /// controller publishes that backend's volumes to it.
@@ -228,22 +230,14 @@ fn full_node_id(
             }
         }
     }
-    let initiators = tokens
-        .iter()
-        .filter(|t| crate::plugin::is_iscsi_name(t))
-        .count();
-    if initiators > 1 {
-        return Err(Error::invalid(
-            "backends disagree on this node's initiator name",
-        ));
-    }
+    crate::backend::node_tokens_agree(&tokens)?;
     let full = match tokens.is_empty() {
         true => node_id,
         false => format!("{node_id}/{}", tokens.join(",")),
     };
     if full.len() > 256 {
         return Err(Error::invalid(
-            "node id with the initiator name is over 256 bytes",
+            "node id with its backends' tokens is over 256 bytes",
         ));
     }
     Ok((full, lacking))

@@ -108,11 +108,12 @@ impl Config {
     }
 
     /// Reads the config file (or the `*.toml` files of a config directory),
-    /// or builds the default when there is none.
-    pub fn load(path: Option<&Path>, state_dir: &Path) -> Result<Self> {
+    /// or, when there is none, serves the `built_in` backend alone (the
+    /// driver's: [`crate::backend::built_in`]).
+    pub fn load(path: Option<&Path>, built_in: impl FnOnce() -> BackendConfig) -> Result<Self> {
         let Some(path) = path else {
             let mut config = Config::default();
-            config.backends.push(Self::default_file_backend(state_dir));
+            config.backends.push(built_in());
             return Ok(config);
         };
         let config: Config = match path.is_dir() {
@@ -178,19 +179,6 @@ impl Config {
             config.backends.extend(fragment.backends);
         }
         Ok(config)
-    }
-
-    fn default_file_backend(state_dir: &Path) -> BackendConfig {
-        let mut settings = toml::Table::new();
-        settings.insert(
-            "pool".into(),
-            toml::Value::String(state_dir.join("pool").display().to_string()),
-        );
-        BackendConfig {
-            kind: "file".into(),
-            name: None,
-            settings,
-        }
     }
 }
 
@@ -286,15 +274,22 @@ pub fn absolute(path: &Path, what: &str) -> Result<PathBuf> {
 mod tests {
     use super::*;
 
+    /// The built-in backend's table, as `backend::built_in` makes it.
+    fn built_in() -> BackendConfig {
+        BackendConfig {
+            kind: "file".into(),
+            name: None,
+            settings: toml::Table::from_iter([("pool".into(), "/state/pool".into())]),
+        }
+    }
+
     #[test]
-    fn default_config_enables_file_under_state_dir() {
-        let c = Config::load(None, Path::new("/var/lib/ferrovol")).unwrap();
+    fn without_a_config_the_built_in_backend_alone_and_the_node_defaults() {
+        let c = Config::load(None, built_in).unwrap();
         assert_eq!(c.backends.len(), 1);
         assert_eq!(c.backends[0].name(), "file");
-        assert_eq!(
-            c.backends[0].settings["pool"].as_str(),
-            Some("/var/lib/ferrovol/pool")
-        );
+        assert_eq!(c.backends[0].settings["pool"].as_str(), Some("/state/pool"));
+        assert_eq!(c.default_backend, None);
         assert_eq!(c.node.max_volumes_per_node, 256);
     }
 
@@ -363,18 +358,18 @@ encryption_kdf_time_ms = 2000
         std::fs::create_dir(dir.path().join("..data")).unwrap();
         write("..data/x.toml", "bogus = 1");
         write("README", "not toml");
-        let c = Config::load(Some(dir.path()), Path::new("/state")).unwrap();
+        let c = Config::load(Some(dir.path()), built_in).unwrap();
         assert_eq!(c.node.max_volumes_per_node, 7);
         assert_eq!(c.default_backend.as_deref(), Some("file"));
         let names: Vec<&str> = c.backends.iter().map(|b| b.name()).collect();
         assert_eq!(names, ["file", "lvm"], "in file name order");
 
         write("zz.toml", "[node]\nmax_volumes_per_node = 1\n");
-        let e = Config::load(Some(dir.path()), Path::new("/state")).unwrap_err();
+        let e = Config::load(Some(dir.path()), built_in).unwrap_err();
         assert!(e.message.contains("[node] is set in both"), "{}", e.message);
         std::fs::remove_file(dir.path().join("zz.toml")).unwrap();
         write("zz.toml", "default_backend = \"lvm\"\n");
-        let e = Config::load(Some(dir.path()), Path::new("/state")).unwrap_err();
+        let e = Config::load(Some(dir.path()), built_in).unwrap_err();
         assert!(
             e.message.contains("default_backend is set in both"),
             "{}",
@@ -384,14 +379,14 @@ encryption_kdf_time_ms = 2000
             "zz.toml",
             "[[backend]]\ntype = \"file\"\nbogus_key = 1\n[oops]\n",
         );
-        let e = Config::load(Some(dir.path()), Path::new("/state")).unwrap_err();
+        let e = Config::load(Some(dir.path()), built_in).unwrap_err();
         assert!(e.message.contains("zz.toml"), "{}", e.message);
 
         // A directory of no backend is refused, naming it: never the
         // built-in file backend in its place.
         let empty = tempfile::tempdir().unwrap();
         std::fs::write(empty.path().join("00-driver.toml"), "[node]\n").unwrap();
-        let e = Config::load(Some(empty.path()), Path::new("/state")).unwrap_err();
+        let e = Config::load(Some(empty.path()), built_in).unwrap_err();
         assert_eq!(e.kind, crate::error::Kind::InvalidArgument);
         assert!(e.message.contains("names no backend"), "{}", e.message);
         assert!(
@@ -400,7 +395,7 @@ encryption_kdf_time_ms = 2000
             e.message
         );
         // Without a config, the built-in one.
-        let c = Config::load(None, Path::new("/state")).unwrap();
+        let c = Config::load(None, built_in).unwrap();
         assert_eq!(c.backends[0].settings["pool"].as_str(), Some("/state/pool"));
     }
 

@@ -31,10 +31,10 @@ enum Command {
     /// src/host/freeze.rs); not for use by hand.
     #[command(name = "freeze-holder", hide = true)]
     FreezeHolder,
-    /// Runs lvm's commands for the driver through liblvm2cmd (see
-    /// src/backend/lvm/library.rs); not for use by hand.
-    #[command(name = "lvm-helper", hide = true)]
-    LvmHelper,
+    /// A backend's helper the driver starts from its own binary
+    /// (`backend::Kind::helpers`: lvm's `lvm-helper`); not for use by hand.
+    #[command(external_subcommand)]
+    Helper(Vec<String>),
 }
 
 /// The settings of `serve`.
@@ -170,9 +170,20 @@ fn main() -> std::process::ExitCode {
         Command::FreezeHolder => {
             std::process::ExitCode::from(ferrovol::host::freeze::holder_main() as u8)
         }
-        Command::LvmHelper => {
-            std::process::ExitCode::from(ferrovol::backend::lvm::library::helper_main() as u8)
-        }
+        Command::Helper(args) => match ferrovol::backend::helper(&args[0]) {
+            Some(helper) if args.len() == 1 => std::process::ExitCode::from((helper.main)() as u8),
+            Some(_) => {
+                eprintln!("error: ferrovol {} takes no arguments", args[0]);
+                std::process::ExitCode::from(2)
+            }
+            None => {
+                eprintln!(
+                    "error: unrecognized subcommand '{}'\n\nFor more information, try '--help'.",
+                    args[0]
+                );
+                std::process::ExitCode::from(2)
+            }
+        },
     }
 }
 

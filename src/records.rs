@@ -30,14 +30,15 @@ pub fn write(path: &Path, bytes: &[u8]) -> Result<()> {
         .map_err(|e| Error::io(format!("write {}", path.display()), e))
 }
 
-/// [`write`] for a folder on an NFS mount. The new file is fsynced (the
+/// [`write`] for a folder on a network filesystem whose server commits a
+/// rename before it answers it (an NFS mount). The new file is fsynced (the
 /// server commits its data), the folder is not: an NFS server commits a
 /// rename before it answers it (Linux's nfsd on a `sync` export, the
 /// default), and the client's fsync of a directory sends nothing (Linux's
 /// returns at once); opening the directory for it only cost a round trip
 /// to revalidate it, a tenth of a ControllerExpandVolume's time.
-pub fn write_on_nfs(path: &Path, bytes: &[u8]) -> Result<()> {
-    replace(path, bytes, Lasting::PowerOnNfs)
+pub fn write_on_server(path: &Path, bytes: &[u8]) -> Result<()> {
+    replace(path, bytes, Lasting::PowerOnServer)
         .map_err(|e| Error::io(format!("write {}", path.display()), e))
 }
 
@@ -48,9 +49,9 @@ enum Lasting {
     Process,
     /// A power loss: the file and its folder fsynced.
     Power,
-    /// A power loss of the NFS server the folder is on: the file fsynced
+    /// A power loss of the server the folder is on (NFS): the file fsynced
     /// (the server commits the rename itself).
-    PowerOnNfs,
+    PowerOnServer,
 }
 
 /// The layout of the JSON records the driver keeps (in the state
@@ -112,10 +113,11 @@ pub fn remove(path: &Path) -> Result<bool> {
     remove_lasting(path, Lasting::Power)
 }
 
-/// [`remove`] in a folder on an NFS mount: the server commits the removal
-/// before it answers (see [`write_on_nfs`]); the folder is not fsynced.
-pub fn remove_on_nfs(path: &Path) -> Result<bool> {
-    remove_lasting(path, Lasting::PowerOnNfs)
+/// [`remove`] in a folder on a network filesystem whose server commits the
+/// removal before it answers (an NFS mount: see [`write_on_server`]); the
+/// folder is not fsynced.
+pub fn remove_on_server(path: &Path) -> Result<bool> {
+    remove_lasting(path, Lasting::PowerOnServer)
 }
 
 fn remove_lasting(path: &Path, lasting: Lasting) -> Result<bool> {
@@ -184,7 +186,7 @@ fn replace(path: &Path, bytes: &[u8], lasting: Lasting) -> std::io::Result<()> {
         .open(&tmp)?;
     let written = f.write_all(bytes).and_then(|()| match lasting {
         Lasting::Process => Ok(()),
-        Lasting::Power | Lasting::PowerOnNfs => f.sync_all(),
+        Lasting::Power | Lasting::PowerOnServer => f.sync_all(),
     });
     drop(f);
     if let Err(e) = written.and_then(|()| fs::rename(&tmp, path)) {
@@ -441,7 +443,7 @@ mod tests {
         // The same on an NFS mount's folder (only the folder's fsync is
         // left out).
         write(&p, b"first version, long").unwrap();
-        write_on_nfs(&p, b"second").unwrap();
+        write_on_server(&p, b"second").unwrap();
         assert_eq!(fs::read_to_string(&p).unwrap(), "second");
         assert_eq!(names(dir.path()), vec!["r.json"]);
         assert_eq!(

@@ -5,6 +5,9 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+#[path = "docs/places.rs"]
+mod places;
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }

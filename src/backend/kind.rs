@@ -35,11 +35,27 @@ pub struct Kind {
     /// not answer would hold each scan). None for a kind that attaches no
     /// device, or only devices lvm may read (a loop device over a file).
     pub attaches: &'static [&'static str],
+    /// Tells its token in a node id from the others' (the token its
+    /// `Attacher::node_id_suffix` gives: an initiator name). A node whose
+    /// backends of this kind give two different tokens cannot be served:
+    /// [`super::node_tokens_agree`] refuses it at start. None for a kind
+    /// that gives none.
+    pub node_token: Option<fn(&str) -> bool>,
     /// The health reasons only it gives (its folder's `reasons::ALL`); the
     /// shared ones are [`crate::plugin::health::Reason::SHARED`].
     pub reasons: &'static [crate::plugin::health::Reason],
+    /// Subcommands of the driver's binary its backends start as children
+    /// (the child serves them, then exits with the function's status):
+    /// hidden, never for use by hand.
+    pub helpers: &'static [Helper],
     /// Builds one from its config table.
     pub build: fn(&BackendConfig, &Env) -> Result<Arc<dyn Backend>>,
+}
+
+/// A subcommand of the driver's binary: its name, and what runs it.
+pub struct Helper {
+    pub command: &'static str,
+    pub main: fn() -> i32,
 }
 
 /// What a backend is built with: the driver's seams and its state

@@ -14,11 +14,27 @@ use crate::exec::CommandRunner;
 use crate::host::Host;
 use crate::mount::Mounter;
 use crate::plugin::Registry;
-pub use kind::{Env, Kind};
+pub use kind::{Env, Helper, Kind};
 use std::sync::Arc;
 
 /// Every kind of backend: adding one is its folder and a line here.
 pub const KINDS: &[Kind] = &[file::KIND, lvm::KIND, nfs::KIND, iscsi::KIND, rbd::KIND];
+
+/// The backend a driver started without a config serves: the embedded
+/// `file` backend, its pool in the state directory (runs on any Linux
+/// box).
+pub fn built_in(state_dir: &std::path::Path) -> BackendConfig {
+    file::built_in(state_dir)
+}
+
+/// The helper subcommand of the driver's binary of this name, if any
+/// kind has one.
+pub fn helper(command: &str) -> Option<&'static Helper> {
+    KINDS
+        .iter()
+        .flat_map(|k| k.helpers)
+        .find(|h| h.command == command)
+}
 
 /// The kind a config's `type` names: INVALID_ARGUMENT listing the kinds
 /// there are otherwise.
@@ -39,6 +55,29 @@ pub fn attached_devices() -> Vec<&'static str> {
     let mut all: Vec<&'static str> = KINDS.iter().flat_map(|k| k.attaches).copied().collect();
     all.push(crate::host::crypt::MAPS);
     all
+}
+
+/// Whether the tokens a node's backends give for its node id can be told
+/// apart: two different tokens of one kind (two iSCSI initiator names from
+/// two iscsi backends) would leave controllers guessing which is this
+/// node's. INVALID_ARGUMENT naming the kind when they cannot.
+pub fn node_tokens_agree(tokens: &[String]) -> Result<()> {
+    for k in KINDS {
+        let Some(claims) = k.node_token else { continue };
+        let theirs: std::collections::BTreeSet<&str> = tokens
+            .iter()
+            .map(String::as_str)
+            .filter(|t| claims(t))
+            .collect();
+        if theirs.len() > 1 {
+            return Err(Error::invalid(format!(
+                "this node's {} backends give different node id tokens ({}): give them one",
+                k.name,
+                theirs.into_iter().collect::<Vec<_>>().join(", ")
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Every health reason the driver gives: the shared ones, then each kind's.
@@ -106,5 +145,38 @@ mod tests {
             assert!(seen.insert(s), "{s} twice");
         }
         assert!(seen.len() > crate::plugin::health::Reason::SHARED.len());
+    }
+
+    #[test]
+    fn the_built_in_backend_is_a_file_pool_in_the_state_directory() {
+        let b = super::built_in(std::path::Path::new("/var/lib/ferrovol"));
+        assert_eq!(b.name(), "file");
+        assert_eq!(b.kind, "file");
+        assert_eq!(b.settings["pool"].as_str(), Some("/var/lib/ferrovol/pool"));
+        assert_eq!(b.settings.len(), 1);
+    }
+
+    #[test]
+    fn helper_subcommands_are_found_by_name_and_none_is_a_public_one() {
+        assert!(super::helper("lvm-helper").is_some());
+        for public in ["serve", "client", "freeze-holder", "help", ""] {
+            assert!(super::helper(public).is_none(), "{public}");
+        }
+    }
+
+    #[test]
+    fn a_node_with_two_initiator_names_is_refused_and_one_name_and_rbd_are_not() {
+        let t = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        super::node_tokens_agree(&t(&["iqn.2026-11.a:n1", "rbd"])).unwrap();
+        super::node_tokens_agree(&t(&[])).unwrap();
+        let e = super::node_tokens_agree(&t(&["iqn.2026-11.a:n1", "rbd", "iqn.2026-11.b:n1"]))
+            .unwrap_err();
+        assert_eq!(e.kind, crate::error::Kind::InvalidArgument);
+        assert!(
+            e.message
+                .contains("iscsi backends give different node id tokens"),
+            "{}",
+            e.message
+        );
     }
 }

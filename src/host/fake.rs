@@ -222,7 +222,7 @@ impl Host for FakeHost {
             Some(_) => Err(Error::invalid(format!(
                 "target_path {} exists and is not a {}",
                 path.display(),
-                if block { "file" } else { "directory" }
+                if block { "regular file" } else { "directory" }
             ))),
         }
     }

@@ -69,7 +69,7 @@ pub fn make_target(target: &Path, block: bool) -> Result<bool> {
         Ok(_) => Err(Error::invalid(format!(
             "target_path {} exists and is not a {}",
             target.display(),
-            if block { "file" } else { "directory" }
+            if block { "regular file" } else { "directory" }
         ))),
         Err(e) => Err(Error::io(format!("target {}", target.display()), e)),
     }

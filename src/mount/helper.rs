@@ -24,6 +24,15 @@ fn is_nfs(fs_type: &str) -> bool {
     matches!(fs_type, "nfs" | "nfs4")
 }
 
+/// The option that gives a mount of `fs_type` a superblock of its own,
+/// for a filesystem whose client shares one among the mounts of a
+/// server's export (NFS's: `nosharecache`), where what is the
+/// superblock's (an SELinux label, its mount options) must be the
+/// mount's alone. None for others.
+pub fn own_superblock_option(fs_type: &str) -> Option<&'static str> {
+    is_nfs(fs_type).then_some("nosharecache")
+}
+
 /// The command line for a helper mount. `source` and `fs_type` come from a
 /// backend that validated them; the options are plain option text (checked
 /// by [`MountOptions::parse`]); each is one argument, never a shell string.

@@ -11,7 +11,7 @@ mod system;
 
 #[cfg(test)]
 pub use fake::{FakeMount, FakeMounter, MountOp};
-pub use helper::{helper_command, mount_with_helper, unmount_with_helper};
+pub use helper::{helper_command, mount_with_helper, own_superblock_option, unmount_with_helper};
 pub use info::{parse_mountinfo, MountInfo};
 pub use system::SystemMounter;
 

@@ -259,14 +259,14 @@ impl NodeOps {
                 // thread stuck in mount(2) could not be killed.
                 let mut opts = options.clone();
                 opts.data.extend(remote.iter().cloned());
-                // An NFS client shares one superblock among the mounts of
-                // a server's export, and an SELinux label is the
-                // superblock's: a labelled volume gets one of its own.
-                if fs_type.starts_with("nfs")
-                    && !opts.selinux().is_empty()
-                    && !opts.data.iter().any(|d| d == "nosharecache")
-                {
-                    opts.data.push("nosharecache".into());
+                // A client that shares one superblock among the mounts of
+                // a server's export (NFS's) would share one label: an
+                // SELinux label is the superblock's, so a labelled volume
+                // gets one of its own.
+                if let Some(own) = crate::mount::own_superblock_option(fs_type) {
+                    if !opts.selinux().is_empty() && !opts.data.iter().any(|d| d == own) {
+                        opts.data.push(own.into());
+                    }
                 }
                 crate::mount::mount_with_helper(
                     self.runner.as_ref(),

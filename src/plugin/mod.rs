@@ -58,18 +58,6 @@ pub fn node_tokens(node_id: &str) -> impl Iterator<Item = &str> {
         .filter(|t| !t.is_empty())
 }
 
-/// Whether a token is an iSCSI name (RFC 3720: `iqn.`, `eui.`, `naa.`).
-pub fn is_iscsi_name(token: &str) -> bool {
-    ["iqn.", "eui.", "naa."]
-        .iter()
-        .any(|p| token.starts_with(p))
-}
-
-/// The node's iSCSI initiator name, when its node id carries one.
-pub fn node_initiator(node_id: &str) -> Option<&str> {
-    node_tokens(node_id).find(|t| is_iscsi_name(t))
-}
-
 /// The publish-context key ControllerPublish sets for a read-only publish
 /// (its `readonly` flag, which backends do not see as a key of their own):
 /// the node stages and publishes such a volume read-only.

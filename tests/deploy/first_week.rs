@@ -504,7 +504,10 @@ fn backends_on_in_node_groups_get_their_classes_secrets_and_controller_config() 
         "[node]\nmax_volumes_per_node = 8\n",
     )
     .unwrap();
-    let e = ferrovol::config::Config::load(Some(dir.path()), Path::new("/state")).unwrap_err();
+    let e = ferrovol::config::Config::load(Some(dir.path()), || {
+        ferrovol::backend::built_in(Path::new("/state"))
+    })
+    .unwrap_err();
     assert!(e.message.contains("names no backend"), "{}", e.message);
 }
 

@@ -37,6 +37,20 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// The backend a driver started without a config serves
+/// ([`super::built_in`]): a file backend whose pool is the state
+/// directory's `pool`.
+pub fn built_in(state_dir: &Path) -> crate::config::BackendConfig {
+    crate::config::BackendConfig {
+        kind: KIND.name.into(),
+        name: None,
+        settings: toml::Table::from_iter([(
+            "pool".into(),
+            toml::Value::String(state_dir.join("pool").display().to_string()),
+        )]),
+    }
+}
+
 /// The `file` kind: image files in a pool, attached as loop devices.
 pub const KIND: super::Kind = super::Kind {
     name: "file",
@@ -44,8 +58,10 @@ pub const KIND: super::Kind = super::Kind {
     mutable: &[PREALLOCATE],
     kill_points: &[],
     attaches: &[],
+    node_token: None,
     reasons: reasons::ALL,
     secrets: &[],
+    helpers: &[],
     build: |bc, env| {
         Ok(Arc::new(FileBackend::new(
             bc.name(),

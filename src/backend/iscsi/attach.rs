@@ -80,7 +80,7 @@ impl Attacher for IscsiBackend {
             return Ok(());
         };
         let gone: Vec<String> = match node_id {
-            Some(n) => match crate::plugin::node_initiator(n) {
+            Some(n) => match node_initiator(n) {
                 Some(i) => vec![i.to_string()],
                 None => return Ok(()),
             },

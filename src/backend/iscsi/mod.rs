@@ -58,8 +58,10 @@ pub const KIND: super::Kind = super::Kind {
     kill_points: KillPoint::NAMES,
     // A LUN's disk, by its by-path link.
     attaches: &["/dev/disk/by-path/.*-iscsi-"],
+    node_token: Some(is_iscsi_name),
     reasons: reasons::ALL,
     secrets: &[CHAP_USER, CHAP_PASSWORD, MUTUAL_USER, MUTUAL_PASSWORD],
+    helpers: &[],
     build,
 };
 
@@ -357,6 +359,19 @@ pub fn is_iqn(s: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-.:".contains(&b))
 }
 
+/// Whether a node id's token is an iSCSI name (RFC 3720: `iqn.`, `eui.`,
+/// `naa.`): the iscsi backends' token ([`super::Kind::node_token`]).
+fn is_iscsi_name(token: &str) -> bool {
+    ["iqn.", "eui.", "naa."]
+        .iter()
+        .any(|p| token.starts_with(p))
+}
+
+/// The node's iSCSI initiator name, when its node id carries one.
+fn node_initiator(node_id: &str) -> Option<&str> {
+    crate::plugin::node_tokens(node_id).find(|t| is_iscsi_name(t))
+}
+
 /// A portal: `host:port` (see `config::is_host_port`).
 pub use crate::config::is_host_port as is_portal;
 
@@ -612,7 +627,7 @@ impl IscsiBackend {
 
     /// The node's initiator name, from the node id the node reported.
     fn initiator_of(node_id: &str) -> Result<&str> {
-        match crate::plugin::node_initiator(node_id) {
+        match node_initiator(node_id) {
             Some(i) if is_iqn(i) => Ok(i),
             _ => Err(Error::not_found(format!(
                 "node {node_id:?} reported no iSCSI initiator name (is an iscsi backend configured on it?)"

@@ -217,8 +217,13 @@ pub const KIND: super::Kind = super::Kind {
     mutable: &[READ_AHEAD],
     kill_points: KillPoint::NAMES,
     attaches: &[],
+    node_token: None,
     reasons: reasons::ALL,
     secrets: &[],
+    helpers: &[super::Helper {
+        command: library::HELPER_COMMAND,
+        main: library::helper_main,
+    }],
     build: |bc, env| {
         let settings: LvmSettings = bc.settings()?;
         // The helpers are this binary, as the kernel has it even if its

@@ -50,8 +50,10 @@ pub const KIND: super::Kind = super::Kind {
     mutable: MUTABLE,
     kill_points: KillPoint::NAMES,
     attaches: &[],
+    node_token: None,
     reasons: reasons::ALL,
     secrets: &[],
+    helpers: &[],
     build: |bc, env| {
         Ok(Arc::new(NfsBackend::new(
             bc.name(),

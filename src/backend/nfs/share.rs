@@ -384,10 +384,10 @@ pub fn ensure_dir(root: &Path, rel: &Path, mode: u32) -> Result<PathBuf> {
 
 /// Writes a record on a share as [`crate::records::write`] does, without
 /// the folder's fsync where the share is an NFS mount
-/// ([`crate::records::write_on_nfs`]).
+/// ([`crate::records::write_on_server`]).
 pub fn write_on_share(on_nfs: bool, path: &Path, bytes: &[u8]) -> Result<()> {
     if on_nfs {
-        crate::records::write_on_nfs(path, bytes)
+        crate::records::write_on_server(path, bytes)
     } else {
         crate::records::write(path, bytes)
     }
@@ -397,7 +397,7 @@ pub fn write_on_share(on_nfs: bool, path: &Path, bytes: &[u8]) -> Result<()> {
 /// the folder's fsync where the share is an NFS mount.
 pub fn remove_on_share(on_nfs: bool, path: &Path) -> Result<bool> {
     if on_nfs {
-        crate::records::remove_on_nfs(path)
+        crate::records::remove_on_server(path)
     } else {
         crate::records::remove(path)
     }

@@ -58,8 +58,10 @@ pub const KIND: super::Kind = super::Kind {
     kill_points: KillPoint::NAMES,
     // A mapped image.
     attaches: &["^/dev/rbd"],
+    node_token: Some(|t| t == NODE_TOKEN),
     reasons: reasons::ALL,
     secrets: &[USER_ID, USER_KEY],
+    helpers: &[],
     build: |bc, env| {
         Ok(Arc::new(RbdBackend::new(
             bc.name(),
