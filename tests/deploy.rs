@@ -67,15 +67,91 @@ fn every_overlay_validates_against_the_kubernetes_api_schemas() {
     assert!(log.contains("'Later' is not one of"), "{log}");
 }
 
+/// The deploy tree's lists of backends are the driver's kinds
+/// (`backend::KINDS`): an overlay and a component each, in the `all`
+/// overlay; the chart's one list (`ferrovol.driverBackends`), split as the
+/// overlays split them between the two driver names; the chart's values
+/// and their schema.
+#[test]
+fn every_list_of_backends_in_deploy_is_the_drivers_kinds() {
+    let kinds: BTreeSet<&str> = ferrovol::backend::KINDS.iter().map(|k| k.name).collect();
+    let all =
+        std::fs::read_to_string(root().join("deploy/overlays/all/kustomization.yaml")).unwrap();
+    for b in &kinds {
+        assert!(
+            root()
+                .join(format!("deploy/components/{b}/kustomization.yaml"))
+                .exists(),
+            "{b}"
+        );
+        assert!(
+            all.contains(&format!("- ../../components/{b}\n")),
+            "the all overlay lacks {b}"
+        );
+    }
+    let helpers =
+        std::fs::read_to_string(root().join("deploy/chart/templates/_helpers.tpl")).unwrap();
+    let list = helpers
+        .split("{{- define \"ferrovol.driverBackends\" -}}")
+        .nth(1)
+        .and_then(|d| d.split("{{- if eq . \"local\" -}}").nth(1))
+        .expect("the chart's list of backends");
+    let (local, rest) = list.split_once("{{- else -}}").unwrap();
+    let remote = rest.split("{{- end -}}").next().unwrap();
+    let words = |t: &str| t.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+    assert_eq!(words(local), served_by(LOCAL), "the chart's local backends");
+    assert_eq!(
+        words(remote),
+        served_by(REMOTE),
+        "the chart's remote backends"
+    );
+    let values: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(root().join("deploy/chart/values.yaml")).unwrap(),
+    )
+    .unwrap();
+    let in_values: BTreeSet<&str> = values["backends"]
+        .as_mapping()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str().unwrap())
+        .collect();
+    assert_eq!(in_values, kinds, "values.yaml's backends");
+    let schema: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("deploy/chart/values.schema.json")).unwrap(),
+    )
+    .unwrap();
+    let in_schema: BTreeSet<&str> = schema["properties"]["backends"]["properties"]
+        .as_object()
+        .expect("the schema's backends")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(in_schema, kinds, "values.schema.json's backends");
+    // A node group turns on the backends of its driver.
+    for (driver, name) in [("local", LOCAL), ("remote", REMOTE)] {
+        let group = &schema["properties"][driver]["properties"]["nodeGroups"]["items"];
+        let in_group: Vec<&str> = group["properties"]["backends"]["properties"]
+            .as_object()
+            .expect("a node group's backends")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let mut want = served_by(name);
+        want.sort();
+        let mut in_group = in_group;
+        in_group.sort();
+        assert_eq!(in_group, want, "values.schema.json's {driver} node groups");
+    }
+}
+
 #[test]
 fn each_overlay_deploys_the_drivers_its_backends_need() {
     for r in all_rendered() {
-        let want: &[&str] = match r.of {
-            "file" | "lvm" => &[LOCAL],
-            "nfs" | "iscsi" | "rbd" => &[REMOTE],
-            _ => &[LOCAL, REMOTE],
-        };
-        let want: BTreeSet<String> = want.iter().map(|s| s.to_string()).collect();
+        let want: BTreeSet<String> = backends()
+            .into_iter()
+            .filter(|(b, _)| r.of == "all" || r.of == *b)
+            .map(|(_, driver)| driver.to_string())
+            .collect();
         assert_eq!(r.drivers(), want, "{}", r.name);
         for d in r.kind("CSIDriver") {
             let spec = &d["spec"];
@@ -116,7 +192,10 @@ fn each_overlay_deploys_the_drivers_its_backends_need() {
             .map(|sc| s(&sc["parameters"]["backend"]))
             .collect();
         let expected: BTreeSet<&str> = match r.of {
-            "all" => ["file", "lvm", "nfs", "iscsi", "rbd"].into(),
+            "all" => common::deployed::backends()
+                .into_iter()
+                .map(|(b, _)| b)
+                .collect(),
             one => [one].into(),
         };
         assert_eq!(backends, expected, "{}", r.name);
@@ -919,7 +998,7 @@ fn classes_and_configs_agree() {
     let node = registry(s(
         &volume(r.named("DaemonSet", "ferrovol-node"), "config")["configMap"]["name"]
     ));
-    for b in ["nfs", "iscsi", "rbd"] {
+    for b in served_by(REMOTE) {
         assert!(node.get(b).is_some(), "node config lacks {b}");
     }
     let ctl = registry(&controller_config(REMOTE));
@@ -994,11 +1073,11 @@ async fn ferrovol_containers_start_from_their_manifest_args() {
     let local = tokio::task::LocalSet::new();
     local
         .run_until(async {
-            let mut overlays = tokio::task::JoinSet::new();
-            for overlay in OVERLAYS {
-                overlays.spawn_local(an_overlays_containers_start(overlay));
+            let mut starts = tokio::task::JoinSet::new();
+            for overlay in overlays() {
+                starts.spawn_local(an_overlays_containers_start(overlay));
             }
-            while let Some(done) = overlays.join_next().await {
+            while let Some(done) = starts.join_next().await {
                 if let Err(e) = done {
                     std::panic::resume_unwind(e.into_panic());
                 }
@@ -1805,8 +1884,9 @@ fn image_tags_are_set_in_one_place_and_the_quick_start_applies_them() {
         .collect();
     assert!(!applied.is_empty());
     for o in applied {
-        assert!(OVERLAYS.contains(&o.trim()), "the quick start applies {o}");
-        let r = render(OVERLAYS.iter().find(|x| **x == o.trim()).unwrap());
+        let all = overlays();
+        assert!(all.contains(&o.trim()), "the quick start applies {o}");
+        let r = render(all.into_iter().find(|x| *x == o.trim()).unwrap());
         for ds in r.kind("DaemonSet") {
             let name = s(&ds["metadata"]["name"]);
             assert!(

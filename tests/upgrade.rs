@@ -56,6 +56,27 @@ fn a_state_directory_a_newer_version_wrote_is_refused_at_start() {
     );
 }
 
+/// Every state format has a fixture for each kind of backend the driver
+/// has, and for no other: a new backend brings its records' fixture.
+#[test]
+fn every_format_has_a_fixture_for_each_backend() {
+    let kinds: std::collections::BTreeSet<String> = ferrovol::backend::KINDS
+        .iter()
+        .map(|k| format!("{}.json", k.name))
+        .collect();
+    let formats = upgrade::formats();
+    assert!(!formats.is_empty());
+    for format in formats {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("tests/fixtures/upgrade/format-{format}"));
+        let there: std::collections::BTreeSet<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(there, kinds, "{}", dir.display());
+    }
+}
+
 /// The `file` backend, as a DaemonSet roll leaves it: a volume staged and
 /// published (ext4) with a pod writing to it all along, the driver stopped
 /// as a roll stops it (SIGTERM), its records replaced by each format's

@@ -12,16 +12,52 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::Command;
 
-pub const OVERLAYS: [&str; 8] = [
-    "file",
-    "lvm",
-    "nfs",
-    "iscsi",
-    "rbd",
-    "all",
-    "snapshot-metadata",
-    "volume-health",
-];
+/// The overlays besides each backend's own: every backend, rbd with
+/// changed block tracking, every backend with volume health.
+pub const COMBINED: [&str; 3] = ["all", "snapshot-metadata", "volume-health"];
+
+/// Every overlay: one per backend (the driver's kinds), then
+/// [`COMBINED`].
+pub fn overlays() -> Vec<&'static str> {
+    backends()
+        .into_iter()
+        .map(|(b, _)| b)
+        .chain(COMBINED)
+        .collect()
+}
+
+/// Every backend, as the driver names its kinds (`backend::KINDS`), and
+/// the driver name that serves it: [`LOCAL`] or [`REMOTE`], as the base its
+/// overlay takes says.
+pub fn backends() -> Vec<(&'static str, &'static str)> {
+    ferrovol::backend::KINDS
+        .iter()
+        .map(|k| {
+            let path = root().join(format!("deploy/overlays/{}/kustomization.yaml", k.name));
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("backend {} has no overlay: {e}", k.name));
+            let bases: Vec<&str> = ["local", "remote"]
+                .into_iter()
+                .filter(|b| text.contains(&format!("- ../../base/{b}\n")))
+                .collect();
+            match bases[..] {
+                ["local"] => (k.name, LOCAL),
+                ["remote"] => (k.name, REMOTE),
+                _ => panic!("{}: its overlay takes bases {bases:?}", path.display()),
+            }
+        })
+        .collect()
+}
+
+/// The backends one driver name serves, in the kinds' order.
+pub fn served_by(driver: &str) -> Vec<&'static str> {
+    backends()
+        .into_iter()
+        .filter(|(_, d)| *d == driver)
+        .map(|(b, _)| b)
+        .collect()
+}
+
 pub const LOCAL: &str = "local.csi.ferrovol.io";
 pub const REMOTE: &str = "csi.ferrovol.io";
 /// The oldest Kubernetes the manifests are for (the sidecars' floor), and
@@ -164,7 +200,7 @@ pub fn render_chart(name: &'static str, of: &'static str, values: &serde_json::V
 }
 
 pub fn all_rendered() -> Vec<Rendered> {
-    OVERLAYS.iter().map(|o| render(o)).collect()
+    overlays().into_iter().map(render).collect()
 }
 
 pub fn s(v: &Value) -> &str {

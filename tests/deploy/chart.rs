@@ -162,7 +162,7 @@ fn differences(overlay: &Rendered, chart: &Rendered) -> Vec<String> {
 /// used.
 #[test]
 fn the_chart_renders_what_each_overlay_applies() {
-    for overlay in OVERLAYS {
+    for overlay in overlays() {
         let k = render(overlay);
         let h = render_chart("chart", k.of, &chart_values(overlay));
         let diff = differences(&k, &h);
@@ -401,7 +401,7 @@ fn the_chart_lints_clean_and_validates_for_every_choice() {
         ("defaults".to_string(), json!({})),
         ("groups".to_string(), operator_values()),
     ];
-    for o in OVERLAYS {
+    for o in overlays() {
         sets.push((o.to_string(), chart_values(o)));
     }
     let dir = tempfile::tempdir().unwrap();

@@ -1,6 +1,19 @@
 {{/* The backends each driver name serves. */}}
+{{- /* The backends each driver ("local" or "remote") serves: the chart's
+one list of them (tests/deploy.rs holds it to the driver's kinds and the
+overlays). */ -}}
 {{- define "ferrovol.driverBackends" -}}
 {{- if eq . "local" -}}file lvm{{- else -}}nfs iscsi rbd{{- end -}}
+{{- end -}}
+
+{{- /* Every backend, the local driver's first. */ -}}
+{{- define "ferrovol.backends" -}}
+{{- include "ferrovol.driverBackends" "local" }} {{ include "ferrovol.driverBackends" "remote" -}}
+{{- end -}}
+
+{{- /* The driver ("local" or "remote") that serves a backend. */ -}}
+{{- define "ferrovol.driverOf" -}}
+{{- ternary "local" "remote" (has . (splitList " " (include "ferrovol.driverBackends" "local"))) -}}
 {{- end -}}
 
 {{- define "ferrovol.driverName" -}}
@@ -149,7 +162,7 @@ file per backend on. (list $ $backends driver).
 {{- $root := . -}}
 00-driver.toml: |
   # Each backend has its own file here.
-{{- range $name := list "nfs" "iscsi" "rbd" }}
+{{- range $name := splitList " " (include "ferrovol.driverBackends" "remote") }}
 {{- $one := index $root.Values.backends $name }}
 {{- if include "ferrovol.on" (list $root $name) }}
 {{ $name }}.toml: |
