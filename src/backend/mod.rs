@@ -3,7 +3,6 @@
 
 pub mod file;
 pub mod iscsi;
-mod kind;
 pub mod lvm;
 pub mod nfs;
 pub mod rbd;
@@ -14,7 +13,7 @@ use crate::exec::CommandRunner;
 use crate::host::Host;
 use crate::mount::Mounter;
 use crate::plugin::Registry;
-pub use kind::{Env, Helper, Kind};
+pub use crate::plugin::{Env, Helper, Kind};
 use std::sync::Arc;
 
 /// Every kind of backend: adding one is its folder and a line here.

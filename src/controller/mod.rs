@@ -309,7 +309,7 @@ impl ControllerOps {
     pub async fn create_volume(&self, req: NewVolume) -> Result<Placed> {
         let backend = self.registry.for_parameters(&req.parameters)?.clone();
         let (parameters, metadata) = split_parameters(&req.parameters);
-        backend.validate_parameters(&parameters)?;
+        crate::plugin::check_parameters(backend.as_ref(), &parameters)?;
         let encrypted = wants_encryption(backend.as_ref(), &req.parameters)?;
         let caps = backend.capabilities();
         backend.provisioning()?;
@@ -488,7 +488,10 @@ impl ControllerOps {
                     .supports(c)
                     .map_err(crate::plugin::Unsupported::at_controller)
             })
-            .chain(std::iter::once(backend.validate_parameters(&own)))
+            .chain(std::iter::once(crate::plugin::check_parameters(
+                backend.as_ref(),
+                &own,
+            )))
             .find_map(Result::err)
             .map(|e| e.message))
     }
@@ -636,7 +639,7 @@ impl ControllerOps {
     ) -> Result<CapacityAnswer> {
         let backend = self.registry.for_parameters(parameters)?.clone();
         let (own, _) = split_parameters(parameters);
-        backend.validate_parameters(&own)?;
+        crate::plugin::check_parameters(backend.as_ref(), &own)?;
         let served = capabilities.iter().all(|c| backend.supports(c).is_ok());
         let reachable = match topology {
             Some(t) if backend.capabilities().node_local => self.here(t),

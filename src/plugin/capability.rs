@@ -33,6 +33,16 @@ pub trait Backend: Send + Sync {
     /// The registered name: a lowercase DNS label, the prefix of its ids.
     fn name(&self) -> &str;
 
+    /// Its kind: what its folder declares ([`super::Kind`]), read by the
+    /// shared code (the parameters it takes, its mutable keys).
+    fn kind(&self) -> &'static super::Kind;
+
+    /// The StorageClass parameters it takes: its kind's, by default. The
+    /// shared code refuses any other key before the backend sees the map.
+    fn parameters(&self) -> Vec<&'static str> {
+        self.kind().parameters.to_vec()
+    }
+
     /// Whether the backend can serve requests now (its prerequisites on
     /// this node).
     async fn health(&self) -> Result<()>;
@@ -70,14 +80,12 @@ pub trait Backend: Send + Sync {
         BLOCK_FS_TYPES
     }
 
-    /// Checks StorageClass parameters meant for this backend (the
-    /// `backend` key and the CO's own `csi.storage.k8s.io/` keys are taken
-    /// out first). By default a backend takes none.
-    fn validate_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {
-        match parameters.keys().next() {
-            Some(key) => Err(Error::unknown_parameter(self.name(), key, &[])),
-            None => Ok(()),
-        }
+    /// Checks the values of StorageClass parameters meant for this backend:
+    /// the shared code took out the `backend` key, `encrypted` and the CO's
+    /// own `csi.storage.k8s.io/` keys, and refused any key not in
+    /// [`Backend::parameters`], before. By default there is nothing to check.
+    fn validate_parameters(&self, _parameters: &BTreeMap<String, String>) -> Result<()> {
+        Ok(())
     }
 
     // ---- capabilities: each `Some(self)` where the type implements it ----
@@ -441,8 +449,10 @@ pub trait GroupCutter: Send + Sync {
 pub trait Modifier: Backend {
     /// The mutable parameters of this backend's volumes: the keys a
     /// VolumeAttributesClass may set (CreateVolume's `mutable_parameters`)
-    /// and ControllerModifyVolume may change.
-    fn mutable_keys(&self) -> Vec<&'static str>;
+    /// and ControllerModifyVolume may change: its kind's, by default.
+    fn mutable_keys(&self) -> Vec<&'static str> {
+        self.kind().mutable.to_vec()
+    }
 
     /// Checks the values of mutable parameters whose keys are among
     /// [`Modifier::mutable_keys`], before anything is made or changed:

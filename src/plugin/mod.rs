@@ -9,6 +9,7 @@ mod capability;
 mod fields;
 mod groups;
 pub mod health;
+mod kind;
 mod registry;
 mod secrets;
 mod sizing;
@@ -23,6 +24,9 @@ pub use capability::*;
 pub use fields::{join_fields, split_fields};
 pub use groups::{GroupRecord, GroupStore};
 pub use health::{Finding, Reason};
+#[cfg(test)]
+pub use kind::DOUBLE;
+pub use kind::{Env, Helper, Kind};
 pub use registry::{Registry, BACKEND_PARAMETER};
 pub use secrets::Secrets;
 pub use sizing::{check_existing, filesystem_floor, own_source, round_up, SizeRules};
@@ -32,6 +36,18 @@ pub use types::*;
 /// topology value, and what node-local volumes are compared with.
 pub fn node_name(node_id: &str) -> &str {
     node_id.split_once('/').map_or(node_id, |(n, _)| n)
+}
+
+/// A backend's own StorageClass parameters checked, once, before it sees
+/// them: each key one it takes ([`Backend::parameters`], its kind's
+/// list; INVALID_ARGUMENT naming the first that is not, and the ones it
+/// takes), then the values ([`Backend::validate_parameters`]).
+pub fn check_parameters(backend: &dyn Backend, own: &BTreeMap<String, String>) -> Result<()> {
+    let known = backend.parameters();
+    if let Some(key) = own.keys().find(|k| !known.contains(&k.as_str())) {
+        return Err(Error::unknown_parameter(backend.name(), key, &known));
+    }
+    backend.validate_parameters(own)
 }
 
 /// A mutable parameter that is `true` or `false`: its value, if given;
@@ -70,3 +86,63 @@ pub fn published_read_only<'a>(get: impl FnOnce(&str) -> Option<&'a String>) -> 
 
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A kind that takes one parameter, `size`.
+    const SIZED: Kind = Kind {
+        name: "sized",
+        parameters: &["size"],
+        ..DOUBLE
+    };
+
+    /// A backend of that kind whose value check counts its calls and
+    /// refuses a size of 0.
+    #[derive(Default)]
+    struct Sized(AtomicUsize);
+
+    #[async_trait::async_trait]
+    impl Backend for Sized {
+        fn name(&self) -> &str {
+            "s"
+        }
+        fn kind(&self) -> &'static Kind {
+            &SIZED
+        }
+        async fn health(&self) -> Result<()> {
+            Ok(())
+        }
+        fn access_modes(&self) -> Vec<AccessMode> {
+            SINGLE_NODE_MODES.to_vec()
+        }
+        fn validate_parameters(&self, p: &BTreeMap<String, String>) -> Result<()> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            match p.get("size").map(String::as_str) {
+                Some("0") => Err(Error::invalid("size 0")),
+                _ => Ok(()),
+            }
+        }
+    }
+
+    #[test]
+    fn parameters_are_checked_by_their_kind_s_keys_before_the_backend_sees_their_values() {
+        let b = Sized::default();
+        let p = |k: &str, v: &str| BTreeMap::from([(k.to_string(), v.to_string())]);
+        let e = check_parameters(&b, &p("speed", "0")).unwrap_err();
+        assert_eq!(e.kind, crate::error::Kind::InvalidArgument);
+        assert!(
+            e.message.contains("\"speed\" (it takes size)"),
+            "{}",
+            e.message
+        );
+        assert_eq!(b.0.load(Ordering::SeqCst), 0, "the backend never saw it");
+        let e = check_parameters(&b, &p("size", "0")).unwrap_err();
+        assert_eq!(e.message, "size 0");
+        check_parameters(&b, &p("size", "1")).unwrap();
+        check_parameters(&b, &BTreeMap::new()).unwrap();
+        assert_eq!(b.0.load(Ordering::SeqCst), 3);
+    }
+}

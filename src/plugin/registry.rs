@@ -164,6 +164,10 @@ mod tests {
             self.0
         }
 
+        fn kind(&self) -> &'static crate::plugin::Kind {
+            &crate::plugin::DOUBLE
+        }
+
         async fn health(&self) -> Result<()> {
             Ok(())
         }

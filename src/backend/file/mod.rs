@@ -464,6 +464,10 @@ impl Backend for FileBackend {
         &self.name
     }
 
+    fn kind(&self) -> &'static super::Kind {
+        &KIND
+    }
+
     async fn health(&self) -> Result<()> {
         for d in [&self.volumes, &self.snapshots] {
             self.host

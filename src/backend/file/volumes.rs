@@ -146,10 +146,6 @@ impl Expander for FileBackend {
 
 #[async_trait::async_trait]
 impl Modifier for FileBackend {
-    fn mutable_keys(&self) -> Vec<&'static str> {
-        vec![PREALLOCATE]
-    }
-
     fn check_mutable(&self, changes: &BTreeMap<String, String>) -> Result<()> {
         preallocate_value(changes).map(|_| ())
     }

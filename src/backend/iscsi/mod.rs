@@ -642,6 +642,10 @@ impl Backend for IscsiBackend {
         &self.name
     }
 
+    fn kind(&self) -> &'static super::Kind {
+        &KIND
+    }
+
     async fn start(&self) -> Result<()> {
         // A driver that died cutting a group left its holds suspended:
         // the initiators' I/O waits on them until they are resumed.
@@ -680,6 +684,14 @@ impl Backend for IscsiBackend {
             self.reconcile().await?;
         }
         Ok(())
+    }
+
+    /// Its store's: a LUN is made as the store makes a volume.
+    fn parameters(&self) -> Vec<&'static str> {
+        self.store
+            .as_ref()
+            .map(|s| s.parameters())
+            .unwrap_or_default()
     }
 
     fn validate_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {

@@ -949,6 +949,10 @@ impl Backend for LvmBackend {
         &self.name
     }
 
+    fn kind(&self) -> &'static super::Kind {
+        &KIND
+    }
+
     async fn start(&self) -> Result<()> {
         // A driver that died while lvcreate cut a snapshot took lvcreate
         // along: what it left (an origin suspended or on a table the
@@ -983,11 +987,6 @@ impl Backend for LvmBackend {
     }
 
     fn validate_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {
-        for key in parameters.keys() {
-            if key != DEVICE_CLASS_PARAMETER {
-                return Err(Error::unknown_parameter(self.name(), key, KIND.parameters));
-            }
-        }
         self.class_for(parameters).map(|_| ())
     }
 

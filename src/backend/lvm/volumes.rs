@@ -335,10 +335,6 @@ impl Expander for LvmBackend {
 
 #[async_trait::async_trait]
 impl Modifier for LvmBackend {
-    fn mutable_keys(&self) -> Vec<&'static str> {
-        vec![READ_AHEAD]
-    }
-
     fn check_mutable(&self, changes: &BTreeMap<String, String>) -> Result<()> {
         read_ahead_value(changes).map(|_| ())
     }

@@ -811,6 +811,10 @@ impl Backend for NfsBackend {
         &self.name
     }
 
+    fn kind(&self) -> &'static super::Kind {
+        &KIND
+    }
+
     async fn start(&self) -> Result<()> {
         let left = self.mounts.release_all().await;
         if left > 0 {
@@ -839,9 +843,6 @@ impl Backend for NfsBackend {
 
     fn validate_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {
         for (k, v) in parameters {
-            if !PARAMETERS.contains(&k.as_str()) {
-                return Err(Error::unknown_parameter(self.name(), k, PARAMETERS));
-            }
             match k.as_str() {
                 "onDelete" => {
                     OnDelete::parse(v)?;

@@ -472,7 +472,9 @@ fn parameters_are_checked() {
         p(&[("speed", "fast")]),
     ] {
         assert_eq!(
-            f.backend.validate_parameters(&bad).unwrap_err().kind,
+            crate::plugin::check_parameters(&f.backend, &bad)
+                .unwrap_err()
+                .kind,
             Kind::InvalidArgument,
             "{bad:?}"
         );

@@ -292,10 +292,6 @@ impl Expander for NfsBackend {
 
 #[async_trait::async_trait]
 impl Modifier for NfsBackend {
-    fn mutable_keys(&self) -> Vec<&'static str> {
-        MUTABLE.to_vec()
-    }
-
     fn check_mutable(&self, changes: &BTreeMap<String, String>) -> Result<()> {
         Changes::parse(changes).map(|_| ())
     }

@@ -458,9 +458,6 @@ impl RbdBackend {
             ..Default::default()
         };
         for (k, v) in parameters {
-            if !PARAMETERS.contains(&k.as_str()) {
-                return Err(Error::unknown_parameter(&self.name, k, PARAMETERS));
-            }
             match k.as_str() {
                 "pool" => p.pool = v.clone(),
                 "radosNamespace" => p.namespace = v.clone(),
@@ -468,7 +465,8 @@ impl RbdBackend {
                 "imageFeatures" => p.features = v.clone(),
                 "mapOptions" => p.map_options = v.clone(),
                 "mkfsOptions" => p.mkfs_options = v.clone(),
-                other => unreachable!("{other} is in PARAMETERS without its meaning"),
+                // Refused before (not in KIND.parameters); never read.
+                other => return Err(Error::unknown_parameter(&self.name, other, PARAMETERS)),
             }
         }
         if !self.settings.pools.contains(&p.pool) {
@@ -727,6 +725,10 @@ impl RbdBackend {
 impl Backend for RbdBackend {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn kind(&self) -> &'static super::Kind {
+        &KIND
     }
 
     /// Whether this node reaches the cluster, asked with the config's own

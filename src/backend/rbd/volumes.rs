@@ -300,10 +300,6 @@ impl Expander for RbdBackend {
 
 #[async_trait::async_trait]
 impl Modifier for RbdBackend {
-    fn mutable_keys(&self) -> Vec<&'static str> {
-        QOS_KEYS.to_vec()
-    }
-
     fn check_mutable(&self, changes: &BTreeMap<String, String>) -> Result<()> {
         qos_changes(changes).map(|_| ())
     }

@@ -113,6 +113,10 @@ impl Backend for Memory {
         self.name
     }
 
+    fn kind(&self) -> &'static crate::plugin::Kind {
+        &crate::plugin::DOUBLE
+    }
+
     async fn health(&self) -> Result<()> {
         Ok(())
     }

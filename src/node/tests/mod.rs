@@ -34,6 +34,10 @@ impl Backend for Recorder {
         "rec"
     }
 
+    fn kind(&self) -> &'static crate::plugin::Kind {
+        &crate::plugin::DOUBLE
+    }
+
     async fn health(&self) -> Result<()> {
         Ok(())
     }

@@ -208,6 +208,10 @@ async fn remote_mounts_go_through_the_killable_helper() {
             "net"
         }
 
+        fn kind(&self) -> &'static crate::plugin::Kind {
+            &crate::plugin::DOUBLE
+        }
+
         fn fs_types(&self) -> &'static [&'static str] {
             &["nfs", "nfs4"]
         }

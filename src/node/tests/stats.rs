@@ -124,6 +124,10 @@ async fn a_stale_remote_stage_is_abnormal_and_refuses_publish() {
             "net"
         }
 
+        fn kind(&self) -> &'static crate::plugin::Kind {
+            &crate::plugin::DOUBLE
+        }
+
         fn fs_types(&self) -> &'static [&'static str] {
             &["nfs"]
         }

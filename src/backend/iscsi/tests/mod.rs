@@ -88,6 +88,10 @@ impl Backend for MemStore {
         "iscsi-store"
     }
 
+    fn kind(&self) -> &'static crate::plugin::Kind {
+        &crate::plugin::DOUBLE
+    }
+
     async fn health(&self) -> Result<()> {
         Ok(())
     }

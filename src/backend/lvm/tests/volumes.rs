@@ -731,7 +731,9 @@ fn parameters_and_settings_are_validated() {
         Kind::InvalidArgument
     );
     assert_eq!(
-        b.validate_parameters(&p("fsType", "xfs")).unwrap_err().kind,
+        crate::plugin::check_parameters(&b, &p("fsType", "xfs"))
+            .unwrap_err()
+            .kind,
         Kind::InvalidArgument
     );
     let bad = LvmSettings {

@@ -28,7 +28,7 @@ fn parameters_and_ids_are_checked() {
         p(&[("dataPool", "-x")]),
     ] {
         assert_eq!(
-            b.validate_parameters(&bad).unwrap_err().kind,
+            crate::plugin::check_parameters(&b, &bad).unwrap_err().kind,
             Kind::InvalidArgument,
             "{bad:?}"
         );

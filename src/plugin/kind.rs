@@ -1,12 +1,14 @@
-//! What the driver knows of a kind of backend before it builds one: each
-//! backend folder exports one [`Kind`], and [`super::KINDS`] lists them.
+//! What the driver knows of a kind of backend before it builds one, and
+//! what the shared code asks of a built one's kind ([`super::Backend::kind`]):
+//! each backend folder exports one [`Kind`], and
+//! [`crate::backend::KINDS`] lists them.
 
+use super::Backend;
 use crate::config::BackendConfig;
 use crate::error::Result;
 use crate::exec::CommandRunner;
 use crate::host::Host;
 use crate::mount::Mounter;
-use crate::plugin::Backend;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -38,7 +40,7 @@ pub struct Kind {
     /// Tells its token in a node id from the others' (the token its
     /// `Attacher::node_id_suffix` gives: an initiator name). A node whose
     /// backends of this kind give two different tokens cannot be served:
-    /// [`super::node_tokens_agree`] refuses it at start. None for a kind
+    /// [`crate::backend::node_tokens_agree`] refuses it at start. None for a kind
     /// that gives none.
     pub node_token: Option<fn(&str) -> bool>,
     /// The health reasons only it gives (its folder's `reasons::ALL`); the
@@ -67,6 +69,26 @@ pub struct Env<'a> {
     pub state_dir: &'a Path,
     /// What lvm's scans leave out on this node: every kind's
     /// [`Kind::attaches`], and the driver's own dm-crypt maps
-    /// ([`super::attached_devices`]).
+    /// ([`crate::backend::attached_devices`]).
     pub attached: &'a [&'static str],
 }
+
+/// The kind of the unit tests' backend doubles: no parameters, no mutable
+/// keys, nothing else declared; never built from a config.
+#[cfg(test)]
+pub const DOUBLE: Kind = Kind {
+    name: "double",
+    parameters: &[],
+    mutable: &[],
+    secrets: &[],
+    kill_points: &[],
+    attaches: &[],
+    node_token: None,
+    reasons: &[],
+    helpers: &[],
+    build: |_, _| {
+        Err(crate::error::Error::internal(
+            "a test double is not built from a config",
+        ))
+    },
+};
