@@ -1506,6 +1506,24 @@ impl EveryBackend {
         if nfs.is_some() {
             config.push_str(NFS_LOOPBACK_CONFIG);
         }
+        // Every kind the driver has, nfs when asked: a new backend is
+        // served here (the encryption and hardened runs take it) or this
+        // fails.
+        let served: Vec<String> = ferrovol::config::Config::parse(&config)
+            .unwrap()
+            .backends
+            .into_iter()
+            .map(|b| b.kind)
+            .collect();
+        for k in ferrovol::backend::KINDS {
+            if with_nfs || k.name != "nfs" {
+                assert!(
+                    served.iter().any(|s| s == k.name),
+                    "EveryBackend lacks {}",
+                    k.name
+                );
+            }
+        }
         EveryBackend {
             config,
             nfs,
