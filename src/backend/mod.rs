@@ -13,7 +13,7 @@ use crate::exec::CommandRunner;
 use crate::host::Host;
 use crate::mount::Mounter;
 use crate::plugin::Registry;
-pub use crate::plugin::{Env, Helper, Kind};
+pub use crate::plugin::{Env, Helper, Kind, StoreKind};
 use std::sync::Arc;
 
 /// Every kind of backend: adding one is its folder and a line here.
@@ -134,6 +134,8 @@ pub fn build_backend(bc: &BackendConfig, env: &Env) -> Result<Arc<dyn crate::plu
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn reasons_are_camel_case_words_each_given_once() {
         let mut seen = std::collections::BTreeSet::new();
@@ -161,6 +163,49 @@ mod tests {
         for public in ["serve", "client", "freeze-holder", "help", ""] {
             assert!(super::helper(public).is_none(), "{public}");
         }
+    }
+
+    #[test]
+    fn an_iscsi_store_is_of_a_kind_that_can_hold_luns_and_gets_what_it_needs_as_one() {
+        let runner: Arc<dyn CommandRunner> = Arc::new(crate::exec::FakeRunner::new());
+        let host: Arc<dyn Host> = Arc::new(crate::host::FakeHost::new());
+        let mounter: Arc<dyn Mounter> = Arc::new(crate::mount::FakeMounter::new());
+        let dir = tempfile::tempdir().unwrap();
+        let env = Env {
+            runner: &runner,
+            host: &host,
+            mounter: &mounter,
+            state_dir: dir.path(),
+            attached: &[],
+        };
+        let iscsi = |store: &str| {
+            let text = format!(
+                "[[backend]]\ntype = \"iscsi\"\niqn_prefix = \"iqn.2026-11.x\"\n\
+                 portals = [\"127.0.0.1:3260\"]\n[backend.store]\n{store}"
+            );
+            Config::parse(&text).unwrap().backends.remove(0)
+        };
+        let e = build_backend(&iscsi("type = \"nfs\"\n"), &env)
+            .err()
+            .unwrap();
+        assert_eq!(e.kind, crate::error::Kind::InvalidArgument);
+        assert!(
+            e.message
+                .contains("the store must be of a type that can hold LUNs (file, lvm)"),
+            "{}",
+            e.message
+        );
+        // lvm's scans skip suspended devices when it is a store.
+        let mut lvm = iscsi("type = \"lvm\"\nlvm_config = \"log/verbose=0\"\n")
+            .settings::<crate::backend::iscsi::IscsiSettings>()
+            .unwrap()
+            .store
+            .unwrap();
+        (kind("lvm").unwrap().store.as_ref().unwrap().as_store)(&mut lvm);
+        assert_eq!(
+            lvm.settings["lvm_config"].as_str(),
+            Some("devices/ignore_suspended_devices=1 log/verbose=0")
+        );
     }
 
     #[test]

@@ -50,8 +50,25 @@ pub struct Kind {
     /// (the child serves them, then exits with the function's status):
     /// hidden, never for use by hand.
     pub helpers: &'static [Helper],
+    /// What it offers as the private store of a network block backend's
+    /// exports (iscsi's LUNs): None for a kind that cannot be one.
+    pub store: Option<StoreKind>,
     /// Builds one from its config table.
     pub build: fn(&BackendConfig, &Env) -> Result<Arc<dyn Backend>>,
+}
+
+/// What a kind whose volumes are block devices offers as a store: a
+/// backend another builds privately from its `[backend.store]` table and
+/// drives as a node would, each volume a device it exports.
+pub struct StoreKind {
+    /// Whether its volumes' devices take holes punched in them (an image
+    /// file does; a logical volume, through a hold device, does not): an
+    /// export that reports thin provisioning punches one at each discard.
+    pub punches_holes: bool,
+    /// Adds to its config table what it needs as a store (lvm: its scans
+    /// skip suspended devices, as a group's cut suspends the exports' hold
+    /// devices).
+    pub as_store: fn(&mut BackendConfig),
 }
 
 /// A subcommand of the driver's binary: its name, and what runs it.
@@ -86,6 +103,7 @@ pub const DOUBLE: Kind = Kind {
     node_token: None,
     reasons: &[],
     helpers: &[],
+    store: None,
     build: |_, _| {
         Err(crate::error::Error::internal(
             "a test double is not built from a config",

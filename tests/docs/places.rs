@@ -17,22 +17,12 @@ use std::path::Path;
 /// The places besides `src/backend/mod.rs` (its `mod` and its line in
 /// `KINDS`) that may name a backend, and why. A place that stops naming
 /// it must leave this list too: the test compares both ways.
-const KNOWN: &[(&str, &str, &str)] = &[
-    (
-        "nfs",
-        "src/mount/helper.rs",
-        "the kernel's nfs filesystem (its types nfs and nfs4, its mount helpers and \
+const KNOWN: &[(&str, &str, &str)] = &[(
+    "nfs",
+    "src/mount/helper.rs",
+    "the kernel's nfs filesystem (its types nfs and nfs4, its mount helpers and \
          superblock sharing), which any backend that mounts NFS would meet",
-    ),
-    (
-        "file",
-        "src/backend/iscsi/mod.rs",
-        "iscsi keeps its LUNs in a private file or lvm backend (its store); what a store \
-         kind must offer moves into the export layer (#62 item 1)",
-    ),
-    ("lvm", "src/backend/iscsi/mod.rs", "the same"),
-    ("lvm", "src/backend/iscsi/volumes.rs", "the same"),
-];
+)];
 
 /// A source file's code as tokens: the code with comments removed and
 /// each string literal replaced by `"<n>"`, and the literals' contents.

@@ -62,6 +62,10 @@ pub const KIND: super::Kind = super::Kind {
     reasons: reasons::ALL,
     secrets: &[],
     helpers: &[],
+    store: Some(super::StoreKind {
+        punches_holes: true,
+        as_store: |_| {},
+    }),
     build: |bc, env| {
         Ok(Arc::new(FileBackend::new(
             bc.name(),

@@ -62,6 +62,7 @@ pub const KIND: super::Kind = super::Kind {
     reasons: reasons::ALL,
     secrets: &[CHAP_USER, CHAP_PASSWORD, MUTUAL_USER, MUTUAL_PASSWORD],
     helpers: &[],
+    store: None,
     build,
 };
 
@@ -86,34 +87,25 @@ fn build(
 ) -> Result<Arc<dyn crate::plugin::Backend>> {
     let settings: IscsiSettings = bc.settings()?;
     let store = match &settings.store {
-        Some(store) if !matches!(store.kind.as_str(), "file" | "lvm") => {
-            return Err(Error::invalid(format!(
-                "backend {:?}: the store must be of type file or lvm",
-                bc.name()
-            )))
-        }
         Some(store) => {
+            let as_store = super::kind(&store.kind)
+                .ok()
+                .and_then(|k| k.store.as_ref())
+                .ok_or_else(|| {
+                    let stores: Vec<&str> = super::KINDS
+                        .iter()
+                        .filter(|k| k.store.is_some())
+                        .map(|k| k.name)
+                        .collect();
+                    Error::invalid(format!(
+                        "backend {:?}: the store must be of a type that can hold LUNs ({})",
+                        bc.name(),
+                        stores.join(", ")
+                    ))
+                })?;
             let mut store = store.clone();
             store.name = Some(format!("{}-store", bc.name()));
-            if store.kind == "lvm" {
-                // LVM reads every device it scans: one of the LUNs' hold
-                // devices, suspended while a group is cut, would hold its
-                // commands until it is let go.
-                let own = store
-                    .settings
-                    .get("lvm_config")
-                    .and_then(|v| v.as_str())
-                    .unwrap_or("")
-                    .to_string();
-                store.settings.insert(
-                    "lvm_config".into(),
-                    toml::Value::String(
-                        format!("devices/ignore_suspended_devices=1 {own}")
-                            .trim()
-                            .to_string(),
-                    ),
-                );
-            }
+            (as_store.as_store)(&mut store);
             Some(super::build_backend(&store, env)?)
         }
         None => None,

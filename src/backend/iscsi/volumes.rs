@@ -221,12 +221,12 @@ impl Modifier for IscsiBackend {
         // take it, a logical volume (through its hold device) cannot, and
         // tgt then fails the command with a hardware error: discards,
         // fstrim and ext4's online resize all fail on the node.
-        let lvm_store = self
-            .settings
+        let holes = self
             .store
             .as_ref()
-            .is_some_and(|s| s.kind == "lvm");
-        if thin_value(changes)? == Some(true) && lvm_store {
+            .and_then(|s| s.kind().store.as_ref())
+            .is_none_or(|s| s.punches_holes);
+        if thin_value(changes)? == Some(true) && !holes {
             return Err(Error::invalid(format!(
                 "{THIN_PROVISIONING}: backend {}'s LUNs are logical volumes, which cannot punch \
                  the holes tgt makes for a LUN that reports thin provisioning (every discard, \

@@ -210,6 +210,26 @@ mod volumes;
 #[cfg(test)]
 use report::parse_lv_time;
 
+/// An lvm backend as a store: lvm reads every device it scans, and one of
+/// the exports' hold devices, suspended while a group is cut, would hold
+/// its commands until it is let go: its scans skip suspended devices.
+fn as_store(store: &mut crate::config::BackendConfig) {
+    let own = store
+        .settings
+        .get("lvm_config")
+        .and_then(|v| v.as_str())
+        .unwrap_or("")
+        .to_string();
+    store.settings.insert(
+        "lvm_config".into(),
+        toml::Value::String(
+            format!("devices/ignore_suspended_devices=1 {own}")
+                .trim()
+                .to_string(),
+        ),
+    );
+}
+
 /// The `lvm` kind: logical volumes in the node's volume groups.
 pub const KIND: super::Kind = super::Kind {
     name: "lvm",
@@ -224,6 +244,10 @@ pub const KIND: super::Kind = super::Kind {
         command: library::HELPER_COMMAND,
         main: library::helper_main,
     }],
+    store: Some(super::StoreKind {
+        punches_holes: false,
+        as_store,
+    }),
     build: |bc, env| {
         let settings: LvmSettings = bc.settings()?;
         // The helpers are this binary, as the kernel has it even if its

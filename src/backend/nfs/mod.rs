@@ -54,6 +54,7 @@ pub const KIND: super::Kind = super::Kind {
     reasons: reasons::ALL,
     secrets: &[],
     helpers: &[],
+    store: None,
     build: |bc, env| {
         Ok(Arc::new(NfsBackend::new(
             bc.name(),

@@ -62,6 +62,7 @@ pub const KIND: super::Kind = super::Kind {
     reasons: reasons::ALL,
     secrets: &[USER_ID, USER_KEY],
     helpers: &[],
+    store: None,
     build: |bc, env| {
         Ok(Arc::new(RbdBackend::new(
             bc.name(),

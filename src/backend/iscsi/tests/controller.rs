@@ -528,11 +528,15 @@ fn thin_provisioning_is_refused_on_an_lvm_store() {
         name: None,
         settings: Default::default(),
     });
+    let lvs = Arc::new(MemStore {
+        lv: true,
+        ..Default::default()
+    });
     let b = IscsiBackend::new(
         "iscsi",
         settings,
         s.runner.clone(),
-        Some(s.store.clone()),
+        Some(lvs),
         s.dir.path().join("records"),
     )
     .unwrap();

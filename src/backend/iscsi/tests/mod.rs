@@ -69,7 +69,27 @@ struct MemStore {
     /// A volume whose detach hangs (a store that does not answer) until
     /// the test lets it go: (locator, entered, release).
     stuck: StdMutex<Option<Stuck>>,
+    /// Whether it stands for a store of logical volumes (which take no
+    /// punched holes) rather than image files.
+    lv: bool,
 }
+
+/// The kinds of store a MemStore stands for: of image files, of logical
+/// volumes.
+const FILE_STORE: crate::plugin::Kind = crate::plugin::Kind {
+    store: Some(crate::plugin::StoreKind {
+        punches_holes: true,
+        as_store: |_| {},
+    }),
+    ..crate::plugin::DOUBLE
+};
+const LV_STORE: crate::plugin::Kind = crate::plugin::Kind {
+    store: Some(crate::plugin::StoreKind {
+        punches_holes: false,
+        as_store: |_| {},
+    }),
+    ..crate::plugin::DOUBLE
+};
 
 type Stuck = (String, Arc<tokio::sync::Notify>, Arc<tokio::sync::Notify>);
 
@@ -89,7 +109,11 @@ impl Backend for MemStore {
     }
 
     fn kind(&self) -> &'static crate::plugin::Kind {
-        &crate::plugin::DOUBLE
+        if self.lv {
+            &LV_STORE
+        } else {
+            &FILE_STORE
+        }
     }
 
     async fn health(&self) -> Result<()> {
