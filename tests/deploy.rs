@@ -959,8 +959,7 @@ fn classes_and_configs_agree() {
             .map(|(k, v)| (s(k).to_string(), s(v).to_string()))
             .filter(|(k, _)| k != "backend" && !k.starts_with("csi.storage.k8s.io/"))
             .collect();
-        backend
-            .validate_parameters(&own)
+        ferrovol::plugin::check_parameters(backend.as_ref(), &own)
             .unwrap_or_else(|e| panic!("{:?}: {}", sc["metadata"]["name"], e.message));
         // The fs type the provisioner puts in the capability of every
         // CreateVolume of the class: the class's own, else the

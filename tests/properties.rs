@@ -302,19 +302,20 @@ fn lvm_reports_never_panic_and_read_what_the_text_says() {
 
 #[test]
 fn backend_parameters_never_panic_and_unknown_keys_are_refused() {
-    use ferrovol::plugin::Backend;
     use std::collections::BTreeMap;
     let mut rng = Rng::seeded("parameters");
     let lvm: ferrovol::backend::lvm::LvmSettings =
         toml::from_str("[[device_class]]\nname = \"fast\"\nvolume_group = \"vg0\"\n").unwrap();
-    // validate_parameters runs no command.
+    // Checking parameters runs no command.
     let runner = std::sync::Arc::new(ferrovol::exec::SystemRunner::default());
     let backend = ferrovol::backend::lvm::LvmBackend::new("lvm", lvm, runner).unwrap();
     for _ in 0..ROUNDS / 4 {
         let params: BTreeMap<String, String> = (0..rng.pick(3))
             .map(|_| (rng.string(3), rng.string(3)))
             .collect();
-        let ok = backend.validate_parameters(&params).is_ok();
+        // As the controller checks them: the keys its kind takes, then
+        // their values.
+        let ok = ferrovol::plugin::check_parameters(&backend, &params).is_ok();
         let only_known = params
             .iter()
             .all(|(k, v)| k == "deviceClass" && v == "fast");
