@@ -6,6 +6,10 @@ use super::reasons;
 use crate::error::{Error, Result};
 use crate::exec::{path_arg, Command, CommandRunner};
 use crate::plugin::health::Finding;
+
+/// How many times `multipath -f` tries again to flush a map something
+/// opened for a moment (its tries are a second apart).
+const FLUSH_RETRIES: &str = "5";
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -637,10 +641,13 @@ impl Initiator<'_> {
         let all: Vec<String> = sessions.iter().flat_map(|s| self.disks(s.sid)).collect();
         while let Some(map) = self.holder(&all) {
             // The map over this target's disks goes first (refused while
-            // something holds it open).
+            // something holds it open). Closing a filesystem just unmounted
+            // from it makes udev open it to probe it again: a flush at that
+            // moment is refused, so multipath tries again, a second apart,
+            // before it says the map is in use.
             self.run(
                 Command::new("multipath")
-                    .args(["-f", &map])
+                    .args(["-R", FLUSH_RETRIES, "-f", &map])
                     .timeout(Duration::from_secs(60)),
                 &[],
             )

@@ -629,7 +629,7 @@ async fn multipath_logs_in_everywhere_and_stages_the_map() {
     assert!(e.message.contains("still there"), "{e}");
     assert_eq!(
         s.runner.lines().last().unwrap(),
-        "multipath -f 360000000000000f0aa"
+        "multipath -R 5 -f 360000000000000f0aa"
     );
     // Once it is gone, the disks and both sessions go; the disk of the
     // path that is down goes unflushed.
