@@ -1,6 +1,7 @@
 //! Backends: one module per kind of storage, each a [`crate::plugin::Backend`]
 //! described by the [`Kind`] its folder exports.
 
+pub mod export;
 pub mod file;
 pub mod iscsi;
 pub mod lvm;

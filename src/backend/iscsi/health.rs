@@ -28,7 +28,7 @@ crate::reasons! {
 #[async_trait::async_trait]
 impl HealthReporter for IscsiBackend {
     async fn known_volumes(&self, page: &Page) -> Result<Vec<VolumeId>> {
-        let store = self.store()?;
+        let store = self.store.get()?;
         let ids = match store.health_reporter() {
             Some(reporter) => reporter.known_volumes(page).await?,
             None => store
@@ -39,7 +39,7 @@ impl HealthReporter for IscsiBackend {
                 .map(|v| v.id)
                 .collect(),
         };
-        ids.iter().map(|id| self.id_from_store(id)).collect()
+        ids.iter().map(|id| self.store.owner_volume(id)).collect()
     }
 
     async fn volume_health(&self, id: &VolumeId, secrets: &Secrets) -> Result<Vec<Finding>> {
@@ -47,8 +47,8 @@ impl HealthReporter for IscsiBackend {
         if id.backend() != self.name {
             return Ok(not_found());
         }
-        let store = self.store()?;
-        let store_id = self.to_store(id)?;
+        let store = self.store.get()?;
+        let store_id = self.store.volume(id)?;
         let mut found = match store.health_reporter() {
             Some(reporter) => reporter.volume_health(&store_id, secrets).await?,
             None => match store.provisioning()?.get_volume(&store_id, secrets).await? {

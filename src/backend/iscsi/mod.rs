@@ -28,6 +28,7 @@ mod targets;
 mod tests;
 mod volumes;
 
+use super::export::Store;
 use crate::config::BackendConfig;
 use crate::error::{Error, Kind, Result};
 use crate::exec::CommandRunner;
@@ -86,30 +87,7 @@ fn build(
     env: &super::Env,
 ) -> Result<Arc<dyn crate::plugin::Backend>> {
     let settings: IscsiSettings = bc.settings()?;
-    let store = match &settings.store {
-        Some(store) => {
-            let as_store = super::kind(&store.kind)
-                .ok()
-                .and_then(|k| k.store.as_ref())
-                .ok_or_else(|| {
-                    let stores: Vec<&str> = super::KINDS
-                        .iter()
-                        .filter(|k| k.store.is_some())
-                        .map(|k| k.name)
-                        .collect();
-                    Error::invalid(format!(
-                        "backend {:?}: the store must be of a type that can hold LUNs ({})",
-                        bc.name(),
-                        stores.join(", ")
-                    ))
-                })?;
-            let mut store = store.clone();
-            store.name = Some(format!("{}-store", bc.name()));
-            (as_store.as_store)(&mut store);
-            Some(super::build_backend(&store, env)?)
-        }
-        None => None,
-    };
+    let store = super::export::store::build(bc.name(), settings.store.as_ref(), env)?;
     Ok(Arc::new(IscsiBackend::new(
         bc.name(),
         settings,
@@ -297,7 +275,7 @@ pub struct IscsiBackend {
     settings: IscsiSettings,
     runner: Arc<dyn CommandRunner>,
     target: Arc<dyn Target>,
-    store: Option<Arc<dyn Backend>>,
+    store: Store,
     records: PathBuf,
     /// The server's targets by name, kept as this backend changes them
     /// (see [`Tids`]); locked only to look up, pick an id or note a change.
@@ -466,7 +444,7 @@ impl IscsiBackend {
             settings,
             runner,
             target,
-            store,
+            store: Store::new(name, store),
             records: state_dir,
             tids: tokio::sync::Mutex::new(Tids::default()),
             volumes: Mutex::new(HashMap::new()),
@@ -485,15 +463,6 @@ impl IscsiBackend {
         self.dev = root.join("dev");
         self.holds = None;
         self
-    }
-
-    fn store(&self) -> Result<&Arc<dyn Backend>> {
-        self.store.as_ref().ok_or_else(|| {
-            Error::precondition(format!(
-                "backend {}: no [backend.store] here; volumes are managed by the controller that has one",
-                self.name
-            ))
-        })
     }
 
     /// The target name of a volume: the prefix and the locator when it is
@@ -521,37 +490,6 @@ impl IscsiBackend {
             )));
         }
         Ok(())
-    }
-
-    fn to_store(&self, id: &VolumeId) -> Result<VolumeId> {
-        VolumeId::new(self.store()?.name(), id.locator())
-    }
-    fn id_from_store(&self, id: &VolumeId) -> Result<VolumeId> {
-        VolumeId::new(&self.name, id.locator())
-    }
-    fn snap_to_store(&self, id: &SnapshotId) -> Result<SnapshotId> {
-        SnapshotId::new(self.store()?.name(), id.locator())
-    }
-    fn snap_from_store(&self, id: &SnapshotId) -> Result<SnapshotId> {
-        SnapshotId::new(&self.name, id.locator())
-    }
-
-    fn volume_from_store(&self, mut v: VolumeInfo) -> Result<VolumeInfo> {
-        v.id = self.id_from_store(&v.id)?;
-        v.source = match v.source {
-            Some(ContentSource::Volume(s)) => Some(ContentSource::Volume(self.id_from_store(&s)?)),
-            Some(ContentSource::Snapshot(s)) => {
-                Some(ContentSource::Snapshot(self.snap_from_store(&s)?))
-            }
-            None => None,
-        };
-        Ok(v)
-    }
-
-    fn snapshot_from_store(&self, mut s: SnapshotInfo) -> Result<SnapshotInfo> {
-        s.id = self.snap_from_store(&s.id)?;
-        s.source_volume = self.id_from_store(&s.source_volume)?;
-        Ok(s)
     }
 
     fn record_path(&self, id: &VolumeId) -> PathBuf {
@@ -641,7 +579,7 @@ impl Backend for IscsiBackend {
     async fn start(&self) -> Result<()> {
         // A driver that died cutting a group left its holds suspended:
         // the initiators' I/O waits on them until they are resumed.
-        if let (Some(_), Some(holds)) = (&self.store, &self.holds) {
+        if let (Some(_), Some(holds)) = (self.store.here(), &self.holds) {
             let records = self.records.clone();
             let ours = tokio::task::spawn_blocking(move || Self::own_holds(&records))
                 .await
@@ -661,7 +599,7 @@ impl Backend for IscsiBackend {
     }
 
     async fn health(&self) -> Result<()> {
-        if self.store.is_none() {
+        if self.store.here().is_none() {
             return Ok(());
         }
         let due = {
@@ -680,14 +618,11 @@ impl Backend for IscsiBackend {
 
     /// Its store's: a LUN is made as the store makes a volume.
     fn parameters(&self) -> Vec<&'static str> {
-        self.store
-            .as_ref()
-            .map(|s| s.parameters())
-            .unwrap_or_default()
+        self.store.parameters()
     }
 
     fn validate_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {
-        self.store()?.validate_parameters(parameters)
+        self.store.get()?.validate_parameters(parameters)
     }
 
     fn access_modes(&self) -> Vec<AccessMode> {
@@ -701,7 +636,7 @@ impl Backend for IscsiBackend {
     /// What the store and tgtd say (only where the store is: the target
     /// host).
     fn health_reporter(&self) -> Option<&dyn crate::plugin::HealthReporter> {
-        self.store.is_some().then_some(self as _)
+        self.store.here().is_some().then_some(self as _)
     }
 
     fn provisioner(&self) -> Option<&dyn Provisioner> {
@@ -711,17 +646,14 @@ impl Backend for IscsiBackend {
     /// What the store grows (a node, without a store, grows the LUN's
     /// view of it).
     fn expander(&self) -> Option<&dyn Expander> {
-        let grows = self.store.as_ref().is_none_or(|s| s.expander().is_some());
+        let grows = self.store.here().is_none_or(|s| s.expander().is_some());
         grows.then_some(self as &dyn Expander)
     }
 
     /// The store's snapshots, one per LUN (controllers only: nodes have
     /// no store).
     fn snapshotter(&self) -> Option<&dyn Snapshotter> {
-        let takes = self
-            .store
-            .as_ref()
-            .is_some_and(|s| s.snapshotter().is_some());
+        let takes = self.store.here().is_some_and(|s| s.snapshotter().is_some());
         takes.then_some(self as &dyn Snapshotter)
     }
 
@@ -745,7 +677,7 @@ impl Backend for IscsiBackend {
     fn block_tracker(&self) -> Option<&dyn BlockTracker> {
         let tracks = self
             .store
-            .as_ref()
+            .here()
             .is_some_and(|s| s.block_tracker().is_some());
         tracks.then_some(self as &dyn BlockTracker)
     }

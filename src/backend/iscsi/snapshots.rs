@@ -11,7 +11,7 @@ impl Snapshotter for IscsiBackend {
     fn instant(&self) -> SnapshotInstant {
         match self
             .store
-            .as_ref()
+            .here()
             .and_then(|s| s.snapshotter())
             .map(|s| s.instant())
         {
@@ -28,12 +28,14 @@ impl Snapshotter for IscsiBackend {
 
     fn snapshot_id_for(&self, req: &CreateSnapshot) -> Result<SnapshotId> {
         let mut r = req.clone();
-        r.source = self.to_store(&req.source)?;
-        self.snap_from_store(&self.store()?.snapshotting()?.snapshot_id_for(&r)?)
+        r.source = self.store.volume(&req.source)?;
+        self.store
+            .owner_snapshot(&self.store.get()?.snapshotting()?.snapshot_id_for(&r)?)
     }
 
     fn validate_snapshot_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {
-        self.store()?
+        self.store
+            .get()?
             .snapshotting()?
             .validate_snapshot_parameters(parameters)
     }
@@ -45,8 +47,8 @@ impl Snapshotter for IscsiBackend {
         // A store whose snapshot is one instant needs no hold; a file
         // store's copy runs under the initiators' writes unless they are
         // held for it (where the volume has a hold device).
-        let own =
-            self.store()?.capabilities().snapshot_instant == crate::plugin::SnapshotInstant::Own;
+        let own = self.store.get()?.capabilities().snapshot_instant
+            == crate::plugin::SnapshotInstant::Own;
         if own {
             return self.snapshot_in_store(req).await;
         }
@@ -58,9 +60,10 @@ impl Snapshotter for IscsiBackend {
         if id.backend() != self.name {
             return Ok(());
         }
-        self.store()?
+        self.store
+            .get()?
             .snapshotting()?
-            .delete_snapshot(&self.snap_to_store(id)?, secrets)
+            .delete_snapshot(&self.store.snapshot(id)?, secrets)
             .await
     }
 
@@ -73,12 +76,13 @@ impl Snapshotter for IscsiBackend {
             return Ok(None);
         }
         match self
-            .store()?
+            .store
+            .get()?
             .snapshotting()?
-            .get_snapshot(&self.snap_to_store(id)?, _secrets)
+            .get_snapshot(&self.store.snapshot(id)?, _secrets)
             .await?
         {
-            Some(s) => Ok(Some(self.snapshot_from_store(s)?)),
+            Some(s) => Ok(Some(self.store.snapshot_info(s)?)),
             None => Ok(None),
         }
     }
@@ -90,15 +94,16 @@ impl Snapshotter for IscsiBackend {
     ) -> Result<Vec<SnapshotInfo>> {
         let source = match source {
             Some(s) if s.backend() != self.name => return Ok(Vec::new()),
-            Some(s) => Some(self.to_store(s)?),
+            Some(s) => Some(self.store.volume(s)?),
             None => None,
         };
-        self.store()?
+        self.store
+            .get()?
             .snapshotting()?
             .list_snapshots(source.as_ref(), page)
             .await?
             .into_iter()
-            .map(|s| self.snapshot_from_store(s))
+            .map(|s| self.store.snapshot_info(s))
             .collect()
     }
 }
@@ -131,9 +136,10 @@ impl BlockTracker for IscsiBackend {
         max: usize,
         secrets: &Secrets,
     ) -> Result<BlockPage> {
-        self.store()?
+        self.store
+            .get()?
             .tracking_blocks()?
-            .allocated_blocks(&self.snap_to_store(snapshot)?, start, max, secrets)
+            .allocated_blocks(&self.store.snapshot(snapshot)?, start, max, secrets)
             .await
     }
 
@@ -145,8 +151,9 @@ impl BlockTracker for IscsiBackend {
         max: usize,
         secrets: &Secrets,
     ) -> Result<BlockPage> {
-        let (base, target) = (self.snap_to_store(base)?, self.snap_to_store(target)?);
-        self.store()?
+        let (base, target) = (self.store.snapshot(base)?, self.store.snapshot(target)?);
+        self.store
+            .get()?
             .tracking_blocks()?
             .changed_blocks(&base, &target, start, max, secrets)
             .await
@@ -157,8 +164,14 @@ impl IscsiBackend {
     /// The store's snapshot of volume `req.source`, as this backend's.
     pub(super) async fn snapshot_in_store(&self, req: &CreateSnapshot) -> Result<SnapshotInfo> {
         let mut r = req.clone();
-        r.source = self.to_store(&req.source)?;
-        self.snapshot_from_store(self.store()?.snapshotting()?.create_snapshot(&r).await?)
+        r.source = self.store.volume(&req.source)?;
+        self.store.snapshot_info(
+            self.store
+                .get()?
+                .snapshotting()?
+                .create_snapshot(&r)
+                .await?,
+        )
     }
 
     /// Runs `cut` while the writers of every volume of `sources` that is

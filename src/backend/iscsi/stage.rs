@@ -110,8 +110,8 @@ impl IscsiBackend {
     /// UUID. The record takes it over from the store with that UUID and a
     /// token, which ControllerPublish hands to the nodes.
     pub(super) async fn take_over_copy(&self, id: &VolumeId, record: &mut Record) -> Result<()> {
-        let store = self.store()?;
-        let store_id = self.to_store(id)?;
+        let store = self.store.get()?;
+        let store_id = self.store.volume(id)?;
         let none = AttachContext::default();
         if record.copy.is_some()
             || !store

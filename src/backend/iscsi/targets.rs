@@ -75,8 +75,8 @@ impl IscsiBackend {
         if let Some(tid) = self.tid_of(&record.iqn, false).await? {
             return Ok(tid);
         }
-        let store = self.store()?;
-        let store_id = self.to_store(id)?;
+        let store = self.store.get()?;
+        let store_id = self.store.volume(id)?;
         let attachment = store
             .staging()?
             .node_attach(&store_id, &AttachContext::default())

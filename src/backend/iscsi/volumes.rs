@@ -7,23 +7,24 @@ use super::*;
 impl Provisioner for IscsiBackend {
     fn clones(&self) -> bool {
         self.store
-            .as_ref()
+            .here()
             .and_then(|s| s.provisioner())
             .is_some_and(|p| p.clones())
     }
 
     fn volume_id_for(&self, req: &CreateVolume) -> Result<VolumeId> {
-        self.id_from_store(&self.store()?.provisioning()?.volume_id_for(req)?)
+        self.store
+            .owner_volume(&self.store.get()?.provisioning()?.volume_id_for(req)?)
     }
 
     async fn create_volume(&self, req: &CreateVolume) -> Result<VolumeInfo> {
-        let store = self.store()?;
+        let store = self.store.get()?;
         let mut r = req.clone();
         r.source = match &req.source {
             Some(ContentSource::Volume(v)) => {
                 self.own_volume(v)
                     .map_err(|_| Error::not_found(format!("source volume {v} does not exist")))?;
-                Some(ContentSource::Volume(self.to_store(v)?))
+                Some(ContentSource::Volume(self.store.volume(v)?))
             }
             Some(ContentSource::Snapshot(s)) => {
                 if s.backend() != self.name {
@@ -31,12 +32,12 @@ impl Provisioner for IscsiBackend {
                         "source snapshot {s} does not exist"
                     )));
                 }
-                Some(ContentSource::Snapshot(self.snap_to_store(s)?))
+                Some(ContentSource::Snapshot(self.store.snapshot(s)?))
             }
             None => None,
         };
         let info = store.provisioning()?.create_volume(&r).await?;
-        let info = self.volume_from_store(info)?;
+        let info = self.store.volume_info(info)?;
         let id = info.id.clone();
         let _volume = self.volume_mutex(&id).lock_owned().await;
         let mut record = match self.load(&id)? {
@@ -68,8 +69,8 @@ impl Provisioner for IscsiBackend {
         if id.backend() != self.name {
             return Ok(());
         }
-        let store = self.store()?;
-        let store_id = self.to_store(id)?;
+        let store = self.store.get()?;
+        let store_id = self.store.volume(id)?;
         let _volume = self.volume_mutex(id).lock_owned().await;
         let record = self.load(id)?;
         let iqn = record
@@ -108,28 +109,30 @@ impl Provisioner for IscsiBackend {
             return Ok(None);
         }
         match self
-            .store()?
+            .store
+            .get()?
             .provisioning()?
-            .get_volume(&self.to_store(id)?, secrets)
+            .get_volume(&self.store.volume(id)?, secrets)
             .await?
         {
-            Some(v) => Ok(Some(self.volume_from_store(v)?)),
+            Some(v) => Ok(Some(self.store.volume_info(v)?)),
             None => Ok(None),
         }
     }
 
     async fn list_volumes(&self, page: &Page) -> Result<Vec<VolumeInfo>> {
-        self.store()?
+        self.store
+            .get()?
             .provisioning()?
             .list_volumes(page)
             .await?
             .into_iter()
-            .map(|v| self.volume_from_store(v))
+            .map(|v| self.store.volume_info(v))
             .collect()
     }
 
     async fn capacity(&self, parameters: &BTreeMap<String, String>) -> Result<Capacity> {
-        self.store()?.provisioning()?.capacity(parameters).await
+        self.store.get()?.provisioning()?.capacity(parameters).await
     }
 }
 
@@ -148,8 +151,8 @@ impl Expander for IscsiBackend {
         secrets: &Secrets,
     ) -> Result<u64> {
         self.own_volume(id)?;
-        let store = self.store()?;
-        let store_id = self.to_store(id)?;
+        let store = self.store.get()?;
+        let store_id = self.store.volume(id)?;
         let record = self
             .load(id)?
             .ok_or_else(|| Error::not_found(format!("volume {id} has no target")))?;
@@ -204,7 +207,7 @@ impl Modifier for IscsiBackend {
     fn mutable_keys(&self) -> Vec<&'static str> {
         // The LUN's own key, and the store's.
         let mut keys = vec![THIN_PROVISIONING];
-        if let Some(store) = &self.store {
+        if let Some(store) = self.store.here() {
             keys.extend(
                 store
                     .modifier()
@@ -221,11 +224,7 @@ impl Modifier for IscsiBackend {
         // take it, a logical volume (through its hold device) cannot, and
         // tgt then fails the command with a hardware error: discards,
         // fstrim and ext4's online resize all fail on the node.
-        let holes = self
-            .store
-            .as_ref()
-            .and_then(|s| s.kind().store.as_ref())
-            .is_none_or(|s| s.punches_holes);
+        let holes = self.store.kind().is_none_or(|s| s.punches_holes);
         if thin_value(changes)? == Some(true) && !holes {
             return Err(Error::invalid(format!(
                 "{THIN_PROVISIONING}: backend {}'s LUNs are logical volumes, which cannot punch \
@@ -237,7 +236,7 @@ impl Modifier for IscsiBackend {
         }
         // A store without mutable parameters has none to check (the keys
         // were checked against mutable_keys, which names only the store's).
-        match self.store()?.modifier() {
+        match self.store.get()?.modifier() {
             Some(m) => m.check_mutable(&store_changes(changes)),
             None => Ok(()),
         }
@@ -257,9 +256,10 @@ impl Modifier for IscsiBackend {
         // anything; then the LUN, whose change cannot be refused.
         let for_store = store_changes(changes);
         if !for_store.is_empty() {
-            self.store()?
+            self.store
+                .get()?
                 .modifying()?
-                .modify_volume(&self.to_store(id)?, &for_store, secrets)
+                .modify_volume(&self.store.volume(id)?, &for_store, secrets)
                 .await?;
         }
         // Each step is safe to repeat: the CO's retry of a modify cut

@@ -1,0 +1,126 @@
+//! An exporting backend's store: the private backend its volumes live in
+//! (a kind with [`crate::plugin::StoreKind`]), and the one mapping between
+//! the exporting backend's ids and the store's: a volume or snapshot has
+//! the same locator in both, under each backend's name.
+
+use crate::config::BackendConfig;
+use crate::error::{Error, Result};
+use crate::plugin::{
+    Backend, ContentSource, Env, SnapshotId, SnapshotInfo, StoreKind, VolumeId, VolumeInfo,
+};
+use std::sync::Arc;
+
+/// Builds the store a `[backend.store]` table describes for backend
+/// `owner`: a kind that can be a store (INVALID_ARGUMENT listing those
+/// that can otherwise), named `<owner>-store`, with what that kind needs as
+/// a store added to its table. Never registered: its volumes are reached
+/// only through the exporting backend.
+pub fn build(
+    owner: &str,
+    table: Option<&BackendConfig>,
+    env: &Env,
+) -> Result<Option<Arc<dyn Backend>>> {
+    let Some(table) = table else {
+        return Ok(None);
+    };
+    let as_store = crate::backend::kind(&table.kind)
+        .ok()
+        .and_then(|k| k.store.as_ref())
+        .ok_or_else(|| {
+            let stores: Vec<&str> = crate::backend::KINDS
+                .iter()
+                .filter(|k| k.store.is_some())
+                .map(|k| k.name)
+                .collect();
+            Error::invalid(format!(
+                "backend {owner:?}: the store must be of a type that can hold LUNs ({})",
+                stores.join(", ")
+            ))
+        })?;
+    let mut table = table.clone();
+    table.name = Some(format!("{owner}-store"));
+    (as_store.as_store)(&mut table);
+    crate::backend::build_backend(&table, env).map(Some)
+}
+
+/// The store of backend `owner`, where this host has one (a controller);
+/// a node has none.
+pub struct Store {
+    owner: String,
+    backend: Option<Arc<dyn Backend>>,
+}
+
+impl Store {
+    pub fn new(owner: &str, backend: Option<Arc<dyn Backend>>) -> Self {
+        Store {
+            owner: owner.to_string(),
+            backend,
+        }
+    }
+
+    /// The store, or FAILED_PRECONDITION where this host has none.
+    pub fn get(&self) -> Result<&Arc<dyn Backend>> {
+        self.backend.as_ref().ok_or_else(|| {
+            Error::precondition(format!(
+                "backend {}: no [backend.store] here; volumes are managed by the controller that has one",
+                self.owner
+            ))
+        })
+    }
+
+    /// The store, if this host has one.
+    pub fn here(&self) -> Option<&Arc<dyn Backend>> {
+        self.backend.as_ref()
+    }
+
+    /// What its kind offers as a store, if this host has one.
+    pub fn kind(&self) -> Option<&'static StoreKind> {
+        self.backend.as_ref().and_then(|s| s.kind().store.as_ref())
+    }
+
+    /// The StorageClass parameters it takes (none without a store).
+    pub fn parameters(&self) -> Vec<&'static str> {
+        self.here().map(|s| s.parameters()).unwrap_or_default()
+    }
+
+    /// A volume's id in the store.
+    pub fn volume(&self, id: &VolumeId) -> Result<VolumeId> {
+        VolumeId::new(self.get()?.name(), id.locator())
+    }
+
+    /// A store volume's id in the exporting backend.
+    pub fn owner_volume(&self, id: &VolumeId) -> Result<VolumeId> {
+        VolumeId::new(&self.owner, id.locator())
+    }
+
+    /// A snapshot's id in the store.
+    pub fn snapshot(&self, id: &SnapshotId) -> Result<SnapshotId> {
+        SnapshotId::new(self.get()?.name(), id.locator())
+    }
+
+    /// A store snapshot's id in the exporting backend.
+    pub fn owner_snapshot(&self, id: &SnapshotId) -> Result<SnapshotId> {
+        SnapshotId::new(&self.owner, id.locator())
+    }
+
+    /// A store volume as the exporting backend shows it: its id and its
+    /// source's.
+    pub fn volume_info(&self, mut v: VolumeInfo) -> Result<VolumeInfo> {
+        v.id = self.owner_volume(&v.id)?;
+        v.source = match v.source {
+            Some(ContentSource::Volume(s)) => Some(ContentSource::Volume(self.owner_volume(&s)?)),
+            Some(ContentSource::Snapshot(s)) => {
+                Some(ContentSource::Snapshot(self.owner_snapshot(&s)?))
+            }
+            None => None,
+        };
+        Ok(v)
+    }
+
+    /// A store snapshot as the exporting backend shows it.
+    pub fn snapshot_info(&self, mut s: SnapshotInfo) -> Result<SnapshotInfo> {
+        s.id = self.owner_snapshot(&s.id)?;
+        s.source_volume = self.owner_volume(&s.source_volume)?;
+        Ok(s)
+    }
+}
