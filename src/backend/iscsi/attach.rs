@@ -22,13 +22,13 @@ impl Attacher for IscsiBackend {
         // Every access mode of this backend is single-node: a volume
         // published to one node is not published to another (two nodes
         // mounting one filesystem corrupt it).
-        if let Some(other) = record.initiators.iter().find(|i| **i != initiator) {
+        if let Some(other) = record.hosts.iter().find(|i| **i != initiator) {
             return Err(Error::precondition(format!(
                 "volume {id} is published to initiator {other} (another node); \
                  it is used by one node at a time: unpublish it there first"
             )));
         }
-        if record.initiators.contains(&initiator) {
+        if record.hosts.contains(&initiator) {
             check_publish_terms(
                 id,
                 &req.node_id,
@@ -52,12 +52,12 @@ impl Attacher for IscsiBackend {
             }
         }
         record.terms.insert(initiator.clone(), req.terms());
-        record.initiators.insert(initiator);
+        record.hosts.insert(initiator);
         self.check_copy(id, &mut record).await?;
         self.save(id, &record)?;
         let mut ctx = BTreeMap::from([
             (CTX_PORTALS.to_string(), self.settings.portals.join(",")),
-            (CTX_IQN.to_string(), record.iqn.clone()),
+            (CTX_IQN.to_string(), record.export.clone()),
             (CTX_LUN.to_string(), "1".to_string()),
         ]);
         if let Some(copy) = &record.copy {
@@ -84,15 +84,15 @@ impl Attacher for IscsiBackend {
                 Some(i) => vec![i.to_string()],
                 None => return Ok(()),
             },
-            None => record.initiators.iter().cloned().collect(),
+            None => record.hosts.iter().cloned().collect(),
         };
-        if let Some(tid) = self.tid_of(&record.iqn, false).await? {
+        if let Some(tid) = self.tid_of(&record.export, false).await? {
             match self.fence(id, tid, &gone).await {
                 // The cache named a target removed behind the driver's
                 // back: asked of the server again, a target gone is
                 // nothing to detach from.
                 Err(e) if e.kind == crate::error::Kind::NotFound => {
-                    match self.tid_of(&record.iqn, true).await? {
+                    match self.tid_of(&record.export, true).await? {
                         Some(tid) => self.fence(id, tid, &gone).await?,
                         None => tracing::warn!(volume = %id,
                             "the volume's target is gone from the target server: nothing to detach from"),
@@ -102,7 +102,7 @@ impl Attacher for IscsiBackend {
             }
         }
         for i in &gone {
-            record.initiators.remove(i);
+            record.hosts.remove(i);
             record.terms.remove(i);
         }
         self.save(id, &record)

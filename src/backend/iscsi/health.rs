@@ -60,10 +60,10 @@ impl HealthReporter for IscsiBackend {
             return Ok(not_found());
         }
         if let Some(record) = self.load(id)? {
-            if self.target_sessions(&record.iqn).await?.is_none() {
+            if self.target_sessions(&record.export).await?.is_none() {
                 found.push(Finding::inaccessible(
                     reasons::TargetMissing,
-                    format!("target {} is not served by tgtd", record.iqn),
+                    format!("target {} is not served by tgtd", record.export),
                 ));
             }
         }

@@ -28,6 +28,7 @@ mod targets;
 mod tests;
 mod volumes;
 
+use super::export::record::{FsCopy, Record, Records};
 use super::export::Store;
 use crate::config::BackendConfig;
 use crate::error::{Error, Kind, Result};
@@ -43,7 +44,7 @@ use crate::plugin::{
     SnapshotInstant, Snapshotter, Stager, SINGLE_NODE_MODES,
 };
 use crate::sync::LockExt;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -175,51 +176,6 @@ fn default_login_timeout() -> u64 {
     30
 }
 
-/// What the controller made for a volume, persisted.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-struct Record {
-    iqn: String,
-    /// The store's device behind LUN 1.
-    device: PathBuf,
-    attachment: Attachment,
-    /// Initiator names ControllerPublish allowed.
-    initiators: BTreeSet<String>,
-    /// The terms each initiator's publish was made on (records from before
-    /// they were kept have none).
-    #[serde(default)]
-    terms: BTreeMap<String, String>,
-    /// CHAP accounts bound to the target (names only; passwords are kept
-    /// in memory and never written).
-    incoming_user: Option<String>,
-    outgoing_user: Option<String>,
-    /// A copy whose filesystem UUID is still its source's: the nodes renew
-    /// it (the store is here, the filesystem is mounted there).
-    #[serde(default)]
-    copy: Option<FsCopy>,
-    /// The size LUN 1 was last made or refreshed at (records from before
-    /// it was kept have none).
-    #[serde(default)]
-    lun_bytes: Option<u64>,
-    /// LUN 1 reports thin provisioning (mutable `thinProvisioning`).
-    #[serde(default)]
-    thin_provisioning: bool,
-    /// The hold device LUN 1 is served through (see `crate::host::hold`):
-    /// none where the target host has no device-mapper, and on targets
-    /// made before holds were.
-    #[serde(default)]
-    hold: Option<String>,
-}
-
-impl Record {
-    /// What tgtd serves as LUN 1.
-    fn served(&self) -> PathBuf {
-        match &self.hold {
-            Some(name) => Holds::path(name),
-            None => self.device.clone(),
-        }
-    }
-}
-
 /// The mutable parameter of the LUN itself; the store's own are passed on.
 pub const THIN_PROVISIONING: &str = "thinProvisioning";
 
@@ -235,16 +191,6 @@ fn store_changes(changes: &BTreeMap<String, String>) -> BTreeMap<String, String>
         .filter(|(k, _)| k.as_str() != THIN_PROVISIONING)
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect()
-}
-
-/// A copy waiting for its own filesystem UUID.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-struct FsCopy {
-    /// Handed to nodes in the publish context; a node renews once per token.
-    token: String,
-    /// The UUID it was made with (its source's): once the device shows
-    /// another, the renewal is done.
-    uuid: String,
 }
 
 /// Writes one of the backend's files atomically, making its folder first.
@@ -276,7 +222,7 @@ pub struct IscsiBackend {
     runner: Arc<dyn CommandRunner>,
     target: Arc<dyn Target>,
     store: Store,
-    records: PathBuf,
+    records: Records,
     /// The server's targets by name, kept as this backend changes them
     /// (see [`Tids`]); locked only to look up, pick an id or note a change.
     tids: tokio::sync::Mutex<Tids>,
@@ -445,7 +391,7 @@ impl IscsiBackend {
             runner,
             target,
             store: Store::new(name, store),
-            records: state_dir,
+            records: Records::new(state_dir),
             tids: tokio::sync::Mutex::new(Tids::default()),
             volumes: Mutex::new(HashMap::new()),
             passwords: Mutex::new(HashMap::new()),
@@ -492,52 +438,16 @@ impl IscsiBackend {
         Ok(())
     }
 
-    fn record_path(&self, id: &VolumeId) -> PathBuf {
-        self.records.join(format!("{}.json", id.locator()))
-    }
-
     fn load(&self, id: &VolumeId) -> Result<Option<Record>> {
-        crate::records::read_json(&self.record_path(id))
-    }
-
-    /// The hold devices this backend's targets are served through, from
-    /// their records. A record that cannot be read is said (its hold, if
-    /// left suspended, is not resumed).
-    fn own_holds(records: &Path) -> BTreeSet<String> {
-        let entries = match std::fs::read_dir(records) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return BTreeSet::new(),
-            Err(e) => {
-                tracing::error!(dir = %records.display(), error = %e, "could not list the target records");
-                return BTreeSet::new();
-            }
-        };
-        let mut holds = BTreeSet::new();
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.extension().is_none_or(|x| x != "json") {
-                continue;
-            }
-            match crate::records::read_json::<Record>(&path) {
-                Ok(Some(Record { hold: Some(h), .. })) => {
-                    holds.insert(h);
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::error!(record = %path.display(), error = %e.message, "a target record could not be read: its hold device, if left suspended, stays so")
-                }
-            }
-        }
-        holds
+        self.records.load(id)
     }
 
     fn save(&self, id: &VolumeId, record: &Record) -> Result<()> {
-        let bytes = crate::records::encode_record("a target record", record)?;
-        write_file(&self.record_path(id), &bytes)
+        self.records.save(id, record)
     }
 
     fn forget(&self, id: &VolumeId) -> Result<()> {
-        remove_file(&self.record_path(id))?;
+        self.records.remove(id)?;
         self.volumes.locked().remove(id.locator());
         Ok(())
     }
@@ -581,7 +491,7 @@ impl Backend for IscsiBackend {
         // the initiators' I/O waits on them until they are resumed.
         if let (Some(_), Some(holds)) = (self.store.here(), &self.holds) {
             let records = self.records.clone();
-            let ours = tokio::task::spawn_blocking(move || Self::own_holds(&records))
+            let ours = tokio::task::spawn_blocking(move || records.holds())
                 .await
                 .unwrap_or_default();
             match holds.resume_ours(&ours).await {

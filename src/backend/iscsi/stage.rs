@@ -102,7 +102,7 @@ impl DeviceMounter for IscsiBackend {
 impl IscsiBackend {
     /// Node side: the token under which this node renewed a copy's UUID.
     pub(super) fn renewed_path(&self, id: &VolumeId) -> PathBuf {
-        self.records.join("renewed").join(id.locator())
+        self.records.dir().join("renewed").join(id.locator())
     }
 
     /// Controller side, at CreateVolume: a copy the store just made (a

@@ -7,11 +7,11 @@ impl IscsiBackend {
     /// those logged in to its target.
     pub(super) async fn users(&self, record: &Record) -> Result<BTreeSet<String>> {
         let sessions = self
-            .target_sessions(&record.iqn)
+            .target_sessions(&record.export)
             .await?
             .map(|(_, s)| s)
             .unwrap_or_default();
-        let mut users: BTreeSet<String> = record.initiators.iter().cloned().collect();
+        let mut users: BTreeSet<String> = record.hosts.iter().cloned().collect();
         users.extend(sessions);
         Ok(users)
     }
@@ -72,7 +72,7 @@ impl IscsiBackend {
     /// (the driver restarted too) is made with an empty ACL: closed until
     /// the next ControllerPublish brings the secret.
     pub(super) async fn ensure_target(&self, id: &VolumeId, record: &mut Record) -> Result<u32> {
-        if let Some(tid) = self.tid_of(&record.iqn, false).await? {
+        if let Some(tid) = self.tid_of(&record.export, false).await? {
             return Ok(tid);
         }
         let store = self.store.get()?;
@@ -88,7 +88,7 @@ impl IscsiBackend {
         record.attachment = attachment.clone();
         record.hold = match &self.holds {
             Some(holds) => {
-                let name = Holds::name_for(&record.iqn);
+                let name = Holds::name_for(&record.export);
                 holds.ensure(&name, path).await?;
                 Some(name)
             }
@@ -101,13 +101,17 @@ impl IscsiBackend {
                 tids.last += 1;
                 tids.last
             };
-            match self.target.create(tid, &record.iqn, &record.served()).await {
+            match self
+                .target
+                .create(tid, &record.export, &record.served())
+                .await
+            {
                 Ok(()) => {
                     self.tids
                         .lock()
                         .await
                         .by_iqn
-                        .insert(record.iqn.clone(), tid);
+                        .insert(record.export.clone(), tid);
                     break tid;
                 }
                 // The id was taken behind the cache's back (or the name,
@@ -115,7 +119,7 @@ impl IscsiBackend {
                 // the server again and look.
                 Err(e) if e.kind == Kind::AlreadyExists && tries < 3 => {
                     tries += 1;
-                    if let Some(tid) = self.tid_of(&record.iqn, true).await? {
+                    if let Some(tid) = self.tid_of(&record.export, true).await? {
                         return Ok(tid);
                     }
                 }
@@ -140,15 +144,15 @@ impl IscsiBackend {
             }
         }
         if open {
-            for initiator in &record.initiators {
+            for initiator in &record.hosts {
                 self.target.allow(tid, initiator).await?;
             }
         } else {
-            tracing::warn!(volume = %id, iqn = %record.iqn,
+            tracing::warn!(volume = %id, iqn = %record.export,
                 "target rebuilt without its ACL: its CHAP secret is not known since a restart; \
                  the next ControllerPublish opens it");
         }
-        tracing::info!(volume = %id, iqn = %record.iqn, tid, "target rebuilt");
+        tracing::info!(volume = %id, iqn = %record.export, tid, "target rebuilt");
         Ok(tid)
     }
 
@@ -156,21 +160,7 @@ impl IscsiBackend {
     /// rebuilds every recorded target it lost.
     pub(super) async fn reconcile(&self) -> Result<()> {
         self.forget_tids().await;
-        let entries = match std::fs::read_dir(&self.records) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(Error::io("read target records", e)),
-        };
-        let mut locators: Vec<String> = entries
-            .flatten()
-            .filter_map(|e| {
-                e.file_name()
-                    .to_string_lossy()
-                    .strip_suffix(".json")
-                    .map(str::to_string)
-            })
-            .collect();
-        locators.sort();
+        let locators = self.records.locators()?;
         for locator in locators {
             let Ok(id) = VolumeId::new(&self.name, &locator) else {
                 continue;
@@ -182,7 +172,7 @@ impl IscsiBackend {
             let Some(mut record) = self.load(&id)? else {
                 continue;
             };
-            if self.tid_of(&record.iqn, false).await?.is_none() {
+            if self.tid_of(&record.export, false).await?.is_none() {
                 self.ensure_target(&id, &mut record).await?;
                 self.save(&id, &record)?;
             }
@@ -237,7 +227,7 @@ impl IscsiBackend {
                 }
             }
         }
-        for known in &record.initiators {
+        for known in &record.hosts {
             self.target.allow(tid, known).await?;
         }
         self.target.allow(tid, initiator).await?;

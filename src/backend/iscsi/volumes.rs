@@ -42,23 +42,9 @@ impl Provisioner for IscsiBackend {
         let _volume = self.volume_mutex(&id).lock_owned().await;
         let mut record = match self.load(&id)? {
             Some(r) => r,
-            None => Record {
-                iqn: self.iqn(&id),
-                device: PathBuf::new(),
-                attachment: Attachment::Device {
-                    path: PathBuf::new(),
-                },
-                initiators: BTreeSet::new(),
-                terms: BTreeMap::new(),
-                incoming_user: None,
-                outgoing_user: None,
-                copy: None,
-                lun_bytes: None,
-                thin_provisioning: false,
-                hold: None,
-            },
+            None => Record::new(self.iqn(&id)),
         };
-        record.lun_bytes.get_or_insert(info.capacity_bytes);
+        record.bytes.get_or_insert(info.capacity_bytes);
         self.ensure_target(&id, &mut record).await?;
         self.save(&id, &record)?;
         self.take_over_copy(&id, &mut record).await?;
@@ -75,7 +61,7 @@ impl Provisioner for IscsiBackend {
         let record = self.load(id)?;
         let iqn = record
             .as_ref()
-            .map(|r| r.iqn.clone())
+            .map(|r| r.export.clone())
             .unwrap_or_else(|| self.iqn(id));
         if let Some((tid, sessions)) = self.target_sessions(&iqn).await? {
             if !sessions.is_empty() {
@@ -164,7 +150,7 @@ impl Expander for IscsiBackend {
         if !users.is_empty() {
             // A repeat of an expansion that is done asks for nothing new.
             if let Some(bytes) = record
-                .lun_bytes
+                .bytes
                 .filter(|&b| b >= required && (limit == 0 || b <= limit))
             {
                 return Ok(bytes);
@@ -196,7 +182,7 @@ impl Expander for IscsiBackend {
             holds.resize(name, &record.device).await?;
         }
         self.target.refresh(tid, &record.served()).await?;
-        record.lun_bytes = Some(size);
+        record.bytes = Some(size);
         self.save(id, &record)?;
         Ok(size)
     }

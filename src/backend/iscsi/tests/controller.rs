@@ -293,17 +293,17 @@ async fn a_lost_target_is_rebuilt_closed_until_the_secret_comes_back() {
         b.save(
             &id,
             &Record {
-                iqn: IQN.into(),
+                export: IQN.into(),
                 device: "/dev/loop7".into(),
                 attachment: Attachment::Device {
                     path: "/dev/loop7".into(),
                 },
-                initiators: BTreeSet::from([INITIATOR.to_string()]),
+                hosts: BTreeSet::from([INITIATOR.to_string()]),
                 terms: Default::default(),
                 incoming_user: Some("alice".into()),
                 outgoing_user: None,
                 copy: None,
-                lun_bytes: None,
+                bytes: None,
                 thin_provisioning: true,
                 hold: None,
             },
@@ -377,7 +377,7 @@ async fn a_volume_in_use_is_not_grown() {
     let t = FakeTgtd::start(s.dir.path());
     let b = s.backend();
     let id = s.created(&b).await;
-    let created = b.load(&id).unwrap().unwrap().lun_bytes.unwrap();
+    let created = b.load(&id).unwrap().unwrap().bytes.unwrap();
     let before = s.store.calls().len();
 
     // Logged in without a publish record (a session left behind).
@@ -393,7 +393,7 @@ async fn a_volume_in_use_is_not_grown() {
     // Published, nobody logged in yet.
     t.edit(|st| st.targets.get_mut(&tid).unwrap().sessions.clear());
     let mut record = b.load(&id).unwrap().unwrap();
-    record.initiators.insert(INITIATOR.into());
+    record.hosts.insert(INITIATOR.into());
     b.save(&id, &record).unwrap();
     let e = b
         .expand_volume(&id, created * 2, 0, &Secrets::default())
@@ -456,8 +456,8 @@ async fn a_stuck_volume_does_not_hold_up_another() {
     // Another volume's unpublish (its record: published to INITIATOR).
     let other = VolumeId::parse("iscsi:pvc-9").unwrap();
     let mut record = b.load(&one).unwrap().unwrap();
-    record.iqn = format!("{IQN}-9");
-    record.initiators = BTreeSet::from([INITIATOR.to_string()]);
+    record.export = format!("{IQN}-9");
+    record.hosts = BTreeSet::from([INITIATOR.to_string()]);
     b.save(&other, &record).unwrap();
     tokio::time::timeout(
         std::time::Duration::from_secs(30),
@@ -467,7 +467,7 @@ async fn a_stuck_volume_does_not_hold_up_another() {
     .expect("the other volume's unpublish waited on the stuck delete")
     .unwrap();
     assert!(!deleting.is_finished());
-    assert!(b.load(&other).unwrap().unwrap().initiators.is_empty());
+    assert!(b.load(&other).unwrap().unwrap().hosts.is_empty());
     release.notify_one();
     deleting.await.unwrap().unwrap();
 }
@@ -599,8 +599,8 @@ fn its_own_holds_come_from_its_target_records() {
     )
     .unwrap();
     assert_eq!(
-        IscsiBackend::own_holds(dir.path()),
+        Records::new(dir.path().to_path_buf()).holds(),
         BTreeSet::from([ours.clone()])
     );
-    assert!(IscsiBackend::own_holds(&dir.path().join("none")).is_empty());
+    assert!(Records::new(dir.path().join("none")).holds().is_empty());
 }
