@@ -6,8 +6,10 @@
 use crate::config::BackendConfig;
 use crate::error::{Error, Result};
 use crate::plugin::{
-    Backend, ContentSource, Env, SnapshotId, SnapshotInfo, StoreKind, VolumeId, VolumeInfo,
+    Backend, BlockPage, Capacity, ContentSource, CreateSnapshot, CreateVolume, Env, Page, Secrets,
+    SnapshotId, SnapshotInfo, StoreKind, VolumeId, VolumeInfo,
 };
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Builds the store a `[backend.store]` table describes for backend
@@ -122,5 +124,150 @@ impl Store {
         s.id = self.owner_snapshot(&s.id)?;
         s.source_volume = self.owner_volume(&s.source_volume)?;
         Ok(s)
+    }
+
+    // What an exporting backend's calls ask of the store alone, with the
+    // ids mapped both ways. An id of another backend is a volume or
+    // snapshot that does not exist here.
+
+    /// Whether the store makes clones.
+    pub fn clones(&self) -> bool {
+        self.here()
+            .and_then(|s| s.provisioner())
+            .is_some_and(|p| p.clones())
+    }
+
+    /// The id a CreateVolume makes.
+    pub fn volume_id_for(&self, req: &CreateVolume) -> Result<VolumeId> {
+        self.owner_volume(&self.get()?.provisioning()?.volume_id_for(req)?)
+    }
+
+    pub async fn get_volume(&self, id: &VolumeId, secrets: &Secrets) -> Result<Option<VolumeInfo>> {
+        if id.backend() != self.owner {
+            return Ok(None);
+        }
+        match self
+            .get()?
+            .provisioning()?
+            .get_volume(&self.volume(id)?, secrets)
+            .await?
+        {
+            Some(v) => Ok(Some(self.volume_info(v)?)),
+            None => Ok(None),
+        }
+    }
+
+    pub async fn list_volumes(&self, page: &Page) -> Result<Vec<VolumeInfo>> {
+        self.get()?
+            .provisioning()?
+            .list_volumes(page)
+            .await?
+            .into_iter()
+            .map(|v| self.volume_info(v))
+            .collect()
+    }
+
+    pub async fn capacity(&self, parameters: &BTreeMap<String, String>) -> Result<Capacity> {
+        self.get()?.provisioning()?.capacity(parameters).await
+    }
+
+    /// The id a CreateSnapshot makes.
+    pub fn snapshot_id_for(&self, req: &CreateSnapshot) -> Result<SnapshotId> {
+        let mut r = req.clone();
+        r.source = self.volume(&req.source)?;
+        self.owner_snapshot(&self.get()?.snapshotting()?.snapshot_id_for(&r)?)
+    }
+
+    pub fn validate_snapshot_parameters(
+        &self,
+        parameters: &BTreeMap<String, String>,
+    ) -> Result<()> {
+        self.get()?
+            .snapshotting()?
+            .validate_snapshot_parameters(parameters)
+    }
+
+    /// The store's snapshot of volume `req.source` (holding its writers,
+    /// if it must be, is the exporting backend's).
+    pub async fn create_snapshot(&self, req: &CreateSnapshot) -> Result<SnapshotInfo> {
+        let mut r = req.clone();
+        r.source = self.volume(&req.source)?;
+        self.snapshot_info(self.get()?.snapshotting()?.create_snapshot(&r).await?)
+    }
+
+    pub async fn delete_snapshot(&self, id: &SnapshotId, secrets: &Secrets) -> Result<()> {
+        if id.backend() != self.owner {
+            return Ok(());
+        }
+        self.get()?
+            .snapshotting()?
+            .delete_snapshot(&self.snapshot(id)?, secrets)
+            .await
+    }
+
+    pub async fn get_snapshot(
+        &self,
+        id: &SnapshotId,
+        secrets: &Secrets,
+    ) -> Result<Option<SnapshotInfo>> {
+        if id.backend() != self.owner {
+            return Ok(None);
+        }
+        match self
+            .get()?
+            .snapshotting()?
+            .get_snapshot(&self.snapshot(id)?, secrets)
+            .await?
+        {
+            Some(s) => Ok(Some(self.snapshot_info(s)?)),
+            None => Ok(None),
+        }
+    }
+
+    pub async fn list_snapshots(
+        &self,
+        source: Option<&VolumeId>,
+        page: &Page,
+    ) -> Result<Vec<SnapshotInfo>> {
+        let source = match source {
+            Some(s) if s.backend() != self.owner => return Ok(Vec::new()),
+            Some(s) => Some(self.volume(s)?),
+            None => None,
+        };
+        self.get()?
+            .snapshotting()?
+            .list_snapshots(source.as_ref(), page)
+            .await?
+            .into_iter()
+            .map(|s| self.snapshot_info(s))
+            .collect()
+    }
+
+    pub async fn allocated_blocks(
+        &self,
+        snapshot: &SnapshotId,
+        start: u64,
+        max: usize,
+        secrets: &Secrets,
+    ) -> Result<BlockPage> {
+        self.get()?
+            .tracking_blocks()?
+            .allocated_blocks(&self.snapshot(snapshot)?, start, max, secrets)
+            .await
+    }
+
+    pub async fn changed_blocks(
+        &self,
+        base: &SnapshotId,
+        target: &SnapshotId,
+        start: u64,
+        max: usize,
+        secrets: &Secrets,
+    ) -> Result<BlockPage> {
+        let (base, target) = (self.snapshot(base)?, self.snapshot(target)?);
+        self.get()?
+            .tracking_blocks()?
+            .changed_blocks(&base, &target, start, max, secrets)
+            .await
     }
 }

@@ -27,17 +27,11 @@ impl Snapshotter for IscsiBackend {
     }
 
     fn snapshot_id_for(&self, req: &CreateSnapshot) -> Result<SnapshotId> {
-        let mut r = req.clone();
-        r.source = self.store.volume(&req.source)?;
-        self.store
-            .owner_snapshot(&self.store.get()?.snapshotting()?.snapshot_id_for(&r)?)
+        self.store.snapshot_id_for(req)
     }
 
     fn validate_snapshot_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {
-        self.store
-            .get()?
-            .snapshotting()?
-            .validate_snapshot_parameters(parameters)
+        self.store.validate_snapshot_parameters(parameters)
     }
 
     async fn create_snapshot(&self, req: &CreateSnapshot) -> Result<SnapshotInfo> {
@@ -50,41 +44,22 @@ impl Snapshotter for IscsiBackend {
         let own = self.store.get()?.capabilities().snapshot_instant
             == crate::plugin::SnapshotInstant::Own;
         if own {
-            return self.snapshot_in_store(req).await;
+            return self.store.create_snapshot(req).await;
         }
-        self.while_held(&[&req.source], false, self.snapshot_in_store(req))
+        self.while_held(&[&req.source], false, self.store.create_snapshot(req))
             .await
     }
 
     async fn delete_snapshot(&self, id: &SnapshotId, secrets: &Secrets) -> Result<()> {
-        if id.backend() != self.name {
-            return Ok(());
-        }
-        self.store
-            .get()?
-            .snapshotting()?
-            .delete_snapshot(&self.store.snapshot(id)?, secrets)
-            .await
+        self.store.delete_snapshot(id, secrets).await
     }
 
     async fn get_snapshot(
         &self,
         id: &SnapshotId,
-        _secrets: &Secrets,
+        secrets: &Secrets,
     ) -> Result<Option<SnapshotInfo>> {
-        if id.backend() != self.name {
-            return Ok(None);
-        }
-        match self
-            .store
-            .get()?
-            .snapshotting()?
-            .get_snapshot(&self.store.snapshot(id)?, _secrets)
-            .await?
-        {
-            Some(s) => Ok(Some(self.store.snapshot_info(s)?)),
-            None => Ok(None),
-        }
+        self.store.get_snapshot(id, secrets).await
     }
 
     async fn list_snapshots(
@@ -92,19 +67,7 @@ impl Snapshotter for IscsiBackend {
         source: Option<&VolumeId>,
         page: &Page,
     ) -> Result<Vec<SnapshotInfo>> {
-        let source = match source {
-            Some(s) if s.backend() != self.name => return Ok(Vec::new()),
-            Some(s) => Some(self.store.volume(s)?),
-            None => None,
-        };
-        self.store
-            .get()?
-            .snapshotting()?
-            .list_snapshots(source.as_ref(), page)
-            .await?
-            .into_iter()
-            .map(|s| self.store.snapshot_info(s))
-            .collect()
+        self.store.list_snapshots(source, page).await
     }
 }
 
@@ -119,7 +82,7 @@ impl GroupCutter for IscsiBackend {
         let sources: Vec<&VolumeId> = members.iter().map(|m| &m.source).collect();
         self.while_held(&sources, true, async {
             for m in members {
-                self.snapshot_in_store(m).await?;
+                self.store.create_snapshot(m).await?;
             }
             Ok(())
         })
@@ -137,9 +100,7 @@ impl BlockTracker for IscsiBackend {
         secrets: &Secrets,
     ) -> Result<BlockPage> {
         self.store
-            .get()?
-            .tracking_blocks()?
-            .allocated_blocks(&self.store.snapshot(snapshot)?, start, max, secrets)
+            .allocated_blocks(snapshot, start, max, secrets)
             .await
     }
 
@@ -151,29 +112,13 @@ impl BlockTracker for IscsiBackend {
         max: usize,
         secrets: &Secrets,
     ) -> Result<BlockPage> {
-        let (base, target) = (self.store.snapshot(base)?, self.store.snapshot(target)?);
         self.store
-            .get()?
-            .tracking_blocks()?
-            .changed_blocks(&base, &target, start, max, secrets)
+            .changed_blocks(base, target, start, max, secrets)
             .await
     }
 }
 
 impl IscsiBackend {
-    /// The store's snapshot of volume `req.source`, as this backend's.
-    pub(super) async fn snapshot_in_store(&self, req: &CreateSnapshot) -> Result<SnapshotInfo> {
-        let mut r = req.clone();
-        r.source = self.store.volume(&req.source)?;
-        self.store.snapshot_info(
-            self.store
-                .get()?
-                .snapshotting()?
-                .create_snapshot(&r)
-                .await?,
-        )
-    }
-
     /// Runs `cut` while the writers of every volume of `sources` that is
     /// in use are held: each one's hold device suspended (what is in
     /// flight finishes, what comes next waits, flushes included), for at

@@ -6,15 +6,11 @@ use super::*;
 #[async_trait::async_trait]
 impl Provisioner for IscsiBackend {
     fn clones(&self) -> bool {
-        self.store
-            .here()
-            .and_then(|s| s.provisioner())
-            .is_some_and(|p| p.clones())
+        self.store.clones()
     }
 
     fn volume_id_for(&self, req: &CreateVolume) -> Result<VolumeId> {
-        self.store
-            .owner_volume(&self.store.get()?.provisioning()?.volume_id_for(req)?)
+        self.store.volume_id_for(req)
     }
 
     async fn create_volume(&self, req: &CreateVolume) -> Result<VolumeInfo> {
@@ -91,34 +87,15 @@ impl Provisioner for IscsiBackend {
     }
 
     async fn get_volume(&self, id: &VolumeId, secrets: &Secrets) -> Result<Option<VolumeInfo>> {
-        if id.backend() != self.name {
-            return Ok(None);
-        }
-        match self
-            .store
-            .get()?
-            .provisioning()?
-            .get_volume(&self.store.volume(id)?, secrets)
-            .await?
-        {
-            Some(v) => Ok(Some(self.store.volume_info(v)?)),
-            None => Ok(None),
-        }
+        self.store.get_volume(id, secrets).await
     }
 
     async fn list_volumes(&self, page: &Page) -> Result<Vec<VolumeInfo>> {
-        self.store
-            .get()?
-            .provisioning()?
-            .list_volumes(page)
-            .await?
-            .into_iter()
-            .map(|v| self.store.volume_info(v))
-            .collect()
+        self.store.list_volumes(page).await
     }
 
     async fn capacity(&self, parameters: &BTreeMap<String, String>) -> Result<Capacity> {
-        self.store.get()?.provisioning()?.capacity(parameters).await
+        self.store.capacity(parameters).await
     }
 }
 
