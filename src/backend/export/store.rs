@@ -271,3 +271,37 @@ impl Store {
             .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Where there is no store (a node), what needs one is
+    /// FAILED_PRECONDITION naming the backend, and another backend's ids
+    /// are absent without asking a store; ids map by locator.
+    #[tokio::test]
+    async fn without_a_store_what_needs_one_is_refused_and_ids_map_by_locator() {
+        let s = Store::new("iscsi", None);
+        let e = s.get().err().unwrap();
+        assert_eq!(e.kind, crate::error::Kind::FailedPrecondition);
+        assert!(
+            e.message.contains("backend iscsi: no [backend.store] here"),
+            "{e}"
+        );
+        assert!(s.parameters().is_empty());
+        assert!(s.kind().is_none());
+        assert!(!s.clones());
+        let other = VolumeId::parse("lvm:pvc-1").unwrap();
+        let secrets = Secrets::default();
+        assert!(s.get_volume(&other, &secrets).await.unwrap().is_none());
+        let mine = VolumeId::parse("iscsi:pvc-1").unwrap();
+        assert!(s.get_volume(&mine, &secrets).await.is_err());
+        let snap = SnapshotId::parse("lvm:snap-1").unwrap();
+        s.delete_snapshot(&snap, &secrets).await.unwrap();
+        assert_eq!(
+            s.owner_volume(&VolumeId::parse("iscsi-store:pvc-1").unwrap())
+                .unwrap(),
+            mine
+        );
+    }
+}
