@@ -7,9 +7,11 @@ use crate::error::{Error, Result};
 use crate::exec::{path_arg, Command, CommandRunner};
 use crate::plugin::health::Finding;
 
-/// How many times `multipath -f` tries again to flush a map something
-/// opened for a moment (its tries are a second apart).
-const FLUSH_RETRIES: &str = "5";
+/// How long a multipath map something holds open for a moment is tried
+/// again before its flush's refusal is the unstage's, and the pause
+/// between tries.
+const FLUSH_WAIT: Duration = Duration::from_secs(10);
+const FLUSH_PAUSE: Duration = Duration::from_millis(200);
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -636,22 +638,42 @@ impl Initiator<'_> {
         self.detach(iqn).await
     }
 
+    /// Flushes multipath map `map` over `disks`. Something may hold it
+    /// open for a moment: udev probes the device as the filesystem just
+    /// unmounted from it closes it, multipathd reloads it. Such a flush is
+    /// refused ("map in use", or the removal busy), so a refused one is
+    /// tried again until [`FLUSH_WAIT`] has passed; then its error stands
+    /// (a map still mounted somewhere). A map that went meanwhile is done.
+    async fn flush_map(&self, map: &str, disks: &[String]) -> Result<()> {
+        let until = Instant::now() + FLUSH_WAIT;
+        loop {
+            let flushed = self
+                .run(
+                    Command::new("multipath")
+                        .args(["-f", map])
+                        .timeout(Duration::from_secs(60)),
+                    &[],
+                )
+                .await;
+            match flushed {
+                Ok(_) => return Ok(()),
+                Err(_) if self.holder(disks).as_deref() != Some(map) => return Ok(()),
+                Err(e) if Instant::now() < until => {
+                    tracing::debug!(%map, error = %e.message, "multipath map in use for now: trying again");
+                    tokio::time::sleep(FLUSH_PAUSE).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     pub async fn detach(&self, iqn: &str) -> Result<()> {
         let sessions = self.sessions(iqn).await?;
         let all: Vec<String> = sessions.iter().flat_map(|s| self.disks(s.sid)).collect();
         while let Some(map) = self.holder(&all) {
             // The map over this target's disks goes first (refused while
-            // something holds it open). Closing a filesystem just unmounted
-            // from it makes udev open it to probe it again: a flush at that
-            // moment is refused, so multipath tries again, a second apart,
-            // before it says the map is in use.
-            self.run(
-                Command::new("multipath")
-                    .args(["-R", FLUSH_RETRIES, "-f", &map])
-                    .timeout(Duration::from_secs(60)),
-                &[],
-            )
-            .await?;
+            // something holds it open).
+            self.flush_map(&map, &all).await?;
             if self.holder(&all).as_deref() == Some(map.as_str()) {
                 return Err(Error::internal(format!(
                     "multipath map {map} is still there"
