@@ -17,7 +17,8 @@ use crate::plugin::Registry;
 pub use crate::plugin::{Env, Helper, Kind, StoreKind};
 use std::sync::Arc;
 
-/// Every kind of backend: adding one is its folder and a line here.
+/// Every kind of backend: adding one is its folder and two lines here
+/// (its `mod` and its entry in this list).
 pub const KINDS: &[Kind] = &[file::KIND, lvm::KIND, nfs::KIND, iscsi::KIND, rbd::KIND];
 
 /// The backend a driver started without a config serves: the embedded

@@ -1,4 +1,5 @@
-//! "Adding a backend is its folder and one line" (docs/design.md), checked:
+//! "Adding a backend is its folder and two lines of backend/mod.rs"
+//! (docs/design.md), checked:
 //! the places in `src/` outside a backend's folder that name it.
 //!
 //! A place names a backend when its code (not its comments, not its

@@ -6,15 +6,15 @@ use super::reasons;
 use crate::error::{Error, Result};
 use crate::exec::{path_arg, Command, CommandRunner};
 use crate::plugin::health::Finding;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// How long a multipath map something holds open for a moment is tried
 /// again before its flush's refusal is the unstage's, and the pause
 /// between tries.
 const FLUSH_WAIT: Duration = Duration::from_secs(10);
 const FLUSH_PAUSE: Duration = Duration::from_millis(200);
-use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 /// iscsiadm's exit codes that mean "already so".
 const NO_OBJECTS: i32 = 21;
