@@ -4,9 +4,19 @@
 //! backend of a kind whose descriptor says it can hold them, built from
 //! the exporting backend's `[backend.store]` table and driven as a node
 //! would drive it. What its controller made for each volume is in its
-//! records ([`record`]).
+//! records ([`record`]). Its [`Exports`] make, grant, fence, grow, hold
+//! and rebuild one export per volume on a target server, which the
+//! protocol gives as a [`Target`]: the backend's controller calls are
+//! theirs, with the protocol's words for what a host brings.
 
+mod exports;
+mod health;
 pub mod record;
+mod snapshots;
 pub mod store;
+pub mod target;
+mod volumes;
 
+pub use exports::{Exports, Setup};
 pub use store::Store;
+pub use target::{Credential, Target, Terms};

@@ -1,6 +1,6 @@
-//! The iscsi backend's health, as the target host sees it: its store's
-//! view of the volume (an image or LV gone, a pool nearly full) and
-//! whether tgtd still serves the volume's target.
+//! The iscsi backend's health: as the target host sees it (the exports':
+//! the store's view of the volume and whether tgtd still serves its
+//! target), and as a node sees its sessions.
 
 use super::*;
 use crate::plugin::health::{Finding, Reason};
@@ -28,46 +28,13 @@ crate::reasons! {
 #[async_trait::async_trait]
 impl HealthReporter for IscsiBackend {
     async fn known_volumes(&self, page: &Page) -> Result<Vec<VolumeId>> {
-        let store = self.store.get()?;
-        let ids = match store.health_reporter() {
-            Some(reporter) => reporter.known_volumes(page).await?,
-            None => store
-                .provisioning()?
-                .list_volumes(page)
-                .await?
-                .into_iter()
-                .map(|v| v.id)
-                .collect(),
-        };
-        ids.iter().map(|id| self.store.owner_volume(id)).collect()
+        self.exports.known_volumes(page).await
     }
 
+    /// The store's findings, and [`reasons::TargetMissing`] where tgtd no
+    /// longer serves the volume's target.
     async fn volume_health(&self, id: &VolumeId, secrets: &Secrets) -> Result<Vec<Finding>> {
-        let not_found = || vec![crate::plugin::health::volume_not_found(id)];
-        if id.backend() != self.name {
-            return Ok(not_found());
-        }
-        let store = self.store.get()?;
-        let store_id = self.store.volume(id)?;
-        let mut found = match store.health_reporter() {
-            Some(reporter) => reporter.volume_health(&store_id, secrets).await?,
-            None => match store.provisioning()?.get_volume(&store_id, secrets).await? {
-                Some(_) => Vec::new(),
-                None => not_found(),
-            },
-        };
-        if found.iter().any(|f| f.reason == Reason::VolumeNotFound) {
-            return Ok(not_found());
-        }
-        if let Some(record) = self.load(id)? {
-            if self.target_sessions(&record.export).await?.is_none() {
-                found.push(Finding::inaccessible(
-                    reasons::TargetMissing,
-                    format!("target {} is not served by tgtd", record.export),
-                ));
-            }
-        }
-        Ok(found)
+        self.exports.volume_health(id, secrets).await
     }
 }
 

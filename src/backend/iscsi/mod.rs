@@ -28,28 +28,25 @@ mod targets;
 mod tests;
 mod volumes;
 
-use super::export::record::{FsCopy, Record, Records};
-use super::export::Store;
+use super::export::{self, Exports};
 use crate::config::BackendConfig;
 use crate::error::{Error, Kind, Result};
 use crate::exec::CommandRunner;
-use crate::host::hold::Holds;
 use crate::plugin::{
-    check_publish_terms, digest_hex, AccessMode, AttachContext, Attachment, Backend, BlockPage,
-    Capacity, ContentSource, ControllerAttach, CreateSnapshot, CreateVolume, Page, Secrets,
-    SnapshotId, SnapshotInfo, VolumeId, VolumeInfo,
+    digest_hex, AccessMode, AttachContext, Attachment, Backend, BlockPage, Capacity,
+    ControllerAttach, CreateSnapshot, CreateVolume, Page, Secrets, SnapshotId, SnapshotInfo,
+    VolumeId, VolumeInfo,
 };
 use crate::plugin::{
-    Attacher, BlockTracker, DeviceMounter, Expander, GroupCutter, Groups, Modifier, Provisioner,
+    Attacher, BlockTracker, DeviceMounter, Expander, Groups, Modifier, Provisioner,
     SnapshotInstant, Snapshotter, Stager, SINGLE_NODE_MODES,
 };
-use crate::sync::LockExt;
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-use target::{Target, TargetState, Tgt};
+use std::sync::Arc;
+use std::time::Duration;
+use targets::Tgt;
 
 /// The `iscsi` kind: a LUN of a tgt target per volume, kept in a private
 /// `file` or `lvm` store.
@@ -106,11 +103,6 @@ pub const CHAP_PASSWORD: &str = "chapPassword";
 pub const MUTUAL_USER: &str = "chapMutualUsername";
 pub const MUTUAL_PASSWORD: &str = "chapMutualPassword";
 
-/// How long a group snapshot may hold its members' writers: well inside
-/// an initiator's SCSI command timeout (Linux: 30 s), past which it aborts
-/// the commands held.
-const HOLD_DEADLINE: Duration = Duration::from_secs(20);
-
 /// Publish context keys.
 const CTX_PORTALS: &str = "portals";
 const CTX_IQN: &str = "iqn";
@@ -118,9 +110,6 @@ const CTX_LUN: &str = "lun";
 /// A copy (a restored snapshot, a clone) whose filesystem still carries its
 /// source's UUID: a token the node renews it under once.
 const CTX_FS_COPY: &str = "fsCopy";
-
-/// How often Probe checks that the target server still has every target.
-const RECONCILE_EVERY: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -205,11 +194,6 @@ fn remove_file(path: &Path) -> Result<()> {
     crate::records::remove(path).map(drop)
 }
 
-/// A fresh token for a copy.
-fn copy_token() -> Result<String> {
-    crate::id::random_hex(16)
-}
-
 /// Whether a publish context's copy token is one ferrovol could have made
 /// (it is written to a file on the node).
 fn is_token(t: &str) -> bool {
@@ -220,50 +204,12 @@ pub struct IscsiBackend {
     name: String,
     settings: IscsiSettings,
     runner: Arc<dyn CommandRunner>,
-    target: Arc<dyn Target>,
-    store: Store,
-    records: Records,
-    /// The server's targets by name, kept as this backend changes them
-    /// (see [`Tids`]); locked only to look up, pick an id or note a change.
-    tids: tokio::sync::Mutex<Tids>,
-    /// Per volume: its RPC (the operation guard lets one at a time) and
-    /// the periodic rebuild, which passes over a volume an RPC holds. No
-    /// lock spans two volumes.
-    volumes: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    /// CHAP passwords last given, by account, for rebuilding targets.
-    passwords: Mutex<HashMap<String, String>>,
-    last_reconcile: Mutex<Option<Instant>>,
-    /// Hold devices for LUNs, where this host has device-mapper.
-    holds: Option<Holds>,
+    /// The volumes' targets on tgtd, their store and records (the
+    /// controller's side).
+    exports: Exports,
     sysfs: PathBuf,
     /// Device nodes (see `Initiator::dev`).
     dev: PathBuf,
-}
-
-/// What the controller knows of tgtd's targets: their ids by name, read
-/// from the server once (a listing grows with every target: 0.9 MB at 800)
-/// and kept as the backend makes and deletes them, so creating and
-/// publishing a volume never list them. Read again when the server is a new
-/// run (it restarted and forgot every target), when a target the cache names
-/// is gone, and at each reconcile. The targets on the server are the
-/// driver's own (its own tgtd, on its own control port).
-#[derive(Debug, Default)]
-struct Tids {
-    /// The server run the names were read from.
-    instance: Option<u64>,
-    by_iqn: HashMap<String, u32>,
-    /// The highest id seen or handed out: a new target takes the next.
-    last: u32,
-}
-
-impl Tids {
-    fn load(&mut self, instance: u64, listed: &[TargetState]) {
-        self.instance = Some(instance);
-        self.by_iqn = listed.iter().map(|t| (t.iqn.clone(), t.tid)).collect();
-        self.last = self
-            .last
-            .max(listed.iter().map(|t| t.tid).max().unwrap_or(0));
-    }
 }
 
 /// Whether `s` is a valid iSCSI qualified name we accept (the `iqn.`
@@ -323,7 +269,7 @@ fn check_chap_password(password: &str) -> Result<()> {
 }
 
 /// A CHAP pair: user name and secret.
-pub type Chap = (String, String);
+pub type Chap = export::Credential;
 
 /// The CHAP pairs in a secrets map: (incoming, outgoing), each checked.
 pub fn chap_from(secrets: &Secrets) -> Result<(Option<Chap>, Option<Chap>)> {
@@ -384,19 +330,18 @@ impl IscsiBackend {
             crate::config::absolute(p, what)?;
         }
         let target = Arc::new(Tgt::new(settings.control_port, &settings.tgt_socket_dir));
-        let holds = Holds::available().then(|| Holds::new(runner.clone()));
+        let prefix = settings.iqn_prefix.clone();
+        let setup = export::Setup {
+            name: name.to_string(),
+            export_name: Box::new(move |locator| Self::iqn_for(&prefix, locator)),
+            dir: state_dir,
+            held: || crate::killpoint::hit(KillPoint::Held),
+        };
         Ok(IscsiBackend {
             name: name.to_string(),
             settings,
+            exports: Exports::new(setup, target, store, runner.clone()),
             runner,
-            target,
-            store: Store::new(name, store),
-            records: Records::new(state_dir),
-            tids: tokio::sync::Mutex::new(Tids::default()),
-            volumes: Mutex::new(HashMap::new()),
-            passwords: Mutex::new(HashMap::new()),
-            last_reconcile: Mutex::new(None),
-            holds,
             sysfs: "/sys".into(),
             dev: "/dev".into(),
         })
@@ -407,7 +352,7 @@ impl IscsiBackend {
     fn with_roots(mut self, root: &std::path::Path) -> Self {
         self.sysfs = root.join("sys");
         self.dev = root.join("dev");
-        self.holds = None;
+        self.exports = self.exports.without_holds();
         self
     }
 
@@ -425,44 +370,22 @@ impl IscsiBackend {
     }
 
     fn iqn(&self, id: &VolumeId) -> String {
-        Self::iqn_for(&self.settings.iqn_prefix, id.locator())
+        self.exports.export_name(id)
     }
 
     fn own_volume(&self, id: &VolumeId) -> Result<()> {
-        if id.backend() != self.name {
-            return Err(Error::not_found(format!(
-                "volume {id} is not an {} volume",
-                self.name
-            )));
-        }
-        Ok(())
+        self.exports.own_volume(id)
     }
 
-    fn load(&self, id: &VolumeId) -> Result<Option<Record>> {
-        self.records.load(id)
+    /// A volume's record (the tests look).
+    #[cfg(test)]
+    fn load(&self, id: &VolumeId) -> Result<Option<export::record::Record>> {
+        self.exports.load(id)
     }
 
-    fn save(&self, id: &VolumeId, record: &Record) -> Result<()> {
-        self.records.save(id, record)
-    }
-
-    fn forget(&self, id: &VolumeId) -> Result<()> {
-        self.records.remove(id)?;
-        self.volumes.locked().remove(id.locator());
-        Ok(())
-    }
-
-    fn password(&self, user: &str) -> Option<String> {
-        self.passwords.locked().get(user).cloned()
-    }
-
-    /// The volume's own lock (see `volumes`).
-    fn volume_mutex(&self, id: &VolumeId) -> Arc<tokio::sync::Mutex<()>> {
-        self.volumes
-            .locked()
-            .entry(id.locator().to_string())
-            .or_default()
-            .clone()
+    #[cfg(test)]
+    fn save(&self, id: &VolumeId, record: &export::record::Record) -> Result<()> {
+        self.exports.save(id, record)
     }
 
     /// The node's initiator name, from the node id the node reported.
@@ -487,52 +410,20 @@ impl Backend for IscsiBackend {
     }
 
     async fn start(&self) -> Result<()> {
-        // A driver that died cutting a group left its holds suspended:
-        // the initiators' I/O waits on them until they are resumed.
-        if let (Some(_), Some(holds)) = (self.store.here(), &self.holds) {
-            let records = self.records.clone();
-            let ours = tokio::task::spawn_blocking(move || records.holds())
-                .await
-                .unwrap_or_default();
-            match holds.resume_ours(&ours).await {
-                Ok(resumed) => {
-                    for name in resumed {
-                        tracing::warn!(hold = %name, "resumed a hold device a group snapshot left suspended");
-                    }
-                }
-                Err(e) => {
-                    tracing::error!(error = %e.message, "could not look for hold devices left suspended")
-                }
-            }
-        }
-        Ok(())
+        self.exports.start().await
     }
 
     async fn health(&self) -> Result<()> {
-        if self.store.here().is_none() {
-            return Ok(());
-        }
-        let due = {
-            let mut last = self.last_reconcile.locked();
-            let due = last.is_none_or(|t| t.elapsed() >= RECONCILE_EVERY);
-            if due {
-                *last = Some(Instant::now());
-            }
-            due
-        };
-        if due {
-            self.reconcile().await?;
-        }
-        Ok(())
+        self.exports.health().await
     }
 
     /// Its store's: a LUN is made as the store makes a volume.
     fn parameters(&self) -> Vec<&'static str> {
-        self.store.parameters()
+        self.exports.store().parameters()
     }
 
     fn validate_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {
-        self.store.get()?.validate_parameters(parameters)
+        self.exports.store().get()?.validate_parameters(parameters)
     }
 
     fn access_modes(&self) -> Vec<AccessMode> {
@@ -546,7 +437,7 @@ impl Backend for IscsiBackend {
     /// What the store and tgtd say (only where the store is: the target
     /// host).
     fn health_reporter(&self) -> Option<&dyn crate::plugin::HealthReporter> {
-        self.store.here().is_some().then_some(self as _)
+        self.exports.store().here().is_some().then_some(self as _)
     }
 
     fn provisioner(&self) -> Option<&dyn Provisioner> {
@@ -556,14 +447,22 @@ impl Backend for IscsiBackend {
     /// What the store grows (a node, without a store, grows the LUN's
     /// view of it).
     fn expander(&self) -> Option<&dyn Expander> {
-        let grows = self.store.here().is_none_or(|s| s.expander().is_some());
+        let grows = self
+            .exports
+            .store()
+            .here()
+            .is_none_or(|s| s.expander().is_some());
         grows.then_some(self as &dyn Expander)
     }
 
     /// The store's snapshots, one per LUN (controllers only: nodes have
     /// no store).
     fn snapshotter(&self) -> Option<&dyn Snapshotter> {
-        let takes = self.store.here().is_some_and(|s| s.snapshotter().is_some());
+        let takes = self
+            .exports
+            .store()
+            .here()
+            .is_some_and(|s| s.snapshotter().is_some());
         takes.then_some(self as &dyn Snapshotter)
     }
 
@@ -586,7 +485,8 @@ impl Backend for IscsiBackend {
     /// The store's own, of the store's snapshots.
     fn block_tracker(&self) -> Option<&dyn BlockTracker> {
         let tracks = self
-            .store
+            .exports
+            .store()
             .here()
             .is_some_and(|s| s.block_tracker().is_some());
         tracks.then_some(self as &dyn BlockTracker)

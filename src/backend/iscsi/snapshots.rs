@@ -1,57 +1,36 @@
-//! The `iscsi` backend's snapshots: taking, deleting, listing them (in the
-//! store), groups cut at one instant, and their changed blocks.
+//! The `iscsi` backend's snapshots: the store's, taken, deleted and listed
+//! through the exports (which hold the initiators' writes for a cut), and
+//! their changed blocks.
 
 use super::*;
 
 #[async_trait::async_trait]
 impl Snapshotter for IscsiBackend {
-    /// The initiators write from afar: an lvm store's snapshot holds the
-    /// LV itself; a file store's copy is held by the volume's hold device
-    /// where the host has device-mapper.
     fn instant(&self) -> SnapshotInstant {
-        match self
-            .store
-            .here()
-            .and_then(|s| s.snapshotter())
-            .map(|s| s.instant())
-        {
-            Some(SnapshotInstant::Own) => SnapshotInstant::Own,
-            Some(_) if self.holds.is_some() => SnapshotInstant::Held,
-            _ => SnapshotInstant::Unheld,
-        }
+        self.exports.instant()
     }
 
     /// Members in use are held at the target while each is cut.
     fn groups(&self) -> Groups<'_> {
-        Groups::Cut(self)
+        Groups::Cut(&self.exports)
     }
 
     fn snapshot_id_for(&self, req: &CreateSnapshot) -> Result<SnapshotId> {
-        self.store.snapshot_id_for(req)
+        self.exports.store().snapshot_id_for(req)
     }
 
     fn validate_snapshot_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {
-        self.store.validate_snapshot_parameters(parameters)
+        self.exports
+            .store()
+            .validate_snapshot_parameters(parameters)
     }
 
     async fn create_snapshot(&self, req: &CreateSnapshot) -> Result<SnapshotInfo> {
-        self.own_volume(&req.source).map_err(|_| {
-            Error::not_found(format!("source volume {} does not exist", req.source))
-        })?;
-        // A store whose snapshot is one instant needs no hold; a file
-        // store's copy runs under the initiators' writes unless they are
-        // held for it (where the volume has a hold device).
-        let own = self.store.get()?.capabilities().snapshot_instant
-            == crate::plugin::SnapshotInstant::Own;
-        if own {
-            return self.store.create_snapshot(req).await;
-        }
-        self.while_held(&[&req.source], false, self.store.create_snapshot(req))
-            .await
+        self.exports.create_snapshot(req).await
     }
 
     async fn delete_snapshot(&self, id: &SnapshotId, secrets: &Secrets) -> Result<()> {
-        self.store.delete_snapshot(id, secrets).await
+        self.exports.store().delete_snapshot(id, secrets).await
     }
 
     async fn get_snapshot(
@@ -59,7 +38,7 @@ impl Snapshotter for IscsiBackend {
         id: &SnapshotId,
         secrets: &Secrets,
     ) -> Result<Option<SnapshotInfo>> {
-        self.store.get_snapshot(id, secrets).await
+        self.exports.store().get_snapshot(id, secrets).await
     }
 
     async fn list_snapshots(
@@ -67,26 +46,7 @@ impl Snapshotter for IscsiBackend {
         source: Option<&VolumeId>,
         page: &Page,
     ) -> Result<Vec<SnapshotInfo>> {
-        self.store.list_snapshots(source, page).await
-    }
-}
-
-#[async_trait::async_trait]
-impl GroupCutter for IscsiBackend {
-    async fn cut_group(&self, members: &[CreateSnapshot]) -> Result<()> {
-        // Writers are remote initiators. Members nobody uses have none
-        // (ControllerPublish waits on the group's guard meanwhile), so
-        // their store snapshots, one after another, show the same instant.
-        // Members in use are held first (see `while_held`), then every
-        // member snapshotted, then all let go.
-        let sources: Vec<&VolumeId> = members.iter().map(|m| &m.source).collect();
-        self.while_held(&sources, true, async {
-            for m in members {
-                self.store.create_snapshot(m).await?;
-            }
-            Ok(())
-        })
-        .await
+        self.exports.store().list_snapshots(source, page).await
     }
 }
 
@@ -99,7 +59,8 @@ impl BlockTracker for IscsiBackend {
         max: usize,
         secrets: &Secrets,
     ) -> Result<BlockPage> {
-        self.store
+        self.exports
+            .store()
             .allocated_blocks(snapshot, start, max, secrets)
             .await
     }
@@ -112,89 +73,9 @@ impl BlockTracker for IscsiBackend {
         max: usize,
         secrets: &Secrets,
     ) -> Result<BlockPage> {
-        self.store
+        self.exports
+            .store()
             .changed_blocks(base, target, start, max, secrets)
             .await
-    }
-}
-
-impl IscsiBackend {
-    /// Runs `cut` while the writers of every volume of `sources` that is
-    /// in use are held: each one's hold device suspended (what is in
-    /// flight finishes, what comes next waits, flushes included), for at
-    /// most [`HOLD_DEADLINE`], then resumed. A volume in use without a hold
-    /// device (no device-mapper on the target host, or made before holds
-    /// were) fails the call when `required`; otherwise `cut` runs with its
-    /// writers going on. A driver that dies while holding leaves the holds
-    /// suspended: every start resumes its own ([`Holds::resume_ours`]).
-    pub(super) async fn while_held<T>(
-        &self,
-        sources: &[&VolumeId],
-        required: bool,
-        cut: impl std::future::Future<Output = Result<T>>,
-    ) -> Result<T> {
-        let mut held = Vec::new();
-        for source in sources {
-            self.own_volume(source)?;
-            let record = self.load(source)?.ok_or_else(|| Error::no_volume(source))?;
-            let users = self.users(&record).await?;
-            if users.is_empty() {
-                continue;
-            }
-            match (&self.holds, &record.hold) {
-                (Some(_), Some(name)) => held.push(name.clone()),
-                _ if !required => tracing::warn!(
-                    volume = %source,
-                    "in use and served without a hold device: its snapshot is copied under its writers"
-                ),
-                _ => {
-                    return Err(Error::precondition(format!(
-                        "volume {source} is in use by {} and served without a hold device (this \
-                         target host has no device-mapper, or the target was made before \
-                         holds were: it gets one when it is next made): nothing can hold its \
-                         initiators' writes for a group snapshot; stop the workload, then \
-                         snapshot",
-                        users.into_iter().collect::<Vec<_>>().join(", ")
-                    )))
-                }
-            }
-        }
-        let Some(holds) = self.holds.as_ref().filter(|_| !held.is_empty()) else {
-            return cut.await;
-        };
-        let mut suspended = Vec::new();
-        let mut outcome = None;
-        for name in &held {
-            match holds.suspend(name).await {
-                Ok(()) => suspended.push(name),
-                Err(e) => {
-                    outcome = Some(Err(e));
-                    break;
-                }
-            }
-        }
-        let mut outcome = match outcome {
-            Some(failed) => failed,
-            None => {
-                crate::killpoint::hit(KillPoint::Held);
-                match tokio::time::timeout(HOLD_DEADLINE, cut).await {
-                    Ok(r) => r,
-                    Err(_) => Err(Error::unavailable(format!(
-                        "the snapshots took longer than the {} s their writers may be held: \
-                         not taken",
-                        HOLD_DEADLINE.as_secs()
-                    ))),
-                }
-            }
-        };
-        for name in suspended {
-            if let Err(e) = holds.resume(name).await {
-                tracing::error!(hold = %name, error = %e.message, "could not resume a hold device");
-                if outcome.is_ok() {
-                    outcome = Err(e);
-                }
-            }
-        }
-        outcome
     }
 }

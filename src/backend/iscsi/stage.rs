@@ -102,53 +102,11 @@ impl DeviceMounter for IscsiBackend {
 impl IscsiBackend {
     /// Node side: the token under which this node renewed a copy's UUID.
     pub(super) fn renewed_path(&self, id: &VolumeId) -> PathBuf {
-        self.records.dir().join("renewed").join(id.locator())
-    }
-
-    /// Controller side, at CreateVolume: a copy the store just made (a
-    /// restored snapshot, a clone) still carries its source's filesystem
-    /// UUID. The record takes it over from the store with that UUID and a
-    /// token, which ControllerPublish hands to the nodes.
-    pub(super) async fn take_over_copy(&self, id: &VolumeId, record: &mut Record) -> Result<()> {
-        let store = self.store.get()?;
-        let store_id = self.store.volume(id)?;
-        let none = AttachContext::default();
-        if record.copy.is_some()
-            || !store
-                .device_mounting()?
-                .node_copy_pending(&store_id, &none)
-                .await?
-        {
-            return Ok(());
-        }
-        // Read through what tgtd serves: the initiators' writes are in its
-        // cache until they reach the store's device.
-        if let Some(uuid) = crate::host::fs::uuid(self.runner.as_ref(), &record.served()).await? {
-            record.copy = Some(FsCopy {
-                token: copy_token()?,
-                uuid,
-            });
-            // Recorded before the store forgets it.
-            self.save(id, record)?;
-        }
-        store
-            .device_mounting()?
-            .node_copy_done(&store_id, &none)
-            .await
-    }
-
-    /// Controller side, at ControllerPublish: once the device shows a UUID
-    /// of its own, a node has renewed it and the copy is let go.
-    pub(super) async fn check_copy(&self, id: &VolumeId, record: &mut Record) -> Result<()> {
-        let Some(copy) = &record.copy else {
-            return Ok(());
-        };
-        let now = crate::host::fs::uuid(self.runner.as_ref(), &record.served()).await?;
-        if now.is_some_and(|u| u != copy.uuid) {
-            tracing::info!(volume = %id, "the copy's filesystem has its own UUID now");
-            record.copy = None;
-        }
-        Ok(())
+        self.exports
+            .records()
+            .dir()
+            .join("renewed")
+            .join(id.locator())
     }
 
     pub(super) fn initiator(&self) -> initiator::Initiator<'_> {

@@ -1,7 +1,6 @@
-//! The target seam: what the iscsi backend asks of an iSCSI target server,
-//! and its implementation for Linux `tgt`, spoken over tgtd's management
-//! socket (the protocol `tgtadm` speaks: one request, one answer, each on
-//! its own connection). No process per call, an error code instead of a
+//! Linux `tgt`, the iscsi backend's target server, by target id: spoken
+//! over tgtd's management socket (the protocol `tgtadm` speaks: one
+//! request, one answer, each on its own connection). No process per call, an error code instead of a
 //! message to read, and a CHAP password never on a command line.
 
 use crate::error::{Error, Kind, Result};
@@ -24,57 +23,19 @@ pub struct TargetState {
     pub thin: bool,
 }
 
-/// What the backend needs from a target server. Changes that find the
-/// server already so (an ACL entry there, an account bound, a target gone)
-/// succeed; a target id or name that is taken is ALREADY_EXISTS.
-#[async_trait::async_trait]
-pub trait Target: Send + Sync {
-    /// Which run of the server this is: changes when it restarts (and so
-    /// has forgotten every target).
-    async fn instance(&self) -> Result<u64>;
-    /// Every target the server has (a long listing: kept out of the
-    /// per-volume paths).
-    async fn targets(&self) -> Result<Vec<TargetState>>;
-    /// The initiators logged in to target `tid` (NOT_FOUND: no such
-    /// target).
-    async fn sessions(&self, tid: u32) -> Result<Vec<String>>;
-    /// Closes every connection `initiator` has to target `tid` (its
-    /// commands not yet taken stop there); returns how many it closed.
-    /// Call it after the initiator left the ACL, or it logs in again.
-    async fn close_connections(&self, tid: u32, initiator: &str) -> Result<usize>;
-    /// Makes target `tid` named `iqn` with `backing` as LUN 1, or nothing.
-    async fn create(&self, tid: u32, iqn: &str, backing: &Path) -> Result<()>;
-    /// Removes target `tid`; refused by the server while sessions exist.
-    async fn delete(&self, tid: u32) -> Result<()>;
-    /// Makes LUN 1 report the backing store's current size. Only for a
-    /// LUN nobody uses: I/O in flight meanwhile may fail.
-    async fn refresh(&self, tid: u32, backing: &Path) -> Result<()>;
-    async fn allow(&self, tid: u32, initiator: &str) -> Result<()>;
-    async fn disallow(&self, tid: u32, initiator: &str) -> Result<()>;
-    /// Creates a CHAP account; Ok(false) when one of that name exists.
-    async fn new_account(&self, user: &str, password: &str) -> Result<bool>;
-    /// Binds an account to a target. An outgoing account where the target
-    /// has one already is FAILED_PRECONDITION (tgt allows one), even when
-    /// it is this one: the caller knows which it bound.
-    async fn bind_account(&self, tid: u32, user: &str, outgoing: bool) -> Result<()>;
-    async fn unbind_account(&self, tid: u32, user: &str, outgoing: bool) -> Result<()>;
-    /// Whether LUN 1 reports thin provisioning (READ CAPACITY's LBPME and
-    /// the Logical Block Provisioning VPD page, UNMAP served by punching
-    /// holes in the backing store). Changes on a live LUN; initiators see
-    /// it at their next rescan or login.
-    async fn set_thin_provisioning(&self, tid: u32, on: bool) -> Result<()>;
-}
-
-/// A Linux tgt target server, through its management socket.
-pub struct Tgt {
+/// A Linux tgt target server, through its management socket, by target
+/// id. Changes that find the server already so (an ACL entry there, an
+/// account bound, a target gone) succeed; a target id or name that is
+/// taken is ALREADY_EXISTS. [`super::targets::Tgt`] serves it by name.
+pub struct Tgtd {
     socket: PathBuf,
 }
 
-impl Tgt {
+impl Tgtd {
     /// The tgtd serving control port `control_port` (its socket is
     /// `socket.<port>` in `socket_dir`).
     pub fn new(control_port: u32, socket_dir: &Path) -> Self {
-        Tgt {
+        Tgtd {
             socket: socket_dir.join(format!("socket.{control_port}")),
         }
     }
@@ -127,11 +88,10 @@ impl Tgt {
         .await
         .map(|_| ())
     }
-}
 
-#[async_trait::async_trait]
-impl Target for Tgt {
-    async fn instance(&self) -> Result<u64> {
+    /// Which run of the server this is: changes when it restarts (and so
+    /// has forgotten every target).
+    pub async fn instance(&self) -> Result<u64> {
         use std::os::unix::fs::MetadataExt;
         // tgtd makes its socket anew at each start.
         let m = std::fs::metadata(&self.socket).map_err(|e| {
@@ -143,7 +103,9 @@ impl Target for Tgt {
         Ok(m.ino() ^ (m.ctime() as u64).rotate_left(32) ^ m.ctime_nsec() as u64)
     }
 
-    async fn targets(&self) -> Result<Vec<TargetState>> {
+    /// Every target the server has (a long listing: kept out of the
+    /// per-volume paths).
+    pub async fn targets(&self) -> Result<Vec<TargetState>> {
         let text = self
             .call(ipc::Request::target(ipc::OP_SHOW, None, ""), || {
                 "list the targets".into()
@@ -152,7 +114,9 @@ impl Target for Tgt {
         Ok(parse_targets(&text))
     }
 
-    async fn sessions(&self, tid: u32) -> Result<Vec<String>> {
+    /// The initiators logged in to target `tid` (NOT_FOUND: no such
+    /// target).
+    pub async fn sessions(&self, tid: u32) -> Result<Vec<String>> {
         let mut names: Vec<String> = Vec::new();
         for c in self.connections(tid).await? {
             if !names.contains(&c.initiator) {
@@ -162,7 +126,9 @@ impl Target for Tgt {
         Ok(names)
     }
 
-    async fn close_connections(&self, tid: u32, initiator: &str) -> Result<usize> {
+    /// Closes every connection `initiator` has to target `tid`; returns
+    /// how many it closed.
+    pub async fn close_connections(&self, tid: u32, initiator: &str) -> Result<usize> {
         let mut closed = 0;
         for c in self.connections(tid).await? {
             if c.initiator != initiator {
@@ -185,7 +151,8 @@ impl Target for Tgt {
         Ok(closed)
     }
 
-    async fn create(&self, tid: u32, iqn: &str, backing: &Path) -> Result<()> {
+    /// Makes target `tid` named `iqn` with `backing` as LUN 1, or nothing.
+    pub async fn create(&self, tid: u32, iqn: &str, backing: &Path) -> Result<()> {
         self.call(
             ipc::Request::target(ipc::OP_NEW, Some(tid), &format!("targetname={iqn}")),
             || format!("make target {tid} ({iqn})"),
@@ -216,7 +183,8 @@ impl Target for Tgt {
         Ok(())
     }
 
-    async fn delete(&self, tid: u32) -> Result<()> {
+    /// Removes target `tid`; refused by the server while sessions exist.
+    pub async fn delete(&self, tid: u32) -> Result<()> {
         self.change(
             ipc::Request::target(ipc::OP_DELETE, Some(tid), ""),
             &[ipc::NO_TARGET],
@@ -225,7 +193,9 @@ impl Target for Tgt {
         .await
     }
 
-    async fn refresh(&self, tid: u32, backing: &Path) -> Result<()> {
+    /// Makes LUN 1 report the backing store's current size. Only for a
+    /// LUN nobody uses: I/O in flight meanwhile may fail.
+    pub async fn refresh(&self, tid: u32, backing: &Path) -> Result<()> {
         // tgt reads a backing store's size when it opens it: one update
         // takes LUN 1 offline, reopens its store (same LUN, same SCSI
         // identity) and brings it back online, all inside one request of
@@ -250,7 +220,10 @@ impl Target for Tgt {
         .map(|_| ())
     }
 
-    async fn set_thin_provisioning(&self, tid: u32, on: bool) -> Result<()> {
+    /// Whether LUN 1 reports thin provisioning (READ CAPACITY's LBPME and
+    /// the Logical Block Provisioning VPD page, UNMAP served by punching
+    /// holes in the backing store).
+    pub async fn set_thin_provisioning(&self, tid: u32, on: bool) -> Result<()> {
         let params = format!("thin_provisioning={}", u8::from(on));
         self.call(ipc::Request::lun(ipc::OP_UPDATE, tid, &params), || {
             format!("set thin provisioning on target {tid}'s LUN 1")
@@ -259,7 +232,7 @@ impl Target for Tgt {
         .map(|_| ())
     }
 
-    async fn allow(&self, tid: u32, initiator: &str) -> Result<()> {
+    pub async fn allow(&self, tid: u32, initiator: &str) -> Result<()> {
         self.change(
             ipc::Request::target(
                 ipc::OP_BIND,
@@ -272,7 +245,7 @@ impl Target for Tgt {
         .await
     }
 
-    async fn disallow(&self, tid: u32, initiator: &str) -> Result<()> {
+    pub async fn disallow(&self, tid: u32, initiator: &str) -> Result<()> {
         self.change(
             ipc::Request::target(
                 ipc::OP_UNBIND,
@@ -285,7 +258,8 @@ impl Target for Tgt {
         .await
     }
 
-    async fn new_account(&self, user: &str, password: &str) -> Result<bool> {
+    /// Creates a CHAP account; Ok(false) when one of that name exists.
+    pub async fn new_account(&self, user: &str, password: &str) -> Result<bool> {
         // The password travels only in this request's parameters, and no
         // error names them.
         match ipc::call(
@@ -305,7 +279,9 @@ impl Target for Tgt {
         }
     }
 
-    async fn bind_account(&self, tid: u32, user: &str, outgoing: bool) -> Result<()> {
+    /// Binds an account to a target. An outgoing account where the target
+    /// has one already is FAILED_PRECONDITION (tgt allows one).
+    pub async fn bind_account(&self, tid: u32, user: &str, outgoing: bool) -> Result<()> {
         self.change(
             ipc::Request::account(ipc::OP_BIND, Some(tid), &format!("user={user}"), outgoing),
             // Bound already (the same direction).
@@ -315,7 +291,7 @@ impl Target for Tgt {
         .await
     }
 
-    async fn unbind_account(&self, tid: u32, user: &str, outgoing: bool) -> Result<()> {
+    pub async fn unbind_account(&self, tid: u32, user: &str, outgoing: bool) -> Result<()> {
         self.change(
             ipc::Request::account(ipc::OP_UNBIND, Some(tid), &format!("user={user}"), outgoing),
             &[ipc::NO_USER, ipc::NO_TARGET],

@@ -1,236 +1,202 @@
-//! The backend's targets on tgtd: made for a volume, their accounts and sessions, reconciled with the records, opened at publish.
+//! tgt as the export layer's target server ([`export::Target`]): tgtd's
+//! targets by name, each a volume's export with its store device as LUN 1.
+//! tgtd knows its targets by id; the ids are kept here.
 
+use super::target::{TargetState, Tgtd};
 use super::*;
+use crate::backend::export::{self, target::Credential};
 
-impl IscsiBackend {
-    /// Who can use the volume now: the initiators published to it and
-    /// those logged in to its target.
-    pub(super) async fn users(&self, record: &Record) -> Result<BTreeSet<String>> {
-        let sessions = self
-            .target_sessions(&record.export)
-            .await?
-            .map(|(_, s)| s)
-            .unwrap_or_default();
-        let mut users: BTreeSet<String> = record.hosts.iter().cloned().collect();
-        users.extend(sessions);
-        Ok(users)
+/// What the iscsi backend's messages and health call things.
+pub(super) static TERMS: export::Terms = export::Terms {
+    export: "target",
+    server: "tgtd",
+    host: "initiator",
+    connected: "logged in from",
+    missing: reasons::TargetMissing,
+    grows_only_unused: Some(
+        "an iSCSI volume grows only while no node uses it (tgt cannot grow a LUN under I/O)",
+    ),
+};
+
+/// A tgtd on this host, by target name.
+pub struct Tgt {
+    tgtd: Tgtd,
+    tids: tokio::sync::Mutex<Tids>,
+}
+
+/// What the controller knows of tgtd's targets: their ids by name, read
+/// from the server once (a listing grows with every target: 0.9 MB at 800)
+/// and kept as the backend makes and deletes them, so creating and
+/// publishing a volume never list them. Read again when the server is a new
+/// run (it restarted and forgot every target), when a target the cache names
+/// is gone, and at each reconcile. The targets on the server are the
+/// driver's own (its own tgtd, on its own control port).
+#[derive(Debug, Default)]
+struct Tids {
+    /// The server run the names were read from.
+    instance: Option<u64>,
+    by_iqn: HashMap<String, u32>,
+    /// The highest id seen or handed out: a new target takes the next.
+    last: u32,
+}
+
+impl Tids {
+    fn load(&mut self, instance: u64, listed: &[TargetState]) {
+        self.instance = Some(instance);
+        self.by_iqn = listed.iter().map(|t| (t.iqn.clone(), t.tid)).collect();
+        self.last = self
+            .last
+            .max(listed.iter().map(|t| t.tid).max().unwrap_or(0));
     }
+}
 
-    /// Makes sure account `user` exists on the server with the password
-    /// given now (remembered for rebuilding). One name, one secret: a
-    /// second secret for a name this driver knows is refused.
-    pub(super) async fn ensure_account(&self, user: &str, password: &str) -> Result<()> {
-        {
-            let mut known = self.passwords.locked();
-            if known.get(user).is_some_and(|p| p != password) {
-                return Err(Error::precondition(format!(
-                    "CHAP account {user:?} exists on the target server with another secret; \
-                     use one secret per account name"
-                )));
-            }
-            known.insert(user.to_string(), password.to_string());
+/// One call to tgtd on a target id.
+type Call<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<T>> + Send + 'a>>;
+
+/// NOT_FOUND for a target tgtd does not have.
+fn missing(iqn: &str) -> Error {
+    Error::not_found(format!("target {iqn} is not served by tgtd"))
+}
+
+impl Tgt {
+    pub fn new(control_port: u32, socket_dir: &Path) -> Self {
+        Tgt {
+            tgtd: Tgtd::new(control_port, socket_dir),
+            tids: tokio::sync::Mutex::new(Tids::default()),
         }
-        self.target.new_account(user, password).await.map(|_| ())
     }
 
     /// The tid of target `iqn` if the server has it, from the cache (read
     /// from the server when it is a new run, or when `fresh` asks).
-    pub(super) async fn tid_of(&self, iqn: &str, fresh: bool) -> Result<Option<u32>> {
-        let instance = self.target.instance().await?;
+    async fn tid(&self, iqn: &str, fresh: bool) -> Result<Option<u32>> {
+        let instance = self.tgtd.instance().await?;
         let mut tids = self.tids.lock().await;
         if fresh || tids.instance != Some(instance) {
-            let listed = self.target.targets().await?;
+            let listed = self.tgtd.targets().await?;
             tids.load(instance, &listed);
         }
         Ok(tids.by_iqn.get(iqn).copied())
     }
 
-    /// Target `iqn`'s id and the initiators logged in to it, if the server
-    /// has it (a target the cache names that turned out gone: the server
-    /// is read again and looked at once more).
-    pub(super) async fn target_sessions(&self, iqn: &str) -> Result<Option<(u32, Vec<String>)>> {
-        let Some(tid) = self.tid_of(iqn, false).await? else {
-            return Ok(None);
+    /// `op` on target `iqn`'s id. A target the cache named that turned out
+    /// gone: the server is read again and `op` tried once more on the id
+    /// it has now; none is NOT_FOUND.
+    async fn on<'a, T>(&self, iqn: &str, op: impl Fn(u32) -> Call<'a, T>) -> Result<T> {
+        let Some(tid) = self.tid(iqn, false).await? else {
+            return Err(missing(iqn));
         };
-        match self.target.sessions(tid).await {
-            Ok(s) => Ok(Some((tid, s))),
-            Err(e) if e.kind == Kind::NotFound => match self.tid_of(iqn, true).await? {
-                Some(tid) => Ok(Some((tid, self.target.sessions(tid).await?))),
-                None => Ok(None),
+        match op(tid).await {
+            Err(e) if e.kind == Kind::NotFound => match self.tid(iqn, true).await? {
+                Some(now) => op(now).await,
+                None => Err(missing(iqn)),
             },
+            done => done,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl export::Target for Tgt {
+    fn terms(&self) -> &'static export::Terms {
+        &TERMS
+    }
+
+    async fn serves(&self, iqn: &str) -> Result<bool> {
+        Ok(self.tid(iqn, false).await?.is_some())
+    }
+
+    async fn connected(&self, iqn: &str) -> Result<Option<Vec<String>>> {
+        match self.on(iqn, |tid| Box::pin(self.tgtd.sessions(tid))).await {
+            Ok(s) => Ok(Some(s)),
+            Err(e) if e.kind == Kind::NotFound => Ok(None),
             Err(e) => Err(e),
         }
     }
 
-    /// Forgets what the cache knows: the next lookup reads the server.
-    pub(super) async fn forget_tids(&self) {
+    async fn reread(&self) {
         self.tids.lock().await.instance = None;
     }
 
-    /// The volume's target, made again (with its LUN, ACL and accounts)
-    /// if the server lost it. A target whose CHAP secret is not known here
-    /// (the driver restarted too) is made with an empty ACL: closed until
-    /// the next ControllerPublish brings the secret.
-    pub(super) async fn ensure_target(&self, id: &VolumeId, record: &mut Record) -> Result<u32> {
-        if let Some(tid) = self.tid_of(&record.export, false).await? {
-            return Ok(tid);
-        }
-        let store = self.store.get()?;
-        let store_id = self.store.volume(id)?;
-        let attachment = store
-            .staging()?
-            .node_attach(&store_id, &AttachContext::default())
-            .await?;
-        let Attachment::Device { path } = &attachment else {
-            return Err(Error::internal("the store gave no block device"));
-        };
-        record.device = path.clone();
-        record.attachment = attachment.clone();
-        record.hold = match &self.holds {
-            Some(holds) => {
-                let name = Holds::name_for(&record.export);
-                holds.ensure(&name, path).await?;
-                Some(name)
-            }
-            None => None,
-        };
+    async fn create(&self, iqn: &str, backing: &Path) -> Result<()> {
         let mut tries = 0;
-        let tid = loop {
+        loop {
             let tid = {
                 let mut tids = self.tids.lock().await;
                 tids.last += 1;
                 tids.last
             };
-            match self
-                .target
-                .create(tid, &record.export, &record.served())
-                .await
-            {
+            match self.tgtd.create(tid, iqn, backing).await {
                 Ok(()) => {
-                    self.tids
-                        .lock()
-                        .await
-                        .by_iqn
-                        .insert(record.export.clone(), tid);
-                    break tid;
+                    self.tids.lock().await.by_iqn.insert(iqn.to_string(), tid);
+                    return Ok(());
                 }
                 // The id was taken behind the cache's back (or the name,
                 // by a create of this volume that the cache missed): read
                 // the server again and look.
                 Err(e) if e.kind == Kind::AlreadyExists && tries < 3 => {
                     tries += 1;
-                    if let Some(tid) = self.tid_of(&record.export, true).await? {
-                        return Ok(tid);
+                    if self.tid(iqn, true).await?.is_some() {
+                        return Ok(());
                     }
                 }
                 Err(e) => return Err(e),
             }
-        };
-        if record.thin_provisioning {
-            self.target.set_thin_provisioning(tid, true).await?;
         }
-        let mut open = true;
-        for (user, outgoing) in [
-            (&record.incoming_user, false),
-            (&record.outgoing_user, true),
-        ] {
-            let Some(user) = user else { continue };
-            match self.password(user) {
-                Some(password) => {
-                    self.ensure_account(user, &password).await?;
-                    self.target.bind_account(tid, user, outgoing).await?;
-                }
-                None => open = false,
-            }
-        }
-        if open {
-            for initiator in &record.hosts {
-                self.target.allow(tid, initiator).await?;
-            }
-        } else {
-            tracing::warn!(volume = %id, iqn = %record.export,
-                "target rebuilt without its ACL: its CHAP secret is not known since a restart; \
-                 the next ControllerPublish opens it");
-        }
-        tracing::info!(volume = %id, iqn = %record.export, tid, "target rebuilt");
-        Ok(tid)
     }
 
-    /// Reads the server's targets again (the cache follows them) and
-    /// rebuilds every recorded target it lost.
-    pub(super) async fn reconcile(&self) -> Result<()> {
-        self.forget_tids().await;
-        let locators = self.records.locators()?;
-        for locator in locators {
-            let Ok(id) = VolumeId::new(&self.name, &locator) else {
-                continue;
-            };
-            // A volume an RPC is working on is that RPC's to mend.
-            let Ok(_volume) = self.volume_mutex(&id).try_lock_owned() else {
-                continue;
-            };
-            let Some(mut record) = self.load(&id)? else {
-                continue;
-            };
-            if self.tid_of(&record.export, false).await?.is_none() {
-                self.ensure_target(&id, &mut record).await?;
-                self.save(&id, &record)?;
-            }
+    async fn delete(&self, iqn: &str) -> Result<()> {
+        match self.on(iqn, |tid| Box::pin(self.tgtd.delete(tid))).await {
+            Err(e) if e.kind == Kind::NotFound => {}
+            done => done?,
         }
+        self.tids.lock().await.by_iqn.remove(iqn);
         Ok(())
     }
 
-    /// ControllerPublish's work on the server: the volume's target (made
-    /// again if the server lost it), its CHAP accounts bound first, so the
-    /// ACL never opens a target that should ask, then the ACL made whole
-    /// (it may lag: a target rebuilt closed) with `initiator` in it.
-    pub(super) async fn open_target(
-        &self,
-        id: &VolumeId,
-        record: &mut Record,
-        incoming: &Option<Chap>,
-        outgoing: &Option<Chap>,
-        initiator: &str,
-    ) -> Result<u32> {
-        let tid = self.ensure_target(id, record).await?;
-        for (pair, outgoing_dir) in [(incoming, false), (outgoing, true)] {
-            let slot = if outgoing_dir {
-                &mut record.outgoing_user
-            } else {
-                &mut record.incoming_user
-            };
-            match pair {
-                Some((user, password)) => {
-                    self.ensure_account(user, password).await?;
-                    if let Some(old) = slot.as_ref().filter(|o| *o != user) {
-                        self.target.unbind_account(tid, old, outgoing_dir).await?;
-                    }
-                    match self.target.bind_account(tid, user, outgoing_dir).await {
-                        Ok(()) => {}
-                        // tgt refuses a second bind of an outgoing account,
-                        // even the same one: this volume's publish bound it.
-                        Err(e)
-                            if outgoing_dir
-                                && e.kind == Kind::FailedPrecondition
-                                && slot.as_ref() == Some(user) => {}
-                        Err(e) => return Err(e),
-                    }
-                    *slot = Some(user.clone());
-                }
-                None => {
-                    if let Some(old) = slot.as_ref() {
-                        return Err(Error::precondition(format!(
-                            "volume {id} is published with CHAP account {old:?}; \
-                             ControllerPublish must bring the same secrets"
-                        )));
-                    }
-                }
-            }
-        }
-        for known in &record.hosts {
-            self.target.allow(tid, known).await?;
-        }
-        self.target.allow(tid, initiator).await?;
-        Ok(tid)
+    async fn refresh(&self, iqn: &str, backing: &Path) -> Result<()> {
+        self.on(iqn, |tid| Box::pin(self.tgtd.refresh(tid, backing)))
+            .await
+    }
+
+    async fn grant(&self, iqn: &str, initiator: &str) -> Result<()> {
+        self.on(iqn, |tid| Box::pin(self.tgtd.allow(tid, initiator)))
+            .await
+    }
+
+    async fn revoke(&self, iqn: &str, initiator: &str) -> Result<()> {
+        self.on(iqn, |tid| Box::pin(self.tgtd.disallow(tid, initiator)))
+            .await
+    }
+
+    async fn disconnect(&self, iqn: &str, initiator: &str) -> Result<usize> {
+        self.on(iqn, |tid| {
+            Box::pin(self.tgtd.close_connections(tid, initiator))
+        })
+        .await
+    }
+
+    async fn add_credential(&self, (user, password): &Credential) -> Result<()> {
+        self.tgtd.new_account(user, password).await.map(drop)
+    }
+
+    async fn bind(&self, iqn: &str, user: &str, outgoing: bool) -> Result<()> {
+        self.on(iqn, |tid| {
+            Box::pin(self.tgtd.bind_account(tid, user, outgoing))
+        })
+        .await
+    }
+
+    async fn unbind(&self, iqn: &str, user: &str, outgoing: bool) -> Result<()> {
+        self.on(iqn, |tid| {
+            Box::pin(self.tgtd.unbind_account(tid, user, outgoing))
+        })
+        .await
+    }
+
+    async fn set_thin_provisioning(&self, iqn: &str, on: bool) -> Result<()> {
+        self.on(iqn, |tid| {
+            Box::pin(self.tgtd.set_thin_provisioning(tid, on))
+        })
+        .await
     }
 }

@@ -5,9 +5,11 @@
 use super::initiator::{parse_sessions, Session};
 use super::target::{parse_connections, parse_targets};
 use super::*;
+use crate::backend::export::record::{Record, Records};
 use crate::error::Kind;
+use crate::host::hold::Holds;
 use crate::exec::{FakeRunner, Reply};
-use crate::plugin::{locator_for_name, AccessType, VolumeCapability};
+use crate::plugin::{locator_for_name, AccessType, ContentSource, VolumeCapability};
 use std::sync::Mutex as StdMutex;
 
 mod controller;
