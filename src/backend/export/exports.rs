@@ -6,6 +6,7 @@
 //! `snapshots.rs`, `health.rs` beside it) are these, given its protocol's
 //! words for what a host brings.
 
+use super::initiator::Initiator;
 use super::record::{FsCopy, Record, Records};
 use super::target::{Credential, Target, Terms};
 use super::Store;
@@ -25,13 +26,18 @@ use std::time::{Duration, Instant};
 /// every export.
 const RECONCILE_EVERY: Duration = Duration::from_secs(30);
 
-/// What an exporting backend gives its exports besides its target and
-/// store: how it names an export, and its kill points.
+/// What an exporting backend gives its exports besides its target,
+/// initiator and store: how it names an export, where nodes reach it, and
+/// its kill points.
 pub struct Setup {
     /// The backend's name.
     pub name: String,
     /// A volume's export name, from its locator.
     pub export_name: Box<dyn Fn(&str) -> String + Send + Sync>,
+    /// What every export name of the backend starts with (then `:`).
+    pub prefix: String,
+    /// `host:port` of the target server as nodes reach it.
+    pub portals: Vec<String>,
     /// Where its records are.
     pub dir: PathBuf,
     /// Reached with the hold devices of a group's volumes in use suspended
@@ -42,7 +48,10 @@ pub struct Setup {
 pub struct Exports {
     pub(super) name: String,
     export_name: Box<dyn Fn(&str) -> String + Send + Sync>,
+    pub(super) prefix: String,
+    pub(super) portals: Vec<String>,
     pub(super) target: Arc<dyn Target>,
+    pub(super) initiator: Arc<dyn Initiator>,
     pub(super) store: Store,
     pub(super) records: Records,
     runner: Arc<dyn CommandRunner>,
@@ -62,6 +71,7 @@ impl Exports {
     pub fn new(
         setup: Setup,
         target: Arc<dyn Target>,
+        initiator: Arc<dyn Initiator>,
         store: Option<Arc<dyn Backend>>,
         runner: Arc<dyn CommandRunner>,
     ) -> Self {
@@ -70,7 +80,10 @@ impl Exports {
             store: Store::new(&setup.name, store),
             name: setup.name,
             export_name: setup.export_name,
+            prefix: setup.prefix,
+            portals: setup.portals,
             target,
+            initiator,
             records: Records::new(setup.dir),
             runner,
             volumes: Mutex::new(HashMap::new()),
@@ -98,6 +111,13 @@ impl Exports {
 
     pub fn target(&self) -> &dyn Target {
         self.target.as_ref()
+    }
+
+    /// With another initiator (a test's, over its own sysfs).
+    #[cfg(test)]
+    pub fn with_initiator(mut self, initiator: Arc<dyn Initiator>) -> Self {
+        self.initiator = initiator;
+        self
     }
 
     pub(super) fn terms(&self) -> &'static Terms {

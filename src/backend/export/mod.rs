@@ -6,11 +6,14 @@
 //! would drive it. What its controller made for each volume is in its
 //! records ([`record`]). Its [`Exports`] make, grant, fence, grow, hold
 //! and rebuild one export per volume on a target server, which the
-//! protocol gives as a [`Target`]: the backend's controller calls are
+//! protocol gives as a [`Target`]; a node connects to them through the
+//! protocol's [`Initiator`]. The backend's controller and node calls are
 //! theirs, with the protocol's words for what a host brings.
 
 mod exports;
 mod health;
+pub mod initiator;
+pub mod node;
 pub mod record;
 mod snapshots;
 pub mod store;
@@ -18,5 +21,6 @@ pub mod target;
 mod volumes;
 
 pub use exports::{Exports, Setup};
+pub use initiator::{Initiator, NodeTerms};
 pub use store::Store;
 pub use target::{Credential, Target, Terms};

@@ -22,15 +22,7 @@ impl Attacher for IscsiBackend {
             .exports
             .publish(id, initiator, &incoming, &outgoing, req)
             .await?;
-        let mut ctx = BTreeMap::from([
-            (CTX_PORTALS.to_string(), self.settings.portals.join(",")),
-            (CTX_IQN.to_string(), record.export.clone()),
-            (CTX_LUN.to_string(), "1".to_string()),
-        ]);
-        if let Some(copy) = &record.copy {
-            ctx.insert(CTX_FS_COPY.to_string(), copy.token.clone());
-        }
-        Ok(ctx)
+        Ok(self.exports.publish_context(&record))
     }
 
     async fn controller_detach(

@@ -3,11 +3,12 @@
 //! a command line), and the LUN's disk found through sysfs.
 
 use super::reasons;
+use crate::backend::export::initiator::{Connection, Initiator, NodeTerms, Paths};
 use crate::error::{Error, Result};
 use crate::exec::{path_arg, Command, CommandRunner};
 use crate::plugin::health::Finding;
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long a multipath map something holds open for a moment is tried
@@ -104,15 +105,16 @@ pub fn parse_sessions(text: &str) -> Vec<Session> {
         .collect()
 }
 
-pub struct Initiator<'a> {
-    pub runner: &'a dyn CommandRunner,
+/// open-iscsi on this node.
+pub struct OpenIscsi {
+    pub runner: Arc<dyn CommandRunner>,
     /// Log in through every portal and use a dm-multipath map over them.
     pub multipath: bool,
-    pub node_db: &'a Path,
-    pub sysfs: &'a Path,
+    pub node_db: PathBuf,
+    pub sysfs: PathBuf,
     /// Where device nodes are (`/dev`; a directory of the test's own in
     /// unit tests, as `sysfs` is).
-    pub dev: &'a Path,
+    pub dev: PathBuf,
     pub timeout: Duration,
     /// How long a session that lost its connection holds I/O before
     /// failing it (seconds).
@@ -120,10 +122,10 @@ pub struct Initiator<'a> {
 }
 
 /// How long a session that lost its target gets to log in again before
-/// an unstage lets go of it (see [`Initiator::release_lost`]).
+/// an unstage lets go of it (see [`OpenIscsi::release_lost`]).
 pub const RECOVERY_GRACE: Duration = Duration::from_secs(5);
 
-/// The node record's setting for [`Initiator::replacement_timeout`].
+/// The node record's setting for [`OpenIscsi::replacement_timeout`].
 const REPLACEMENT_TIMEOUT: &str = "node.session.timeo.replacement_timeout";
 
 use super::Chap;
@@ -137,7 +139,7 @@ enum Login {
     InProgress,
 }
 
-impl Initiator<'_> {
+impl OpenIscsi {
     fn iscsiadm(&self) -> Command {
         Command::new("iscsiadm").timeout(Duration::from_secs(30))
     }
@@ -150,26 +152,6 @@ impl Initiator<'_> {
             Err(e) if e.exit_code().is_some_and(|c| already.contains(&c)) => Ok(false),
             Err(e) => Err(e.into()),
         }
-    }
-
-    /// This driver's sessions (to targets named `<prefix>:...`) that are
-    /// not logged in, and the portals that still have one that is.
-    pub async fn paths(&self, prefix: &str) -> Result<(Vec<Session>, BTreeSet<String>)> {
-        let all = self.all_sessions().await?;
-        let ours = all.into_iter().filter(|s| {
-            s.iqn
-                .strip_prefix(prefix)
-                .is_some_and(|r| r.starts_with(':'))
-        });
-        let (mut down, mut up) = (Vec::new(), BTreeSet::new());
-        for s in ours {
-            if self.session_state(s.sid) == "LOGGED_IN" {
-                up.insert(s.portal.clone());
-            } else {
-                down.push(s);
-            }
-        }
-        Ok((down, up))
     }
 
     /// The sessions to target `iqn`.
@@ -239,59 +221,6 @@ impl Initiator<'_> {
         }
         found.sort_by_key(|s| s.sid);
         Some(found)
-    }
-
-    /// Logs in to `iqn` (reusing a session that exists, after a restart)
-    /// and returns LUN `lun`'s disk. With multipath, logs in through every
-    /// portal and returns the multipath map over the disks.
-    pub async fn attach(
-        &self,
-        iqn: &str,
-        portals: &[&str],
-        lun: u32,
-        incoming: Option<&Chap>,
-        outgoing: Option<&Chap>,
-    ) -> Result<PathBuf> {
-        let mut sessions = self.sessions(iqn).await?;
-        let mut last = None;
-        for portal in portals {
-            let have = sessions.iter().any(|s| same_portal(&s.portal, portal));
-            if have || (!self.multipath && !sessions.is_empty()) {
-                continue;
-            }
-            match self.login(iqn, portal, incoming, outgoing).await {
-                Ok(Login::Made) => sessions = self.sessions(iqn).await?,
-                // An earlier login through this portal goes on in iscsid
-                // (its iscsiadm killed at a call's deadline: iscsid keeps
-                // trying): this one waits for it to end.
-                Ok(Login::InProgress) => match self.session_through(iqn, portal).await {
-                    Ok(found) => sessions = found,
-                    Err(e) => last = Some(e),
-                },
-                Err(e) => last = Some(e),
-            }
-        }
-        if sessions.is_empty() {
-            // Nothing logged in: no record of ours left behind.
-            self.run(
-                self.iscsiadm()
-                    .args(["-m", "node", "-T", iqn, "-o", "delete"]),
-                &[NO_OBJECTS],
-            )
-            .await?;
-            return Err(last.unwrap_or_else(|| Error::unavailable(format!("no session to {iqn}"))));
-        }
-        if let Some(e) = last {
-            tracing::warn!(target_name = iqn, error = %e.message, "a portal refused the login; going on with the others");
-        }
-        if !self.multipath {
-            return self.wait_for_disk(&sessions[0], lun).await;
-        }
-        let mut disks = Vec::new();
-        for session in &sessions {
-            disks.push(self.wait_for_disk(session, lun).await?);
-        }
-        self.map(&disks).await
     }
 
     /// The sessions to `iqn` once one through `portal` is listed: iscsid
@@ -613,31 +542,6 @@ impl Initiator<'_> {
         }
     }
 
-    /// Flushes and removes the disks of every session to `iqn`, logs out,
-    /// and deletes the node records. Nothing there is success.
-    /// Sessions to `iqn` that lost their target, none logged in: given
-    /// [`RECOVERY_GRACE`] to come back, then detached (logged out), which
-    /// fails their disks' queued I/O at once. Without it, an unmount of a
-    /// filesystem on them waits for `replacement_timeout` (two minutes by
-    /// default) and the unstage fails meanwhile, stuck in the kernel. What
-    /// their disks still held unwritten had nowhere to go.
-    pub async fn release_lost(&self, iqn: &str) -> Result<()> {
-        let sessions = self.sessions(iqn).await?;
-        let up = |s: &[Session]| s.iter().any(|s| self.session_state(s.sid) == "LOGGED_IN");
-        if sessions.is_empty() || up(&sessions) {
-            return Ok(());
-        }
-        let until = std::time::Instant::now() + RECOVERY_GRACE;
-        while std::time::Instant::now() < until {
-            tokio::time::sleep(Duration::from_millis(250)).await;
-            if up(&sessions) {
-                return Ok(());
-            }
-        }
-        tracing::warn!(%iqn, "no session to the target is logged in: logging out before the unmount");
-        self.detach(iqn).await
-    }
-
     /// Flushes multipath map `map` over `disks`. Something may hold it
     /// open for a moment: udev probes the device as the filesystem just
     /// unmounted from it closes it, multipathd reloads it. Such a flush is
@@ -666,8 +570,73 @@ impl Initiator<'_> {
             }
         }
     }
+}
 
-    pub async fn detach(&self, iqn: &str) -> Result<()> {
+/// What open-iscsi's messages call things, and its health reasons.
+static TERMS: NodeTerms = NodeTerms {
+    path: "session",
+    paths: "the iSCSI sessions",
+    ctx_export: "iqn",
+    ctx_unit: "lun",
+    all_down: reasons::SessionDown,
+    some_down: reasons::PathDown,
+};
+
+#[async_trait::async_trait]
+impl Initiator for OpenIscsi {
+    fn terms(&self) -> &'static NodeTerms {
+        &TERMS
+    }
+
+    /// Logs in to `iqn` (reusing a session that exists, after a restart)
+    /// and returns LUN `lun`'s disk. With multipath, logs in through every
+    /// portal and returns the multipath map over the disks.
+    async fn attach(&self, to: &Connection<'_>) -> Result<PathBuf> {
+        let (iqn, portals, lun) = (to.export, to.portals, to.unit);
+        let (incoming, outgoing) = (to.incoming, to.outgoing);
+        let mut sessions = self.sessions(iqn).await?;
+        let mut last = None;
+        for portal in portals {
+            let have = sessions.iter().any(|s| same_portal(&s.portal, portal));
+            if have || (!self.multipath && !sessions.is_empty()) {
+                continue;
+            }
+            match self.login(iqn, portal, incoming, outgoing).await {
+                Ok(Login::Made) => sessions = self.sessions(iqn).await?,
+                // An earlier login through this portal goes on in iscsid
+                // (its iscsiadm killed at a call's deadline: iscsid keeps
+                // trying): this one waits for it to end.
+                Ok(Login::InProgress) => match self.session_through(iqn, portal).await {
+                    Ok(found) => sessions = found,
+                    Err(e) => last = Some(e),
+                },
+                Err(e) => last = Some(e),
+            }
+        }
+        if sessions.is_empty() {
+            // Nothing logged in: no record of ours left behind.
+            self.run(
+                self.iscsiadm()
+                    .args(["-m", "node", "-T", iqn, "-o", "delete"]),
+                &[NO_OBJECTS],
+            )
+            .await?;
+            return Err(last.unwrap_or_else(|| Error::unavailable(format!("no session to {iqn}"))));
+        }
+        if let Some(e) = last {
+            tracing::warn!(target_name = iqn, error = %e.message, "a portal refused the login; going on with the others");
+        }
+        if !self.multipath {
+            return self.wait_for_disk(&sessions[0], lun).await;
+        }
+        let mut disks = Vec::new();
+        for session in &sessions {
+            disks.push(self.wait_for_disk(session, lun).await?);
+        }
+        self.map(&disks).await
+    }
+
+    async fn detach(&self, iqn: &str) -> Result<()> {
         let sessions = self.sessions(iqn).await?;
         let all: Vec<String> = sessions.iter().flat_map(|s| self.disks(s.sid)).collect();
         while let Some(map) = self.holder(&all) {
@@ -733,8 +702,33 @@ impl Initiator<'_> {
         Ok(())
     }
 
+    /// Flushes and removes the disks of every session to `iqn`, logs out,
+    /// and deletes the node records. Nothing there is success.
+    /// Sessions to `iqn` that lost their target, none logged in: given
+    /// [`RECOVERY_GRACE`] to come back, then detached (logged out), which
+    /// fails their disks' queued I/O at once. Without it, an unmount of a
+    /// filesystem on them waits for `replacement_timeout` (two minutes by
+    /// default) and the unstage fails meanwhile, stuck in the kernel. What
+    /// their disks still held unwritten had nowhere to go.
+    async fn release_lost(&self, iqn: &str) -> Result<()> {
+        let sessions = self.sessions(iqn).await?;
+        let up = |s: &[Session]| s.iter().any(|s| self.session_state(s.sid) == "LOGGED_IN");
+        if sessions.is_empty() || up(&sessions) {
+            return Ok(());
+        }
+        let until = std::time::Instant::now() + RECOVERY_GRACE;
+        while std::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            if up(&sessions) {
+                return Ok(());
+            }
+        }
+        tracing::warn!(%iqn, "no session to the target is logged in: logging out before the unmount");
+        self.detach(iqn).await
+    }
+
     /// Rescans the session so the disk shows the LUN's new size; returns it.
-    pub async fn rescan(&self, iqn: &str) -> Result<u64> {
+    async fn rescan(&self, iqn: &str) -> Result<u64> {
         let session = self
             .sessions(iqn)
             .await?
@@ -792,7 +786,7 @@ impl Initiator<'_> {
     }
 
     /// What is wrong with the volume's session or disk, if anything.
-    pub async fn condition(&self, iqn: &str, device: &Path) -> Result<Option<Finding>> {
+    async fn condition(&self, iqn: &str, device: &Path) -> Result<Option<Finding>> {
         let Some(session) = self.sessions(iqn).await?.into_iter().next() else {
             return Ok(Some(Finding::inaccessible(
                 reasons::SessionMissing,
@@ -838,5 +832,26 @@ impl Initiator<'_> {
             )));
         }
         Ok(None)
+    }
+
+    /// The portals of this driver's sessions (to targets named
+    /// `<prefix>:...`) that are not logged in, and those that still have
+    /// one that is.
+    async fn paths(&self, prefix: &str) -> Result<Paths> {
+        let all = self.all_sessions().await?;
+        let ours = all.into_iter().filter(|s| {
+            s.iqn
+                .strip_prefix(prefix)
+                .is_some_and(|r| r.starts_with(':'))
+        });
+        let mut paths = Paths::default();
+        for s in ours {
+            if self.session_state(s.sid) == "LOGGED_IN" {
+                paths.up.insert(s.portal);
+            } else {
+                paths.down.push(s.portal);
+            }
+        }
+        Ok(paths)
     }
 }

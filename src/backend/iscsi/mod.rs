@@ -41,8 +41,9 @@ use crate::plugin::{
     Attacher, BlockTracker, DeviceMounter, Expander, Groups, Modifier, Provisioner,
     SnapshotInstant, Snapshotter, Stager, SINGLE_NODE_MODES,
 };
+use initiator::OpenIscsi;
 use serde::Deserialize;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -102,14 +103,6 @@ pub const CHAP_PASSWORD: &str = "chapPassword";
 /// ...and mutual CHAP, the target's answer to the initiator.
 pub const MUTUAL_USER: &str = "chapMutualUsername";
 pub const MUTUAL_PASSWORD: &str = "chapMutualPassword";
-
-/// Publish context keys.
-const CTX_PORTALS: &str = "portals";
-const CTX_IQN: &str = "iqn";
-const CTX_LUN: &str = "lun";
-/// A copy (a restored snapshot, a clone) whose filesystem still carries its
-/// source's UUID: a token the node renews it under once.
-const CTX_FS_COPY: &str = "fsCopy";
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -182,34 +175,16 @@ fn store_changes(changes: &BTreeMap<String, String>) -> BTreeMap<String, String>
         .collect()
 }
 
-/// Writes one of the backend's files atomically, making its folder first.
-fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    crate::records::private_dir(dir)?;
-    crate::records::write(path, bytes)
-}
-
-/// Removes one of the backend's files; one already gone is fine.
-fn remove_file(path: &Path) -> Result<()> {
-    crate::records::remove(path).map(drop)
-}
-
-/// Whether a publish context's copy token is one ferrovol could have made
-/// (it is written to a file on the node).
-fn is_token(t: &str) -> bool {
-    !t.is_empty() && t.len() <= 64 && t.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
-}
-
 pub struct IscsiBackend {
     name: String,
     settings: IscsiSettings,
-    runner: Arc<dyn CommandRunner>,
     /// The volumes' targets on tgtd, their store and records (the
-    /// controller's side).
+    /// controller's side), and the node's logins to them.
     exports: Exports,
-    sysfs: PathBuf,
-    /// Device nodes (see `Initiator::dev`).
-    dev: PathBuf,
+    /// open-iscsi on this node (the exports' initiator; the tests look at
+    /// it).
+    #[cfg_attr(not(test), allow(dead_code))]
+    initiator: Arc<OpenIscsi>,
 }
 
 /// Whether `s` is a valid iSCSI qualified name we accept (the `iqn.`
@@ -334,25 +309,43 @@ impl IscsiBackend {
         let setup = export::Setup {
             name: name.to_string(),
             export_name: Box::new(move |locator| Self::iqn_for(&prefix, locator)),
+            prefix: settings.iqn_prefix.clone(),
+            portals: settings.portals.clone(),
             dir: state_dir,
             held: || crate::killpoint::hit(KillPoint::Held),
         };
+        let initiator = Arc::new(OpenIscsi {
+            runner: runner.clone(),
+            multipath: settings.multipath,
+            node_db: settings.node_db.clone(),
+            sysfs: "/sys".into(),
+            dev: "/dev".into(),
+            timeout: Duration::from_secs(settings.login_timeout),
+            replacement_timeout: settings.replacement_timeout,
+        });
         Ok(IscsiBackend {
             name: name.to_string(),
             settings,
-            exports: Exports::new(setup, target, store, runner.clone()),
-            runner,
-            sysfs: "/sys".into(),
-            dev: "/dev".into(),
+            exports: Exports::new(setup, target, initiator.clone(), store, runner),
+            initiator,
         })
     }
 
     /// A test's own `sys` and `dev` directories under `root`.
     #[cfg(test)]
     fn with_roots(mut self, root: &std::path::Path) -> Self {
-        self.sysfs = root.join("sys");
-        self.dev = root.join("dev");
-        self.exports = self.exports.without_holds();
+        let initiator = Arc::new(OpenIscsi {
+            runner: self.initiator.runner.clone(),
+            sysfs: root.join("sys"),
+            dev: root.join("dev"),
+            node_db: self.initiator.node_db.clone(),
+            ..*self.initiator
+        });
+        self.exports = self
+            .exports
+            .without_holds()
+            .with_initiator(initiator.clone());
+        self.initiator = initiator;
         self
     }
 
@@ -369,6 +362,8 @@ impl IscsiBackend {
         }
     }
 
+    /// A volume's target name (the tests look).
+    #[cfg(test)]
     fn iqn(&self, id: &VolumeId) -> String {
         self.exports.export_name(id)
     }
@@ -431,7 +426,7 @@ impl Backend for IscsiBackend {
     }
 
     async fn storage_findings(&self) -> Vec<crate::plugin::health::StorageFinding> {
-        self.path_findings().await
+        self.exports.path_findings().await
     }
 
     /// What the store and tgtd say (only where the store is: the target

@@ -5,11 +5,14 @@
 use super::initiator::{parse_sessions, Session};
 use super::target::{parse_connections, parse_targets};
 use super::*;
+use crate::backend::export::initiator::{Initiator, Paths};
+use crate::backend::export::node::{is_token, CTX_FS_COPY};
 use crate::backend::export::record::{Record, Records};
 use crate::error::Kind;
-use crate::host::hold::Holds;
 use crate::exec::{FakeRunner, Reply};
+use crate::host::hold::Holds;
 use crate::plugin::{locator_for_name, AccessType, ContentSource, VolumeCapability};
+use std::collections::BTreeSet;
 use std::sync::Mutex as StdMutex;
 
 mod controller;

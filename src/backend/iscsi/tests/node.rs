@@ -63,7 +63,7 @@ async fn sessions_are_read_from_sysfs_and_asked_of_iscsiadm_while_one_is_being_m
     );
     assert!(s.runner.lines().is_empty(), "{:#?}", s.runner.lines());
     // The health check's view: both portals logged in, none down.
-    let (down, up) = i.paths("iqn.2026-11.io.ferrovol").await.unwrap();
+    let Paths { down, up } = i.paths("iqn.2026-11.io.ferrovol").await.unwrap();
     assert!(down.is_empty(), "{down:?}");
     assert_eq!(
         up.into_iter().collect::<Vec<_>>(),
