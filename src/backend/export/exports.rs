@@ -202,8 +202,10 @@ impl Exports {
             let mut known = self.secrets.locked();
             if known.get(user).is_some_and(|s| s != secret) {
                 return Err(Error::precondition(format!(
-                    "credential {user:?} exists on the target server with another secret; \
-                     use one secret per name"
+                    "{} {user:?} exists on the target server with another secret; \
+                     use one secret per {} name",
+                    self.terms().credential,
+                    self.terms().credential
                 )));
             }
             known.insert(user.clone(), secret.clone());
@@ -388,8 +390,9 @@ impl Exports {
                 None => {
                     if let Some(old) = slot.as_ref() {
                         return Err(Error::precondition(format!(
-                            "volume {id} is published with credential {old:?}; \
-                             ControllerPublish must bring the same secrets"
+                            "volume {id} is published with {} {old:?}; \
+                             ControllerPublish must bring the same secrets",
+                            self.terms().credential
                         )));
                     }
                 }

@@ -18,6 +18,10 @@ pub mod record;
 mod snapshots;
 pub mod store;
 pub mod target;
+#[cfg(test)]
+pub mod testing;
+#[cfg(test)]
+mod tests;
 mod volumes;
 
 pub use exports::{Exports, Setup};

@@ -26,6 +26,8 @@ pub struct Terms {
     pub host: &'static str,
     /// How a host that uses an export is said to ("logged in from").
     pub connected: &'static str,
+    /// What a credential is called ("CHAP account").
+    pub credential: &'static str,
     /// The health reason of an export its server no longer serves.
     pub missing: Reason,
     /// Why an export in use cannot grow, where the server cannot grow one

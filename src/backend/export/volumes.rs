@@ -83,6 +83,11 @@ impl Exports {
         self.forget(id)
     }
 
+    /// NOT_FOUND for a volume without a record of its export.
+    fn no_export(&self, id: &VolumeId) -> Error {
+        Error::not_found(format!("volume {id} has no {}", self.terms().export))
+    }
+
     /// Whether a volume grows while a node uses it (the server's terms).
     pub fn grows_online(&self) -> bool {
         self.terms().grows_only_unused.is_none()
@@ -102,9 +107,7 @@ impl Exports {
         self.own_volume(id)?;
         let store = self.store.get()?;
         let store_id = self.store.volume(id)?;
-        let record = self
-            .load(id)?
-            .ok_or_else(|| Error::not_found(format!("volume {id} has no export")))?;
+        let record = self.load(id)?.ok_or_else(|| self.no_export(id))?;
         if let Some(why) = self.terms().grows_only_unused {
             // Publish and expand of one volume never overlap (the volume's
             // lock), and the grants keep out hosts that were not published.
@@ -132,9 +135,7 @@ impl Exports {
             .expand_volume(&store_id, required, limit, secrets)
             .await?;
         let _volume = self.lock(id).await;
-        let mut record = self
-            .load(id)?
-            .ok_or_else(|| Error::not_found(format!("volume {id} has no export")))?;
+        let mut record = self.load(id)?.ok_or_else(|| self.no_export(id))?;
         self.ensure(id, &mut record).await?;
         store
             .device_mounting()?

@@ -12,6 +12,7 @@ pub(super) static TERMS: export::Terms = export::Terms {
     server: "tgtd",
     host: "initiator",
     connected: "logged in from",
+    credential: "CHAP account",
     missing: reasons::TargetMissing,
     grows_only_unused: Some(
         "an iSCSI volume grows only while no node uses it (tgt cannot grow a LUN under I/O)",

@@ -528,10 +528,7 @@ fn thin_provisioning_is_refused_on_an_lvm_store() {
         name: None,
         settings: Default::default(),
     });
-    let lvs = Arc::new(MemStore {
-        lv: true,
-        ..Default::default()
-    });
+    let lvs = Arc::new(MemStore::lv("iscsi"));
     let b = IscsiBackend::new(
         "iscsi",
         settings,

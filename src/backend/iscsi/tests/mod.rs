@@ -8,10 +8,11 @@ use super::*;
 use crate::backend::export::initiator::{Initiator, Paths};
 use crate::backend::export::node::{is_token, CTX_FS_COPY};
 use crate::backend::export::record::{Record, Records};
+use crate::backend::export::testing::MemStore;
 use crate::error::Kind;
 use crate::exec::{FakeRunner, Reply};
 use crate::host::hold::Holds;
-use crate::plugin::{locator_for_name, AccessType, ContentSource, VolumeCapability};
+use crate::plugin::{AccessType, ContentSource, VolumeCapability};
 use std::collections::BTreeSet;
 use std::sync::Mutex as StdMutex;
 
@@ -63,205 +64,6 @@ Target 2: iqn.2026-11.io.ferrovol:idle
     Account information:
     ACL information:
 ";
-
-/// A store that keeps volumes in memory and records what it is asked.
-#[derive(Default)]
-struct MemStore {
-    sizes: StdMutex<BTreeMap<String, u64>>,
-    calls: StdMutex<Vec<String>>,
-    /// Copies whose filesystem UUID is still their source's.
-    copies: StdMutex<BTreeSet<String>>,
-    /// A volume whose detach hangs (a store that does not answer) until
-    /// the test lets it go: (locator, entered, release).
-    stuck: StdMutex<Option<Stuck>>,
-    /// Whether it stands for a store of logical volumes (which take no
-    /// punched holes) rather than image files.
-    lv: bool,
-}
-
-/// The kinds of store a MemStore stands for: of image files, of logical
-/// volumes.
-const FILE_STORE: crate::plugin::Kind = crate::plugin::Kind {
-    store: Some(crate::plugin::StoreKind {
-        punches_holes: true,
-        as_store: |_| {},
-    }),
-    ..crate::plugin::DOUBLE
-};
-const LV_STORE: crate::plugin::Kind = crate::plugin::Kind {
-    store: Some(crate::plugin::StoreKind {
-        punches_holes: false,
-        as_store: |_| {},
-    }),
-    ..crate::plugin::DOUBLE
-};
-
-type Stuck = (String, Arc<tokio::sync::Notify>, Arc<tokio::sync::Notify>);
-
-impl MemStore {
-    fn calls(&self) -> Vec<String> {
-        self.calls.lock().unwrap().clone()
-    }
-    fn note(&self, s: String) {
-        self.calls.lock().unwrap().push(s);
-    }
-}
-
-#[async_trait::async_trait]
-impl Backend for MemStore {
-    fn name(&self) -> &str {
-        "iscsi-store"
-    }
-
-    fn kind(&self) -> &'static crate::plugin::Kind {
-        if self.lv {
-            &LV_STORE
-        } else {
-            &FILE_STORE
-        }
-    }
-
-    async fn health(&self) -> Result<()> {
-        Ok(())
-    }
-
-    fn validate_parameters(&self, _: &BTreeMap<String, String>) -> Result<()> {
-        Ok(())
-    }
-
-    fn access_modes(&self) -> Vec<AccessMode> {
-        crate::plugin::SINGLE_NODE_MODES.to_vec()
-    }
-
-    fn provisioner(&self) -> Option<&dyn Provisioner> {
-        Some(self)
-    }
-
-    fn expander(&self) -> Option<&dyn Expander> {
-        Some(self)
-    }
-
-    fn stager(&self) -> Option<&dyn Stager> {
-        Some(self)
-    }
-
-    fn device_mounter(&self) -> Option<&dyn DeviceMounter> {
-        Some(self)
-    }
-}
-
-#[async_trait::async_trait]
-impl Provisioner for MemStore {
-    fn clones(&self) -> bool {
-        true
-    }
-
-    async fn get_volume(&self, id: &VolumeId, _: &Secrets) -> Result<Option<VolumeInfo>> {
-        let size = self.sizes.lock().unwrap().get(id.locator()).copied();
-        Ok(size.map(|capacity_bytes| VolumeInfo {
-            id: id.clone(),
-            capacity_bytes,
-            context: BTreeMap::new(),
-            source: None,
-        }))
-    }
-
-    async fn list_volumes(&self, _: &Page) -> Result<Vec<VolumeInfo>> {
-        Err(Error::internal("the store double lists nothing"))
-    }
-
-    async fn capacity(&self, _: &BTreeMap<String, String>) -> Result<Capacity> {
-        Err(Error::internal("the store double has no capacity"))
-    }
-
-    async fn create_volume(&self, req: &CreateVolume) -> Result<VolumeInfo> {
-        let locator = locator_for_name(&req.name);
-        self.note(format!("create {locator}"));
-        if req.source.is_some() {
-            self.copies.lock().unwrap().insert(locator.clone());
-        }
-        let size = *self
-            .sizes
-            .lock()
-            .unwrap()
-            .entry(locator.clone())
-            .or_insert(req.required_bytes);
-        Ok(VolumeInfo {
-            id: VolumeId::new("iscsi-store", &locator)?,
-            capacity_bytes: size,
-            context: BTreeMap::new(),
-            source: None,
-        })
-    }
-
-    async fn delete_volume(&self, id: &VolumeId, _: &Secrets) -> Result<()> {
-        self.note(format!("delete {id}"));
-        self.sizes.lock().unwrap().remove(id.locator());
-        Ok(())
-    }
-}
-
-#[async_trait::async_trait]
-impl Expander for MemStore {
-    fn online(&self) -> bool {
-        true
-    }
-
-    async fn expand_volume(
-        &self,
-        id: &VolumeId,
-        required: u64,
-        _: u64,
-        _: &Secrets,
-    ) -> Result<u64> {
-        self.note(format!("expand {id} {required}"));
-        self.sizes
-            .lock()
-            .unwrap()
-            .insert(id.locator().into(), required);
-        Ok(required)
-    }
-}
-
-#[async_trait::async_trait]
-impl Stager for MemStore {
-    async fn node_attach(&self, id: &VolumeId, _: &AttachContext) -> Result<Attachment> {
-        self.note(format!("attach {id}"));
-        Ok(Attachment::Device {
-            path: "/dev/loop7".into(),
-        })
-    }
-
-    async fn node_detach(&self, id: &VolumeId, a: Option<&Attachment>) -> Result<()> {
-        self.note(format!("detach {id} {}", a.is_some()));
-        let stuck = self.stuck.lock().unwrap().clone();
-        if let Some((locator, entered, release)) = stuck {
-            if locator == id.locator() {
-                entered.notify_one();
-                release.notified().await;
-            }
-        }
-        Ok(())
-    }
-}
-
-#[async_trait::async_trait]
-impl DeviceMounter for MemStore {
-    async fn node_refresh_size(&self, id: &VolumeId, _: &Attachment) -> Result<u64> {
-        self.note(format!("refresh {id}"));
-        Ok(self.sizes.lock().unwrap()[id.locator()])
-    }
-
-    async fn node_copy_pending(&self, id: &VolumeId, _: &AttachContext) -> Result<bool> {
-        Ok(self.copies.lock().unwrap().contains(id.locator()))
-    }
-
-    async fn node_copy_done(&self, id: &VolumeId, _: &AttachContext) -> Result<()> {
-        self.note(format!("copy done {id}"));
-        self.copies.lock().unwrap().remove(id.locator());
-        Ok(())
-    }
-}
 
 /// One target of the [`FakeTgtd`].
 #[derive(Debug, Clone, Default)]
@@ -528,7 +330,7 @@ impl Setup {
         Setup {
             dir: tempfile::tempdir().unwrap(),
             runner: Arc::new(FakeRunner::new()),
-            store: Arc::new(MemStore::default()),
+            store: Arc::new(MemStore::new("iscsi")),
         }
     }
 
