@@ -31,6 +31,8 @@ mod lvm_snapshots;
 mod nfs;
 #[path = "guest/nfs_copies.rs"]
 mod nfs_copies;
+#[path = "guest/nvmf.rs"]
+mod nvmf;
 #[path = "guest/rbd.rs"]
 mod rbd;
 #[path = "guest/sanity.rs"]

@@ -6,6 +6,7 @@ pub mod file;
 pub mod iscsi;
 pub mod lvm;
 pub mod nfs;
+pub mod nvmf;
 pub mod rbd;
 
 use crate::config::{BackendConfig, Config};

@@ -59,8 +59,9 @@ pub struct Exports {
     /// the periodic rebuild, which passes over a volume an RPC holds. No
     /// lock spans two volumes.
     volumes: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    /// Credentials' secrets last given, by name, for rebuilding exports.
-    secrets: Mutex<HashMap<String, String>>,
+    /// Credentials' secrets last given, by name and direction (outgoing),
+    /// for rebuilding exports.
+    secrets: Mutex<HashMap<(String, bool), String>>,
     last_reconcile: Mutex<Option<Instant>>,
     /// Hold devices for exports, where this host has device-mapper.
     pub(super) holds: Option<Holds>,
@@ -195,12 +196,13 @@ impl Exports {
     }
 
     /// Makes sure credential `user` is on the server with the secret given
-    /// now (remembered for rebuilding). One name, one secret: a second
-    /// secret for a name this driver knows is refused.
-    async fn ensure_credential(&self, (user, secret): &Credential) -> Result<()> {
+    /// now (remembered for rebuilding). One name, one secret in each
+    /// direction: a second secret for a name this driver knows is refused.
+    async fn ensure_credential(&self, (user, secret): &Credential, outgoing: bool) -> Result<()> {
         {
             let mut known = self.secrets.locked();
-            if known.get(user).is_some_and(|s| s != secret) {
+            let key = (user.clone(), outgoing);
+            if known.get(&key).is_some_and(|s| s != secret) {
                 return Err(Error::precondition(format!(
                     "{} {user:?} exists on the target server with another secret; \
                      use one secret per {} name",
@@ -208,16 +210,19 @@ impl Exports {
                     self.terms().credential
                 )));
             }
-            known.insert(user.clone(), secret.clone());
+            known.insert(key, secret.clone());
         }
         self.target
-            .add_credential(&(user.clone(), secret.clone()))
+            .add_credential(&(user.clone(), secret.clone()), outgoing)
             .await
     }
 
-    /// The secret last given for credential `user`.
-    fn secret(&self, user: &str) -> Option<String> {
-        self.secrets.locked().get(user).cloned()
+    /// The secret last given for credential `user` in a direction.
+    fn secret(&self, user: &str, outgoing: bool) -> Option<String> {
+        self.secrets
+            .locked()
+            .get(&(user.to_string(), outgoing))
+            .cloned()
     }
 
     /// The volume's export, made again (with its grants and credentials)
@@ -259,9 +264,10 @@ impl Exports {
             (&record.outgoing_user, true),
         ] {
             let Some(user) = user else { continue };
-            match self.secret(user) {
+            match self.secret(user, outgoing) {
                 Some(secret) => {
-                    self.ensure_credential(&(user.clone(), secret)).await?;
+                    self.ensure_credential(&(user.clone(), secret), outgoing)
+                        .await?;
                     self.target.bind(&record.export, user, outgoing).await?;
                 }
                 None => open = false,
@@ -367,7 +373,7 @@ impl Exports {
             };
             match pair {
                 Some((user, secret)) => {
-                    self.ensure_credential(&(user.clone(), secret.clone()))
+                    self.ensure_credential(&(user.clone(), secret.clone()), outgoing_dir)
                         .await?;
                     if let Some(old) = slot.as_ref().filter(|o| *o != user) {
                         self.target

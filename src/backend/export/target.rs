@@ -79,9 +79,11 @@ pub trait Target: Send + Sync {
     /// after a revoke, or the host connects again.
     async fn disconnect(&self, name: &str, host: &str) -> Result<usize>;
 
-    /// Makes the credential known to the server. A name is one secret:
-    /// the layer refuses a second before it asks.
-    async fn add_credential(&self, credential: &Credential) -> Result<()>;
+    /// Makes the credential known to the server: one a host proves itself
+    /// with, or (`outgoing`) one the server answers a host with. A name is
+    /// one secret in each direction: the layer refuses a second before it
+    /// asks.
+    async fn add_credential(&self, credential: &Credential, outgoing: bool) -> Result<()>;
 
     /// Makes export `name` ask hosts for credential `user` (or, when
     /// `outgoing`, answer hosts with it). Binding an outgoing credential

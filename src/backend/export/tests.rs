@@ -120,7 +120,7 @@ impl Target for MemTarget {
             .push((name.to_string(), host.to_string()));
         Ok(closed)
     }
-    async fn add_credential(&self, (name, secret): &Credential) -> Result<()> {
+    async fn add_credential(&self, (name, secret): &Credential, _: bool) -> Result<()> {
         self.credentials
             .lock()
             .unwrap()

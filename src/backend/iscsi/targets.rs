@@ -5,6 +5,7 @@
 use super::target::{TargetState, Tgtd};
 use super::*;
 use crate::backend::export::{self, target::Credential};
+use crate::sync::LockExt;
 
 /// What the iscsi backend's messages and health call things.
 pub(super) static TERMS: export::Terms = export::Terms {
@@ -23,6 +24,9 @@ pub(super) static TERMS: export::Terms = export::Terms {
 pub struct Tgt {
     tgtd: Tgtd,
     tids: tokio::sync::Mutex<Tids>,
+    /// The CHAP accounts made, by name: tgt's accounts are the server's,
+    /// one secret a name whichever way it is bound.
+    accounts: std::sync::Mutex<HashMap<String, String>>,
 }
 
 /// What the controller knows of tgtd's targets: their ids by name, read
@@ -64,6 +68,7 @@ impl Tgt {
         Tgt {
             tgtd: Tgtd::new(control_port, socket_dir),
             tids: tokio::sync::Mutex::new(Tids::default()),
+            accounts: std::sync::Mutex::new(HashMap::new()),
         }
     }
 
@@ -176,7 +181,19 @@ impl export::Target for Tgt {
         .await
     }
 
-    async fn add_credential(&self, (user, password): &Credential) -> Result<()> {
+    /// tgt's accounts are the server's, either way: a name bound one way
+    /// with one secret is refused another secret the other way.
+    async fn add_credential(&self, (user, password): &Credential, _outgoing: bool) -> Result<()> {
+        {
+            let mut known = self.accounts.locked();
+            if known.get(user).is_some_and(|p| p != password) {
+                return Err(Error::precondition(format!(
+                    "CHAP account {user:?} exists on the target server with another secret; \
+                     use one secret per CHAP account name"
+                )));
+            }
+            known.insert(user.clone(), password.clone());
+        }
         self.tgtd.new_account(user, password).await.map(drop)
     }
 

@@ -1,0 +1,244 @@
+//! NVMe over TCP on the real kernel: the nvmf backend's target server
+//! (nvmet through configfs) and initiator (the kernel's NVMe-oF host
+//! through /dev/nvme-fabrics) driven as the export layer drives them, on
+//! loopback: a subsystem served on two ports, granted, connected over both
+//! (native multipath, one device), grown under writes, refused without its
+//! DH-HMAC-CHAP key, a path cut and back, a fenced host's writes failing,
+//! and nothing left behind.
+
+use super::*;
+use ferrovol::backend::export::initiator::{Connection, Initiator};
+use ferrovol::backend::export::Target;
+use ferrovol::backend::nvmf::fabrics::{Fabrics, Reconnect};
+use ferrovol::backend::nvmf::nvmet::{Nvmet, Port};
+use std::io::{Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+const NQN: &str = "nqn.2026-12.io.ferrovol.guest:pvc-1";
+const PREFIX: &str = "nqn.2026-12.io.ferrovol.guest";
+const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6c1e2d70-3a55-4b8e-9d3c-0f4a2b7e9c11";
+const HOST_ID: &str = "6c1e2d70-3a55-4b8e-9d3c-0f4a2b7e9c11";
+/// Two keys as `nvme gen-dhchap-key` makes them (32 random bytes and
+/// their CRC, base64, untransformed).
+const KEY: &str = "DHHC-1:00:mLDyoHSmTd48/lDKCe/n5bfzHtigiD7SKHzxtj/ccdhXXaOR:";
+const CTRL_KEY: &str = "DHHC-1:00:1KGEBVqg35OOGSvFrckEJApz9mSDEZXhr+nA4DZvGzAPdk1H:";
+
+fn ports() -> Vec<Port> {
+    [(4420, 4420u16), (4421, 4421)]
+        .into_iter()
+        .map(|(id, service)| Port {
+            id,
+            addr: "127.0.0.1".parse().unwrap(),
+            service,
+        })
+        .collect()
+}
+
+fn fabrics() -> Fabrics {
+    Fabrics {
+        sysfs: "/sys".into(),
+        dev: "/dev".into(),
+        host_nqn: HOST.into(),
+        host_id: HOST_ID.into(),
+        multipath: true,
+        timeout: Duration::from_secs(20),
+        reconnect: Reconnect {
+            ctrl_loss_tmo: 10,
+            reconnect_delay: 1,
+            fast_io_fail_tmo: 2,
+        },
+    }
+}
+
+/// Writes 64 KiB at `offset` and flushes it to the device; the error, if
+/// any (a device that lost every path fails the flush).
+fn write_synced(dev: &Path, offset: u64) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new().write(true).open(dev)?;
+    f.seek(SeekFrom::Start(offset))?;
+    f.write_all(&[0xa5u8; 65536])?;
+    f.sync_all()
+}
+
+fn size_of(dev: &Path) -> u64 {
+    let name = dev.file_name().unwrap().to_str().unwrap();
+    let sectors = std::fs::read_to_string(format!("/sys/block/{name}/size")).unwrap();
+    sectors.trim().parse::<u64>().unwrap() * 512
+}
+
+struct Backing {
+    dir: tempfile::TempDir,
+    device: PathBuf,
+}
+
+impl Backing {
+    fn new(mib: u64) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("ns.img");
+        std::fs::File::create(&image)
+            .unwrap()
+            .set_len(mib << 20)
+            .unwrap();
+        let device = run("losetup", &["--find", "--show", image.to_str().unwrap()])
+            .trim()
+            .into();
+        Backing { dir, device }
+    }
+
+    fn grow(&self, mib: u64) {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(self.dir.path().join("ns.img"))
+            .unwrap()
+            .set_len(mib << 20)
+            .unwrap();
+        run("losetup", &["-c", self.device.to_str().unwrap()]);
+    }
+}
+
+impl Drop for Backing {
+    fn drop(&mut self) {
+        try_run("losetup", &["-d", self.device.to_str().unwrap()]);
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_nvmf_target_and_initiator_serve_grow_authenticate_and_fence() {
+    require_guest();
+    let backing = Backing::new(64);
+    let target = Nvmet::new("/sys/kernel/config/nvmet".into(), ports());
+    let host = fabrics();
+    let portals = ["127.0.0.1:4420", "127.0.0.1:4421"];
+    let to = |incoming, outgoing| Connection {
+        export: NQN,
+        portals: &portals,
+        unit: 1,
+        incoming,
+        outgoing,
+    };
+
+    // Made, not yet granted: the connection is refused.
+    target.create(NQN, &backing.device).await.unwrap();
+    assert!(target.serves(NQN).await.unwrap());
+    let refused = host.attach(&to(None, None)).await.unwrap_err();
+    assert!(refused.message.contains(NQN), "{refused}");
+    assert!(host.controllers().is_empty(), "{:?}", host.controllers());
+
+    // Granted: one controller per portal, one device (native multipath).
+    target.grant(NQN, HOST).await.unwrap();
+    let dev = host.attach(&to(None, None)).await.unwrap();
+    let ours: Vec<_> = host
+        .controllers()
+        .into_iter()
+        .filter(|c| c.subsystem == NQN)
+        .collect();
+    assert_eq!(ours.len(), 2, "{ours:?}");
+    assert_eq!(size_of(&dev), 64 << 20);
+    let paths = host.paths(PREFIX).await.unwrap();
+    assert!(paths.down.is_empty(), "{paths:?}");
+    assert_eq!(paths.up.len(), 2, "{paths:?}");
+    // A second attach finds the connections: none made twice.
+    assert_eq!(host.attach(&to(None, None)).await.unwrap(), dev);
+    assert_eq!(host.controllers().len(), 2);
+
+    // Grown under writes: the host sees the new size without a rescan.
+    let writer = {
+        let dev = dev.clone();
+        std::thread::spawn(move || {
+            for i in 0..200u64 {
+                write_synced(&dev, (i % 512) * 65536).unwrap();
+            }
+        })
+    };
+    backing.grow(128);
+    target.refresh(NQN, &backing.device).await.unwrap();
+    writer.join().unwrap();
+    wait_for(
+        "the host to see the namespace grown",
+        Duration::from_secs(20),
+        || size_of(&dev) == 128 << 20,
+    );
+    assert_eq!(host.rescan(NQN).await.unwrap(), 128 << 20);
+
+    // A path cut: the subsystem leaves one port; I/O goes on through the
+    // other, and the path is reported down until it comes back.
+    let port2 = format!("/sys/kernel/config/nvmet/ports/4421/subsystems/{NQN}");
+    std::fs::remove_file(&port2).unwrap();
+    write_synced(&dev, 0).unwrap();
+    paths_become(&host, "the cut path down", Duration::from_secs(20), |p| {
+        p.down == ["127.0.0.1:4421"] && p.up.len() == 1
+    })
+    .await;
+    let found = host.condition(NQN, &dev).await.unwrap().unwrap();
+    assert_eq!(found.reason.as_str(), "NvmePathDown", "{found:?}");
+    std::os::unix::fs::symlink(format!("/sys/kernel/config/nvmet/subsystems/{NQN}"), &port2)
+        .unwrap();
+    paths_become(&host, "the path back", Duration::from_secs(30), |p| {
+        p.down.is_empty() && p.up.len() == 2
+    })
+    .await;
+    assert!(host.condition(NQN, &dev).await.unwrap().is_none());
+
+    // Fenced: revoked and disconnected, its writes fail, and the host
+    // lets go of the controllers it cannot get back.
+    target.revoke(NQN, HOST).await.unwrap();
+    target.disconnect(NQN, HOST).await.unwrap();
+    wait_for(
+        "a fenced host's writes to fail",
+        Duration::from_secs(30),
+        || write_synced(&dev, 0).is_err(),
+    );
+    wait_for(
+        "the fenced controllers to go",
+        Duration::from_secs(30),
+        || host.controllers().is_empty(),
+    );
+    host.detach(NQN).await.unwrap();
+
+    // DH-HMAC-CHAP: the host's key on its entry; without it the connection
+    // is refused as a key matter, with it (and the controller's key, both
+    // ways) it is made.
+    target
+        .add_credential(&(HOST.to_string(), KEY.to_string()), false)
+        .await
+        .unwrap();
+    target
+        .add_credential(&(HOST.to_string(), CTRL_KEY.to_string()), true)
+        .await
+        .unwrap();
+    target.grant(NQN, HOST).await.unwrap();
+    let e = host.attach(&to(None, None)).await.unwrap_err();
+    assert!(e.message.contains("DH-HMAC-CHAP"), "{e}");
+    assert!(!e.message.contains("DHHC-1"), "{e}");
+    let key = (HOST.to_string(), KEY.to_string());
+    let ctrl = (NQN.to_string(), CTRL_KEY.to_string());
+    let dev = host.attach(&to(Some(&key), Some(&ctrl))).await.unwrap();
+    write_synced(&dev, 0).unwrap();
+
+    // Let go and removed: nothing left on either side.
+    host.detach(NQN).await.unwrap();
+    assert!(host.controllers().is_empty());
+    target.delete(NQN).await.unwrap();
+    assert!(!target.serves(NQN).await.unwrap());
+    assert!(!Path::new(&format!("/sys/kernel/config/nvmet/subsystems/{NQN}")).exists());
+    // A second delete finds nothing to do.
+    target.delete(NQN).await.unwrap();
+}
+
+/// Waits up to `limit` for the node's paths to satisfy `check`.
+async fn paths_become(
+    host: &Fabrics,
+    what: &str,
+    limit: Duration,
+    check: impl Fn(&ferrovol::backend::export::initiator::Paths) -> bool,
+) {
+    let start = std::time::Instant::now();
+    loop {
+        let paths = host.paths(PREFIX).await.unwrap();
+        if check(&paths) {
+            return;
+        }
+        assert!(start.elapsed() < limit, "{what}: still {paths:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
