@@ -102,6 +102,11 @@ impl Exports {
         self
     }
 
+    /// The backend's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     pub fn store(&self) -> &Store {
         &self.store
     }
@@ -121,7 +126,7 @@ impl Exports {
         self
     }
 
-    pub(super) fn terms(&self) -> &'static Terms {
+    pub fn terms(&self) -> &'static Terms {
         self.target.terms()
     }
 

@@ -10,6 +10,7 @@
 //! protocol's [`Initiator`]. The backend's controller and node calls are
 //! theirs, with the protocol's words for what a host brings.
 
+pub mod backend;
 mod exports;
 mod health;
 pub mod initiator;
@@ -24,6 +25,7 @@ pub mod testing;
 mod tests;
 mod volumes;
 
+pub use backend::{Credentials, Exported, Protocol};
 pub use exports::{Exports, Setup};
 pub use initiator::{Initiator, NodeTerms};
 pub use store::Store;

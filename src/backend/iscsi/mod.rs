@@ -16,31 +16,19 @@
 //! (never on a command line), finds the LUN's disk through sysfs, and undoes
 //! it all at unstage. See `initiator.rs`.
 
-mod attach;
 mod health;
 pub use health::reasons;
 mod initiator;
-mod snapshots;
-mod stage;
 pub mod target;
 mod targets;
 #[cfg(test)]
 mod tests;
-mod volumes;
 
-use super::export::{self, Exports};
+use super::export::{self, Exported, Exports};
 use crate::config::BackendConfig;
 use crate::error::{Error, Kind, Result};
 use crate::exec::CommandRunner;
-use crate::plugin::{
-    digest_hex, AccessMode, AttachContext, Attachment, Backend, BlockPage, Capacity,
-    ControllerAttach, CreateSnapshot, CreateVolume, Page, Secrets, SnapshotId, SnapshotInfo,
-    VolumeId, VolumeInfo,
-};
-use crate::plugin::{
-    Attacher, BlockTracker, DeviceMounter, Expander, Groups, Modifier, Provisioner,
-    SnapshotInstant, Snapshotter, Stager, SINGLE_NODE_MODES,
-};
+use crate::plugin::{digest_hex, Backend, Secrets, VolumeId};
 use initiator::OpenIscsi;
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
@@ -166,21 +154,13 @@ fn thin_value(changes: &BTreeMap<String, String>) -> Result<Option<bool>> {
     crate::plugin::mutable_bool(changes, THIN_PROVISIONING)
 }
 
-/// The changes meant for the store: all but the LUN's own key.
-fn store_changes(changes: &BTreeMap<String, String>) -> BTreeMap<String, String> {
-    changes
-        .iter()
-        .filter(|(k, _)| k.as_str() != THIN_PROVISIONING)
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect()
-}
+/// The iscsi backend: its volumes exported as tgt's targets, logged in
+/// to with open-iscsi.
+pub type IscsiBackend = Exported<Iscsi>;
 
-pub struct IscsiBackend {
-    name: String,
+/// iSCSI, as the export layer's protocol.
+pub struct Iscsi {
     settings: IscsiSettings,
-    /// The volumes' targets on tgtd, their store and records (the
-    /// controller's side), and the node's logins to them.
-    exports: Exports,
     /// open-iscsi on this node (the exports' initiator; the tests look at
     /// it).
     #[cfg_attr(not(test), allow(dead_code))]
@@ -269,7 +249,7 @@ pub fn chap_from(secrets: &Secrets) -> Result<(Option<Chap>, Option<Chap>)> {
     Ok((incoming, outgoing))
 }
 
-impl IscsiBackend {
+impl Exported<Iscsi> {
     pub fn new(
         name: &str,
         settings: IscsiSettings,
@@ -323,29 +303,33 @@ impl IscsiBackend {
             timeout: Duration::from_secs(settings.login_timeout),
             replacement_timeout: settings.replacement_timeout,
         });
-        Ok(IscsiBackend {
-            name: name.to_string(),
-            settings,
-            exports: Exports::new(setup, target, initiator.clone(), store, runner),
-            initiator,
-        })
+        let exports = Exports::new(setup, target, initiator.clone(), store, runner);
+        Ok(Exported::from_parts(
+            Iscsi {
+                settings,
+                initiator,
+            },
+            exports,
+            || crate::killpoint::hit(KillPoint::ModifyStore),
+        ))
     }
 
     /// A test's own `sys` and `dev` directories under `root`.
     #[cfg(test)]
     fn with_roots(mut self, root: &std::path::Path) -> Self {
+        let old = &self.protocol.initiator;
         let initiator = Arc::new(OpenIscsi {
-            runner: self.initiator.runner.clone(),
+            runner: old.runner.clone(),
             sysfs: root.join("sys"),
             dev: root.join("dev"),
-            node_db: self.initiator.node_db.clone(),
-            ..*self.initiator
+            node_db: old.node_db.clone(),
+            ..**old
         });
         self.exports = self
             .exports
             .without_holds()
             .with_initiator(initiator.clone());
-        self.initiator = initiator;
+        self.protocol.initiator = initiator;
         self
     }
 
@@ -368,10 +352,6 @@ impl IscsiBackend {
         self.exports.export_name(id)
     }
 
-    fn own_volume(&self, id: &VolumeId) -> Result<()> {
-        self.exports.own_volume(id)
-    }
-
     /// A volume's record (the tests look).
     #[cfg(test)]
     fn load(&self, id: &VolumeId) -> Result<Option<export::record::Record>> {
@@ -383,108 +363,77 @@ impl IscsiBackend {
         self.exports.save(id, record)
     }
 
-    /// The node's initiator name, from the node id the node reported.
-    fn initiator_of(node_id: &str) -> Result<&str> {
-        match node_initiator(node_id) {
-            Some(i) if is_iqn(i) => Ok(i),
-            _ => Err(Error::not_found(format!(
-                "node {node_id:?} reported no iSCSI initiator name (is an iscsi backend configured on it?)"
-            ))),
-        }
+    /// open-iscsi on this node (the tests look at its sessions).
+    #[cfg(test)]
+    fn initiator(&self) -> &OpenIscsi {
+        &self.protocol.initiator
     }
 }
 
 #[async_trait::async_trait]
-impl Backend for IscsiBackend {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
+impl export::Protocol for Iscsi {
     fn kind(&self) -> &'static super::Kind {
         &KIND
     }
 
-    async fn start(&self) -> Result<()> {
-        self.exports.start().await
+    fn node_token(&self) -> Result<String> {
+        initiator::initiator_name(&self.settings.initiator_name_file)
     }
 
-    async fn health(&self) -> Result<()> {
-        self.exports.health().await
+    /// The node's initiator name, when its node id carries an `iqn.` one.
+    fn host_in<'a>(&self, node_id: &'a str) -> Option<&'a str> {
+        node_initiator(node_id).filter(|i| is_iqn(i))
     }
 
-    /// Its store's: a LUN is made as the store makes a volume.
-    fn parameters(&self) -> Vec<&'static str> {
-        self.exports.store().parameters()
+    /// CHAP, and mutual CHAP, from the secrets.
+    fn credentials(&self, secrets: &Secrets, _host: Option<&str>) -> Result<export::Credentials> {
+        chap_from(secrets)
     }
 
-    fn validate_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {
-        self.exports.store().get()?.validate_parameters(parameters)
+    fn mutable_keys(&self) -> &'static [&'static str] {
+        &[THIN_PROVISIONING]
     }
 
-    fn access_modes(&self) -> Vec<AccessMode> {
-        SINGLE_NODE_MODES.to_vec()
+    fn check_mutable(&self, exports: &Exports, own: &BTreeMap<String, String>) -> Result<()> {
+        // tgt answers UNMAP (and WRITE SAME with UNMAP, which Linux zeroes
+        // with) by punching a hole in LUN 1's backing store: a file can
+        // take it, a logical volume (through its hold device) cannot, and
+        // tgt then fails the command with a hardware error: discards,
+        // fstrim and ext4's online resize all fail on the node.
+        let holes = exports.store().kind().is_none_or(|s| s.punches_holes);
+        if thin_value(own)? == Some(true) && !holes {
+            return Err(Error::invalid(format!(
+                "{THIN_PROVISIONING}: backend {}'s LUNs are logical volumes, which cannot punch \
+                 the holes tgt makes for a LUN that reports thin provisioning (every discard, \
+                 and a filesystem's online resize, would fail with a hardware error on the \
+                 node); thin provisioning is for a file store",
+                exports.name()
+            )));
+        }
+        Ok(())
     }
 
-    async fn storage_findings(&self) -> Vec<crate::plugin::health::StorageFinding> {
-        self.exports.path_findings().await
-    }
-
-    /// What the store and tgtd say (only where the store is: the target
-    /// host).
-    fn health_reporter(&self) -> Option<&dyn crate::plugin::HealthReporter> {
-        self.exports.store().here().is_some().then_some(self as _)
-    }
-
-    fn provisioner(&self) -> Option<&dyn Provisioner> {
-        Some(self)
-    }
-
-    /// What the store grows (a node, without a store, grows the LUN's
-    /// view of it).
-    fn expander(&self) -> Option<&dyn Expander> {
-        let grows = self
-            .exports
-            .store()
-            .here()
-            .is_none_or(|s| s.expander().is_some());
-        grows.then_some(self as &dyn Expander)
-    }
-
-    /// The store's snapshots, one per LUN (controllers only: nodes have
-    /// no store).
-    fn snapshotter(&self) -> Option<&dyn Snapshotter> {
-        let takes = self
-            .exports
-            .store()
-            .here()
-            .is_some_and(|s| s.snapshotter().is_some());
-        takes.then_some(self as &dyn Snapshotter)
-    }
-
-    fn modifier(&self) -> Option<&dyn Modifier> {
-        Some(self)
-    }
-
-    fn attacher(&self) -> Option<&dyn Attacher> {
-        Some(self)
-    }
-
-    fn stager(&self) -> Option<&dyn Stager> {
-        Some(self)
-    }
-
-    fn device_mounter(&self) -> Option<&dyn DeviceMounter> {
-        Some(self)
-    }
-
-    /// The store's own, of the store's snapshots.
-    fn block_tracker(&self) -> Option<&dyn BlockTracker> {
-        let tracks = self
-            .exports
-            .store()
-            .here()
-            .is_some_and(|s| s.block_tracker().is_some());
-        tracks.then_some(self as &dyn BlockTracker)
+    /// Thin provisioning on the LUN (a change tgt cannot refuse), the
+    /// record last; undone on the LUN if the record cannot be saved.
+    async fn modify(
+        &self,
+        exports: &Exports,
+        id: &VolumeId,
+        record: &mut export::record::Record,
+        own: &BTreeMap<String, String>,
+    ) -> Result<()> {
+        let Some(on) = thin_value(own)?.filter(|on| *on != record.thin_provisioning) else {
+            return Ok(());
+        };
+        exports.ensure(id, record).await?;
+        let target = exports.target();
+        target.set_thin_provisioning(&record.export, on).await?;
+        record.thin_provisioning = on;
+        if let Err(e) = exports.save(id, record) {
+            let _ = target.set_thin_provisioning(&record.export, !on).await;
+            return Err(e);
+        }
+        Ok(())
     }
 }
 

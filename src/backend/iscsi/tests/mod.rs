@@ -12,7 +12,10 @@ use crate::backend::export::testing::MemStore;
 use crate::error::Kind;
 use crate::exec::{FakeRunner, Reply};
 use crate::host::hold::Holds;
-use crate::plugin::{AccessType, ContentSource, VolumeCapability};
+use crate::plugin::{
+    AccessMode, AccessType, AttachContext, Attacher, Attachment, ContentSource, ControllerAttach,
+    CreateVolume, DeviceMounter, Expander, Modifier, Provisioner, Stager, VolumeCapability,
+};
 use std::collections::BTreeSet;
 use std::sync::Mutex as StdMutex;
 
