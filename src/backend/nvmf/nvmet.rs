@@ -34,6 +34,9 @@ pub static TERMS: export::Terms = export::Terms {
 /// device; a port's first link starts listening).
 const CONFIGFS_DEADLINE: Duration = Duration::from_secs(30);
 
+/// The model every subsystem of the driver's reports.
+pub const MODEL: &str = "ferrovol";
+
 /// The namespace every subsystem serves its volume as.
 pub const NSID: u32 = 1;
 
@@ -251,6 +254,10 @@ impl export::Target for Nvmet {
             // Fixed once a host has identified the subsystem: a rebuilt one
             // shows its hosts the same serial and namespace identity.
             let _ = set(&dir.join("attr_serial"), &serial);
+            // The model names the driver: a node's udev links the head as
+            // /dev/disk/by-id/nvme-ferrovol_<serial>, which lvm's filter
+            // leaves out (see the kind's `attaches`).
+            let _ = set(&dir.join("attr_model"), MODEL);
             make(&ns).map_err(&err)?;
             if get(&ns.join("enable")).unwrap_or_default() != "1" {
                 set(&ns.join("device_path"), &device).map_err(&err)?;

@@ -163,3 +163,126 @@ fn a_subsystem_s_identity_is_its_name_s() {
     assert_eq!(identity_for(NQN), (nguid.clone(), serial));
     assert_ne!(identity_for("nqn.2026-12.io.ferrovol:pvc-2").0, nguid);
 }
+
+fn settings(dir: &Path) -> super::NvmfSettings {
+    super::NvmfSettings {
+        nqn_prefix: "nqn.2026-12.io.ferrovol".into(),
+        portals: vec!["10.0.0.5:4420".into(), "[fd00::6]:4420".into()],
+        store: None,
+        first_port_id: 4420,
+        configfs: dir.join("nvmet"),
+        host_nqn_file: dir.join("hostnqn"),
+        host_id_file: dir.join("hostid"),
+        multipath: true,
+        connect_timeout: 2,
+        ctrl_loss_tmo: 1800,
+        reconnect_delay: 2,
+        fast_io_fail_tmo: 120,
+    }
+}
+
+fn node(dir: &Path, s: super::NvmfSettings) -> crate::error::Result<super::NvmfBackend> {
+    super::NvmfBackend::new(
+        "nvmf",
+        s,
+        std::sync::Arc::new(crate::exec::FakeRunner::new()),
+        None,
+        dir.join("records"),
+    )
+}
+
+/// A node needs its host NQN and host ID; the settings are checked
+/// before anything is made.
+#[test]
+fn a_node_is_built_from_its_host_nqn_and_checked_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let e = node(d, settings(d)).err().unwrap();
+    assert!(e.message.contains("host NQN"), "{e}");
+    put(&d.join("hostnqn"), HOST);
+    put(&d.join("hostid"), "6c1e2d70-3a55-4b8e-9d3c-0f4a2b7e9c11");
+    let b = node(d, settings(d)).unwrap();
+    use crate::plugin::{Attacher, Backend};
+    assert_eq!(b.kind().name, "nvmf");
+    assert_eq!(b.node_id_suffix().unwrap().as_deref(), Some(HOST));
+    for (bad, what) in [
+        (
+            super::NvmfSettings {
+                nqn_prefix: "iqn.2026-12.io.ferrovol".into(),
+                ..settings(d)
+            },
+            "nqn_prefix",
+        ),
+        (
+            super::NvmfSettings {
+                portals: vec!["target.example:4420".into()],
+                ..settings(d)
+            },
+            "IP address",
+        ),
+        (
+            super::NvmfSettings {
+                first_port_id: u16::MAX,
+                ..settings(d)
+            },
+            "first_port_id",
+        ),
+    ] {
+        let e = node(d, bad).err().unwrap();
+        assert!(e.message.contains(what), "{what}: {e}");
+    }
+}
+
+/// DH-HMAC-CHAP keys from the secrets: checked as keys, the controller's
+/// only with the host's, and no error shows one.
+#[test]
+fn keys_are_taken_from_the_secrets_checked_and_never_shown() {
+    use crate::backend::export::Protocol;
+    let dir = tempfile::tempdir().unwrap();
+    let p = super::Nvmf {
+        settings: settings(dir.path()),
+    };
+    let key = "DHHC-1:00:mLDyoHSmTd48/lDKCe/n5bfzHtigiD7SKHzxtj/ccdhXXaOR:";
+    let secrets = |pairs: &[(&str, &str)]| {
+        crate::plugin::Secrets::new(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+    };
+    let (incoming, outgoing) = p
+        .credentials(&secrets(&[(super::DHCHAP_KEY, key)]), Some(HOST))
+        .unwrap();
+    assert_eq!(incoming, Some((HOST.to_string(), key.to_string())));
+    assert_eq!(outgoing, None);
+    assert_eq!(
+        p.credentials(&secrets(&[]), Some(HOST)).unwrap(),
+        (None, None)
+    );
+    let e = p
+        .credentials(&secrets(&[(super::DHCHAP_CTRL_KEY, key)]), Some(HOST))
+        .unwrap_err();
+    assert!(e.message.contains(super::DHCHAP_KEY), "{e}");
+    for bad in [
+        "DHHC-1:00:short:",
+        "secret-of-someone-else",
+        "DHHC-1:0x:AAAA:",
+    ] {
+        let e = p
+            .credentials(&secrets(&[(super::DHCHAP_KEY, bad)]), Some(HOST))
+            .unwrap_err();
+        assert!(!e.message.contains(bad), "{e}");
+    }
+    // The host a node id names: its host NQN token.
+    assert_eq!(
+        p.host_in(&format!("node-1/iqn.2026-01.x:y,{HOST}")),
+        Some(HOST)
+    );
+    assert_eq!(p.host_in("node-1/iqn.2026-01.x:y"), None);
+    assert_eq!(
+        super::nqn_for("nqn.2026-12.io.ferrovol", "pvc-1"),
+        "nqn.2026-12.io.ferrovol:pvc-1"
+    );
+    assert!(super::nqn_for("nqn.2026-12.io.ferrovol", "Weird/Name").contains(":v-"));
+}
