@@ -138,9 +138,11 @@ async fn guest_nvmf_target_and_initiator_serve_grow_authenticate_and_fence() {
     // lvm's filter leaves out; a node's own NVMe disks have their maker's).
     let (_, serial) = ferrovol::backend::nvmf::nvmet::identity_for(NQN);
     let by_id = PathBuf::from(format!("/dev/disk/by-id/nvme-ferrovol_{serial}"));
-    wait_for("udev's by-id link of the head", Duration::from_secs(20), || {
-        std::fs::canonicalize(&by_id).ok() == std::fs::canonicalize(&dev).ok()
-    });
+    wait_for(
+        "udev's by-id link of the head",
+        Duration::from_secs(20),
+        || std::fs::canonicalize(&by_id).ok() == std::fs::canonicalize(&dev).ok(),
+    );
     let paths = host.paths(PREFIX).await.unwrap();
     assert!(paths.down.is_empty(), "{paths:?}");
     assert_eq!(paths.up.len(), 2, "{paths:?}");

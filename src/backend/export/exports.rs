@@ -22,6 +22,23 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// An export's name: the backend's prefix and the volume's locator when
+/// it is a valid name part (iSCSI and NVMe names alike take lowercase
+/// letters, digits, '-' and '.', up to 223 bytes), else a digest of it.
+pub fn name_for(prefix: &str, locator: &str) -> String {
+    let clean = locator
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-.".contains(&b));
+    if clean && prefix.len() + 1 + locator.len() <= 223 {
+        format!("{prefix}:{locator}")
+    } else {
+        format!(
+            "{prefix}:v-{}",
+            crate::plugin::digest_hex(locator.as_bytes(), 16)
+        )
+    }
+}
+
 /// How often [`Exports::health`] checks that the server still serves
 /// every export.
 const RECONCILE_EVERY: Duration = Duration::from_secs(30);
@@ -165,26 +182,23 @@ impl Exports {
         Ok(())
     }
 
-    /// Takes the volume's own lock (see `volumes`).
-    pub async fn lock(&self, id: &VolumeId) -> tokio::sync::OwnedMutexGuard<()> {
-        let mutex = self
-            .volumes
+    /// The volume's own lock (see `volumes`).
+    fn mutex(&self, id: &VolumeId) -> Arc<tokio::sync::Mutex<()>> {
+        self.volumes
             .locked()
             .entry(id.locator().to_string())
             .or_default()
-            .clone();
-        mutex.lock_owned().await
+            .clone()
+    }
+
+    /// Takes the volume's own lock.
+    pub async fn lock(&self, id: &VolumeId) -> tokio::sync::OwnedMutexGuard<()> {
+        self.mutex(id).lock_owned().await
     }
 
     /// The volume's lock if no RPC holds it.
     fn try_lock(&self, id: &VolumeId) -> Option<tokio::sync::OwnedMutexGuard<()>> {
-        let mutex = self
-            .volumes
-            .locked()
-            .entry(id.locator().to_string())
-            .or_default()
-            .clone();
-        mutex.try_lock_owned().ok()
+        self.mutex(id).try_lock_owned().ok()
     }
 
     /// Who can use the volume now: the hosts published to it and those

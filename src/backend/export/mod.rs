@@ -26,7 +26,7 @@ mod tests;
 mod volumes;
 
 pub use backend::{Credentials, Exported, Protocol};
-pub use exports::{Exports, Setup};
+pub use exports::{name_for, Exports, Setup};
 pub use initiator::{Initiator, NodeTerms};
 pub use store::Store;
 pub use target::{Credential, Target, Terms};

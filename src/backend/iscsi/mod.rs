@@ -28,7 +28,7 @@ use super::export::{self, Exported, Exports};
 use crate::config::BackendConfig;
 use crate::error::{Error, Kind, Result};
 use crate::exec::CommandRunner;
-use crate::plugin::{digest_hex, Backend, Secrets, VolumeId};
+use crate::plugin::{Backend, Secrets, VolumeId};
 use initiator::OpenIscsi;
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
@@ -333,17 +333,9 @@ impl Exported<Iscsi> {
         self
     }
 
-    /// The target name of a volume: the prefix and the locator when it is
-    /// a valid name part, else a digest of it.
+    /// The target name of a volume ([`export::name_for`]).
     pub fn iqn_for(prefix: &str, locator: &str) -> String {
-        let clean = locator
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-.".contains(&b));
-        if clean && prefix.len() + 1 + locator.len() <= 223 {
-            format!("{prefix}:{locator}")
-        } else {
-            format!("{prefix}:v-{}", digest_hex(locator.as_bytes(), 16))
-        }
+        export::name_for(prefix, locator)
     }
 
     /// A volume's target name (the tests look).

@@ -16,7 +16,7 @@ use super::export::{self, Exported, Exports};
 use crate::config::BackendConfig;
 use crate::error::{Error, Result};
 use crate::exec::CommandRunner;
-use crate::plugin::{digest_hex, Backend, Secrets};
+use crate::plugin::{Backend, Secrets};
 use fabrics::{Fabrics, Reconnect};
 use nvmet::{Nvmet, Port};
 use serde::Deserialize;
@@ -293,17 +293,9 @@ impl Exported<Nvmf> {
     }
 }
 
-/// A subsystem's name: the prefix and the locator when it is a valid name
-/// part, else a digest of it.
+/// A subsystem's name ([`export::name_for`]).
 pub fn nqn_for(prefix: &str, locator: &str) -> String {
-    let clean = locator
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-.".contains(&b));
-    if clean && prefix.len() + 1 + locator.len() <= 223 {
-        format!("{prefix}:{locator}")
-    } else {
-        format!("{prefix}:v-{}", digest_hex(locator.as_bytes(), 16))
-    }
+    export::name_for(prefix, locator)
 }
 
 /// The one line of a file of nvme-cli's (`/etc/nvme/hostnqn`), checked.

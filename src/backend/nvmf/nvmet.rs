@@ -125,6 +125,14 @@ fn unlink(path: &Path) -> std::io::Result<()> {
     }
 }
 
+/// Subsystem `nqn`'s link on port `port`.
+fn port_link(root: &Path, port: &Port, nqn: &str) -> PathBuf {
+    root.join("ports")
+        .join(port.id.to_string())
+        .join("subsystems")
+        .join(nqn)
+}
+
 /// A namespace's identity from the subsystem's name: its NGUID (16 bytes,
 /// 32 hex digits) and its serial (the subsystem's, 16 hex digits). The
 /// kernel's defaults repeat across target hosts, and native multipath
@@ -150,8 +158,12 @@ impl Nvmet {
         self.root.join("hosts").join(nqn)
     }
 
-    fn port(&self, port: &Port) -> PathBuf {
-        self.root.join("ports").join(port.id.to_string())
+    /// The subsystem's link on each of the backend's ports.
+    fn port_links(&self, nqn: &str) -> Vec<PathBuf> {
+        self.ports
+            .iter()
+            .map(|p| port_link(&self.root, p, nqn))
+            .collect()
     }
 
     /// Makes the backend's ports, or finds them as the backend would make
@@ -267,8 +279,7 @@ impl export::Target for Nvmet {
             }
             Nvmet::ensure_ports(&root, &ports)?;
             for p in &ports {
-                let port = root.join("ports").join(p.id.to_string());
-                link(&dir, &port.join("subsystems").join(&nqn_owned)).map_err(&err)?;
+                link(&dir, &port_link(&root, p, &nqn_owned)).map_err(&err)?;
             }
             Ok(())
         })
@@ -282,12 +293,7 @@ impl export::Target for Nvmet {
     }
 
     async fn delete(&self, nqn: &str) -> Result<()> {
-        let dir = self.subsystem(nqn);
-        let links: Vec<PathBuf> = self
-            .ports
-            .iter()
-            .map(|p| self.port(p).join("subsystems").join(nqn))
-            .collect();
+        let (dir, links) = (self.subsystem(nqn), self.port_links(nqn));
         let what = format!("remove subsystem {nqn}");
         blocking(what.clone(), move || {
             let err = io(&what);
@@ -361,12 +367,7 @@ impl export::Target for Nvmet {
         if !self.serves(nqn).await? {
             return Err(Self::missing(nqn));
         }
-        let dir = self.subsystem(nqn);
-        let links: Vec<PathBuf> = self
-            .ports
-            .iter()
-            .map(|p| self.port(p).join("subsystems").join(nqn))
-            .collect();
+        let (dir, links) = (self.subsystem(nqn), self.port_links(nqn));
         let what = format!("drop {host}'s connections to {nqn}");
         blocking(what.clone(), move || {
             for l in &links {
