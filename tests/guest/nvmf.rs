@@ -1,7 +1,8 @@
 //! NVMe over TCP on the real kernel: the nvmf backend's target server
 //! (nvmet through configfs) and initiator (the kernel's NVMe-oF host
 //! through /dev/nvme-fabrics) driven as the export layer drives them, on
-//! loopback: a subsystem served on two ports, granted, connected over both
+//! loopback: a subsystem served on two ports (a create cut short
+//! finished by the next), granted, connected over both
 //! (native multipath, one device), grown under writes, refused without its
 //! DH-HMAC-CHAP key, a path cut and back, a fenced host's writes failing,
 //! and nothing left behind.
@@ -118,6 +119,18 @@ async fn guest_nvmf_target_and_initiator_serve_grow_authenticate_and_fence() {
     };
 
     // Made, not yet granted: the connection is refused.
+    target.create(NQN, &backing.device).await.unwrap();
+    assert!(target.serves(NQN).await.unwrap());
+    // A create cut short (its namespace not enabled, one port not linked:
+    // the driver killed between the steps) is not served, and a create
+    // again finishes it.
+    let subsystem = format!("/sys/kernel/config/nvmet/subsystems/{NQN}");
+    std::fs::write(format!("{subsystem}/namespaces/1/enable"), "0").unwrap();
+    std::fs::remove_file(format!(
+        "/sys/kernel/config/nvmet/ports/4421/subsystems/{NQN}"
+    ))
+    .unwrap();
+    assert!(!target.serves(NQN).await.unwrap());
     target.create(NQN, &backing.device).await.unwrap();
     assert!(target.serves(NQN).await.unwrap());
     let refused = host.attach(&to(None, None)).await.unwrap_err();

@@ -491,15 +491,16 @@ impl Exports {
             Some(h) => vec![h.to_string()],
             None => record.hosts.iter().cloned().collect(),
         };
-        if self.target.serves(&record.export).await? {
-            match self.fence(id, &record.export, &gone).await {
-                // Gone from the server (removed behind the driver's back):
-                // nothing to detach from.
-                Err(e) if e.kind == Kind::NotFound => tracing::warn!(volume = %id,
-                    "the volume's {} is gone from {}: nothing to detach from",
-                    self.terms().export, self.terms().server),
-                done => done?,
-            }
+        // Fenced whether or not the export is whole: one a driver left
+        // half made (or off its ports) must not keep a host it will serve
+        // again once it is mended.
+        match self.fence(id, &record.export, &gone).await {
+            // Gone from the server (removed behind the driver's back, or
+            // never made): nothing to detach from.
+            Err(e) if e.kind == Kind::NotFound => tracing::warn!(volume = %id,
+                "the volume's {} is gone from {}: nothing to detach from",
+                self.terms().export, self.terms().server),
+            done => done?,
         }
         for h in &gone {
             record.hosts.remove(h);

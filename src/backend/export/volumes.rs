@@ -57,16 +57,17 @@ impl Exports {
             .as_ref()
             .map(|r| r.export.clone())
             .unwrap_or_else(|| self.export_name(id));
-        if let Some(connected) = self.target.connected(&export).await? {
-            if !connected.is_empty() {
-                return Err(Error::in_use(
-                    format_args!("volume {id}"),
-                    format_args!("{} {}", self.terms().connected, connected.join(", ")),
-                    "unstage it on those nodes first",
-                ));
-            }
-            self.target.delete(&export).await?;
+        let connected = self.target.connected(&export).await?;
+        if let Some(connected) = connected.filter(|c| !c.is_empty()) {
+            return Err(Error::in_use(
+                format_args!("volume {id}"),
+                format_args!("{} {}", self.terms().connected, connected.join(", ")),
+                "unstage it on those nodes first",
+            ));
         }
+        // Asked even when the server does not serve it whole: a delete
+        // removes what a create cut short left (one gone is done).
+        self.target.delete(&export).await?;
         if let (Some(holds), Some(name)) =
             (&self.holds, record.as_ref().and_then(|r| r.hold.as_ref()))
         {

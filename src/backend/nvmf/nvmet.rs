@@ -217,10 +217,19 @@ impl export::Target for Nvmet {
         &TERMS
     }
 
+    /// Served whole: namespace 1 enabled, and linked on every port. A
+    /// subsystem a create cut short (the driver killed between its steps)
+    /// or a fence left off its ports is not, so `ensure` makes it again
+    /// (every step of `create` finds what is done and does the rest).
     async fn serves(&self, nqn: &str) -> Result<bool> {
-        let dir = self.subsystem(nqn);
+        let ns = self
+            .subsystem(nqn)
+            .join("namespaces")
+            .join(NSID.to_string());
+        let links = self.port_links(nqn);
         blocking(format!("look for subsystem {nqn}"), move || {
-            Ok(dir.join("namespaces").exists())
+            let enabled = get(&ns.join("enable")).is_ok_and(|v| v == "1");
+            Ok(enabled && links.iter().all(|l| l.exists()))
         })
         .await
     }
@@ -364,10 +373,10 @@ impl export::Target for Nvmet {
     /// host being fenced is the only one. How many connections it had is
     /// not known: 0 is returned.
     async fn disconnect(&self, nqn: &str, host: &str) -> Result<usize> {
-        if !self.serves(nqn).await? {
+        let (dir, links) = (self.subsystem(nqn), self.port_links(nqn));
+        if !dir.exists() {
             return Err(Self::missing(nqn));
         }
-        let (dir, links) = (self.subsystem(nqn), self.port_links(nqn));
         let what = format!("drop {host}'s connections to {nqn}");
         blocking(what.clone(), move || {
             for l in &links {
