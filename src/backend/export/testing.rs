@@ -1,13 +1,51 @@
-//! Test doubles of the export layer: a store that keeps volumes in
-//! memory, for any exporting backend's tests.
+//! Test doubles of the export layer, for any exporting backend's tests:
+//! a store that keeps volumes in memory, and the requests they make.
 
 use crate::error::{Error, Result};
 use crate::plugin::{
-    locator_for_name, AccessMode, AttachContext, Attachment, Backend, Capacity, CreateVolume,
-    DeviceMounter, Expander, Page, Provisioner, Secrets, Stager, VolumeId, VolumeInfo,
+    locator_for_name, AccessMode, AccessType, AttachContext, Attachment, Backend, Capacity,
+    ControllerAttach, CreateVolume, DeviceMounter, Expander, Page, Provisioner, Secrets, Stager,
+    VolumeCapability, VolumeId, VolumeInfo,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex as StdMutex};
+
+/// CreateVolume of an 8 MiB single-node block volume named `name`.
+pub fn create(name: &str) -> CreateVolume {
+    CreateVolume {
+        name: name.into(),
+        required_bytes: 8 << 20,
+        limit_bytes: 0,
+        capabilities: vec![VolumeCapability {
+            access: AccessType::Block,
+            mode: AccessMode::SingleNodeWriter,
+        }],
+        parameters: BTreeMap::new(),
+        metadata: BTreeMap::new(),
+        source: None,
+        secrets: Secrets::default(),
+    }
+}
+
+/// ControllerPublish of a single-node block volume to `node_id`, with
+/// `secrets`.
+pub fn attach_block(node_id: &str, secrets: &[(&str, &str)]) -> ControllerAttach {
+    ControllerAttach {
+        node_id: node_id.into(),
+        capability: VolumeCapability {
+            access: AccessType::Block,
+            mode: AccessMode::SingleNodeWriter,
+        },
+        readonly: false,
+        volume_context: BTreeMap::new(),
+        secrets: Secrets::new(
+            secrets
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        ),
+    }
+}
 
 /// A store that keeps volumes in memory and records what it is asked.
 #[derive(Default)]

@@ -5,15 +5,12 @@
 
 use super::initiator::{Connection, Initiator, NodeTerms, Paths};
 use super::target::{Credential, Target, Terms};
-use super::testing::MemStore;
+use super::testing::{attach_block, create, MemStore};
 use super::{Exports, Setup};
 use crate::error::{Kind, Result};
 use crate::exec::FakeRunner;
 use crate::plugin::health::{Finding, Reason, StorageStatus};
-use crate::plugin::{
-    AccessMode, AccessType, AttachContext, Attachment, ControllerAttach, CreateVolume, Secrets,
-    VolumeCapability, VolumeId,
-};
+use crate::plugin::{AttachContext, Attachment, ControllerAttach, Secrets, VolumeId};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -234,33 +231,8 @@ impl Fixture {
     }
 }
 
-fn create(name: &str) -> CreateVolume {
-    CreateVolume {
-        name: name.into(),
-        required_bytes: 8 << 20,
-        limit_bytes: 0,
-        capabilities: vec![VolumeCapability {
-            access: AccessType::Block,
-            mode: AccessMode::SingleNodeWriter,
-        }],
-        parameters: BTreeMap::new(),
-        metadata: BTreeMap::new(),
-        source: None,
-        secrets: Secrets::default(),
-    }
-}
-
 fn attach(node: &str) -> ControllerAttach {
-    ControllerAttach {
-        node_id: node.into(),
-        capability: VolumeCapability {
-            access: AccessType::Block,
-            mode: AccessMode::SingleNodeWriter,
-        },
-        readonly: false,
-        volume_context: BTreeMap::new(),
-        secrets: Secrets::default(),
-    }
+    attach_block(node, &[])
 }
 
 const EXPORT: &str = "nqn.2026-12.test:pvc-1";

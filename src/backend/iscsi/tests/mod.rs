@@ -8,13 +8,13 @@ use super::*;
 use crate::backend::export::initiator::{Initiator, Paths};
 use crate::backend::export::node::{is_token, CTX_FS_COPY};
 use crate::backend::export::record::{Record, Records};
-use crate::backend::export::testing::MemStore;
+use crate::backend::export::testing::{attach_block, create, MemStore};
 use crate::error::Kind;
 use crate::exec::{FakeRunner, Reply};
 use crate::host::hold::Holds;
 use crate::plugin::{
-    AccessMode, AccessType, AttachContext, Attacher, Attachment, ContentSource, ControllerAttach,
-    CreateVolume, DeviceMounter, Expander, Modifier, Provisioner, Stager, VolumeCapability,
+    AttachContext, Attacher, Attachment, ContentSource, ControllerAttach, DeviceMounter, Expander,
+    Modifier, Provisioner, Stager,
 };
 use std::collections::BTreeSet;
 use std::sync::Mutex as StdMutex;
@@ -384,22 +384,6 @@ impl Setup {
     }
 }
 
-fn create(name: &str) -> CreateVolume {
-    CreateVolume {
-        name: name.into(),
-        required_bytes: 8 << 20,
-        limit_bytes: 0,
-        capabilities: vec![VolumeCapability {
-            access: AccessType::Block,
-            mode: AccessMode::SingleNodeWriter,
-        }],
-        parameters: BTreeMap::new(),
-        metadata: BTreeMap::new(),
-        source: None,
-        secrets: Secrets::default(),
-    }
-}
-
 fn target_row(
     tid: u32,
     iqn: &str,
@@ -432,19 +416,5 @@ const NODE: &str = "worker-1/iqn.1993-08.org.debian:01:aa";
 const INITIATOR: &str = "iqn.1993-08.org.debian:01:aa";
 
 fn attach_req(secrets: &[(&str, &str)]) -> ControllerAttach {
-    ControllerAttach {
-        node_id: NODE.into(),
-        capability: VolumeCapability {
-            access: AccessType::Block,
-            mode: AccessMode::SingleNodeWriter,
-        },
-        readonly: false,
-        volume_context: BTreeMap::new(),
-        secrets: Secrets::new(
-            secrets
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        ),
-    }
+    attach_block(NODE, secrets)
 }
