@@ -26,7 +26,8 @@ pub struct Terms {
     pub host: &'static str,
     /// How a host that uses an export is said to ("logged in from").
     pub connected: &'static str,
-    /// What a credential is called ("CHAP account").
+    /// What a credential is named by ("CHAP account", "DH-HMAC-CHAP
+    /// host").
     pub credential: &'static str,
     /// The health reason of an export its server no longer serves.
     pub missing: Reason,

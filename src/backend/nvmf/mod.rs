@@ -257,12 +257,14 @@ impl Exported<Nvmf> {
         }
         // A node connects as its host NQN and host ID; a controller alone
         // (with a store) connects nowhere and may have neither.
-        let token = |file: &Path, what: &str| match read_token(file, what) {
+        let token = |file: &Path, what: &str, valid: fn(&str) -> bool| match read_token(
+            file, what, valid,
+        ) {
             Err(_) if store.is_some() => Ok(String::new()),
             read => read,
         };
-        let host_nqn = token(&settings.host_nqn_file, "host NQN")?;
-        let host_id = token(&settings.host_id_file, "host ID")?;
+        let host_nqn = token(&settings.host_nqn_file, "host NQN", valid_nqn)?;
+        let host_id = token(&settings.host_id_file, "host ID", valid_host_id)?;
         let target = Arc::new(Nvmet::new(settings.configfs.clone(), ports));
         let initiator = Arc::new(Fabrics {
             sysfs: "/sys".into(),
@@ -298,8 +300,13 @@ pub fn nqn_for(prefix: &str, locator: &str) -> String {
     export::name_for(prefix, locator)
 }
 
+/// Whether `s` is a host ID as nvme-cli writes it: a UUID.
+fn valid_host_id(s: &str) -> bool {
+    s.len() == 36 && s.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
+}
+
 /// The one line of a file of nvme-cli's (`/etc/nvme/hostnqn`), checked.
-fn read_token(file: &Path, what: &str) -> Result<String> {
+fn read_token(file: &Path, what: &str, valid: fn(&str) -> bool) -> Result<String> {
     let text = std::fs::read_to_string(file).map_err(|e| {
         Error::io(
             format!("read this node's {what} from {}", file.display()),
@@ -307,12 +314,7 @@ fn read_token(file: &Path, what: &str) -> Result<String> {
         )
     })?;
     let token = text.trim();
-    let ok = if what == "host NQN" {
-        valid_nqn(token)
-    } else {
-        token.len() == 36 && token.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
-    };
-    if !ok {
+    if !valid(token) {
         return Err(Error::invalid(format!(
             "{}: {what} {token:?} is not valid",
             file.display()
@@ -328,7 +330,7 @@ impl export::Protocol for Nvmf {
     }
 
     fn node_token(&self) -> Result<String> {
-        read_token(&self.settings.host_nqn_file, "host NQN")
+        read_token(&self.settings.host_nqn_file, "host NQN", valid_nqn)
     }
 
     /// The node's host NQN, when its node id carries one.

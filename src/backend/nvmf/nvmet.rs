@@ -25,7 +25,7 @@ pub static TERMS: export::Terms = export::Terms {
     server: "nvmet",
     host: "host",
     connected: "connected from",
-    credential: "DH-HMAC-CHAP key of",
+    credential: "DH-HMAC-CHAP host",
     missing: reasons::SubsystemMissing,
     grows_only_unused: None,
 };
