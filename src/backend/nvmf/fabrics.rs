@@ -238,7 +238,8 @@ impl Fabrics {
         None
     }
 
-    /// Deletes controller `name` and waits for it to go.
+    /// Deletes controller `name` and waits for it to go (UNAVAILABLE when
+    /// it is still there after the timeout).
     async fn delete(&self, name: &str) -> Result<()> {
         let dir = self.sysfs.join("class/nvme").join(name);
         match std::fs::write(dir.join("delete_controller"), "1") {
@@ -247,7 +248,13 @@ impl Fabrics {
             Err(e) => return Err(Error::io(format!("delete controller {name}"), e)),
         }
         let start = Instant::now();
-        while dir.exists() && start.elapsed() < self.timeout {
+        while dir.exists() {
+            if start.elapsed() >= self.timeout {
+                return Err(Error::unavailable(format!(
+                    "controller {name} is still there {:?} after its delete",
+                    self.timeout
+                )));
+            }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         Ok(())
@@ -256,10 +263,9 @@ impl Fabrics {
 
 /// A refused connection, as the kernel says it.
 fn connect_error(nqn: &str, portal: &str, e: std::io::Error) -> Error {
-    const ENOKEY: i32 = 126;
-    const EKEYREJECTED: i32 = 129;
-    match e.raw_os_error() {
-        Some(ENOKEY) | Some(EKEYREJECTED) => Error::precondition(format!(
+    use nix::errno::Errno;
+    match e.raw_os_error().map(Errno::from_raw) {
+        Some(Errno::ENOKEY | Errno::EKEYREJECTED) => Error::precondition(format!(
             "{nqn} through {portal}: the subsystem asks for a DH-HMAC-CHAP key this node was \
              not given, or refused the one it was"
         )),
