@@ -399,10 +399,11 @@ fn components_add_the_host_paths_their_backends_use() {
         let cf = container(ctl, "ferrovol");
         assert_eq!(host_path_at(ds, f, "/lib/modules"), Some("/lib/modules"));
         assert_eq!(host_path_at(ds, f, "/etc/iscsi").is_some(), has("iscsi"));
+        assert_eq!(host_path_at(ds, f, "/etc/nvme").is_some(), has("nvmf"));
         // iscsi and rbd need the host's network; the plugin is on it
         // whatever the backends (its endpoints on 127.0.0.1 only).
         assert_eq!(pod(ds)["hostNetwork"].as_bool(), Some(true), "{}", r.name);
-        lvm_with_the_hosts_udev(&r, ctl, has("iscsi"));
+        lvm_with_the_hosts_udev(&r, ctl, has("iscsi") || has("nvmf"));
         if has("iscsi") {
             assert_eq!(
                 pod(ctl)["nodeSelector"]["ferrovol.io/iscsi-target"].as_str(),
@@ -411,6 +412,16 @@ fn components_add_the_host_paths_their_backends_use() {
             assert_eq!(
                 host_path_at(ctl, cf, "/var/run/tgtd"),
                 Some("/var/run/tgtd")
+            );
+        }
+        if has("nvmf") {
+            assert_eq!(
+                pod(ctl)["nodeSelector"]["ferrovol.io/nvmf-target"].as_str(),
+                Some("true")
+            );
+            assert_eq!(
+                host_path_at(ctl, cf, "/sys/kernel/config"),
+                Some("/sys/kernel/config")
             );
         }
         if has("rbd") {
@@ -1192,7 +1203,7 @@ async fn an_overlays_containers_start(overlay: &'static str) {
                 let caps = ctl_caps().await;
                 assert!(caps.contains(&(Ctl::ExpandVolume as i32)), "{caps:?}");
                 assert!(caps.contains(&(Ctl::CreateDeleteSnapshot as i32)));
-                let publishes = matches!(r.of, "iscsi" | "rbd" | "all");
+                let publishes = matches!(r.of, "iscsi" | "rbd" | "nvmf" | "all");
                 assert_eq!(
                     caps.contains(&(Ctl::PublishUnpublishVolume as i32)),
                     publishes,
@@ -1472,6 +1483,7 @@ fn group_snapshots_and_attribute_classes_are_deployed_per_backend() {
             "iscsi",
             &["thinProvisioning", "preallocate", "readAhead"][..],
         ),
+        ("nvmf", &["preallocate", "readAhead"][..]),
         (
             "rbd",
             &[

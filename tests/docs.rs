@@ -484,7 +484,7 @@ fn toml_blocks(text: &str) -> Vec<String> {
 
 #[test]
 fn every_config_key_is_documented_and_every_documented_config_parses() {
-    use ferrovol::backend::{file, iscsi, lvm, nfs, rbd};
+    use ferrovol::backend::{file, iscsi, lvm, nfs, nvmf, rbd};
     let page = |p: &str| std::fs::read_to_string(root().join(p)).unwrap();
     // The code's keys, each where a reader looks for it.
     let install = page("docs/install.md");
@@ -515,7 +515,14 @@ fn every_config_key_is_documented_and_every_documented_config_parses() {
         ),
         ("iscsi", fields::<iscsi::IscsiSettings>()),
         ("rbd", fields::<rbd::RbdSettings>()),
+        ("nvmf", fields::<nvmf::NvmfSettings>()),
     ];
+    // One entry per kind the driver has.
+    let mut listed: Vec<&str> = by_kind.iter().map(|(k, _)| *k).collect();
+    let mut kinds: Vec<&str> = ferrovol::backend::KINDS.iter().map(|k| k.name).collect();
+    listed.sort();
+    kinds.sort();
+    assert_eq!(listed, kinds, "a kind's settings are not checked here");
     for (kind, keys) in &by_kind {
         let text = page(&format!("docs/backends/{kind}.md"));
         for key in keys {
@@ -540,6 +547,7 @@ fn every_config_key_is_documented_and_every_documented_config_parses() {
                     "nfs" => b.settings::<nfs::NfsSettings>().map(|_| ()),
                     "iscsi" => b.settings::<iscsi::IscsiSettings>().map(|_| ()),
                     "rbd" => b.settings::<rbd::RbdSettings>().map(|_| ()),
+                    "nvmf" => b.settings::<nvmf::NvmfSettings>().map(|_| ()),
                     other => panic!("{}: a backend of type {other}", rel(&p)),
                 };
                 r.unwrap_or_else(|e| panic!("{}: {}\n{block}", rel(&p), e.message));

@@ -20,7 +20,14 @@ use std::sync::Arc;
 
 /// Every kind of backend: adding one is its folder and two lines here
 /// (its `mod` and its entry in this list).
-pub const KINDS: &[Kind] = &[file::KIND, lvm::KIND, nfs::KIND, iscsi::KIND, rbd::KIND];
+pub const KINDS: &[Kind] = &[
+    file::KIND,
+    lvm::KIND,
+    nfs::KIND,
+    iscsi::KIND,
+    rbd::KIND,
+    nvmf::KIND,
+];
 
 /// The backend a driver started without a config serves: the embedded
 /// `file` backend, its pool in the state directory (runs on any Linux

@@ -532,6 +532,22 @@ pub async fn start_pod_with_secrets(
                     1,
                 );
             }
+            // The nvmf node reads the host's NQN and ID (through the
+            // pod's /etc/nvme hostPath): here, ones the test writes.
+            if text.contains("type = \"nvmf\"") && !text.contains("host_nqn_file") {
+                let (nqn, id) = (dir.path().join("hostnqn"), dir.path().join("hostid"));
+                std::fs::write(&nqn, "nqn.2014-08.org.nvmexpress:uuid:node-1\n").unwrap();
+                std::fs::write(&id, "5b0f6e1c-7d3a-4c2e-9f11-2a4b6c8d0e13\n").unwrap();
+                text = text.replacen(
+                    "type = \"nvmf\"\n",
+                    &format!(
+                        "type = \"nvmf\"\nhost_nqn_file = \"{}\"\nhost_id_file = \"{}\"\n",
+                        nqn.display(),
+                        id.display()
+                    ),
+                    1,
+                );
+            }
             std::fs::write(config.join(&name), edit(text)).unwrap();
             std::fs::set_permissions(config.join(name), std::fs::Permissions::from_mode(0o644))
                 .unwrap();

@@ -1437,6 +1437,145 @@ impl Drop for Tgtd {
     }
 }
 
+/// The kernel's nvmet on loopback, for an nvmf backend (needs the guest:
+/// nvmet, nvmet_tcp and nvme_tcp loaded, configfs mounted): a port of its
+/// own (an id and a TCP port no other fixture of this process has), and
+/// this node's host NQN and host ID in files of its folder (the guest has
+/// no nvme-cli, whose files a node reads). Dropped, it deletes this node's
+/// controllers of its subsystems, then every subsystem under its prefix,
+/// its port and its host's entry: nothing a test left is left.
+pub struct NvmetPort {
+    pub dir: tempfile::TempDir,
+    pub id: u16,
+    pub port: u16,
+    pub prefix: String,
+    pub host_nqn: String,
+    pub host_id: String,
+}
+
+/// nvmet's configfs tree.
+pub const NVMET: &str = "/sys/kernel/config/nvmet";
+
+impl NvmetPort {
+    pub fn new(prefix: &str) -> Self {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let pid = std::process::id();
+        // Ids 10000 and up: the nvmf test's own (4420, 4421) and an
+        // operator's stay clear.
+        let id = 10_000 + ((pid % 5000) * 8 + n % 8) as u16;
+        let host_id = format!("{pid:08x}-0000-4000-8000-{n:012x}");
+        let host_nqn = format!("nqn.2014-08.org.nvmexpress:uuid:{host_id}");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("hostnqn"), format!("{host_nqn}\n")).unwrap();
+        std::fs::write(dir.path().join("hostid"), format!("{host_id}\n")).unwrap();
+        assert!(
+            Path::new(NVMET).is_dir(),
+            "{NVMET}: nvmet is not loaded (the guest loads it)"
+        );
+        NvmetPort {
+            dir,
+            id,
+            port: super::free_port(),
+            prefix: prefix.to_string(),
+            host_nqn,
+            host_id,
+        }
+    }
+
+    pub fn portal(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// An nvmf backend's config for this port, its namespaces in a file
+    /// store in the test's folder (`@DIR@/nvmf-pool`), its subsystems
+    /// named under the prefix.
+    pub fn file_store_config(&self) -> String {
+        format!(
+            "[[backend]]\ntype = \"nvmf\"\nnqn_prefix = \"{}\"\nportals = [\"{}\"]\n\
+             first_port_id = {}\nhost_nqn_file = \"{}\"\nhost_id_file = \"{}\"\n\
+             connect_timeout = 20\n[backend.store]\ntype = \"file\"\npool = \"@DIR@/nvmf-pool\"\n",
+            self.prefix,
+            self.portal(),
+            self.id,
+            self.dir.path().join("hostnqn").display(),
+            self.dir.path().join("hostid").display(),
+        )
+    }
+
+    /// Whether a subsystem's name is under this fixture's prefix.
+    fn ours(&self, nqn: &str) -> bool {
+        nqn.strip_prefix(self.prefix.as_str())
+            .is_some_and(|r| r.starts_with(':'))
+    }
+
+    /// This node's controllers of the fixture's subsystems (`nvme<N>`).
+    pub fn controllers(&self) -> Vec<String> {
+        let mut found = Vec::new();
+        for e in std::fs::read_dir("/sys/class/nvme")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let nqn = std::fs::read_to_string(e.path().join("subsysnqn")).unwrap_or_default();
+            if self.ours(nqn.trim()) {
+                found.push(e.file_name().to_string_lossy().into_owned());
+            }
+        }
+        found
+    }
+
+    /// The fixture's subsystems nvmet has.
+    pub fn subsystems(&self) -> Vec<String> {
+        std::fs::read_dir(Path::new(NVMET).join("subsystems"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| self.ours(n))
+            .collect()
+    }
+}
+
+impl Drop for NvmetPort {
+    fn drop(&mut self) {
+        for c in self.controllers() {
+            let _ = std::fs::write(format!("/sys/class/nvme/{c}/delete_controller"), "1");
+        }
+        let root = Path::new(NVMET);
+        let ports: Vec<PathBuf> = std::fs::read_dir(root.join("ports"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        for nqn in self.subsystems() {
+            let sub = root.join("subsystems").join(&nqn);
+            for p in &ports {
+                let _ = std::fs::remove_file(p.join("subsystems").join(&nqn));
+            }
+            for h in std::fs::read_dir(sub.join("allowed_hosts"))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let _ = std::fs::remove_file(h.path());
+            }
+            for ns in std::fs::read_dir(sub.join("namespaces"))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let _ = std::fs::write(ns.path().join("enable"), "0");
+                let _ = std::fs::remove_dir(ns.path());
+            }
+            let _ = std::fs::remove_dir(&sub);
+        }
+        let _ = std::fs::remove_dir(root.join("ports").join(self.id.to_string()));
+        let _ = std::fs::remove_dir(root.join("hosts").join(&self.host_nqn));
+    }
+}
+
 /// open-iscsi's daemon, for the node side of the iscsi backend.
 pub struct Iscsid {
     child: Child,
@@ -1476,13 +1615,14 @@ impl Drop for Iscsid {
 
 /// What one driver serving every backend needs in the guest: a volume
 /// group `fv<tag>` of `vg_mib` MiB, tgtd with iscsid, the shared Ceph
-/// cluster, (`with_nfs`) the kernel's NFS server on loopback, and the
-/// config naming them all ([`block_backends_config`] with the nfs backend
-/// after it). Dropped in this order: the NFS server, tgtd, iscsid, the
-/// volume group.
+/// cluster, (`with_nfs`) the kernel's NFS server on loopback, an nvmet
+/// port, and the config naming them all ([`block_backends_config`], the
+/// nvmf backend and the nfs one after it). Dropped in this order: the NFS
+/// server, the nvmet port, tgtd, iscsid, the volume group.
 pub struct EveryBackend {
     pub config: String,
     pub nfs: Option<NfsServer>,
+    pub nvmet: NvmetPort,
     pub tgtd: Tgtd,
     pub cluster: &'static CephCluster,
     pub iscsid: Iscsid,
@@ -1497,12 +1637,14 @@ impl EveryBackend {
         let iscsid = Iscsid::new();
         let cluster = CephCluster::shared();
         let nfs = with_nfs.then(NfsServer::new);
+        let nvmet = NvmetPort::new(&format!("nqn.2026-12.io.ferrovol.{tag}"));
         let mut config = block_backends_config(
             &vg_name,
             &tgtd,
             &format!("iqn.2026-11.io.ferrovol.{tag}"),
             cluster,
         );
+        config.push_str(&nvmet.file_store_config());
         if nfs.is_some() {
             config.push_str(NFS_LOOPBACK_CONFIG);
         }
@@ -1527,6 +1669,7 @@ impl EveryBackend {
         EveryBackend {
             config,
             nfs,
+            nvmet,
             tgtd,
             cluster,
             iscsid,

@@ -549,8 +549,8 @@ async fn guest_encrypted_volumes_on_file_and_lvm() {
     assert!(h.mounts().is_empty(), "{:?}", h.mounts());
 }
 
-/// LUKS2 encryption on the remote block backends (iscsi over a file
-/// store, rbd), one driver serving both: as
+/// LUKS2 encryption on the remote block backends (iscsi and nvmf over
+/// file stores, rbd), one driver serving them all: as
 /// [`guest_encrypted_volumes_on_file_and_lvm`] on the node's own.
 #[tokio::test]
 #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
@@ -561,6 +561,7 @@ async fn guest_encrypted_volumes_on_the_remote_block_backends() {
     let mut h = Harness::start_with(Some(&light_kdf(&every.config))).await;
     let none = HashMap::new();
     encrypted_volume_on(&mut h, "iscsi", true, &none, false, LIGHT_KDF_KIB).await;
+    encrypted_volume_on(&mut h, "nvmf", true, &none, false, LIGHT_KDF_KIB).await;
     encrypted_volume_on(
         &mut h,
         "rbd",

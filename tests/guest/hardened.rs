@@ -570,7 +570,8 @@ async fn guest_hardened_pods_on_file_and_lvm() {
 }
 
 /// Pods of a hardened cluster on the remote backends, one driver serving
-/// them all: iscsi and rbd (ext4, xfs), nfs (two volumes of one export);
+/// them all: iscsi and rbd (ext4, xfs), nvmf (ext4), nfs (two volumes of
+/// one export);
 /// as [`guest_hardened_pods_on_file_and_lvm`] on the node's own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
@@ -586,6 +587,9 @@ async fn guest_hardened_pods_on_the_remote_backends() {
         cases.push(("iscsi", fs, true, &none));
         cases.push(("rbd", fs, true, &rbd));
     }
+    // nvmf's device is a block device as iscsi's: its filesystems' labels
+    // are the shared code's, proven on both above; ext4 shows its own path.
+    cases.push(("nvmf", "ext4", true, &none));
     cases.push(("nfs", "", false, &none));
     hardened_pods(&every.config, cases).await;
 }

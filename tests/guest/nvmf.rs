@@ -110,12 +110,14 @@ async fn guest_nvmf_target_and_initiator_serve_grow_authenticate_and_fence() {
     let target = Nvmet::new("/sys/kernel/config/nvmet".into(), ports());
     let host = fabrics();
     let portals = ["127.0.0.1:4420", "127.0.0.1:4421"];
+    let defaults = std::collections::BTreeMap::new();
     let to = |incoming, outgoing| Connection {
         export: NQN,
         portals: &portals,
         unit: 1,
         incoming,
         outgoing,
+        settings: &defaults,
     };
 
     // Made, not yet granted: the connection is refused.

@@ -5,7 +5,7 @@ use super::*;
 /// Upgrades on the backends that need the real kernel (the `file` one is
 /// `tests/upgrade.rs`'s): for each, a volume staged and published with a
 /// pod writing to it, the driver stopped as a DaemonSet roll stops it, its
-/// records (the state directory's, the iscsi store's, the nfs export's,
+/// records (the state directory's, the iscsi and nvmf stores', the nfs export's,
 /// the LV's tags, the rbd image's metadata) replaced by each format's
 /// fixture (`tests/fixtures/upgrade/format-N/<backend>.json`, see
 /// `common::upgrade`), and the current driver started on them: it knows
@@ -19,11 +19,12 @@ async fn guest_volumes_of_every_backend_survive_every_state_format() {
     require_guest();
     let every = EveryBackend::new("upgrade", 256, true);
     let (vg, tgtd, cluster, config) = (&every.vg, &every.tgtd, every.cluster, &every.config);
+    let nvmet = &every.nvmet;
     let nfs = every.nfs.as_ref().unwrap();
     let outside = Outside { vg, cluster };
     for format in common::upgrade::formats() {
-        for backend in ["lvm", "nfs", "iscsi", "rbd"] {
-            adopts(config, backend, format, nfs, tgtd, &outside).await;
+        for backend in ["lvm", "nfs", "iscsi", "rbd", "nvmf"] {
+            adopts(config, backend, format, nfs, tgtd, nvmet, &outside).await;
         }
     }
 }
@@ -127,6 +128,7 @@ pub(crate) async fn adopts(
     format: u32,
     nfs: &NfsServer,
     tgtd: &Tgtd,
+    nvmet: &NvmetPort,
     outside: &Outside<'_>,
 ) {
     use common::upgrade::{self, Run};
@@ -143,7 +145,7 @@ pub(crate) async fn adopts(
     let name = format!("pvc-upgrade-{backend}");
     let mut req = create_req(&name, 32 * MIB, cap.clone());
     req.parameters.insert("backend".into(), backend.into());
-    let attach = matches!(backend, "iscsi" | "rbd");
+    let attach = matches!(backend, "iscsi" | "rbd" | "nvmf");
     let secrets = match backend {
         "rbd" => outside.cluster.secrets(),
         _ => HashMap::new(),
@@ -159,10 +161,11 @@ pub(crate) async fn adopts(
     assert!(h.terminate().success(), "{}", h.log());
 
     let state = h.state_dir();
-    let pool = h.path("pool");
+    let (pool, nvmf_pool) = (h.path("pool"), h.path("nvmf-pool"));
     let roots = [
         ("", state.as_path()),
         ("iscsi-pool/", pool.as_path()),
+        ("nvmf-pool/", nvmf_pool.as_path()),
         ("nfs-export/", nfs.export.as_path()),
     ];
     let roots: Vec<_> = roots.into_iter().filter(|(_, p)| p.is_dir()).collect();
@@ -177,6 +180,8 @@ pub(crate) async fn adopts(
         (env!("CARGO_PKG_VERSION").to_string(), "@VERSION@".into()),
         (nfs.export.display().to_string(), "@EXPORT@".into()),
         (tgtd.portal(), "@PORTAL@".into()),
+        (nvmet.portal(), "@NVMF_PORTAL@".into()),
+        (nvmet.host_nqn.clone(), "@HOST_NQN@".into()),
     ];
     let initiator = std::fs::read_to_string("/etc/iscsi/initiatorname.iscsi").unwrap_or_default();
     if let Some(name) = initiator
@@ -186,7 +191,7 @@ pub(crate) async fn adopts(
         values.push((name.to_string(), "@INITIATOR@".into()));
     }
     for (name, record) in &written {
-        if name.starts_with("iscsi/") {
+        if name.starts_with("iscsi/") || name.starts_with("nvmf/") {
             if let Some(device) = record["device"].as_str() {
                 values.push((device.to_string(), "@STORE_DEVICE@".into()));
             }
@@ -259,6 +264,16 @@ pub(crate) async fn adopts(
     assert!(
         sessions.is_empty(),
         "{backend}: sessions left: {sessions:?}"
+    );
+    assert_eq!(
+        nvmet.controllers(),
+        Vec::<String>::new(),
+        "{backend}: NVMe controllers left"
+    );
+    assert_eq!(
+        nvmet.subsystems(),
+        Vec::<String>::new(),
+        "{backend}: nvmet subsystems left"
     );
     let mapped = std::fs::read_dir("/sys/bus/rbd/devices")
         .map(|d| d.count())

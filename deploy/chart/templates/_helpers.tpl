@@ -3,7 +3,7 @@
 one list of them (tests/deploy.rs holds it to the driver's kinds and the
 overlays). */ -}}
 {{- define "ferrovol.driverBackends" -}}
-{{- if eq . "local" -}}file lvm{{- else -}}nfs iscsi rbd{{- end -}}
+{{- if eq . "local" -}}file lvm{{- else -}}nfs iscsi rbd nvmf{{- end -}}
 {{- end -}}
 
 {{- /* Every backend, the local driver's first. */ -}}

@@ -35,6 +35,14 @@ pub trait Protocol: Send + Sync + 'static {
     /// node's own: `None`), checked; the error never shows a secret.
     fn credentials(&self, secrets: &Secrets, host: Option<&str>) -> Result<Credentials>;
 
+    /// Checks the values of the export's own StorageClass parameters (its
+    /// kind's [`Kind::parameters`]; the store's are the store's): at
+    /// CreateVolume, and on the node from the volume context, where they
+    /// shape the connection.
+    fn check_parameters(&self, _own: &BTreeMap<String, String>) -> Result<()> {
+        Ok(())
+    }
+
     /// The export's own mutable parameters (the store's are passed on).
     fn mutable_keys(&self) -> &'static [&'static str] {
         &[]
@@ -88,12 +96,37 @@ impl<P: Protocol> Exported<P> {
         &self,
         changes: &BTreeMap<String, String>,
     ) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
-        let own = self.protocol.mutable_keys();
-        changes
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .partition(|(k, _)| own.contains(&k.as_str()))
+        split_by(changes, self.protocol.mutable_keys())
     }
+
+    /// A request's StorageClass parameters split: the export's own (its
+    /// kind's), and the store's.
+    fn split_parameters(
+        &self,
+        parameters: &BTreeMap<String, String>,
+    ) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+        split_by(parameters, self.protocol.kind().parameters)
+    }
+
+    /// `req` with only the store's parameters, and the export's own
+    /// (checked).
+    fn for_store(&self, req: &CreateVolume) -> Result<(CreateVolume, BTreeMap<String, String>)> {
+        let (own, theirs) = self.split_parameters(&req.parameters);
+        self.protocol.check_parameters(&own)?;
+        let mut r = req.clone();
+        r.parameters = theirs;
+        Ok((r, own))
+    }
+}
+
+/// `map` split: the entries whose keys are in `keys`, and the others.
+fn split_by(
+    map: &BTreeMap<String, String>,
+    keys: &[&str],
+) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+    map.iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .partition(|(k, _)| keys.contains(&k.as_str()))
 }
 
 #[async_trait::async_trait]
@@ -114,13 +147,18 @@ impl<P: Protocol> Backend for Exported<P> {
         self.exports.health().await
     }
 
-    /// Its store's: an export is made as the store makes a volume.
+    /// Its own (its kind's: the node's connection to the export) and its
+    /// store's (an export is made as the store makes a volume).
     fn parameters(&self) -> Vec<&'static str> {
-        self.exports.store().parameters()
+        let mut keys = self.protocol.kind().parameters.to_vec();
+        keys.extend(self.exports.store().parameters());
+        keys
     }
 
     fn validate_parameters(&self, parameters: &BTreeMap<String, String>) -> Result<()> {
-        self.exports.store().get()?.validate_parameters(parameters)
+        let (own, theirs) = self.split_parameters(parameters);
+        self.protocol.check_parameters(&own)?;
+        self.exports.store().get()?.validate_parameters(&theirs)
     }
 
     fn access_modes(&self) -> Vec<AccessMode> {
@@ -196,11 +234,17 @@ impl<P: Protocol> Provisioner for Exported<P> {
     }
 
     fn volume_id_for(&self, req: &CreateVolume) -> Result<VolumeId> {
-        self.exports.store().volume_id_for(req)
+        self.exports.store().volume_id_for(&self.for_store(req)?.0)
     }
 
+    /// The store's volume made and exported; its own parameters go to the
+    /// node in the volume context (a PV keeps them: a class changed later
+    /// leaves its volumes as they were made).
     async fn create_volume(&self, req: &CreateVolume) -> Result<VolumeInfo> {
-        self.exports.create_volume(req).await
+        let (r, own) = self.for_store(req)?;
+        let mut info = self.exports.create_volume(&r).await?;
+        info.context.extend(own);
+        Ok(info)
     }
 
     async fn delete_volume(&self, id: &VolumeId, secrets: &Secrets) -> Result<()> {
@@ -443,8 +487,10 @@ impl<P: Protocol> Stager for Exported<P> {
     async fn node_attach(&self, id: &VolumeId, ctx: &AttachContext) -> Result<Attachment> {
         self.exports.own_volume(id)?;
         let (incoming, outgoing) = self.protocol.credentials(&ctx.secrets, None)?;
+        let (settings, _) = self.split_parameters(&ctx.volume_context);
+        self.protocol.check_parameters(&settings)?;
         self.exports
-            .node_attach(id, ctx, incoming.as_ref(), outgoing.as_ref())
+            .node_attach(id, ctx, incoming.as_ref(), outgoing.as_ref(), &settings)
             .await
     }
 

@@ -6,7 +6,7 @@
 use super::target::Credential;
 use crate::error::Result;
 use crate::plugin::health::{Finding, Reason};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// The words a protocol's node-side messages use, and its health reasons
@@ -38,6 +38,9 @@ pub struct Connection<'a> {
     pub incoming: Option<&'a Credential>,
     /// The credential the server proves itself with.
     pub outgoing: Option<&'a Credential>,
+    /// The volume's own settings for its connection: the protocol's
+    /// StorageClass parameters, as its volume context carries them.
+    pub settings: &'a BTreeMap<String, String>,
 }
 
 /// The node's paths to this driver's exports.

@@ -41,13 +41,15 @@ impl Exports {
     }
 
     /// NodeStage's attach: connects to the export the publish context
-    /// names (this volume's, or refused) with the stage's credentials.
+    /// names (this volume's, or refused) with the stage's credentials and
+    /// the volume's own settings (checked by its protocol).
     pub async fn node_attach(
         &self,
         id: &VolumeId,
         ctx: &AttachContext,
         incoming: Option<&Credential>,
         outgoing: Option<&Credential>,
+        settings: &BTreeMap<String, String>,
     ) -> Result<Attachment> {
         self.own_volume(id)?;
         let terms = self.initiator.terms();
@@ -91,6 +93,7 @@ impl Exports {
                 unit,
                 incoming,
                 outgoing,
+                settings,
             })
             .await?;
         Ok(Attachment::Device { path })

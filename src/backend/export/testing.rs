@@ -101,7 +101,8 @@ impl MemStore {
         }
     }
 
-    /// What it was asked, in order.
+    /// What it was asked, in order (a create with the parameters it was
+    /// given).
     pub fn calls(&self) -> Vec<String> {
         self.calls.lock().unwrap().clone()
     }
@@ -179,7 +180,11 @@ impl Provisioner for MemStore {
 
     async fn create_volume(&self, req: &CreateVolume) -> Result<VolumeInfo> {
         let locator = locator_for_name(&req.name);
-        self.note(format!("create {locator}"));
+        let mut note = format!("create {locator}");
+        for (k, v) in &req.parameters {
+            note += &format!(" {k}={v}");
+        }
+        self.note(note);
         if req.source.is_some() {
             self.copies.lock().unwrap().insert(locator.clone());
         }

@@ -381,7 +381,7 @@ async fn a_node_connects_as_the_context_says_and_reports_paths_in_the_protocol_s
         ..Default::default()
     };
     let attached = x
-        .node_attach(&id, &ctx, key().as_ref(), None)
+        .node_attach(&id, &ctx, key().as_ref(), None, &BTreeMap::new())
         .await
         .unwrap();
     assert_eq!(
@@ -408,11 +408,17 @@ async fn a_node_connects_as_the_context_says_and_reports_paths_in_the_protocol_s
     for (k, v) in wrong {
         let mut bad = ctx.clone();
         bad.publish_context.insert(k.into(), v.into());
-        let err = x.node_attach(&id, &bad, None, None).await.unwrap_err();
+        let err = x
+            .node_attach(&id, &bad, None, None, &BTreeMap::new())
+            .await
+            .unwrap_err();
         assert_eq!(err.kind, Kind::InvalidArgument, "{k}: {err}");
     }
     ctx.publish_context.remove("nqn");
-    let err = x.node_attach(&id, &ctx, None, None).await.unwrap_err();
+    let err = x
+        .node_attach(&id, &ctx, None, None, &BTreeMap::new())
+        .await
+        .unwrap_err();
     assert!(err.message.contains("no nqn"), "{err}");
     x.node_detach(&id).await.unwrap();
     assert_eq!(*f.initiator.detached.lock().unwrap(), [EXPORT]);

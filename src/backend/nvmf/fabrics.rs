@@ -39,6 +39,71 @@ pub struct Reconnect {
     pub fast_io_fail_tmo: i32,
 }
 
+/// The longest any of the reconnect settings may be (seconds): a day. A
+/// path lost longer than that is a node to fence, not one to wait for.
+pub const MAX_RECONNECT_SECS: i64 = 86_400;
+
+impl Reconnect {
+    /// These settings with the ones a volume's context carries (its
+    /// class's parameters) in their place, checked: each an integer, -1
+    /// (for ever, off) or 0 to a day for the two timeouts, 1 s to a day for
+    /// the delay, and I/O failed no later than the controller is removed.
+    /// INVALID_ARGUMENT naming the key otherwise.
+    pub fn with(self, given: &std::collections::BTreeMap<String, String>) -> Result<Reconnect> {
+        let num = |key: &str, low: i64| -> Result<Option<i64>> {
+            let Some(v) = given.get(key) else {
+                return Ok(None);
+            };
+            match v.parse::<i64>() {
+                Ok(n)
+                    if (n == -1 && low == -1) || (low.max(0)..=MAX_RECONNECT_SECS).contains(&n) =>
+                {
+                    Ok(Some(n))
+                }
+                _ => Err(Error::invalid(format!(
+                    "parameter {key}: {v:?} is not {} to {MAX_RECONNECT_SECS} (seconds)",
+                    if low == -1 { "-1 (for ever) or 0" } else { "1" }
+                ))),
+            }
+        };
+        let mut r = self;
+        if let Some(n) = num(super::CTRL_LOSS_TMO, -1)? {
+            r.ctrl_loss_tmo = n as i32;
+        }
+        if let Some(n) = num(super::RECONNECT_DELAY, 1)? {
+            r.reconnect_delay = n as u32;
+        }
+        if let Some(n) = num(super::FAST_IO_FAIL_TMO, -1)? {
+            r.fast_io_fail_tmo = n as i32;
+        }
+        r.check()?;
+        Ok(r)
+    }
+
+    /// Whether the three agree: I/O cannot be held past the controller's
+    /// removal (the kernel fails it then whatever `fast_io_fail_tmo` says;
+    /// -1 is "until then"), and a delay of 0 would spin.
+    pub fn check(&self) -> Result<()> {
+        if self.reconnect_delay == 0 {
+            return Err(Error::invalid(format!(
+                "{}: 0 would try again without a pause",
+                super::RECONNECT_DELAY
+            )));
+        }
+        let (fail, loss) = (self.fast_io_fail_tmo, self.ctrl_loss_tmo);
+        if fail >= 0 && loss >= 0 && fail > loss {
+            return Err(Error::invalid(format!(
+                "{} ({}) is longer than {} ({}): I/O would be held past the controller's removal",
+                super::FAST_IO_FAIL_TMO,
+                self.fast_io_fail_tmo,
+                super::CTRL_LOSS_TMO,
+                self.ctrl_loss_tmo
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// The kernel's NVMe-oF host on this node.
 pub struct Fabrics {
     /// `/sys` (a test's own tree in unit tests).
@@ -147,7 +212,7 @@ impl Fabrics {
             .rsplit_once(':')
             .ok_or_else(|| Error::invalid(format!("portal {portal:?} is not host:port")))?;
         let addr = addr.trim_start_matches('[').trim_end_matches(']');
-        let r = self.reconnect;
+        let r = self.reconnect.with(to.settings)?;
         let mut opts = format!(
             "nqn={},transport=tcp,traddr={addr},trsvcid={port},hostnqn={},hostid={},\
              ctrl_loss_tmo={},reconnect_delay={},fast_io_fail_tmo={}",
@@ -273,6 +338,74 @@ fn connect_error(nqn: &str, portal: &str, e: std::io::Error) -> Error {
     }
 }
 
+/// NVMe's admin command passthrough (`struct nvme_passthru_cmd` of
+/// `linux/nvme_ioctl.h`).
+#[repr(C)]
+#[derive(Default)]
+struct PassthruCmd {
+    opcode: u8,
+    flags: u8,
+    rsvd1: u16,
+    nsid: u32,
+    cdw2: u32,
+    cdw3: u32,
+    metadata: u64,
+    addr: u64,
+    metadata_len: u32,
+    data_len: u32,
+    cdw10: u32,
+    cdw11: u32,
+    cdw12: u32,
+    cdw13: u32,
+    cdw14: u32,
+    cdw15: u32,
+    timeout_ms: u32,
+    result: u32,
+}
+
+nix::ioctl_readwrite!(nvme_admin_cmd, b'N', 0x41, PassthruCmd);
+
+/// Namespace `nsid`'s size in bytes as the subsystem answers Identify
+/// Namespace (its size in blocks, NSZE, times its block size: the LBA
+/// format FLBAS names) through controller device `ctrl` (`/dev/nvme<N>`).
+#[allow(unsafe_code)] // the kernel's admin passthrough: an ioctl
+fn identified_size(ctrl: &Path, nsid: u32) -> std::io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(ctrl)?;
+    let mut data = vec![0u8; 4096];
+    let mut cmd = PassthruCmd {
+        opcode: 0x06, // Identify
+        nsid,
+        addr: data.as_mut_ptr() as u64,
+        data_len: data.len() as u32,
+        cdw10: 0, // CNS 0: the namespace's data structure
+        timeout_ms: 10_000,
+        ..Default::default()
+    };
+    // SAFETY: `cmd` is the kernel's layout, and its buffer (`data`) lives,
+    // and is as long as it says, until the call returns.
+    let status =
+        unsafe { nvme_admin_cmd(f.as_raw_fd(), &mut cmd) }.map_err(std::io::Error::from)?;
+    if status != 0 {
+        return Err(std::io::Error::other(format!(
+            "Identify Namespace answered status {status:#x}"
+        )));
+    }
+    Ok(namespace_bytes(&data))
+}
+
+/// The size of an Identify Namespace data structure's namespace: NSZE
+/// (bytes 0-7) blocks of 2^LBADS bytes, LBADS of the LBA format (at byte
+/// 128, 4 bytes each) FLBAS (byte 26, bits 0-3 and 5-6) names.
+pub fn namespace_bytes(id: &[u8]) -> u64 {
+    let nsze = u64::from_le_bytes(id[0..8].try_into().unwrap());
+    let flbas = id[26];
+    let format = usize::from(flbas & 0x0f) | (usize::from((flbas >> 5) & 0x03) << 4);
+    let at = 128 + 4 * format;
+    let lbads = id[at + 2];
+    nsze << lbads
+}
+
 /// How long a controller that lost its subsystem gets to connect again
 /// before an unstage lets go of it.
 pub const RECOVERY_GRACE: Duration = Duration::from_secs(5);
@@ -284,6 +417,12 @@ impl Initiator for Fabrics {
     }
 
     async fn attach(&self, to: &Connection<'_>) -> Result<PathBuf> {
+        if self.host_nqn.is_empty() || self.host_id.is_empty() {
+            return Err(Error::precondition(
+                "this node has no host NQN and host ID (/etc/nvme/hostnqn, hostid) as the \
+                 driver started: it serves no nvmf volume",
+            ));
+        }
         let mut have = self.of(to.export);
         let mut last = None;
         for portal in to.portals {
@@ -334,8 +473,15 @@ impl Initiator for Fabrics {
         self.detach(nqn).await
     }
 
+    /// The namespace's size once the host shows what the subsystem
+    /// reports: a rescan (like the subsystem's own notice of a change)
+    /// only queues the host's scan, so the size the subsystem gives in
+    /// answer to Identify Namespace, asked through a live controller, is
+    /// waited for (at most the connect timeout). Without an answer (no
+    /// live controller), the size the host shows.
     async fn rescan(&self, nqn: &str) -> Result<u64> {
-        for c in self.of(nqn) {
+        let ours = self.of(nqn);
+        for c in &ours {
             let path = self
                 .sysfs
                 .join("class/nvme")
@@ -347,10 +493,42 @@ impl Initiator for Fabrics {
         let name = self
             .namespace(nqn, super::nvmet::NSID)
             .ok_or_else(|| Error::not_found(format!("no namespace of {nqn} on this node")))?;
-        let sectors: u64 = read(&self.sysfs.join("block").join(&name).join("size"))
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| Error::internal(format!("no size for {name}")))?;
-        Ok(sectors * 512)
+        let shown = || -> Result<u64> {
+            let sectors: u64 = read(&self.sysfs.join("block").join(&name).join("size"))
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| Error::internal(format!("no size for {name}")))?;
+            Ok(sectors * 512)
+        };
+        let Some(live) = ours.iter().find(|c| c.state == "live") else {
+            return shown();
+        };
+        let dev = self.dev.join(&live.name);
+        let reported =
+            tokio::task::spawn_blocking(move || identified_size(&dev, super::nvmet::NSID))
+                .await
+                .map_err(|e| Error::internal(format!("identify namespace of {nqn}: {e}")))?;
+        let reported = match reported {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                tracing::warn!(subsystem = nqn, error = %e,
+                    "Identify Namespace not answered; taking the size the host shows");
+                return shown();
+            }
+        };
+        let start = Instant::now();
+        loop {
+            let size = shown()?;
+            if size >= reported {
+                return Ok(size);
+            }
+            if start.elapsed() >= self.timeout {
+                return Err(Error::unavailable(format!(
+                    "{name} shows {size} bytes {:?} after a rescan; {nqn} reports {reported}",
+                    self.timeout
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     async fn condition(&self, nqn: &str, device: &Path) -> Result<Option<Finding>> {

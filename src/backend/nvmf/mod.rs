@@ -20,6 +20,7 @@ use crate::plugin::{Backend, Secrets};
 use fabrics::{Fabrics, Reconnect};
 use nvmet::{Nvmet, Port};
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,7 +58,7 @@ crate::kill_points! {
 /// a private `file` or `lvm` store.
 pub const KIND: super::Kind = super::Kind {
     name: "nvmf",
-    parameters: &[],
+    parameters: &[CTRL_LOSS_TMO, RECONNECT_DELAY, FAST_IO_FAIL_TMO],
     mutable: &[],
     kill_points: KillPoint::NAMES,
     // A namespace's head device, by the model nvmet reports for ferrovol's
@@ -70,6 +71,13 @@ pub const KIND: super::Kind = super::Kind {
     store: None,
     build,
 };
+
+/// StorageClass parameters: a volume's own reconnect settings (seconds),
+/// in place of its node's config (`ctrl_loss_tmo`, `reconnect_delay`,
+/// `fast_io_fail_tmo`); carried to the node in the volume context.
+pub const CTRL_LOSS_TMO: &str = "ctrlLossTmo";
+pub const RECONNECT_DELAY: &str = "reconnectDelay";
+pub const FAST_IO_FAIL_TMO: &str = "fastIoFailTmo";
 
 /// Secrets keys: the key the host proves itself with (ControllerPublish
 /// sets it on the host's entry, NodeStage connects with it)...
@@ -216,6 +224,17 @@ pub struct Nvmf {
     settings: NvmfSettings,
 }
 
+impl Nvmf {
+    /// The reconnect settings of this backend's config.
+    fn reconnect(&self) -> Reconnect {
+        Reconnect {
+            ctrl_loss_tmo: self.settings.ctrl_loss_tmo,
+            reconnect_delay: self.settings.reconnect_delay,
+            fast_io_fail_tmo: self.settings.fast_io_fail_tmo,
+        }
+    }
+}
+
 impl Exported<Nvmf> {
     pub fn new(
         name: &str,
@@ -255,16 +274,20 @@ impl Exported<Nvmf> {
         ] {
             crate::config::absolute(p, what)?;
         }
-        // A node connects as its host NQN and host ID; a controller alone
-        // (with a store) connects nowhere and may have neither.
-        let token = |file: &Path, what: &str, valid: fn(&str) -> bool| match read_token(
-            file, what, valid,
-        ) {
-            Err(_) if store.is_some() => Ok(String::new()),
-            read => read,
-        };
-        let host_nqn = token(&settings.host_nqn_file, "host NQN", valid_nqn)?;
-        let host_id = token(&settings.host_id_file, "host ID", valid_host_id)?;
+        // A node connects as its host NQN and host ID. A node without them
+        // (or a controller alone, which connects nowhere) still builds the
+        // backend: its node id token is then refused (`node_token`), so the
+        // backend is out on this node, saying why, and the others serve.
+        let host_nqn =
+            read_token(&settings.host_nqn_file, "host NQN", valid_nqn).unwrap_or_default();
+        let host_id =
+            read_token(&settings.host_id_file, "host ID", valid_host_id).unwrap_or_default();
+        let protocol = Nvmf { settings };
+        let reconnect = protocol
+            .reconnect()
+            .with(&BTreeMap::new())
+            .map_err(|e| bad(&format!("reconnect settings: {}", e.message)))?;
+        let settings = &protocol.settings;
         let target = Arc::new(Nvmet::new(settings.configfs.clone(), ports));
         let initiator = Arc::new(Fabrics {
             sysfs: "/sys".into(),
@@ -273,11 +296,7 @@ impl Exported<Nvmf> {
             host_id,
             multipath: settings.multipath,
             timeout: Duration::from_secs(settings.connect_timeout),
-            reconnect: Reconnect {
-                ctrl_loss_tmo: settings.ctrl_loss_tmo,
-                reconnect_delay: settings.reconnect_delay,
-                fast_io_fail_tmo: settings.fast_io_fail_tmo,
-            },
+            reconnect,
         });
         let prefix = settings.nqn_prefix.clone();
         let setup = export::Setup {
@@ -289,7 +308,7 @@ impl Exported<Nvmf> {
             held: || crate::killpoint::hit(KillPoint::Held),
         };
         let exports = Exports::new(setup, target, initiator, store, runner);
-        Ok(Exported::from_parts(Nvmf { settings }, exports, || {
+        Ok(Exported::from_parts(protocol, exports, || {
             crate::killpoint::hit(KillPoint::ModifyStore)
         }))
     }
@@ -329,13 +348,22 @@ impl export::Protocol for Nvmf {
         &KIND
     }
 
+    /// The host NQN, once both it and the host ID are there and valid
+    /// (a connection needs both).
     fn node_token(&self) -> Result<String> {
+        read_token(&self.settings.host_id_file, "host ID", valid_host_id)?;
         read_token(&self.settings.host_nqn_file, "host NQN", valid_nqn)
     }
 
     /// The node's host NQN, when its node id carries one.
     fn host_in<'a>(&self, node_id: &'a str) -> Option<&'a str> {
         crate::plugin::node_tokens(node_id).find(|t| valid_nqn(t))
+    }
+
+    /// A volume's reconnect settings, checked over the defaults (the
+    /// node's own config is checked at start; see [`Reconnect::with`]).
+    fn check_parameters(&self, own: &BTreeMap<String, String>) -> Result<()> {
+        self.reconnect().with(own).map(drop)
     }
 
     /// The host's key and, for both ways, the subsystem's: each a

@@ -5,6 +5,7 @@
 use super::fabrics::{Fabrics, Reconnect};
 use super::nvmet::identity_for;
 use crate::backend::export::initiator::{Connection, Initiator};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -147,6 +148,7 @@ async fn a_refused_connection_shows_no_key() {
         unit: 1,
         incoming: Some(&key),
         outgoing: None,
+        settings: &BTreeMap::new(),
     };
     // No /dev/nvme-fabrics under the test's root: the connection fails.
     let e = f.attach(&to).await.unwrap_err();
@@ -197,12 +199,20 @@ fn node(dir: &Path, s: super::NvmfSettings) -> crate::error::Result<super::NvmfB
 fn a_node_is_built_from_its_host_nqn_and_checked_settings() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let e = node(d, settings(d)).err().unwrap();
-    assert!(e.message.contains("host NQN"), "{e}");
-    put(&d.join("hostnqn"), HOST);
-    put(&d.join("hostid"), "6c1e2d70-3a55-4b8e-9d3c-0f4a2b7e9c11");
-    let b = node(d, settings(d)).unwrap();
     use crate::plugin::{Attacher, Backend};
+    // Without them it is built, but gives no node id token: the node
+    // leaves it out, saying why, and serves its other backends.
+    let b = node(d, settings(d)).unwrap();
+    let e = b.node_id_suffix().unwrap_err();
+    assert!(e.message.contains("host ID"), "{e}");
+    put(&d.join("hostid"), "6c1e2d70-3a55-4b8e-9d3c-0f4a2b7e9c11");
+    let e = b.node_id_suffix().unwrap_err();
+    assert!(e.message.contains("host NQN"), "{e}");
+    put(&d.join("hostnqn"), "iqn.not-an-nqn");
+    let e = b.node_id_suffix().unwrap_err();
+    assert!(e.message.contains("is not valid"), "{e}");
+    put(&d.join("hostnqn"), HOST);
+    let b = node(d, settings(d)).unwrap();
     assert_eq!(b.kind().name, "nvmf");
     assert_eq!(b.node_id_suffix().unwrap().as_deref(), Some(HOST));
     for (bad, what) in [
@@ -226,6 +236,20 @@ fn a_node_is_built_from_its_host_nqn_and_checked_settings() {
                 ..settings(d)
             },
             "first_port_id",
+        ),
+        (
+            super::NvmfSettings {
+                reconnect_delay: 0,
+                ..settings(d)
+            },
+            "reconnect settings: reconnectDelay",
+        ),
+        (
+            super::NvmfSettings {
+                fast_io_fail_tmo: 1801,
+                ..settings(d)
+            },
+            "reconnect settings: fastIoFailTmo (1801) is longer than ctrlLossTmo (1800)",
         ),
     ] {
         let e = node(d, bad).err().unwrap();
@@ -285,4 +309,157 @@ fn keys_are_taken_from_the_secrets_checked_and_never_shown() {
         "nqn.2026-12.io.ferrovol:pvc-1"
     );
     assert!(super::nqn_for("nqn.2026-12.io.ferrovol", "Weird/Name").contains(":v-"));
+}
+
+/// A volume's reconnect settings (its class's parameters, in its volume
+/// context) take the place of the node's in the connection's options;
+/// values that are not whole seconds in range, or that would hold I/O past
+/// the controller's removal, are refused naming the key, before anything
+/// is written.
+#[tokio::test]
+async fn a_volume_s_reconnect_settings_reach_the_connection_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = fabrics(dir.path());
+    // A file where the kernel's device is: the write lands in it, no
+    // controller appears.
+    let fabrics_dev = dir.path().join("dev/nvme-fabrics");
+    put(&fabrics_dev, "");
+    std::fs::write(&fabrics_dev, "").unwrap();
+    let written = || std::fs::read_to_string(dir.path().join("dev/nvme-fabrics")).unwrap();
+    let portals = ["10.0.0.5:4420"];
+    let given = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let attach = |settings: BTreeMap<String, String>| {
+        let f = &f;
+        async move {
+            let to = Connection {
+                export: NQN,
+                portals: &portals,
+                unit: 1,
+                incoming: None,
+                outgoing: None,
+                settings: &settings,
+            };
+            f.attach(&to).await.unwrap_err()
+        }
+    };
+    use super::{CTRL_LOSS_TMO as LOSS, FAST_IO_FAIL_TMO as FAIL, RECONNECT_DELAY as DELAY};
+    for (bad, says) in [
+        (
+            given(&[(LOSS, "ten")]),
+            "parameter ctrlLossTmo: \"ten\" is not -1",
+        ),
+        (given(&[(LOSS, "-2")]), "parameter ctrlLossTmo"),
+        (
+            given(&[(DELAY, "0")]),
+            "parameter reconnectDelay: \"0\" is not 1 to 86400",
+        ),
+        (given(&[(FAIL, "86401")]), "parameter fastIoFailTmo"),
+        (
+            given(&[(LOSS, "30"), (FAIL, "60")]),
+            "fastIoFailTmo (60) is longer than ctrlLossTmo (30)",
+        ),
+    ] {
+        let e = attach(bad).await;
+        assert_eq!(e.kind, crate::error::Kind::InvalidArgument, "{e}");
+        assert!(e.message.contains(says), "{says}: {e}");
+        assert_eq!(written(), "", "nothing is written for {says}");
+    }
+    // The node's own (fabrics(): 600, 10, -1) where the volume says
+    // nothing...
+    attach(BTreeMap::new()).await;
+    assert!(
+        written().contains("ctrl_loss_tmo=600,reconnect_delay=10,fast_io_fail_tmo=-1"),
+        "{}",
+        written()
+    );
+    // ...and the volume's where it does.
+    std::fs::write(&fabrics_dev, "").unwrap();
+    attach(given(&[(LOSS, "-1"), (DELAY, "3"), (FAIL, "0")])).await;
+    assert!(
+        written().contains("ctrl_loss_tmo=-1,reconnect_delay=3,fast_io_fail_tmo=0"),
+        "{}",
+        written()
+    );
+}
+
+/// A controller's volume: the reconnect settings are the backend's own
+/// parameters, checked at creation and handed to the node in the volume
+/// context; the store is given only its own.
+#[tokio::test]
+async fn reconnect_parameters_are_checked_at_creation_and_go_to_the_node_not_the_store() {
+    use crate::backend::export::testing::{create, MemStore};
+    use crate::plugin::{Backend, Provisioner};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let store = std::sync::Arc::new(MemStore::new("nvmf"));
+    // A controller: configfs is the test's own tree, with the groups
+    // configfs would make by itself (a subsystem's namespaces, a port's
+    // subsystems and its attributes, empty).
+    let nvmet = d.join("nvmet");
+    std::fs::create_dir_all(nvmet.join("subsystems").join(NQN).join("namespaces")).unwrap();
+    for port in ["4420", "4421"] {
+        std::fs::create_dir_all(nvmet.join("ports").join(port).join("subsystems")).unwrap();
+        for attr in ["addr_trtype", "addr_traddr", "addr_trsvcid"] {
+            std::fs::write(nvmet.join("ports").join(port).join(attr), "").unwrap();
+        }
+    }
+    let b = super::NvmfBackend::new(
+        "nvmf",
+        settings(d),
+        std::sync::Arc::new(crate::exec::FakeRunner::new()),
+        Some(store.clone()),
+        d.join("records"),
+    )
+    .unwrap();
+    let keys = b.parameters();
+    for k in [
+        super::CTRL_LOSS_TMO,
+        super::RECONNECT_DELAY,
+        super::FAST_IO_FAIL_TMO,
+    ] {
+        assert!(keys.contains(&k), "{k}: {keys:?}");
+    }
+    let mut req = create("pvc-1");
+    req.parameters = BTreeMap::from([
+        (super::FAST_IO_FAIL_TMO.to_string(), "5".to_string()),
+        ("storeKey".to_string(), "x".to_string()),
+    ]);
+    let mut bad = req.clone();
+    bad.parameters
+        .insert(super::CTRL_LOSS_TMO.to_string(), "2".to_string());
+    let e = b.validate_parameters(&bad.parameters).unwrap_err();
+    assert!(e.message.contains("longer than ctrlLossTmo (2)"), "{e}");
+    let e = b.create_volume(&bad).await.unwrap_err();
+    assert_eq!(e.kind, crate::error::Kind::InvalidArgument, "{e}");
+    b.validate_parameters(&req.parameters).unwrap();
+    let info = b.create_volume(&req).await.unwrap();
+    assert_eq!(
+        info.context,
+        BTreeMap::from([(super::FAST_IO_FAIL_TMO.to_string(), "5".to_string())])
+    );
+    assert_eq!(store.calls()[0], "create pvc-1 storeKey=x");
+}
+
+/// An Identify Namespace data structure's size: NSZE blocks of the LBA
+/// format FLBAS names (its low and high bits both).
+#[test]
+fn a_namespace_s_size_is_read_from_its_identify_data() {
+    let mut id = vec![0u8; 4096];
+    id[0..8].copy_from_slice(&65536u64.to_le_bytes());
+    // Format 0: 512-byte blocks (LBADS 9).
+    id[128 + 2] = 9;
+    assert_eq!(super::fabrics::namespace_bytes(&id), 65536 * 512);
+    // Format 1 (4 KiB) chosen by FLBAS's low bits...
+    id[132 + 2] = 12;
+    id[26] = 1;
+    assert_eq!(super::fabrics::namespace_bytes(&id), 65536 * 4096);
+    // ...and format 17 by its high bits (bit 5: +16).
+    id[128 + 4 * 17 + 2] = 13;
+    id[26] = 0x21;
+    assert_eq!(super::fabrics::namespace_bytes(&id), 65536 * 8192);
 }

@@ -795,13 +795,14 @@ fn lvm_commands_skip_what_other_backends_attach() {
     let plain = parsed("");
     assert!(plain.skip_attached_devices);
     // What the registry's kinds attach: iSCSI disks by their by-path
-    // links, mapped rbd images, and the dm-crypt maps of encrypted
-    // volumes; nothing of the file, lvm or nfs kinds.
+    // links, mapped rbd images, NVMe namespaces of ferrovol's subsystems
+    // by their by-id links, and the dm-crypt maps of encrypted volumes;
+    // nothing of the file, lvm or nfs kinds.
     let attached = crate::backend::attached_devices();
     let filter = skip_filter(&attached).unwrap();
     assert_eq!(
         filter,
-        "devices { global_filter = [ \"r|/dev/disk/by-path/.*-iscsi-|\", \"r|^/dev/rbd|\", \"r|^/dev/mapper/fvc-|\" ] }"
+        "devices { global_filter = [ \"r|/dev/disk/by-path/.*-iscsi-|\", \"r|^/dev/rbd|\", \"r|/dev/disk/by-id/nvme-ferrovol_|\", \"r|^/dev/mapper/fvc-|\" ] }"
     );
     assert_eq!(skip_filter(&[]), None);
     assert_eq!(plain.config_text(&attached), filter);
