@@ -1446,6 +1446,8 @@ impl Drop for Tgtd {
 /// its port and its host's entry: nothing a test left is left.
 pub struct NvmetPort {
     pub dir: tempfile::TempDir,
+    /// The address its port listens on.
+    pub addr: &'static str,
     pub id: u16,
     pub port: u16,
     pub prefix: String,
@@ -1458,6 +1460,12 @@ pub const NVMET: &str = "/sys/kernel/config/nvmet";
 
 impl NvmetPort {
     pub fn new(prefix: &str) -> Self {
+        Self::on("127.0.0.1", prefix)
+    }
+
+    /// A port listening on `addr` (the private network's address, for a
+    /// peer guest to reach).
+    pub fn on(addr: &'static str, prefix: &str) -> Self {
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let pid = std::process::id();
@@ -1475,6 +1483,7 @@ impl NvmetPort {
         );
         NvmetPort {
             dir,
+            addr,
             id,
             port: super::free_port(),
             prefix: prefix.to_string(),
@@ -1484,7 +1493,15 @@ impl NvmetPort {
     }
 
     pub fn portal(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        format!("{}:{}", self.addr, self.port)
+    }
+
+    /// Its host NQN and host ID files.
+    pub fn host_files(&self) -> (PathBuf, PathBuf) {
+        (
+            self.dir.path().join("hostnqn"),
+            self.dir.path().join("hostid"),
+        )
     }
 
     /// An nvmf backend's config for this port, its namespaces in a file

@@ -17,6 +17,10 @@ pub const MAIN_ADDR: &str = "10.0.0.1";
 pub const PEER_ADDR: &str = "10.0.0.2";
 /// The peer's iSCSI initiator name (tests/guest/peer-init sets it).
 pub const PEER_INITIATOR: &str = "iqn.2026-11.io.ferrovol:peer";
+/// The peer's NVMe host NQN (tests/guest/peer-init writes it, and its
+/// host ID, where nvme-cli keeps them: /etc/nvme).
+pub const PEER_HOST_NQN: &str =
+    "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-0000000000a2";
 const AGENT_PORT: u16 = 7000;
 const DRIVER_PORT: u16 = 10000;
 

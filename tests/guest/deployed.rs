@@ -42,7 +42,7 @@ pub(crate) fn nothing_left(overlay: &str) {
         .lines()
         .filter(|l| {
             l.starts_with("fvh-")
-                || ["ferrovol--ssd-", "vg--iscsi-"]
+                || ["ferrovol--ssd-", "vg--iscsi-", "vg--nvmf-"]
                     .iter()
                     .any(|vg| l.starts_with(vg) && l.contains("fv--"))
         })
@@ -54,6 +54,18 @@ pub(crate) fn nothing_left(overlay: &str) {
             .iter()
             .any(|s| s.contains("iqn.2026-11.io.ferrovol:")),
         "{overlay}: sessions left: {sessions:?}"
+    );
+    // No NVMe controller of the manifests' subsystems.
+    let controllers: Vec<String> = std::fs::read_dir("/sys/class/nvme")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("subsysnqn")).ok())
+        .filter(|n| n.starts_with("nqn.2026-12.io.ferrovol:"))
+        .collect();
+    assert!(
+        controllers.is_empty(),
+        "{overlay}: NVMe controllers left: {controllers:?}"
     );
 }
 
@@ -90,9 +102,38 @@ pub(crate) fn iscsi_edit(t: &Tgtd) -> impl Fn(String) -> String {
     let portal = format!("[\"{}\"]", t.portal());
     let control = t.control_port.to_string();
     move |text| {
+        if !text.contains("type = \"iscsi\"") {
+            return text;
+        }
         let text = set_key(&text, "portals", Some(&portal));
         let text = set_key(&text, "control_port", Some(&control));
         set_key(&text, "initiator_name_file", None)
+    }
+}
+
+/// An nvmet port of the test's on loopback: the portal and the port's id
+/// are edited; the node connects as the fixture's host (its NQN and ID
+/// files).
+pub(crate) fn nvmf_edit(n: &NvmetPort) -> impl Fn(String) -> String {
+    let portal = format!("[\"{}\"]", n.portal());
+    let id = n.id;
+    let (nqn, hostid) = n.host_files();
+    move |text| {
+        if !text.contains("type = \"nvmf\"") {
+            return text;
+        }
+        let text = set_key(&text, "portals", Some(&portal));
+        let text = set_key(&text, "host_nqn_file", None);
+        let text = set_key(&text, "host_id_file", None);
+        text.replacen(
+            "type = \"nvmf\"\n",
+            &format!(
+                "type = \"nvmf\"\nfirst_port_id = {id}\nhost_nqn_file = \"{}\"\nhost_id_file = \"{}\"\n",
+                nqn.display(),
+                hostid.display()
+            ),
+            1,
+        )
     }
 }
 
@@ -138,14 +179,16 @@ pub(crate) fn rbd_edit() -> (Edit, SecretEdit) {
     )
 }
 
-/// The volume groups the lvm and iscsi components name, as they name
-/// them.
+/// The volume groups the lvm, iscsi and nvmf components name, as they
+/// name them.
 pub(crate) fn lvm_groups() -> Vec<LvmVg> {
     let ssd = LvmVg::new("ferrovol-ssd", 1024);
     ssd.thin_pool("thinpool", "400M", &[]);
     let luns = LvmVg::new("vg-iscsi", 1024);
     luns.thin_pool("pool0", "600M", &[]);
-    vec![ssd, luns]
+    let namespaces = LvmVg::new("vg-nvmf", 1024);
+    namespaces.thin_pool("pool0", "600M", &[]);
+    vec![ssd, luns, namespaces]
 }
 
 /// lvm's groups as the manifests name them (thick and thin): no
@@ -174,6 +217,15 @@ async fn guest_deployed_iscsi_overlay_serves_a_claim() {
     let t = Tgtd::new();
     let _iscsid = Iscsid::new();
     run_one("iscsi", iscsi_edit(&t), |_, s| s).await;
+}
+
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_deployed_nvmf_overlay_serves_a_claim() {
+    require_guest();
+    let _groups = lvm_groups();
+    let n = NvmetPort::new("nqn.2026-12.io.ferrovol");
+    run_one("nvmf", nvmf_edit(&n), |_, s| s).await;
 }
 
 #[tokio::test]
@@ -213,8 +265,10 @@ async fn guest_deployed_all_overlay_runs_every_class_it_ships() {
     let server = NfsServer::with_v3();
     let t = Tgtd::new();
     let _iscsid = Iscsid::new();
+    let n = NvmetPort::new("nqn.2026-12.io.ferrovol");
     let nfs = nfs_edit(&server);
     let iscsi = iscsi_edit(&t);
+    let nvmf = nvmf_edit(&n);
     let (rbd, secrets) = rbd_edit();
-    run_overlay("all", move |text| rbd(iscsi(nfs(text))), secrets).await;
+    run_overlay("all", move |text| nvmf(rbd(iscsi(nfs(text)))), secrets).await;
 }

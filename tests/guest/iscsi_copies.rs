@@ -349,7 +349,8 @@ async fn guest_iscsi_snapshot_of_a_volume_in_use_is_held() {
     assert!(h.mounts().is_empty(), "{:?}", h.mounts());
 }
 
-/// iSCSI group snapshots of volumes in use, over each store (files, LVs):
+/// iSCSI group snapshots of volumes in use, over each store (files, LVs)
+/// (nvmf's: `tests/guest/nvmf.rs`, through [`group_snapshots_being_written`]):
 /// two volumes published to this node and staged with ext4, written in an
 /// interleaved pattern (1, 2, 3, ... to one then the other, each write
 /// synced: a flush the initiator sends) while the group is cut. The
@@ -365,19 +366,23 @@ async fn guest_iscsi_group_snapshots_of_volumes_being_written() {
     let _iscsid = Iscsid::new();
     let _vg = LvmVg::new("fvigroup", 160);
     let prefix = "iqn.2026-11.io.ferrovol.grp";
-    for store in ["file", "lvm"] {
-        let config = if store == "file" {
-            tgtd.file_store_config(prefix)
-        } else {
-            format!(
-                "[[backend]]\ntype = \"iscsi\"\niqn_prefix = \"{prefix}\"\nportals = [\"{}\"]\n\
-                 control_port = {}\n[backend.store]\ntype = \"lvm\"\n\
-                 [[backend.store.device_class]]\nname = \"luns\"\nvolume_group = \"fvigroup\"\n",
-                tgtd.portal(),
-                tgtd.control_port
-            )
-        };
-        let h = Harness::start_with(Some(&config)).await;
+    let lvm = format!(
+        "[[backend]]\ntype = \"iscsi\"\niqn_prefix = \"{prefix}\"\nportals = [\"{}\"]\n\
+         control_port = {}\n[backend.store]\ntype = \"lvm\"\n\
+         [[backend.store.device_class]]\nname = \"luns\"\nvolume_group = \"fvigroup\"\n",
+        tgtd.portal(),
+        tgtd.control_port
+    );
+    group_snapshots_being_written(&[("file", tgtd.file_store_config(prefix)), ("lvm", lvm)]).await;
+}
+
+/// The group snapshot test above, over each (store, config) given: an
+/// exporting backend (iscsi, nvmf) on a file store, then on an lvm one
+/// whose device class is `luns` (its volume group the caller's).
+pub(crate) async fn group_snapshots_being_written(cases: &[(&str, String)]) {
+    for (store, config) in cases {
+        let store = *store;
+        let h = Harness::start_with(Some(config)).await;
         let cap = mount_cap("ext4", SNW);
         // Made (from a snapshot or not), published here, staged.
         let bring_up = |name: String, from: Option<String>| {

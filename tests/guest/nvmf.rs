@@ -266,3 +266,29 @@ async fn paths_become(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// Group snapshots of nvmf volumes in use, over each store (files, LVs),
+/// as iscsi's ([`super::iscsi_copies::group_snapshots_being_written`]):
+/// the writer (on this node, through its NVMe/TCP connection) never sees
+/// an error, the restored pair is one instant, no hold is left suspended.
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_nvmf_group_snapshots_of_volumes_being_written() {
+    require_guest();
+    let _vg = LvmVg::new("fvngroup", 160);
+    let nvmet = NvmetPort::new("nqn.2026-12.io.ferrovol.grp");
+    let file = nvmet.file_store_config();
+    let lvm = file.replace(
+        "[backend.store]\ntype = \"file\"\npool = \"@DIR@/nvmf-pool\"\n",
+        "[backend.store]\ntype = \"lvm\"\n[[backend.store.device_class]]\nname = \"luns\"\n\
+         volume_group = \"fvngroup\"\n",
+    );
+    assert_ne!(file, lvm);
+    super::iscsi_copies::group_snapshots_being_written(&[("file", file), ("lvm", lvm)]).await;
+    assert_eq!(nvmet.subsystems(), Vec::<String>::new(), "subsystems left");
+    assert_eq!(
+        nvmet.controllers(),
+        Vec::<String>::new(),
+        "controllers left"
+    );
+}

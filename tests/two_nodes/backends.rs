@@ -103,6 +103,62 @@ async fn guest_two_nodes_iscsi_moves_fences_and_lets_a_gone_node_go() {
     assert!(!left.contains(prefix), "{left}");
 }
 
+/// [`move_block`] and [`move_and_fence`] on nvmf: the detach takes A's
+/// host NQN out of the subsystem's allowed hosts and the subsystem off its
+/// port and back, which drops A's controller; A, refused when it
+/// connects again, removes it.
+#[tokio::test]
+#[ignore = "needs the two-node guest: run tests/guest/suite"]
+async fn guest_two_nodes_nvmf_moves_fences_and_lets_a_gone_node_go() {
+    require_guest();
+    let prefix = "nqn.2026-12.io.ferrovol.two";
+    let nvmet = NvmetPort::on(MAIN_ADDR, prefix);
+    let (config, peer_config) = nvmf_configs(&nvmet);
+    let h = Harness::start_with(Some(&config)).await;
+    let controllers = || {
+        Peer::try_sh("cat /sys/class/nvme/*/subsysnqn 2>/dev/null; true")
+            .unwrap()
+            .1
+            .lines()
+            .filter(|l| l.starts_with(&format!("{prefix}:")))
+            .count()
+    };
+    let shut_out = || {
+        let allowed: Vec<String> = nvmet
+            .subsystems()
+            .iter()
+            .flat_map(|s| {
+                std::fs::read_dir(format!("{NVMET}/subsystems/{s}/allowed_hosts"))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+            })
+            .collect();
+        match allowed.iter().any(|h| h == PEER_HOST_NQN) {
+            true => Err(format!("a subsystem still allows A: {allowed:?}")),
+            false => Ok(()),
+        }
+    };
+    let backend = Backend {
+        secrets: Secrets::new(),
+        a_named: PEER_HOST_NQN,
+        a_holds: &|| controllers() > 0,
+        a_shut_out: &shut_out,
+        gone_node: (
+            "node-gone/nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-00000000dead",
+            "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-00000000dead",
+        ),
+    };
+    let a = PeerDriver::start(&peer_config, "node-a").await;
+    let n = Nodes::new(&h, &a, &backend.secrets).await;
+    node_gone(&n, &backend).await;
+    move_block(&n, &backend, "pvc-two-nvmf-blk").await;
+    move_and_fence(&n, &backend, "pvc-two-nvmf").await;
+    assert_eq!(nvmet.subsystems(), Vec::<String>::new(), "subsystems left");
+    assert_eq!(controllers(), 0, "A's controllers left");
+}
+
 /// [`move_block`] and [`move_and_fence`] on rbd: the detach blocklists the
 /// client A recorded at stage (each mapping has its own), before A's mark
 /// goes.

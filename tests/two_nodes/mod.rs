@@ -32,6 +32,27 @@ pub(crate) fn iscsi_config(prefix: &str, tgtd: &Tgtd) -> String {
     )
 }
 
+/// An nvmf backend on `nvmet` (listening on the private network), its
+/// namespaces in a file pool, for this guest (the controller and node B,
+/// as the fixture's host) and for the peer (node A: its own host NQN and
+/// ID, where peer-init wrote them). A controller that lost its subsystem
+/// fails its I/O after 5 s and is removed after 20 s: how long a fenced
+/// node's writers stay blocked.
+pub(crate) fn nvmf_configs(nvmet: &NvmetPort) -> (String, String) {
+    let reconnect = "ctrl_loss_tmo = 20\nreconnect_delay = 1\nfast_io_fail_tmo = 5\n";
+    let here = nvmet.file_store_config().replacen(
+        "[backend.store]",
+        &format!("{reconnect}[backend.store]"),
+        1,
+    );
+    let peer: String = here
+        .lines()
+        .filter(|l| !l.starts_with("host_nqn_file") && !l.starts_with("host_id_file"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    (here, peer)
+}
+
 /// The rbd backend's configuration on `cluster` (on the private network)
 /// for this guest (the controller and node B: the client user's keyring)
 /// and for the peer (node A: the calls' secrets only).

@@ -135,9 +135,17 @@ pub fn skip_filter(attached: &[&str]) -> Option<String> {
 impl LvmSettings {
     /// The `--config` text every lvm command takes: the filter of what the
     /// driver attaches on the node (unless turned off, or the operator's
-    /// own text has a `devices` section), then the operator's text.
+    /// own text has a `devices` section or sets a filter), then the
+    /// operator's text. A single `devices/<key>=<value>` setting keeps the
+    /// filter: a store's `devices/ignore_suspended_devices=1` (its owner's,
+    /// see `as_store`) must not take away what keeps its scans off the
+    /// nodes' network devices.
     pub fn config_text(&self, attached: &[&str]) -> String {
-        let own_devices = self.lvm_config.contains("devices");
+        let text = &self.lvm_config;
+        let section = text
+            .match_indices("devices")
+            .any(|(i, w)| text[i + w.len()..].trim_start().starts_with('{'));
+        let own_devices = section || text.contains("filter");
         let filter = skip_filter(attached).filter(|_| self.skip_attached_devices && !own_devices);
         match (filter, self.lvm_config.is_empty()) {
             (Some(f), true) => f,

@@ -818,6 +818,17 @@ fn lvm_commands_skip_what_other_backends_attach() {
     );
     let own = parsed("lvm_config = \"devices { filter = [ \\\"a|.*|\\\" ] }\"\n");
     assert_eq!(own.config_text(&attached), own.lvm_config);
+    let own = parsed("lvm_config = \"devices/global_filter = [ \\\"a|.*|\\\" ]\"\n");
+    assert_eq!(own.config_text(&attached), own.lvm_config);
+    // One devices/ key that is no filter (a store's: its scans skip
+    // suspended devices) keeps the filter.
+    let store = parsed(
+        "lvm_config = \"devices/ignore_suspended_devices=1 activation { monitoring = 0 }\"\n",
+    );
+    assert_eq!(
+        store.config_text(&attached),
+        format!("{filter} devices/ignore_suspended_devices=1 activation {{ monitoring = 0 }}")
+    );
     let off = parsed("skip_attached_devices = false\n");
     assert_eq!(off.config_text(&attached), "");
     // The runner sees it on every command of a backend built as the
