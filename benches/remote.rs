@@ -14,7 +14,8 @@
 //! `remote/nfs_beside.rs`, then beside the tools) or `lvm` (`remote/lvm.rs`:
 //! lvm beside the bare lvm commands) or `iscsi-stage`
 //! (`remote/iscsi_stage.rs`: the node's stage and unstage beside
-//! open-iscsi by hand), or, in the two-node guest,
+//! open-iscsi by hand) or `nvmf` (`remote/nvmf_beside.rs`: nvmf's calls,
+//! stage and fio beside iscsi's), or, in the two-node guest,
 //! `failover` (`remote/failover.rs`: a fenced failover of iscsi and rbd,
 //! step by step).
 //!
@@ -35,6 +36,8 @@ mod iscsi_stage;
 mod lvm;
 #[path = "remote/nfs_beside.rs"]
 mod nfs_beside;
+#[path = "remote/nvmf_beside.rs"]
+mod nvmf_beside;
 #[path = "results.rs"]
 mod results;
 // The two-node guest's scenarios (its tests, which a bench does not
@@ -305,6 +308,16 @@ async fn main() {
         lvm::lvm(
             env_num("FERROVOL_BENCH_CALLS", 8),
             env_num("FERROVOL_BENCH_ROUNDS", 2),
+        )
+        .await;
+    }
+    // NVMe/TCP needs nvmet and nvme_tcp: the guest only
+    // (remote/nvmf_beside.rs: nvmf beside iscsi).
+    if only("nvmf") {
+        nvmf_beside::nvmf_beside_iscsi(
+            env_num("FERROVOL_BENCH_CALLS", 4),
+            env_num("FERROVOL_BENCH_ROUNDS", 4),
+            env_num("FERROVOL_BENCH_FIO_SECONDS", 10) as u64,
         )
         .await;
     }

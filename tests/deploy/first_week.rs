@@ -953,7 +953,7 @@ fn the_docs_say_what_renders() {
         .filter(|i| row[*i] != "no")
         .map(|i| header[i].as_str())
         .collect();
-    assert_eq!(tracking, ["file", "lvm", "iscsi", "rbd"]);
+    assert_eq!(tracking, ["file", "lvm", "iscsi", "nvmf", "rbd"]);
     let changelog = std::fs::read_to_string(root().join("CHANGELOG.md")).unwrap();
     let said = changelog
         .split("SnapshotMetadata service")
@@ -968,7 +968,7 @@ fn the_docs_say_what_renders() {
     let values = std::fs::read_to_string(root().join("deploy/chart/values.yaml")).unwrap();
     let comment = values.split("\nsnapshotMetadata:").next().unwrap();
     let comment = comment.rsplit("\n\n").next().unwrap();
-    for b in ["rbd", "iscsi"] {
+    for b in ["rbd", "iscsi", "nvmf"] {
         assert!(comment.contains(b), "values.yaml: {comment}");
     }
     for b in ["file", "lvm"] {

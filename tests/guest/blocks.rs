@@ -222,23 +222,25 @@ where
     (vol, vec![s1, s2], copied)
 }
 
-/// Changed block tracking of the file backend, and of iscsi over a file
-/// store (the LUN written through the initiator), in the guest (see
-/// [`changed_blocks_backup`]): exact at 4 KiB, the delta only the blocks
-/// whose bytes changed.
+/// Changed block tracking of the file backend, and of iscsi and nvmf over
+/// file stores (the LUN or namespace written through the node's
+/// connection), in the guest (see [`changed_blocks_backup`]): exact at
+/// 4 KiB, the delta only the blocks whose bytes changed.
 #[tokio::test]
 #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
 async fn guest_file_and_iscsi_changed_blocks() {
     require_guest();
     let tgtd = Tgtd::new();
     let _iscsid = Iscsid::new();
+    let nvmet = NvmetPort::new("nqn.2026-12.io.ferrovol.cbt");
     let config = format!(
-        "[[backend]]\ntype = \"file\"\npool = \"@DIR@/file-pool\"\n{}",
-        tgtd.file_store_config("iqn.2026-11.io.ferrovol.cbt")
+        "[[backend]]\ntype = \"file\"\npool = \"@DIR@/file-pool\"\n{}{}",
+        tgtd.file_store_config("iqn.2026-11.io.ferrovol.cbt"),
+        nvmet.file_store_config()
     );
     let h = Harness::start_with(Some(&config)).await;
     let m = MIB as u64;
-    for (backend, attach) in [("file", false), ("iscsi", true)] {
+    for (backend, attach) in [("file", false), ("iscsi", true), ("nvmf", true)] {
         let bring_up = |name: String, from: Option<String>| {
             let mut req = create_req(&format!("{backend}-{name}"), 16 * MIB, block_cap(SNW));
             req.parameters.insert("backend".into(), backend.into());

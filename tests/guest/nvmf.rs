@@ -4,7 +4,8 @@
 //! loopback: a subsystem served on two ports (a create cut short
 //! finished by the next), granted, connected over both
 //! (native multipath, one device), grown under writes, refused without its
-//! DH-HMAC-CHAP key, a path cut and back, a fenced host's writes failing,
+//! DH-HMAC-CHAP key, a path cut and back, a path the target makes ANA
+//! inaccessible and optimized again, a fenced host's writes failing,
 //! and nothing left behind.
 
 use super::*;
@@ -202,6 +203,32 @@ async fn guest_nvmf_target_and_initiator_serve_grow_authenticate_and_fence() {
     })
     .await;
     assert!(host.condition(NQN, &dev).await.unwrap().is_none());
+
+    // ANA: the second port's group made inaccessible (the target telling
+    // its hosts that path cannot serve the namespace): that path is down
+    // though its controller is live, I/O goes on through the other; back
+    // to optimized, both carry it.
+    let ana = "/sys/kernel/config/nvmet/ports/4421/ana_groups/1/ana_state";
+    std::fs::write(ana, "inaccessible").unwrap();
+    paths_become(
+        &host,
+        "the inaccessible path down",
+        Duration::from_secs(20),
+        |p| p.down == ["127.0.0.1:4421"] && p.up.len() == 1,
+    )
+    .await;
+    write_synced(&dev, 0).unwrap();
+    let found = host.condition(NQN, &dev).await.unwrap().unwrap();
+    assert_eq!(found.reason.as_str(), "NvmePathDown", "{found:?}");
+    assert!(found.message.contains("ANA inaccessible"), "{found:?}");
+    std::fs::write(ana, "optimized").unwrap();
+    paths_become(
+        &host,
+        "the path optimized again",
+        Duration::from_secs(20),
+        |p| p.down.is_empty() && p.up.len() == 2,
+    )
+    .await;
 
     // Fenced: revoked and disconnected, its writes fail, and the host
     // lets go of the controllers it cannot get back.

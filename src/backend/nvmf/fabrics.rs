@@ -133,6 +133,51 @@ pub struct Controller {
     pub state: String,
     /// `host:port`, as a portal is written.
     pub portal: String,
+    /// The ANA state of its path to the namespace (`optimized`,
+    /// `non-optimized`, `inaccessible`, `persistent-loss`, `change`), where
+    /// the subsystem reports one.
+    pub ana: Option<String>,
+}
+
+impl Controller {
+    /// Whether I/O can go through it: live, and its path not one the
+    /// subsystem says it cannot serve (ANA inaccessible, lost, or
+    /// changing).
+    pub fn carries_io(&self) -> bool {
+        self.state == "live"
+            && !matches!(
+                self.ana.as_deref(),
+                Some("inaccessible" | "persistent-loss" | "change")
+            )
+    }
+
+    /// Its state as a message says it.
+    fn said(&self) -> String {
+        match &self.ana {
+            Some(ana) if self.state == "live" => format!("live, ANA {ana}"),
+            _ => self.state.clone(),
+        }
+    }
+}
+
+/// The ANA state of the first path device (`nvme<S>c<C>n<N>`) in a
+/// controller's folder that has one.
+fn ana_of(dir: &Path) -> Option<String> {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.strip_prefix("nvme")
+                .and_then(|r| r.split_once('c'))
+                .and_then(|(s, r)| r.split_once('n').map(|(c, n)| [s, c, n]))
+                .is_some_and(|parts| parts.iter().all(|p| digits(p)))
+        })
+        .map(|e| e.path())
+        .collect();
+    paths.sort();
+    paths.iter().find_map(|p| read(&p.join("ana_state")))
 }
 
 /// A portal from a controller's `address` (`traddr=A,trsvcid=P,...`).
@@ -193,6 +238,7 @@ impl Fabrics {
                 host,
                 state,
                 portal,
+                ana: ana_of(&dir),
             });
         }
         found.sort_by(|a, b| a.name.cmp(&b.name));
@@ -539,17 +585,17 @@ impl Initiator for Fabrics {
                 format!("no NVMe controller of {nqn}"),
             )));
         }
-        let down: Vec<&Controller> = ours.iter().filter(|c| c.state != "live").collect();
+        let down: Vec<&Controller> = ours.iter().filter(|c| !c.carries_io()).collect();
         if down.len() == ours.len() {
             return Ok(Some(Finding::inaccessible(
                 reasons::ControllerDown,
-                format!("every controller of {nqn} is {}", down[0].state),
+                format!("every controller of {nqn} is down ({})", down[0].said()),
             )));
         }
         if let Some(c) = down.first() {
             return Ok(Some(Finding::degraded(
                 reasons::NvmePathDown,
-                format!("path {} of {nqn} is down ({})", c.portal, c.state),
+                format!("path {} of {nqn} is down ({})", c.portal, c.said()),
             )));
         }
         let disk = device.file_name().map(|d| d.to_string_lossy().into_owned());
@@ -572,7 +618,7 @@ impl Initiator for Fabrics {
             if !ours {
                 continue;
             }
-            if c.state == "live" {
+            if c.carries_io() {
                 paths.up.insert(c.portal);
             } else {
                 paths.down.push(c.portal);

@@ -129,6 +129,39 @@ async fn controllers_paths_and_the_namespace_are_read_as_the_kernel_lays_them_ou
     assert_eq!(found.reason, super::reasons::ControllerDown);
     let found = f.condition("nqn.none:x", &dev).await.unwrap().unwrap();
     assert_eq!(found.reason, super::reasons::ControllerMissing);
+    // Live, but the subsystem says a path cannot serve the namespace (its
+    // ANA state): that path is down; optimized and non-optimized are not.
+    for n in [0, 1] {
+        put(&root.join(format!("sys/class/nvme/nvme{n}/state")), "live");
+        put(
+            &root.join(format!("sys/class/nvme/nvme{n}/nvme0c{n}n1/ana_state")),
+            "optimized",
+        );
+    }
+    put(
+        &root.join("sys/class/nvme/nvme1/nvme0c1n1/ana_state"),
+        "non-optimized",
+    );
+    assert!(f.condition(NQN, &dev).await.unwrap().is_none());
+    put(
+        &root.join("sys/class/nvme/nvme1/nvme0c1n1/ana_state"),
+        "inaccessible",
+    );
+    let found = f.condition(NQN, &dev).await.unwrap().unwrap();
+    assert_eq!(found.reason, super::reasons::NvmePathDown);
+    assert!(
+        found.message.contains("live, ANA inaccessible"),
+        "{}",
+        found.message
+    );
+    let paths = f.paths("nqn.2026-12.io.ferrovol").await.unwrap();
+    assert_eq!(paths.down, ["[fd00::6]:4420"]);
+    put(
+        &root.join("sys/class/nvme/nvme0/nvme0c0n1/ana_state"),
+        "persistent-loss",
+    );
+    let found = f.condition(NQN, &dev).await.unwrap().unwrap();
+    assert_eq!(found.reason, super::reasons::ControllerDown);
 }
 
 /// A connection's options carry the keys in the one write to
