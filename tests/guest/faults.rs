@@ -856,12 +856,12 @@ async fn guest_a_filesystem_with_io_errors_is_not_handed_to_a_pod() {
 /// while a file of this process on a cut NFS server has data to write, a
 /// new child of this process would hang at its exec (closing its copy of
 /// that file flushes it to the server).
-struct Cut(std::process::Child);
+pub(crate) struct Cut(std::process::Child);
 
 impl Cut {
     const TABLE: &'static str = "ferrovol_cut";
 
-    fn new(rules: &[String]) -> Cut {
+    pub(crate) fn new(rules: &[String]) -> Cut {
         let script = format!(
             "table inet {} {{\n  chain out {{\n    type filter hook output priority 0; policy accept;\n    {}\n  }}\n}}\n",
             Self::TABLE,

@@ -319,3 +319,93 @@ async fn guest_nvmf_group_snapshots_of_volumes_being_written() {
         "controllers left"
     );
 }
+
+/// The whole target cut under a staged raw block volume (its port's
+/// packets dropped), with the class's reconnect settings (`ctrlLossTmo`
+/// 60, `reconnectDelay` 1, `fastIoFailTmo` 3, carried to the node in the
+/// volume context): a write fails within seconds, not the node's two
+/// minutes, and the volume's condition is abnormal meanwhile; the cut
+/// lifted within `ctrlLossTmo`, the controller connects again by itself
+/// and writes land, with no restage.
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_nvmf_target_cut_follows_the_class_reconnect_settings() {
+    require_guest();
+    let nvmet = NvmetPort::new("nqn.2026-12.io.ferrovol.cut");
+    let h = Harness::start_with(Some(&nvmet.file_store_config())).await;
+    let mut req = create_req("pvc-cut", 16 * MIB, block_cap(SNW));
+    for (k, v) in [
+        ("ctrlLossTmo", "60"),
+        ("reconnectDelay", "1"),
+        ("fastIoFailTmo", "3"),
+    ] {
+        req.parameters.insert(k.into(), v.into());
+    }
+    let vol = h.provision_attached(req).await;
+    write_synced(&vol.target, 0).unwrap();
+    let condition = || async {
+        h.node()
+            .node_get_volume_stats(pb::NodeGetVolumeStatsRequest {
+                volume_id: vol.id.clone(),
+                volume_path: vol.target.display().to_string(),
+                staging_target_path: vol.staging.display().to_string(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .volume_condition
+            .unwrap()
+    };
+    assert!(!condition().await.abnormal);
+
+    let port = nvmet.port;
+    let cut = super::faults::Cut::new(&[
+        format!("tcp dport {port} drop"),
+        format!("tcp sport {port} drop"),
+    ]);
+    // A write in a thread of its own: it fails once the controller has
+    // lost its connection (keep-alive) and fastIoFailTmo has run out.
+    let start = std::time::Instant::now();
+    let target = vol.target.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut n = 0;
+        let r = loop {
+            if let Err(e) = write_synced(&target, (n % 64) * 65536) {
+                break e;
+            }
+            n += 1;
+        };
+        let _ = tx.send(r);
+    });
+    let e = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("a write under the cut did not fail within 60 s");
+    let failed_after = start.elapsed();
+    eprintln!("the writes failed {failed_after:?} after the cut: {e}");
+    // Well inside the node's default of 120 s: the class's 3 s, after the
+    // keep-alive (5 s) saw the connection gone.
+    assert!(failed_after < Duration::from_secs(45), "{failed_after:?}");
+    let down = condition().await;
+    assert!(down.abnormal, "{down:?}");
+    assert!(down.message.contains("down"), "{down:?}");
+
+    drop(cut);
+    wait_for(
+        "the controller to connect again and a write to land",
+        Duration::from_secs(45),
+        || write_synced(&vol.target, 0).is_ok(),
+    );
+    let mut normal = false;
+    for _ in 0..40 {
+        if !condition().await.abnormal {
+            normal = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(normal, "{:?}", condition().await);
+    h.teardown(&vol).await;
+    assert!(nvmet.controllers().is_empty(), "{:?}", nvmet.controllers());
+    assert!(nvmet.subsystems().is_empty(), "{:?}", nvmet.subsystems());
+}
