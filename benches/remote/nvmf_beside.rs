@@ -3,7 +3,7 @@
 //! controller calls (CreateVolume, ControllerPublish, ControllerUnpublish,
 //! DeleteVolume), its node's stage and unstage (ext4), and the data path:
 //! fio, 4 KiB random reads and random writes (direct I/O, 16 in flight)
-//! on a file in the staged filesystem. NVMe/TCP needs the kernel's nvmet
+//! on a file in the volume's filesystem. NVMe/TCP needs the kernel's nvmet
 //! and nvme_tcp, so it runs in the real-kernel guest only:
 //!
 //!     cargo bench --bench remote --no-run
@@ -109,12 +109,13 @@ pub async fn nvmf_beside_iscsi(n: usize, rounds: usize, fio_secs: u64) {
         ));
     }
 
-    // The data path: one volume each, staged; each pattern twice a side.
+    // The data path: one volume each, staged and published; each pattern
+    // twice a side.
     let mut staged = Vec::new();
     for b in backends {
-        let name = format!("fio-{b}");
-        let (id, staging) = stage_one(&h, b, &name, &cap).await;
-        staged.push((id, staging));
+        let mut req = create_req(&format!("fio-{b}"), SIZE, cap.clone());
+        req.parameters.insert("backend".into(), b.into());
+        staged.push(h.provision_attached(req).await);
     }
     println!("\nnvmf beside iscsi: fio, 4 KiB, direct, 16 in flight, {fio_secs} s a run");
     for pattern in ["randread", "randwrite"] {
@@ -123,7 +124,7 @@ pub async fn nvmf_beside_iscsi(n: usize, rounds: usize, fio_secs: u64) {
         for turn in 0..4 {
             let side = turn % 2;
             let side = if turn / 2 == 0 { side } else { 1 - side };
-            let (i, lat) = fio(&staged[side].1, pattern, fio_secs);
+            let (i, lat) = fio(&staged[side].target, pattern, fio_secs);
             iops[side].push(i);
             p99[side].push(lat);
         }
@@ -155,13 +156,8 @@ pub async fn nvmf_beside_iscsi(n: usize, rounds: usize, fio_secs: u64) {
             Value::one(theirs_p99),
         ));
     }
-    for (id, staging) in &staged {
-        h.node()
-            .node_unstage_volume(unstage_req(id, staging))
-            .await
-            .expect("NodeUnstageVolume");
-        h.detach_here(id).await;
-        h.delete_volume(id).await;
+    for vol in &staged {
+        h.teardown(vol).await;
     }
     assert!(h.mounts().is_empty(), "{:?}", h.mounts());
     assert!(nvmet.controllers().is_empty(), "the bench left controllers");
@@ -225,29 +221,6 @@ async fn one_round(
         h.delete_volume(id).await;
         steps.delete.push(t.elapsed());
     }
-}
-
-/// A volume of `backend` made, granted to this node and staged.
-async fn stage_one(
-    h: &Harness,
-    backend: &str,
-    name: &str,
-    cap: &pb::VolumeCapability,
-) -> (String, std::path::PathBuf) {
-    let mut req = create_req(name, SIZE, cap.clone());
-    req.parameters.insert("backend".into(), backend.into());
-    let id = h.create(req).await.volume_id;
-    let ctx = h.attach_here(&id, cap, &HashMap::new()).await;
-    let staging = h.path(&format!("kubelet/staging/{name}"));
-    std::fs::create_dir_all(&staging).unwrap();
-    h.node()
-        .node_stage_volume(pb::NodeStageVolumeRequest {
-            publish_context: ctx,
-            ..stage_req(&id, &staging, cap.clone())
-        })
-        .await
-        .expect("NodeStageVolume");
-    (id, staging)
 }
 
 /// One fio run in `dir`: its IOPS and its p99 completion latency (ms).

@@ -1,5 +1,5 @@
 //! Raw block volumes and changed block tracking across backends: helpers
-//! the backends' files share, and the file and iscsi backup test.
+//! the backends' files share, and the file, iscsi and nvmf backup test.
 
 use super::*;
 
@@ -228,7 +228,7 @@ where
 /// 4 KiB, the delta only the blocks whose bytes changed.
 #[tokio::test]
 #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
-async fn guest_file_and_iscsi_changed_blocks() {
+async fn guest_file_iscsi_and_nvmf_changed_blocks() {
     require_guest();
     let tgtd = Tgtd::new();
     let _iscsid = Iscsid::new();

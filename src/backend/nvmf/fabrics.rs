@@ -163,7 +163,6 @@ impl Controller {
 /// The ANA state of the first path device (`nvme<S>c<C>n<N>`) in a
 /// controller's folder that has one.
 fn ana_of(dir: &Path) -> Option<String> {
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
         .ok()?
         .flatten()
@@ -198,10 +197,14 @@ fn portal_of(address: &str) -> Option<String> {
 /// Whether a name is a namespace's multipath head, `nvme<S>n<N>` (not a
 /// path's `nvme<S>c<C>n<N>`, nor a controller or a generic `ng` device).
 fn is_head(name: &str) -> bool {
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     name.strip_prefix("nvme")
         .and_then(|r| r.split_once('n'))
         .is_some_and(|(s, n)| digits(s) && digits(n))
+}
+
+/// Whether `s` is one or more decimal digits (a device name's numbers).
+fn digits(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())
 }
 
 fn read(path: &Path) -> Option<String> {
