@@ -1448,8 +1448,11 @@ pub struct NvmetPort {
     pub dir: tempfile::TempDir,
     /// The address its port listens on.
     pub addr: &'static str,
+    /// nvmet's id of its first port; its second's is the next.
     pub id: u16,
     pub port: u16,
+    /// The TCP port of its second portal ([`NvmetPort::two_portal_config`]).
+    pub port2: u16,
     pub prefix: String,
     pub host_nqn: String,
     pub host_id: String,
@@ -1469,9 +1472,9 @@ impl NvmetPort {
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let pid = std::process::id();
-        // Ids 10000 and up: the nvmf test's own (4420, 4421) and an
-        // operator's stay clear.
-        let id = 10_000 + ((pid % 5000) * 8 + n % 8) as u16;
+        // Ids 10000 and up, two for each fixture: the nvmf test's own
+        // (4420, 4421) and an operator's stay clear.
+        let id = 10_000 + ((pid % 2500) * 16 + (n % 8) * 2) as u16;
         let host_id = format!("{pid:08x}-0000-4000-8000-{n:012x}");
         let host_nqn = format!("nqn.2014-08.org.nvmexpress:uuid:{host_id}");
         let dir = tempfile::tempdir().unwrap();
@@ -1481,11 +1484,18 @@ impl NvmetPort {
             Path::new(NVMET).is_dir(),
             "{NVMET}: nvmet is not loaded (the guest loads it)"
         );
+        let port = super::free_port();
         NvmetPort {
             dir,
             addr,
             id,
-            port: super::free_port(),
+            port,
+            port2: loop {
+                match super::free_port() {
+                    p if p == port => continue,
+                    p => break p,
+                }
+            },
             prefix: prefix.to_string(),
             host_nqn,
             host_id,
@@ -1508,12 +1518,26 @@ impl NvmetPort {
     /// store in the test's folder (`@DIR@/nvmf-pool`), its subsystems
     /// named under the prefix.
     pub fn file_store_config(&self) -> String {
+        self.config_over(&format!("\"{}\"", self.portal()))
+    }
+
+    /// [`NvmetPort::file_store_config`] over both its portals (native
+    /// multipath: a controller through each).
+    pub fn two_portal_config(&self) -> String {
+        self.config_over(&format!(
+            "\"{}\", \"{}:{}\"",
+            self.portal(),
+            self.addr,
+            self.port2
+        ))
+    }
+
+    fn config_over(&self, portals: &str) -> String {
         format!(
-            "[[backend]]\ntype = \"nvmf\"\nnqn_prefix = \"{}\"\nportals = [\"{}\"]\n\
+            "[[backend]]\ntype = \"nvmf\"\nnqn_prefix = \"{}\"\nportals = [{portals}]\n\
              first_port_id = {}\nhost_nqn_file = \"{}\"\nhost_id_file = \"{}\"\n\
              connect_timeout = 20\n[backend.store]\ntype = \"file\"\npool = \"@DIR@/nvmf-pool\"\n",
             self.prefix,
-            self.portal(),
             self.id,
             self.dir.path().join("hostnqn").display(),
             self.dir.path().join("hostid").display(),
@@ -1542,6 +1566,21 @@ impl NvmetPort {
         found
     }
 
+    /// Nothing of the fixture's left: no controller of this node, no
+    /// subsystem.
+    pub fn assert_clean(&self) {
+        assert!(
+            self.controllers().is_empty(),
+            "controllers left: {:?}",
+            self.controllers()
+        );
+        assert!(
+            self.subsystems().is_empty(),
+            "subsystems left: {:?}",
+            self.subsystems()
+        );
+    }
+
     /// The fixture's subsystems nvmet has.
     pub fn subsystems(&self) -> Vec<String> {
         std::fs::read_dir(Path::new(NVMET).join("subsystems"))
@@ -1560,37 +1599,45 @@ impl Drop for NvmetPort {
             let _ = std::fs::write(format!("/sys/class/nvme/{c}/delete_controller"), "1");
         }
         let root = Path::new(NVMET);
-        let ports: Vec<PathBuf> = std::fs::read_dir(root.join("ports"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path())
-            .collect();
         for nqn in self.subsystems() {
-            let sub = root.join("subsystems").join(&nqn);
-            for p in &ports {
-                let _ = std::fs::remove_file(p.join("subsystems").join(&nqn));
-            }
-            for h in std::fs::read_dir(sub.join("allowed_hosts"))
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                let _ = std::fs::remove_file(h.path());
-            }
-            for ns in std::fs::read_dir(sub.join("namespaces"))
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                let _ = std::fs::write(ns.path().join("enable"), "0");
-                let _ = std::fs::remove_dir(ns.path());
-            }
-            let _ = std::fs::remove_dir(&sub);
+            remove_subsystem(&nqn);
         }
-        let _ = std::fs::remove_dir(root.join("ports").join(self.id.to_string()));
+        for id in [self.id, self.id + 1] {
+            let _ = std::fs::remove_dir(root.join("ports").join(id.to_string()));
+        }
         let _ = std::fs::remove_dir(root.join("hosts").join(&self.host_nqn));
     }
+}
+
+/// Removes subsystem `nqn` from nvmet whatever uses it: off every port
+/// (the kernel drops its controllers there), its hosts, its namespaces
+/// disabled and removed, then the subsystem.
+pub fn remove_subsystem(nqn: &str) {
+    let root = Path::new(NVMET);
+    let sub = root.join("subsystems").join(nqn);
+    for p in std::fs::read_dir(root.join("ports"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let _ = std::fs::remove_file(p.path().join("subsystems").join(nqn));
+    }
+    for h in std::fs::read_dir(sub.join("allowed_hosts"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let _ = std::fs::remove_file(h.path());
+    }
+    for ns in std::fs::read_dir(sub.join("namespaces"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let _ = std::fs::write(ns.path().join("enable"), "0");
+        let _ = std::fs::remove_dir(ns.path());
+    }
+    let _ = std::fs::remove_dir(&sub);
 }
 
 /// open-iscsi's daemon, for the node side of the iscsi backend.

@@ -644,6 +644,66 @@ impl Harness {
         serde_json::from_slice(&out.stdout).unwrap()
     }
 
+    /// The condition NodeGetVolumeStats gives a volume [`Harness::provision`]
+    /// made.
+    pub async fn condition(&self, vol: &Published) -> pb::VolumeCondition {
+        self.node()
+            .node_get_volume_stats(pb::NodeGetVolumeStatsRequest {
+                volume_id: vol.id.clone(),
+                volume_path: vol.target.display().to_string(),
+                staging_target_path: vol.staging.display().to_string(),
+            })
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "stats of {}: {e:?}
+{}",
+                    vol.id,
+                    self.log()
+                )
+            })
+            .into_inner()
+            .volume_condition
+            .expect("a volume condition")
+    }
+
+    /// Asks [`Harness::condition`] every 250 ms until it is abnormal (or,
+    /// `abnormal` false, normal), for up to `limit`; the condition then,
+    /// or `None` when it never became so.
+    pub async fn condition_becomes(
+        &self,
+        vol: &Published,
+        abnormal: bool,
+        limit: Duration,
+    ) -> Option<pb::VolumeCondition> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let c = self.condition(vol).await;
+            if c.abnormal == abnormal {
+                return Some(c);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Modifies a volume's mutable parameters to `pairs`.
+    pub async fn modify(&self, id: &str, pairs: &[(&str, &str)]) -> Result<(), tonic::Status> {
+        self.controller()
+            .controller_modify_volume(pb::ControllerModifyVolumeRequest {
+                volume_id: id.to_string(),
+                mutable_parameters: pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                ..Default::default()
+            })
+            .await
+            .map(drop)
+    }
+
     /// [`Harness::provision`] of a request of the caller's (parameters, a
     /// content source), with its first capability.
     pub async fn provision_req(&self, req: pb::CreateVolumeRequest) -> Published {

@@ -246,12 +246,14 @@ const INACCESSIBLE: i32 = pb::VolumeHealthErrorType::Inaccessible as i32;
 const DATA_LOSS: i32 = pb::VolumeHealthErrorType::DataLoss as i32;
 
 /// Every backend on one driver (its config names each by its type), on
-/// servers of the test's own: a volume group `fv<tag>`, a tgtd, an nfs
-/// server, the shared Ceph cluster; with how the cycles drive each.
+/// servers of the test's own: a volume group `fv<tag>`, a tgtd, an nvmet
+/// port, an nfs server, the shared Ceph cluster; with how the cycles
+/// drive each.
 struct Every {
     h: Harness,
-    unders: [Under; 5],
+    unders: [Under; 6],
     tgtd: Tgtd,
+    nvmet: NvmetPort,
     server: NfsServer,
     cluster: &'static CephCluster,
     _iscsid: Iscsid,
@@ -276,6 +278,7 @@ async fn every_backend_with(tag: &str, env: &[(&str, &str)]) -> Every {
         ("lvm", false, true, none.clone()),
         ("nfs", false, false, none.clone()),
         ("iscsi", true, true, none.clone()),
+        ("nvmf", true, true, none.clone()),
         ("rbd", true, true, cluster.secrets()),
     ]
     .map(|(backend, attach, block, secrets)| Under {
@@ -288,6 +291,7 @@ async fn every_backend_with(tag: &str, env: &[(&str, &str)]) -> Every {
         h,
         unders,
         tgtd: every.tgtd,
+        nvmet: every.nvmet,
         server: every.nfs.unwrap(),
         cluster,
         _iscsid: every.iscsid,
@@ -347,6 +351,32 @@ fn take_away(b: &Breakers, backend: &str, up: &Up, block: bool) {
                     .output()
                     .is_ok_and(|o| o.status.success())
             });
+        }
+        "nvmf" => {
+            // The subsystem removed from nvmet with the node's controllers
+            // connected (an operator's teardown, a target host rebuilt
+            // without it), then seen by the node: none of its controllers
+            // of it live any more.
+            let nqn = &up.publish_context["nqn"];
+            remove_subsystem(nqn);
+            wait_for(
+                "the node's controllers of the removed subsystem to leave live",
+                Duration::from_secs(30),
+                || {
+                    std::fs::read_dir("/sys/class/nvme")
+                        .into_iter()
+                        .flatten()
+                        .flatten()
+                        .filter(|c| {
+                            std::fs::read_to_string(c.path().join("subsysnqn"))
+                                .is_ok_and(|n| n.trim() == nqn)
+                        })
+                        .all(|c| {
+                            std::fs::read_to_string(c.path().join("state"))
+                                .map_or(true, |s| s.trim() != "live")
+                        })
+                },
+            );
         }
         "rbd" => {
             let image = up.id.rsplit('.').next().unwrap().to_string();
@@ -465,18 +495,20 @@ async fn drop_volume(h: &Harness, u: &Under, up: &Up) {
 }
 
 /// Storage taken away under a staged, published volume, [`cycles`] times
-/// per backend, the five backends at once on one
+/// per backend, the six backends at once on one
 /// driver, each the way it goes in production: the file backend's image
 /// deleted, the LV's device failed (its table swapped for an error target,
 /// as a dead disk or a forced `dmsetup remove` leaves it), the nfs
 /// volume's directory removed on the server, the iSCSI target deleted in
-/// tgtd with its session logged in, the node's Ceph client fenced
+/// tgtd with its session logged in, the NVMe subsystem removed from nvmet
+/// with the node's controllers connected, the node's Ceph client fenced
 /// (blocklisted). Every other cycle the volume is raw block (nfs: always a
 /// filesystem). Meanwhile NodeGetVolumeHealth says the volume is
 /// inaccessible (the file backend: data loss, its loop device holding the
 /// deleted image's bytes until unstage); then unpublish and unstage
 /// succeed, and after all the cycles nothing is left: no mount, loop
-/// device, device-mapper device, iSCSI session, rbd mapping, and no
+/// device, device-mapper device, iSCSI session, NVMe controller or
+/// subsystem, rbd mapping, and no
 /// mount, umount, iscsiadm or rbd process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
@@ -484,6 +516,7 @@ async fn guest_storage_gone_before_unstage_leaves_nothing() {
     require_guest();
     let every = every_backend("fault").await;
     let (mut h, unders, tgtd, cluster) = (every.h, every.unders, every.tgtd, every.cluster);
+    let nvmet = every.nvmet;
     let server = every.server;
     let b = Breakers {
         pool: h.path("file-pool"),
@@ -542,6 +575,7 @@ async fn guest_storage_gone_before_unstage_leaves_nothing() {
         "rbd mappings: {:?}",
         rbd_mappings()
     );
+    nvmet.assert_clean();
     let procs = running_named(&[
         "mount",
         "mount.nfs",
@@ -553,7 +587,7 @@ async fn guest_storage_gone_before_unstage_leaves_nothing() {
         "blkid",
     ]);
     assert!(procs.is_empty(), "processes left: {procs:?}");
-    println!("{n} cycles on each of five backends at once, in {took:.1?}; nothing left behind");
+    println!("{n} cycles on each of six backends at once, in {took:.1?}; nothing left behind");
     for line in lines {
         println!("{line}");
     }
@@ -943,13 +977,14 @@ async fn driver_into_cgroup(h: &mut Harness) {
     assert_eq!(cgroup.trim(), format!("0::/{DRIVER_CGROUP}"));
 }
 
-/// The rules that make `server` stop answering this node. nfs and iSCSI:
-/// every packet to or from the server's port (they serve no one else).
+/// The rules that make `server` stop answering this node. nfs, iSCSI and
+/// NVMe/TCP: every packet to or from the server's port (they serve no one
+/// else).
 /// Ceph: to the monitor and the OSDs, the packets of the driver's tools
 /// (its cgroup, see [`driver_into_cgroup`]) and of the kernel's client
 /// (sockets no process owns: `meta skuid` matches only a process's); the
 /// daemons go on talking to each other, and the test's ceph CLI to them.
-fn cut_rules(server: &str, tgtd: &Tgtd) -> Vec<String> {
+fn cut_rules(server: &str, tgtd: &Tgtd, nvmet: &NvmetPort) -> Vec<String> {
     let both = |port: u16| {
         vec![
             format!("tcp dport {port} drop"),
@@ -959,6 +994,7 @@ fn cut_rules(server: &str, tgtd: &Tgtd) -> Vec<String> {
     match server {
         "nfs" => both(2049),
         "iscsi" => both(tgtd.port),
+        "nvmf" => both(nvmet.port),
         "rbd" => {
             let ports = ceph_ports()
                 .iter()
@@ -997,7 +1033,7 @@ async fn stats_answered(h: &Harness, up: &Up) -> Result<(), tonic::Status> {
 }
 
 /// A server that stops answering mid-I/O (its packets dropped in the
-/// guest's network namespace), nfs, iSCSI and Ceph in turn, each under a
+/// guest's network namespace), nfs, iSCSI, NVMe/TCP and Ceph in turn, each under a
 /// pod writing to a volume of every backend. While it does not answer:
 /// its pod's writes wait (the cut bites); the stage of another volume of
 /// that server fails at the command deadline (20 s here,
@@ -1035,10 +1071,10 @@ async fn guest_a_server_that_stops_answering_stalls_only_its_own_volumes() {
     ));
     driver_into_cgroup(&mut h).await;
     let mut report = Vec::new();
-    for server in ["nfs", "iscsi", "rbd"] {
+    for server in ["nfs", "iscsi", "nvmf", "rbd"] {
         let u = unders.iter().find(|u| u.backend == server).unwrap();
         let late = made(&h, u, &format!("late-{server}"), false).await;
-        let cut = Cut::new(&cut_rules(server, &every.tgtd));
+        let cut = Cut::new(&cut_rules(server, &every.tgtd, &every.nvmet));
         let cut_at = Instant::now();
         let own = &live.iter().find(|(v, ..)| v.backend == server).unwrap().2;
         // The stage runs out its deadline while the pod's writes are
@@ -1065,7 +1101,17 @@ async fn guest_a_server_that_stops_answering_stalls_only_its_own_volumes() {
         let mut own_said = BTreeSet::new();
         let mut storage_said = BTreeSet::new();
         let mut rounds = 0;
-        while rounds == 0 || !stage.is_finished() {
+        // Until the stage has failed and this node has seen the server
+        // gone (NVMe/TCP: a refused connect fails in seconds, while the
+        // live controller is seen down at its keep-alive), 30 s at most.
+        let seen = |said: &BTreeSet<String>| {
+            said.iter()
+                .any(|s| s.starts_with("STORAGE_UNREACHABLE") && s.contains(&format!("{server}: ")))
+        };
+        while rounds == 0
+            || !stage.is_finished()
+            || (!seen(&storage_said) && cut_at.elapsed() < Duration::from_secs(30))
+        {
             rounds += 1;
             let (_, own_up, _) = live.iter().find(|(v, ..)| v.backend == server).unwrap();
             // Each call timed on its own: a call held up by the cut
@@ -1198,9 +1244,7 @@ async fn guest_a_server_that_stops_answering_stalls_only_its_own_volumes() {
         );
         // This node cannot reach the server, NodeGetStorageHealth said.
         assert!(
-            storage_said
-                .iter()
-                .any(|s| s.starts_with("STORAGE_UNREACHABLE") && s.contains(&format!("{server}: "))),
+            seen(&storage_said),
             "{server} cut: NodeGetStorageHealth said {storage_said:?}"
         );
         // The helper the stage ran, killed at the deadline, is gone (a
@@ -1209,6 +1253,7 @@ async fn guest_a_server_that_stops_answering_stalls_only_its_own_volumes() {
         let helpers: &[&str] = match server {
             "nfs" => &["mount.nfs", "mount"],
             "iscsi" => &["iscsiadm", "mount"],
+            "nvmf" => &["mount"],
             _ => &["rbd", "ceph", "mount"],
         };
         let until = Instant::now() + deadline + Duration::from_secs(5);
@@ -1286,6 +1331,7 @@ async fn guest_a_server_that_stops_answering_stalls_only_its_own_volumes() {
         "iSCSI sessions: {sessions:?}"
     );
     assert!(rbd_mappings().is_empty(), "{:?}", rbd_mappings());
+    every.nvmet.assert_clean();
     let procs = running_named(&[
         "mount",
         "mount.nfs",

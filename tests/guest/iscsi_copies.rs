@@ -244,16 +244,9 @@ pub(crate) async fn iscsi_tear_down(
     h.delete_volume(id).await;
 }
 
-/// A single snapshot of an iSCSI volume in use, on a file store: the
-/// controller holds the initiator's writes at the volume's hold device
-/// around the store's copy, so the snapshot is one instant of the device.
-/// Two files of the volume are written in an interleaved pattern (each
-/// write synced) while it is taken; each restore (its journal replayed at
-/// the mount) holds a pair some instant held, and its filesystem, once
-/// unmounted, passes `e2fsck -fn`. Killed at `iscsi.held` (the
-/// hold suspended, no copy yet), the driver leaves the writes waiting;
-/// the next start resumes the hold and the writes go on, and the CO's
-/// retry of the same snapshot succeeds. No hold is left suspended.
+/// A single snapshot of an iSCSI volume in use, on a file store
+/// ([`snapshot_of_a_volume_in_use_is_held`]; nvmf's in
+/// `tests/guest/nvmf.rs`).
 #[tokio::test]
 #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
 async fn guest_iscsi_snapshot_of_a_volume_in_use_is_held() {
@@ -261,7 +254,27 @@ async fn guest_iscsi_snapshot_of_a_volume_in_use_is_held() {
     let tgtd = Tgtd::new();
     let _iscsid = Iscsid::new();
     let config = tgtd.file_store_config("iqn.2026-11.io.ferrovol.held");
-    let mut h = Harness::start_with(Some(&config)).await;
+    snapshot_of_a_volume_in_use_is_held(&config, "iscsi.held", "pool").await;
+}
+
+/// A single snapshot of an exported volume in use, on a file store (the
+/// one backend `config` names, its pool `pool` under the test's folder,
+/// killed at `kill_point`): the
+/// controller holds the host's writes at the volume's hold device
+/// around the store's copy, so the snapshot is one instant of the device.
+/// Two files of the volume are written in an interleaved pattern (each
+/// write synced) while it is taken; each restore (its journal replayed at
+/// the mount) holds a pair some instant held, and its filesystem, once
+/// unmounted, passes `e2fsck -fn`. Killed at its `held` point (the
+/// hold suspended, no copy yet), the driver leaves the writes waiting;
+/// the next start resumes the hold and the writes go on, and the CO's
+/// retry of the same snapshot succeeds. No hold is left suspended.
+pub(crate) async fn snapshot_of_a_volume_in_use_is_held(
+    config: &str,
+    kill_point: &str,
+    pool: &str,
+) {
+    let mut h = Harness::start_with(Some(config)).await;
     let node_id = h.node_id().await;
     let cap = mount_cap("ext4", SNW);
     let (a, a_dir) = iscsi_bring_up(&h, "held-src", None, &cap).await;
@@ -281,7 +294,7 @@ async fn guest_iscsi_snapshot_of_a_volume_in_use_is_held() {
     };
     assert_eq!(suspended(), 0);
     // Killed while the hold is suspended: the writes wait for the start.
-    h.env = vec![("FERROVOL_KILL_AT".into(), "iscsi.held".into())];
+    h.env = vec![("FERROVOL_KILL_AT".into(), kill_point.into())];
     h.kill();
     h.spawn().await;
     let died = h
@@ -296,7 +309,7 @@ async fn guest_iscsi_snapshot_of_a_volume_in_use_is_held() {
     h.kill();
     h.env.clear();
     let killed = std::time::Instant::now();
-    assert_eq!(suspended(), 1, "the hold was not suspended at iscsi.held");
+    assert_eq!(suspended(), 1, "the hold was not suspended at {kill_point}");
     let stalled = read_seq(&p);
     std::thread::sleep(Duration::from_millis(1000));
     assert!(
@@ -309,7 +322,7 @@ async fn guest_iscsi_snapshot_of_a_volume_in_use_is_held() {
         read_seq(&p) > stalled + 2
     });
     eprintln!(
-        "iscsi.held: the writes waited {} ms, {} ms of them after the driver was started",
+        "{kill_point}: the writes waited {} ms, {} ms of them after the driver was started",
         killed.elapsed().as_millis(),
         starting.elapsed().as_millis()
     );
@@ -331,7 +344,7 @@ async fn guest_iscsi_snapshot_of_a_volume_in_use_is_held() {
             .node_unstage_volume(unstage_req(&r, &r_dir))
             .await
             .unwrap();
-        let image = h.path(&format!("pool/volumes/held-r{i}.img"));
+        let image = h.path(&format!("{pool}/volumes/held-r{i}.img"));
         run("e2fsck", &["-fn", image.to_str().unwrap()]);
         h.detach_here(&r).await;
         h.delete_volume(&r).await;

@@ -5,8 +5,9 @@
 //! finished by the next), granted, connected over both
 //! (native multipath, one device), grown under writes, refused without its
 //! DH-HMAC-CHAP key, a path cut and back, a path the target makes ANA
-//! inaccessible and optimized again, a fenced host's writes failing,
-//! and nothing left behind.
+//! inaccessible and optimized again, a fenced host's writes failing, a
+//! host's entry and keys removed once no subsystem allows it, and nothing
+//! left behind.
 
 use super::*;
 use ferrovol::backend::export::initiator::{Connection, Initiator};
@@ -15,6 +16,7 @@ use ferrovol::backend::nvmf::fabrics::{Fabrics, Reconnect};
 use ferrovol::backend::nvmf::nvmet::{Nvmet, Port};
 use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 const NQN: &str = "nqn.2026-12.io.ferrovol.guest:pvc-1";
 const PREFIX: &str = "nqn.2026-12.io.ferrovol.guest";
@@ -266,6 +268,24 @@ async fn guest_nvmf_target_and_initiator_serve_grow_authenticate_and_fence() {
     let dev = host.attach(&to(Some(&key), Some(&ctrl))).await.unwrap();
     write_synced(&dev, 0).unwrap();
 
+    // A host's entry (its keys on it) is forgotten only once no subsystem
+    // allows it: not while this one does, nor while one that is not the
+    // driver's does.
+    let entry = PathBuf::from(format!("{NVMET}/hosts/{HOST}"));
+    assert!(!target.forget_host(HOST).await.unwrap());
+    assert!(entry.join("dhchap_key").exists());
+    let foreign = PathBuf::from(format!("{NVMET}/subsystems/nqn.2026-12.org.example:theirs"));
+    std::fs::create_dir(&foreign).unwrap();
+    std::os::unix::fs::symlink(&entry, foreign.join("allowed_hosts").join(HOST)).unwrap();
+    target.revoke(NQN, HOST).await.unwrap();
+    assert!(!target.forget_host(HOST).await.unwrap());
+    assert!(entry.is_dir());
+    std::fs::remove_file(foreign.join("allowed_hosts").join(HOST)).unwrap();
+    std::fs::remove_dir(&foreign).unwrap();
+    assert!(target.forget_host(HOST).await.unwrap());
+    assert!(!entry.exists());
+    assert!(!target.forget_host(HOST).await.unwrap());
+
     // Let go and removed: nothing left on either side.
     host.detach(NQN).await.unwrap();
     assert!(host.controllers().is_empty());
@@ -343,20 +363,7 @@ async fn guest_nvmf_target_cut_follows_the_class_reconnect_settings() {
     }
     let vol = h.provision_attached(req).await;
     write_synced(&vol.target, 0).unwrap();
-    let condition = || async {
-        h.node()
-            .node_get_volume_stats(pb::NodeGetVolumeStatsRequest {
-                volume_id: vol.id.clone(),
-                volume_path: vol.target.display().to_string(),
-                staging_target_path: vol.staging.display().to_string(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .volume_condition
-            .unwrap()
-    };
-    assert!(!condition().await.abnormal);
+    assert!(!h.condition(&vol).await.abnormal);
 
     let port = nvmet.port;
     let cut = super::faults::Cut::new(&[
@@ -386,7 +393,7 @@ async fn guest_nvmf_target_cut_follows_the_class_reconnect_settings() {
     // Well inside the node's default of 120 s: the class's 3 s, after the
     // keep-alive (5 s) saw the connection gone.
     assert!(failed_after < Duration::from_secs(45), "{failed_after:?}");
-    let down = condition().await;
+    let down = h.condition(&vol).await;
     assert!(down.abnormal, "{down:?}");
     assert!(down.message.contains("down"), "{down:?}");
 
@@ -396,16 +403,156 @@ async fn guest_nvmf_target_cut_follows_the_class_reconnect_settings() {
         Duration::from_secs(45),
         || write_synced(&vol.target, 0).is_ok(),
     );
-    let mut normal = false;
-    for _ in 0..40 {
-        if !condition().await.abnormal {
-            normal = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    assert!(normal, "{:?}", condition().await);
+    let normal = h
+        .condition_becomes(&vol, false, Duration::from_secs(10))
+        .await;
+    assert!(normal.is_some(), "{:?}", h.condition(&vol).await);
     h.teardown(&vol).await;
-    assert!(nvmet.controllers().is_empty(), "{:?}", nvmet.controllers());
+    nvmet.assert_clean();
+}
+
+/// A volume staged over two portals through the driver (native
+/// multipath: a controller through each, one device), one portal's
+/// packets dropped while a writer's synced writes go on: they go on
+/// through the other path with no error, and the volume's condition
+/// names the cut path as down; the cut lifted, the path connects again by
+/// itself and the condition is normal, with no restage; nothing is left.
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_nvmf_a_path_cut_under_writes_leaves_the_other_path_carrying_them() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    require_guest();
+    let nvmet = NvmetPort::new("nqn.2026-12.io.ferrovol.paths");
+    let h = Harness::start_with(Some(&nvmet.two_portal_config())).await;
+    let vol = h
+        .provision_attached(create_req("pvc-paths", 16 * MIB, block_cap(SNW)))
+        .await;
+    assert_eq!(nvmet.controllers().len(), 2, "{:?}", nvmet.controllers());
+    assert!(!h.condition(&vol).await.abnormal);
+
+    // The writer: synced 64 KiB writes until told to stop, counted; the
+    // first error stops it and is kept.
+    let written = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (target, written, stop) = (vol.target.clone(), written.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let n = written.load(Ordering::Relaxed);
+                write_synced(&target, (n % 64) * 65536)?;
+                written.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<(), std::io::Error>(())
+        })
+    };
+    let progress = |what: &str| {
+        let from = written.load(Ordering::Relaxed);
+        wait_for(what, Duration::from_secs(60), || {
+            assert!(!writer.is_finished(), "the writer stopped: {what}");
+            written.load(Ordering::Relaxed) >= from + 20
+        });
+    };
+    progress("writes over both paths");
+
+    let port = nvmet.port2;
+    let cut = super::faults::Cut::new(&[
+        format!("tcp dport {port} drop"),
+        format!("tcp sport {port} drop"),
+    ]);
+    // The cut path is seen down (its keep-alive fails), and named.
+    let down = h
+        .condition_becomes(&vol, true, Duration::from_secs(60))
+        .await
+        .expect("the cut path was not seen down within 60 s");
+    eprintln!("under the cut: {down:?}");
+    assert!(down.message.contains(&format!(":{port}")), "{down:?}");
+    assert!(down.message.contains("is down"), "{down:?}");
+    progress("writes through the path left");
+
+    drop(cut);
+    let normal = h
+        .condition_becomes(&vol, false, Duration::from_secs(60))
+        .await;
+    assert!(
+        normal.is_some(),
+        "the path did not come back: {:?}",
+        h.condition(&vol).await
+    );
+    assert_eq!(nvmet.controllers().len(), 2, "{:?}", nvmet.controllers());
+    progress("writes over both paths again");
+    stop.store(true, Ordering::Relaxed);
+    writer
+        .join()
+        .unwrap()
+        .expect("a write failed while one path was left");
+    eprintln!(
+        "{} synced writes, none failed",
+        written.load(Ordering::Relaxed)
+    );
+    h.teardown(&vol).await;
+    nvmet.assert_clean();
+}
+
+/// A single snapshot of an nvmf volume in use, on a file store, as
+/// iscsi's ([`super::iscsi_copies::snapshot_of_a_volume_in_use_is_held`]):
+/// the host's writes held at the hold device around the copy, each
+/// restore one instant and clean; killed at `nvmf.held`, the next start
+/// resumes the hold and the writes go on, and the retry succeeds.
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_nvmf_snapshot_of_a_volume_in_use_is_held() {
+    require_guest();
+    let nvmet = NvmetPort::new("nqn.2026-12.io.ferrovol.held");
+    let config = nvmet.file_store_config();
+    super::iscsi_copies::snapshot_of_a_volume_in_use_is_held(&config, "nvmf.held", "nvmf-pool")
+        .await;
+    nvmet.assert_clean();
+}
+
+/// ControllerModifyVolume on nvmf passes the store's keys on (a file
+/// store's `preallocate`: the namespace's image allocated whole). Killed
+/// at `nvmf.modify.store` (the store changed, nothing after it yet), the
+/// driver is started again and the CO's retry of the same call succeeds,
+/// the change made once; a key the store does not take is refused,
+/// INVALID_ARGUMENT naming it, with nothing changed.
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_nvmf_a_modify_killed_after_the_store_s_change_is_finished_by_its_retry() {
+    require_guest();
+    let nvmet = NvmetPort::new("nqn.2026-12.io.ferrovol.mut");
+    let mut h = Harness::start_with(Some(&nvmet.file_store_config())).await;
+    let id = h
+        .create(create_req("pvc-mut", 16 * MIB, mount_cap("ext4", SNW)))
+        .await
+        .volume_id;
+    let image = h.path("nvmf-pool/volumes/pvc-mut.img");
+    let allocated = || {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&image).unwrap().blocks() * 512
+    };
+    assert!(allocated() < MIB as u64, "{}", allocated());
+    let bad = h
+        .modify(&id, &[("preallocate", "maybe")])
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument, "{bad:?}");
+    assert!(bad.message().contains("preallocate"), "{bad:?}");
+    assert!(allocated() < MIB as u64, "nothing changed: {}", allocated());
+
+    h.env = vec![("FERROVOL_KILL_AT".into(), "nvmf.modify.store".into())];
+    h.kill();
+    h.spawn().await;
+    let died = h.modify(&id, &[("preallocate", "true")]).await;
+    assert!(died.is_err(), "{died:?}");
+    h.kill();
+    h.env.clear();
+    assert_eq!(allocated(), 16 * MIB as u64, "the store's change was made");
+    h.spawn().await;
+    h.modify(&id, &[("preallocate", "true")])
+        .await
+        .unwrap_or_else(|e| panic!("the retry: {e:?}\n{}", h.log()));
+    assert_eq!(allocated(), 16 * MIB as u64);
+    h.delete_volume(&id).await;
     assert!(nvmet.subsystems().is_empty(), "{:?}", nvmet.subsystems());
+    assert!(!image.exists());
 }

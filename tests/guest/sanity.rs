@@ -164,7 +164,8 @@ const DHCHAP_CTRL_KEY: &str = "DHHC-1:00:1KGEBVqg35OOGSvFrckEJApz9mSDEZXhr+nA4DZ
 /// nvmf over the kernel's nvmet on loopback (a file store), plain and with
 /// DH-HMAC-CHAP both ways; every volume made with a reconnect setting of
 /// its class (checked at creation, carried to the node, connected with).
-/// Nothing is left: no controller, no subsystem, and no key in the log.
+/// Nothing is left: no controller, no subsystem, no host entry (where the
+/// keys were), and no key in the log.
 #[tokio::test]
 #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
 async fn guest_sanity_nvmf_plain_and_dhchap() {
@@ -200,6 +201,12 @@ async fn guest_sanity_nvmf_plain_and_dhchap() {
         "controllers left"
     );
     assert_eq!(nvmet.subsystems(), Vec::<String>::new(), "subsystems left");
+    // The node's host entry, where its keys were, went with its last
+    // volume's unpublish.
+    let entry = std::path::Path::new(NVMET)
+        .join("hosts")
+        .join(&nvmet.host_nqn);
+    assert!(!entry.exists(), "{} left", entry.display());
     for key in [DHCHAP_KEY, DHCHAP_CTRL_KEY] {
         assert!(!h.log().contains(&key[10..40]), "a key reached the log");
     }

@@ -1,5 +1,5 @@
-//! Each backend between the two nodes: nfs written from both, iscsi and
-//! rbd moved, shared and fenced.
+//! Each backend between the two nodes: nfs written from both, iscsi, nvmf
+//! and rbd moved, shared and fenced.
 
 use super::scenarios::*;
 use super::*;
@@ -58,11 +58,12 @@ async fn guest_two_nodes_nfs_volume_is_written_from_both() {
     n.delete(&id).await;
 }
 
-/// [`move_block`] and [`move_and_fence`] on iscsi: the detach takes A's
+/// [`move_block`], [`share_block`] and [`move_and_fence`] on iscsi (the
+/// shared volume granted to both initiators at once): the detach takes A's
 /// initiator out of the target's ACL and closes its connections.
 #[tokio::test]
 #[ignore = "needs the two-node guest: run tests/guest/suite"]
-async fn guest_two_nodes_iscsi_moves_fences_and_lets_a_gone_node_go() {
+async fn guest_two_nodes_iscsi_moves_shares_fences_and_lets_a_gone_node_go() {
     require_guest();
     let prefix = "iqn.2026-11.io.ferrovol.two";
     let tgtd = Tgtd::on(MAIN_ADDR);
@@ -98,18 +99,20 @@ async fn guest_two_nodes_iscsi_moves_fences_and_lets_a_gone_node_go() {
     let n = Nodes::new(&h, &a, &backend.secrets).await;
     node_gone(&n, &backend).await;
     move_block(&n, &backend, "pvc-two-iscsi-blk").await;
+    share_block(&n, "pvc-two-iscsi-shared").await;
     move_and_fence(&n, &backend, "pvc-two-iscsi").await;
     let left = tgtd.tgtadm(&["--op", "show", "--mode", "target"]);
     assert!(!left.contains(prefix), "{left}");
 }
 
-/// [`move_block`] and [`move_and_fence`] on nvmf: the detach takes A's
+/// [`move_block`], [`share_block`] and [`move_and_fence`] on nvmf (both
+/// host NQNs allowed on the shared volume's subsystem): the detach takes A's
 /// host NQN out of the subsystem's allowed hosts and the subsystem off its
 /// port and back, which drops A's controller; A, refused when it
 /// connects again, removes it.
 #[tokio::test]
 #[ignore = "needs the two-node guest: run tests/guest/suite"]
-async fn guest_two_nodes_nvmf_moves_fences_and_lets_a_gone_node_go() {
+async fn guest_two_nodes_nvmf_moves_shares_fences_and_lets_a_gone_node_go() {
     require_guest();
     let prefix = "nqn.2026-12.io.ferrovol.two";
     let nvmet = NvmetPort::on(MAIN_ADDR, prefix);
@@ -154,12 +157,13 @@ async fn guest_two_nodes_nvmf_moves_fences_and_lets_a_gone_node_go() {
     let n = Nodes::new(&h, &a, &backend.secrets).await;
     node_gone(&n, &backend).await;
     move_block(&n, &backend, "pvc-two-nvmf-blk").await;
+    share_block(&n, "pvc-two-nvmf-shared").await;
     move_and_fence(&n, &backend, "pvc-two-nvmf").await;
     assert_eq!(nvmet.subsystems(), Vec::<String>::new(), "subsystems left");
     assert_eq!(controllers(), 0, "A's controllers left");
 }
 
-/// [`move_block`] and [`move_and_fence`] on rbd: the detach blocklists the
+/// [`move_block`], [`share_block`] and [`move_and_fence`] on rbd: the detach blocklists the
 /// client A recorded at stage (each mapping has its own), before A's mark
 /// goes.
 #[tokio::test]
@@ -198,7 +202,7 @@ async fn guest_two_nodes_rbd_moves_shares_fences_and_lets_a_gone_node_go() {
     let n = Nodes::new(&h, &a, &backend.secrets).await;
     node_gone(&n, &backend).await;
     move_block(&n, &backend, "pvc-two-rbd-blk").await;
-    share_block(&n).await;
+    share_block(&n, "pvc-two-rbd-shared").await;
     move_and_fence(&n, &backend, "pvc-two-rbd").await;
     let left = cluster.rbd(&["ls", "rbd"]);
     assert!(left.trim().is_empty(), "{left}");

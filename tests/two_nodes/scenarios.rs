@@ -145,13 +145,14 @@ pub(super) async fn move_block(n: &Nodes<'_>, b: &Backend<'_>, name: &str) {
     n.delete(&id).await;
 }
 
-/// An rbd block volume shared by both nodes: MULTI_NODE_MULTI_WRITER
-/// published to both, each reads what the other wrote; then read-only on
-/// both (MULTI_NODE_READER_ONLY), where writes fail on both.
-pub(super) async fn share_block(n: &Nodes<'_>) {
+/// A block volume shared by both nodes: MULTI_NODE_MULTI_WRITER
+/// published to both, each reads what the other wrote, and B goes on
+/// writing once A is detached; then read-only on both
+/// (MULTI_NODE_READER_ONLY), where writes fail on both.
+pub(super) async fn share_block(n: &Nodes<'_>, name: &str) {
     let (a, node_a, node_b) = (n.a, &n.node_a, &n.node_b);
     let cap = block_cap(MNMW);
-    let id = n.create("pvc-two-shared", 32 * MIB, &cap).await;
+    let id = n.create(name, 32 * MIB, &cap).await;
     let ctx_a = n.attach(&id, node_a, &cap).await;
     let ctx_b = n.attach(&id, node_b, &cap).await;
     let on_a = n.stage_a(&id, "shared", &cap, &ctx_a).await;
@@ -161,9 +162,14 @@ pub(super) async fn share_block(n: &Nodes<'_>) {
     here(&write_block(&b_dev, 1, "from-b"));
     assert_eq!(here(&read_block(&b_dev, 0, 6)), "from-a");
     assert_eq!(a.peer.sh(&read_block(&a_dev, 1, 6)), "from-b");
+    // A lets go while B goes on: B's grant stays, and its I/O too (on
+    // nvmf, across its controllers' reconnect after the subsystem's trip
+    // off its ports).
     n.unstage_a(&id, &on_a).await;
-    n.unstage_b(&id, &on_b).await;
     n.detach(&id, node_a).await;
+    here(&write_block(&b_dev, 2, "b-alone"));
+    assert_eq!(here(&read_block(&b_dev, 2, 7)), "b-alone");
+    n.unstage_b(&id, &on_b).await;
     n.detach(&id, node_b).await;
 
     // Read-only on both: both read, neither writes.

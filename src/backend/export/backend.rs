@@ -161,8 +161,16 @@ impl<P: Protocol> Backend for Exported<P> {
         self.exports.store().get()?.validate_parameters(&theirs)
     }
 
+    /// The single-node modes, and two that nodes share (see
+    /// [`Exports::publish`]): many writers of a raw block device (a
+    /// filesystem's is refused before: `supports`), and many readers.
     fn access_modes(&self) -> Vec<AccessMode> {
-        SINGLE_NODE_MODES.to_vec()
+        let mut modes = SINGLE_NODE_MODES.to_vec();
+        modes.extend([
+            AccessMode::MultiNodeReaderOnly,
+            AccessMode::MultiNodeMultiWriter,
+        ]);
+        modes
     }
 
     async fn storage_findings(&self) -> Vec<StorageFinding> {

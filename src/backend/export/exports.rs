@@ -39,6 +39,18 @@ pub fn name_for(prefix: &str, locator: &str) -> String {
     }
 }
 
+/// The many-node mode a publish's terms (`mode/access/rw`, as
+/// [`ControllerAttach::terms`] writes them) share a volume in, if any:
+/// nodes may hold one volume together only in the same such mode. A
+/// record from before terms were kept has none: single-node.
+pub(super) fn shared_as(terms: &str) -> Option<&'static str> {
+    match terms.split('/').next()? {
+        "multi_node_multi_writer" => Some("multi_node_multi_writer"),
+        "multi_node_reader_only" => Some("multi_node_reader_only"),
+        _ => None,
+    }
+}
+
 /// How often [`Exports::health`] checks that the server still serves
 /// every export.
 const RECONCILE_EVERY: Duration = Duration::from_secs(30);
@@ -80,6 +92,10 @@ pub struct Exports {
     /// for rebuilding exports.
     secrets: Mutex<HashMap<(String, bool), String>>,
     last_reconcile: Mutex<Option<Instant>>,
+    /// Held shared by whatever gives a host credentials and grants
+    /// (publish, a rebuild), alone by [`Exports::forget_hosts`]: a host is
+    /// never forgotten between its credential and its grant.
+    hosts: tokio::sync::RwLock<()>,
     /// Hold devices for exports, where this host has device-mapper.
     pub(super) holds: Option<Holds>,
     pub(super) held: fn(),
@@ -107,6 +123,7 @@ impl Exports {
             volumes: Mutex::new(HashMap::new()),
             secrets: Mutex::new(HashMap::new()),
             last_reconcile: Mutex::new(None),
+            hosts: tokio::sync::RwLock::new(()),
             holds,
             held: setup.held,
         }
@@ -321,6 +338,7 @@ impl Exports {
                 continue;
             };
             if !self.target.serves(&record.export).await? {
+                let _hosts = self.hosts.read().await;
                 self.ensure(&id, &mut record).await?;
                 self.save(&id, &record)?;
             }
@@ -431,9 +449,11 @@ impl Exports {
 
     /// ControllerPublish: grants the volume to `host` (the node `req`
     /// names) with the credentials the call brought, and returns its
-    /// record. Every access mode of an exported volume is single-node: a
-    /// volume published to one node is not published to another (two
-    /// nodes mounting one filesystem corrupt it).
+    /// record. Nodes share a volume only when every publish of it is in
+    /// one many-node mode ([`shared_as`]): all writers of a raw block
+    /// volume, or all read-only. Otherwise a volume published to one node
+    /// is not published to another (two nodes mounting one filesystem
+    /// read-write corrupt it).
     pub async fn publish(
         &self,
         id: &VolumeId,
@@ -445,13 +465,33 @@ impl Exports {
         self.own_volume(id)?;
         let terms = self.terms();
         let _volume = self.lock(id).await;
+        let _hosts = self.hosts.read().await;
         let mut record = self.load(id)?.ok_or_else(|| Error::no_volume(id))?;
-        if let Some(other) = record.hosts.iter().find(|h| *h != host) {
-            return Err(Error::precondition(format!(
-                "volume {id} is published to {} {other} (another node); \
-                 it is used by one node at a time: unpublish it there first",
-                terms.host
-            )));
+        let asked = shared_as(&req.terms());
+        for other in record.hosts.iter().filter(|h| *h != host) {
+            let theirs = record.terms.get(other).and_then(|t| shared_as(t));
+            match (asked, theirs) {
+                (Some(a), Some(t)) if a == t => {}
+                (Some(_), _) | (_, Some(_)) => {
+                    return Err(Error::precondition(format!(
+                        "volume {id} is published to {} {other} (another node) as {}; \
+                         nodes share it only when all publish it in one many-node mode \
+                         (MULTI_NODE_MULTI_WRITER raw block, or MULTI_NODE_READER_ONLY)",
+                        terms.host,
+                        record
+                            .terms
+                            .get(other)
+                            .map_or("single-node", String::as_str),
+                    )));
+                }
+                (None, None) => {
+                    return Err(Error::precondition(format!(
+                        "volume {id} is published to {} {other} (another node); \
+                         it is used by one node at a time: unpublish it there first",
+                        terms.host
+                    )));
+                }
+            }
         }
         if record.hosts.contains(host) {
             check_publish_terms(
@@ -506,7 +546,41 @@ impl Exports {
             record.hosts.remove(h);
             record.terms.remove(h);
         }
-        self.save(id, &record)
+        self.save(id, &record)?;
+        drop(_volume);
+        self.forget_hosts(&gone).await
+    }
+
+    /// Has the server forget each of `hosts` no record of the backend
+    /// names any more (their credentials with them, here too: a host's
+    /// next publish may bring a new key). A record that cannot be read
+    /// counts as naming every host.
+    pub(super) async fn forget_hosts(&self, hosts: &[String]) -> Result<()> {
+        if hosts.is_empty() {
+            return Ok(());
+        }
+        let _alone = self.hosts.write().await;
+        let mut unused: BTreeSet<&String> = hosts.iter().collect();
+        for locator in self.records.locators()? {
+            let Ok(id) = VolumeId::new(&self.name, &locator) else {
+                continue;
+            };
+            match self.load(&id) {
+                Ok(Some(r)) => unused.retain(|h| !r.hosts.contains(*h)),
+                Ok(None) => {}
+                Err(_) => return Ok(()),
+            }
+        }
+        for host in unused {
+            if self.target.forget_host(host).await? {
+                let mut known = self.secrets.locked();
+                known.remove(&(host.clone(), false));
+                known.remove(&(host.clone(), true));
+                tracing::info!(host = %host, "no volume of the backend is published to the {} any more: its entry and credentials are removed from {}",
+                    self.terms().host, self.terms().server);
+            }
+        }
+        Ok(())
     }
 
     /// Takes `hosts` off export `export`'s grants and closes their

@@ -94,6 +94,16 @@ pub trait Target: Send + Sync {
 
     async fn unbind(&self, name: &str, user: &str, outgoing: bool) -> Result<()>;
 
+    /// Removes what the server keeps of `host` beyond its grants (its
+    /// credentials), where nothing on the server grants it anything any
+    /// more; the layer asks once no export of the backend is granted to
+    /// it. Whether the server forgot it (its credentials may then be
+    /// given anew). A server whose credentials are not a host's keeps
+    /// them: the default.
+    async fn forget_host(&self, _host: &str) -> Result<bool> {
+        Ok(false)
+    }
+
     /// Whether the export reports thin provisioning (discards served by
     /// punching holes in its backing). Initiators see a change at their
     /// next rescan or connection.

@@ -10,7 +10,9 @@ use super::{Exports, Setup};
 use crate::error::{Kind, Result};
 use crate::exec::FakeRunner;
 use crate::plugin::health::{Finding, Reason, StorageStatus};
-use crate::plugin::{AttachContext, Attachment, ControllerAttach, Secrets, VolumeId};
+use crate::plugin::{
+    AccessMode, AccessType, AttachContext, Attachment, ControllerAttach, Secrets, VolumeId,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -53,6 +55,7 @@ struct MemTarget {
     exports: Mutex<BTreeMap<String, MemExport>>,
     credentials: Mutex<BTreeMap<String, String>>,
     disconnected: Mutex<Vec<(String, String)>>,
+    forgotten: Mutex<Vec<String>>,
 }
 
 impl MemTarget {
@@ -135,6 +138,11 @@ impl Target for MemTarget {
         self.edit(name, |e| {
             e.bound.retain(|b| b != &(user.to_string(), outgoing))
         })
+    }
+    async fn forget_host(&self, host: &str) -> Result<bool> {
+        self.credentials.lock().unwrap().remove(host);
+        self.forgotten.lock().unwrap().push(host.to_string());
+        Ok(true)
     }
     async fn set_thin_provisioning(&self, _: &str, _: bool) -> Result<()> {
         Err(crate::error::Error::invalid(
@@ -440,4 +448,167 @@ async fn a_node_connects_as_the_context_says_and_reports_paths_in_the_protocol_s
     let found = x.path_findings().await;
     assert_eq!(found[0].status, StorageStatus::Unreachable);
     assert_eq!(found[0].reason, NODE_TERMS.all_down);
+}
+
+/// A publish in a mode of `mode`, on raw block or a filesystem, and
+/// read-only or not.
+fn attach_as(node: &str, mode: AccessMode, block: bool, readonly: bool) -> ControllerAttach {
+    let mut req = attach(node);
+    req.capability.mode = mode;
+    req.readonly = readonly;
+    if !block {
+        req.capability.access = AccessType::Mount {
+            fs_type: "ext4".into(),
+            mount_flags: vec![],
+        };
+    }
+    req
+}
+
+/// Nodes share a volume only in one many-node mode: two writers of a raw
+/// block volume are both granted, and one's unpublish fences it alone; a
+/// single-node publish, another many-node mode, or a record from before
+/// terms were kept keeps a second node out, naming the first.
+#[tokio::test]
+async fn nodes_share_a_volume_only_when_every_publish_is_in_one_many_node_mode() {
+    let f = Fixture::new();
+    let x = f.exports();
+    x.create_volume(&create("pvc-1")).await.unwrap();
+    let id = VolumeId::parse("nv:pvc-1").unwrap();
+    let mnmw = AccessMode::MultiNodeMultiWriter;
+    x.publish(
+        &id,
+        HOST_A,
+        &None,
+        &None,
+        &attach_as("node-a", mnmw, true, false),
+    )
+    .await
+    .unwrap();
+    let record = x
+        .publish(
+            &id,
+            HOST_B,
+            &None,
+            &None,
+            &attach_as("node-b", mnmw, true, false),
+        )
+        .await
+        .unwrap();
+    let both = BTreeSet::from([HOST_A.to_string(), HOST_B.to_string()]);
+    assert_eq!(record.hosts, both);
+    assert_eq!(f.target.export(EXPORT).unwrap().granted, both);
+
+    // Refused while two writers hold it: a single-node publish, and the
+    // read-only many-node mode.
+    const HOST_C: &str = "nqn.2014-08.org.nvmexpress:uuid:c";
+    for (mode, readonly) in [
+        (AccessMode::SingleNodeWriter, false),
+        (AccessMode::MultiNodeReaderOnly, true),
+    ] {
+        let err = x
+            .publish(
+                &id,
+                HOST_C,
+                &None,
+                &None,
+                &attach_as("node-c", mode, true, readonly),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind, Kind::FailedPrecondition, "{mode:?}: {err}");
+        assert!(err.message.contains(&format!("host {HOST_A}")), "{err}");
+        assert!(
+            err.message.contains("multi_node_multi_writer/block/rw"),
+            "{err}"
+        );
+    }
+    assert_eq!(f.target.export(EXPORT).unwrap().granted, both);
+
+    // One writer let go: it alone is fenced; the other stays granted.
+    f.target
+        .edit(EXPORT, |e| {
+            e.connected.extend([HOST_A.into(), HOST_B.into()])
+        })
+        .unwrap();
+    x.unpublish(&id, Some(HOST_A)).await.unwrap();
+    let e = f.target.export(EXPORT).unwrap();
+    assert_eq!(e.granted, BTreeSet::from([HOST_B.to_string()]));
+    assert_eq!(e.connected, [HOST_B.to_string()]);
+    x.unpublish(&id, Some(HOST_B)).await.unwrap();
+
+    // Read-only on both filesystems' nodes.
+    let mnro = AccessMode::MultiNodeReaderOnly;
+    for (host, node) in [(HOST_A, "node-a"), (HOST_B, "node-b")] {
+        x.publish(&id, host, &None, &None, &attach_as(node, mnro, false, true))
+            .await
+            .unwrap();
+    }
+    assert_eq!(f.target.export(EXPORT).unwrap().granted, both);
+    x.unpublish(&id, None).await.unwrap();
+    assert!(f.target.export(EXPORT).unwrap().granted.is_empty());
+
+    // Single-node first: a many-node publish elsewhere is refused too; so
+    // is one beside a record from before terms were kept (its host is
+    // single-node).
+    x.publish(&id, HOST_A, &None, &None, &attach("node-a"))
+        .await
+        .unwrap();
+    let b_shares = attach_as("node-b", mnmw, true, false);
+    let err = x
+        .publish(&id, HOST_B, &None, &None, &b_shares)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, Kind::FailedPrecondition, "{err}");
+    assert!(err.message.contains("single_node_writer/block/rw"), "{err}");
+    let mut old = x.load(&id).unwrap().unwrap();
+    old.terms.clear();
+    x.save(&id, &old).unwrap();
+    let err = x
+        .publish(&id, HOST_B, &None, &None, &b_shares)
+        .await
+        .unwrap_err();
+    assert!(err.message.contains("as single-node"), "{err}");
+}
+
+/// A host is forgotten by the server (its key with it) once no volume of
+/// the backend is published to it: not at the first of its two volumes'
+/// unpublish, but at the second, and at the delete of a volume still
+/// published to it; a forgotten host's next publish may bring a new key.
+#[tokio::test]
+async fn a_host_is_forgotten_with_its_key_once_no_volume_is_published_to_it() {
+    let f = Fixture::new();
+    let x = f.exports();
+    for name in ["pvc-1", "pvc-2"] {
+        x.create_volume(&create(name)).await.unwrap();
+    }
+    let (one, two) = (
+        VolumeId::parse("nv:pvc-1").unwrap(),
+        VolumeId::parse("nv:pvc-2").unwrap(),
+    );
+    for id in [&one, &two] {
+        x.publish(id, HOST_A, &key(), &None, &attach("node-a"))
+            .await
+            .unwrap();
+    }
+    x.unpublish(&one, Some(HOST_A)).await.unwrap();
+    assert!(f.target.forgotten.lock().unwrap().is_empty());
+    assert!(f.target.credentials.lock().unwrap().contains_key(HOST_A));
+    x.unpublish(&two, Some(HOST_A)).await.unwrap();
+    assert_eq!(*f.target.forgotten.lock().unwrap(), [HOST_A.to_string()]);
+    assert!(!f.target.credentials.lock().unwrap().contains_key(HOST_A));
+
+    // A new key for the forgotten host is taken (it was refused while the
+    // old one was in use: see the first test).
+    let rotated = Some((HOST_A.to_string(), "DHHC-1:00:rotated-key:".to_string()));
+    x.publish(&one, HOST_A, &rotated, &None, &attach("node-a"))
+        .await
+        .unwrap();
+    assert_eq!(
+        f.target.credentials.lock().unwrap()[HOST_A],
+        "DHHC-1:00:rotated-key:"
+    );
+    // Deleted while still published to it (its node gone): forgotten.
+    x.delete_volume(&one, &Secrets::default()).await.unwrap();
+    assert_eq!(f.target.forgotten.lock().unwrap().len(), 2);
 }

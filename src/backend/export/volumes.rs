@@ -81,7 +81,12 @@ impl Exports {
             .provisioning()?
             .delete_volume(&store_id, secrets)
             .await?;
-        self.forget(id)
+        self.forget(id)?;
+        drop(_volume);
+        let granted: Vec<String> = record
+            .map(|r| r.hosts.into_iter().collect())
+            .unwrap_or_default();
+        self.forget_hosts(&granted).await
     }
 
     /// NOT_FOUND for a volume without a record of its export.

@@ -368,10 +368,12 @@ impl export::Target for Nvmet {
     }
 
     /// Takes the subsystem off every port and puts it back: the kernel
-    /// drops every controller of the subsystem on a port it leaves. With
-    /// one host allowed at a time (every access mode is single-node), the
-    /// host being fenced is the only one. How many connections it had is
-    /// not known: 0 is returned.
+    /// drops every controller of the subsystem on a port it leaves. Where
+    /// several hosts share the volume (raw block, many writers), the others
+    /// lose their controllers too and connect again by themselves after
+    /// their `reconnect_delay`, their I/O held meanwhile (it fails only
+    /// after `fast_io_fail_tmo`). How many connections the fenced host had
+    /// is not known: 0 is returned.
     async fn disconnect(&self, nqn: &str, host: &str) -> Result<usize> {
         let (dir, links) = (self.subsystem(nqn), self.port_links(nqn));
         if !dir.exists() {
@@ -406,6 +408,32 @@ impl export::Target for Nvmet {
         blocking(what.clone(), move || {
             make(&entry).map_err(io(&what))?;
             set(&entry.join(attr), &key).map_err(io(&what))
+        })
+        .await
+    }
+
+    /// The host's entry (and its keys with it), once no subsystem's
+    /// allowed hosts link it: not this backend's, nor anyone's. An entry a
+    /// subsystem links, the driver's or not, stays as it is.
+    async fn forget_host(&self, host: &str) -> Result<bool> {
+        let (entry, subsystems) = (self.host(host), self.root.join("subsystems"));
+        let host = host.to_string();
+        let what = format!("remove the entry of host {host}");
+        blocking(what.clone(), move || {
+            if !entry.exists() {
+                return Ok(false);
+            }
+            let linked = std::fs::read_dir(&subsystems)
+                .map_err(io(&what))?
+                .flatten()
+                .any(|s| {
+                    std::fs::symlink_metadata(s.path().join("allowed_hosts").join(&host)).is_ok()
+                });
+            if linked {
+                return Ok(false);
+            }
+            unlink(&entry).map_err(io(&what))?;
+            Ok(true)
         })
         .await
     }
