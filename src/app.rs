@@ -105,6 +105,7 @@ pub fn build_with(
     for p in &config.node.allowed_paths {
         crate::config::absolute(p, "node.allowed_paths entry")?;
     }
+    crate::config::absolute(&config.node.cgroup_root, "node.cgroup_root")?;
     let kdf = config.node.kdf()?;
     let registry = Arc::new(build_registry(
         &config,
@@ -131,6 +132,9 @@ pub fn build_with(
         .with_deadlines(Deadlines::default().capped(settings.command_timeout))
         .with_allowed_paths(config.node.allowed_paths.clone())
         .with_kdf(kdf)
+        .with_cgroups(crate::host::iolimit::Cgroups::new(
+            config.node.cgroup_root.clone(),
+        ))
         // The holder is this binary, as the kernel has it even if its
         // file was replaced meanwhile (an upgrade).
         .with_freezer(crate::host::freeze::Freezer::new(

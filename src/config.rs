@@ -49,6 +49,10 @@ pub struct NodeSettings {
     /// Every stage of the volume derives its key again with the cost
     /// fixed at its format.
     pub encryption_kdf_time_ms: u32,
+    /// The cgroup v2 tree kubelet puts its pods' cgroups in, as this
+    /// process sees it (the node plugin mounts the host's there), where
+    /// volumes' I/O limits are set.
+    pub cgroup_root: PathBuf,
 }
 
 impl Default for NodeSettings {
@@ -60,6 +64,7 @@ impl Default for NodeSettings {
             allowed_paths: Vec::new(),
             encryption_kdf_memory_kib: kdf.memory_kib,
             encryption_kdf_time_ms: kdf.time_ms,
+            cgroup_root: "/sys/fs/cgroup".into(),
         }
     }
 }

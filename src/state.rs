@@ -69,6 +69,22 @@ pub struct PublishRecord {
     /// (an LV removed, a LUN deleted, a mapping dropped).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bound: Option<crate::mount::MountId>,
+    /// The I/O limits this publish set in its pod's cgroup, on the device
+    /// its I/O goes to; taken away at unpublish.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limited: Option<Limited>,
+    /// Why the volume's I/O limits could not be set for this publish's
+    /// pod (its cgroup not found): said in the volume's health.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unlimited: Option<String>,
+}
+
+/// I/O limits a publish set in a pod's cgroup.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limited {
+    pub cgroup: PathBuf,
+    pub dev: crate::host::iolimit::Dev,
+    pub limits: crate::host::iolimit::Limits,
 }
 
 /// The records, in memory and on disk under `<state-dir>/node`.
@@ -244,6 +260,8 @@ mod tests {
             readonly: true,
             device: None,
             bound: None,
+            limited: None,
+            unlimited: None,
         };
         state.put_publish(p.clone()).unwrap();
         state
@@ -293,6 +311,8 @@ mod tests {
             readonly: false,
             device: None,
             bound: None,
+            limited: None,
+            unlimited: None,
         };
         fs::write(old.join("0001.json"), serde_json::to_vec(&p).unwrap()).unwrap();
         let state = NodeState::open(dir.path()).unwrap();
@@ -317,6 +337,8 @@ mod tests {
                     readonly: false,
                     device: None,
                     bound: None,
+                    limited: None,
+                    unlimited: None,
                 })
                 .unwrap();
         }

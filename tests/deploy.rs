@@ -160,7 +160,9 @@ fn each_overlay_deploys_the_drivers_its_backends_need() {
             // ones: an attach step (the grant), no per-node capacity.
             assert_eq!(spec["attachRequired"].as_bool(), Some(!local));
             assert_eq!(spec["storageCapacity"].as_bool(), Some(local));
-            assert_eq!(spec["podInfoOnMount"].as_bool(), Some(false));
+            // The pod's UID reaches NodePublish: I/O limits are set in
+            // its cgroup.
+            assert_eq!(spec["podInfoOnMount"].as_bool(), Some(true));
             assert_eq!(spec["fsGroupPolicy"].as_str(), Some("File"));
             // Every backend behind either name mounts with the pod's
             // SELinux label, a mount of its own per volume (proven in the

@@ -19,6 +19,8 @@ mod file;
 mod hardened;
 #[path = "guest/health.rs"]
 mod health;
+#[path = "guest/iolimits.rs"]
+mod iolimits;
 #[path = "guest/iscsi.rs"]
 mod iscsi;
 #[path = "guest/iscsi_copies.rs"]

@@ -35,7 +35,10 @@ pub fn split_parameters(
     let mut own = BTreeMap::new();
     let mut metadata = BTreeMap::new();
     for (k, v) in all {
-        if k == BACKEND_PARAMETER || k == ENCRYPTED_PARAMETER {
+        if k == BACKEND_PARAMETER
+            || k == ENCRYPTED_PARAMETER
+            || crate::host::iolimit::KEYS.contains(&k.as_str())
+        {
             continue;
         }
         if k.starts_with(CO_PREFIX) {
@@ -70,6 +73,37 @@ fn wants_encryption(backend: &dyn Backend, all: &BTreeMap<String, String>) -> Re
         )));
     }
     Ok(on)
+}
+
+/// The I/O limits the parameters set (see [`crate::host::iolimit`]),
+/// checked: a bad value, or a limit for a backend without block devices
+/// (nfs: nothing to limit), is INVALID_ARGUMENT.
+fn io_limits(
+    backend: &dyn Backend,
+    all: &BTreeMap<String, String>,
+    mutable: &BTreeMap<String, String>,
+) -> Result<crate::host::iolimit::Limits> {
+    // A class's, then its claim's VolumeAttributesClass's in their place.
+    let mut given = all.clone();
+    given.extend(mutable.clone());
+    let limits = crate::host::iolimit::Limits::parse(&given)?;
+    if !limits.is_empty() && !backend.capabilities().block {
+        return Err(Error::invalid(format!(
+            "backend {} serves no block devices: its volumes' I/O cannot be limited ({})",
+            backend.name(),
+            crate::host::iolimit::KEYS.join(", ")
+        )));
+    }
+    Ok(limits)
+}
+
+/// Mutable parameters less the I/O limits (the plugin layer's own).
+fn without_limits(mutable: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    mutable
+        .iter()
+        .filter(|(k, _)| !crate::host::iolimit::KEYS.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
 }
 
 /// A validated CreateVolume request.
@@ -311,6 +345,8 @@ impl ControllerOps {
         let (parameters, metadata) = split_parameters(&req.parameters);
         crate::plugin::check_parameters(backend.as_ref(), &parameters)?;
         let encrypted = wants_encryption(backend.as_ref(), &req.parameters)?;
+        let limits = io_limits(backend.as_ref(), &req.parameters, &req.mutable)?;
+        let mutable = without_limits(&req.mutable);
         let caps = backend.capabilities();
         backend.provisioning()?;
         for cap in &req.capabilities {
@@ -333,7 +369,7 @@ impl ControllerOps {
             }
             _ => {}
         }
-        check_mutable(backend.as_ref(), &req.mutable)?;
+        check_mutable(backend.as_ref(), &mutable)?;
         // A volume too small for its filesystem would fail every stage
         // (mkfs refuses it): it is made as large as the filesystem needs,
         // which CSI allows (the answer says the size made).
@@ -391,11 +427,12 @@ impl ControllerOps {
                 crate::host::crypt::LUKS2.to_string(),
             );
         }
+        limits.to_context(&mut volume.context);
         // A retried create applies them again: no change when they hold.
-        if !req.mutable.is_empty() {
+        if !mutable.is_empty() {
             backend
                 .modifying()?
-                .modify_volume(&volume.id, &req.mutable, &request.secrets)
+                .modify_volume(&volume.id, &mutable, &request.secrets)
                 .await?;
         }
         Ok(Placed { volume, topology })
@@ -410,6 +447,16 @@ impl ControllerOps {
         secrets: &Secrets,
     ) -> Result<()> {
         let backend = self.registry.for_volume(id)?.clone();
+        if let Some(key) = changes
+            .keys()
+            .find(|k| crate::host::iolimit::KEYS.contains(&k.as_str()))
+        {
+            return Err(Error::invalid(format!(
+                "mutable parameter {key}: a volume's I/O limits are set when it is made (its \
+                 StorageClass, or the VolumeAttributesClass its claim names then); a change \
+                 on a volume in use does not reach its pods yet, so it is refused"
+            )));
+        }
         check_mutable(backend.as_ref(), changes)?;
         let _guard = self.guard(&[Key::Volume(id.clone())], &[])?;
         if backend

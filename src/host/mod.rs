@@ -11,6 +11,7 @@ mod fake;
 pub mod freeze;
 pub mod fs;
 pub mod hold;
+pub mod iolimit;
 pub mod loopdev;
 pub mod synced;
 mod targets;

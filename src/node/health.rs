@@ -149,6 +149,7 @@ impl NodeOps {
                 )),
             }
         }
+        found.extend(self.limit_findings(id));
         if let Some(p) = publish_path.filter(|p| self.state.publish(p).is_some()) {
             if let Ok(false) = self.mounted_by(&p, until).await {
                 found.push(Finding::inaccessible(

@@ -5,6 +5,7 @@
 
 use crate::host::fs;
 mod health;
+mod iolimit;
 pub mod paths;
 mod publish;
 mod stage;
@@ -109,6 +110,17 @@ pub struct PublishRequest {
     pub capability: VolumeCapability,
     pub readonly: bool,
     pub secrets: Secrets,
+    /// The pod's I/O limits on the volume and its UID (what
+    /// `podInfoOnMount` gives), to find its cgroup.
+    pub io: IoPublish,
+}
+
+/// What a publish limits: the volume's I/O limits (from its context), for
+/// the pod of `pod_uid`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IoPublish {
+    pub limits: crate::host::iolimit::Limits,
+    pub pod_uid: Option<String>,
 }
 
 /// Usage figures for NodeGetVolumeStats.
@@ -183,6 +195,8 @@ pub struct NodeOps {
     health: health::VolumeBook,
     /// What each backend's readiness was when last checked.
     storage: Arc<health::StorageBook>,
+    /// Where the pods' cgroups are, for their volumes' I/O limits.
+    cgroups: crate::host::iolimit::Cgroups,
 }
 
 impl NodeOps {
@@ -209,7 +223,14 @@ impl NodeOps {
             freezer: None,
             health: Default::default(),
             storage: Default::default(),
+            cgroups: Default::default(),
         }
+    }
+
+    /// The same, finding the pods' cgroups under this cgroup v2 root.
+    pub fn with_cgroups(mut self, cgroups: crate::host::iolimit::Cgroups) -> Self {
+        self.cgroups = cgroups;
+        self
     }
 
     /// The same, freezing staged filesystems through `freezer`.

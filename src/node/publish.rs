@@ -57,6 +57,8 @@ impl NodeOps {
             readonly: req.readonly,
             device: None,
             bound: None,
+            limited: None,
+            unlimited: None,
         };
         let fresh = match self.state.publish(&req.target_path) {
             Some(existing) => {
@@ -79,11 +81,20 @@ impl NodeOps {
             }
             AccessType::Mount { mount_flags, .. } => self.mount_bind(&req, &stage, mount_flags)?,
         };
+        // The limits are recorded before they are written (below).
+        if !req.io.limits.is_empty() {
+            match self.io_target(&req, &stage, &record) {
+                Ok(limited) => record.limited = Some(limited),
+                Err(why) => record.unlimited = Some(why),
+            }
+        }
         let bound = self.bind_target(fresh, record.clone(), bind).await;
         if bound.is_err() {
             let _ = self.release_publish_device(&record, &stage).await;
+            return bound;
         }
-        bound
+        self.set_limits(record).await;
+        Ok(())
     }
 
     /// A staged filesystem the kernel found errors in, made read-only or
@@ -162,6 +173,8 @@ impl NodeOps {
         let asked = PublishRecord {
             device: existing.device.clone(),
             bound: existing.bound,
+            limited: existing.limited.clone(),
+            unlimited: existing.unlimited.clone(),
             ..asked.clone()
         };
         if *existing != asked {
@@ -383,6 +396,9 @@ impl NodeOps {
             }
             (cleared, _) => cleared?,
         };
+        if cleared {
+            self.clear_limits(&record).await;
+        }
         if let (true, true, Some(stage)) = (cleared, has_device, &stage) {
             self.release_publish_device(&record, stage).await?;
             self.state.remove_publish(target)?;

@@ -114,6 +114,10 @@ crate::reasons! { impl {
     /// A backend is not ready on this node (what it lacks is in the
     /// message): NodeGetStorageHealth's STORAGE_UNREACHABLE.
     BackendNotReady,
+    /// The volume's I/O limits are not set for a pod that uses it (its
+    /// cgroup was not found, or its publish named no pod): that pod's I/O
+    /// is unlimited.
+    IoLimitNotApplied,
 } }
 
 /// One thing found wrong with a volume.

@@ -98,6 +98,13 @@ impl Node for NodeService {
                     readonly: r.readonly
                         || crate::plugin::published_read_only(|k| r.publish_context.get(k)),
                     secrets: crate::plugin::Secrets::from(&r.secrets),
+                    io: crate::node::IoPublish {
+                        limits: crate::host::iolimit::Limits::from_context(&r.volume_context)?,
+                        pod_uid: r
+                            .volume_context
+                            .get(crate::host::iolimit::POD_UID_KEY)
+                            .cloned(),
+                    },
                 })
                 .await?;
             Ok(pb::NodePublishVolumeResponse {})

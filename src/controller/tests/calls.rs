@@ -268,12 +268,6 @@ async fn a_cursor_survives_deletes_and_sees_new_volumes() {
 async fn modify_checks_every_key_before_the_backend_changes_anything() {
     let b = Arc::new(Memory::new("net", remote_attach()));
     let c = ops(vec![b.clone()]);
-    let kv = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    };
     // At create: a bad key or value makes nothing; good ones are applied.
     let mut bad = new_volume("pvc-bad", &[]);
     bad.mutable = kv(&[("tier", "gold"), ("colour", "red")]);
@@ -333,9 +327,7 @@ async fn modify_checks_every_key_before_the_backend_changes_anything() {
 
 #[tokio::test]
 async fn encryption_is_asked_in_the_volume_context_of_block_backends_only() {
-    let file = Arc::new(Memory::new("file", local()));
-    let net = Arc::new(Memory::new("net", remote_attach()));
-    let c = ops(vec![file.clone(), net.clone()]);
+    let c = file_and_net();
     let v = c
         .create_volume(new_volume(
             "pvc-1",
@@ -359,20 +351,95 @@ async fn encryption_is_asked_in_the_volume_context_of_block_backends_only() {
         .unwrap()
         .volume;
     assert!(!plain.context.contains_key("encrypted"));
-    for (params, what) in [
-        (&[("backend", "file"), ("encrypted", "yes")][..], "yes"),
-        (
-            &[("backend", "net"), ("encrypted", "true")][..],
-            "no block devices",
-        ),
-    ] {
+    refused_at_create(
+        &c,
+        &[
+            (&[("backend", "file"), ("encrypted", "yes")], "yes"),
+            (
+                &[("backend", "net"), ("encrypted", "true")],
+                "no block devices",
+            ),
+        ],
+    )
+    .await;
+}
+
+/// A controller over a node-local block backend (`file`) and a remote one
+/// with no block devices (`net`).
+fn file_and_net() -> ControllerOps {
+    ops(vec![
+        Arc::new(Memory::new("file", local())),
+        Arc::new(Memory::new("net", remote_attach())),
+    ])
+}
+
+/// Each of `cases` (the parameters, a word the error says) is refused at
+/// CreateVolume, INVALID_ARGUMENT.
+async fn refused_at_create(c: &ControllerOps, cases: &[(&[(&str, &str)], &str)]) {
+    for (params, what) in cases {
         let e = c
-            .create_volume(new_volume("pvc-3", params))
+            .create_volume(new_volume("pvc-refused", params))
             .await
             .unwrap_err();
         assert_eq!(e.kind, Kind::InvalidArgument, "{e}");
         assert!(e.message.contains(what), "{e}");
     }
+}
+
+/// A class's I/O limits are the plugin layer's: checked once, never seen
+/// by the backend, carried to the node in the volume context; refused
+/// (naming the key) when bad, and for a backend with no block devices.
+#[tokio::test]
+async fn io_limits_reach_the_volume_context_of_block_backends_only() {
+    let c = file_and_net();
+    let v = c
+        .create_volume(new_volume(
+            "pvc-1",
+            &[
+                ("backend", "file"),
+                ("readIops", "300"),
+                ("writeBps", "8Mi"),
+            ],
+        ))
+        .await
+        .unwrap()
+        .volume;
+    assert_eq!(v.context["ioLimit.readIops"], "300");
+    assert_eq!(v.context["ioLimit.writeBps"], (8u64 << 20).to_string());
+    assert_eq!(
+        crate::host::iolimit::Limits::from_context(&v.context).unwrap(),
+        crate::host::iolimit::Limits {
+            read_iops: Some(300),
+            write_bps: Some(8 << 20),
+            ..Default::default()
+        }
+    );
+    // A VolumeAttributesClass named at creation: its limits in the
+    // class's place; the backend sees none of them.
+    let mut req = new_volume("pvc-3", &[("backend", "file"), ("readIops", "300")]);
+    req.mutable = kv(&[("readIops", "50"), ("writeIops", "40")]);
+    let v = c.create_volume(req).await.unwrap().volume;
+    assert_eq!(v.context["ioLimit.readIops"], "50");
+    assert_eq!(v.context["ioLimit.writeIops"], "40");
+    // Changed on a live volume: refused, naming the key, nothing changed.
+    let e = c
+        .modify_volume(&v.id, &kv(&[("writeIops", "10")]), &secrets())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::InvalidArgument, "{e}");
+    assert!(e.message.contains("writeIops"), "{e}");
+    refused_at_create(
+        &c,
+        &[
+            (&[("backend", "file"), ("writeIops", "0")], "writeIops"),
+            (&[("backend", "file"), ("readBps", "fast")], "readBps"),
+            (
+                &[("backend", "net"), ("readIops", "10")],
+                "no block devices",
+            ),
+        ],
+    )
+    .await;
 }
 
 /// A volume asked for smaller than its filesystem can be made on (mkfs.xfs

@@ -439,6 +439,14 @@ fn cap() -> VolumeCapability {
     }
 }
 
+/// A parameter map of `pairs`.
+fn kv(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
 fn new_volume(name: &str, parameters: &[(&str, &str)]) -> NewVolume {
     NewVolume {
         name: name.into(),

@@ -190,6 +190,9 @@ fn fixture_with(deadlines: Deadlines) -> Fixture {
     .with_loops(crate::host::loopdev::LoopDevices::with_sysfs(
         loops.clone(),
         sys_block,
+    ))
+    .with_cgroups(crate::host::iolimit::Cgroups::new(
+        dir.path().join("cgroup"),
     ));
     Fixture {
         dir,
@@ -226,6 +229,16 @@ fn stage_req(f: &Fixture, mode: AccessMode) -> StageRequest {
     }
 }
 
+/// Stages the fixture's volume (an ext4 filesystem, blkid says) for
+/// SINGLE_NODE_MULTI_WRITER publishes.
+async fn stage_ext4(f: &Fixture) {
+    f.runner.expect("blkid", Reply::Ok("TYPE=ext4\n".into()));
+    f.ops
+        .stage(stage_req(f, AccessMode::SingleNodeMultiWriter))
+        .await
+        .unwrap();
+}
+
 fn publish_req(f: &Fixture, target: &str, mode: AccessMode, readonly: bool) -> PublishRequest {
     PublishRequest {
         volume_id: id(),
@@ -234,6 +247,7 @@ fn publish_req(f: &Fixture, target: &str, mode: AccessMode, readonly: bool) -> P
         capability: mount_cap(mode),
         readonly,
         secrets: Default::default(),
+        io: Default::default(),
     }
 }
 

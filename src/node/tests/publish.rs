@@ -5,11 +5,7 @@ use super::*;
 #[tokio::test]
 async fn publish_binds_and_failed_bind_is_undone() {
     let f = fixture();
-    f.runner.expect("blkid", Reply::Ok("TYPE=ext4\n".into()));
-    f.ops
-        .stage(stage_req(&f, AccessMode::SingleNodeMultiWriter))
-        .await
-        .unwrap();
+    stage_ext4(&f).await;
     f.ops
         .publish(publish_req(
             &f,
@@ -426,11 +422,7 @@ async fn foreign_mounts_are_refused_and_left_alone() {
 
     // Staged for real elsewhere; a publish onto the foreign target is refused.
     f.mounter.unmount(&staging).unwrap();
-    f.runner.expect("blkid", Reply::Ok("TYPE=ext4\n".into()));
-    f.ops
-        .stage(stage_req(&f, AccessMode::SingleNodeMultiWriter))
-        .await
-        .unwrap();
+    stage_ext4(&f).await;
     let err = f
         .ops
         .publish(publish_req(
@@ -463,11 +455,7 @@ async fn foreign_mounts_are_refused_and_left_alone() {
 #[tokio::test]
 async fn a_replaced_target_is_not_ours() {
     let f = fixture();
-    f.runner.expect("blkid", Reply::Ok("TYPE=ext4\n".into()));
-    f.ops
-        .stage(stage_req(&f, AccessMode::SingleNodeMultiWriter))
-        .await
-        .unwrap();
+    stage_ext4(&f).await;
     let req = || publish_req(&f, "t", AccessMode::SingleNodeMultiWriter, false);
     f.ops.publish(req()).await.unwrap();
     f.ops.publish(req()).await.unwrap(); // ours: idempotent
@@ -545,15 +533,67 @@ async fn a_publish_gets_the_selinux_label_it_was_staged_with_or_none() {
         .unwrap();
 
     // Staged without a label: a publish asking one is refused.
-    f.runner.expect("blkid", Reply::Ok("TYPE=ext4\n".into()));
-    f.ops
-        .stage(stage_req(&f, AccessMode::SingleNodeMultiWriter))
-        .await
-        .unwrap();
+    stage_ext4(&f).await;
     let e = f
         .ops
         .publish(publish("late", Some("c5")))
         .await
         .unwrap_err();
     assert!(e.message.contains("no SELinux label"), "{e}");
+}
+
+/// A publish whose limits cannot be set still publishes: for a pod with no
+/// cgroup under the node's root, for a device that cannot be limited, and
+/// for a publish that names no pod. Each target's record says why, the
+/// volume's health says `IoLimitNotApplied` for each, a repeat of a
+/// publish is still a repeat, and the findings go with the targets.
+#[tokio::test]
+async fn a_publish_whose_limits_cannot_be_set_is_published_and_said_unlimited() {
+    let f = fixture();
+    stage_ext4(&f).await;
+    let uid = "0f6e3a8c-1b2d-4c5e-8f90-a1b2c3d4e5f6";
+    let limited = |target: &str, pod: Option<&str>| PublishRequest {
+        io: IoPublish {
+            limits: crate::host::iolimit::Limits {
+                write_iops: Some(50),
+                ..Default::default()
+            },
+            pod_uid: pod.map(str::to_string),
+        },
+        ..publish_req(&f, target, AccessMode::SingleNodeMultiWriter, false)
+    };
+    f.ops.publish(limited("nocg", Some(uid))).await.unwrap();
+    f.ops.publish(limited("nocg", Some(uid))).await.unwrap();
+    f.ops.publish(limited("nopod", None)).await.unwrap();
+    // The pod's cgroup there (cgroupfs, Burstable), the device a fake one.
+    let cg = f
+        .dir
+        .path()
+        .join(format!("cgroup/kubepods/burstable/pod{uid}"));
+    std::fs::create_dir_all(&cg).unwrap();
+    std::fs::write(cg.join("io.max"), "").unwrap();
+    f.ops.publish(limited("nodev", Some(uid))).await.unwrap();
+    let why = |t: &str| {
+        f.ops
+            .state()
+            .publish(&f.dir.path().join("pods").join(t))
+            .unwrap()
+            .unlimited
+            .unwrap()
+    };
+    assert!(why("nocg").contains("no cgroup of pod"), "{}", why("nocg"));
+    assert!(why("nopod").contains("names no pod"), "{}", why("nopod"));
+    assert!(why("nodev").contains("/dev/fake0"), "{}", why("nodev"));
+    assert_eq!(std::fs::read_to_string(cg.join("io.max")).unwrap(), "");
+    let said = f.ops.volume_health(&id(), "", "").await.unwrap();
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert_eq!(said[0].reason, Reason::IoLimitNotApplied);
+    assert!(said[0].message.contains("for 3 of its pods"), "{said:?}");
+    for t in ["nocg", "nopod", "nodev"] {
+        f.ops
+            .unpublish(&id(), &f.dir.path().join("pods").join(t))
+            .await
+            .unwrap();
+    }
+    assert!(f.ops.volume_health(&id(), "", "").await.unwrap().is_empty());
 }

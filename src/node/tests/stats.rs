@@ -219,6 +219,7 @@ async fn a_stale_remote_stage_is_abnormal_and_refuses_publish() {
             capability: cap,
             readonly: false,
             secrets: Default::default(),
+            io: Default::default(),
         })
         .await
         .unwrap_err();

@@ -1,0 +1,132 @@
+//! A publish's I/O limits (see [`crate::host::iolimit`]): set in the
+//! pod's cgroup for the device the pod's I/O goes to, recorded in the
+//! publish's record before they are written (a driver killed in between
+//! leaves a record that names them, so the unpublish clears them), and
+//! cleared at unpublish unless another publish of the same pod still
+//! holds them. A pod whose cgroup is not found gets its volume
+//! unlimited: the publish succeeds, and the log and the volume's health
+//! say why.
+
+use super::*;
+use crate::host::iolimit::{self, Limits};
+use crate::state::Limited;
+
+impl NodeOps {
+    /// Where this publish's limits go: the pod's cgroup and the device
+    /// number; why not, when they cannot be set.
+    pub(super) fn io_target(
+        &self,
+        req: &PublishRequest,
+        stage: &StageRecord,
+        record: &PublishRecord,
+    ) -> std::result::Result<Limited, String> {
+        let Some(uid) = &req.io.pod_uid else {
+            return Err("the publish names no pod (is the CSIDriver's podInfoOnMount on?)".into());
+        };
+        let cgroup = match self.cgroups.pod(uid) {
+            Ok(Some(c)) => c,
+            Ok(None) => {
+                return Err(format!(
+                    "no cgroup of pod {uid} under {}",
+                    self.cgroups.root().display()
+                ))
+            }
+            Err(e) => return Err(e.message),
+        };
+        let device = record
+            .device
+            .clone()
+            .or_else(|| stage.device())
+            .ok_or_else(|| "the volume has no block device to limit".to_string())?;
+        let dev = iolimit::device_number(&device).map_err(|e| e.message)?;
+        Ok(Limited {
+            cgroup,
+            dev,
+            limits: req.io.limits,
+        })
+    }
+
+    /// Sets the limits a publish recorded; a failure leaves the volume
+    /// unlimited for this pod, said in its record (and so in its health).
+    pub(super) async fn set_limits(&self, mut record: PublishRecord) {
+        let Some(l) = record.limited.clone() else {
+            if let Some(why) = &record.unlimited {
+                tracing::warn!(volume = %record.volume_id, target = %record.target_path.display(),
+                    "the volume's I/O limits are not set for this pod: {why}");
+            }
+            return;
+        };
+        let cgroups = self.cgroups.clone();
+        let set = tokio::task::spawn_blocking(move || cgroups.set(&l.cgroup, l.dev, &l.limits))
+            .await
+            .unwrap_or_else(|e| Err(Error::internal(e.to_string())));
+        match set {
+            Ok(()) => {
+                tracing::info!(volume = %record.volume_id, target = %record.target_path.display(),
+                    "I/O limits set for the pod")
+            }
+            Err(e) => {
+                tracing::warn!(volume = %record.volume_id, target = %record.target_path.display(),
+                    error = %e.message, "the volume's I/O limits could not be set for this pod");
+                record.limited = None;
+                record.unlimited = Some(e.message);
+                if let Err(e) = self.state.put_publish(record) {
+                    tracing::warn!(error = %e.message, "could not record the unset limits");
+                }
+            }
+        }
+    }
+
+    /// Clears what an unpublished target's record set, unless another
+    /// publish on this node set the same (the same pod publishing the
+    /// volume twice). A cgroup gone with its pod has nothing to clear.
+    pub(super) async fn clear_limits(&self, record: &PublishRecord) {
+        let Some(l) = record.limited.clone() else {
+            return;
+        };
+        let shared = self.state.publishes().iter().any(|o| {
+            o.target_path != record.target_path
+                && o.limited
+                    .as_ref()
+                    .is_some_and(|x| x.cgroup == l.cgroup && x.dev == l.dev)
+        });
+        if shared || !l.cgroup.exists() {
+            return;
+        }
+        let cgroups = self.cgroups.clone();
+        let cleared =
+            tokio::task::spawn_blocking(move || cgroups.set(&l.cgroup, l.dev, &Limits::default()))
+                .await
+                .unwrap_or_else(|e| Err(Error::internal(e.to_string())));
+        if let Err(e) = cleared {
+            tracing::warn!(volume = %record.volume_id, error = %e.message,
+                "could not clear the pod's I/O limits (they go with its cgroup)");
+        }
+    }
+
+    /// What the volume's publishes say of its limits: one finding naming
+    /// every target whose pod is unlimited, and why.
+    pub(super) fn limit_findings(&self, id: &VolumeId) -> Vec<Finding> {
+        let mut unset: Vec<String> = self
+            .state
+            .publishes_of(id)
+            .into_iter()
+            .filter_map(|r| {
+                r.unlimited
+                    .map(|why| format!("{}: {why}", r.target_path.display()))
+            })
+            .collect();
+        if unset.is_empty() {
+            return Vec::new();
+        }
+        unset.sort();
+        vec![Finding::degraded(
+            Reason::IoLimitNotApplied,
+            format!(
+                "the volume's I/O limits are not set for {} of its pods ({})",
+                unset.len(),
+                unset.join("; ")
+            ),
+        )]
+    }
+}
