@@ -1,6 +1,7 @@
 //! Prometheus metrics: per-RPC counts and latency by method and gRPC code,
 //! RPCs in flight, external command durations and failures by command,
-//! volumes staged and published (served with `/healthz` and `/readyz` on
+//! volumes staged and published, and each limited pod's I/O limits and
+//! what it did on the volume (served with `/healthz` and `/readyz` on
 //! `--metrics-addr` by `server::http`). Recording is a
 //! few atomic operations on the RPC path; the text is made only when
 //! scraped, by the `prometheus-client` crate.
@@ -31,6 +32,35 @@ pub struct BackendLabels {
     pub backend: String,
 }
 
+/// A pod's figure on a volume: which one (`key`: a limit's parameter
+/// name, or an `io.stat` counter).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PodIoLabels {
+    pub volume_id: String,
+    pub pod_uid: String,
+    pub key: String,
+}
+
+/// One pod's I/O limits on a volume and what it did there, as the node
+/// reads them when scraped.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodIo {
+    pub volume_id: String,
+    pub pod_uid: String,
+    /// The limits in force, by parameter name (unset ones left out).
+    pub limits: Vec<(&'static str, u64)>,
+    /// The pod's `io.stat` counters on the volume's device.
+    pub usage: Vec<(String, u64)>,
+}
+
+/// What a node says when scraped.
+#[derive(Clone, Debug, Default)]
+pub struct NodeFigures {
+    pub staged: usize,
+    pub published: usize,
+    pub pods: Vec<PodIo>,
+}
+
 fn rpc_histogram() -> Histogram {
     // 100 µs to about 26 s.
     Histogram::new(exponential_buckets(0.0001, 4.0, 10))
@@ -52,6 +82,8 @@ pub struct Metrics {
     staged: Gauge,
     published: Gauge,
     available: Family<BackendLabels, Gauge>,
+    io_limits: Family<PodIoLabels, Gauge>,
+    pod_io: Family<PodIoLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -74,6 +106,8 @@ impl Metrics {
         let staged = Gauge::default();
         let published = Gauge::default();
         let available = Family::<BackendLabels, Gauge>::default();
+        let io_limits = Family::<PodIoLabels, Gauge>::default();
+        let pod_io = Family::<PodIoLabels, Gauge>::default();
         registry.register(
             "rpcs",
             "CSI calls served, by method and gRPC code",
@@ -114,6 +148,18 @@ impl Metrics {
             "1 when the backend's prerequisites are met here (its last health check passed), else 0",
             available.clone(),
         );
+        registry.register(
+            "volume_io_limit",
+            "A volume's I/O limit in force for a pod on this node, by parameter \
+             (readIops, writeIops: operations a second; readBps, writeBps: bytes a second)",
+            io_limits.clone(),
+        );
+        registry.register(
+            "volume_pod_io",
+            "What a limited pod did on a volume's device since its cgroup was made, as the \
+             kernel's io.stat counts it (rbytes, wbytes, rios, wios)",
+            pod_io.clone(),
+        );
         Metrics {
             registry,
             rpcs,
@@ -124,6 +170,8 @@ impl Metrics {
             staged,
             published,
             available,
+            io_limits,
+            pod_io,
         }
     }
 
@@ -161,12 +209,32 @@ impl Metrics {
         }
     }
 
-    /// The exposition text, with the node's counts (volumes staged and
-    /// published) as they are now, on a node.
-    pub fn render(&self, node: Option<(usize, usize)>) -> String {
-        if let Some((staged, published)) = node {
-            self.staged.set(staged as i64);
-            self.published.set(published as i64);
+    /// The exposition text, with the node's figures (volumes staged and
+    /// published, limited pods) as they are now, on a node.
+    pub fn render(&self, node: Option<NodeFigures>) -> String {
+        if let Some(n) = node {
+            self.staged.set(n.staged as i64);
+            self.published.set(n.published as i64);
+            // Only the pods that hold a volume now.
+            self.io_limits.clear();
+            self.pod_io.clear();
+            for pod in &n.pods {
+                let labels = |key: &str| PodIoLabels {
+                    volume_id: pod.volume_id.clone(),
+                    pod_uid: pod.pod_uid.clone(),
+                    key: key.to_string(),
+                };
+                for (key, value) in &pod.limits {
+                    self.io_limits
+                        .get_or_create(&labels(key))
+                        .set(i64::try_from(*value).unwrap_or(i64::MAX));
+                }
+                for (key, value) in &pod.usage {
+                    self.pod_io
+                        .get_or_create(&labels(key))
+                        .set(i64::try_from(*value).unwrap_or(i64::MAX));
+                }
+            }
         }
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
@@ -190,5 +258,39 @@ impl CommandRunner for MeteredRunner {
         self.metrics
             .command(&program, start.elapsed(), result.is_ok());
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A limited pod's limits and counters are samples labelled by volume,
+    /// pod and key; a pod gone from the figures is gone from the text.
+    #[test]
+    fn a_limited_pod_s_limits_and_io_are_samples_while_it_holds_the_volume() {
+        let m = Metrics::new();
+        let pod = PodIo {
+            volume_id: "lvm:pvc-1".into(),
+            pod_uid: "3f1c2b4a-5d6e-4f70-8a9b-0c1d2e3f4a5b".into(),
+            limits: vec![("readIops", 50), ("writeBps", 2 << 20)],
+            usage: vec![("rios".into(), 150), ("wbytes".into(), 4096)],
+        };
+        let text = m.render(Some(NodeFigures {
+            staged: 1,
+            published: 1,
+            pods: vec![pod],
+        }));
+        let labels = "volume_id=\"lvm:pvc-1\",pod_uid=\"3f1c2b4a-5d6e-4f70-8a9b-0c1d2e3f4a5b\"";
+        for line in [
+            format!("ferrovol_volume_io_limit{{{labels},key=\"readIops\"}} 50"),
+            format!("ferrovol_volume_io_limit{{{labels},key=\"writeBps\"}} 2097152"),
+            format!("ferrovol_volume_pod_io{{{labels},key=\"rios\"}} 150"),
+            format!("ferrovol_volume_pod_io{{{labels},key=\"wbytes\"}} 4096"),
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} not in:\n{text}");
+        }
+        let text = m.render(Some(NodeFigures::default()));
+        assert!(!text.contains("lvm:pvc-1"), "{text}");
     }
 }

@@ -82,6 +82,9 @@ pub struct PublishRecord {
 /// I/O limits a publish set in a pod's cgroup.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limited {
+    /// The pod's UID (records from before it was kept have none).
+    #[serde(default)]
+    pub pod: String,
     pub cgroup: PathBuf,
     pub dev: crate::host::iolimit::Dev,
     pub limits: crate::host::iolimit::Limits,

@@ -111,7 +111,8 @@ impl Limits {
         *self == Limits::default()
     }
 
-    fn pairs(&self) -> [(&'static str, Option<u64>); 4] {
+    /// Each limit by its key, unset ones `None`.
+    pub fn pairs(&self) -> [(&'static str, Option<u64>); 4] {
         [
             (READ_IOPS, self.read_iops),
             (WRITE_IOPS, self.write_iops),
@@ -290,6 +291,28 @@ impl Cgroups {
             .map_err(|e| Error::io(format!("write {}", file.display()), e))
     }
 
+    /// What `cgroup` did on device `dev` since it was made (its `io.stat`
+    /// line: `rbytes`, `wbytes`, `rios`, `wios`), if the kernel counted
+    /// any.
+    pub fn usage(&self, cgroup: &Path, dev: Dev) -> Vec<(String, u64)> {
+        let Ok(text) = std::fs::read_to_string(cgroup.join("io.stat")) else {
+            return Vec::new();
+        };
+        let want = format!("{}:{}", dev.0, dev.1);
+        let Some(line) = text
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(want.as_str()))
+        else {
+            return Vec::new();
+        };
+        line.split_whitespace()
+            .skip(1)
+            .filter_map(|f| f.split_once('='))
+            .filter(|(k, _)| ["rbytes", "wbytes", "rios", "wios"].contains(k))
+            .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
+            .collect()
+    }
+
     /// The limits `cgroup` has on device `dev` now.
     pub fn get(&self, cgroup: &Path, dev: Dev) -> Result<Limits> {
         let file = cgroup.join("io.max");
@@ -364,6 +387,25 @@ mod tests {
         let text = format!("8:0 rbps=1 wbps=max riops=max wiops=max\n{line}\n");
         assert_eq!(Limits::from_io_max(&text, (7, 3)), l);
         assert!(Limits::from_io_max(&text, (7, 4)).is_empty());
+    }
+
+    #[test]
+    fn a_pod_s_io_on_a_device_is_read_from_io_stat() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::write(
+            root.path().join("io.stat"),
+            "8:0 rbytes=1 wbytes=2 rios=3 wios=4 dbytes=0 dios=0\n\
+             7:3 rbytes=10 wbytes=20 rios=30 wios=40 dbytes=5 dios=1\n",
+        )
+        .unwrap();
+        let cgroups = Cgroups::new(root.path().into());
+        let usage = cgroups.usage(root.path(), (7, 3));
+        let want: Vec<(String, u64)> = [("rbytes", 10), ("wbytes", 20), ("rios", 30), ("wios", 40)]
+            .map(|(k, v)| (k.to_string(), v))
+            .to_vec();
+        assert_eq!(usage, want);
+        assert!(cgroups.usage(root.path(), (7, 4)).is_empty());
+        assert!(cgroups.usage(&root.path().join("gone"), (7, 3)).is_empty());
     }
 
     #[test]

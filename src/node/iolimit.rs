@@ -40,6 +40,7 @@ impl NodeOps {
             .ok_or_else(|| "the volume has no block device to limit".to_string())?;
         let dev = iolimit::device_number(&device).map_err(|e| e.message)?;
         Ok(Limited {
+            pod: uid.clone(),
             cgroup,
             dev,
             limits: req.io.limits,
@@ -102,6 +103,29 @@ impl NodeOps {
             tracing::warn!(volume = %record.volume_id, error = %e.message,
                 "could not clear the pod's I/O limits (they go with its cgroup)");
         }
+    }
+
+    /// Each limited pod's limits and what it did on the volume's device
+    /// (read from its cgroup now), for the metrics.
+    pub fn pod_io(&self) -> Vec<crate::metrics::PodIo> {
+        self.state
+            .publishes()
+            .into_iter()
+            .filter_map(|r| {
+                let l = r.limited?;
+                Some(crate::metrics::PodIo {
+                    volume_id: r.volume_id.to_string(),
+                    pod_uid: l.pod.clone(),
+                    limits: l
+                        .limits
+                        .pairs()
+                        .into_iter()
+                        .filter_map(|(k, v)| Some((k, v?)))
+                        .collect(),
+                    usage: self.cgroups.usage(&l.cgroup, l.dev),
+                })
+            })
+            .collect()
     }
 
     /// What the volume's publishes say of its limits: one finding naming

@@ -59,7 +59,11 @@ async fn answer(driver: &Driver, path: &str) -> (u16, &'static str, String) {
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
                 m.render(driver.mode.node().then(|| {
                     let state = driver.node.state();
-                    (state.stages().len(), state.publishes().len())
+                    crate::metrics::NodeFigures {
+                        staged: state.stages().len(),
+                        published: state.publishes().len(),
+                        pods: driver.node.pod_io(),
+                    }
                 })),
             ),
             None => (404, TEXT, "metrics are off\n".into()),

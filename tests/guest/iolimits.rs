@@ -351,7 +351,9 @@ async fn guest_io_limits_hold_a_pod_s_fio_on_every_block_backend() {
 async fn guest_io_limits_are_each_pod_s_and_a_pod_without_a_cgroup_is_published_unlimited() {
     require_guest();
     let local = LocalBackends::new("iolim2", 64);
-    let h = Harness::start_with(Some(&local.config)).await;
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let h = Harness::start_with_env(Some(&local.config), &[("FERROVOL_METRICS_ADDR", &addr)]).await;
     let none = HashMap::new();
     let vol = staged(
         &h,
@@ -362,6 +364,17 @@ async fn guest_io_limits_are_each_pod_s_and_a_pod_without_a_cgroup_is_published_
         false,
     )
     .await;
+    // The metrics' sample for a pod's key on the volume, if there is one.
+    let sample = |uid: &str, family: &str, key: &str| -> Option<u64> {
+        let text = http_get(port, "/metrics").unwrap().1;
+        let want = format!(
+            "ferrovol_{family}{{volume_id=\"{}\",pod_uid=\"{uid}\",key=\"{key}\"}} ",
+            vol.id
+        );
+        text.lines()
+            .find_map(|l| l.strip_prefix(&want))
+            .map(|v| v.trim().parse().unwrap())
+    };
     let (a, b) = (PodCgroup::new(UID_A, true), PodCgroup::new(UID_B, false));
     let (ta, fa) = vol.publish(&h, "lim-two-a", Some(&a.uid)).await;
     let (tb, fb) = vol.publish(&h, "lim-two-b", Some(&b.uid)).await;
@@ -382,12 +395,24 @@ async fn guest_io_limits_are_each_pod_s_and_a_pod_without_a_cgroup_is_published_
         PodCgroup::fio(Some(&b), &fb, "randwrite", "4k").0,
         50.0,
     );
+    // The metrics: each pod's limit, and its writes on the device (about
+    // 200 in the 4 s fio ran, its ramp's included).
+    for uid in [UID_A, UID_B] {
+        assert_eq!(sample(uid, "volume_io_limit", "writeIops"), Some(50));
+        let writes = sample(uid, "volume_pod_io", "wios").unwrap_or(0);
+        assert!(
+            (150..=260).contains(&writes),
+            "{uid}: {writes} writes counted"
+        );
+    }
     h.node()
         .node_unpublish_volume(unpublish_req(&vol.id, &ta))
         .await
         .unwrap();
     assert!(a.limits_on(dev).is_empty());
     assert_eq!(b.limits_on(dev), fifty, "B's limit went with A's unpublish");
+    assert_eq!(sample(UID_A, "volume_io_limit", "writeIops"), None);
+    assert_eq!(sample(UID_B, "volume_io_limit", "writeIops"), Some(50));
     near(
         "pod B's writes after A left",
         PodCgroup::fio(Some(&b), &fb, "randwrite", "4k").0,
