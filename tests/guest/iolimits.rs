@@ -259,19 +259,29 @@ async fn guest_io_limits_hold_a_pod_s_fio_on_every_block_backend() {
     let iops = IOPS.to_string();
     let bps = format!("{}Mi", BPS >> 20);
     let mut report = Vec::new();
-    for (backend, block, attach, secrets) in [
-        ("file", false, false, &none),
-        ("lvm", true, false, &none),
-        ("iscsi", false, true, &none),
-        ("nvmf", true, true, &none),
-        ("rbd", false, true, &ceph),
+    let luks = HashMap::from([(
+        "encryptionPassphrase".to_string(),
+        "limits hold above the cipher".to_string(),
+    )]);
+    for (backend, encrypted, block, attach, secrets) in [
+        ("file", false, false, false, &none),
+        ("file", true, false, false, &luks),
+        ("lvm", false, true, false, &none),
+        ("iscsi", false, false, true, &none),
+        ("nvmf", false, true, true, &none),
+        ("rbd", false, false, true, &ceph),
     ] {
+        let name = match encrypted {
+            true => format!("lim-{backend}-luks"),
+            false => format!("lim-{backend}"),
+        };
         let limited = staged(
             &h,
-            &format!("lim-{backend}"),
+            &name,
             block,
             &[
                 ("backend", backend),
+                ("encrypted", if encrypted { "true" } else { "false" }),
                 ("readIops", &iops),
                 ("writeIops", &iops),
                 ("readBps", &bps),
@@ -282,10 +292,19 @@ async fn guest_io_limits_hold_a_pod_s_fio_on_every_block_backend() {
         )
         .await;
         let pod = PodCgroup::new(UID_A, true);
-        let (target, file) = limited
-            .publish(&h, &format!("lim-{backend}"), Some(&pod.uid))
-            .await;
+        let (target, file) = limited.publish(&h, &name, Some(&pod.uid)).await;
         let dev = limited.dev(&target);
+        if encrypted {
+            // The LUKS mapping the filesystem is on, not the loop device
+            // under it.
+            let name =
+                std::fs::read_to_string(format!("/sys/dev/block/{}:{}/dm/name", dev.0, dev.1))
+                    .unwrap_or_default();
+            assert!(
+                name.starts_with("fvc-"),
+                "{dev:?} is not a LUKS mapping: {name:?}"
+            );
+        }
         assert_eq!(
             pod.limits_on(dev),
             Limits {
@@ -321,10 +340,14 @@ async fn guest_io_limits_hold_a_pod_s_fio_on_every_block_backend() {
             .unwrap();
         assert!(pod.limits_on(dev).is_empty(), "{backend}: left in io.max");
         report.push(format!(
-            "{backend} ({}): limited to {IOPS} IOPS and {} MiB/s: read {:.0} IOPS, write {:.0} \
+            "{name} ({}): limited to {IOPS} IOPS and {} MiB/s: read {:.0} IOPS, write {:.0} \
              IOPS, read {:.2} MiB/s, write {:.2} MiB/s; unlimited: read {:.0} IOPS, write {:.1} \
              MiB/s",
-            if block { "raw block" } else { "ext4" },
+            match (block, encrypted) {
+                (true, _) => "raw block",
+                (false, true) => "ext4 on LUKS2",
+                (false, false) => "ext4",
+            },
             BPS >> 20,
             rr.0,
             rw.0,
