@@ -55,6 +55,8 @@ pub struct Mounted {
     pub staging: PathBuf,
     pub target: PathBuf,
     pub publish_context: HashMap<String, String>,
+    /// The pod's name and UID (its folder under the kubelet's `pods/`).
+    pub pod: (String, String),
 }
 
 fn strip(params: &Value) -> HashMap<String, String> {
@@ -335,9 +337,12 @@ impl Cluster {
             .join("globalmount");
         std::fs::create_dir_all(&staging).unwrap();
         let pod = self.next("pod");
+        // A pod's UID is a UUID; its folder is named by it.
+        let n = self.uid.get();
+        let uid = format!("{:08x}-0000-4000-8000-{:012x}", std::process::id(), n);
         let target = kubelet
             .join("pods")
-            .join(pod)
+            .join(&uid)
             .join("volumes/kubernetes.io~csi")
             .join(&claim.pv)
             .join("mount");
@@ -347,6 +352,7 @@ impl Cluster {
             staging,
             target,
             publish_context,
+            pod: (pod, uid),
         };
         self.stage_and_publish(&mounted).await;
         mounted
@@ -376,10 +382,31 @@ impl Cluster {
             volume_capability: Some(m.claim.capability.clone()),
             readonly: false,
             secrets: self.secrets(params, "node-publish"),
-            volume_context: m.claim.context.clone(),
+            volume_context: self.publish_context_of(m),
         })
         .await
         .unwrap_or_else(|e| panic!("NodePublish {}: {e}", m.claim.id));
+    }
+
+    /// The volume context kubelet gives NodePublish: the claim's, with the
+    /// pod's own keys where the driver's CSIDriver asks for them
+    /// (`podInfoOnMount`).
+    fn publish_context_of(&self, m: &Mounted) -> HashMap<String, String> {
+        let mut context = m.claim.context.clone();
+        let driver = self.r.named("CSIDriver", &m.claim.driver);
+        if driver["spec"]["podInfoOnMount"].as_bool() == Some(true) {
+            let (name, uid) = &m.pod;
+            for (key, value) in [
+                ("pod.name", name.as_str()),
+                ("pod.namespace", "default"),
+                ("pod.uid", uid.as_str()),
+                ("serviceAccount.name", "default"),
+                ("ephemeral", "false"),
+            ] {
+                context.insert(format!("csi.storage.k8s.io/{key}"), value.to_string());
+            }
+        }
+        context
     }
 
     /// The pod goes: NodeUnpublish, NodeUnstage, and the attacher's
