@@ -345,7 +345,7 @@ impl NodeOps {
             (Some(stage), None) => match self.publish_identity(stage, &record).await {
                 Ok(id) => (id, false),
                 Err(e) if storage_lost(&e) && by_table(stage).is_some() => {
-                    return self.unpublish_by_table(stage, target).await;
+                    return self.unpublish_lost(stage, &record, target).await;
                 }
                 Err(e)
                     if e.kind == crate::error::Kind::NotFound
@@ -392,7 +392,7 @@ impl NodeOps {
         // by the mount table instead.
         let cleared = match (cleared, &stage) {
             (Err(e), Some(stage)) if storage_lost(&e) && by_table(stage).is_some() => {
-                return self.unpublish_by_table(stage, target).await;
+                return self.unpublish_lost(stage, &record, target).await;
             }
             (cleared, _) => cleared?,
         };
@@ -403,6 +403,19 @@ impl NodeOps {
             self.release_publish_device(&record, stage).await?;
             self.state.remove_publish(target)?;
         }
+        Ok(())
+    }
+
+    /// [`NodeOps::unpublish_by_table`], then the limits the publish set
+    /// cleared.
+    async fn unpublish_lost(
+        &self,
+        stage: &StageRecord,
+        record: &PublishRecord,
+        target: &Path,
+    ) -> Result<()> {
+        self.unpublish_by_table(stage, target).await?;
+        self.clear_limits(record).await;
         Ok(())
     }
 

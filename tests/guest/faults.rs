@@ -879,7 +879,9 @@ async fn guest_a_filesystem_with_io_errors_is_not_handed_to_a_pod() {
     }
     drop(h);
     run("vgremove", &["-q", "-f", "fvioerr"]);
-    run("dmsetup", &["remove", "fvioerr-pv"]);
+    // udev may still hold the device open after the volume group went (a
+    // busy machine's scan): asked again for a few seconds.
+    run("dmsetup", &["remove", "--retry", "fvioerr-pv"]);
     run("losetup", &["-d", &lo]);
 }
 
