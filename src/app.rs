@@ -165,6 +165,10 @@ pub fn build_with(
                 "a previous run's intents finished or undone"
             );
         }
+        let limited = node.restore_limits();
+        if limited > 0 {
+            tracing::info!(publishes = limited, "the pods' I/O limits written again");
+        }
         let (dropped, unmounted) = node.reconcile()?;
         tracing::info!(
             staged = node.state().stages().len(),

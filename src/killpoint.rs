@@ -82,6 +82,9 @@ kill_points! {
         /// ControllerPublish: the backend attached; the place is not yet
         /// counted as a grant in memory.
         AttachAttached = "attach.attached",
+        /// NodePublish: the target is bound and its record names the I/O
+        /// limits for the pod; they are not written to its `io.max` yet.
+        PublishLimited = "publish.limited",
     }
 }
 
@@ -210,7 +213,7 @@ mod tests {
     fn names_follow_their_variants() {
         assert_eq!(super::Step::GroupRecorded.name(), super::Step::NAMES[0]);
         assert_eq!(
-            super::Step::AttachAttached.name(),
+            super::Step::PublishLimited.name(),
             *super::Step::NAMES.last().unwrap()
         );
     }

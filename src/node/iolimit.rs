@@ -78,6 +78,27 @@ impl NodeOps {
         }
     }
 
+    /// At start: the limits every record names are written again (a
+    /// driver killed between a publish's record and its `io.max` left
+    /// them unwritten, and the CO's retry of that publish finds it done).
+    /// A pod's cgroup that is gone has nothing to hold; a write that fails
+    /// is said. Returns how many were written.
+    pub fn restore_limits(&self) -> usize {
+        let mut written = 0;
+        for r in self.state.publishes() {
+            let Some(l) = &r.limited else { continue };
+            if !l.cgroup.exists() {
+                continue;
+            }
+            match self.cgroups.set(&l.cgroup, l.dev, &l.limits) {
+                Ok(()) => written += 1,
+                Err(e) => tracing::warn!(volume = %r.volume_id, target = %r.target_path.display(),
+                    error = %e.message, "the pod's I/O limits could not be written again at start"),
+            }
+        }
+        written
+    }
+
     /// Clears what an unpublished target's record set, unless another
     /// publish on this node set the same (the same pod publishing the
     /// volume twice). A cgroup gone with its pod has nothing to clear.

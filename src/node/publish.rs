@@ -93,6 +93,7 @@ impl NodeOps {
             let _ = self.release_publish_device(&record, &stage).await;
             return bound;
         }
+        crate::killpoint::hit(crate::killpoint::Step::PublishLimited);
         self.set_limits(record).await;
         Ok(())
     }

@@ -368,15 +368,18 @@ async fn guest_io_limits_hold_a_pod_s_fio_on_every_block_backend() {
 /// device, and the unpublish of one leaves the other's in place; a
 /// publish for a pod whose cgroup is not there succeeds, warns, and the
 /// volume's health says `IoLimitNotApplied` until that target goes; a
-/// publish naming no pod likewise.
+/// publish naming no pod likewise. Killed at `publish.limited`, the next
+/// start writes the recorded limits and the retry finds the publish done.
 #[tokio::test]
 #[ignore = "needs the real-kernel guest: run tests/guest/suite"]
-async fn guest_io_limits_are_each_pod_s_and_a_pod_without_a_cgroup_is_published_unlimited() {
+async fn guest_io_limits_are_each_pod_s_outlive_a_kill_and_a_pod_without_a_cgroup_is_published_unlimited(
+) {
     require_guest();
     let local = LocalBackends::new("iolim2", 64);
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    let h = Harness::start_with_env(Some(&local.config), &[("FERROVOL_METRICS_ADDR", &addr)]).await;
+    let mut h =
+        Harness::start_with_env(Some(&local.config), &[("FERROVOL_METRICS_ADDR", &addr)]).await;
     let none = HashMap::new();
     let vol = staged(
         &h,
@@ -489,5 +492,37 @@ async fn guest_io_limits_are_each_pod_s_and_a_pod_without_a_cgroup_is_published_
     }
     assert!(b.limits_on(dev).is_empty());
     assert!(health(tb).await.is_empty());
+
+    // Killed at `publish.limited` (bound, the limits recorded, not yet
+    // written): the next start writes them, the CO's retry of the publish
+    // finds it done, and the unpublish clears them.
+    h.env
+        .push(("FERROVOL_KILL_AT".into(), "publish.limited".into()));
+    h.kill();
+    h.spawn().await;
+    let tk = h.path("kubelet/pods/lim-two-k");
+    let mut context = vol.context.clone();
+    context.insert(POD_UID_KEY.into(), UID_A.into());
+    let publish = pb::NodePublishVolumeRequest {
+        volume_context: context,
+        ..publish_req(&vol.id, &vol.staging, &tk, vol.cap.clone(), false)
+    };
+    let died = h.node().node_publish_volume(publish.clone()).await;
+    assert!(died.is_err(), "{died:?}");
+    h.kill();
+    assert!(a.limits_on(dev).is_empty(), "written before the kill point");
+    h.env.retain(|(k, _)| k != "FERROVOL_KILL_AT");
+    h.spawn().await;
+    assert_eq!(a.limits_on(dev), fifty, "not written again at start");
+    h.node()
+        .node_publish_volume(publish)
+        .await
+        .unwrap_or_else(|e| panic!("the retry: {e:?}\n{}", h.log()));
+    assert_eq!(a.limits_on(dev), fifty);
+    h.node()
+        .node_unpublish_volume(unpublish_req(&vol.id, &tk))
+        .await
+        .unwrap();
+    assert!(a.limits_on(dev).is_empty());
     vol.drop_all(&h, &none).await;
 }
