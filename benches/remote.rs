@@ -99,6 +99,19 @@ fn cpu_text(f: &Figures) -> String {
 }
 
 impl Figures {
+    /// Calls timed one after another (the phase took their sum), with no
+    /// CPU measured.
+    fn of(samples: &[Duration]) -> Figures {
+        Figures {
+            elapsed: samples.iter().sum(),
+            samples: samples.to_vec(),
+            cpu: None,
+        }
+    }
+    /// The p50 and p99, as a results row takes them.
+    fn p50_p99(&self) -> results::Value {
+        results::Value::ms(self.pct(0.5), self.pct(0.99))
+    }
     fn rate(&self) -> f64 {
         self.samples.len() as f64 / self.elapsed.as_secs_f64()
     }
@@ -410,10 +423,10 @@ fn print_iscsi(results: &[IscsiRound], clients: usize) {
                 call: &format!("{call} ({round} volumes there)"),
                 unit: "ms",
                 better: results::Better::Lower,
-                ours: results::Value::ms(ours.pct(0.5), ours.pct(0.99)),
+                ours: ours.p50_p99(),
                 against: what,
                 kind: results::Against::Floor,
-                theirs: results::Value::ms(floor.pct(0.5), floor.pct(0.99)),
+                theirs: floor.p50_p99(),
             });
         }
     }

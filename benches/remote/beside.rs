@@ -525,12 +525,7 @@ impl Floors {
 }
 
 pub(super) fn pct(samples: &[Duration], p: f64) -> Duration {
-    Figures {
-        elapsed: Duration::ZERO,
-        samples: samples.to_vec(),
-        cpu: None,
-    }
-    .pct(p)
+    Figures::of(samples).pct(p)
 }
 
 /// The p50 and p99 of `samples`, as one figure of the table.

@@ -20,7 +20,7 @@
 //! floor waits for the disk the way the driver does, until its device
 //! node opens, polling every millisecond.
 
-use super::results::{record, Against, Row, Value};
+use super::results::{record, Against, Row};
 use super::*;
 use common::fixtures::{require_guest, Iscsid};
 use std::path::PathBuf;
@@ -139,20 +139,15 @@ pub async fn iscsi_stage(n: usize, rounds: usize) {
         ),
     ];
     for ((call, what), (o, f)) in calls.iter().zip(&pairs) {
-        let figures = |s: &[Duration]| Figures {
-            elapsed: s.iter().sum(),
-            samples: s.to_vec(),
-            cpu: None,
-        };
-        let (ours, floor) = (figures(o), figures(f));
+        let (ours, floor) = (Figures::of(o), Figures::of(f));
         row(call, &ours, Some((what, &floor)));
         record(Row::times(
             "iscsi",
             call,
-            Value::ms(ours.pct(0.5), ours.pct(0.99)),
+            ours.p50_p99(),
             what,
             Against::Floor,
-            Value::ms(floor.pct(0.5), floor.pct(0.99)),
+            floor.p50_p99(),
         ));
     }
 

@@ -25,7 +25,7 @@
 //!   default), the same zeroing by hand first: a classic snapshot split
 //!   from its origin, the LV activated, `blkdiscard --zeroout`.
 
-use super::results::{record, Against, Row, Value};
+use super::results::{record, Against, Row};
 use super::*;
 use common::fixtures::{require_guest, LvmVg};
 
@@ -249,10 +249,10 @@ pub async fn lvm(n: usize, rounds: usize) {
             record(Row::times(
                 "lvm",
                 &call,
-                Value::ms(ours.pct(0.5), ours.pct(0.99)),
+                ours.p50_p99(),
                 &floor_name,
                 Against::Floor,
-                Value::ms(floor.pct(0.5), floor.pct(0.99)),
+                floor.p50_p99(),
             ));
         }
     }

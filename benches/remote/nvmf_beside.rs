@@ -91,21 +91,16 @@ pub async fn nvmf_beside_iscsi(n: usize, rounds: usize, fio_secs: u64) {
         ("ControllerUnpublishVolume", |s| &s.unpublish),
         ("DeleteVolume", |s| &s.delete),
     ];
-    let figures = |s: &[Duration]| Figures {
-        elapsed: s.iter().sum(),
-        samples: s.to_vec(),
-        cpu: None,
-    };
     for (call, of) in pairs {
-        let (ours, theirs) = (figures(of(&steps[1])), figures(of(&steps[0])));
+        let (ours, theirs) = (Figures::of(of(&steps[1])), Figures::of(of(&steps[0])));
         row(call, &ours, Some(("iscsi", &theirs)));
         record(Row::times(
             "nvmf",
             call,
-            Value::ms(ours.pct(0.5), ours.pct(0.99)),
+            ours.p50_p99(),
             ISCSI,
             Against::Peer,
-            Value::ms(theirs.pct(0.5), theirs.pct(0.99)),
+            theirs.p50_p99(),
         ));
     }
 
