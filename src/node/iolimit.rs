@@ -57,11 +57,7 @@ impl NodeOps {
             }
             return;
         };
-        let cgroups = self.cgroups.clone();
-        let set = tokio::task::spawn_blocking(move || cgroups.set(&l.cgroup, l.dev, &l.limits))
-            .await
-            .unwrap_or_else(|e| Err(Error::internal(e.to_string())));
-        match set {
+        match self.write_limits(l.clone(), l.limits).await {
             Ok(()) => {
                 tracing::info!(volume = %record.volume_id, target = %record.target_path.display(),
                     "I/O limits set for the pod")
@@ -115,11 +111,7 @@ impl NodeOps {
         if shared || !l.cgroup.exists() {
             return;
         }
-        let cgroups = self.cgroups.clone();
-        let cleared =
-            tokio::task::spawn_blocking(move || cgroups.set(&l.cgroup, l.dev, &Limits::default()))
-                .await
-                .unwrap_or_else(|e| Err(Error::internal(e.to_string())));
+        let cleared = self.write_limits(l, Limits::default()).await;
         if let Err(e) = cleared {
             tracing::warn!(volume = %record.volume_id, error = %e.message,
                 "could not clear the pod's I/O limits (they go with its cgroup)");
@@ -147,6 +139,15 @@ impl NodeOps {
                 })
             })
             .collect()
+    }
+
+    /// Writes `limits` for the pod and device `at` names, off the async
+    /// threads (a write to `io.max` may wait on the cgroup's lock).
+    async fn write_limits(&self, at: Limited, limits: Limits) -> Result<()> {
+        let cgroups = self.cgroups.clone();
+        tokio::task::spawn_blocking(move || cgroups.set(&at.cgroup, at.dev, &limits))
+            .await
+            .unwrap_or_else(|e| Err(Error::internal(e.to_string())))
     }
 
     /// What the volume's publishes say of its limits: one finding naming
