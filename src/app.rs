@@ -120,28 +120,39 @@ pub fn build_with(
     // One guard table for both services: an operation on a volume excludes
     // every other operation on it, whichever service it came through.
     let locks = OpLocks::new();
-    let node = Arc::new(
-        NodeOps::new(
-            registry.clone(),
-            mounter,
-            runner,
-            state,
-            locks.clone(),
-            host,
-        )
-        .with_deadlines(Deadlines::default().capped(settings.command_timeout))
-        .with_allowed_paths(config.node.allowed_paths.clone())
-        .with_kdf(kdf)
-        .with_cgroups(crate::host::iolimit::Cgroups::new(
-            config.node.cgroup_root.clone(),
-        ))
-        // The holder is this binary, as the kernel has it even if its
-        // file was replaced meanwhile (an upgrade).
-        .with_freezer(crate::host::freeze::Freezer::new(
-            PathBuf::from("/proc/self/exe"),
-            intents.clone(),
-        )),
-    );
+    // Where the controller runs with the volumes' node (one process, the
+    // volumes its own), a change to a volume's I/O limits reaches its pods.
+    let limit_book =
+        match settings.mode.controller() && settings.mode.node() && !settings.volumes_on_nodes {
+            true => Some(Arc::new(crate::plugin::LimitBook::open(
+                &state_dir.join("controller"),
+            )?)),
+            false => None,
+        };
+    let mut node = NodeOps::new(
+        registry.clone(),
+        mounter,
+        runner,
+        state,
+        locks.clone(),
+        host,
+    )
+    .with_deadlines(Deadlines::default().capped(settings.command_timeout))
+    .with_allowed_paths(config.node.allowed_paths.clone())
+    .with_kdf(kdf)
+    .with_cgroups(crate::host::iolimit::Cgroups::new(
+        config.node.cgroup_root.clone(),
+    ))
+    // The holder is this binary, as the kernel has it even if its
+    // file was replaced meanwhile (an upgrade).
+    .with_freezer(crate::host::freeze::Freezer::new(
+        PathBuf::from("/proc/self/exe"),
+        intents.clone(),
+    ));
+    if let Some(book) = &limit_book {
+        node = node.with_limit_book(book.clone());
+    }
+    let node = Arc::new(node);
     let mut controller =
         ControllerOps::new(registry.clone(), locks, &node_id, &config.node.topology_key);
     if settings.mode.controller() {
@@ -154,6 +165,9 @@ pub fn build_with(
             .node()
             .then(|| node.clone() as Arc<dyn crate::plugin::Quiesce>);
         controller = controller.with_ledger(ledger).with_groups(groups, quiesce);
+    }
+    if let Some(book) = limit_book {
+        controller = controller.with_limits(book, node.clone());
     }
     if settings.mode.node() {
         // What a dead driver left half done comes first: a filesystem it

@@ -85,6 +85,9 @@ kill_points! {
         /// NodePublish: the target is bound and its record names the I/O
         /// limits for the pod; they are not written to its `io.max` yet.
         PublishLimited = "publish.limited",
+        /// ControllerModifyVolume: the limit book has the volume's new I/O
+        /// limits; its pods have the old ones.
+        ModifyLimits = "modify.limits",
     }
 }
 
@@ -213,7 +216,7 @@ mod tests {
     fn names_follow_their_variants() {
         assert_eq!(super::Step::GroupRecorded.name(), super::Step::NAMES[0]);
         assert_eq!(
-            super::Step::PublishLimited.name(),
+            super::Step::ModifyLimits.name(),
             *super::Step::NAMES.last().unwrap()
         );
     }

@@ -77,9 +77,15 @@ pub struct PublishRecord {
     /// pod (its cgroup not found): said in the volume's health.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unlimited: Option<String>,
+    /// The limits the publish's volume context carried (the volume's at
+    /// creation), which changes are made over; `None` in records from
+    /// before they were kept (then `limited`'s limits are).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class_limits: Option<crate::host::iolimit::Limits>,
 }
 
-/// I/O limits a publish set in a pod's cgroup.
+/// I/O limits a publish set in a pod's cgroup (none yet: the pod and
+/// device, for a limit a later change sets).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limited {
     /// The pod's UID (records from before it was kept have none).
@@ -265,6 +271,7 @@ mod tests {
             bound: None,
             limited: None,
             unlimited: None,
+            class_limits: None,
         };
         state.put_publish(p.clone()).unwrap();
         state
@@ -316,6 +323,7 @@ mod tests {
             bound: None,
             limited: None,
             unlimited: None,
+            class_limits: None,
         };
         fs::write(old.join("0001.json"), serde_json::to_vec(&p).unwrap()).unwrap();
         let state = NodeState::open(dir.path()).unwrap();
@@ -342,6 +350,7 @@ mod tests {
                     bound: None,
                     limited: None,
                     unlimited: None,
+                    class_limits: None,
                 })
                 .unwrap();
         }

@@ -10,8 +10,8 @@ use crate::host::freeze::Frozen;
 use crate::locks::{Key, OpGuard, OpLocks};
 use crate::plugin::{
     Backend, Capacity, ContentSource, ControllerAttach, CreateSnapshot, CreateVolume, GroupStore,
-    Ledger, Page, Registry, Secrets, SnapshotId, SnapshotInfo, SnapshotInstant, VolumeCapability,
-    VolumeId, VolumeInfo,
+    Ledger, LimitBook, Page, Registry, Relimit, Secrets, SnapshotId, SnapshotInfo, SnapshotInstant,
+    VolumeCapability, VolumeId, VolumeInfo,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -195,6 +195,9 @@ pub struct ControllerOps {
     quiesce: Option<Arc<dyn crate::plugin::Quiesce>>,
     /// What each volume's health was when last measured.
     health: Arc<health::VolumeBook>,
+    /// Where a change to a volume's I/O limits is kept, and what sets it
+    /// on the pods using the volume; `None`: limits are not changed here.
+    limits: Option<(Arc<LimitBook>, Arc<dyn Relimit>)>,
 }
 
 mod group;
@@ -255,7 +258,15 @@ impl ControllerOps {
             groups: None,
             quiesce: None,
             health: Default::default(),
+            limits: None,
         }
+    }
+
+    /// Changes volumes' I/O limits: kept in `book`, set by `node` (this
+    /// process's, which publishes the volumes).
+    pub fn with_limits(mut self, book: Arc<LimitBook>, node: Arc<dyn Relimit>) -> Self {
+        self.limits = Some((book, node));
+        self
     }
 
     /// Keeps a ledger of grants: publishes beyond a node's limit are
@@ -439,7 +450,9 @@ impl ControllerOps {
     }
 
     /// ControllerModifyVolume: every key checked (known to the volume's
-    /// backend, a valid value) before the backend changes anything.
+    /// backend, a valid value) before the backend changes anything. The
+    /// I/O limits are the plugin layer's: kept in the limit book once the
+    /// backend's keys are made, then set on the pods that use the volume.
     pub async fn modify_volume(
         &self,
         id: &VolumeId,
@@ -447,17 +460,29 @@ impl ControllerOps {
         secrets: &Secrets,
     ) -> Result<()> {
         let backend = self.registry.for_volume(id)?.clone();
-        if let Some(key) = changes
-            .keys()
-            .find(|k| crate::host::iolimit::KEYS.contains(&k.as_str()))
-        {
+        let limits = crate::host::iolimit::LimitChanges::parse(changes)?;
+        let rest = without_limits(changes);
+        let keeper = match (limits.is_empty(), &self.limits) {
+            (true, _) => None,
+            (false, Some(keeper)) => Some(keeper),
+            (false, None) => {
+                let key = limits.0.keys().next().cloned().unwrap_or_default();
+                return Err(Error::invalid(format!(
+                    "mutable parameter {key}: this controller cannot change a volume's I/O \
+                     limits, as it does not run where the volume's pods do (they are set when \
+                     the volume is made: its StorageClass, or the VolumeAttributesClass its \
+                     claim names then; see docs/io-limits.md)"
+                )));
+            }
+        };
+        if keeper.is_some() && !backend.capabilities().block {
             return Err(Error::invalid(format!(
-                "mutable parameter {key}: a volume's I/O limits are set when it is made (its \
-                 StorageClass, or the VolumeAttributesClass its claim names then); a change \
-                 on a volume in use does not reach its pods yet, so it is refused"
+                "backend {} serves no block devices: its volumes' I/O cannot be limited ({})",
+                backend.name(),
+                crate::host::iolimit::KEYS.join(", ")
             )));
         }
-        check_mutable(backend.as_ref(), changes)?;
+        check_mutable(backend.as_ref(), &rest)?;
         let _guard = self.guard(&[Key::Volume(id.clone())], &[])?;
         if backend
             .provisioning()?
@@ -469,13 +494,22 @@ impl ControllerOps {
         }
         // No key, no change (what csi-sanity asks of an empty class; the
         // spec: nothing is changed for keys that are absent).
-        if changes.is_empty() {
-            return Ok(());
+        if !rest.is_empty() {
+            backend
+                .modifying()?
+                .modify_volume(id, &rest, secrets)
+                .await?;
         }
-        backend
-            .modifying()?
-            .modify_volume(id, changes, secrets)
-            .await
+        // Each step is safe to repeat: a retry of a modify cut short
+        // makes the backend's change again (no change), records the same
+        // limits, and sets them again.
+        if let Some((book, node)) = keeper {
+            book.change(id, &limits)?;
+            crate::killpoint::hit(crate::killpoint::Step::ModifyLimits);
+            let set = node.relimit(id).await;
+            tracing::info!(volume = %id, publishes = set, "the volume's I/O limits changed");
+        }
+        Ok(())
     }
 
     /// DeleteVolume. An id that cannot be ours names nothing: done.
@@ -489,6 +523,9 @@ impl ControllerOps {
         let _guard = self.guard(&[Key::Volume(id.clone())], &[])?;
         backend.provisioning()?.delete_volume(&id, secrets).await?;
         self.health.forget(&id.to_string());
+        if let Some((book, _)) = &self.limits {
+            book.forget(&id)?;
+        }
         match &self.ledger {
             Some(ledger) => ledger.release(&id, None),
             None => Ok(()),

@@ -61,9 +61,9 @@ fn quantity(key: &str, value: &str, units: bool) -> Result<u64> {
             "parameter {key}: {value:?} is not {why}{}",
             if units {
                 " (a positive number of bytes per second, with k, M, G, T, Ki, Mi, Gi or Ti if \
-                 you like)"
+                 you like; or max, no limit)"
             } else {
-                " (a positive whole number of operations per second)"
+                " (a positive whole number of operations per second; or max, no limit)"
             }
         ))
     };
@@ -89,22 +89,71 @@ fn quantity(key: &str, value: &str, units: bool) -> Result<u64> {
     }
 }
 
+/// The value that lifts a limit (as `io.max` writes it).
+pub const NO_LIMIT: &str = "max";
+
+/// A limit's value: a quantity, or [`NO_LIMIT`] (`None`).
+fn limit_value(key: &str, value: &str) -> Result<Option<u64>> {
+    let value = value.trim();
+    if value == NO_LIMIT {
+        return Ok(None);
+    }
+    quantity(key, value, matches!(key, READ_BPS | WRITE_BPS)).map(Some)
+}
+
+/// A change to a volume's limits (a ControllerModifyVolume's): for each
+/// key it names, the new value (`None`: the limit lifted); a key it does
+/// not name keeps its value.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitChanges(pub BTreeMap<String, Option<u64>>);
+
+impl LimitChanges {
+    /// The changes `params` make (the four keys; others are not looked
+    /// at), each checked: INVALID_ARGUMENT naming the key.
+    pub fn parse(params: &BTreeMap<String, String>) -> Result<LimitChanges> {
+        let mut changes = BTreeMap::new();
+        for key in KEYS {
+            if let Some(v) = params.get(key) {
+                changes.insert(key.to_string(), limit_value(key, v)?);
+            }
+        }
+        Ok(LimitChanges(changes))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// These changes, then `later` over them.
+    pub fn then(&self, later: &LimitChanges) -> LimitChanges {
+        let mut all = self.0.clone();
+        all.extend(later.0.clone());
+        LimitChanges(all)
+    }
+}
+
 impl Limits {
     /// The limits `params` set (the four keys; others are not looked
-    /// at), each checked: INVALID_ARGUMENT naming the key.
+    /// at), each checked: INVALID_ARGUMENT naming the key. [`NO_LIMIT`]
+    /// sets none.
     pub fn parse(params: &BTreeMap<String, String>) -> Result<Limits> {
-        let get = |key: &str, units: bool| -> Result<Option<u64>> {
-            params
-                .get(key)
-                .map(|v| quantity(key, v.trim(), units))
-                .transpose()
-        };
-        Ok(Limits {
-            read_iops: get(READ_IOPS, false)?,
-            write_iops: get(WRITE_IOPS, false)?,
-            read_bps: get(READ_BPS, true)?,
-            write_bps: get(WRITE_BPS, true)?,
-        })
+        Ok(Limits::default().changed(&LimitChanges::parse(params)?))
+    }
+
+    /// These limits with `changes` made.
+    pub fn changed(&self, changes: &LimitChanges) -> Limits {
+        let mut out = *self;
+        for (key, value) in &changes.0 {
+            let slot = match key.as_str() {
+                READ_IOPS => &mut out.read_iops,
+                WRITE_IOPS => &mut out.write_iops,
+                READ_BPS => &mut out.read_bps,
+                WRITE_BPS => &mut out.write_bps,
+                _ => continue,
+            };
+            *slot = *value;
+        }
+        out
     }
 
     pub fn is_empty(&self) -> bool {
@@ -366,6 +415,37 @@ mod tests {
             assert_eq!(e.kind, crate::error::Kind::InvalidArgument, "{key}={value}");
             assert!(e.message.contains(key), "{e}");
         }
+    }
+
+    #[test]
+    fn a_change_keeps_what_it_does_not_name_and_max_lifts_a_limit() {
+        let class = Limits::parse(&params(&[("readIops", "50"), ("writeIops", "40")])).unwrap();
+        let first =
+            LimitChanges::parse(&params(&[("writeIops", "100"), ("readBps", "1Mi")])).unwrap();
+        let second = LimitChanges::parse(&params(&[("readIops", "max"), ("x", "y")])).unwrap();
+        assert_eq!(second.0.len(), 1);
+        let now = class.changed(&first.then(&second));
+        assert_eq!(
+            now,
+            Limits {
+                read_iops: None,
+                write_iops: Some(100),
+                read_bps: Some(1 << 20),
+                write_bps: None,
+            }
+        );
+        // The changes in order, one at a time, come to the same.
+        assert_eq!(class.changed(&first).changed(&second), now);
+        // max in a class is no limit; a bad value names its key.
+        assert!(Limits::parse(&params(&[("writeBps", " max ")]))
+            .unwrap()
+            .is_empty());
+        let e = LimitChanges::parse(&params(&[("writeBps", "maximum")])).unwrap_err();
+        assert!(
+            e.message.contains("writeBps") && e.message.contains("or max"),
+            "{e}"
+        );
+        assert!(LimitChanges::parse(&params(&[])).unwrap().is_empty());
     }
 
     #[test]

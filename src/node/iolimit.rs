@@ -19,6 +19,7 @@ impl NodeOps {
         req: &PublishRequest,
         stage: &StageRecord,
         record: &PublishRecord,
+        limits: Limits,
     ) -> std::result::Result<Limited, String> {
         let Some(uid) = &req.io.pod_uid else {
             return Err("the publish names no pod (is the CSIDriver's podInfoOnMount on?)".into());
@@ -43,14 +44,80 @@ impl NodeOps {
             pod: uid.clone(),
             cgroup,
             dev,
-            limits: req.io.limits,
+            limits,
         })
+    }
+
+    /// The limits a publish's pod gets now: its volume's at creation, with
+    /// every change the book has made over them.
+    pub(super) fn limits_now(&self, record: &PublishRecord) -> Limits {
+        let base = record
+            .class_limits
+            .or_else(|| record.limited.as_ref().map(|l| l.limits))
+            .unwrap_or_default();
+        match &self.limit_book {
+            Some(book) => base.changed(&book.get(&record.volume_id)),
+            None => base,
+        }
+    }
+
+    /// Sets what the book says now for the pod of the publish at `target`
+    /// (its record first). Whether the pod is limited as the book says.
+    pub(super) async fn relimit_target(&self, target: &Path) -> bool {
+        let _held = self.limits_held.lock().await;
+        let Some(mut record) = self.state.publish(target) else {
+            return false;
+        };
+        let wanted = self.limits_now(&record);
+        let Some(limited) = record.limited.as_mut() else {
+            // No pod and device were found when it was published: a limit
+            // cannot reach it until it is published again.
+            let why = (!wanted.is_empty()).then(|| {
+                record.unlimited.clone().unwrap_or_else(|| {
+                    "its pod's cgroup was not found when the volume was published to it (the \
+                     pod's next start limits it)"
+                        .to_string()
+                })
+            });
+            if why != record.unlimited {
+                record.unlimited = why;
+                self.keep_record(record);
+            }
+            return false;
+        };
+        if limited.limits == wanted && record.unlimited.is_none() {
+            return true;
+        }
+        limited.limits = wanted;
+        let at = limited.clone();
+        record.unlimited = None;
+        self.keep_record(record.clone());
+        match self.write_limits(at, wanted).await {
+            Ok(()) => {
+                tracing::info!(volume = %record.volume_id, target = %target.display(),
+                    limits = ?wanted, "the pod's I/O limits changed");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(volume = %record.volume_id, target = %target.display(),
+                    error = %e.message, "the pod's changed I/O limits could not be set");
+                record.unlimited = Some(e.message);
+                self.keep_record(record);
+                false
+            }
+        }
+    }
+
+    fn keep_record(&self, record: PublishRecord) {
+        if let Err(e) = self.state.put_publish(record) {
+            tracing::warn!(error = %e.message, "could not record a publish's I/O limits");
+        }
     }
 
     /// Sets the limits a publish recorded; a failure leaves the volume
     /// unlimited for this pod, said in its record (and so in its health).
     pub(super) async fn set_limits(&self, mut record: PublishRecord) {
-        let Some(l) = record.limited.clone() else {
+        let Some(l) = record.limited.clone().filter(|l| !l.limits.is_empty()) else {
             if let Some(why) = &record.unlimited {
                 tracing::warn!(volume = %record.volume_id, target = %record.target_path.display(),
                     "the volume's I/O limits are not set for this pod: {why}");
@@ -65,11 +132,8 @@ impl NodeOps {
             Err(e) => {
                 tracing::warn!(volume = %record.volume_id, target = %record.target_path.display(),
                     error = %e.message, "the volume's I/O limits could not be set for this pod");
-                record.limited = None;
                 record.unlimited = Some(e.message);
-                if let Err(e) = self.state.put_publish(record) {
-                    tracing::warn!(error = %e.message, "could not record the unset limits");
-                }
+                self.keep_record(record);
             }
         }
     }
@@ -81,9 +145,20 @@ impl NodeOps {
     /// is said. Returns how many were written.
     pub fn restore_limits(&self) -> usize {
         let mut written = 0;
-        for r in self.state.publishes() {
-            let Some(l) = &r.limited else { continue };
-            if !l.cgroup.exists() {
+        for mut r in self.state.publishes() {
+            // A change the book has that the record does not (a driver
+            // killed between the two) is made too.
+            let wanted = self.limits_now(&r);
+            let Some(l) = r.limited.as_mut() else {
+                continue;
+            };
+            let was = l.limits;
+            l.limits = wanted;
+            let l = l.clone();
+            if was != wanted {
+                self.keep_record(r.clone());
+            }
+            if (was.is_empty() && wanted.is_empty()) || !l.cgroup.exists() {
                 continue;
             }
             match self.cgroups.set(&l.cgroup, l.dev, &l.limits) {
@@ -99,14 +174,14 @@ impl NodeOps {
     /// publish on this node set the same (the same pod publishing the
     /// volume twice). A cgroup gone with its pod has nothing to clear.
     pub(super) async fn clear_limits(&self, record: &PublishRecord) {
-        let Some(l) = record.limited.clone() else {
+        let Some(l) = record.limited.clone().filter(|l| !l.limits.is_empty()) else {
             return;
         };
         let shared = self.state.publishes().iter().any(|o| {
             o.target_path != record.target_path
                 && o.limited
                     .as_ref()
-                    .is_some_and(|x| x.cgroup == l.cgroup && x.dev == l.dev)
+                    .is_some_and(|x| x.cgroup == l.cgroup && x.dev == l.dev && !x.limits.is_empty())
         });
         if shared || !l.cgroup.exists() {
             return;
@@ -125,7 +200,7 @@ impl NodeOps {
             .publishes()
             .into_iter()
             .filter_map(|r| {
-                let l = r.limited?;
+                let l = r.limited.filter(|l| !l.limits.is_empty())?;
                 Some(crate::metrics::PodIo {
                     volume_id: r.volume_id.to_string(),
                     pod_uid: l.pod.clone(),
@@ -174,5 +249,18 @@ impl NodeOps {
                 unset.join("; ")
             ),
         )]
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::plugin::Relimit for NodeOps {
+    async fn relimit(&self, id: &VolumeId) -> usize {
+        let mut set = 0;
+        for r in self.state.publishes_of(id) {
+            if self.relimit_target(&r.target_path).await {
+                set += 1;
+            }
+        }
+        set
     }
 }

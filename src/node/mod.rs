@@ -197,6 +197,12 @@ pub struct NodeOps {
     storage: Arc<health::StorageBook>,
     /// Where the pods' cgroups are, for their volumes' I/O limits.
     cgroups: crate::host::iolimit::Cgroups,
+    /// The limit changes ControllerModifyVolume made, where this node is
+    /// its volumes' controller (none: a volume's limits are its context's).
+    limit_book: Option<Arc<crate::plugin::LimitBook>>,
+    /// Held while a publish's limits are worked out and written, so that
+    /// the last to write read the book last.
+    limits_held: tokio::sync::Mutex<()>,
 }
 
 impl NodeOps {
@@ -224,12 +230,20 @@ impl NodeOps {
             health: Default::default(),
             storage: Default::default(),
             cgroups: Default::default(),
+            limit_book: None,
+            limits_held: Default::default(),
         }
     }
 
     /// The same, finding the pods' cgroups under this cgroup v2 root.
     pub fn with_cgroups(mut self, cgroups: crate::host::iolimit::Cgroups) -> Self {
         self.cgroups = cgroups;
+        self
+    }
+
+    /// The same, its publishes' limits changed as `book` says.
+    pub fn with_limit_book(mut self, book: Arc<crate::plugin::LimitBook>) -> Self {
+        self.limit_book = Some(book);
         self
     }
 

@@ -59,6 +59,7 @@ impl NodeOps {
             bound: None,
             limited: None,
             unlimited: None,
+            class_limits: None,
         };
         let fresh = match self.state.publish(&req.target_path) {
             Some(existing) => {
@@ -81,11 +82,16 @@ impl NodeOps {
             }
             AccessType::Mount { mount_flags, .. } => self.mount_bind(&req, &stage, mount_flags)?,
         };
-        // The limits are recorded before they are written (below).
-        if !req.io.limits.is_empty() {
-            match self.io_target(&req, &stage, &record) {
+        // The limits are recorded before they are written (below). The
+        // pod and device are kept even when there are none, for a limit a
+        // later change sets.
+        record.class_limits = Some(req.io.limits);
+        let wanted = self.limits_now(&record);
+        if req.io.pod_uid.is_some() || !wanted.is_empty() {
+            match self.io_target(&req, &stage, &record, wanted) {
                 Ok(limited) => record.limited = Some(limited),
-                Err(why) => record.unlimited = Some(why),
+                Err(why) if !wanted.is_empty() => record.unlimited = Some(why),
+                Err(_) => {}
             }
         }
         let bound = self.bind_target(fresh, record.clone(), bind).await;
@@ -94,7 +100,12 @@ impl NodeOps {
             return bound;
         }
         crate::killpoint::hit(crate::killpoint::Step::PublishLimited);
-        self.set_limits(record).await;
+        self.set_limits(record.clone()).await;
+        // A change recorded meanwhile (after this read the book, before
+        // its record was there for the change to find) is made now.
+        if self.limit_book.is_some() {
+            self.relimit_target(&record.target_path).await;
+        }
         Ok(())
     }
 
@@ -176,6 +187,7 @@ impl NodeOps {
             bound: existing.bound,
             limited: existing.limited.clone(),
             unlimited: existing.unlimited.clone(),
+            class_limits: existing.class_limits,
             ..asked.clone()
         };
         if *existing != asked {

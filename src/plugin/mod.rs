@@ -10,6 +10,7 @@ mod fields;
 mod groups;
 pub mod health;
 mod kind;
+mod limits;
 mod registry;
 mod secrets;
 mod sizing;
@@ -27,6 +28,7 @@ pub use health::{Finding, Reason};
 #[cfg(test)]
 pub use kind::DOUBLE;
 pub use kind::{Env, Helper, Kind, StoreKind};
+pub use limits::{LimitBook, Relimit};
 pub use registry::{Registry, BACKEND_PARAMETER};
 pub use secrets::Secrets;
 pub use sizing::{check_existing, filesystem_floor, own_source, round_up, SizeRules};

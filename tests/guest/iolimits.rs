@@ -375,11 +375,7 @@ async fn guest_io_limits_hold_a_pod_s_fio_on_every_block_backend() {
 async fn guest_io_limits_are_each_pod_s_outlive_a_kill_and_a_pod_without_a_cgroup_is_published_unlimited(
 ) {
     require_guest();
-    let local = LocalBackends::new("iolim2", 64);
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let mut h =
-        Harness::start_with_env(Some(&local.config), &[("FERROVOL_METRICS_ADDR", &addr)]).await;
+    let (_local, mut h, port) = metered("iolim2").await;
     let none = HashMap::new();
     let vol = staged(
         &h,
@@ -390,17 +386,7 @@ async fn guest_io_limits_are_each_pod_s_outlive_a_kill_and_a_pod_without_a_cgrou
         false,
     )
     .await;
-    // The metrics' sample for a pod's key on the volume, if there is one.
-    let sample = |uid: &str, family: &str, key: &str| -> Option<u64> {
-        let text = http_get(port, "/metrics").unwrap().1;
-        let want = format!(
-            "ferrovol_{family}{{volume_id=\"{}\",pod_uid=\"{uid}\",key=\"{key}\"}} ",
-            vol.id
-        );
-        text.lines()
-            .find_map(|l| l.strip_prefix(&want))
-            .map(|v| v.trim().parse().unwrap())
-    };
+    let sample = |uid: &str, family: &str, key: &str| sample(port, family, &vol.id, uid, key);
     let (a, b) = (PodCgroup::new(UID_A, true), PodCgroup::new(UID_B, false));
     let (ta, fa) = vol.publish(&h, "lim-two-a", Some(&a.uid)).await;
     let (tb, fb) = vol.publish(&h, "lim-two-b", Some(&b.uid)).await;
@@ -525,4 +511,221 @@ async fn guest_io_limits_are_each_pod_s_outlive_a_kill_and_a_pod_without_a_cgrou
         .unwrap();
     assert!(a.limits_on(dev).is_empty());
     vol.drop_all(&h, &none).await;
+}
+
+/// A driver on the local backends (named `name`), serving metrics on the
+/// port answered.
+async fn metered(name: &str) -> (LocalBackends, Harness, u16) {
+    let local = LocalBackends::new(name, 64);
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let h = Harness::start_with_env(Some(&local.config), &[("FERROVOL_METRICS_ADDR", &addr)]).await;
+    (local, h, port)
+}
+
+/// The metrics' sample of `family` for a pod's key on a volume, if there
+/// is one.
+fn sample(port: u16, family: &str, volume: &str, uid: &str, key: &str) -> Option<u64> {
+    let text = http_get(port, "/metrics").unwrap().1;
+    let want =
+        format!("ferrovol_{family}{{volume_id=\"{volume}\",pod_uid=\"{uid}\",key=\"{key}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&want))
+        .map(|v| v.trim().parse().unwrap())
+}
+
+/// fio writing 4 KiB at random in `pod` for `secs` seconds, started on a
+/// thread: each second's write IOPS, in order, once it is done.
+fn fio_by_second(pod: &PodCgroup, file: &Path, secs: u32) -> std::thread::JoinHandle<Vec<f64>> {
+    let log = std::env::temp_dir().join(format!("fio-{}-{secs}", pod.uid));
+    let script = format!(
+        "echo $$ > {}/cgroup.procs && exec fio --name=modify --filename={} --rw=randwrite \
+         --bs=4k --direct=1 --ioengine=psync --size=8M --runtime={secs} --time_based \
+         --write_iops_log={} --log_avg_msec=1000 --output-format=json",
+        pod.dir.display(),
+        file.display(),
+        log.display()
+    );
+    std::thread::spawn(move || {
+        run("sh", &["-c", &script]);
+        let path = format!("{}_iops.1.log", log.display());
+        let text = std::fs::read_to_string(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        // `msec, iops, direction, bs, offset[, ...]`: one line a second.
+        text.lines()
+            .filter_map(|l| l.split(',').nth(1)?.trim().parse().ok())
+            .collect()
+    })
+}
+
+/// What NodeGetVolumeHealth says of `vol` published at `target`.
+async fn health_of(
+    h: &Harness,
+    vol: &Staged,
+    target: &Path,
+) -> Vec<pb::volume_health::VolumeHealthEntry> {
+    h.node()
+        .node_get_volume_health(pb::NodeGetVolumeHealthRequest {
+            volume_id: vol.id.clone(),
+            volume_publish_path: target.display().to_string(),
+            staging_target_path: vol.staging.display().to_string(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .volume_health
+        .unwrap_or_default()
+        .health_statuses
+}
+
+/// The mean of `per_second[from..to]`.
+fn mean(per_second: &[f64], from: usize, to: usize) -> f64 {
+    let part = &per_second[from..to.min(per_second.len())];
+    part.iter().sum::<f64>() / part.len() as f64
+}
+
+/// ControllerModifyVolume reaches the pods using the volume where the
+/// controller is their node: while fio writes in a pod, a change of the
+/// write limit from 50 to 200 IOPS holds it to 200 from the next second,
+/// and lifting it (`max`) leaves it unthrottled; a pod that had no limit
+/// (its volume made without one) gets one; a publish naming no pod is said
+/// unlimited in health while there is a limit. The new limits show in
+/// `io.max` when the modify returns, and in the metrics. Killed after the
+/// change is recorded (`modify.limits`), the next start sets it, and the
+/// CO's retry of the modify succeeds.
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_io_limits_a_modify_reaches_the_running_pods_within_a_second_and_max_lifts_it() {
+    require_guest();
+    let (_local, mut h, port) = metered("iolim3").await;
+    let none = HashMap::new();
+    let vol = staged(
+        &h,
+        "lim-mod",
+        false,
+        &[("backend", "file"), ("writeIops", "50"), ("readIops", "40")],
+        &none,
+        false,
+    )
+    .await;
+    let plain = staged(&h, "lim-plain", true, &[("backend", "lvm")], &none, false).await;
+    let (a, b) = (PodCgroup::new(UID_A, true), PodCgroup::new(UID_B, false));
+    let (ta, fa) = vol.publish(&h, "lim-mod-a", Some(&a.uid)).await;
+    let (tb, _) = plain.publish(&h, "lim-plain-b", Some(&b.uid)).await;
+    let (tn, _) = plain.publish(&h, "lim-plain-n", None).await;
+    let (dev, dev_b) = (vol.dev(&ta), plain.dev(&tb));
+    assert_eq!(a.limits_on(dev).write_iops, Some(50));
+    assert!(b.limits_on(dev_b).is_empty());
+    // 50, then 200 from second 4, then none from second 8 (the seconds
+    // after each change's own are measured).
+    let started = std::time::Instant::now();
+    let fio = fio_by_second(&a, &fa, 12);
+    let at = |secs: u64| started + std::time::Duration::from_secs(secs);
+    tokio::time::sleep_until(at(4).into()).await;
+    let t1 = started.elapsed().as_secs_f64();
+    h.modify(&vol.id, &[("writeIops", "200")])
+        .await
+        .unwrap_or_else(|e| panic!("modify: {e:?}\n{}", h.log()));
+    let raised = Limits {
+        read_iops: Some(40),
+        write_iops: Some(200),
+        ..Default::default()
+    };
+    assert_eq!(a.limits_on(dev), raised, "io.max when the modify returned");
+    assert_eq!(
+        sample(port, "volume_io_limit", &vol.id, UID_A, "writeIops"),
+        Some(200)
+    );
+    tokio::time::sleep_until(at(8).into()).await;
+    let t2 = started.elapsed().as_secs_f64();
+    h.modify(&vol.id, &[("writeIops", "max")]).await.unwrap();
+    assert_eq!(
+        a.limits_on(dev),
+        Limits {
+            read_iops: Some(40),
+            ..Default::default()
+        }
+    );
+    assert_eq!(
+        sample(port, "volume_io_limit", &vol.id, UID_A, "writeIops"),
+        None
+    );
+    let seconds = tokio::task::spawn_blocking(move || fio.join().unwrap())
+        .await
+        .unwrap();
+    println!("write IOPS by second: {seconds:.0?} (changed at {t1:.1} s and {t2:.1} s)");
+    // fio's seconds start a little after `started`: a change made at t
+    // seconds shows from fio's second floor(t) at the latest, the
+    // second it fell in mixed, unless it took longer to reach the pod.
+    let i1 = seconds.iter().position(|&v| v > 75.0).unwrap();
+    let i2 = seconds.iter().position(|&v| v > 260.0).unwrap();
+    assert!(
+        i1 <= t1 as usize + 1 && i2 <= t2 as usize + 1 && i1 >= 1 && i2 >= i1 + 3,
+        "the changes did not show within a second: {seconds:.0?}"
+    );
+    let (before, between, after) = (
+        mean(&seconds, 0, i1),
+        mean(&seconds, i1 + 1, i2),
+        mean(&seconds, i2 + 1, seconds.len()),
+    );
+    near("writes at 50", before, 50.0);
+    near("writes at 200", between, 200.0);
+    assert!(after >= 3.0 * 200.0, "writes lifted: {after:.0} IOPS");
+    println!("limited to 50: {before:.1} IOPS; to 200: {between:.1}; lifted: {after:.0}");
+
+    // A volume made with no limit: its pod gets one; the publish naming
+    // no pod is said unlimited while there is one.
+    assert!(health_of(&h, &plain, &tn).await.is_empty());
+    h.modify(&plain.id, &[("readBps", "1Mi")]).await.unwrap();
+    assert_eq!(b.limits_on(dev_b).read_bps, Some(1 << 20));
+    let said = health_of(&h, &plain, &tn).await;
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert_eq!(said[0].reason, "IoLimitNotApplied", "{said:?}");
+    assert!(
+        said[0].message.contains(&tn.display().to_string()),
+        "{said:?}"
+    );
+    let sr = PodCgroup::fio(Some(&b), &tb, "read", "64k").1;
+    near("pod B's reads at 1 MiB/s", sr, (1 << 20) as f64);
+
+    // Killed with the change recorded and not yet set: the next start
+    // sets it; the CO's retry succeeds and changes nothing more.
+    h.env
+        .push(("FERROVOL_KILL_AT".into(), "modify.limits".into()));
+    h.kill();
+    h.spawn().await;
+    let died = h
+        .modify(&plain.id, &[("readBps", "max"), ("writeIops", "30")])
+        .await;
+    assert!(died.is_err(), "{died:?}");
+    h.kill();
+    assert_eq!(
+        b.limits_on(dev_b).read_bps,
+        Some(1 << 20),
+        "set before the kill"
+    );
+    h.env.retain(|(k, _)| k != "FERROVOL_KILL_AT");
+    h.spawn().await;
+    let lowered = Limits {
+        write_iops: Some(30),
+        ..Default::default()
+    };
+    assert_eq!(b.limits_on(dev_b), lowered, "not set at start");
+    h.modify(&plain.id, &[("readBps", "max"), ("writeIops", "30")])
+        .await
+        .unwrap();
+    assert_eq!(b.limits_on(dev_b), lowered);
+    // Lifted whole: nothing in io.max, nothing said.
+    h.modify(&plain.id, &[("writeIops", "max")]).await.unwrap();
+    assert!(b.limits_on(dev_b).is_empty());
+    assert!(health_of(&h, &plain, &tn).await.is_empty());
+    for (v, t) in [(&vol, &ta), (&plain, &tb), (&plain, &tn)] {
+        h.node()
+            .node_unpublish_volume(unpublish_req(&v.id, t))
+            .await
+            .unwrap();
+    }
+    assert!(a.limits_on(dev).is_empty());
+    vol.drop_all(&h, &none).await;
+    plain.drop_all(&h, &none).await;
 }

@@ -421,7 +421,8 @@ async fn io_limits_reach_the_volume_context_of_block_backends_only() {
     let v = c.create_volume(req).await.unwrap().volume;
     assert_eq!(v.context["ioLimit.readIops"], "50");
     assert_eq!(v.context["ioLimit.writeIops"], "40");
-    // Changed on a live volume: refused, naming the key, nothing changed.
+    // Changed where the controller is not the volumes' node: refused,
+    // naming the key, nothing changed.
     let e = c
         .modify_volume(&v.id, &kv(&[("writeIops", "10")]), &secrets())
         .await
@@ -440,6 +441,101 @@ async fn io_limits_reach_the_volume_context_of_block_backends_only() {
         ],
     )
     .await;
+}
+
+/// What a controller's node was asked to set: each volume, in order.
+#[derive(Default)]
+struct Relimits(std::sync::Mutex<Vec<String>>);
+
+#[async_trait::async_trait]
+impl crate::plugin::Relimit for Relimits {
+    async fn relimit(&self, id: &VolumeId) -> usize {
+        self.0.lock().unwrap().push(id.to_string());
+        1
+    }
+}
+
+/// Where the controller is its volumes' node, a change to a volume's
+/// limits is kept in the book over the volume's own and handed to the
+/// node; `max` lifts one; a bad value, a backend without block devices, or
+/// a volume that is not there changes nothing; a delete forgets it.
+#[tokio::test]
+async fn a_limit_change_is_kept_over_the_volume_s_own_and_handed_to_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let book = Arc::new(crate::plugin::LimitBook::open(dir.path()).unwrap());
+    let node = Arc::new(Relimits::default());
+    let c = file_and_net().with_limits(book.clone(), node.clone());
+    let v = c
+        .create_volume(new_volume(
+            "pvc-1",
+            &[
+                ("backend", "file"),
+                ("readIops", "300"),
+                ("writeIops", "60"),
+            ],
+        ))
+        .await
+        .unwrap()
+        .volume;
+    let created = crate::host::iolimit::Limits::from_context(&v.context).unwrap();
+    let now = || created.changed(&book.get(&v.id));
+    c.modify_volume(
+        &v.id,
+        &kv(&[("writeIops", "10"), ("readBps", "1Mi")]),
+        &secrets(),
+    )
+    .await
+    .unwrap();
+    c.modify_volume(&v.id, &kv(&[("readIops", "max")]), &secrets())
+        .await
+        .unwrap();
+    let want = crate::host::iolimit::Limits {
+        write_iops: Some(10),
+        read_bps: Some(1 << 20),
+        ..Default::default()
+    };
+    assert_eq!(now(), want);
+    assert_eq!(*node.0.lock().unwrap(), vec![v.id.to_string(); 2]);
+    // Refused, nothing kept or handed on.
+    for (changes, what) in [
+        (&[("writeIops", "0")][..], "writeIops"),
+        (&[("readBps", "fast")][..], "readBps"),
+    ] {
+        let e = c
+            .modify_volume(&v.id, &kv(changes), &secrets())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind, Kind::InvalidArgument, "{e}");
+        assert!(e.message.contains(what), "{e}");
+    }
+    let gone = VolumeId::parse("file:never-made").unwrap();
+    let e = c
+        .modify_volume(&gone, &kv(&[("writeIops", "5")]), &secrets())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, Kind::NotFound, "{e}");
+    assert!(book.get(&gone).is_empty());
+    let n = c
+        .create_volume(new_volume("pvc-2", &[("backend", "net")]))
+        .await
+        .unwrap()
+        .volume;
+    let e = c
+        .modify_volume(&n.id, &kv(&[("writeIops", "5")]), &secrets())
+        .await
+        .unwrap_err();
+    assert!(e.message.contains("no block devices"), "{e}");
+    assert!(book.get(&n.id).is_empty());
+    assert_eq!(now(), want);
+    assert_eq!(node.0.lock().unwrap().len(), 2);
+    c.delete_volume(&v.id.to_string(), &secrets())
+        .await
+        .unwrap();
+    assert!(book.get(&v.id).is_empty());
+    assert!(crate::plugin::LimitBook::open(dir.path())
+        .unwrap()
+        .get(&v.id)
+        .is_empty());
 }
 
 /// A volume asked for smaller than its filesystem can be made on (mkfs.xfs

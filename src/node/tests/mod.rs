@@ -158,6 +158,9 @@ struct Fixture {
     host: Arc<crate::host::FakeHost>,
     /// The loop driver the node's read-only block publishes use.
     loops: Arc<crate::host::loopdev::FakeLoops>,
+    /// The limit changes its publishes follow (a controller's, in one
+    /// process with it).
+    book: Arc<crate::plugin::LimitBook>,
 }
 
 fn fixture() -> Fixture {
@@ -194,7 +197,10 @@ fn fixture_with(deadlines: Deadlines) -> Fixture {
     .with_cgroups(crate::host::iolimit::Cgroups::new(
         dir.path().join("cgroup"),
     ));
+    let book = Arc::new(crate::plugin::LimitBook::open(&dir.path().join("controller")).unwrap());
+    let ops = ops.with_limit_book(book.clone());
     Fixture {
+        book,
         dir,
         ops: Arc::new(ops),
         registry,

@@ -597,3 +597,53 @@ async fn a_publish_whose_limits_cannot_be_set_is_published_and_said_unlimited() 
     }
     assert!(f.ops.volume_health(&id(), "", "").await.unwrap().is_empty());
 }
+
+/// A change to the limits of a volume whose publishes' pods were not found
+/// (no limits when they were published, so nothing was said then) is said
+/// in the volume's health for each of them while the volume has a limit,
+/// and no more once every limit is lifted; the records keep what the
+/// volume's context set, which the changes are made over.
+#[tokio::test]
+async fn a_limit_that_cannot_reach_a_publish_is_said_while_it_is_there() {
+    use crate::plugin::Relimit;
+    let f = fixture();
+    stage_ext4(&f).await;
+    let req = |target: &str, pod: Option<&str>| PublishRequest {
+        io: IoPublish {
+            limits: Default::default(),
+            pod_uid: pod.map(str::to_string),
+        },
+        ..publish_req(&f, target, AccessMode::SingleNodeMultiWriter, false)
+    };
+    f.ops
+        .publish(req("nocg", Some("0f6e3a8c-1b2d-4c5e-8f90-a1b2c3d4e5f6")))
+        .await
+        .unwrap();
+    f.ops.publish(req("nopod", None)).await.unwrap();
+    let record = |t: &str| {
+        f.ops
+            .state()
+            .publish(&f.dir.path().join("pods").join(t))
+            .unwrap()
+    };
+    for t in ["nocg", "nopod"] {
+        assert_eq!(record(t).unlimited, None, "{t}: said with no limit");
+        assert_eq!(record(t).class_limits, Some(Default::default()));
+    }
+    assert!(f.ops.volume_health(&id(), "", "").await.unwrap().is_empty());
+    let change = |k: &str, v: &str| {
+        crate::host::iolimit::LimitChanges::parse(&[(k.to_string(), v.to_string())].into()).unwrap()
+    };
+    f.book.change(&id(), &change("writeIops", "50")).unwrap();
+    assert_eq!(f.ops.relimit(&id()).await, 0);
+    let said = f.ops.volume_health(&id(), "", "").await.unwrap();
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert_eq!(said[0].reason, Reason::IoLimitNotApplied);
+    assert!(said[0].message.contains("for 2 of its pods"), "{said:?}");
+    // A publish made now is said at once, as one made with the limit.
+    f.ops.publish(req("later", None)).await.unwrap();
+    assert!(record("later").unlimited.unwrap().contains("names no pod"));
+    f.book.change(&id(), &change("writeIops", "max")).unwrap();
+    f.ops.relimit(&id()).await;
+    assert!(f.ops.volume_health(&id(), "", "").await.unwrap().is_empty());
+}

@@ -1,0 +1,150 @@
+//! The I/O limits ControllerModifyVolume changed, per volume, where the
+//! node that publishes the volume reads them: a volume's context carries
+//! the limits it was made with (its class's, or the VolumeAttributesClass
+//! its claim named then), and a publish's limits are those with every
+//! change recorded here made over them, in order.
+//!
+//! The book is one small file, replaced whole and durably at each change
+//! (a modify the CO was told is done outlives a power loss). It is kept
+//! where the controller and the node are one process, with the volumes
+//! (see docs/io-limits.md): the node reads it at every publish, and the
+//! controller hands a change to the node's publishes itself
+//! ([`Relimit`]).
+
+use super::VolumeId;
+use crate::error::Result;
+use crate::host::iolimit::LimitChanges;
+use crate::sync::LockExt;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+pub struct LimitBook {
+    path: PathBuf,
+    changes: Mutex<BTreeMap<String, LimitChanges>>,
+}
+
+/// The book's file: each changed volume's changes, by its id.
+#[derive(Default, serde::Serialize, serde::Deserialize)]
+struct File {
+    volumes: BTreeMap<String, LimitChanges>,
+}
+
+impl LimitBook {
+    /// Opens the book in `dir` (made private if missing).
+    pub fn open(dir: &Path) -> Result<Self> {
+        crate::records::private_dir(dir)?;
+        let path = dir.join("limits.json");
+        let changes = crate::records::read_json::<File>(&path)?
+            .unwrap_or_default()
+            .volumes;
+        Ok(Self {
+            path,
+            changes: Mutex::new(changes),
+        })
+    }
+
+    /// The changes made to `id`'s limits since it was made (none: empty).
+    pub fn get(&self, id: &VolumeId) -> LimitChanges {
+        self.changes
+            .locked()
+            .get(&id.to_string())
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Records `change` over what `id` had, on disk first.
+    pub fn change(&self, id: &VolumeId, change: &LimitChanges) -> Result<()> {
+        self.replace(|all| {
+            let now = all.entry(id.to_string()).or_default();
+            *now = now.then(change);
+            true
+        })
+    }
+
+    /// Forgets `id` (deleted); one never changed is fine.
+    pub fn forget(&self, id: &VolumeId) -> Result<()> {
+        self.replace(|all| all.remove(&id.to_string()).is_some())
+    }
+
+    /// The book as `edit` leaves it, written whole (when it says it
+    /// changed anything) before it is the book in memory.
+    fn replace(
+        &self,
+        edit: impl FnOnce(&mut BTreeMap<String, LimitChanges>) -> bool,
+    ) -> Result<()> {
+        let mut all = self.changes.locked();
+        let mut next = all.clone();
+        if edit(&mut next) {
+            crate::records::write_json(
+                &self.path,
+                &File {
+                    volumes: next.clone(),
+                },
+            )?;
+            *all = next;
+        }
+        Ok(())
+    }
+}
+
+/// What sets a volume's changed limits on the pods that use it now: the
+/// node, when it is the controller's own process.
+#[async_trait::async_trait]
+pub trait Relimit: Send + Sync {
+    /// Sets `id`'s limits, as the book has them now, for every pod it is
+    /// published to here. Returns how many publishes were set; a pod whose
+    /// limits could not be set is said in the volume's health.
+    async fn relimit(&self, id: &VolumeId) -> usize;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::iolimit::Limits;
+
+    fn changes(pairs: &[(&str, &str)]) -> LimitChanges {
+        LimitChanges::parse(
+            &pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_volume_s_changes_add_up_outlive_a_reopen_and_go_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let book = LimitBook::open(dir.path()).unwrap();
+        let a = VolumeId::parse("file:a").unwrap();
+        let b = VolumeId::parse("file:b").unwrap();
+        assert!(book.get(&a).is_empty());
+        book.change(&a, &changes(&[("readIops", "10"), ("writeIops", "20")]))
+            .unwrap();
+        book.change(&a, &changes(&[("readIops", "max")])).unwrap();
+        book.change(&b, &changes(&[("writeBps", "1Mi")])).unwrap();
+        let class = Limits {
+            read_iops: Some(5),
+            ..Limits::default()
+        };
+        let want = Limits {
+            write_iops: Some(20),
+            ..Limits::default()
+        };
+        assert_eq!(class.changed(&book.get(&a)), want);
+        let book = LimitBook::open(dir.path()).unwrap();
+        assert_eq!(class.changed(&book.get(&a)), want);
+        book.forget(&a).unwrap();
+        book.forget(&a).unwrap();
+        let book = LimitBook::open(dir.path()).unwrap();
+        assert!(book.get(&a).is_empty());
+        assert_eq!(book.get(&b).0["writeBps"], Some(1 << 20));
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join("limits.json"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "{mode:o}");
+    }
+}
