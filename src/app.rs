@@ -120,15 +120,22 @@ pub fn build_with(
     // One guard table for both services: an operation on a volume excludes
     // every other operation on it, whichever service it came through.
     let locks = OpLocks::new();
-    // Where the controller runs with the volumes' node (one process, the
-    // volumes its own), a change to a volume's I/O limits reaches its pods.
-    let limit_book =
-        match settings.mode.controller() && settings.mode.node() && !settings.volumes_on_nodes {
-            true => Some(Arc::new(crate::plugin::LimitBook::open(
-                &state_dir.join("controller"),
-            )?)),
-            false => None,
-        };
+    // The changes to volumes' I/O limits: a controller's (the central
+    // controller of node-local volumes makes none), which its node in the
+    // same process reads; a node alone keeps what its controller says.
+    let limit_book = match settings.mode.controller() {
+        true if settings.volumes_on_nodes => None,
+        true => Some(state_dir.join("controller")),
+        false => Some(state_dir.join("limits")),
+    }
+    .map(|dir| crate::plugin::LimitBook::open(&dir).map(Arc::new))
+    .transpose()?;
+    let limits_from = config
+        .node
+        .limits_from
+        .as_deref()
+        .map(crate::node::limits_authority)
+        .transpose()?;
     let mut node = NodeOps::new(
         registry.clone(),
         mounter,
@@ -152,6 +159,9 @@ pub fn build_with(
     if let Some(book) = &limit_book {
         node = node.with_limit_book(book.clone());
     }
+    if let (Some(from), false) = (&limits_from, settings.mode.controller()) {
+        node = node.with_limits_from(from.clone());
+    }
     let node = Arc::new(node);
     let mut controller =
         ControllerOps::new(registry.clone(), locks, &node_id, &config.node.topology_key);
@@ -166,8 +176,12 @@ pub fn build_with(
             .then(|| node.clone() as Arc<dyn crate::plugin::Quiesce>);
         controller = controller.with_ledger(ledger).with_groups(groups, quiesce);
     }
-    if let Some(book) = limit_book {
-        controller = controller.with_limits(book, node.clone());
+    if let (Some(book), true) = (limit_book, settings.mode.controller()) {
+        let here = settings
+            .mode
+            .node()
+            .then(|| node.clone() as Arc<dyn crate::plugin::Relimit>);
+        controller = controller.with_limits(book, here);
     }
     if settings.mode.node() {
         // What a dead driver left half done comes first: a filesystem it
@@ -324,6 +338,40 @@ fn absolute(p: &Path) -> Result<PathBuf> {
 
 /// Lets every backend clear what an earlier run left for itself, before
 /// the driver serves.
+/// A node that asks its controller for the changes to its volumes' I/O
+/// limits asks every `limits_refresh_seconds` from now on.
+pub fn start_limit_refresh(driver: &Arc<Driver>) {
+    let Some(from) = driver.node.limits_from().map(str::to_string) else {
+        return;
+    };
+    let every = std::time::Duration::from_secs(driver.settings.limits_refresh_seconds.max(1));
+    let node = driver.node.clone();
+    tracing::info!(controller = %from, every = ?every, "asking the controller for I/O limit changes");
+    tokio::spawn(async move {
+        let mut failing = false;
+        loop {
+            match node.refresh_limits(&from).await {
+                Ok(changed) => {
+                    if changed > 0 || failing {
+                        tracing::info!(
+                            volumes = changed,
+                            "I/O limit changes taken from the controller"
+                        );
+                    }
+                    failing = false;
+                }
+                // Said once until it answers again.
+                Err(e) if !failing => {
+                    tracing::warn!(error = %e.message, "the volumes keep the I/O limits they have");
+                    failing = true;
+                }
+                Err(_) => {}
+            }
+            tokio::time::sleep(every).await;
+        }
+    });
+}
+
 pub async fn start_backends(driver: &Driver) -> Result<()> {
     for b in driver.registry.all() {
         b.start().await?;

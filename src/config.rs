@@ -53,6 +53,13 @@ pub struct NodeSettings {
     /// process sees it (the node plugin mounts the host's there), where
     /// volumes' I/O limits are set.
     pub cgroup_root: PathBuf,
+    /// The controller the node asks for changes to its volumes' I/O limits
+    /// (`http://host:port`, the controller's metrics address; a Service's
+    /// name on a cluster); none: the node takes a volume's limits from its
+    /// context (and, where it is its own controller, from its changes).
+    pub limits_from: Option<String>,
+    /// How often, in seconds, the node asks it.
+    pub limits_refresh_seconds: u64,
 }
 
 impl Default for NodeSettings {
@@ -65,6 +72,8 @@ impl Default for NodeSettings {
             encryption_kdf_memory_kib: kdf.memory_kib,
             encryption_kdf_time_ms: kdf.time_ms,
             cgroup_root: "/sys/fs/cgroup".into(),
+            limits_from: None,
+            limits_refresh_seconds: 10,
         }
     }
 }

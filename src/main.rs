@@ -250,6 +250,7 @@ async fn run(a: ServeArgs) -> ferrovol::error::Result<()> {
     };
     let driver = app::build(&settings)?;
     app::start_backends(&driver).await?;
+    app::start_limit_refresh(&driver);
     if let Some(addr) = a.metrics_addr {
         ferrovol::server::http::serve(addr, driver.clone()).await?;
     }

@@ -1148,3 +1148,137 @@ async fn clients_sending_the_endpoint_url_as_authority_over_tcp_reach_every_rpc(
     assert!(!reference.contains("UNAVAILABLE"), "{reference}");
     assert_eq!(run("socket"), reference, "the endpoint's URL as authority");
 }
+
+/// A controller and a node in two processes, as a cluster runs the remote
+/// driver: a change to a volume's I/O limits at the controller reaches the
+/// node's pod within its refresh (the node asks the controller's
+/// `/limits`), including one made while the node was down; the node keeps
+/// what it was told, and writes it again at a start with the controller
+/// gone. The pod's cgroup is a folder with an `io.max` file here (the
+/// kernel's is tested in the guest); the device is a real loop device.
+#[tokio::test]
+async fn a_limit_change_at_a_controller_reaches_a_node_that_asks_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let uid = "7c1d2e3f-4a5b-4c6d-8e7f-90a1b2c3d4e5";
+    let pod = dir
+        .path()
+        .join(format!("cgroup/kubepods/burstable/pod{uid}"));
+    std::fs::create_dir_all(&pod).unwrap();
+    std::fs::write(pod.join("io.max"), "").unwrap();
+    let config = format!(
+        "[node]\ncgroup_root = \"{}/cgroup\"\nlimits_from = \"http://127.0.0.1:{port}\"\n\
+         limits_refresh_seconds = 1\n\n[[backend]]\ntype = \"file\"\nname = \"file\"\n\
+         pool = \"{}/pool\"\n",
+        dir.path().display(),
+        dir.path().display()
+    );
+    let metrics = format!("127.0.0.1:{port}");
+    let mut controller = Harness::start_with_env(
+        Some(&config),
+        &[
+            ("FERROVOL_MODE", "controller"),
+            ("FERROVOL_METRICS_ADDR", &metrics),
+        ],
+    )
+    .await;
+    let mut node = Harness::start_with_env(Some(&config), &[("FERROVOL_MODE", "node")]).await;
+    let cap = mount_cap("ext4", SNW);
+    let mut req = create_req("lim-asked", 16 * MIB, cap.clone());
+    req.parameters.insert("writeIops".into(), "50".into());
+    let vol = controller.create(req).await;
+    let staging = node.path("kubelet/staging/lim");
+    let target = node.path("kubelet/pods/lim");
+    std::fs::create_dir_all(&staging).unwrap();
+    node.node()
+        .node_stage_volume(pb::NodeStageVolumeRequest {
+            volume_context: vol.volume_context.clone(),
+            ..stage_req(&vol.volume_id, &staging, cap.clone())
+        })
+        .await
+        .unwrap_or_else(|e| panic!("stage: {e:?}\n{}", node.log()));
+    let mut context = vol.volume_context.clone();
+    context.insert("csi.storage.k8s.io/pod.uid".into(), uid.into());
+    node.node()
+        .node_publish_volume(pb::NodePublishVolumeRequest {
+            volume_context: context,
+            ..publish_req(&vol.volume_id, &staging, &target, cap.clone(), false)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("publish: {e:?}\n{}", node.log()));
+    let io_max = || std::fs::read_to_string(pod.join("io.max")).unwrap();
+    let line = |riops: &str, wiops: &str| format!("rbps=max wbps=max riops={riops} wiops={wiops}");
+    assert!(io_max().ends_with(&line("max", "50")), "{}", io_max());
+    // Within the node's refresh (1 s here), as long as a busy machine
+    // makes it.
+    let becomes = |want: String| {
+        let io_max = &io_max;
+        async move {
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            while !io_max().ends_with(&want) {
+                assert!(
+                    std::time::Instant::now() < until,
+                    "io.max is {:?}, not ...{want}",
+                    io_max()
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+    };
+    controller
+        .modify(&vol.volume_id, &[("writeIops", "200")])
+        .await
+        .unwrap();
+    becomes(line("max", "200")).await;
+    // Made while the node is down: taken when it is back.
+    node.kill();
+    controller
+        .modify(&vol.volume_id, &[("readIops", "20")])
+        .await
+        .unwrap();
+    node.spawn().await;
+    becomes(line("20", "200")).await;
+    // The controller gone (its answers with it): a node started again
+    // writes what it was last told.
+    controller.kill();
+    node.kill();
+    std::fs::write(pod.join("io.max"), "").unwrap();
+    node.spawn().await;
+    assert!(io_max().ends_with(&line("20", "200")), "{}", io_max());
+    assert!(
+        node.log()
+            .contains("the volumes keep the I/O limits they have"),
+        "{}",
+        node.log()
+    );
+    controller.spawn().await;
+    // What a node may ask, and what it is told.
+    let (status, body) = http_get(port, &format!("/limits?volumes={}", vol.volume_id)).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let said: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(said[&vol.volume_id]["writeIops"], 200, "{body}");
+    assert_eq!(http_get(port, "/limits?volumes=../x").unwrap().0, 400);
+    assert_eq!(http_get(port, "/limits").unwrap().0, 400);
+    // Lifted: the line goes.
+    controller
+        .modify(&vol.volume_id, &[("readIops", "max"), ("writeIops", "max")])
+        .await
+        .unwrap();
+    becomes(line("max", "max")).await;
+    node.node()
+        .node_unpublish_volume(unpublish_req(&vol.volume_id, &target))
+        .await
+        .unwrap();
+    node.node()
+        .node_unstage_volume(unstage_req(&vol.volume_id, &staging))
+        .await
+        .unwrap();
+    controller
+        .controller()
+        .delete_volume(pb::DeleteVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}

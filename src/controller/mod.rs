@@ -13,6 +13,7 @@ use crate::plugin::{
     Ledger, LimitBook, Page, Registry, Relimit, Secrets, SnapshotId, SnapshotInfo, SnapshotInstant,
     VolumeCapability, VolumeId, VolumeInfo,
 };
+use crate::sync::LockExt;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -195,9 +196,22 @@ pub struct ControllerOps {
     quiesce: Option<Arc<dyn crate::plugin::Quiesce>>,
     /// What each volume's health was when last measured.
     health: Arc<health::VolumeBook>,
-    /// Where a change to a volume's I/O limits is kept, and what sets it
-    /// on the pods using the volume; `None`: limits are not changed here.
-    limits: Option<(Arc<LimitBook>, Arc<dyn Relimit>)>,
+    /// How a change to a volume's I/O limits is kept and reaches its
+    /// pods; `None`: limits are not changed here.
+    limits: Option<Keeping>,
+}
+
+/// How a controller keeps the changes to volumes' I/O limits.
+struct Keeping {
+    /// Every volume's changes, as this controller knows them (in its
+    /// state directory; for a backend that keeps them itself, a copy).
+    book: Arc<LimitBook>,
+    /// The node in this process, which publishes the volumes and sets a
+    /// change on their pods at once; `None`: the nodes ask for them.
+    node: Option<Arc<dyn Relimit>>,
+    /// The volumes of backends that keep their changes themselves whose
+    /// changes were read into the book since this controller started.
+    read: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 mod group;
@@ -262,11 +276,74 @@ impl ControllerOps {
         }
     }
 
-    /// Changes volumes' I/O limits: kept in `book`, set by `node` (this
-    /// process's, which publishes the volumes).
-    pub fn with_limits(mut self, book: Arc<LimitBook>, node: Arc<dyn Relimit>) -> Self {
-        self.limits = Some((book, node));
+    /// Changes volumes' I/O limits: kept in `book` (and by a backend
+    /// that keeps them itself), set by `node` (this process's, which
+    /// publishes the volumes) or asked for by the nodes
+    /// ([`ControllerOps::current_limits`]).
+    pub fn with_limits(mut self, book: Arc<LimitBook>, node: Option<Arc<dyn Relimit>>) -> Self {
+        self.limits = Some(Keeping {
+            book,
+            node,
+            read: Default::default(),
+        });
         self
+    }
+
+    /// Whether this controller changes volumes' I/O limits.
+    pub fn keeps_limits(&self) -> bool {
+        self.limits.is_some()
+    }
+
+    /// The changes made to volume `id`'s limits since it was made: the
+    /// book's, read first from a backend that keeps them itself.
+    async fn limits_of(
+        &self,
+        keeping: &Keeping,
+        backend: &dyn Backend,
+        id: &VolumeId,
+        secrets: &Secrets,
+    ) -> Result<crate::host::iolimit::LimitChanges> {
+        let key = id.to_string();
+        if let Some(keeper) = backend.limit_keeper() {
+            if !keeping.read.locked().contains(&key) {
+                let kept = keeper.kept_limits(id, secrets).await?;
+                keeping.book.set(id, &kept)?;
+                keeping.read.locked().insert(key);
+            }
+        }
+        Ok(keeping.book.get(id))
+    }
+
+    /// What the nodes ask for: the changes made to each of `ids`' limits
+    /// (by id), for those this controller can say; none when it changes
+    /// no limits.
+    pub async fn current_limits(
+        &self,
+        ids: &[VolumeId],
+    ) -> BTreeMap<String, crate::host::iolimit::LimitChanges> {
+        let mut out = BTreeMap::new();
+        let Some(keeping) = &self.limits else {
+            return out;
+        };
+        for id in ids {
+            let Ok(backend) = self.registry.for_volume(id) else {
+                continue;
+            };
+            match self
+                .limits_of(keeping, backend.as_ref(), id, &Secrets::default())
+                .await
+            {
+                Ok(changes) => {
+                    out.insert(id.to_string(), changes);
+                }
+                Err(e) if e.kind == Kind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(volume = %id, error = %e.message,
+                        "a volume's I/O limit changes could not be read for a node")
+                }
+            }
+        }
+        out
     }
 
     /// Keeps a ledger of grants: publishes beyond a node's limit are
@@ -462,9 +539,9 @@ impl ControllerOps {
         let backend = self.registry.for_volume(id)?.clone();
         let limits = crate::host::iolimit::LimitChanges::parse(changes)?;
         let rest = without_limits(changes);
-        let keeper = match (limits.is_empty(), &self.limits) {
+        let keeping = match (limits.is_empty(), &self.limits) {
             (true, _) => None,
-            (false, Some(keeper)) => Some(keeper),
+            (false, Some(keeping)) => Some(keeping),
             (false, None) => {
                 let key = limits.0.keys().next().cloned().unwrap_or_default();
                 return Err(Error::invalid(format!(
@@ -475,7 +552,7 @@ impl ControllerOps {
                 )));
             }
         };
-        if keeper.is_some() && !backend.capabilities().block {
+        if keeping.is_some() && !backend.capabilities().block {
             return Err(Error::invalid(format!(
                 "backend {} serves no block devices: its volumes' I/O cannot be limited ({})",
                 backend.name(),
@@ -503,11 +580,25 @@ impl ControllerOps {
         // Each step is safe to repeat: a retry of a modify cut short
         // makes the backend's change again (no change), records the same
         // limits, and sets them again.
-        if let Some((book, node)) = keeper {
-            book.change(id, &limits)?;
-            crate::killpoint::hit(crate::killpoint::Step::ModifyLimits);
-            let set = node.relimit(id).await;
-            tracing::info!(volume = %id, publishes = set, "the volume's I/O limits changed");
+        let Some(keeping) = keeping else {
+            return Ok(());
+        };
+        let now = self
+            .limits_of(keeping, backend.as_ref(), id, secrets)
+            .await?
+            .then(&limits);
+        if let Some(keeper) = backend.limit_keeper() {
+            keeper.keep_limits(id, &now, secrets).await?;
+        }
+        keeping.book.set(id, &now)?;
+        crate::killpoint::hit(crate::killpoint::Step::ModifyLimits);
+        match &keeping.node {
+            Some(node) => {
+                let set = node.relimit(id).await;
+                tracing::info!(volume = %id, publishes = set, "the volume's I/O limits changed");
+            }
+            None => tracing::info!(volume = %id, changes = ?now,
+                "the volume's I/O limits changed; the nodes publishing it take them when they ask"),
         }
         Ok(())
     }
@@ -523,8 +614,9 @@ impl ControllerOps {
         let _guard = self.guard(&[Key::Volume(id.clone())], &[])?;
         backend.provisioning()?.delete_volume(&id, secrets).await?;
         self.health.forget(&id.to_string());
-        if let Some((book, _)) = &self.limits {
-            book.forget(&id)?;
+        if let Some(keeping) = &self.limits {
+            keeping.book.forget(&id)?;
+            keeping.read.locked().remove(&id.to_string());
         }
         match &self.ledger {
             Some(ledger) => ledger.release(&id, None),

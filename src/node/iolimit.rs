@@ -8,8 +8,9 @@
 //! say why.
 
 use super::*;
-use crate::host::iolimit::{self, Limits};
+use crate::host::iolimit::{self, LimitChanges, Limits};
 use crate::state::Limited;
+use std::collections::BTreeMap;
 
 impl NodeOps {
     /// Where this publish's limits go: the pod's cgroup and the device
@@ -255,6 +256,155 @@ impl NodeOps {
 #[async_trait::async_trait]
 impl crate::plugin::Relimit for NodeOps {
     async fn relimit(&self, id: &VolumeId) -> usize {
+        self.relimit_of(id).await
+    }
+}
+
+/// The controller's address in a `limits_from` setting (`http://host:port`,
+/// nothing after it): its `host:port`.
+pub fn limits_authority(url: &str) -> Result<String> {
+    let bad = |why: &str| Error::invalid(format!("node.limits_from {url:?}: {why}"));
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| bad("not an http:// address"))?
+        .trim_end_matches('/');
+    let (host, port) = rest
+        .rsplit_once(':')
+        .ok_or_else(|| bad("it names no port"))?;
+    let port_ok = port.parse::<u16>().is_ok_and(|p| p > 0);
+    let host_ok = !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-.[]:".contains(&b));
+    if !port_ok || !host_ok {
+        return Err(bad("not a host and port"));
+    }
+    Ok(rest.to_string())
+}
+
+/// How long a node waits for the controller's answer.
+const ASK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long a publish waits for it.
+const FIRST_ASK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(3);
+/// The most of an answer a node reads.
+const ANSWER_BYTES: usize = 8 << 20;
+
+/// Asks the controller at `authority` for the changes made to `ids`'
+/// limits: those it can say, by id.
+pub async fn ask_limits(
+    authority: &str,
+    ids: &[String],
+    deadline: std::time::Duration,
+) -> Result<BTreeMap<String, LimitChanges>> {
+    use http_body_util::BodyExt;
+    let failed = |what: String| {
+        Error::unavailable(format!(
+            "the I/O limits could not be asked of the controller at {authority}: {what}"
+        ))
+    };
+    let ask = async {
+        let stream = tokio::net::TcpStream::connect(authority)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .map_err(|e| failed(e.to_string()))?;
+        tokio::spawn(conn);
+        let request = hyper::Request::get(format!("{LIMITS_PATH}?volumes={}", ids.join(",")))
+            .header(hyper::header::HOST, authority)
+            .body(http_body_util::Empty::<hyper::body::Bytes>::new())
+            .map_err(|e| failed(e.to_string()))?;
+        let answer = sender
+            .send_request(request)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let status = answer.status();
+        let body = http_body_util::Limited::new(answer.into_body(), ANSWER_BYTES)
+            .collect()
+            .await
+            .map_err(|e| failed(e.to_string()))?
+            .to_bytes();
+        if !status.is_success() {
+            return Err(failed(format!(
+                "it answered {status}: {}",
+                String::from_utf8_lossy(&body[..body.len().min(200)]).trim()
+            )));
+        }
+        serde_json::from_slice(&body).map_err(|e| failed(format!("its answer: {e}")))
+    };
+    tokio::time::timeout(deadline, ask)
+        .await
+        .unwrap_or_else(|_| Err(failed(format!("no answer in {deadline:?}"))))
+}
+
+/// The path a controller serves the changes to volumes' limits on.
+pub const LIMITS_PATH: &str = "/limits";
+
+impl NodeOps {
+    /// Asks the controller for the changes to the limits of the volumes
+    /// published here, keeps what it says, and sets what changed on their
+    /// pods; forgets the changes of volumes no longer published here.
+    /// Returns how many volumes' limits changed.
+    pub async fn refresh_limits(&self, authority: &str) -> Result<usize> {
+        let Some(book) = &self.limit_book else {
+            return Ok(0);
+        };
+        let published: std::collections::BTreeSet<String> = self
+            .state
+            .publishes()
+            .iter()
+            .map(|r| r.volume_id.to_string())
+            .collect();
+        for gone in book.all().into_keys().filter(|k| !published.contains(k)) {
+            if let Ok(id) = VolumeId::parse(&gone) {
+                book.forget(&id)?;
+            }
+        }
+        if published.is_empty() {
+            return Ok(0);
+        }
+        let ids: Vec<String> = published.into_iter().collect();
+        let said = ask_limits(authority, &ids, ASK_DEADLINE).await?;
+        let mut changed = 0;
+        for (raw, changes) in said {
+            let Ok(id) = VolumeId::parse(&raw) else {
+                continue;
+            };
+            if !ids.contains(&raw) || book.get(&id) == changes {
+                continue;
+            }
+            book.set(&id, &changes)?;
+            self.relimit_of(&id).await;
+            changed += 1;
+        }
+        Ok(changed)
+    }
+
+    /// Asks the controller for the changes to `id`'s limits, when this
+    /// node asks one and has not asked about `id` yet (its first publish
+    /// here): a short wait; a controller that does not answer leaves the
+    /// volume's own limits until the next refresh brings its changes.
+    pub(super) async fn ask_first(&self, id: &VolumeId) {
+        let (Some(from), Some(book)) = (&self.limits_from, &self.limit_book) else {
+            return;
+        };
+        if book.has(id) {
+            return;
+        }
+        let asked = ask_limits(from, &[id.to_string()], FIRST_ASK_DEADLINE).await;
+        let kept = asked.and_then(|said| match said.get(&id.to_string()) {
+            Some(changes) => book.set(id, changes),
+            None => Ok(()),
+        });
+        if let Err(e) = kept {
+            tracing::warn!(volume = %id, error = %e.message,
+                "published with the volume's own I/O limits; a change is taken at the next refresh");
+        }
+    }
+
+    /// Sets the book's limits on every publish of `id` here.
+    async fn relimit_of(&self, id: &VolumeId) -> usize {
         let mut set = 0;
         for r in self.state.publishes_of(id) {
             if self.relimit_target(&r.target_path).await {

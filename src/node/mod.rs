@@ -6,6 +6,7 @@
 use crate::host::fs;
 mod health;
 mod iolimit;
+pub use iolimit::{ask_limits, limits_authority, LIMITS_PATH};
 pub mod paths;
 mod publish;
 mod stage;
@@ -203,6 +204,9 @@ pub struct NodeOps {
     /// Held while a publish's limits are worked out and written, so that
     /// the last to write read the book last.
     limits_held: tokio::sync::Mutex<()>,
+    /// The controller (`host:port`) this node asks for the changes to its
+    /// volumes' limits; none: it asks none.
+    limits_from: Option<String>,
 }
 
 impl NodeOps {
@@ -232,6 +236,7 @@ impl NodeOps {
             cgroups: Default::default(),
             limit_book: None,
             limits_held: Default::default(),
+            limits_from: None,
         }
     }
 
@@ -245,6 +250,18 @@ impl NodeOps {
     pub fn with_limit_book(mut self, book: Arc<crate::plugin::LimitBook>) -> Self {
         self.limit_book = Some(book);
         self
+    }
+
+    /// The same, asking the controller at `authority` (`host:port`) for
+    /// the changes to its volumes' limits.
+    pub fn with_limits_from(mut self, authority: String) -> Self {
+        self.limits_from = Some(authority);
+        self
+    }
+
+    /// The controller it asks for its volumes' limit changes, if any.
+    pub fn limits_from(&self) -> Option<&str> {
+        self.limits_from.as_deref()
     }
 
     /// The same, freezing staged filesystems through `freezer`.

@@ -86,6 +86,7 @@ impl NodeOps {
         // pod and device are kept even when there are none, for a limit a
         // later change sets.
         record.class_limits = Some(req.io.limits);
+        self.ask_first(&req.volume_id).await;
         let wanted = self.limits_now(&record);
         if req.io.pod_uid.is_some() || !wanted.is_empty() {
             match self.io_target(&req, &stage, &record, wanted) {

@@ -108,6 +108,12 @@ pub trait Backend: Send + Sync {
     fn modifier(&self) -> Option<&dyn Modifier> {
         None
     }
+    /// Keeps the changes to its volumes' I/O limits with the volumes;
+    /// `None`: the controller's limit book keeps them, in its state
+    /// directory, where such a backend keeps its own records.
+    fn limit_keeper(&self) -> Option<&dyn LimitKeeper> {
+        None
+    }
     /// Grants volumes to nodes (PUBLISH_UNPUBLISH_VOLUME).
     fn attacher(&self) -> Option<&dyn Attacher> {
         None
@@ -467,6 +473,30 @@ pub trait Modifier: Backend {
         &self,
         id: &VolumeId,
         changes: &BTreeMap<String, String>,
+        secrets: &Secrets,
+    ) -> Result<()>;
+}
+
+/// Keeps the plugin layer's changes to a volume's I/O limits with the
+/// volume, for a backend whose controller keeps no records of its own in
+/// its state directory (which may be an emptyDir): the backend stores
+/// them; it does not read them.
+#[async_trait::async_trait]
+pub trait LimitKeeper: Backend {
+    /// The changes kept with volume `id` (none: empty); NOT_FOUND when
+    /// the volume is not there.
+    async fn kept_limits(
+        &self,
+        id: &VolumeId,
+        secrets: &Secrets,
+    ) -> Result<crate::host::iolimit::LimitChanges>;
+
+    /// Keeps `changes` (all of them, replacing what was kept) with volume
+    /// `id`.
+    async fn keep_limits(
+        &self,
+        id: &VolumeId,
+        changes: &crate::host::iolimit::LimitChanges,
         secrets: &Secrets,
     ) -> Result<()>;
 }

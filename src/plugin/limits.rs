@@ -44,6 +44,11 @@ impl LimitBook {
         })
     }
 
+    /// Whether the book has `id` (changed, or said to be unchanged).
+    pub fn has(&self, id: &VolumeId) -> bool {
+        self.changes.locked().contains_key(&id.to_string())
+    }
+
     /// The changes made to `id`'s limits since it was made (none: empty).
     pub fn get(&self, id: &VolumeId) -> LimitChanges {
         self.changes
@@ -60,6 +65,24 @@ impl LimitBook {
             *now = now.then(change);
             true
         })
+    }
+
+    /// Records `changes` as all that `id`'s limits have had (what a
+    /// controller says the volume has now).
+    pub fn set(&self, id: &VolumeId, changes: &LimitChanges) -> Result<()> {
+        self.replace(|all| {
+            let key = id.to_string();
+            if all.get(&key) == Some(changes) {
+                return false;
+            }
+            all.insert(key, changes.clone());
+            true
+        })
+    }
+
+    /// Every volume's changes.
+    pub fn all(&self) -> BTreeMap<String, LimitChanges> {
+        self.changes.locked().clone()
     }
 
     /// Forgets `id` (deleted); one never changed is fine.

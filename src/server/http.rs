@@ -1,6 +1,7 @@
 //! The driver's HTTP endpoint on `--metrics-addr`: `/metrics` (the
-//! `metrics` module's record), `/healthz` (what Probe answers) and
-//! `/readyz` (serving).
+//! `metrics` module's record), `/healthz` (what Probe answers),
+//! `/readyz` (serving) and, on a controller that changes volumes' I/O
+//! limits, `/limits` (what the nodes ask for).
 
 use crate::service::Driver;
 use std::sync::Arc;
@@ -26,7 +27,8 @@ pub async fn serve(addr: std::net::SocketAddr, driver: Arc<Driver>) -> crate::er
                     move |req: hyper::Request<hyper::body::Incoming>| {
                         let driver = driver.clone();
                         async move {
-                            let (status, kind, body) = answer(&driver, req.uri().path()).await;
+                            let (status, kind, body) =
+                                answer(&driver, req.uri().path(), req.uri().query()).await;
                             Ok::<_, std::convert::Infallible>(
                                 hyper::Response::builder()
                                     .status(status)
@@ -51,8 +53,11 @@ pub async fn serve(addr: std::net::SocketAddr, driver: Arc<Driver>) -> crate::er
 
 const TEXT: &str = "text/plain; charset=utf-8";
 
-async fn answer(driver: &Driver, path: &str) -> (u16, &'static str, String) {
+async fn answer(driver: &Driver, path: &str, query: Option<&str>) -> (u16, &'static str, String) {
     match path {
+        crate::node::LIMITS_PATH if driver.controller.keeps_limits() => {
+            limits(driver, query.unwrap_or_default()).await
+        }
         "/metrics" => match &driver.metrics {
             Some(m) => (
                 200,
@@ -96,5 +101,29 @@ async fn answer(driver: &Driver, path: &str) -> (u16, &'static str, String) {
             (200, TEXT, format!("{head}{}", out.concat()))
         }
         _ => (404, TEXT, "not found\n".into()),
+    }
+}
+
+/// The changes to the limits of the volumes a node names
+/// (`volumes=<id>,<id>...`), as JSON by id: those this controller can say.
+async fn limits(driver: &Driver, query: &str) -> (u16, &'static str, String) {
+    let Some(list) = query.split('&').find_map(|p| p.strip_prefix("volumes=")) else {
+        return (
+            400,
+            TEXT,
+            "name the volumes: ?volumes=<id>,<id>...\n".into(),
+        );
+    };
+    let mut ids = Vec::new();
+    for raw in list.split(',').filter(|r| !r.is_empty()) {
+        match crate::plugin::VolumeId::parse(raw) {
+            Ok(id) => ids.push(id),
+            Err(_) => return (400, TEXT, "a volume id that is not one\n".into()),
+        }
+    }
+    let said = driver.controller.current_limits(&ids).await;
+    match serde_json::to_string(&said) {
+        Ok(json) => (200, "application/json", json),
+        Err(e) => (500, TEXT, format!("{e}\n")),
     }
 }

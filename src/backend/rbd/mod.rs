@@ -815,6 +815,10 @@ impl Backend for RbdBackend {
         Some(self)
     }
 
+    fn limit_keeper(&self) -> Option<&dyn crate::plugin::LimitKeeper> {
+        Some(self)
+    }
+
     fn attacher(&self) -> Option<&dyn Attacher> {
         Some(self)
     }

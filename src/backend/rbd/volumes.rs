@@ -349,3 +349,47 @@ impl Modifier for RbdBackend {
         Ok(())
     }
 }
+
+/// The image metadata key the changes to its I/O limits are kept under (a
+/// JSON object: each key changed, its value or null for none).
+const META_LIMITS: &str = "ferrovol.limits";
+
+#[async_trait::async_trait]
+impl crate::plugin::LimitKeeper for RbdBackend {
+    async fn kept_limits(
+        &self,
+        id: &VolumeId,
+        secrets: &Secrets,
+    ) -> Result<crate::host::iolimit::LimitChanges> {
+        let gone = || Error::no_volume(id);
+        let spec = self.volume_spec(id).map_err(|_| gone())?;
+        let creds = self.creds(secrets)?;
+        let Some((_, meta)) = self.rbd().describe(&creds, &spec).await? else {
+            return Err(gone());
+        };
+        if !meta.contains_key(META_NAME) {
+            return Err(gone());
+        }
+        match meta.get(META_LIMITS) {
+            None => Ok(Default::default()),
+            Some(text) => serde_json::from_str(text).map_err(|e| {
+                Error::internal(format!(
+                    "volume {id} has I/O limit changes that do not parse ({META_LIMITS}): {e}"
+                ))
+            }),
+        }
+    }
+
+    async fn keep_limits(
+        &self,
+        id: &VolumeId,
+        changes: &crate::host::iolimit::LimitChanges,
+        secrets: &Secrets,
+    ) -> Result<()> {
+        let spec = self.volume_spec(id).map_err(|_| Error::no_volume(id))?;
+        let creds = self.creds(secrets)?;
+        let text = serde_json::to_string(changes)
+            .map_err(|e| Error::internal(format!("encode I/O limit changes: {e}")))?;
+        self.rbd().set_meta(&creds, &spec, META_LIMITS, &text).await
+    }
+}

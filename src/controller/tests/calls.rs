@@ -464,7 +464,10 @@ async fn a_limit_change_is_kept_over_the_volume_s_own_and_handed_to_the_node() {
     let dir = tempfile::tempdir().unwrap();
     let book = Arc::new(crate::plugin::LimitBook::open(dir.path()).unwrap());
     let node = Arc::new(Relimits::default());
-    let c = file_and_net().with_limits(book.clone(), node.clone());
+    let c = file_and_net().with_limits(
+        book.clone(),
+        Some(node.clone() as Arc<dyn crate::plugin::Relimit>),
+    );
     let v = c
         .create_volume(new_volume(
             "pvc-1",

@@ -609,3 +609,42 @@ async fn a_page_of_volumes_reads_its_own_sizes() {
     assert_eq!(o.len(), 5, "{o:#?}");
     assert_eq!(o[4], "ls -l rbd --format json");
 }
+
+/// A volume's I/O limit changes are kept in its image's metadata (the
+/// controller's state directory may be an emptyDir): read back as they
+/// were written, none on an image that has none, NOT_FOUND for an image
+/// that is not a volume of ours.
+#[tokio::test]
+async fn limit_changes_are_kept_in_the_image_s_metadata() {
+    use crate::plugin::LimitKeeper;
+    let dir = tempfile::tempdir().unwrap();
+    let r = Arc::new(FakeRunner::new());
+    let b = backend(r.clone(), dir.path(), false);
+    let id = VolumeId::parse("rbd:v1.c1.rbd._e.fv-a").unwrap();
+    let changes = crate::host::iolimit::LimitChanges::parse(
+        &[
+            ("writeIops".to_string(), "200".to_string()),
+            ("readBps".to_string(), "max".to_string()),
+        ]
+        .into(),
+    )
+    .unwrap();
+    r.ok("rbd");
+    b.keep_limits(&id, &changes, &secrets()).await.unwrap();
+    let set = ops(&r).last().unwrap().clone();
+    assert_eq!(
+        set,
+        r#"image-meta set rbd/fv-a ferrovol.limits {"readBps":null,"writeIops":200}"#
+    );
+    let kept = r#"{"ferrovol.name":"a","ferrovol.limits":"{\"readBps\":null,\"writeIops\":200}"}"#;
+    r.expect("rbd", Reply::Ok(info("fv-a", MIB)))
+        .expect("rbd", Reply::Ok(kept.into()));
+    assert_eq!(b.kept_limits(&id, &secrets()).await.unwrap(), changes);
+    r.expect("rbd", Reply::Ok(info("fv-a", MIB)))
+        .expect("rbd", Reply::Ok(r#"{"ferrovol.name":"a"}"#.into()));
+    assert!(b.kept_limits(&id, &secrets()).await.unwrap().is_empty());
+    r.expect("rbd", Reply::Ok(info("fv-a", MIB)))
+        .expect("rbd", Reply::Ok("{}".into()));
+    let e = b.kept_limits(&id, &secrets()).await.unwrap_err();
+    assert_eq!(e.kind, Kind::NotFound, "{e}");
+}
