@@ -144,6 +144,75 @@ fn every_list_of_backends_in_deploy_is_the_drivers_kinds() {
     }
 }
 
+/// The remote driver's node plugins ask the controller for the changes to
+/// their volumes' I/O limits at an address the cluster resolves: a
+/// Service of that name and namespace whose port targets the metrics port
+/// of the remote controller's pod (where it serves `/limits`). The
+/// node-local driver's ask none (its central controller changes no
+/// limits).
+#[test]
+fn remote_nodes_ask_the_controller_s_service_for_limit_changes() {
+    let mut asking = 0;
+    for r in all_rendered() {
+        for cm in r.kind("ConfigMap") {
+            let name = s(&cm["metadata"]["name"]);
+            let Some(text) = cm["data"]["00-driver.toml"].as_str() else {
+                continue;
+            };
+            let from = text
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("limits_from = "))
+                .map(|v| v.trim_matches('"'));
+            if name.starts_with("ferrovol-local-node-config") || !name.contains("node-config") {
+                assert_eq!(from, None, "{}: {name}", r.name);
+                continue;
+            }
+            let from = from.unwrap_or_else(|| panic!("{}: {name} asks no controller", r.name));
+            let host_port = from.strip_prefix("http://").unwrap();
+            let (host, port) = host_port.rsplit_once(':').unwrap();
+            let (svc, rest) = host.split_once('.').unwrap();
+            assert_eq!(
+                rest,
+                format!("{}.svc", s(&cm["metadata"]["namespace"])),
+                "{}: {from}",
+                r.name
+            );
+            let svc = r.named("Service", svc);
+            let ctl = r.named("Deployment", "ferrovol-controller");
+            let labels = &ctl["spec"]["template"]["metadata"]["labels"];
+            for (k, v) in svc["spec"]["selector"].as_mapping().unwrap() {
+                assert_eq!(labels[k], *v, "{}: the Service selects another pod", r.name);
+            }
+            let port: u64 = port.parse().unwrap();
+            let target = seq(&svc["spec"]["ports"])
+                .into_iter()
+                .find(|p| p["port"].as_u64() == Some(port))
+                .unwrap_or_else(|| panic!("{}: the Service has no port {port}", r.name));
+            assert_eq!(target["targetPort"].as_str(), Some("metrics"), "{}", r.name);
+            let f = container(ctl, "ferrovol");
+            let metrics = seq(&f["ports"])
+                .into_iter()
+                .find(|p| p["name"].as_str() == Some("metrics"))
+                .unwrap();
+            let addr = flag(f, "metrics-addr").unwrap();
+            assert_eq!(
+                metrics["containerPort"].as_i64().map(|p| p.to_string()),
+                addr.rsplit_once(':').map(|(_, p)| p.to_string()),
+                "{}: the metrics port is not where it serves",
+                r.name
+            );
+            asking += 1;
+        }
+    }
+    // Every rendering with the remote driver's node plugins (the chart's
+    // are these, field by field: tests/deploy/chart.rs).
+    let remote = all_rendered()
+        .iter()
+        .filter(|r| r.drivers().contains(REMOTE))
+        .count();
+    assert_eq!(asking, remote);
+}
+
 #[test]
 fn each_overlay_deploys_the_drivers_its_backends_need() {
     for r in all_rendered() {

@@ -86,9 +86,11 @@ impl Cluster {
     }
 
     async fn start_pods(&mut self) {
-        let names: Vec<String> = self
-            .r
-            .workloads()
+        // The controllers first: the node plugins are told where their
+        // Services are.
+        let mut workloads = self.r.workloads();
+        workloads.sort_by_key(|w| s(&w["kind"]) != "Deployment");
+        let names: Vec<String> = workloads
             .iter()
             .map(|w| s(&w["metadata"]["name"]).to_string())
             .collect();
@@ -100,14 +102,17 @@ impl Cluster {
                 .into_iter()
                 .find(|w| s(&w["metadata"]["name"]) == name)
                 .unwrap();
-            let started = start_pod_with_secrets(
-                &self.r,
-                w,
-                self.host.path(),
-                &*self.edit,
-                &*self.secret_edit,
-            )
-            .await;
+            // A Service's address in a config, as the cluster's DNS would
+            // answer it: the metrics port of the pod it selects, here.
+            let services = self.service_addresses();
+            let edit = |text: String| {
+                services
+                    .iter()
+                    .fold((self.edit)(text), |t, (from, to)| t.replace(from, to))
+            };
+            let started =
+                start_pod_with_secrets(&self.r, w, self.host.path(), &edit, &*self.secret_edit)
+                    .await;
             eprintln!(
                 "{}: pod {name} started in {:.1}s",
                 self.r.name,
@@ -115,6 +120,39 @@ impl Cluster {
             );
             self.pods.insert(name, started);
         }
+    }
+
+    /// Each Service's `http://<name>.<namespace>.svc:<port>` of a port
+    /// that targets `metrics`, and the address the started pod it selects
+    /// serves its metrics on.
+    fn service_addresses(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for svc in self.r.kind("Service") {
+            let selector = &svc["spec"]["selector"];
+            let Some((_, started)) = self.pods.iter().find(|(name, _)| {
+                let labels = &self.workload(name)["spec"]["template"]["metadata"]["labels"];
+                selector
+                    .as_mapping()
+                    .is_some_and(|m| m.iter().all(|(k, v)| labels[k] == *v))
+            }) else {
+                continue;
+            };
+            for port in seq(&svc["spec"]["ports"]) {
+                if port["targetPort"].as_str() != Some("metrics") {
+                    continue;
+                }
+                out.push((
+                    format!(
+                        "http://{}.{}.svc:{}",
+                        s(&svc["metadata"]["name"]),
+                        s(&svc["metadata"]["namespace"]),
+                        port["port"].as_u64().unwrap()
+                    ),
+                    format!("http://127.0.0.1:{}", started.metrics),
+                ));
+            }
+        }
+        out
     }
 
     /// Every pod replaced, as a roll or a drain does: each process killed

@@ -148,6 +148,12 @@ file per backend on. (list $ $backends driver).
   max_volumes_per_node = {{ int $root.Values.node.maxVolumesPerNode }}
   # Staging paths and publish targets only under the kubelet's root.
   allowed_paths = [{{ $root.Values.kubeletDir | quote }}]
+{{- if eq $driver "remote" }}
+  # Changes to volumes' I/O limits (ControllerModifyVolume, a claim moved to
+  # another VolumeAttributesClass) are asked of the controller's Service.
+  limits_from = "http://ferrovol-controller.{{ $root.Release.Namespace }}.svc:9809"
+  limits_refresh_seconds = 10
+{{- end }}
 {{- range $name := splitList " " (include "ferrovol.driverBackends" $driver) }}
 {{- $one := index $b $name }}
 {{- if $one.enabled }}
