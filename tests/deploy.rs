@@ -185,13 +185,13 @@ fn remote_nodes_ask_the_controller_s_service_for_limit_changes() {
             }
             let port: u64 = port.parse().unwrap();
             let target = seq(&svc["spec"]["ports"])
-                .into_iter()
+                .iter()
                 .find(|p| p["port"].as_u64() == Some(port))
                 .unwrap_or_else(|| panic!("{}: the Service has no port {port}", r.name));
             assert_eq!(target["targetPort"].as_str(), Some("metrics"), "{}", r.name);
             let f = container(ctl, "ferrovol");
             let metrics = seq(&f["ports"])
-                .into_iter()
+                .iter()
                 .find(|p| p["name"].as_str() == Some("metrics"))
                 .unwrap();
             let addr = flag(f, "metrics-addr").unwrap();
@@ -1602,6 +1602,7 @@ fn group_snapshots_and_attribute_classes_are_deployed_per_backend() {
                 // Its only mutable keys are librbd's QoS limits, which the
                 // nodes' kernel mappings do not apply: no example class.
                 assert!(!r.has("VolumeAttributesClass", "ferrovol-rbd-example"));
+                io_limit_tiers(&r, backend, driver);
                 let g = r.named("VolumeGroupSnapshotClass", "ferrovol-rbd");
                 assert_eq!(s(&g["driver"]), driver);
                 continue;
@@ -1622,7 +1623,45 @@ fn group_snapshots_and_attribute_classes_are_deployed_per_backend() {
                 let g = r.named("VolumeGroupSnapshotClass", &format!("ferrovol-{backend}"));
                 assert_eq!(s(&g["driver"]), driver);
             }
+            io_limit_tiers(&r, backend, driver);
         }
+    }
+}
+
+/// Every block backend ships its I/O limit tiers (bronze, silver, gold) as
+/// VolumeAttributesClasses of its driver: each sets the four limits, each
+/// valid, each tier above the one before; nfs ships none (its volumes'
+/// limits are refused).
+fn io_limit_tiers(r: &Rendered, backend: &str, driver: &str) {
+    use ferrovol::host::iolimit::{Limits, KEYS};
+    let tiers = ["bronze", "silver", "gold"].map(|t| format!("ferrovol-{backend}-{t}"));
+    if backend == "nfs" {
+        assert!(tiers.iter().all(|t| !r.has("VolumeAttributesClass", t)));
+        return;
+    }
+    let mut below: Option<Limits> = None;
+    for t in &tiers {
+        let vac = r.named("VolumeAttributesClass", t);
+        assert_eq!(s(&vac["driverName"]), driver, "{}: {t}", r.name);
+        let params: BTreeMap<String, String> =
+            serde_yaml::from_value(vac["parameters"].clone()).unwrap();
+        assert_eq!(
+            params.keys().map(String::as_str).collect::<Vec<_>>(),
+            {
+                let mut k = KEYS.to_vec();
+                k.sort();
+                k
+            },
+            "{}: {t}",
+            r.name
+        );
+        let l = Limits::parse(&params).unwrap_or_else(|e| panic!("{}: {t}: {e}", r.name));
+        if let Some(b) = below {
+            for ((key, lower), (_, higher)) in b.pairs().iter().zip(l.pairs()) {
+                assert!(higher > *lower, "{}: {t}'s {key} is not above", r.name);
+            }
+        }
+        below = Some(l);
     }
 }
 
@@ -1781,14 +1820,18 @@ async fn node_local_attribute_classes_apply_at_creation_and_say_why_not_later() 
         .into_iter()
         .filter(|c| s(&c["driverName"]) == LOCAL)
         .collect();
-    assert_eq!(classes.len(), 2, "file and lvm each ship one");
+    assert_eq!(
+        classes.len(),
+        8,
+        "file and lvm each ship an example and three I/O limit tiers"
+    );
     let params = |c: &Value| -> HashMap<String, String> {
         serde_yaml::from_value(c["parameters"].clone()).unwrap()
     };
     let central = start_container(&r, r.named("Deployment", "ferrovol-local-controller")).await;
     let mut ctl = pb::controller_client::ControllerClient::new(central.channel.clone());
     for c in &classes {
-        let id = match params(c).contains_key("readAhead") {
+        let id = match s(&c["metadata"]["name"]).starts_with("ferrovol-lvm-") {
             true => "lvm:luns.fv-pvc-1",
             false => "file:pvc-1",
         };
@@ -1812,17 +1855,7 @@ async fn node_local_attribute_classes_apply_at_creation_and_say_why_not_later() 
         .find(|c| params(c).contains_key("preallocate"))
         .unwrap();
     let made = ctl
-        .create_volume(pb::CreateVolumeRequest {
-            name: "pvc-attrs".into(),
-            capacity_range: Some(pb::CapacityRange {
-                required_bytes: 8 << 20,
-                limit_bytes: 0,
-            }),
-            volume_capabilities: vec![common::mount_cap("ext4", common::SNW)],
-            parameters: HashMap::from([("backend".to_string(), "file".to_string())]),
-            mutable_parameters: params(file),
-            ..Default::default()
-        })
+        .create_volume(file_volume("pvc-attrs", params(file)))
         .await
         .unwrap()
         .into_inner()
@@ -1836,15 +1869,57 @@ async fn node_local_attribute_classes_apply_at_creation_and_say_why_not_later() 
     let host = node.host.as_ref().unwrap().path();
     let img = find_image(host, "pvc-attrs").expect("the volume's image in the node's pool");
     assert!(allocated(&img) >= 8 << 20, "preallocated at creation");
+    let unallocated = HashMap::from([("preallocate".to_string(), "false".to_string())]);
+    modified_and_deleted(&mut ctl, made.volume_id, unallocated).await;
+    // A tier named at creation: its limits travel to the node in the
+    // volume's context; on the node, moved to another tier.
+    let tier = |name: &str| params(r.named("VolumeAttributesClass", name));
+    let made = ctl
+        .create_volume(file_volume("pvc-tier", tier("ferrovol-file-silver")))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(made.volume_context["ioLimit.writeIops"], "1000");
+    assert_eq!(
+        made.volume_context["ioLimit.readBps"],
+        (200u64 << 20).to_string()
+    );
+    modified_and_deleted(&mut ctl, made.volume_id, tier("ferrovol-file-gold")).await;
+}
+
+/// CreateVolume of an 8 MiB ext4 file volume named `name` with a class's
+/// mutable parameters.
+fn file_volume(name: &str, mutable: HashMap<String, String>) -> pb::CreateVolumeRequest {
+    pb::CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(pb::CapacityRange {
+            required_bytes: 8 << 20,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![common::mount_cap("ext4", common::SNW)],
+        parameters: HashMap::from([("backend".to_string(), "file".to_string())]),
+        mutable_parameters: mutable,
+        ..Default::default()
+    }
+}
+
+/// ControllerModifyVolume of volume `id` to `mutable`, then its delete.
+async fn modified_and_deleted(
+    ctl: &mut pb::controller_client::ControllerClient<tonic::transport::Channel>,
+    id: String,
+    mutable: HashMap<String, String>,
+) {
     ctl.controller_modify_volume(pb::ControllerModifyVolumeRequest {
-        volume_id: made.volume_id.clone(),
-        mutable_parameters: HashMap::from([("preallocate".to_string(), "false".to_string())]),
+        volume_id: id.clone(),
+        mutable_parameters: mutable,
         ..Default::default()
     })
     .await
-    .unwrap();
+    .unwrap_or_else(|e| panic!("modify {id}: {e}"));
     ctl.delete_volume(pb::DeleteVolumeRequest {
-        volume_id: made.volume_id,
+        volume_id: id,
         ..Default::default()
     })
     .await

@@ -105,10 +105,24 @@ impl Cluster {
             // A Service's address in a config, as the cluster's DNS would
             // answer it: the metrics port of the pod it selects, here.
             let services = self.service_addresses();
+            let cgroups = self.cgroup_root();
+            std::fs::create_dir_all(&cgroups).unwrap();
             let edit = |text: String| {
-                services
+                let text = services
                     .iter()
-                    .fold((self.edit)(text), |t, (from, to)| t.replace(from, to))
+                    .fold((self.edit)(text), |t, (from, to)| t.replace(from, to));
+                // The node plugins set pods' I/O limits in the test's
+                // stand-in cgroup tree (see [`Cluster::io_max`]), and ask
+                // for changes every second.
+                match text.contains("[node]\n") && !text.contains("cgroup_root") {
+                    true => text.replacen(
+                        "[node]\n",
+                        &format!("[node]\ncgroup_root = \"{}\"\n", cgroups.display()),
+                        1,
+                    ),
+                    false => text,
+                }
+                .replace("limits_refresh_seconds = 10", "limits_refresh_seconds = 1")
             };
             let started =
                 start_pod_with_secrets(&self.r, w, self.host.path(), &edit, &*self.secret_edit)
@@ -120,6 +134,38 @@ impl Cluster {
             );
             self.pods.insert(name, started);
         }
+    }
+
+    /// The node plugins' cgroup tree: folders laid out as kubelet lays out
+    /// pods' cgroups (cgroupfs, BestEffort), each with an `io.max` file
+    /// the node plugin writes the pod's lines to (the kernel's own tree is
+    /// the guest's tests': tests/guest/iolimits.rs).
+    pub fn cgroup_root(&self) -> PathBuf {
+        self.host.path().join("cgroup")
+    }
+
+    fn pod_cgroup(&self, uid: &str) -> PathBuf {
+        self.cgroup_root()
+            .join(format!("kubepods/besteffort/pod{uid}"))
+    }
+
+    /// What the node plugin last wrote to the `io.max` of a mounted
+    /// claim's pod (empty: nothing).
+    pub fn io_max(&self, m: &Mounted) -> String {
+        std::fs::read_to_string(self.pod_cgroup(&m.pod.1).join("io.max")).unwrap_or_default()
+    }
+
+    /// The end of the `io.max` line of attributes class `vac`'s limits
+    /// (after the device's number).
+    pub fn tier_line(&self, vac: &str) -> String {
+        let params: BTreeMap<String, String> =
+            strip(&self.r.named("VolumeAttributesClass", vac)["parameters"])
+                .into_iter()
+                .collect();
+        let line = ferrovol::host::iolimit::Limits::parse(&params)
+            .unwrap()
+            .io_max_line((0, 0));
+        line.split_once(' ').unwrap().1.to_string()
     }
 
     /// Each Service's `http://<name>.<namespace>.svc:<port>` of a port
@@ -385,6 +431,9 @@ impl Cluster {
             .join(&claim.pv)
             .join("mount");
         std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        let cgroup = self.pod_cgroup(&uid);
+        std::fs::create_dir_all(&cgroup).unwrap();
+        std::fs::write(cgroup.join("io.max"), "").unwrap();
         let mounted = Mounted {
             claim: claim.clone(),
             staging,
@@ -879,13 +928,30 @@ async fn use_class(c: &Cluster, class: &str) -> Used {
     let snap = c.snapshot(&claim, &vsc).await;
     lap.lap("snapshot");
     write_and_read(&m, "second", "after the snapshot");
+    // The restore in the backend's first I/O limit tier, where it has
+    // them (every block backend): its pod gets the tier's limits.
+    let bronze = format!("ferrovol-{backend}-bronze");
+    let bronze = c.r.has("VolumeAttributesClass", &bronze).then_some(bronze);
     let restored = c
-        .provision(&class, 64 * MIB, None, Some(snapshot_source(&snap)))
+        .provision(
+            &class,
+            64 * MIB,
+            bronze.as_deref(),
+            Some(snapshot_source(&snap)),
+        )
         .await
         .unwrap_or_else(|e| panic!("{}: restore in {class}: {e}", c.r.name));
     lap.lap("restore");
     let rm = c.mount(&restored).await;
     lap.lap("mount");
+    if let Some(bronze) = &bronze {
+        let want = c.tier_line(bronze);
+        assert!(
+            c.io_max(&rm).ends_with(&want),
+            "{class}: the pod's io.max is {:?}, not ...{want}",
+            c.io_max(&rm)
+        );
+    }
     assert_eq!(read(&rm, "first"), format!("{class} before its snapshot"));
     assert!(
         !rm.target.join("second").exists(),
@@ -935,6 +1001,36 @@ async fn use_class(c: &Cluster, class: &str) -> Used {
                 line += ", modify refused (node-local)";
             }
         }
+    }
+    // Moved to the backend's top I/O limit tier: the pod using it gets
+    // the tier's limits within the node plugin's refresh (remote), or the
+    // move is refused (node-local, as above).
+    let gold = format!("ferrovol-{backend}-gold");
+    if c.r.has("VolumeAttributesClass", &gold) {
+        match c.modify(&claim, &gold).await {
+            Ok(()) => {
+                assert_eq!(
+                    claim.driver, REMOTE,
+                    "{class}: a node-local volume was modified"
+                );
+                let want = c.tier_line(&gold);
+                let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+                while !c.io_max(&m).ends_with(&want) {
+                    assert!(
+                        std::time::Instant::now() < until,
+                        "{class}: the pod's io.max is {:?}, not ...{want}",
+                        c.io_max(&m)
+                    );
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
+                line += ", moved to its gold tier (the pod's limits changed)";
+            }
+            Err(e) => {
+                assert_eq!(claim.driver, LOCAL, "{class}: to {gold}: {e}");
+                assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+            }
+        }
+        lap.lap("tier");
     }
     // An nfs volume of an export without quotas (the shipped exports
     // set none) shows the export's size: its capacity is a record, not

@@ -502,6 +502,10 @@ pub async fn start_pod_with_secrets(
     make_volume(&csi, v, fs_group);
     let socket = csi.join("csi.sock");
     let metrics = super::free_port();
+    // The cgroup tree a node plugin sets pods' I/O limits in, when the
+    // test gives it one of its own: writable in the pod, as the host's
+    // /sys it mounts is.
+    let mut cgroup_roots: Vec<std::path::PathBuf> = Vec::new();
     if let Some(cm) = flag(f, "config") {
         let m = mount(f, &cm).expect("the config dir is mounted");
         let cm = s(&volume(w, s(&m["name"]))["configMap"]["name"]);
@@ -548,7 +552,14 @@ pub async fn start_pod_with_secrets(
                     1,
                 );
             }
-            std::fs::write(config.join(&name), edit(text)).unwrap();
+            let text = edit(text);
+            if let Some(root) = text
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("cgroup_root = "))
+            {
+                cgroup_roots.push(std::path::PathBuf::from(root.trim_matches('"')));
+            }
+            std::fs::write(config.join(&name), text).unwrap();
             std::fs::set_permissions(config.join(name), std::fs::Permissions::from_mode(0o644))
                 .unwrap();
         }
@@ -666,12 +677,13 @@ pub async fn start_pod_with_secrets(
                 "-ec",
                 READ_ONLY_ROOT,
                 "sh",
-                "2",
             ]
             .map(String::from),
         );
+        program.push((2 + cgroup_roots.len()).to_string());
         program.push(state.display().to_string());
         program.push(csi.display().to_string());
+        program.extend(cgroup_roots.iter().map(|p| p.display().to_string()));
         // What the container runs from: kept mounted.
         let bin = Path::new(env!("CARGO_BIN_EXE_ferrovol"));
         program.push(bin.parent().unwrap().display().to_string());
