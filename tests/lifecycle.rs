@@ -1230,6 +1230,23 @@ async fn a_limit_change_at_a_controller_reaches_a_node_that_asks_it() {
         .await
         .unwrap();
     becomes(line("max", "200")).await;
+    // The limits in force, in the CLI's volume stats (on the condition's
+    // message: CSI's stats have no field for them).
+    let stats = std::process::Command::new(env!("CARGO_BIN_EXE_ferrovol"))
+        .args(["client", "--endpoint"])
+        .arg(format!("unix://{}", node.socket().display()))
+        .args(["--output", "json", "stats", &vol.volume_id, "--path"])
+        .arg(&target)
+        .output()
+        .unwrap();
+    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&stats.stderr)));
+    let said = stats["volume_condition"]["message"].as_str().unwrap();
+    assert_eq!(
+        said,
+        format!("volume is healthy; I/O limited for pod {uid}: writeIops=200"),
+        "{stats}"
+    );
     // Made while the node is down: taken when it is back.
     node.kill();
     controller

@@ -194,6 +194,20 @@ impl NodeOps {
         }
     }
 
+    /// The limits in force for the pod of the publish at `target`, in
+    /// words (`I/O limited for pod <uid>: writeIops=200 ...`, bytes per
+    /// second as numbers); none when it has none.
+    pub(super) fn limits_in_force(&self, target: &Path) -> Option<String> {
+        let l = self.state.publish(target)?.limited?;
+        let said: Vec<String> = l
+            .limits
+            .pairs()
+            .into_iter()
+            .filter_map(|(k, v)| Some(format!("{k}={}", v?)))
+            .collect();
+        (!said.is_empty()).then(|| format!("I/O limited for pod {}: {}", l.pod, said.join(" ")))
+    }
+
     /// Each limited pod's limits and what it did on the volume's device
     /// (read from its cgroup now), for the metrics.
     pub fn pod_io(&self) -> Vec<crate::metrics::PodIo> {

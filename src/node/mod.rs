@@ -135,6 +135,9 @@ pub struct VolumeStats {
     /// What is wrong with the volume, as this node sees it (empty:
     /// nothing known).
     pub health: Vec<Finding>,
+    /// The I/O limits in force for the pod the volume is published to at
+    /// the path asked about, said in words; none: not limited.
+    pub io_limits: Option<String>,
 }
 
 /// How long a call into the mount table may take before its RPC gives up.
@@ -658,6 +661,7 @@ impl NodeOps {
         let until = std::time::Instant::now() + self.deadlines.quick;
         let mut stats = VolumeStats {
             health: self.measured_health(id, &stage).await?,
+            io_limits: self.limits_in_force(&path),
             ..Default::default()
         };
         match stage.capability.access {

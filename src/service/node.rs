@@ -160,9 +160,15 @@ impl Node for NodeService {
                     unit: Unit::Inodes as i32,
                 });
             }
+            // The limits in force ride on the condition's message: CSI's
+            // stats have no place of their own for them.
+            let mut condition = convert::condition_to_pb(&s.health);
+            if let Some(limits) = &s.io_limits {
+                condition.message = format!("{}; {limits}", condition.message);
+            }
             Ok(pb::NodeGetVolumeStatsResponse {
                 usage,
-                volume_condition: Some(convert::condition_to_pb(&s.health)),
+                volume_condition: Some(condition),
             })
         })
         .await

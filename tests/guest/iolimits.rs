@@ -116,6 +116,19 @@ async fn staged(
     secrets: &HashMap<String, String>,
     attach: bool,
 ) -> Staged {
+    staged_on(h, h, name, block, params, secrets, attach).await
+}
+
+/// [`staged`] with the controller and the node in two processes.
+async fn staged_on(
+    ctl: &Harness,
+    h: &Harness,
+    name: &str,
+    block: bool,
+    params: &[(&str, &str)],
+    secrets: &HashMap<String, String>,
+    attach: bool,
+) -> Staged {
     let cap = match block {
         true => block_cap(SNW),
         false => mount_cap("ext4", SNW),
@@ -125,9 +138,22 @@ async fn staged(
         req.parameters.insert(k.to_string(), v.to_string());
     }
     req.secrets = secrets.clone();
-    let vol = h.create(req).await;
+    let vol = ctl.create(req).await;
     let publish_context = match attach {
-        true => h.attach_here(&vol.volume_id, &cap, secrets).await,
+        true => {
+            ctl.controller()
+                .controller_publish_volume(pb::ControllerPublishVolumeRequest {
+                    volume_id: vol.volume_id.clone(),
+                    node_id: h.node_id().await,
+                    volume_capability: Some(cap.clone()),
+                    secrets: secrets.clone(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_or_else(|e| panic!("attach {name}: {e:?}\n{}", ctl.log()))
+                .into_inner()
+                .publish_context
+        }
         false => HashMap::new(),
     };
     let staging = h.path(&format!("kubelet/staging/{name}"));
@@ -204,14 +230,26 @@ impl Staged {
     }
 
     async fn drop_all(self, h: &Harness, secrets: &HashMap<String, String>) {
+        self.drop_on(h, h, secrets).await
+    }
+
+    /// Unstaged on `h`'s node, detached from it and deleted by `ctl`.
+    async fn drop_on(self, ctl: &Harness, h: &Harness, secrets: &HashMap<String, String>) {
         h.node()
             .node_unstage_volume(unstage_req(&self.id, &self.staging))
             .await
             .unwrap();
         if self.attach {
-            h.detach_here(&self.id).await;
+            ctl.controller()
+                .controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest {
+                    volume_id: self.id.clone(),
+                    node_id: h.node_id().await,
+                    ..Default::default()
+                })
+                .await
+                .unwrap_or_else(|e| panic!("detach {}: {e:?}\n{}", self.id, ctl.log()));
         }
-        h.controller()
+        ctl.controller()
             .delete_volume(pb::DeleteVolumeRequest {
                 volume_id: self.id.clone(),
                 secrets: secrets.clone(),
@@ -728,4 +766,128 @@ async fn guest_io_limits_a_modify_reaches_the_running_pods_within_a_second_and_m
     assert!(a.limits_on(dev).is_empty());
     vol.drop_all(&h, &none).await;
     plain.drop_all(&h, &none).await;
+}
+
+/// The remote backends as a cluster runs them, on the real kernel: the
+/// controller and the node in two processes, the node asking the
+/// controller's `/limits` every second. While fio writes in a pod, a
+/// change at the controller (50 to 200 write IOPS) holds the pod to the
+/// new limit within the refresh, on iscsi and on rbd. A new rbd controller
+/// whose state directory is empty (an emptyDir) reads the changes kept in
+/// the image's metadata: a further change keeps the earlier one. The
+/// node's volume stats say the limits in force.
+#[tokio::test]
+#[ignore = "needs the real-kernel guest: run tests/guest/suite"]
+async fn guest_io_limits_a_change_at_the_remote_controller_reaches_the_node_s_running_pods() {
+    require_guest();
+    let every = EveryBackend::new("iolim4", 256, false);
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let config = format!(
+        "[node]\nlimits_from = \"http://{addr}\"\nlimits_refresh_seconds = 1\n\n{}",
+        every.config
+    );
+    let mut ctl = Harness::start_with_env(
+        Some(&config),
+        &[
+            ("FERROVOL_MODE", "controller"),
+            ("FERROVOL_METRICS_ADDR", &addr),
+        ],
+    )
+    .await;
+    let node = Harness::start_with_env(Some(&config), &[("FERROVOL_MODE", "node")]).await;
+    let ceph = every.cluster.secrets();
+    let none = HashMap::new();
+    let pod = PodCgroup::new(UID_A, true);
+    let mut report = Vec::new();
+    for (backend, secrets) in [("iscsi", &none), ("rbd", &ceph)] {
+        let name = format!("lim-remote-{backend}");
+        let vol = staged_on(
+            &ctl,
+            &node,
+            &name,
+            true,
+            &[("backend", backend), ("writeIops", "50")],
+            secrets,
+            true,
+        )
+        .await;
+        let (target, _) = vol.publish(&node, &name, Some(&pod.uid)).await;
+        let dev = vol.dev(&target);
+        assert_eq!(pod.limits_on(dev).write_iops, Some(50), "{backend}");
+        let started = std::time::Instant::now();
+        let fio = fio_by_second(&pod, &target, 10);
+        tokio::time::sleep_until((started + std::time::Duration::from_secs(4)).into()).await;
+        let t1 = started.elapsed().as_secs_f64();
+        ctl.modify(&vol.id, &[("writeIops", "200")])
+            .await
+            .unwrap_or_else(|e| panic!("modify {name}: {e:?}\n{}", ctl.log()));
+        let seconds = tokio::task::spawn_blocking(move || fio.join().unwrap())
+            .await
+            .unwrap();
+        // The node asks every second: the change shows from the second
+        // after the one it was made in at the latest (fio's seconds start
+        // a little after `started`), mixed in the one it reached the pod.
+        let i1 = seconds.iter().position(|&v| v > 75.0).unwrap();
+        assert!(
+            i1 >= 1 && i1 <= t1 as usize + 2 && seconds.len() >= i1 + 3,
+            "{backend}: the change did not show within the refresh: {seconds:.0?}"
+        );
+        let (before, after) = (mean(&seconds, 0, i1), mean(&seconds, i1 + 1, seconds.len()));
+        near(&format!("{backend}: writes at 50"), before, 50.0);
+        near(&format!("{backend}: writes at 200"), after, 200.0);
+        report.push(format!(
+            "{backend}: write IOPS by second {seconds:.0?} (changed at {t1:.1} s): {before:.1} \
+             before, {after:.1} after"
+        ));
+        let stats = node
+            .node()
+            .node_get_volume_stats(pb::NodeGetVolumeStatsRequest {
+                volume_id: vol.id.clone(),
+                volume_path: target.display().to_string(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let said = stats.volume_condition.unwrap().message;
+        assert!(
+            said.ends_with(&format!("pod {UID_A}: writeIops=200")),
+            "{said}"
+        );
+        if backend == "rbd" {
+            // A new controller with an empty state directory: the kept
+            // change is read back from the image, and the next one is made
+            // over it.
+            ctl.kill();
+            std::fs::remove_file(ctl.state_dir().join("controller/limits.json")).unwrap();
+            ctl.spawn().await;
+            ctl.modify(&vol.id, &[("readIops", "30")])
+                .await
+                .unwrap_or_else(|e| panic!("modify {name} again: {e:?}\n{}", ctl.log()));
+            let want = Limits {
+                read_iops: Some(30),
+                write_iops: Some(200),
+                ..Default::default()
+            };
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            while pod.limits_on(dev) != want {
+                assert!(
+                    std::time::Instant::now() < until,
+                    "rbd: {:?} after a new controller's change",
+                    pod.limits_on(dev)
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+        }
+        node.node()
+            .node_unpublish_volume(unpublish_req(&vol.id, &target))
+            .await
+            .unwrap();
+        assert!(pod.limits_on(dev).is_empty(), "{backend}: left in io.max");
+        vol.drop_on(&ctl, &node, secrets).await;
+    }
+    for line in report {
+        println!("{line}");
+    }
 }
