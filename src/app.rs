@@ -159,8 +159,15 @@ pub fn build_with(
     if let Some(book) = &limit_book {
         node = node.with_limit_book(book.clone());
     }
-    if let (Some(from), false) = (&limits_from, settings.mode.controller()) {
-        node = node.with_limits_from(from.clone());
+    // A node alone mirrors its controller's changes; a node that is its
+    // own controller (the node-local driver's) takes what the central
+    // controller offers for its volumes. The central controller asks no
+    // one.
+    if let (Some(from), true) = (
+        &limits_from,
+        settings.mode.node() && !settings.volumes_on_nodes,
+    ) {
+        node = node.with_limits_from(from.clone(), !settings.mode.controller());
     }
     let node = Arc::new(node);
     let mut controller =
@@ -175,6 +182,9 @@ pub fn build_with(
             .node()
             .then(|| node.clone() as Arc<dyn crate::plugin::Quiesce>);
         controller = controller.with_ledger(ledger).with_groups(groups, quiesce);
+    }
+    if settings.mode.controller() && settings.volumes_on_nodes {
+        controller = controller.with_relay(Arc::new(crate::plugin::Relay::default()));
     }
     if let (Some(book), true) = (limit_book, settings.mode.controller()) {
         let here = settings

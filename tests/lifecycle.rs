@@ -1161,18 +1161,7 @@ async fn a_limit_change_at_a_controller_reaches_a_node_that_asks_it() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let uid = "7c1d2e3f-4a5b-4c6d-8e7f-90a1b2c3d4e5";
-    let pod = dir
-        .path()
-        .join(format!("cgroup/kubepods/burstable/pod{uid}"));
-    std::fs::create_dir_all(&pod).unwrap();
-    std::fs::write(pod.join("io.max"), "").unwrap();
-    let config = format!(
-        "[node]\ncgroup_root = \"{}/cgroup\"\nlimits_from = \"http://127.0.0.1:{port}\"\n\
-         limits_refresh_seconds = 1\n\n[[backend]]\ntype = \"file\"\nname = \"file\"\n\
-         pool = \"{}/pool\"\n",
-        dir.path().display(),
-        dir.path().display()
-    );
+    let (config, pod) = asking_node(dir.path(), port, uid);
     let metrics = format!("127.0.0.1:{port}");
     let mut controller = Harness::start_with_env(
         Some(&config),
@@ -1183,29 +1172,7 @@ async fn a_limit_change_at_a_controller_reaches_a_node_that_asks_it() {
     )
     .await;
     let mut node = Harness::start_with_env(Some(&config), &[("FERROVOL_MODE", "node")]).await;
-    let cap = mount_cap("ext4", SNW);
-    let mut req = create_req("lim-asked", 16 * MIB, cap.clone());
-    req.parameters.insert("writeIops".into(), "50".into());
-    let vol = controller.create(req).await;
-    let staging = node.path("kubelet/staging/lim");
-    let target = node.path("kubelet/pods/lim");
-    std::fs::create_dir_all(&staging).unwrap();
-    node.node()
-        .node_stage_volume(pb::NodeStageVolumeRequest {
-            volume_context: vol.volume_context.clone(),
-            ..stage_req(&vol.volume_id, &staging, cap.clone())
-        })
-        .await
-        .unwrap_or_else(|e| panic!("stage: {e:?}\n{}", node.log()));
-    let mut context = vol.volume_context.clone();
-    context.insert("csi.storage.k8s.io/pod.uid".into(), uid.into());
-    node.node()
-        .node_publish_volume(pb::NodePublishVolumeRequest {
-            volume_context: context,
-            ..publish_req(&vol.volume_id, &staging, &target, cap.clone(), false)
-        })
-        .await
-        .unwrap_or_else(|e| panic!("publish: {e:?}\n{}", node.log()));
+    let (vol, staging, target) = limited_in_a_pod(&controller, &node, uid).await;
     let io_max = || std::fs::read_to_string(pod.join("io.max")).unwrap();
     let line = |riops: &str, wiops: &str| format!("rbps=max wbps=max riops={riops} wiops={wiops}");
     assert!(io_max().ends_with(&line("max", "50")), "{}", io_max());
@@ -1273,7 +1240,7 @@ async fn a_limit_change_at_a_controller_reaches_a_node_that_asks_it() {
     let (status, body) = http_get(port, &format!("/limits?volumes={}", vol.volume_id)).unwrap();
     assert_eq!(status, 200, "{body}");
     let said: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(said[&vol.volume_id]["writeIops"], 200, "{body}");
+    assert_eq!(said["volumes"][&vol.volume_id]["writeIops"], 200, "{body}");
     assert_eq!(http_get(port, "/limits?volumes=../x").unwrap().0, 400);
     assert_eq!(http_get(port, "/limits").unwrap().0, 400);
     // Lifted: the line goes.
@@ -1282,16 +1249,125 @@ async fn a_limit_change_at_a_controller_reaches_a_node_that_asks_it() {
         .await
         .unwrap();
     becomes(line("max", "max")).await;
+    gone(&controller, &node, &vol, &staging, &target).await;
+}
+
+/// The node-local driver as a cluster runs it: the central controller
+/// (`--volumes-on-nodes`, keeping no volume) offers a change to a
+/// volume's I/O limits, and the node that holds the volume (its own
+/// controller, asking the central one) takes it, keeps it and sets it on
+/// the pod; the modify is done once it did, so the pod's `io.max` has the
+/// change when the call returns. The volume's other mutable parameters
+/// are still refused there.
+#[tokio::test]
+async fn a_limit_change_at_the_central_controller_is_taken_by_the_volume_s_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let uid = "2a3b4c5d-6e7f-4a8b-9c0d-1e2f3a4b5c6d";
+    let (node_config, pod) = asking_node(dir.path(), port, uid);
+    let metrics = format!("127.0.0.1:{port}");
+    let central = Harness::start_with_env(
+        None,
+        &[
+            ("FERROVOL_VOLUMES_ON_NODES", "true"),
+            ("FERROVOL_METRICS_ADDR", &metrics),
+        ],
+    )
+    .await;
+    let node = Harness::start_with(Some(&node_config)).await;
+    let (vol, staging, target) = limited_in_a_pod(&node, &node, uid).await;
+    let io_max = || std::fs::read_to_string(pod.join("io.max")).unwrap();
+    assert!(io_max().ends_with("wiops=50"), "{}", io_max());
+    central
+        .modify(&vol.volume_id, &[("writeIops", "200"), ("readBps", "1Mi")])
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}\n{}\n{}", central.log(), node.log()));
+    assert!(
+        io_max().ends_with("rbps=1048576 wbps=max riops=max wiops=200"),
+        "{}",
+        io_max()
+    );
+    // Kept on the node: a node started again has it.
+    let book = std::fs::read_to_string(node.state_dir().join("controller/limits.json")).unwrap();
+    assert!(book.contains("\"writeIops\": 200"), "{book}");
+    let e = central
+        .modify(&vol.volume_id, &[("preallocate", "true")])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+    assert!(e.message().contains("set when it is created"), "{e}");
+    gone(&node, &node, &vol, &staging, &target).await;
+}
+
+/// A node's config that asks the controller on `port` for limit changes
+/// every second, on a file pool under `dir`, its cgroup tree there too;
+/// and the folder of pod `uid`'s cgroup in it, with an empty `io.max`
+/// (the kernel's is tested in the guest).
+fn asking_node(dir: &std::path::Path, port: u16, uid: &str) -> (String, std::path::PathBuf) {
+    let pod = dir.join(format!("cgroup/kubepods/burstable/pod{uid}"));
+    std::fs::create_dir_all(&pod).unwrap();
+    std::fs::write(pod.join("io.max"), "").unwrap();
+    let config = format!(
+        "[node]\ncgroup_root = \"{}/cgroup\"\nlimits_from = \"http://127.0.0.1:{port}\"\n\
+         limits_refresh_seconds = 1\n\n[[backend]]\ntype = \"file\"\nname = \"file\"\n\
+         pool = \"{}/pool\"\n",
+        dir.display(),
+        dir.display()
+    );
+    (config, pod)
+}
+
+/// A file volume made by `ctl` with a limit of 50 write IOPS, staged on
+/// `node` and published to pod `uid` there: the volume, its staging path
+/// and its target.
+async fn limited_in_a_pod(
+    ctl: &Harness,
+    node: &Harness,
+    uid: &str,
+) -> (pb::Volume, std::path::PathBuf, std::path::PathBuf) {
+    let cap = mount_cap("ext4", SNW);
+    let mut req = create_req("lim", 16 * MIB, cap.clone());
+    req.parameters.insert("writeIops".into(), "50".into());
+    let vol = ctl.create(req).await;
+    let staging = node.path("kubelet/staging/lim");
+    let target = node.path("kubelet/pods/lim");
+    std::fs::create_dir_all(&staging).unwrap();
     node.node()
-        .node_unpublish_volume(unpublish_req(&vol.volume_id, &target))
+        .node_stage_volume(pb::NodeStageVolumeRequest {
+            volume_context: vol.volume_context.clone(),
+            ..stage_req(&vol.volume_id, &staging, cap.clone())
+        })
+        .await
+        .unwrap_or_else(|e| panic!("stage: {e:?}\n{}", node.log()));
+    let mut context = vol.volume_context.clone();
+    context.insert("csi.storage.k8s.io/pod.uid".into(), uid.into());
+    node.node()
+        .node_publish_volume(pb::NodePublishVolumeRequest {
+            volume_context: context,
+            ..publish_req(&vol.volume_id, &staging, &target, cap, false)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("publish: {e:?}\n{}", node.log()));
+    (vol, staging, target)
+}
+
+/// The volume unpublished and unstaged on `node`, deleted by `ctl`.
+async fn gone(
+    ctl: &Harness,
+    node: &Harness,
+    vol: &pb::Volume,
+    staging: &std::path::Path,
+    target: &std::path::Path,
+) {
+    node.node()
+        .node_unpublish_volume(unpublish_req(&vol.volume_id, target))
         .await
         .unwrap();
     node.node()
-        .node_unstage_volume(unstage_req(&vol.volume_id, &staging))
+        .node_unstage_volume(unstage_req(&vol.volume_id, staging))
         .await
         .unwrap();
-    controller
-        .controller()
+    ctl.controller()
         .delete_volume(pb::DeleteVolumeRequest {
             volume_id: vol.volume_id.clone(),
             ..Default::default()

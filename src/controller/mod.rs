@@ -107,6 +107,11 @@ fn without_limits(mutable: &BTreeMap<String, String>) -> BTreeMap<String, String
         .collect()
 }
 
+/// How long ControllerModifyVolume of a node-local volume waits for its
+/// node to take the change (the node asks every limits_refresh_seconds;
+/// the resizer's own deadline is longer).
+const RELAY_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// A validated CreateVolume request.
 #[derive(Debug, Clone)]
 pub struct NewVolume {
@@ -199,6 +204,9 @@ pub struct ControllerOps {
     /// How a change to a volume's I/O limits is kept and reaches its
     /// pods; `None`: limits are not changed here.
     limits: Option<Keeping>,
+    /// The central controller of node-local volumes: the changes it
+    /// offers their nodes.
+    relay: Option<Arc<crate::plugin::Relay>>,
 }
 
 /// How a controller keeps the changes to volumes' I/O limits.
@@ -273,7 +281,53 @@ impl ControllerOps {
             quiesce: None,
             health: Default::default(),
             limits: None,
+            relay: None,
         }
+    }
+
+    /// Offers changes to node-local volumes' limits to their nodes (the
+    /// central controller of node-local volumes, which keeps none).
+    pub fn with_relay(mut self, relay: Arc<crate::plugin::Relay>) -> Self {
+        self.relay = Some(relay);
+        self
+    }
+
+    /// The offers to node-local volumes' nodes, if this controller makes
+    /// them.
+    pub fn relay(&self) -> Option<&crate::plugin::Relay> {
+        self.relay.as_deref()
+    }
+
+    /// ControllerModifyVolume of a node-local volume at the central
+    /// controller: only its I/O limits may change (its other mutable
+    /// parameters are the node's backend's, set at creation), offered to
+    /// the volume's node; done when the node has taken the change.
+    pub async fn relay_limits(
+        &self,
+        id: &VolumeId,
+        changes: &BTreeMap<String, String>,
+    ) -> Result<()> {
+        let Some(relay) = &self.relay else {
+            return Err(Error::unimplemented(
+                "this controller offers no limit changes",
+            ));
+        };
+        let limits = crate::host::iolimit::LimitChanges::parse(changes)?;
+        if let Some(key) = without_limits(changes).keys().next() {
+            return Err(Error::invalid(format!(
+                "mutable parameter {key}: volume {id} is on a node, and this central \
+                 controller of a node-local driver reaches none: a node-local volume's mutable \
+                 parameters are set when it is created (the VolumeAttributesClass its PVC names \
+                 then) and cannot be changed afterwards, but its I/O limits ({}); name the \
+                 class in a new PVC and copy the data (a snapshot or a clone of this one)",
+                crate::host::iolimit::KEYS.join(", ")
+            )));
+        }
+        if limits.is_empty() {
+            return Ok(());
+        }
+        let _guard = self.guard(&[Key::Volume(id.clone())], &[])?;
+        relay.offer(id, &limits, RELAY_PATIENCE).await
     }
 
     /// Changes volumes' I/O limits: kept in `book` (and by a backend

@@ -303,13 +303,27 @@ const FIRST_ASK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(3
 /// The most of an answer a node reads.
 const ANSWER_BYTES: usize = 8 << 20;
 
+/// What a controller answers a node: the changes made to the limits of
+/// the volumes it asked about (those it can say, by id), and the changes
+/// offered to node-local volumes' nodes (the central controller of
+/// node-local volumes').
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct LimitsAnswer {
+    #[serde(default)]
+    pub volumes: BTreeMap<String, LimitChanges>,
+    #[serde(default)]
+    pub offers: Vec<crate::plugin::Offer>,
+}
+
 /// Asks the controller at `authority` for the changes made to `ids`'
-/// limits: those it can say, by id.
+/// limits and for what it offers, saying which offers this node took
+/// (`taken`: volume and generation).
 pub async fn ask_limits(
     authority: &str,
     ids: &[String],
+    taken: &[(String, u64)],
     deadline: std::time::Duration,
-) -> Result<BTreeMap<String, LimitChanges>> {
+) -> Result<LimitsAnswer> {
     use http_body_util::BodyExt;
     let failed = |what: String| {
         Error::unavailable(format!(
@@ -325,7 +339,9 @@ pub async fn ask_limits(
                 .await
                 .map_err(|e| failed(e.to_string()))?;
         tokio::spawn(conn);
-        let request = hyper::Request::get(format!("{LIMITS_PATH}?volumes={}", ids.join(",")))
+        let taken: Vec<String> = taken.iter().map(|(v, g)| format!("{v}@{g}")).collect();
+        let query = format!("volumes={}&taken={}", ids.join(","), taken.join(","));
+        let request = hyper::Request::get(format!("{LIMITS_PATH}?{query}"))
             .header(hyper::header::HOST, authority)
             .body(http_body_util::Empty::<hyper::body::Bytes>::new())
             .map_err(|e| failed(e.to_string()))?;
@@ -357,9 +373,12 @@ pub const LIMITS_PATH: &str = "/limits";
 
 impl NodeOps {
     /// Asks the controller for the changes to the limits of the volumes
-    /// published here, keeps what it says, and sets what changed on their
-    /// pods; forgets the changes of volumes no longer published here.
-    /// Returns how many volumes' limits changed.
+    /// published here (a node mirroring a remote controller: it keeps
+    /// what it is told and forgets the volumes no longer published here)
+    /// and for the changes it offers (a node-local volume's node takes
+    /// its volumes': kept in its book, set on their pods, then said
+    /// taken). Sets what changed on the pods; returns how many volumes'
+    /// limits changed.
     pub async fn refresh_limits(&self, authority: &str) -> Result<usize> {
         let Some(book) = &self.limit_book else {
             return Ok(0);
@@ -370,29 +389,65 @@ impl NodeOps {
             .iter()
             .map(|r| r.volume_id.to_string())
             .collect();
-        for gone in book.all().into_keys().filter(|k| !published.contains(k)) {
-            if let Ok(id) = VolumeId::parse(&gone) {
-                book.forget(&id)?;
+        if self.limits_mirrored {
+            for gone in book.all().into_keys().filter(|k| !published.contains(k)) {
+                if let Ok(id) = VolumeId::parse(&gone) {
+                    book.forget(&id)?;
+                }
             }
         }
-        if published.is_empty() {
-            return Ok(0);
-        }
-        let ids: Vec<String> = published.into_iter().collect();
-        let said = ask_limits(authority, &ids, ASK_DEADLINE).await?;
+        let ids: Vec<String> = match self.limits_mirrored {
+            true => published.into_iter().collect(),
+            false => Vec::new(),
+        };
+        let said = ask_limits(authority, &ids, &[], ASK_DEADLINE).await?;
         let mut changed = 0;
-        for (raw, changes) in said {
+        for (raw, changes) in said.volumes {
             let Ok(id) = VolumeId::parse(&raw) else {
                 continue;
             };
-            if !ids.contains(&raw) || book.get(&id) == changes {
+            if !self.limits_mirrored || !ids.contains(&raw) || book.get(&id) == changes {
                 continue;
             }
             book.set(&id, &changes)?;
             self.relimit_of(&id).await;
             changed += 1;
         }
+        let mut taken = Vec::new();
+        for offer in said.offers {
+            let Ok(id) = VolumeId::parse(&offer.volume) else {
+                continue;
+            };
+            if self.limits_mirrored || !self.holds(&id).await {
+                continue;
+            }
+            book.change(&id, &offer.changes)?;
+            let set = self.relimit_of(&id).await;
+            tracing::info!(volume = %id, changes = ?offer.changes, publishes = set,
+                "a change to the volume's I/O limits taken from the controller");
+            taken.push((offer.volume, offer.generation));
+            changed += 1;
+        }
+        if !taken.is_empty() {
+            ask_limits(authority, &[], &taken, ASK_DEADLINE).await?;
+        }
         Ok(changed)
+    }
+
+    /// Whether volume `id` is this node's (its backend here has it).
+    async fn holds(&self, id: &VolumeId) -> bool {
+        let Ok(backend) = self.registry.for_volume(id) else {
+            return false;
+        };
+        let Ok(provisioning) = backend.provisioning() else {
+            return false;
+        };
+        matches!(
+            provisioning
+                .get_volume(id, &crate::plugin::Secrets::default())
+                .await,
+            Ok(Some(_))
+        )
     }
 
     /// Asks the controller for the changes to `id`'s limits, when this
@@ -406,8 +461,11 @@ impl NodeOps {
         if book.has(id) {
             return;
         }
-        let asked = ask_limits(from, &[id.to_string()], FIRST_ASK_DEADLINE).await;
-        let kept = asked.and_then(|said| match said.get(&id.to_string()) {
+        if !self.limits_mirrored {
+            return;
+        }
+        let asked = ask_limits(from, &[id.to_string()], &[], FIRST_ASK_DEADLINE).await;
+        let kept = asked.and_then(|said| match said.volumes.get(&id.to_string()) {
             Some(changes) => book.set(id, changes),
             None => Ok(()),
         });

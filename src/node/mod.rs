@@ -6,7 +6,7 @@
 use crate::host::fs;
 mod health;
 mod iolimit;
-pub use iolimit::{ask_limits, limits_authority, LIMITS_PATH};
+pub use iolimit::{ask_limits, limits_authority, LimitsAnswer, LIMITS_PATH};
 pub mod paths;
 mod publish;
 mod stage;
@@ -210,6 +210,9 @@ pub struct NodeOps {
     /// The controller (`host:port`) this node asks for the changes to its
     /// volumes' limits; none: it asks none.
     limits_from: Option<String>,
+    /// Its book mirrors that controller's (a remote driver's node);
+    /// otherwise it is its own and takes what is offered.
+    limits_mirrored: bool,
 }
 
 impl NodeOps {
@@ -240,6 +243,7 @@ impl NodeOps {
             limit_book: None,
             limits_held: Default::default(),
             limits_from: None,
+            limits_mirrored: false,
         }
     }
 
@@ -256,9 +260,12 @@ impl NodeOps {
     }
 
     /// The same, asking the controller at `authority` (`host:port`) for
-    /// the changes to its volumes' limits.
-    pub fn with_limits_from(mut self, authority: String) -> Self {
+    /// the changes to its volumes' limits: mirroring its book (`mirror`,
+    /// a remote controller), or taking what it offers for this node's own
+    /// volumes (the central controller of node-local volumes).
+    pub fn with_limits_from(mut self, authority: String, mirror: bool) -> Self {
         self.limits_from = Some(authority);
+        self.limits_mirrored = mirror;
         self
     }
 

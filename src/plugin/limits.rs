@@ -136,6 +136,53 @@ mod tests {
         .unwrap()
     }
 
+    /// A modify waits until a node takes its offer; an offer made over
+    /// an untaken one carries both; one no node takes is UNAVAILABLE, and
+    /// stays offered.
+    #[tokio::test]
+    async fn an_offer_is_done_when_a_node_takes_it() {
+        let relay = std::sync::Arc::new(Relay::default());
+        let id = VolumeId::parse("lvm:vg.fv-a").unwrap();
+        let e = relay
+            .offer(
+                &id,
+                &changes(&[("readIops", "10")]),
+                std::time::Duration::from_millis(50),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind, crate::error::Kind::Unavailable, "{e}");
+        let waiting = {
+            let relay = relay.clone();
+            let id = id.clone();
+            tokio::spawn(async move {
+                relay
+                    .offer(
+                        &id,
+                        &changes(&[("writeIops", "20")]),
+                        std::time::Duration::from_secs(30),
+                    )
+                    .await
+            })
+        };
+        let offer = loop {
+            match relay.open().into_iter().find(|o| o.generation == 2) {
+                Some(o) => break o,
+                None => tokio::task::yield_now().await,
+            }
+        };
+        assert_eq!(
+            offer.changes,
+            changes(&[("readIops", "10"), ("writeIops", "20")])
+        );
+        // An older offer's taking does not end the newer one's wait.
+        relay.took(&offer.volume, 1);
+        assert_eq!(relay.open().len(), 1);
+        relay.took(&offer.volume, 2);
+        waiting.await.unwrap().unwrap();
+        assert!(relay.open().is_empty());
+    }
+
     #[test]
     fn a_volume_s_changes_add_up_outlive_a_reopen_and_go_with_it() {
         let dir = tempfile::tempdir().unwrap();
@@ -169,5 +216,110 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o077, 0, "{mode:o}");
+    }
+}
+
+/// A change to a node-local volume's limits, offered by the central
+/// controller of node-local volumes (which keeps no volume) until the
+/// node that holds the volume takes it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Offer {
+    pub volume: String,
+    /// Which offer of the volume's this is (the newest carries every
+    /// change not yet taken).
+    pub generation: u64,
+    pub changes: LimitChanges,
+}
+
+/// The central controller's offers: ControllerModifyVolume of a node-local
+/// volume waits until the volume's node has taken its change (kept it in
+/// its own book, in its state directory, and set it on its pods), so the
+/// CO is told it is done only once the change lasts. Offers are kept in
+/// memory only: a controller that dies with one untaken never said it was
+/// done, and the CO's retry offers it again.
+#[derive(Default)]
+pub struct Relay {
+    state: Mutex<RelayState>,
+    taken: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct RelayState {
+    next: u64,
+    open: BTreeMap<String, Offer>,
+    /// Per volume, the newest generation a node took.
+    taken: BTreeMap<String, u64>,
+}
+
+impl Relay {
+    /// Offers `changes` to `id`'s node (over any change still offered)
+    /// and waits, at most `patience`, until a node took it: UNAVAILABLE
+    /// when none did (the offer stays, for the node to take and the CO's
+    /// retry to find taken).
+    pub async fn offer(
+        &self,
+        id: &VolumeId,
+        changes: &LimitChanges,
+        patience: std::time::Duration,
+    ) -> Result<()> {
+        let key = id.to_string();
+        let generation = {
+            let mut s = self.state.locked();
+            s.next += 1;
+            let generation = s.next;
+            let merged = match s.open.get(&key) {
+                Some(o) => o.changes.then(changes),
+                None => changes.clone(),
+            };
+            s.open.insert(
+                key.clone(),
+                Offer {
+                    volume: key.clone(),
+                    generation,
+                    changes: merged,
+                },
+            );
+            generation
+        };
+        let until = tokio::time::Instant::now() + patience;
+        loop {
+            let notified = self.taken.notified();
+            if self
+                .state
+                .locked()
+                .taken
+                .get(&key)
+                .is_some_and(|&g| g >= generation)
+            {
+                return Ok(());
+            }
+            if tokio::time::timeout_at(until, notified).await.is_err() {
+                return Err(crate::error::Error::unavailable(format!(
+                    "no node took the change to volume {id}'s I/O limits within {patience:?}: \
+                     the node that holds it asks this controller every limits_refresh_seconds \
+                     (is its node plugin running?); the change stays offered"
+                )));
+            }
+        }
+    }
+
+    /// What is offered now.
+    pub fn open(&self) -> Vec<Offer> {
+        self.state.locked().open.values().cloned().collect()
+    }
+
+    /// A node took `volume`'s offer of `generation`.
+    pub fn took(&self, volume: &str, generation: u64) {
+        let mut s = self.state.locked();
+        if s.open
+            .get(volume)
+            .is_some_and(|o| o.generation == generation)
+        {
+            s.open.remove(volume);
+        }
+        let t = s.taken.entry(volume.to_string()).or_default();
+        *t = (*t).max(generation);
+        drop(s);
+        self.taken.notify_waiters();
     }
 }

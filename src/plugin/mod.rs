@@ -28,7 +28,7 @@ pub use health::{Finding, Reason};
 #[cfg(test)]
 pub use kind::DOUBLE;
 pub use kind::{Env, Helper, Kind, StoreKind};
-pub use limits::{LimitBook, Relimit};
+pub use limits::{LimitBook, Offer, Relay, Relimit};
 pub use registry::{Registry, BACKEND_PARAMETER};
 pub use secrets::Secrets;
 pub use sizing::{check_existing, filesystem_floor, own_source, round_up, SizeRules};

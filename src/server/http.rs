@@ -55,7 +55,9 @@ const TEXT: &str = "text/plain; charset=utf-8";
 
 async fn answer(driver: &Driver, path: &str, query: Option<&str>) -> (u16, &'static str, String) {
     match path {
-        crate::node::LIMITS_PATH if driver.controller.keeps_limits() => {
+        crate::node::LIMITS_PATH
+            if driver.controller.keeps_limits() || driver.controller.relay().is_some() =>
+        {
             limits(driver, query.unwrap_or_default()).await
         }
         "/metrics" => match &driver.metrics {
@@ -104,25 +106,62 @@ async fn answer(driver: &Driver, path: &str, query: Option<&str>) -> (u16, &'sta
     }
 }
 
-/// The changes to the limits of the volumes a node names
-/// (`volumes=<id>,<id>...`), as JSON by id: those this controller can say.
+/// What a node asks (`volumes=<id>,<id>...`: the changes to those
+/// volumes' limits; `taken=<id>@<generation>,...`: the offers it took),
+/// answered as JSON ([`crate::node::LimitsAnswer`]).
 async fn limits(driver: &Driver, query: &str) -> (u16, &'static str, String) {
-    let Some(list) = query.split('&').find_map(|p| p.strip_prefix("volumes=")) else {
-        return (
-            400,
-            TEXT,
-            "name the volumes: ?volumes=<id>,<id>...\n".into(),
-        );
+    let field = |name: &str| {
+        query
+            .split('&')
+            .find_map(|p| p.strip_prefix(name)?.strip_prefix('='))
+            .unwrap_or_default()
     };
+    let listed = |name: &str| field(name).split(',').filter(|r| !r.is_empty());
     let mut ids = Vec::new();
-    for raw in list.split(',').filter(|r| !r.is_empty()) {
+    for raw in listed("volumes") {
         match crate::plugin::VolumeId::parse(raw) {
             Ok(id) => ids.push(id),
             Err(_) => return (400, TEXT, "a volume id that is not one\n".into()),
         }
     }
-    let said = driver.controller.current_limits(&ids).await;
-    match serde_json::to_string(&said) {
+    let mut taken = Vec::new();
+    for raw in listed("taken") {
+        let parsed = raw.rsplit_once('@').and_then(|(v, g)| {
+            crate::plugin::VolumeId::parse(v).ok()?;
+            Some((v.to_string(), g.parse::<u64>().ok()?))
+        });
+        match parsed {
+            Some(t) => taken.push(t),
+            None => {
+                return (
+                    400,
+                    TEXT,
+                    "a taken offer that is not <id>@<generation>\n".into(),
+                )
+            }
+        }
+    }
+    if !query
+        .split('&')
+        .any(|p| p.starts_with("volumes=") || p.starts_with("taken="))
+    {
+        return (
+            400,
+            TEXT,
+            "ask as ?volumes=<id>,...&taken=<id>@<generation>,...\n".into(),
+        );
+    }
+    let mut answer = crate::node::LimitsAnswer {
+        volumes: driver.controller.current_limits(&ids).await,
+        offers: Vec::new(),
+    };
+    if let Some(relay) = driver.controller.relay() {
+        for (volume, generation) in taken {
+            relay.took(&volume, generation);
+        }
+        answer.offers = relay.open();
+    }
+    match serde_json::to_string(&answer) {
         Ok(json) => (200, "application/json", json),
         Err(e) => (500, TEXT, format!("{e}\n")),
     }

@@ -509,13 +509,12 @@ impl Controller for ControllerService {
             }
             let id = convert::volume_id(&r.volume_id)?;
             if self.0.volumes_on_nodes {
-                return Err(Error::invalid(format!(
-                    "volume {id} is on a node, and this central controller of a node-local \
-                     driver reaches none: a node-local volume's mutable parameters are set when \
-                     it is created (the VolumeAttributesClass its PVC names then) and cannot be \
-                     changed afterwards; name the class in a new PVC and copy the data \
-                     (a snapshot or a clone of this one)"
-                )));
+                return self
+                    .0
+                    .controller
+                    .relay_limits(&id, &params(&r.mutable_parameters))
+                    .await
+                    .map(|()| pb::ControllerModifyVolumeResponse {});
             }
             self.0
                 .controller

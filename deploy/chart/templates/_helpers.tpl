@@ -153,6 +153,12 @@ file per backend on. (list $ $backends driver).
   # another VolumeAttributesClass) are asked of the controller's Service.
   limits_from = "http://ferrovol-controller.{{ $root.Release.Namespace }}.svc:9809"
   limits_refresh_seconds = 10
+{{- else }}
+  # Changes to volumes' I/O limits (a claim moved to another
+  # VolumeAttributesClass) reach the central controller, which offers them:
+  # each node asks it, and takes its own volumes'.
+  limits_from = "http://ferrovol-local-controller.{{ $root.Release.Namespace }}.svc:9809"
+  limits_refresh_seconds = 10
 {{- end }}
 {{- range $name := splitList " " (include "ferrovol.driverBackends" $driver) }}
 {{- $one := index $b $name }}
