@@ -346,8 +346,6 @@ fn absolute(p: &Path) -> Result<PathBuf> {
     }
 }
 
-/// Lets every backend clear what an earlier run left for itself, before
-/// the driver serves.
 /// A node that asks its controller for the changes to its volumes' I/O
 /// limits asks every `limits_refresh_seconds` from now on.
 pub fn start_limit_refresh(driver: &Arc<Driver>) {
@@ -382,6 +380,8 @@ pub fn start_limit_refresh(driver: &Arc<Driver>) {
     });
 }
 
+/// Lets every backend clear what an earlier run left for itself, before
+/// the driver serves.
 pub async fn start_backends(driver: &Driver) -> Result<()> {
     for b in driver.registry.all() {
         b.start().await?;
