@@ -80,8 +80,14 @@ pub struct PublishRecord {
     /// The limits the publish's volume context carried (the volume's at
     /// creation), which changes are made over; `None` in records from
     /// before they were kept (then `limited`'s limits are).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "no_limits")]
     pub class_limits: Option<crate::host::iolimit::Limits>,
+}
+
+/// Limits that need not be written: none, or none set (read back as
+/// none, which means the same).
+fn no_limits(l: &Option<crate::host::iolimit::Limits>) -> bool {
+    l.is_none_or(|l| l.is_empty())
 }
 
 /// I/O limits a publish set in a pod's cgroup (none yet: the pod and
