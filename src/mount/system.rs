@@ -105,10 +105,27 @@ impl Mounter for SystemMounter {
     }
 
     fn unmount(&self, target: &Path) -> Result<bool> {
-        match umount2(target, MntFlags::UMOUNT_NOFOLLOW) {
-            Ok(()) => Ok(true),
-            Err(Errno::EINVAL) | Err(Errno::ENOENT) => Ok(false),
-            Err(e) => Err(errno_error(format!("unmount {}", target.display()), e)),
+        // A mount is busy for a moment while a process lets go of a file
+        // in it (a child forked with the file open, before its exec
+        // closes it; a probe of the filesystem): asked again over 300 ms
+        // before the error is said. A holder that stays (a pod's process)
+        // is said.
+        let mut waits = [20u64, 40, 80, 160].into_iter();
+        loop {
+            match umount2(target, MntFlags::UMOUNT_NOFOLLOW) {
+                Ok(()) => return Ok(true),
+                Err(Errno::EINVAL) | Err(Errno::ENOENT) => return Ok(false),
+                Err(Errno::EBUSY) => match waits.next() {
+                    Some(ms) => std::thread::sleep(std::time::Duration::from_millis(ms)),
+                    None => {
+                        return Err(errno_error(
+                            format!("unmount {}", target.display()),
+                            Errno::EBUSY,
+                        ))
+                    }
+                },
+                Err(e) => return Err(errno_error(format!("unmount {}", target.display()), e)),
+            }
         }
     }
 
@@ -198,6 +215,43 @@ mod tests {
     fn unmount_of_a_plain_dir_reports_nothing_mounted() {
         let dir = tempfile::tempdir().unwrap();
         assert!(!SystemMounter.unmount(dir.path()).unwrap());
+    }
+
+    /// A mount held for a moment (a file open in it, closed 30 ms later)
+    /// is unmounted once it is let go; one held throughout is EBUSY,
+    /// said. Needs root (CAP_SYS_ADMIN).
+    #[test]
+    fn a_mount_busy_for_a_moment_is_unmounted_and_one_busy_throughout_is_said() {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "this test needs root: run the suite as root"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::create_dir_all(&dst).unwrap();
+        std::fs::write(src.join("f"), b"x").unwrap();
+        let bind = || {
+            SystemMounter
+                .bind(&src, &dst, false, &MountOptions::default())
+                .unwrap()
+        };
+        bind();
+        let held = std::fs::File::open(dst.join("f")).unwrap();
+        let e = SystemMounter.unmount(&dst).unwrap_err();
+        assert_eq!(e.os_error, Some(libc::EBUSY), "{e}");
+        drop(held);
+        let held = std::fs::File::open(dst.join("f")).unwrap();
+        let letting_go = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            drop(held);
+        });
+        let unmounted = SystemMounter.unmount(&dst);
+        letting_go.join().unwrap();
+        if unmounted.is_err() {
+            let _ = umount2(&dst, MntFlags::MNT_DETACH);
+        }
+        assert!(unmounted.unwrap());
     }
 
     /// Needs root (CAP_SYS_ADMIN): CI runs the suite as root.

@@ -778,7 +778,8 @@ async fn guest_io_limits_a_modify_reaches_the_running_pods_within_a_second_and_m
 /// The remote backends as a cluster runs them, on the real kernel: the
 /// controller and the node in two processes, the node asking the
 /// controller's `/limits` every second. While fio writes in a pod, a
-/// change at the controller (50 to 200 write IOPS) holds the pod to the
+/// change at the controller (25 to 75 write IOPS: well under what rbd does
+/// on a busy machine's emulated CPU) holds the pod to the
 /// new limit within the refresh, on iscsi and on rbd. A new rbd controller
 /// whose state directory is empty (an emptyDir) reads the changes kept in
 /// the image's metadata: a further change keeps the earlier one. The
@@ -814,19 +815,19 @@ async fn guest_io_limits_a_change_at_the_remote_controller_reaches_the_node_s_ru
             &node,
             &name,
             true,
-            &[("backend", backend), ("writeIops", "50")],
+            &[("backend", backend), ("writeIops", "25")],
             secrets,
             true,
         )
         .await;
         let (target, _) = vol.publish(&node, &name, Some(&pod.uid)).await;
         let dev = vol.dev(&target);
-        assert_eq!(pod.limits_on(dev).write_iops, Some(50), "{backend}");
+        assert_eq!(pod.limits_on(dev).write_iops, Some(25), "{backend}");
         let started = std::time::Instant::now();
         let fio = fio_by_second(&pod, &target, 10);
         tokio::time::sleep_until((started + std::time::Duration::from_secs(4)).into()).await;
         let t1 = started.elapsed().as_secs_f64();
-        ctl.modify(&vol.id, &[("writeIops", "200")])
+        ctl.modify(&vol.id, &[("writeIops", "75")])
             .await
             .unwrap_or_else(|e| panic!("modify {name}: {e:?}\n{}", ctl.log()));
         let seconds = tokio::task::spawn_blocking(move || fio.join().unwrap())
@@ -841,7 +842,7 @@ async fn guest_io_limits_a_change_at_the_remote_controller_reaches_the_node_s_ru
         // a little after `started`), mixed in the one it reached the pod.
         let i1 = seconds
             .iter()
-            .position(|&v| v > 75.0)
+            .position(|&v| v > 37.0)
             .unwrap_or(seconds.len());
         if i1 < 2 || i1 > t1 as usize + 2 || seconds.len() < i1 + 3 {
             wrong.push(format!(
@@ -854,12 +855,8 @@ async fn guest_io_limits_a_change_at_the_remote_controller_reaches_the_node_s_ru
                 mean(&seconds, 0, i1 - 1),
                 mean(&seconds, i1 + 1, seconds.len()),
             );
-            wrong.extend(off_limit(&format!("{backend}: writes at 50"), before, 50.0));
-            wrong.extend(off_limit(
-                &format!("{backend}: writes at 200"),
-                after,
-                200.0,
-            ));
+            wrong.extend(off_limit(&format!("{backend}: writes at 25"), before, 25.0));
+            wrong.extend(off_limit(&format!("{backend}: writes at 75"), after, 75.0));
             report.push(format!(
                 "{backend}: write IOPS by second {seconds:.0?} (changed at {t1:.1} s): \
                  {before:.1} before, {after:.1} after"
@@ -876,7 +873,7 @@ async fn guest_io_limits_a_change_at_the_remote_controller_reaches_the_node_s_ru
             .unwrap()
             .into_inner();
         let said = stats.volume_condition.unwrap().message;
-        if !said.ends_with(&format!("pod {UID_A}: writeIops=200")) {
+        if !said.ends_with(&format!("pod {UID_A}: writeIops=75")) {
             wrong.push(format!("{backend}: the stats say {said:?}"));
         }
         if backend == "rbd" {
@@ -889,7 +886,7 @@ async fn guest_io_limits_a_change_at_the_remote_controller_reaches_the_node_s_ru
             let modified = ctl.modify(&vol.id, &[("readIops", "30")]).await;
             let want = Limits {
                 read_iops: Some(30),
-                write_iops: Some(200),
+                write_iops: Some(75),
                 ..Default::default()
             };
             let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
