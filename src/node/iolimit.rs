@@ -9,6 +9,7 @@
 
 use super::*;
 use crate::host::iolimit::{self, LimitChanges, Limits};
+use crate::plugin::Relimit;
 use crate::state::Limited;
 use std::collections::BTreeMap;
 
@@ -268,9 +269,16 @@ impl NodeOps {
 }
 
 #[async_trait::async_trait]
-impl crate::plugin::Relimit for NodeOps {
+impl Relimit for NodeOps {
+    /// Sets the book's limits on every publish of `id` here.
     async fn relimit(&self, id: &VolumeId) -> usize {
-        self.relimit_of(id).await
+        let mut set = 0;
+        for r in self.state.publishes_of(id) {
+            if self.relimit_target(&r.target_path).await {
+                set += 1;
+            }
+        }
+        set
     }
 }
 
@@ -397,7 +405,7 @@ impl NodeOps {
             }
         }
         let ids: Vec<String> = match self.limits_mirrored {
-            true => published.into_iter().collect(),
+            true => published.iter().cloned().collect(),
             false => Vec::new(),
         };
         let said = ask_limits(authority, &ids, &[], ASK_DEADLINE).await?;
@@ -406,11 +414,11 @@ impl NodeOps {
             let Ok(id) = VolumeId::parse(&raw) else {
                 continue;
             };
-            if !self.limits_mirrored || !ids.contains(&raw) || book.get(&id) == changes {
+            if !self.limits_mirrored || !published.contains(&raw) || book.get(&id) == changes {
                 continue;
             }
             book.set(&id, &changes)?;
-            self.relimit_of(&id).await;
+            self.relimit(&id).await;
             changed += 1;
         }
         let mut taken = Vec::new();
@@ -422,7 +430,7 @@ impl NodeOps {
                 continue;
             }
             book.change(&id, &offer.changes)?;
-            let set = self.relimit_of(&id).await;
+            let set = self.relimit(&id).await;
             tracing::info!(volume = %id, changes = ?offer.changes, publishes = set,
                 "a change to the volume's I/O limits taken from the controller");
             taken.push((offer.volume, offer.generation));
@@ -473,16 +481,5 @@ impl NodeOps {
             tracing::warn!(volume = %id, error = %e.message,
                 "published with the volume's own I/O limits; a change is taken at the next refresh");
         }
-    }
-
-    /// Sets the book's limits on every publish of `id` here.
-    async fn relimit_of(&self, id: &VolumeId) -> usize {
-        let mut set = 0;
-        for r in self.state.publishes_of(id) {
-            if self.relimit_target(&r.target_path).await {
-                set += 1;
-            }
-        }
-        set
     }
 }

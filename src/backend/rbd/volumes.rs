@@ -311,15 +311,7 @@ impl Modifier for RbdBackend {
         secrets: &Secrets,
     ) -> Result<()> {
         let wanted = qos_changes(changes)?;
-        let gone = || Error::no_volume(id);
-        let spec = self.volume_spec(id).map_err(|_| gone())?;
-        let creds = self.creds(secrets)?;
-        let Some((_, meta)) = self.rbd().describe(&creds, &spec).await? else {
-            return Err(gone());
-        };
-        if !meta.contains_key(META_NAME) {
-            return Err(gone());
-        }
+        let (spec, creds, meta) = self.volume_meta(id, secrets).await?;
         // The image's config overrides are its record: what differs is
         // changed, and a failure puts back what was changed before it.
         let mut done: Vec<(&str, Option<&String>)> = Vec::new();
@@ -350,6 +342,24 @@ impl Modifier for RbdBackend {
     }
 }
 
+impl RbdBackend {
+    /// A volume's image, the credentials it was read with and its
+    /// metadata; NOT_FOUND when there is no such volume of ours.
+    async fn volume_meta(
+        &self,
+        id: &VolumeId,
+        secrets: &Secrets,
+    ) -> Result<(Spec, Creds, BTreeMap<String, String>)> {
+        let gone = || Error::no_volume(id);
+        let spec = self.volume_spec(id).map_err(|_| gone())?;
+        let creds = self.creds(secrets)?;
+        match self.rbd().describe(&creds, &spec).await? {
+            Some((_, meta)) if meta.contains_key(META_NAME) => Ok((spec, creds, meta)),
+            _ => Err(gone()),
+        }
+    }
+}
+
 /// The image metadata key the changes to its I/O limits are kept under (a
 /// JSON object: each key changed, its value or null for none).
 const META_LIMITS: &str = "ferrovol.limits";
@@ -361,15 +371,7 @@ impl crate::plugin::LimitKeeper for RbdBackend {
         id: &VolumeId,
         secrets: &Secrets,
     ) -> Result<crate::host::iolimit::LimitChanges> {
-        let gone = || Error::no_volume(id);
-        let spec = self.volume_spec(id).map_err(|_| gone())?;
-        let creds = self.creds(secrets)?;
-        let Some((_, meta)) = self.rbd().describe(&creds, &spec).await? else {
-            return Err(gone());
-        };
-        if !meta.contains_key(META_NAME) {
-            return Err(gone());
-        }
+        let (_, _, meta) = self.volume_meta(id, secrets).await?;
         match meta.get(META_LIMITS) {
             None => Ok(Default::default()),
             Some(text) => serde_json::from_str(text).map_err(|e| {
