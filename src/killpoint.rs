@@ -88,6 +88,10 @@ kill_points! {
         /// ControllerModifyVolume: the limit book has the volume's new I/O
         /// limits; its pods have the old ones.
         ModifyLimits = "modify.limits",
+        /// A node took an offered change to one of its volumes' limits:
+        /// its book has the change; the pods have the old limits, and the
+        /// controller has not been told the offer was taken.
+        LimitsTaken = "limits.taken",
     }
 }
 
@@ -216,7 +220,7 @@ mod tests {
     fn names_follow_their_variants() {
         assert_eq!(super::Step::GroupRecorded.name(), super::Step::NAMES[0]);
         assert_eq!(
-            super::Step::ModifyLimits.name(),
+            super::Step::LimitsTaken.name(),
             *super::Step::NAMES.last().unwrap()
         );
     }

@@ -103,26 +103,6 @@ fn records_under(dir: &std::path::Path) -> Vec<PathBuf> {
     out
 }
 
-/// Waits for the driver to die (at its kill point), the runtime free
-/// meanwhile to run the call that leads it there.
-async fn wait_exit(h: &mut Harness, within: Duration) {
-    let deadline = Instant::now() + within;
-    loop {
-        let child = h.child.as_mut().expect("driver running");
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the driver did not die at its kill point within {within:?}:\n{}",
-            h.log()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    h.child = None;
-    h.channel = None;
-}
-
 /// Deletes a group snapshot with every member it made.
 async fn delete_group(h: &Harness, group: &pb::VolumeGroupSnapshot) {
     h.group()
@@ -175,7 +155,7 @@ where
     h.kill();
     h.spawn().await;
     let running = tokio::spawn(call(h));
-    wait_exit(h, Duration::from_secs(60)).await;
+    h.wait_exit(Duration::from_secs(60)).await;
     let killed = Instant::now();
     let answer = running.await.unwrap();
     assert!(answer.is_err(), "{what}: the call answered {answer:?}");

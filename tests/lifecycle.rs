@@ -1262,19 +1262,8 @@ async fn a_limit_change_at_a_controller_reaches_a_node_that_asks_it() {
 #[tokio::test]
 async fn a_limit_change_at_the_central_controller_is_taken_by_the_volume_s_node() {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
     let uid = "2a3b4c5d-6e7f-4a8b-9c0d-1e2f3a4b5c6d";
-    let (node_config, pod) = asking_node(dir.path(), port, uid);
-    let metrics = format!("127.0.0.1:{port}");
-    let central = Harness::start_with_env(
-        None,
-        &[
-            ("FERROVOL_VOLUMES_ON_NODES", "true"),
-            ("FERROVOL_METRICS_ADDR", &metrics),
-        ],
-    )
-    .await;
-    let node = Harness::start_with(Some(&node_config)).await;
+    let (central, node, pod) = central_and_its_node(dir.path(), uid, &[]).await;
     let (vol, staging, target) = limited_in_a_pod(&node, &node, uid).await;
     let io_max = || std::fs::read_to_string(pod.join("io.max")).unwrap();
     assert!(io_max().ends_with("wiops=50"), "{}", io_max());
@@ -1297,6 +1286,77 @@ async fn a_limit_change_at_the_central_controller_is_taken_by_the_volume_s_node(
     assert_eq!(e.code(), Code::InvalidArgument, "{e}");
     assert!(e.message().contains("set when it is created"), "{e}");
     gone(&node, &node, &vol, &staging, &target).await;
+}
+
+/// The node-local path cut at `limits.taken`: the node dies with the
+/// offered change in its book, its pod not yet set and the central
+/// controller not yet told. The modify waits on; the node started again
+/// sets the change from its book, takes the same offer again (which
+/// changes nothing more) and says so, and the modify then answers.
+#[tokio::test]
+async fn a_node_killed_as_it_takes_an_offer_sets_it_at_start_and_the_modify_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let uid = "3b4c5d6e-7f8a-4b9c-8d1e-2f3a4b5c6d7e";
+    let (central, mut node, pod) =
+        central_and_its_node(dir.path(), uid, &[("FERROVOL_KILL_AT", "limits.taken")]).await;
+    let (vol, staging, target) = limited_in_a_pod(&node, &node, uid).await;
+    let io_max = || std::fs::read_to_string(pod.join("io.max")).unwrap();
+    assert!(io_max().ends_with("wiops=50"), "{}", io_max());
+    let mut ctl = central.controller();
+    let id = vol.volume_id.clone();
+    let modify = tokio::spawn(async move {
+        ctl.controller_modify_volume(pb::ControllerModifyVolumeRequest {
+            volume_id: id,
+            mutable_parameters: [("writeIops".to_string(), "200".to_string())].into(),
+            ..Default::default()
+        })
+        .await
+    });
+    node.wait_exit(std::time::Duration::from_secs(30)).await;
+    // Dead at the point: the book has the change, the pod the old limit,
+    // and the modify has not answered.
+    let book = std::fs::read_to_string(node.state_dir().join("controller/limits.json")).unwrap();
+    assert!(book.contains("\"writeIops\": 200"), "{book}");
+    assert!(io_max().ends_with("wiops=50"), "{}", io_max());
+    assert!(
+        !modify.is_finished(),
+        "the modify answered before the node said it took the change"
+    );
+    node.env.clear();
+    node.spawn().await;
+    let answered = tokio::time::timeout(std::time::Duration::from_secs(30), modify)
+        .await
+        .expect("the modify did not answer once the node was back")
+        .unwrap();
+    answered.unwrap_or_else(|e| panic!("{e:?}\n{}\n{}", central.log(), node.log()));
+    assert!(io_max().ends_with("wiops=200"), "{}", io_max());
+    let book = std::fs::read_to_string(node.state_dir().join("controller/limits.json")).unwrap();
+    assert!(book.contains("\"writeIops\": 200"), "{book}");
+    gone(&node, &node, &vol, &staging, &target).await;
+}
+
+/// The node-local driver's central controller (`--volumes-on-nodes`, its
+/// endpoint on a free port) and a node asking it (config by
+/// [`asking_node`] under `dir`, with `node_env`); the folder of pod
+/// `uid`'s cgroup.
+async fn central_and_its_node(
+    dir: &std::path::Path,
+    uid: &str,
+    node_env: &[(&str, &str)],
+) -> (Harness, Harness, std::path::PathBuf) {
+    let port = free_port();
+    let (node_config, pod) = asking_node(dir, port, uid);
+    let metrics = format!("127.0.0.1:{port}");
+    let central = Harness::start_with_env(
+        None,
+        &[
+            ("FERROVOL_VOLUMES_ON_NODES", "true"),
+            ("FERROVOL_METRICS_ADDR", &metrics),
+        ],
+    )
+    .await;
+    let node = Harness::start_with_env(Some(&node_config), node_env).await;
+    (central, node, pod)
 }
 
 /// A node's config that asks the controller on `port` for limit changes

@@ -430,6 +430,7 @@ impl NodeOps {
                 continue;
             }
             book.change(&id, &offer.changes)?;
+            crate::killpoint::hit(crate::killpoint::Step::LimitsTaken);
             let set = self.relimit(&id).await;
             tracing::info!(volume = %id, changes = ?offer.changes, publishes = set,
                 "a change to the volume's I/O limits taken from the controller");

@@ -190,6 +190,26 @@ impl Harness {
         }
     }
 
+    /// Waits for the driver to die (at its kill point), the runtime free
+    /// meanwhile to run the call that leads it there.
+    pub async fn wait_exit(&mut self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let child = self.child.as_mut().expect("driver running");
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the driver did not die at its kill point within {within:?}:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.child = None;
+        self.channel = None;
+    }
+
     /// SIGKILLs the driver (a crash).
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
