@@ -13,6 +13,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -43,7 +44,7 @@ pub struct PodIoLabels {
 
 /// One pod's I/O limits on a volume and what it did there, as the node
 /// reads them when scraped.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct PodIo {
     pub volume_id: String,
     pub pod_uid: String,
@@ -51,6 +52,9 @@ pub struct PodIo {
     pub limits: Vec<(&'static str, u64)>,
     /// The pod's `io.stat` counters on the volume's device.
     pub usage: Vec<(String, u64)>,
+    /// How long the pod's tasks were stalled on I/O, on any device
+    /// (`some`, `full`: its cgroup's `io.pressure`), in seconds.
+    pub stalled: Vec<(String, f64)>,
 }
 
 /// What a node says when scraped.
@@ -84,6 +88,7 @@ pub struct Metrics {
     available: Family<BackendLabels, Gauge>,
     io_limits: Family<PodIoLabels, Gauge>,
     pod_io: Family<PodIoLabels, Gauge>,
+    pod_stalled: Family<PodIoLabels, Gauge<f64, AtomicU64>>,
 }
 
 impl Default for Metrics {
@@ -108,6 +113,7 @@ impl Metrics {
         let available = Family::<BackendLabels, Gauge>::default();
         let io_limits = Family::<PodIoLabels, Gauge>::default();
         let pod_io = Family::<PodIoLabels, Gauge>::default();
+        let pod_stalled = Family::<PodIoLabels, Gauge<f64, AtomicU64>>::default();
         registry.register(
             "rpcs",
             "CSI calls served, by method and gRPC code",
@@ -160,6 +166,13 @@ impl Metrics {
              kernel's io.stat counts it (rbytes, wbytes, rios, wios)",
             pod_io.clone(),
         );
+        registry.register(
+            "volume_pod_io_stalled_seconds",
+            "How long a limited pod's tasks were stalled on I/O since its cgroup was made, on any \
+             device, from its cgroup's io.pressure (some: at least one task; full: all); a pod \
+             held back by its limit waits here (io.stat keeps no throttled time)",
+            pod_stalled.clone(),
+        );
         Metrics {
             registry,
             rpcs,
@@ -172,6 +185,7 @@ impl Metrics {
             available,
             io_limits,
             pod_io,
+            pod_stalled,
         }
     }
 
@@ -218,6 +232,7 @@ impl Metrics {
             // Only the pods that hold a volume now.
             self.io_limits.clear();
             self.pod_io.clear();
+            self.pod_stalled.clear();
             for pod in &n.pods {
                 let labels = |key: &str| PodIoLabels {
                     volume_id: pod.volume_id.clone(),
@@ -233,6 +248,9 @@ impl Metrics {
                     self.pod_io
                         .get_or_create(&labels(key))
                         .set(i64::try_from(*value).unwrap_or(i64::MAX));
+                }
+                for (key, secs) in &pod.stalled {
+                    self.pod_stalled.get_or_create(&labels(key)).set(*secs);
                 }
             }
         }
@@ -275,6 +293,7 @@ mod tests {
             pod_uid: "3f1c2b4a-5d6e-4f70-8a9b-0c1d2e3f4a5b".into(),
             limits: vec![("readIops", 50), ("writeBps", 2 << 20)],
             usage: vec![("rios".into(), 150), ("wbytes".into(), 4096)],
+            stalled: vec![("some".into(), 3.9), ("full".into(), 3.85)],
         };
         let text = m.render(Some(NodeFigures {
             staged: 1,
@@ -287,6 +306,8 @@ mod tests {
             format!("ferrovol_volume_io_limit{{{labels},key=\"writeBps\"}} 2097152"),
             format!("ferrovol_volume_pod_io{{{labels},key=\"rios\"}} 150"),
             format!("ferrovol_volume_pod_io{{{labels},key=\"wbytes\"}} 4096"),
+            format!("ferrovol_volume_pod_io_stalled_seconds{{{labels},key=\"some\"}} 3.9"),
+            format!("ferrovol_volume_pod_io_stalled_seconds{{{labels},key=\"full\"}} 3.85"),
         ] {
             assert!(text.lines().any(|l| l == line), "{line} not in:\n{text}");
         }

@@ -1198,21 +1198,40 @@ async fn a_limit_change_at_a_controller_reaches_a_node_that_asks_it() {
         .unwrap();
     becomes(line("max", "200")).await;
     // The limits in force, in the CLI's volume stats (on the condition's
-    // message: CSI's stats have no field for them).
-    let stats = std::process::Command::new(env!("CARGO_BIN_EXE_ferrovol"))
-        .args(["client", "--endpoint"])
-        .arg(format!("unix://{}", node.socket().display()))
-        .args(["--output", "json", "stats", &vol.volume_id, "--path"])
-        .arg(&target)
-        .output()
-        .unwrap();
-    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&stats.stderr)));
-    let said = stats["volume_condition"]["message"].as_str().unwrap();
+    // message: CSI's stats have no field for them); with the pod's stall
+    // on I/O once its cgroup keeps pressure (the kernel's is tested in
+    // the guest).
+    let stats = || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ferrovol"))
+            .args(["client", "--endpoint"])
+            .arg(format!("unix://{}", node.socket().display()))
+            .args(["--output", "json", "stats", &vol.volume_id, "--path"])
+            .arg(&target)
+            .output()
+            .unwrap();
+        let stats: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        stats["volume_condition"]["message"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
     assert_eq!(
-        said,
-        format!("volume is healthy; I/O limited for pod {uid}: writeIops=200"),
-        "{stats}"
+        stats(),
+        format!("volume is healthy; I/O limited for pod {uid}: writeIops=200")
+    );
+    std::fs::write(
+        pod.join("io.pressure"),
+        "some avg10=90.00 avg60=30.00 avg300=7.00 total=2540000\n\
+         full avg10=90.00 avg60=30.00 avg300=7.00 total=2500000\n",
+    )
+    .unwrap();
+    assert_eq!(
+        stats(),
+        format!(
+            "volume is healthy; I/O limited for pod {uid}: writeIops=200; \
+             the pod stalled on I/O 2.5 s in all"
+        )
     );
     // Made while the node is down: taken when it is back.
     node.kill();

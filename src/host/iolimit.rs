@@ -362,6 +362,26 @@ impl Cgroups {
             .collect()
     }
 
+    /// How long `cgroup`'s tasks were stalled on I/O since it was made, on
+    /// any device (its `io.pressure` totals: `some`, at least one task;
+    /// `full`, all of them), in seconds. A pod held back by its `io.max`
+    /// waits there; `io.stat` keeps no throttled time. Nothing when the
+    /// kernel keeps no pressure (`psi=0`, or built without it).
+    pub fn stalled(&self, cgroup: &Path) -> Vec<(String, f64)> {
+        let Ok(text) = std::fs::read_to_string(cgroup.join("io.pressure")) else {
+            return Vec::new();
+        };
+        text.lines()
+            .filter_map(|l| {
+                let mut fields = l.split_whitespace();
+                let kind = fields.next().filter(|k| ["some", "full"].contains(k))?;
+                let total = fields.find_map(|f| f.strip_prefix("total="))?;
+                let us: u64 = total.parse().ok()?;
+                Some((kind.to_string(), us as f64 / 1e6))
+            })
+            .collect()
+    }
+
     /// The limits `cgroup` has on device `dev` now.
     pub fn get(&self, cgroup: &Path, dev: Dev) -> Result<Limits> {
         let file = cgroup.join("io.max");
@@ -467,6 +487,23 @@ mod tests {
         let text = format!("8:0 rbps=1 wbps=max riops=max wiops=max\n{line}\n");
         assert_eq!(Limits::from_io_max(&text, (7, 3)), l);
         assert!(Limits::from_io_max(&text, (7, 4)).is_empty());
+    }
+
+    #[test]
+    fn a_pod_s_stall_is_read_from_io_pressure_in_seconds() {
+        let root = tempfile::tempdir().unwrap();
+        let cgroups = Cgroups::new(root.path().into());
+        assert!(cgroups.stalled(root.path()).is_empty());
+        std::fs::write(
+            root.path().join("io.pressure"),
+            "some avg10=97.50 avg60=40.10 avg300=9.00 total=3900000\n\
+             full avg10=97.50 avg60=40.10 avg300=9.00 total=3850000\n",
+        )
+        .unwrap();
+        assert_eq!(
+            cgroups.stalled(root.path()),
+            vec![("some".to_string(), 3.9), ("full".to_string(), 3.85)]
+        );
     }
 
     #[test]

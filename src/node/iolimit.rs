@@ -206,7 +206,19 @@ impl NodeOps {
             .into_iter()
             .filter_map(|(k, v)| Some(format!("{k}={}", v?)))
             .collect();
-        (!said.is_empty()).then(|| format!("I/O limited for pod {}: {}", l.pod, said.join(" ")))
+        if said.is_empty() {
+            return None;
+        }
+        let mut words = format!("I/O limited for pod {}: {}", l.pod, said.join(" "));
+        if let Some((_, secs)) = self
+            .cgroups
+            .stalled(&l.cgroup)
+            .into_iter()
+            .find(|(k, _)| k == "some")
+        {
+            words.push_str(&format!("; the pod stalled on I/O {secs:.1} s in all"));
+        }
+        Some(words)
     }
 
     /// Each limited pod's limits and what it did on the volume's device
@@ -227,6 +239,7 @@ impl NodeOps {
                         .filter_map(|(k, v)| Some((k, v?)))
                         .collect(),
                     usage: self.cgroups.usage(&l.cgroup, l.dev),
+                    stalled: self.cgroups.stalled(&l.cgroup),
                 })
             })
             .collect()

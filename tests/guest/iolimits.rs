@@ -440,6 +440,8 @@ async fn guest_io_limits_are_each_pod_s_outlive_a_kill_and_a_pod_without_a_cgrou
     };
     assert_eq!(a.limits_on(dev), fifty);
     assert_eq!(b.limits_on(dev), fifty);
+    let stalled = |uid: &str| stalled(port, &vol.id, uid).expect("no stall sample");
+    let idle = (stalled(UID_A), stalled(UID_B));
     near(
         "pod A's writes",
         PodCgroup::fio(Some(&a), &fa, "randwrite", "4k").0,
@@ -460,6 +462,31 @@ async fn guest_io_limits_are_each_pod_s_outlive_a_kill_and_a_pod_without_a_cgrou
             "{uid}: {writes} writes counted"
         );
     }
+    // And how long each stalled on I/O (its cgroup's io.pressure): held
+    // to 50 writes a second, fio's one writer waits out most of its 4 s.
+    for (uid, before) in [(UID_A, idle.0), (UID_B, idle.1)] {
+        let waited = stalled(uid) - before;
+        println!("pod {uid}: stalled on I/O {waited:.2} s in its 4 s of fio at 50 writes a second");
+        assert!(before < 1.0, "{uid}: stalled {before} s before any I/O");
+        assert!((2.0..=8.0).contains(&waited), "{uid}: stalled {waited} s");
+    }
+    let said = h
+        .node()
+        .node_get_volume_stats(pb::NodeGetVolumeStatsRequest {
+            volume_id: vol.id.clone(),
+            volume_path: tb.display().to_string(),
+            staging_target_path: vol.staging.display().to_string(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .volume_condition
+        .unwrap_or_default()
+        .message;
+    assert!(
+        said.contains("writeIops=50; the pod stalled on I/O "),
+        "{said}"
+    );
     h.node()
         .node_unpublish_volume(unpublish_req(&vol.id, &ta))
         .await
@@ -572,6 +599,18 @@ fn sample(port: u16, family: &str, volume: &str, uid: &str, key: &str) -> Option
     let text = http_get(port, "/metrics").unwrap().1;
     let want =
         format!("ferrovol_{family}{{volume_id=\"{volume}\",pod_uid=\"{uid}\",key=\"{key}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&want))
+        .map(|v| v.trim().parse().unwrap())
+}
+
+/// Pod `uid`'s stall on I/O (`some`) as the metrics give it for `volume`,
+/// in seconds.
+fn stalled(port: u16, volume: &str, uid: &str) -> Option<f64> {
+    let text = http_get(port, "/metrics").unwrap().1;
+    let want = format!(
+        "ferrovol_volume_pod_io_stalled_seconds{{volume_id=\"{volume}\",pod_uid=\"{uid}\",key=\"some\"}} "
+    );
     text.lines()
         .find_map(|l| l.strip_prefix(&want))
         .map(|v| v.trim().parse().unwrap())
