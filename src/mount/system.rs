@@ -115,16 +115,12 @@ impl Mounter for SystemMounter {
             match umount2(target, MntFlags::UMOUNT_NOFOLLOW) {
                 Ok(()) => return Ok(true),
                 Err(Errno::EINVAL) | Err(Errno::ENOENT) => return Ok(false),
-                Err(Errno::EBUSY) => match waits.next() {
-                    Some(ms) => std::thread::sleep(std::time::Duration::from_millis(ms)),
-                    None => {
-                        return Err(errno_error(
-                            format!("unmount {}", target.display()),
-                            Errno::EBUSY,
-                        ))
+                Err(e) => match (e, waits.next()) {
+                    (Errno::EBUSY, Some(ms)) => {
+                        std::thread::sleep(std::time::Duration::from_millis(ms))
                     }
+                    _ => return Err(errno_error(format!("unmount {}", target.display()), e)),
                 },
-                Err(e) => return Err(errno_error(format!("unmount {}", target.display()), e)),
             }
         }
     }

@@ -606,24 +606,25 @@ async fn metered(name: &str) -> (LocalBackends, Harness, u16) {
 /// The metrics' sample of `family` for a pod's key on a volume, if there
 /// is one.
 fn sample(port: u16, family: &str, volume: &str, uid: &str, key: &str) -> Option<u64> {
-    let text = http_get(port, "/metrics").unwrap().1;
-    let want =
-        format!("ferrovol_{family}{{volume_id=\"{volume}\",pod_uid=\"{uid}\",key=\"{key}\"}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&want))
-        .map(|v| v.trim().parse().unwrap())
+    sample_text(port, family, volume, uid, key).map(|v| v.parse().unwrap())
 }
 
 /// Pod `uid`'s stall on I/O (`some`) as the metrics give it for `volume`,
 /// in seconds.
 fn stalled(port: u16, volume: &str, uid: &str) -> Option<f64> {
+    sample_text(port, "volume_pod_io_stalled_seconds", volume, uid, "some")
+        .map(|v| v.parse().unwrap())
+}
+
+/// The text of the metrics' sample of `family` for a pod's key on a
+/// volume, if there is one.
+fn sample_text(port: u16, family: &str, volume: &str, uid: &str, key: &str) -> Option<String> {
     let text = http_get(port, "/metrics").unwrap().1;
-    let want = format!(
-        "ferrovol_volume_pod_io_stalled_seconds{{volume_id=\"{volume}\",pod_uid=\"{uid}\",key=\"some\"}} "
-    );
+    let want =
+        format!("ferrovol_{family}{{volume_id=\"{volume}\",pod_uid=\"{uid}\",key=\"{key}\"}} ");
     text.lines()
         .find_map(|l| l.strip_prefix(&want))
-        .map(|v| v.trim().parse().unwrap())
+        .map(|v| v.trim().to_string())
 }
 
 /// fio writing 4 KiB at random in `pod` for `secs` seconds, started on a
